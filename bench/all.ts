@@ -1,0 +1,27 @@
+/**
+ * `deno task bench`: every benchmark of the project in one run, each printing its table and
+ * writing bench/results/<name>.json. Pass names to run a subset:
+ * `deno task bench transfer loader`.
+ *
+ * @module
+ */
+
+const BENCHES: Record<string, () => Promise<{ main: () => Promise<void> }>> = {
+  transfer: () => import("./transfer.ts"),
+  loader: () => import("./loader.ts"),
+  pipeline: () => import("./pipeline.ts"),
+  train: () => import("./train.ts"),
+};
+
+const wanted = Deno.args.length > 0 ? Deno.args : Object.keys(BENCHES);
+for (const name of wanted) {
+  const load = BENCHES[name];
+  if (load === undefined) {
+    throw new RangeError(
+      `Cannot run benchmark "${name}": known ones are ${Object.keys(BENCHES).join(", ")}`,
+    );
+  }
+  console.log(`\n=== bench: ${name} ===`);
+  const { main } = await load();
+  await main();
+}

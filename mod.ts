@@ -1,0 +1,17 @@
+/**
+ * pinstream keeps a GPU fed during training: a Web-Worker DataLoader that builds batches
+ * straight into pinned shared memory, a side-stream prefetcher that copies them to the
+ * device as bytes and augments them there in fp16, and a mixed-precision training stack.
+ *
+ * This module only re-exports; each piece is documented where it lives.
+ *
+ * @module
+ */
+
+// ffi
+
+// loader
+
+// pipeline
+
+// nn
