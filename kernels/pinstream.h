@@ -136,8 +136,160 @@ PS_API int ps_event_elapsed_ms(void *start, void *end, float *out_ms);
 /* ---- image kernels (pipeline/) -------------------------------------------------------- */
 /* PS-SECTION image: declarations added by the pipeline work go here. */
 
+/* Source layouts of ps_image_augment. */
+#define PS_IMAGE_NHWC 0
+#define PS_IMAGE_NCHW 1
+/* Output element types of ps_image_augment. */
+#define PS_IMAGE_F16 0
+#define PS_IMAGE_F32 1
+/* scale/bias are passed by value into the launch: at most this many channels. */
+#define PS_IMAGE_MAX_CHANNELS 16
+
+/* One fused pass over a batch of uint8 images, queued on `stream`: per-sample crop from the
+ * image zero-padded by `pad` on every side, optional horizontal flip (after the crop, as
+ * torchvision's RandomCrop then RandomHorizontalFlip), per-channel normalize, cast; NCHW out.
+ *
+ *   out[i][ch][y][x] = cast(fp32(fp32(float(v) * scale[ch]) + bias[ch]))
+ *   v = src pixel (i, ch, y + dy - pad, xs + dx - pad), 0 outside the image,
+ *   xs = flip ? w - 1 - x : x
+ *
+ * The multiply and the add are two fp32 roundings (never a fused multiply-add) and the cast
+ * to fp16 rounds to nearest even, so both backends give the same bits for the same inputs.
+ * The caller computes scale = 1 / (255 * std), bias = -mean / std in fp32.
+ *
+ * src:    device, n images, uint8, contiguous; `layout` PS_IMAGE_NHWC or PS_IMAGE_NCHW.
+ * params: device, n x 3 int32 (dy, dx, flip): the crop window's top-left corner in the padded
+ *         image (0..2*pad for a window inside it; any value is memory-safe, pixels outside
+ *         the image read as 0) and flip != 0 to mirror. NULL: dy = dx = pad, no flip.
+ * scale, bias: HOST, c floats each (copied into the launch; c <= PS_IMAGE_MAX_CHANNELS).
+ * out:    device, n x c x h x w, fp16 (out_dtype PS_IMAGE_F16) or fp32 (PS_IMAGE_F32).
+ * n == 0 is a no-op. src and out must not overlap. */
+PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t c, int32_t h,
+                            int32_t w, int32_t pad, const void *params, const float *scale,
+                            const float *bias, void *out, int32_t out_dtype, void *stream);
+
+/* Widens n labels to int32 on the device (src_bytes = 1: uint8, 2: uint16, 4: int32 copy). */
+PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, void *out,
+                               void *stream);
+
 /* ---- nn kernels (nn/) ----------------------------------------------------------------- */
 /* PS-SECTION nn: declarations added by the training work go here. */
+/*
+ * Layout NCHW; activations and their gradients fp16; fp32 accumulation everywhere; fp32
+ * parameters where named "f32". Every pointer is a device pointer. `*_dtype` arguments take
+ * PS_NN_F32 / PS_NN_F16. "Overwrites" is the default; `accumulate` != 0 adds to the output.
+ * Shapes are int64 element counts; convolution output size is
+ * OH = (H + 2*pad - kh) / stride + 1 (floor), likewise OW.
+ */
+#define PS_NN_F32 0
+#define PS_NN_F16 1
+
+/* c[m,n] (+)= op(a) @ op(b). a: [m,k] row-major ([k,m] when trans_a), b: [k,n] ([n,k] when
+ * trans_b), both fp16; c: [m,n] row-major, c_dtype. */
+PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, int64_t m,
+                        int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
+                        int32_t accumulate, void *stream);
+
+/* y[n,co,OH,OW] = conv(x[n,c,h,w], w[co,c,kh,kw]) (cross-correlation, zero padding). All fp16. */
+PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n, int64_t c,
+                                int64_t h, int64_t w_, int64_t co, int32_t kh, int32_t kw,
+                                int32_t stride, int32_t pad, void *stream);
+/* dx[n,c,h,w] = d(loss)/dx from dy[n,co,OH,OW] and w. All fp16; overwrites dx. */
+PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int64_t n,
+                                      int64_t c, int64_t h, int64_t w_, int64_t co,
+                                      int32_t kh, int32_t kw, int32_t stride, int32_t pad,
+                                      void *stream);
+/* dw[co,c,kh,kw] (+)= sum over the batch of dy (x) x; x, dy fp16; dw dw_dtype. */
+PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
+                                        int32_t dw_dtype, int64_t n, int64_t c, int64_t h,
+                                        int64_t w_, int64_t co, int32_t kh, int32_t kw,
+                                        int32_t stride, int32_t pad, int32_t accumulate,
+                                        void *stream);
+
+/* Max pooling without padding, OH = (h - kernel) / stride + 1. x, y fp16; indices int32
+ * [n,c,OH,OW] = argmax position within the input plane (iy*w + ix), or NULL. */
+PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n,
+                                   int64_t c, int64_t h, int64_t w_, int32_t kernel,
+                                   int32_t stride, void *stream);
+/* dx[n,c,h,w] = scatter-add of dy[n,c,oh,ow] at indices; overwrites dx. fp16. */
+PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx,
+                                    int64_t n, int64_t c, int64_t h, int64_t w_, int64_t oh,
+                                    int64_t ow, void *stream);
+
+/* Batch normalization over (n, hw) per channel c; x, y, dy, dx fp16 [n,c,hw]; the rest f32 [c].
+ * Train: normalizes with the batch statistics, writes save_mean / save_invstd (1/sqrt(var+eps),
+ * biased var) and updates run_mean / run_var with `momentum` (PyTorch: unbiased var). */
+PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta,
+                                         void *y, float *save_mean, float *save_invstd,
+                                         float *run_mean, float *run_var, int64_t n, int64_t c,
+                                         int64_t hw, float momentum, float eps, void *stream);
+PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const float *beta,
+                                        const float *run_mean, const float *run_var, void *y,
+                                        int64_t n, int64_t c, int64_t hw, float eps,
+                                        void *stream);
+/* Overwrites dx (fp16), dgamma and dbeta (f32). */
+PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
+                                    const float *save_mean, const float *save_invstd, void *dx,
+                                    float *dgamma, float *dbeta, int64_t n, int64_t c,
+                                    int64_t hw, void *stream);
+
+/* y[n,c,hw] += bias[c] (y fp16, bias bias_dtype); [N,F] is hw = 1. */
+PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t n, int64_t c,
+                          int64_t hw, void *stream);
+/* dbias[c] (+)= sum over (n, hw) of dy (fp16); dbias dbias_dtype. */
+PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int64_t n,
+                           int64_t c, int64_t hw, int32_t accumulate, void *stream);
+
+/* fp16, count elements; in place allowed (y == x, dx == dy). */
+PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *stream);
+PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t count,
+                               void *stream);
+
+/* Softmax cross-entropy over logits[n,k] fp16 with labels[n] int32 in [0,k):
+ * *loss_sum += sum of per-sample losses (f32), *correct += count of argmax == label (int32),
+ * and, when dlogits (fp16 [n,k]) is not NULL, dlogits = scale * (softmax - onehot) / n
+ * (the gradient of scale * mean loss). A label out of range fails (cpu) / counts as wrong
+ * with zero gradient (cuda, where it cannot fail without a host round trip). */
+PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
+                               float *loss_sum, int32_t *correct, int64_t n, int64_t k,
+                               float scale, void *stream);
+
+/* dst = (dst_dtype) src, count elements; f16 <-> f32 (and same-type copies). */
+PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype,
+                      int64_t count, void *stream);
+
+/* GradScaler.unscale_: sets *found_inf = 1 if any grad element is inf/NaN (never clears it);
+ * when in_place != 0 also multiplies grad by the inverse scale. The inverse scale is
+ * 1 / *scale when scale != NULL (read on the device), else inv_scale. */
+PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
+                               const float *scale, float inv_scale, int32_t in_place,
+                               int32_t *found_inf, void *stream);
+
+/* torch.optim.SGD for one parameter tensor, count elements, all on the device:
+ *   g = grad * (1 / *scale if scale else 1) + weight_decay * param
+ *   buf = (momentum_buf not yet used ? g : momentum * buf + (1 - dampening) * g)
+ *   g = nesterov ? g + momentum * buf : buf            (when momentum != 0)
+ *   param -= lr * g; param_half = (fp16) param        (param_half may be NULL)
+ * Does nothing when found_inf != NULL and *found_inf != 0. "Not yet used" means
+ * steps_done != NULL and *steps_done == 0 (PyTorch clones g into a fresh buffer); with
+ * steps_done == NULL the buffer is taken as used (zero-initialized buffers give the same
+ * result whenever dampening == 0). grad is grad_dtype; param, momentum_buf f32
+ * (momentum_buf may be NULL when momentum == 0). */
+PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
+                          float *momentum_buf, void *param_half, int64_t count, float lr,
+                          float momentum, float dampening, float weight_decay,
+                          int32_t nesterov, const float *scale, const int32_t *found_inf,
+                          const int32_t *steps_done, void *stream);
+/* *steps_done += 1 unless found_inf != NULL and *found_inf != 0 (after all sgd steps). */
+PS_API int ps_nn_step_count(int32_t *steps_done, const int32_t *found_inf, void *stream);
+
+/* GradScaler.update (torch._amp_update_scale_): on *found_inf: scale *= backoff_factor,
+ * growth_tracker = 0; else growth_tracker += 1 and when it reaches growth_interval,
+ * scale *= growth_factor (kept only if finite) and growth_tracker = 0. found_inf is read,
+ * not cleared. */
+PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int32_t *found_inf,
+                               float growth_factor, float backoff_factor,
+                               int32_t growth_interval, void *stream);
 
 #ifdef __cplusplus
 }

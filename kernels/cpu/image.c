@@ -1,0 +1,223 @@
+/*
+ * image.c — CPU backend of the PS-SECTION image kernels (the numerical reference of
+ * kernels/cuda/image.cu: both must give the same bits).
+ *
+ * Numerics: the normalize is a fp32 multiply then a fp32 add, each rounded, never a fused
+ * multiply-add (CUDA uses __fmul_rn/__fadd_rn for the same reason). GCC contracts a*b+c
+ * into an FMA across statements under its default -ffp-contract=fast (also through
+ * _mm512_mul_ps/_mm512_add_ps, which are plain vector arithmetic in its headers), so this
+ * file turns contraction off for itself; clang's default (contract within one expression
+ * only) never fuses two statements. The fp16 cast rounds to nearest even on every path
+ * (vcvtps2ph/vcvtps2phx with the default MXCSR, libgcc's soft conversion, or
+ * f32_to_f16_rne below).
+ */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__F16C__))
+#include <immintrin.h>
+#endif
+
+#include "../pinstream.h"
+#include "common.h"
+
+#if defined(_OPENMP)
+#define PS_OMP(directive) _Pragma(directive)
+#else
+#define PS_OMP(directive)
+#endif
+
+#if defined(__FLT16_MAX__)
+typedef _Float16 ps_half;
+#define PS_TO_HALF(f) ((_Float16)(f))
+#else
+/* No _Float16 in this compiler: the bits of IEEE binary16, rounded to nearest even. */
+typedef uint16_t ps_half;
+static inline uint16_t f32_to_f16_rne(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t mag = x & 0x7fffffffu;
+  if (mag >= 0x7f800000u) return (uint16_t)(sign | (mag > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (mag >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: inf */
+  if (mag < 0x38800000u) {                                    /* fp16 subnormal or zero */
+    if (mag < 0x33000000u) return (uint16_t)sign;             /* below half the smallest */
+    uint32_t e = mag >> 23, m = (mag & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126u - e; /* 14 - (e - 127) + 13 */
+    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+  }
+  uint32_t h = ((mag - 0x38000000u) >> 13);
+  uint32_t rem = mag & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+  return (uint16_t)(sign | h);
+}
+#define PS_TO_HALF(f) f32_to_f16_rne(f)
+#endif
+
+/* Converts one gathered channel plane. Kept as a flat loop over the plane so the compiler
+ * vectorizes it (u8 -> i32 -> f32, mul, add, -> f16): rows of 32 are too short for that. */
+static void plane_to_f16(const uint8_t *t, int64_t len, float s, float b, ps_half *o) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  /* GCC 12 leaves the float -> _Float16 loop scalar: spell the 16-wide form out. */
+  const __m512 vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b);
+  for (; i + 16 <= len; i += 16) {
+    __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(t + i))));
+    __m512 r = _mm512_add_ps(_mm512_mul_ps(f, vs), vb);
+    _mm256_storeu_si256((__m256i *)(o + i),
+                        _mm512_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#elif defined(__AVX2__) && defined(__F16C__)
+  const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
+  for (; i + 8 <= len; i += 8) {
+    __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(t + i))));
+    __m256 r = _mm256_add_ps(_mm256_mul_ps(f, vs), vb);
+    _mm_storeu_si128((__m128i *)(o + i),
+                     _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+#endif
+  for (; i < len; i++) {
+    float f = (float)t[i];
+    float p = f * s;
+    float r = p + b;
+    o[i] = PS_TO_HALF(r);
+  }
+}
+
+static void plane_to_f32(const uint8_t *t, int64_t len, float s, float b, float *o) {
+  for (int64_t i = 0; i < len; i++) {
+    float f = (float)t[i];
+    float p = f * s;
+    float r = p + b;
+    o[i] = r;
+  }
+}
+
+/* Gathers channel `ch` of one sample, cropped and flipped, into the h x w plane `t`. */
+static void gather_plane(const uint8_t *img, int32_t layout, int32_t c, int32_t h, int32_t w,
+                         int32_t ch, int32_t oy, int32_t ox, int32_t flip, uint8_t *t) {
+  /* Output column x reads source column sx = xs + ox (xs = flip ? w-1-x : x); the source
+   * columns inside the image form one contiguous output run [x0, x1). */
+  int32_t lo = -ox, hi = w - ox; /* xs range with 0 <= sx < w */
+  if (lo < 0) lo = 0;
+  if (hi > w) hi = w;
+  for (int32_t y = 0; y < h; y++) {
+    uint8_t *row = t + (int64_t)y * w;
+    int32_t sy = y + oy;
+    if (sy < 0 || sy >= h || lo >= hi) {
+      memset(row, 0, (size_t)w);
+      continue;
+    }
+    int32_t x0 = flip ? w - hi : lo, x1 = flip ? w - lo : hi;
+    memset(row, 0, (size_t)x0);
+    memset(row + x1, 0, (size_t)(w - x1));
+    if (layout == PS_IMAGE_NCHW) {
+      const uint8_t *srow = img + ((int64_t)ch * h + sy) * w;
+      if (!flip) {
+        memcpy(row + x0, srow + x0 + ox, (size_t)(x1 - x0));
+      } else {
+        for (int32_t x = x0; x < x1; x++) row[x] = srow[w - 1 - x + ox];
+      }
+    } else {
+      const uint8_t *srow = img + (int64_t)sy * w * c + ch;
+      for (int32_t x = x0; x < x1; x++) {
+        int32_t sx = (flip ? w - 1 - x : x) + ox;
+        row[x] = srow[(int64_t)sx * c];
+      }
+    }
+  }
+}
+
+PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t c, int32_t h,
+                            int32_t w, int32_t pad, const void *params, const float *scale,
+                            const float *bias, void *out, int32_t out_dtype, void *stream) {
+  (void)stream; /* the cpu backend is synchronous */
+  if (n < 0 || c <= 0 || c > PS_IMAGE_MAX_CHANNELS || h <= 0 || w <= 0 || pad < 0) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+            "ps_image_augment: bad shape n=%d c=%d h=%d w=%d pad=%d (c <= %d)", n, c, h, w, pad,
+            PS_IMAGE_MAX_CHANNELS);
+  }
+  if (layout != PS_IMAGE_NHWC && layout != PS_IMAGE_NCHW) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: bad layout %d", layout);
+  }
+  if (out_dtype != PS_IMAGE_F16 && out_dtype != PS_IMAGE_F32) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: bad out_dtype %d", out_dtype);
+  }
+  if (n == 0) return PS_OK;
+  if (src == NULL || out == NULL || scale == NULL || bias == NULL) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: null src, out, scale or bias");
+  }
+  const int64_t plane = (int64_t)h * w, img_bytes = plane * c;
+  if (plane > (int64_t)1 << 24) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: image %dx%d too large", h, w);
+  }
+  const uint8_t *s8 = (const uint8_t *)src;
+  const int32_t *prm = (const int32_t *)params;
+  float sc[PS_IMAGE_MAX_CHANNELS], bi[PS_IMAGE_MAX_CHANNELS];
+  memcpy(sc, scale, sizeof(float) * (size_t)c);
+  memcpy(bi, bias, sizeof(float) * (size_t)c);
+  int failed = 0;
+
+  PS_OMP("omp parallel if (n * img_bytes >= ((int64_t)1 << 20))")
+  {
+    /* One gathered plane per thread; small planes (CIFAR: 1 KiB) stay on the stack. */
+    uint8_t stack_buf[4096];
+    uint8_t *t = plane <= (int64_t)sizeof stack_buf ? stack_buf : (uint8_t *)malloc((size_t)plane);
+    if (t == NULL) {
+      PS_OMP("omp atomic write")
+      failed = 1;
+    } else {
+      PS_OMP("omp for schedule(static)")
+      for (int32_t i = 0; i < n; i++) {
+        int32_t dy = pad, dx = pad, flip = 0;
+        if (prm != NULL) {
+          dy = prm[3 * (int64_t)i];
+          dx = prm[3 * (int64_t)i + 1];
+          flip = prm[3 * (int64_t)i + 2] != 0;
+        }
+        const uint8_t *img = s8 + (int64_t)i * img_bytes;
+        for (int32_t ch = 0; ch < c; ch++) {
+          gather_plane(img, layout, c, h, w, ch, dy - pad, dx - pad, flip, t);
+          int64_t o = ((int64_t)i * c + ch) * plane;
+          if (out_dtype == PS_IMAGE_F16) {
+            plane_to_f16(t, plane, sc[ch], bi[ch], (ps_half *)out + o);
+          } else {
+            plane_to_f32(t, plane, sc[ch], bi[ch], (float *)out + o);
+          }
+        }
+      }
+      if (t != stack_buf) free(t);
+    }
+  }
+  if (failed) PS_FAIL(PS_ERR_OUT_OF_MEMORY, "ps_image_augment: no memory for a %lld-byte plane",
+                      (long long)plane);
+  return PS_OK;
+}
+
+PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, void *out,
+                               void *stream) {
+  (void)stream;
+  if (n < 0 || (src_bytes != 1 && src_bytes != 2 && src_bytes != 4)) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_labels_i32: bad n=%d or src_bytes=%d", n,
+            src_bytes);
+  }
+  if (n == 0) return PS_OK;
+  if (src == NULL || out == NULL) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_labels_i32: null src or out");
+  }
+  int32_t *o = (int32_t *)out;
+  if (src_bytes == 1) {
+    for (int32_t i = 0; i < n; i++) o[i] = ((const uint8_t *)src)[i];
+  } else if (src_bytes == 2) {
+    for (int32_t i = 0; i < n; i++) o[i] = ((const uint16_t *)src)[i];
+  } else {
+    memmove(o, src, (size_t)n * 4);
+  }
+  return PS_OK;
+}

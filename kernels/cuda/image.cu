@@ -1,0 +1,155 @@
+/*
+ * image.cu — CUDA backend of the PS-SECTION image kernels. kernels/cpu/image.c is the
+ * reference: for the same inputs both give the same bits.
+ *
+ * Numerics: float(v) is exact for a byte; then __fmul_rn and __fadd_rn, two fp32 roundings
+ * that nvcc never contracts into an FMA (a plain `v * s + b` would be fused by default,
+ * -fmad=true, and differ from the CPU in the last bit); __float2half_rn rounds to nearest
+ * even like the CPU's vcvtps2ph / _Float16 cast.
+ */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "../pinstream.h"
+#include "common.cuh"
+
+namespace {
+
+/* scale/bias travel by value in the kernel parameters (constant bank): no device buffer,
+ * no upload, nothing to free. */
+struct Affine {
+  float scale[PS_IMAGE_MAX_CHANNELS];
+  float bias[PS_IMAGE_MAX_CHANNELS];
+};
+
+__device__ __forceinline__ void store(__half *o, int64_t i, float r) { o[i] = __float2half_rn(r); }
+__device__ __forceinline__ void store(float *o, int64_t i, float r) { o[i] = r; }
+
+/* One thread per output element, grid-stride; consecutive threads write consecutive x, so
+ * the stores coalesce, and the reads of one row of one sample stay within 1-2 segments. */
+template <typename Out, int Layout>
+__global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *__restrict__ params,
+                               Affine aff, Out *__restrict__ out, int32_t n, int32_t c, int32_t h,
+                               int32_t w, int32_t pad) {
+  const int64_t total = (int64_t)n * c * h * w;
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+    int32_t x = (int32_t)(i % w);
+    int64_t t = i / w;
+    int32_t y = (int32_t)(t % h);
+    t /= h;
+    int32_t ch = (int32_t)(t % c);
+    int64_t s = t / c;
+    int32_t dy = pad, dx = pad, flip = 0;
+    if (params != nullptr) {
+      dy = __ldg(params + 3 * s);
+      dx = __ldg(params + 3 * s + 1);
+      flip = __ldg(params + 3 * s + 2) != 0;
+    }
+    int32_t sy = y + dy - pad;
+    int32_t sx = (flip ? w - 1 - x : x) + dx - pad;
+    uint32_t v = 0;
+    if (sy >= 0 && sy < h && sx >= 0 && sx < w) {
+      const uint8_t *img = src + s * ((int64_t)c * h * w);
+      v = Layout == PS_IMAGE_NCHW ? __ldg(img + ((int64_t)ch * h + sy) * w + sx)
+                                  : __ldg(img + ((int64_t)sy * w + sx) * c + ch);
+    }
+    float r = __fadd_rn(__fmul_rn((float)v, aff.scale[ch]), aff.bias[ch]);
+    store(out, i, r);
+  }
+}
+
+template <typename In>
+__global__ void labels_kernel(const In *__restrict__ src, int32_t n, int32_t *__restrict__ out) {
+  for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    out[i] = (int32_t)src[i];
+  }
+}
+
+int grid_for(int64_t total, int block) {
+  int64_t g = (total + block - 1) / block;
+  /* Grid-stride beyond this: enough blocks to fill any current GPU many times over. */
+  return (int)(g < 65535 ? (g > 0 ? g : 1) : 65535);
+}
+
+template <typename Out>
+void launch_augment(const uint8_t *src, int32_t layout, const int32_t *params, const Affine &aff,
+                    Out *out, int32_t n, int32_t c, int32_t h, int32_t w, int32_t pad,
+                    cudaStream_t st) {
+  const int block = 256;
+  const int grid = grid_for((int64_t)n * c * h * w, block);
+  if (layout == PS_IMAGE_NCHW) {
+    augment_kernel<Out, PS_IMAGE_NCHW><<<grid, block, 0, st>>>(src, params, aff, out, n, c, h, w,
+                                                                pad);
+  } else {
+    augment_kernel<Out, PS_IMAGE_NHWC><<<grid, block, 0, st>>>(src, params, aff, out, n, c, h, w,
+                                                                pad);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t c, int32_t h,
+                            int32_t w, int32_t pad, const void *params, const float *scale,
+                            const float *bias, void *out, int32_t out_dtype, void *stream) {
+  if (n < 0 || c <= 0 || c > PS_IMAGE_MAX_CHANNELS || h <= 0 || w <= 0 || pad < 0) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+            "ps_image_augment: bad shape n=%d c=%d h=%d w=%d pad=%d (c <= %d)", n, c, h, w, pad,
+            PS_IMAGE_MAX_CHANNELS);
+  }
+  if (layout != PS_IMAGE_NHWC && layout != PS_IMAGE_NCHW) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: bad layout %d", layout);
+  }
+  if (out_dtype != PS_IMAGE_F16 && out_dtype != PS_IMAGE_F32) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: bad out_dtype %d", out_dtype);
+  }
+  if (n == 0) return PS_OK;
+  if (src == nullptr || out == nullptr || scale == nullptr || bias == nullptr) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: null src, out, scale or bias");
+  }
+  Affine aff;
+  for (int32_t i = 0; i < PS_IMAGE_MAX_CHANNELS; i++) {
+    aff.scale[i] = i < c ? scale[i] : 0.0f;
+    aff.bias[i] = i < c ? bias[i] : 0.0f;
+  }
+  cudaStream_t st = (cudaStream_t)stream;
+  const uint8_t *s8 = (const uint8_t *)src;
+  const int32_t *prm = (const int32_t *)params;
+  if (out_dtype == PS_IMAGE_F16) {
+    launch_augment(s8, layout, prm, aff, (__half *)out, n, c, h, w, pad, st);
+  } else {
+    launch_augment(s8, layout, prm, aff, (float *)out, n, c, h, w, pad, st);
+  }
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, void *out,
+                               void *stream) {
+  if (n < 0 || (src_bytes != 1 && src_bytes != 2 && src_bytes != 4)) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_labels_i32: bad n=%d or src_bytes=%d", n,
+            src_bytes);
+  }
+  if (n == 0) return PS_OK;
+  if (src == nullptr || out == nullptr) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_labels_i32: null src or out");
+  }
+  cudaStream_t st = (cudaStream_t)stream;
+  if (src_bytes == 4) {
+    CUDA_CHECK(cudaMemcpyAsync(out, src, (size_t)n * 4, cudaMemcpyDeviceToDevice, st));
+    return PS_OK;
+  }
+  const int block = 256, grid = grid_for(n, block);
+  if (src_bytes == 1) {
+    labels_kernel<<<grid, block, 0, st>>>((const uint8_t *)src, n, (int32_t *)out);
+  } else {
+    labels_kernel<<<grid, block, 0, st>>>((const uint16_t *)src, n, (int32_t *)out);
+  }
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+}  // extern "C"
