@@ -84,8 +84,9 @@ PS_API int ps_device_props_get(int32_t device, ps_device_props *out);
 /* Makes `device` current for the calling thread (cudaSetDevice). */
 PS_API int ps_device_set(int32_t device);
 PS_API int ps_device_get(int32_t *out);
-/* [wait] Waits for all work on the current device. */
-PS_API int ps_device_synchronize(char *msg, uint64_t msg_cap);
+/* [wait] Waits for all work on `device`. The device is explicit because [wait] functions run
+ * on a worker thread, whose current device is not the caller's. */
+PS_API int ps_device_synchronize(int32_t device, char *msg, uint64_t msg_cap);
 PS_API int ps_mem_info(uint64_t *free_bytes, uint64_t *total_bytes);
 
 /* ---- host memory --------------------------------------------------------------------- */
@@ -132,6 +133,18 @@ PS_API int ps_event_query(void *event);
 PS_API int ps_event_synchronize(void *event, char *msg, uint64_t msg_cap);
 /* Milliseconds between two recorded, completed events. */
 PS_API int ps_event_elapsed_ms(void *start, void *end, float *out_ms);
+
+/* ---- benchmark helper ----------------------------------------------------------------- */
+
+#define PS_MEMCPY_H2D 1
+#define PS_MEMCPY_D2H 2
+#define PS_MEMCPY_D2D 3
+/* [wait] The raw bound for bench/transfer.ts: `iters` back-to-back copies of `bytes` on
+ * `stream` (cudaMemcpyAsync; memcpy on cpu), timed from the first enqueue to the end of the
+ * last copy (CUDA events), after one untimed warm-up copy on cuda. */
+PS_API int ps_bench_memcpy_loop(void *dst, const void *src, uint64_t bytes, int32_t kind,
+                                int32_t iters, void *stream, float *out_ms, char *msg,
+                                uint64_t msg_cap);
 
 /* ---- image kernels (pipeline/) -------------------------------------------------------- */
 /* PS-SECTION image: declarations added by the pipeline work go here. */
