@@ -156,12 +156,12 @@ function rotl(x: number, k: number): number {
  * assert.ok(a.every((v) => v >= -0.5 && v <= 0.5));
  * ```
  */
-export function uniform(
-  out: Float32Array | Float64Array,
+export function uniform<T extends Float32Array | Float64Array>(
+  out: T,
   low: number,
   high: number,
   rng: Xoshiro128,
-): Float32Array | Float64Array {
+): T {
   const span = high - low;
   for (let i = 0; i < out.length; i++) out[i] = low + span * rng.random();
   return out;
@@ -186,12 +186,12 @@ export function uniform(
  * assert.ok(w.every((v) => Math.abs(v) <= 0.25));
  * ```
  */
-export function kaimingUniform(
-  out: Float32Array | Float64Array,
+export function kaimingUniform<T extends Float32Array | Float64Array>(
+  out: T,
   fanIn: number,
   rng: Xoshiro128,
   a: number = Math.sqrt(5),
-): Float32Array | Float64Array {
+): T {
   if (!Number.isInteger(fanIn) || fanIn <= 0) {
     throw new RangeError(`Cannot initialize weights: fanIn ${fanIn} is not a positive integer`);
   }
