@@ -1,0 +1,71 @@
+/*
+ * common.cuh — error recording shared by the CUDA backend's translation units.
+ *
+ * Every CUDA runtime call goes through CUDA_CHECK, and every kernel launch is followed by
+ * CUDA_CHECK(cudaGetLastError()):
+ *
+ *   CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, st));
+ *   my_kernel<<<grid, block, 0, st>>>(...);
+ *   CUDA_CHECK(cudaGetLastError());
+ *
+ * On failure CUDA_CHECK records "file:line: <expression> failed: <cudaErrorName>: <CUDA's
+ * message>" as the thread's last error (ps_last_error()) and returns the matching PS_ERR_*
+ * from the enclosing function. PS_FAIL(status, fmt, ...) does the same for our own checks.
+ * Nothing here throws or exits: no C++ exception may cross the ABI.
+ *
+ * Symbols declared here are internal to the shared library (hidden visibility).
+ */
+#ifndef PINSTREAM_CUDA_COMMON_CUH
+#define PINSTREAM_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "../pinstream.h"
+
+#define PS_INTERNAL __attribute__((visibility("hidden")))
+
+/* Records "file:line: <formatted message>" as the thread's last error and returns `status`. */
+PS_INTERNAL int ps_record_error(int status, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Records a failed CUDA call and returns the PS_ERR_* it maps to (ps_status_of). */
+PS_INTERNAL int ps_record_cuda_error(cudaError_t err, const char *expr, const char *file,
+                                     int line);
+
+/* cudaErrorInsufficientDriver & co -> PS_ERR_NO_DRIVER, cudaErrorNoDevice -> PS_ERR_NO_DEVICE,
+ * cudaErrorInvalidDevice -> PS_ERR_INVALID_DEVICE, cudaErrorMemoryAllocation ->
+ * PS_ERR_OUT_OF_MEMORY, cudaErrorNotReady -> PS_ERR_NOT_READY, cudaErrorInvalidValue ->
+ * PS_ERR_INVALID_ARGUMENT, anything else -> PS_ERR_BACKEND. */
+PS_INTERNAL int ps_status_of(cudaError_t err);
+
+/* Copies the thread's last error into a caller-provided buffer (for [wait] functions, whose
+ * caller reads the message from another thread) and returns `status` unchanged. */
+PS_INTERNAL int ps_export_error(int status, char *msg, uint64_t msg_cap);
+
+/* Record a failure and return `status` from the enclosing function. */
+#define PS_FAIL(status, ...) return ps_record_error((status), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Return PS_ERR_INVALID_ARGUMENT, with the failed condition as the message, unless `cond`. */
+#define PS_REQUIRE(cond)                                                                     \
+  do {                                                                                       \
+    if (!(cond)) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: requirement failed: %s", __func__, #cond); \
+  } while (0)
+
+/* Run a CUDA runtime call; on failure record it and return its PS_ERR_* status. */
+#define CUDA_CHECK(expr)                                                        \
+  do {                                                                          \
+    cudaError_t ps_err_ = (expr);                                               \
+    if (ps_err_ != cudaSuccess) {                                               \
+      return ps_record_cuda_error(ps_err_, #expr, __FILE__, __LINE__);          \
+    }                                                                           \
+  } while (0)
+
+/* Kinds of live objects counted by ps_live_objects(). */
+enum ps_live_kind { PS_LIVE_ALLOCATION = 0, PS_LIVE_STREAM = 1, PS_LIVE_EVENT = 2 };
+
+/* Adjusts a live-object counter (atomic). A kernel file that keeps long-lived device
+ * allocations of its own (workspaces) counts them here so leak tests see them. */
+PS_INTERNAL void ps_live_add(ps_live_kind kind, int64_t delta);
+
+#endif /* PINSTREAM_CUDA_COMMON_CUH */

@@ -1,0 +1,385 @@
+/*
+ * core.cu — the CUDA backend of pinstream.h's core section.
+ *
+ * Linked against the static CUDA runtime (-cudart static), so the library loads on machines
+ * without a driver: libcuda is opened lazily by the runtime, and its absence surfaces as
+ * cudaErrorInsufficientDriver on the first call, which we report as PS_ERR_NO_DRIVER.
+ */
+#include <cuda_runtime.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <atomic>
+
+#include "../pinstream.h"
+#include "common.cuh"
+
+/* ---- errors --------------------------------------------------------------------------- */
+
+namespace {
+constexpr size_t kErrorCap = 1024;
+thread_local char tls_error[kErrorCap];
+std::atomic<int64_t> live[3];
+}  // namespace
+
+int ps_record_error(int status, const char *file, int line, const char *fmt, ...) {
+  int n = snprintf(tls_error, sizeof tls_error, "%s:%d: ", file, line);
+  if (n < 0 || n >= (int)sizeof tls_error) n = 0;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tls_error + n, sizeof tls_error - (size_t)n, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+int ps_status_of(cudaError_t err) {
+  switch (err) {
+    case cudaSuccess: return PS_OK;
+    case cudaErrorInsufficientDriver:
+    case cudaErrorStubLibrary:
+    case cudaErrorInitializationError:
+    case cudaErrorSystemDriverMismatch:
+    case cudaErrorCompatNotSupportedOnDevice: return PS_ERR_NO_DRIVER;
+    case cudaErrorNoDevice:
+    case cudaErrorDevicesUnavailable: return PS_ERR_NO_DEVICE;
+    case cudaErrorInvalidDevice: return PS_ERR_INVALID_DEVICE;
+    case cudaErrorMemoryAllocation: return PS_ERR_OUT_OF_MEMORY;
+    case cudaErrorNotReady: return PS_ERR_NOT_READY;
+    case cudaErrorInvalidValue: return PS_ERR_INVALID_ARGUMENT;
+    case cudaErrorNotSupported: return PS_ERR_UNSUPPORTED;
+    default: return PS_ERR_BACKEND;
+  }
+}
+
+int ps_record_cuda_error(cudaError_t err, const char *expr, const char *file, int line) {
+  return ps_record_error(ps_status_of(err), file, line, "%s failed: %s: %s", expr,
+                         cudaGetErrorName(err), cudaGetErrorString(err));
+}
+
+int ps_export_error(int status, char *msg, uint64_t msg_cap) {
+  if (status != PS_OK && msg != nullptr && msg_cap > 0) {
+    snprintf(msg, (size_t)msg_cap, "%s", tls_error);
+  }
+  return status;
+}
+
+void ps_live_add(ps_live_kind kind, int64_t delta) {
+  live[kind].fetch_add(delta, std::memory_order_relaxed);
+}
+
+namespace {
+
+/* A query answering "not yet" is not a failure: report it without touching the message, and
+ * drop it from the runtime's per-thread last error so the next CUDA_CHECK(cudaGetLastError())
+ * after a launch does not mistake it for a launch failure. */
+int query_status(cudaError_t err, const char *expr, int line) {
+  if (err == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return PS_ERR_NOT_READY;
+  }
+  if (err != cudaSuccess) return ps_record_cuda_error(err, expr, __FILE__, line);
+  return PS_OK;
+}
+
+int device_synchronize(int32_t device) {
+  CUDA_CHECK(cudaSetDevice(device));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return PS_OK;
+}
+
+int memcpy_async(void *dst, const void *src, uint64_t bytes, cudaMemcpyKind kind, void *stream) {
+  if (bytes == 0) return PS_OK;
+  PS_REQUIRE(dst != nullptr && src != nullptr);
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)bytes, kind, (cudaStream_t)stream));
+  return PS_OK;
+}
+
+int bench_loop(void *dst, const void *src, uint64_t bytes, cudaMemcpyKind kind, int32_t iters,
+               cudaStream_t st, cudaEvent_t start, cudaEvent_t end, float *out_ms) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)bytes, kind, st)); /* warm-up, untimed */
+  CUDA_CHECK(cudaEventRecord(start, st));
+  for (int32_t i = 0; i < iters; i++) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)bytes, kind, st));
+  }
+  CUDA_CHECK(cudaEventRecord(end, st));
+  CUDA_CHECK(cudaEventSynchronize(end));
+  CUDA_CHECK(cudaEventElapsedTime(out_ms, start, end));
+  return PS_OK;
+}
+
+int bench_memcpy_loop(void *dst, const void *src, uint64_t bytes, int32_t kind, int32_t iters,
+                      void *stream, float *out_ms) {
+  PS_REQUIRE(out_ms != nullptr);
+  PS_REQUIRE(iters > 0);
+  PS_REQUIRE(kind == PS_MEMCPY_H2D || kind == PS_MEMCPY_D2H || kind == PS_MEMCPY_D2D);
+  PS_REQUIRE(dst != nullptr && src != nullptr && bytes > 0);
+  const cudaMemcpyKind k = kind == PS_MEMCPY_H2D   ? cudaMemcpyHostToDevice
+                           : kind == PS_MEMCPY_D2H ? cudaMemcpyDeviceToHost
+                                                   : cudaMemcpyDeviceToDevice;
+  cudaEvent_t start = nullptr, end = nullptr;
+  CUDA_CHECK(cudaEventCreate(&start));
+  int st = PS_OK;
+  cudaError_t e = cudaEventCreate(&end);
+  if (e != cudaSuccess) {
+    st = ps_record_cuda_error(e, "cudaEventCreate(&end)", __FILE__, __LINE__);
+  } else {
+    st = bench_loop(dst, src, bytes, k, iters, (cudaStream_t)stream, start, end, out_ms);
+    cudaEventDestroy(end);
+  }
+  cudaEventDestroy(start);
+  return st;
+}
+
+}  // namespace
+
+extern "C" {
+
+PS_API const char *ps_last_error(void) { return tls_error; }
+
+PS_API int ps_abi_version(int32_t *out) {
+  PS_REQUIRE(out != nullptr);
+  *out = PS_ABI_VERSION;
+  return PS_OK;
+}
+
+PS_API int ps_backend(int32_t *out) {
+  PS_REQUIRE(out != nullptr);
+  *out = 1;
+  return PS_OK;
+}
+
+PS_API int ps_live_objects(int64_t *allocations, int64_t *streams, int64_t *events) {
+  if (allocations) *allocations = live[PS_LIVE_ALLOCATION].load(std::memory_order_relaxed);
+  if (streams) *streams = live[PS_LIVE_STREAM].load(std::memory_order_relaxed);
+  if (events) *events = live[PS_LIVE_EVENT].load(std::memory_order_relaxed);
+  return PS_OK;
+}
+
+/* ---- devices -------------------------------------------------------------------------- */
+
+PS_API int ps_device_count(int32_t *out) {
+  PS_REQUIRE(out != nullptr);
+  *out = 0;
+  int n = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&n));
+  *out = n;
+  return PS_OK;
+}
+
+PS_API int ps_device_props_get(int32_t device, ps_device_props *out) {
+  PS_REQUIRE(out != nullptr);
+  cudaDeviceProp p;
+  CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  memset(out, 0, sizeof *out);
+  snprintf(out->name, sizeof out->name, "%s", p.name);
+  out->total_memory = (uint64_t)p.totalGlobalMem;
+  out->major = p.major;
+  out->minor = p.minor;
+  out->multiprocessors = p.multiProcessorCount;
+  out->async_engines = p.asyncEngineCount;
+  out->unified_addressing = p.unifiedAddressing;
+  return PS_OK;
+}
+
+PS_API int ps_device_set(int32_t device) {
+  CUDA_CHECK(cudaSetDevice(device));
+  return PS_OK;
+}
+
+PS_API int ps_device_get(int32_t *out) {
+  PS_REQUIRE(out != nullptr);
+  int d = 0;
+  CUDA_CHECK(cudaGetDevice(&d));
+  *out = d;
+  return PS_OK;
+}
+
+PS_API int ps_device_synchronize(int32_t device, char *msg, uint64_t msg_cap) {
+  return ps_export_error(device_synchronize(device), msg, msg_cap);
+}
+
+PS_API int ps_mem_info(uint64_t *free_bytes, uint64_t *total_bytes) {
+  PS_REQUIRE(free_bytes != nullptr && total_bytes != nullptr);
+  size_t f = 0, t = 0;
+  CUDA_CHECK(cudaMemGetInfo(&f, &t));
+  *free_bytes = f;
+  *total_bytes = t;
+  return PS_OK;
+}
+
+/* ---- host memory ---------------------------------------------------------------------- */
+
+/* Portable: the pinning holds for every device, not only the one current at allocation. */
+PS_API int ps_host_alloc(uint64_t bytes, void **out) {
+  PS_REQUIRE(out != nullptr);
+  *out = nullptr;
+  if (bytes == 0) return PS_OK;
+  void *p = nullptr;
+  CUDA_CHECK(cudaHostAlloc(&p, (size_t)bytes, cudaHostAllocPortable));
+  ps_live_add(PS_LIVE_ALLOCATION, 1);
+  *out = p;
+  return PS_OK;
+}
+
+PS_API int ps_host_free(void *ptr) {
+  if (ptr == nullptr) return PS_OK;
+  CUDA_CHECK(cudaFreeHost(ptr));
+  ps_live_add(PS_LIVE_ALLOCATION, -1);
+  return PS_OK;
+}
+
+PS_API int ps_host_register(void *ptr, uint64_t bytes) {
+  PS_REQUIRE(ptr != nullptr);
+  PS_REQUIRE(bytes > 0);
+  CUDA_CHECK(cudaHostRegister(ptr, (size_t)bytes, cudaHostRegisterPortable));
+  ps_live_add(PS_LIVE_ALLOCATION, 1);
+  return PS_OK;
+}
+
+PS_API int ps_host_unregister(void *ptr) {
+  PS_REQUIRE(ptr != nullptr);
+  CUDA_CHECK(cudaHostUnregister(ptr));
+  ps_live_add(PS_LIVE_ALLOCATION, -1);
+  return PS_OK;
+}
+
+/* ---- device memory -------------------------------------------------------------------- */
+
+PS_API int ps_device_alloc(uint64_t bytes, void **out) {
+  PS_REQUIRE(out != nullptr);
+  *out = nullptr;
+  if (bytes == 0) return PS_OK;
+  void *p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, (size_t)bytes));
+  ps_live_add(PS_LIVE_ALLOCATION, 1);
+  *out = p;
+  return PS_OK;
+}
+
+PS_API int ps_device_free(void *ptr) {
+  if (ptr == nullptr) return PS_OK;
+  CUDA_CHECK(cudaFree(ptr));
+  ps_live_add(PS_LIVE_ALLOCATION, -1);
+  return PS_OK;
+}
+
+PS_API int ps_memset_async(void *dst, int32_t value, uint64_t bytes, void *stream) {
+  if (bytes == 0) return PS_OK;
+  PS_REQUIRE(dst != nullptr);
+  CUDA_CHECK(cudaMemsetAsync(dst, value, (size_t)bytes, (cudaStream_t)stream));
+  return PS_OK;
+}
+
+PS_API int ps_memcpy_h2d_async(void *dst, const void *src, uint64_t bytes, void *stream) {
+  return memcpy_async(dst, src, bytes, cudaMemcpyHostToDevice, stream);
+}
+
+PS_API int ps_memcpy_d2h_async(void *dst, const void *src, uint64_t bytes, void *stream) {
+  return memcpy_async(dst, src, bytes, cudaMemcpyDeviceToHost, stream);
+}
+
+PS_API int ps_memcpy_d2d_async(void *dst, const void *src, uint64_t bytes, void *stream) {
+  return memcpy_async(dst, src, bytes, cudaMemcpyDeviceToDevice, stream);
+}
+
+/* ---- streams -------------------------------------------------------------------------- */
+
+PS_API int ps_stream_create(void **out) {
+  PS_REQUIRE(out != nullptr);
+  *out = nullptr;
+  cudaStream_t s = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  ps_live_add(PS_LIVE_STREAM, 1);
+  *out = (void *)s;
+  return PS_OK;
+}
+
+PS_API int ps_stream_destroy(void *stream) {
+  PS_REQUIRE(stream != nullptr);
+  CUDA_CHECK(cudaStreamDestroy((cudaStream_t)stream));
+  ps_live_add(PS_LIVE_STREAM, -1);
+  return PS_OK;
+}
+
+PS_API int ps_stream_synchronize(void *stream, char *msg, uint64_t msg_cap) {
+  cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+  int st = e == cudaSuccess ? PS_OK
+                            : ps_record_cuda_error(e, "cudaStreamSynchronize(stream)", __FILE__,
+                                                   __LINE__);
+  return ps_export_error(st, msg, msg_cap);
+}
+
+PS_API int ps_stream_query(void *stream) {
+  return query_status(cudaStreamQuery((cudaStream_t)stream), "cudaStreamQuery(stream)", __LINE__);
+}
+
+PS_API int ps_stream_wait_event(void *stream, void *event) {
+  PS_REQUIRE(event != nullptr);
+  CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)event, 0));
+  return PS_OK;
+}
+
+/* ---- events --------------------------------------------------------------------------- */
+
+PS_API int ps_event_create(int32_t flags, void **out) {
+  PS_REQUIRE(out != nullptr);
+  PS_REQUIRE((flags & ~PS_EVENT_DISABLE_TIMING) == 0);
+  *out = nullptr;
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(
+      &e, (flags & PS_EVENT_DISABLE_TIMING) ? cudaEventDisableTiming : cudaEventDefault));
+  ps_live_add(PS_LIVE_EVENT, 1);
+  *out = (void *)e;
+  return PS_OK;
+}
+
+PS_API int ps_event_destroy(void *event) {
+  PS_REQUIRE(event != nullptr);
+  CUDA_CHECK(cudaEventDestroy((cudaEvent_t)event));
+  ps_live_add(PS_LIVE_EVENT, -1);
+  return PS_OK;
+}
+
+PS_API int ps_event_record(void *event, void *stream) {
+  PS_REQUIRE(event != nullptr);
+  CUDA_CHECK(cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream));
+  return PS_OK;
+}
+
+PS_API int ps_event_query(void *event) {
+  if (event == nullptr) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_event_query: NULL event");
+  return query_status(cudaEventQuery((cudaEvent_t)event), "cudaEventQuery(event)", __LINE__);
+}
+
+PS_API int ps_event_synchronize(void *event, char *msg, uint64_t msg_cap) {
+  int st = PS_OK;
+  if (event == nullptr) {
+    st = ps_record_error(PS_ERR_INVALID_ARGUMENT, __FILE__, __LINE__,
+                         "ps_event_synchronize: NULL event");
+  } else {
+    cudaError_t e = cudaEventSynchronize((cudaEvent_t)event);
+    if (e != cudaSuccess) {
+      st = ps_record_cuda_error(e, "cudaEventSynchronize(event)", __FILE__, __LINE__);
+    }
+  }
+  return ps_export_error(st, msg, msg_cap);
+}
+
+PS_API int ps_event_elapsed_ms(void *start, void *end, float *out_ms) {
+  PS_REQUIRE(start != nullptr && end != nullptr && out_ms != nullptr);
+  CUDA_CHECK(cudaEventElapsedTime(out_ms, (cudaEvent_t)start, (cudaEvent_t)end));
+  return PS_OK;
+}
+
+/* ---- benchmark helper ----------------------------------------------------------------- */
+
+PS_API int ps_bench_memcpy_loop(void *dst, const void *src, uint64_t bytes, int32_t kind,
+                                int32_t iters, void *stream, float *out_ms, char *msg,
+                                uint64_t msg_cap) {
+  return ps_export_error(bench_memcpy_loop(dst, src, bytes, kind, iters, stream, out_ms), msg,
+                         msg_cap);
+}
+
+}  // extern "C"
