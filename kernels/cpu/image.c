@@ -157,6 +157,14 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
   if (plane > (int64_t)1 << 24) {
     PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: image %dx%d too large", h, w);
   }
+  /* Catches stale or short device buffers here, where CUDA would fault mid-kernel. */
+  if (!ps_is_live_range(src, (uint64_t)(n * img_bytes)) ||
+      !ps_is_live_range(out, (uint64_t)(n * img_bytes) * (out_dtype == PS_IMAGE_F16 ? 2u : 4u)) ||
+      (params != NULL && !ps_is_live_range(params, (uint64_t)n * 12u))) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+            "ps_image_augment: src, params or out is not a live buffer of the batch's size "
+            "(n=%d c=%d h=%d w=%d)", n, c, h, w);
+  }
   const uint8_t *s8 = (const uint8_t *)src;
   const int32_t *prm = (const int32_t *)params;
   float sc[PS_IMAGE_MAX_CHANNELS], bi[PS_IMAGE_MAX_CHANNELS];
@@ -210,6 +218,11 @@ PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, vo
   if (n == 0) return PS_OK;
   if (src == NULL || out == NULL) {
     PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_labels_i32: null src or out");
+  }
+  if (!ps_is_live_range(src, (uint64_t)n * (uint64_t)src_bytes) ||
+      !ps_is_live_range(out, (uint64_t)n * 4u)) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+            "ps_image_labels_i32: src or out is not a live buffer of %d labels", n);
   }
   int32_t *o = (int32_t *)out;
   if (src_bytes == 1) {

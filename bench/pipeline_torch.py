@@ -1,0 +1,221 @@
+"""PyTorch side of bench/pipeline.ts: CIFAR-shaped batches, normalized and ready for a step.
+
+Prints one JSON object on stdout: {"rows": [{"name", "samples", "seconds", "samples_per_s",
+...}], "torch": version, "torchvision": version}. Run by bench/pipeline.ts; by hand:
+
+    OPENBLAS_NUM_THREADS=1 python3 bench/pipeline_torch.py --mode cpu --samples 50000
+
+Modes:
+  cpu  (a) the standard torchvision pipeline: a Dataset over the uint8 HWC array returning
+       PIL images (as torchvision.datasets.CIFAR10 does), RandomCrop(32, padding=4),
+       RandomHorizontalFlip, ToTensor, Normalize; DataLoader(batch_size, shuffle=True,
+       num_workers=workers). (b) its best vectorized form: the whole dataset as one uint8
+       NCHW tensor, each batch gathered, padded, cropped and flipped with one advanced
+       index, normalized with torch ops, float32 out, torch.set_num_threads(workers).
+  cuda (a) the standard pipeline with pin_memory=True, persistent_workers=True and a
+       side-stream prefetcher (non_blocking copies on a second stream, the compute stream
+       waits on it), batches as float32 on the GPU; (b) the vectorized form with the uint8
+       batch pinned, copied and augmented on the GPU (fp16 out); (c) the raw bound: the same
+       uint8 bytes per batch copied from pinned memory with cudaMemcpyAsync back to back.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torchvision  # noqa: E402
+from PIL import Image  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from torchvision import transforms  # noqa: E402
+
+MEAN = (0.4914, 0.4822, 0.4465)
+STD = (0.2470, 0.2435, 0.2616)
+
+
+class ArrayCifar(Dataset):
+    """torchvision.datasets.CIFAR10's __getitem__ over an in-memory N x 32 x 32 x 3 array."""
+
+    def __init__(self, data, labels, transform):
+        self.data, self.labels, self.transform = data, labels, transform
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        img = Image.fromarray(self.data[i])
+        return self.transform(img), int(self.labels[i])
+
+
+def make_data(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.integers(0, 256, size=(n, 32, 32, 3), dtype=np.uint8),
+            rng.integers(0, 10, size=n, dtype=np.int64))
+
+
+def row(name, samples, seconds, **extra):
+    return {"name": name, "samples": samples, "seconds": seconds,
+            "samples_per_s": samples / seconds if seconds > 0 else 0.0, **extra}
+
+
+def standard(data, labels, batch, workers, max_batches, device=None):
+    tf = transforms.Compose([
+        transforms.RandomCrop(32, padding=4),
+        transforms.RandomHorizontalFlip(),
+        transforms.ToTensor(),
+        transforms.Normalize(MEAN, STD),
+    ])
+    cuda = device is not None
+    loader = DataLoader(ArrayCifar(data, labels, tf), batch_size=batch, shuffle=True,
+                        num_workers=workers, pin_memory=cuda,
+                        persistent_workers=cuda and workers > 0)
+    it = iter(loader)
+    if cuda:
+        it = SideStreamPrefetcher(it, device)
+    next(it)  # worker start-up is not throughput
+    if cuda:
+        torch.cuda.synchronize()
+    n, t0 = 0, time.perf_counter()
+    for k, (x, y) in enumerate(it):
+        n += x.shape[0]
+        if k + 1 >= max_batches:
+            break
+    if cuda:
+        torch.cuda.synchronize()
+    return n, time.perf_counter() - t0
+
+
+class SideStreamPrefetcher:
+    """The usual 'DataPrefetcher': the next batch is copied on a side stream while the
+    current one is used; the compute stream waits on the copy (no host sync)."""
+
+    def __init__(self, it, device):
+        self.it, self.device = it, device
+        self.stream = torch.cuda.Stream(device)
+        self._preload()
+
+    def _preload(self):
+        try:
+            x, y = next(self.it)
+        except StopIteration:
+            self.next_batch = None
+            return
+        with torch.cuda.stream(self.stream):
+            self.next_batch = (x.to(self.device, non_blocking=True),
+                               y.to(self.device, non_blocking=True))
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+        b = self.next_batch
+        if b is None:
+            raise StopIteration
+        for t in b:
+            t.record_stream(torch.cuda.current_stream(self.device))
+        self._preload()
+        return b
+
+
+def vectorized(data_nchw, batch, max_batches, seed=0, device=None, half=False):
+    n_all = data_nchw.shape[0]
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n_all, generator=g)
+    dev = device or torch.device("cpu")
+    mean = torch.tensor(MEAN, device=dev).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=dev).view(1, 3, 1, 1)
+    scale = 1.0 / (255.0 * std)
+    bias = -mean / std
+    pinned = data_nchw.pin_memory() if device is not None else data_nchw
+    n, count = 0, 0
+    t0 = None
+    for start in range(0, n_all, batch):
+        if count == 1:
+            if device is not None:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()  # the first batch warms up the allocator
+        idx = perm[start:start + batch]
+        b = idx.shape[0]
+        x = pinned[idx]  # gather: b x 3 x 32 x 32 uint8
+        if device is not None:
+            x = x.pin_memory().to(device, non_blocking=True)
+        dy = torch.randint(0, 9, (b,), generator=g).to(dev)
+        dx = torch.randint(0, 9, (b,), generator=g).to(dev)
+        flip = (torch.rand(b, generator=g) < 0.5).to(dev)
+        # Flip first, then crop: flip(crop_dx(x)) == crop_{8-dx}(flip(x)), and dx is uniform
+        # on 0..8, so the distribution is torchvision's. Of the forms tried (one 4-index
+        # advanced index, torch.take with a flat index, unfold + index), unfold was fastest.
+        x = torch.where(flip.view(b, 1, 1, 1), x.flip(3), x)
+        x = torch.nn.functional.pad(x, (4, 4, 4, 4))
+        x = x.unfold(2, 32, 1).unfold(3, 32, 1)[torch.arange(b, device=dev), :, dy, dx]
+        out = x.float().mul_(scale).add_(bias)
+        if half:
+            out = out.half()
+        if count >= 1:
+            n += b
+        count += 1
+        if count > max_batches:
+            break
+    if device is not None:
+        torch.cuda.synchronize()
+    return n, time.perf_counter() - t0
+
+
+def raw_copy_bound(batch, batches, device):
+    src = torch.empty(batch * 3 * 32 * 32, dtype=torch.uint8).pin_memory()
+    dst = torch.empty_like(src, device=device)
+    s = torch.cuda.Stream(device)
+    with torch.cuda.stream(s):
+        for _ in range(10):
+            dst.copy_(src, non_blocking=True)
+        s.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(batches):
+            dst.copy_(src, non_blocking=True)
+        s.synchronize()
+    return batch * batches, time.perf_counter() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--samples", type=int, default=50000)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--standard-batches", type=int, default=60,
+                    help="batches timed for the (slow) standard pipeline")
+    args = ap.parse_args()
+    torch.set_num_threads(args.workers)
+    data, labels = make_data(args.samples)
+    data_nchw = torch.from_numpy(np.ascontiguousarray(data.transpose(0, 3, 1, 2)))
+    rows = []
+    all_batches = (args.samples + args.batch - 1) // args.batch
+    if args.mode == "cpu":
+        n, s = standard(data, labels, args.batch, args.workers, args.standard_batches)
+        rows.append(row(f"torch standard (workers={args.workers}, f32)", n, s))
+        n, s = vectorized(data_nchw, args.batch, all_batches)
+        rows.append(row(f"torch vectorized (threads={args.workers}, f32)", n, s))
+    else:
+        if not torch.cuda.is_available():
+            print(json.dumps({"skipped": "torch.cuda.is_available() is False"}))
+            return
+        dev = torch.device("cuda")
+        n, s = standard(data, labels, args.batch, args.workers, args.standard_batches, dev)
+        rows.append(row(f"torch standard + pin_memory + side stream (workers={args.workers})",
+                        n, s))
+        n, s = vectorized(data_nchw, args.batch, all_batches, device=dev, half=True)
+        rows.append(row("torch vectorized on GPU (uint8 sent, fp16 out)", n, s))
+        n, s = raw_copy_bound(args.batch, all_batches, dev)
+        rows.append(row("raw pinned cudaMemcpyAsync bound (uint8 bytes)", n, s))
+    print(json.dumps({"rows": rows, "torch": torch.__version__,
+                      "torchvision": torchvision.__version__}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+/**
+ * The arithmetic of the fused image transform (crop with zero padding, horizontal flip,
+ * per-channel normalize, cast), shared by the device kernel (`ps_image_augment`) and the
+ * host-side path of the prefetcher (`augmentOn: "host"`).
+ *
+ * Every output element is `cast(fround(fround(v * scale[c]) + bias[c]))`: a fp32 multiply
+ * and a fp32 add, each rounded, then one round-to-nearest-even cast to fp16 (or none for
+ * f32). The kernels do exactly this (no fused multiply-add), so the host path, the CPU
+ * backend and the CUDA backend give the same bits.
+ *
+ * @module
+ */
+
+/** Memory order of the uint8 source images: channels last or channels first. */
+export type ImageLayout = "nhwc" | "nchw";
+
+/** Element type of the normalized output. */
+export type ImageDtype = "f16" | "f32";
+
+/** The per-channel constants of `(x / 255 - mean) / std` as one multiply and one add. */
+export interface NormalizeAffine {
+  /** `1 / (255 * std[c])`, rounded to fp32. */
+  readonly scale: Float32Array;
+  /** `-mean[c] / std[c]`, rounded to fp32. */
+  readonly bias: Float32Array;
+}
+
+/** Shape and transform of one batch for {@linkcode augmentHost}. */
+export interface AugmentHostOptions {
+  /** Samples in the batch. */
+  n: number;
+  /** Channels per image. */
+  channels: number;
+  /** Image height (the output has the same size: the crop window equals the image). */
+  height: number;
+  /** Image width. */
+  width: number;
+  /** Source memory order. */
+  layout: ImageLayout;
+  /** Zero padding on every side before the crop. */
+  pad: number;
+  /** From {@linkcode normalizeAffine}. */
+  affine: NormalizeAffine;
+}
+
+/** Most channels the kernels accept (`PS_IMAGE_MAX_CHANNELS`). */
+export const MAX_CHANNELS = 16;
+
+/**
+ * Turns `mean`/`std` (in units of the [0, 1] range, as torchvision's `Normalize` after
+ * `ToTensor`) into the fp32 `scale`/`bias` pair the kernels take: `scale = 1 / (255 * std)`,
+ * `bias = -mean / std`, each operation rounded to fp32 as C would on the host.
+ *
+ * @param mean Per-channel means.
+ * @param std Per-channel standard deviations, each finite and > 0.
+ * @returns The fp32 constants.
+ * @throws {RangeError} When the lengths differ, are 0 or above {@linkcode MAX_CHANNELS}, or a
+ * value is not finite (std must also be > 0).
+ *
+ * @example Identity normalization maps a byte to x / 255
+ * ```ts
+ * import { normalizeAffine } from "./augment.ts";
+ * import assert from "node:assert";
+ *
+ * const { scale, bias } = normalizeAffine([0], [1]);
+ * assert.strictEqual(scale[0], Math.fround(1 / 255));
+ * assert.strictEqual(bias[0], 0);
+ * ```
+ */
+export function normalizeAffine(
+  mean: ArrayLike<number>,
+  std: ArrayLike<number>,
+): NormalizeAffine {
+  if (mean.length !== std.length || mean.length === 0 || mean.length > MAX_CHANNELS) {
+    throw new RangeError(
+      `Cannot normalize: mean has ${mean.length} channels and std ${std.length} ` +
+        `(need the same count, 1..${MAX_CHANNELS})`,
+    );
+  }
+  const f = Math.fround;
+  const scale = new Float32Array(mean.length);
+  const bias = new Float32Array(mean.length);
+  for (let c = 0; c < mean.length; c++) {
+    const m = f(mean[c]), s = f(std[c]);
+    if (!Number.isFinite(m) || !Number.isFinite(s) || !(s > 0)) {
+      throw new RangeError(
+        `Cannot normalize: channel ${c} has mean ${mean[c]} and std ${std[c]} ` +
+          `(need finite values and std > 0)`,
+      );
+    }
+    scale[c] = f(1 / f(255 * s));
+    // 0 - x rather than -x: the same value, but +0 for a zero mean.
+    bias[c] = 0 - f(m / s);
+  }
+  return { scale, bias };
+}
+
+/**
+ * The host-side twin of the device kernel: crops (window top-left `dy, dx` in the image
+ * padded by `pad` zeros), flips, normalizes and casts a batch of uint8 images into NCHW
+ * `out`. Same bits as `ps_image_augment` on either backend.
+ *
+ * @param src `n` images, uint8, `layout` order, contiguous.
+ * @param params `n x 3` int32 `(dy, dx, flip)`, or `null` for no crop and no flip.
+ * @param out `n x channels x height x width` elements; Float16Array for f16, Float32Array
+ * for f32.
+ * @param options Shape, layout, padding and normalization.
+ * @throws {RangeError} When an array is shorter than the shape needs.
+ *
+ * @example A flipped 1x1x2 image, identity normalization
+ * ```ts
+ * import { augmentHost, normalizeAffine } from "./augment.ts";
+ * import assert from "node:assert";
+ *
+ * const out = new Float32Array(2);
+ * augmentHost(new Uint8Array([0, 255]), new Int32Array([0, 0, 1]), out, {
+ *   n: 1, channels: 1, height: 1, width: 2, layout: "nchw", pad: 0,
+ *   affine: normalizeAffine([0], [1]),
+ * });
+ * assert.deepStrictEqual([...out], [1, 0]);
+ * ```
+ */
+export function augmentHost(
+  src: Uint8Array,
+  params: Int32Array | null,
+  out: Float16Array | Float32Array,
+  options: AugmentHostOptions,
+): void {
+  const { n, channels: c, height: h, width: w, layout, pad, affine } = options;
+  const plane = h * w, img = plane * c;
+  if (src.length < n * img || out.length < n * img || (params && params.length < 3 * n)) {
+    throw new RangeError(
+      `Cannot augment: ${n} images of ${c}x${h}x${w} need ${n * img} source bytes, ` +
+        `${n * img} output elements and ${3 * n} params; got ${src.length}, ${out.length}, ` +
+        `${params?.length ?? "null"}`,
+    );
+  }
+  // A byte has 256 values: normalize each once per channel into a table of the output type
+  // (the typed-array store does the final rounding: fp32, or fp16 to nearest even), then
+  // every pixel is a lookup. Same bits as computing it per pixel.
+  const f = Math.fround;
+  const lut = out instanceof Float32Array ? new Float32Array(256 * c) : new Float16Array(256 * c);
+  for (let ch = 0; ch < c; ch++) {
+    const s = affine.scale[ch], b = affine.bias[ch];
+    for (let v = 0; v < 256; v++) lut[ch * 256 + v] = f(f(v * s) + b);
+  }
+  for (let i = 0; i < n; i++) {
+    const dy = params ? params[3 * i] : pad;
+    const dx = params ? params[3 * i + 1] : pad;
+    const flip = params ? params[3 * i + 2] !== 0 : false;
+    const oy = dy - pad, ox = dx - pad;
+    const base = i * img;
+    for (let ch = 0; ch < c; ch++) {
+      const t = ch * 256, zero = lut[t];
+      for (let y = 0; y < h; y++) {
+        const o = base + ch * plane + y * w;
+        const sy = y + oy;
+        if (sy < 0 || sy >= h) {
+          out.fill(zero, o, o + w);
+          continue;
+        }
+        // Source index of output column x is rowBase + step * sx, sx = (flip ? w-1-x : x) + ox.
+        const rowBase = layout === "nchw" ? base + (ch * h + sy) * w : base + sy * w * c + ch;
+        const step = layout === "nchw" ? 1 : c;
+        for (let x = 0; x < w; x++) {
+          const sx = (flip ? w - 1 - x : x) + ox;
+          out[o + x] = sx < 0 || sx >= w ? zero : lut[t + src[rowBase + step * sx]];
+        }
+      }
+    }
+  }
+}
