@@ -1,0 +1,1163 @@
+/*
+ * nn.c — CPU backend of the PS-SECTION nn kernels: the numerical reference of
+ * kernels/cuda/nn.cu, and fast enough to train small CNNs on two cores.
+ *
+ * Storage is fp16 (activations, gradients, forward weights); all arithmetic is fp32.
+ * Everything heavy is one fp32 GEMM (gemm_serial below) fed by packing routines that convert
+ * fp16 -> fp32 while they copy, so the micro-kernel only ever sees fp32 panels:
+ *
+ *   conv forward       Y^T[P,Co]  = col^T[P,K] . W^T[K,Co]       (P = OH*OW, K = C*kh*kw)
+ *   conv backward data dcol[K,P]  = W^T[K,Co] . dY[Co,P], then col2im (scatter-add)
+ *   conv backward wt   dW^T[K',Co] += colT[P,K']^T . dY^T[P,Co]  (K' ordered (ky,kx,c))
+ *
+ * Each orientation is the one whose packing reads contiguous memory (see pack_a/pack_b) and
+ * whose tile sizes fit the common shapes: MR = 14 divides P = 196 and 784 (28x28 and 14x14
+ * feature maps), NR = 32 divides the usual channel counts. Convolutions run one image per
+ * OpenMP thread (no synchronization inside a GEMM); plain matmul splits its output in two.
+ *
+ * Workspaces are per-thread caches that grow to the largest size seen and are kept for the
+ * life of the thread (they are not allocations of pinstream objects, so they are not counted
+ * in ps_live_objects).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#include "../pinstream.h"
+#include "common.h"
+
+#if defined(_OPENMP)
+#define PS_OMP(directive) _Pragma(directive)
+static int nthreads(void) { return omp_get_max_threads(); }
+static int thread_id(void) { return omp_get_thread_num(); }
+#else
+#define PS_OMP(directive)
+static int nthreads(void) { return 1; }
+static int thread_id(void) { return 0; }
+#endif
+
+/* ---- fp16 ---------------------------------------------------------------------------- */
+
+#if defined(__FLT16_MAX__)
+typedef _Float16 half;
+static inline float h2f(half h) { return (float)h; }
+static inline half f2h(float f) { return (half)f; } /* round to nearest even */
+#else
+/* No _Float16 in this compiler: IEEE binary16 bits, converted by hand (RNE). */
+typedef uint16_t half;
+static inline float h2f(half h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+  if (e == 0x1fu) {
+    x = sign | 0x7f800000u | (m << 13);
+  } else if (e != 0) {
+    x = sign | ((e + 112u) << 23) | (m << 13);
+  } else if (m == 0) {
+    x = sign;
+  } else { /* subnormal: normalize */
+    e = 113u;
+    while (!(m & 0x400u)) m <<= 1, e--;
+    x = sign | (e << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+static inline half f2h(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, mag = x & 0x7fffffffu;
+  if (mag >= 0x7f800000u) return (half)(sign | (mag > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (mag >= 0x477ff000u) return (half)(sign | 0x7c00u);
+  if (mag < 0x38800000u) {
+    if (mag < 0x33000000u) return (half)sign;
+    uint32_t e = mag >> 23, m = (mag & 0x7fffffu) | 0x800000u, shift = 126u - e;
+    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1u), hf = 1u << (shift - 1u);
+    if (rem > hf || (rem == hf && (h & 1u))) h++;
+    return (half)(sign | h);
+  }
+  uint32_t h = (mag - 0x38000000u) >> 13, rem = mag & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+  return (half)(sign | h);
+}
+#endif
+
+/* fp16 <-> fp32 rows. GCC 12 leaves these loops scalar, so the 16-wide form is spelled out. */
+static void h2f_row(const half *s, float *d, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
+#endif
+  for (; i < n; i++) d[i] = h2f(s[i]);
+}
+static void f2h_row(const float *s, half *d, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256((__m256i *)(d + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < n; i++) d[i] = f2h(s[i]);
+}
+
+/* ---- workspaces ---------------------------------------------------------------------- */
+
+enum { WS_PACK_A, WS_PACK_B, WS_COL, WS_OUT, WS_IMG, WS_PART, WS_COUNT };
+static __thread float *ws_ptr[WS_COUNT];
+static __thread size_t ws_cap[WS_COUNT];
+
+/* A 64-byte aligned float buffer of at least n elements for this thread, or NULL. */
+static float *ws(int slot, size_t n) {
+  if (n > ws_cap[slot]) {
+    free(ws_ptr[slot]);
+    size_t bytes = ((n * sizeof(float) + 4095) & ~(size_t)4095) + 256;
+    ws_ptr[slot] = aligned_alloc(64, bytes);
+    ws_cap[slot] = ws_ptr[slot] ? (bytes - 256) / sizeof(float) : 0;
+  }
+  return ws_ptr[slot];
+}
+
+/* ---- GEMM ---------------------------------------------------------------------------- */
+
+/*
+ * C[M,N] (fp32, leading dimension ldc) = (acc ? C : 0) + A[M,K] . B[K,N].
+ *
+ * Operands are strided views (element (i,j) at p[i*rs + j*cs]) of fp16 or fp32 memory, so
+ * transposes cost nothing but a different packing path. Blocking (BLIS style): B is packed
+ * in KC x NC blocks into NR-wide k-major panels, A in MC x KC blocks into MR-tall panels; the
+ * 14x32 micro-kernel keeps 28 zmm accumulators (of 32 registers) and per k step loads two B
+ * vectors and broadcasts 14 A values: 28 FMAs to 16 loads, so two FMA ports stay busy.
+ * KC <= 256 keeps one B micro-panel (32 x 256 x 4 B = 32 KiB) in the 48 KiB L1 while the
+ * A panels stream from L2.
+ *
+ * Performance (Xeon Sapphire Rapids, AVX-512, 2 cores at ~2.3-3 GHz; peak ~64 fp32
+ * FLOP/cycle/core, i.e. ~150-190 GFLOP/s per core): prediction before tuning ~60-70% of
+ * peak in the micro-kernel on large square GEMMs (~100 GFLOP/s per core), less on the CNN's
+ * conv shapes where packing/im2col are ~15-25% of the work. Measured: see bench/kernels.ts
+ * and the note at the end of this comment.
+ *
+ * MEASURED: (filled in below after benchmarking)
+ */
+#define MR 14
+#define NR 32
+#define KC_MAX 256
+#define MC (MR * 24)
+#define NC (NR * 16)
+
+typedef struct {
+  const void *p;
+  int f16;
+  int64_t rs, cs;
+} mat_t;
+
+static inline float mat_at(const mat_t *m, int64_t i, int64_t j) {
+  int64_t o = i * m->rs + j * m->cs;
+  return m->f16 ? h2f(((const half *)m->p)[o]) : ((const float *)m->p)[o];
+}
+
+/* Packs rows [i0, i0+mc) x cols [k0, k0+kc) of A into MR-tall panels, each k-major
+ * (dst[panel*MR*kc + k*MR + i]), zero-padding the last panel. */
+static void pack_a(float *restrict dst, const mat_t *a, int64_t i0, int64_t mc, int64_t k0,
+                   int64_t kc) {
+  for (int64_t ip = 0; ip < mc; ip += MR) {
+    int64_t rows = mc - ip < MR ? mc - ip : MR;
+    float *d = dst + ip * kc;
+    if (a->rs == 1) { /* the MR rows of one k are contiguous */
+#if defined(__AVX512F__)
+      __mmask16 mk = (__mmask16)((1u << rows) - 1u);
+      if (a->f16) {
+        const half *s = (const half *)a->p + (i0 + ip) + k0 * a->cs;
+        for (int64_t k = 0; k < kc; k++, s += a->cs)
+          _mm512_mask_storeu_ps(d + k * MR, 0x3fff,
+                                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, s)));
+      } else {
+        const float *s = (const float *)a->p + (i0 + ip) + k0 * a->cs;
+        for (int64_t k = 0; k < kc; k++, s += a->cs)
+          _mm512_mask_storeu_ps(d + k * MR, 0x3fff, _mm512_maskz_loadu_ps(mk, s));
+      }
+      continue;
+#endif
+    }
+    if (rows < MR)
+      for (int64_t k = 0; k < kc; k++)
+        for (int64_t i = rows; i < MR; i++) d[k * MR + i] = 0.0f;
+    if (a->cs == 1 && a->f16) { /* each row is contiguous along k: transpose while packing */
+      for (int64_t i = 0; i < rows; i++) {
+        const half *s = (const half *)a->p + (i0 + ip + i) * a->rs + k0;
+        for (int64_t k = 0; k < kc; k++) d[k * MR + i] = h2f(s[k]);
+      }
+    } else if (a->cs == 1) {
+      for (int64_t i = 0; i < rows; i++) {
+        const float *s = (const float *)a->p + (i0 + ip + i) * a->rs + k0;
+        for (int64_t k = 0; k < kc; k++) d[k * MR + i] = s[k];
+      }
+    } else {
+      for (int64_t k = 0; k < kc; k++)
+        for (int64_t i = 0; i < rows; i++) d[k * MR + i] = mat_at(a, i0 + ip + i, k0 + k);
+    }
+  }
+}
+
+/* Packs rows [k0, k0+kc) x cols [j0, j0+nc) of B into NR-wide panels, each k-major
+ * (dst[panel*NR*kc + k*NR + j]), zero-padding the last panel. */
+static void pack_b(float *restrict dst, const mat_t *b, int64_t k0, int64_t kc, int64_t j0,
+                   int64_t nc) {
+  for (int64_t jp = 0; jp < nc; jp += NR) {
+    int64_t cols = nc - jp < NR ? nc - jp : NR;
+    float *d = dst + jp * kc;
+    if (b->cs == 1) { /* the NR columns of one k are contiguous */
+#if defined(__AVX512F__)
+      uint32_t bits = cols >= 32 ? 0xffffffffu : ((1u << cols) - 1u);
+      __mmask16 m0 = (__mmask16)(bits & 0xffffu), m1 = (__mmask16)(bits >> 16);
+      if (b->f16) {
+        const half *s = (const half *)b->p + k0 * b->rs + j0 + jp;
+        for (int64_t k = 0; k < kc; k++, s += b->rs) {
+          _mm512_store_ps(d + k * NR, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m0, s)));
+          _mm512_store_ps(d + k * NR + 16,
+                          _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m1, s + 16)));
+        }
+      } else {
+        const float *s = (const float *)b->p + k0 * b->rs + j0 + jp;
+        for (int64_t k = 0; k < kc; k++, s += b->rs) {
+          _mm512_store_ps(d + k * NR, _mm512_maskz_loadu_ps(m0, s));
+          _mm512_store_ps(d + k * NR + 16, _mm512_maskz_loadu_ps(m1, s + 16));
+        }
+      }
+      continue;
+#else
+      for (int64_t k = 0; k < kc; k++) {
+        for (int64_t j = 0; j < cols; j++) d[k * NR + j] = mat_at(b, k0 + k, j0 + jp + j);
+        for (int64_t j = cols; j < NR; j++) d[k * NR + j] = 0.0f;
+      }
+      continue;
+#endif
+    }
+    if (cols < NR)
+      for (int64_t k = 0; k < kc; k++)
+        for (int64_t j = cols; j < NR; j++) d[k * NR + j] = 0.0f;
+    if (b->rs == 1 && b->f16) { /* each column contiguous along k: transpose while packing */
+      for (int64_t j = 0; j < cols; j++) {
+        const half *s = (const half *)b->p + (j0 + jp + j) * b->cs + k0;
+        for (int64_t k = 0; k < kc; k++) d[k * NR + j] = h2f(s[k]);
+      }
+    } else if (b->rs == 1) {
+      for (int64_t j = 0; j < cols; j++) {
+        const float *s = (const float *)b->p + (j0 + jp + j) * b->cs + k0;
+        for (int64_t k = 0; k < kc; k++) d[k * NR + j] = s[k];
+      }
+    } else {
+      for (int64_t k = 0; k < kc; k++)
+        for (int64_t j = 0; j < cols; j++) d[k * NR + j] = mat_at(b, k0 + k, j0 + jp + j);
+    }
+  }
+}
+
+/* c[MR x NR] (ldc) = (first ? 0 : c) + a_panel . b_panel over kc. */
+static void kernel_14x32(int64_t kc, const float *restrict a, const float *restrict b,
+                         float *restrict c, int64_t ldc, int first) {
+#if defined(__AVX512F__)
+#define PS_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
+#define PS_DECL(i) __m512 c##i##a = _mm512_setzero_ps(), c##i##b = _mm512_setzero_ps();
+#define PS_FMA(i)                                                                          \
+  {                                                                                        \
+    __m512 ai = _mm512_set1_ps(a[i]);                                                      \
+    c##i##a = _mm512_fmadd_ps(ai, b0, c##i##a);                                            \
+    c##i##b = _mm512_fmadd_ps(ai, b1, c##i##b);                                            \
+  }
+#define PS_STORE(i)                                                                        \
+  {                                                                                        \
+    float *r = c + (i) * ldc;                                                              \
+    if (!first) {                                                                          \
+      c##i##a = _mm512_add_ps(c##i##a, _mm512_loadu_ps(r));                                \
+      c##i##b = _mm512_add_ps(c##i##b, _mm512_loadu_ps(r + 16));                           \
+    }                                                                                      \
+    _mm512_storeu_ps(r, c##i##a);                                                          \
+    _mm512_storeu_ps(r + 16, c##i##b);                                                     \
+  }
+  PS_ROWS(PS_DECL)
+  for (int64_t k = 0; k < kc; k++) {
+    __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+    PS_ROWS(PS_FMA)
+    a += MR;
+    b += NR;
+  }
+  PS_ROWS(PS_STORE)
+#undef PS_ROWS
+#undef PS_DECL
+#undef PS_FMA
+#undef PS_STORE
+#else
+  float acc[MR][NR];
+  memset(acc, 0, sizeof acc);
+  for (int64_t k = 0; k < kc; k++, a += MR, b += NR)
+    for (int i = 0; i < MR; i++)
+      for (int j = 0; j < NR; j++) acc[i][j] += a[i] * b[j];
+  for (int i = 0; i < MR; i++)
+    for (int j = 0; j < NR; j++) c[i * ldc + j] = (first ? 0.0f : c[i * ldc + j]) + acc[i][j];
+#endif
+}
+
+/* One thread's GEMM (see the comment above); returns 0, or -1 when out of memory. */
+static int gemm_serial(int64_t M, int64_t N, int64_t K, const mat_t *A, const mat_t *B, float *C,
+                       int64_t ldc, int acc) {
+  if (M <= 0 || N <= 0) return 0;
+  if (K <= 0) {
+    if (!acc)
+      for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof(float));
+    return 0;
+  }
+  /* Split K evenly into blocks of at most KC_MAX (288 -> 2 x 144, not 256 + 32). */
+  int64_t nkb = (K + KC_MAX - 1) / KC_MAX, kcb = (K + nkb - 1) / nkb;
+  int64_t ncap = N < NC ? (N + NR - 1) / NR * NR : NC, mcap = M < MC ? (M + MR - 1) / MR * MR : MC;
+  float *pa = ws(WS_PACK_A, (size_t)(mcap * kcb)), *pb = ws(WS_PACK_B, (size_t)(ncap * kcb));
+  if (!pa || !pb) return -1;
+  float tile[MR * NR] __attribute__((aligned(64)));
+  for (int64_t jc = 0; jc < N; jc += NC) {
+    int64_t nc = N - jc < NC ? N - jc : NC;
+    for (int64_t pc = 0; pc < K; pc += kcb) {
+      int64_t kc = K - pc < kcb ? K - pc : kcb;
+      int first = pc == 0 && !acc;
+      pack_b(pb, B, pc, kc, jc, nc);
+      for (int64_t ic = 0; ic < M; ic += MC) {
+        int64_t mc = M - ic < MC ? M - ic : MC;
+        pack_a(pa, A, ic, mc, pc, kc);
+        for (int64_t jr = 0; jr < nc; jr += NR) {
+          int64_t nr = nc - jr < NR ? nc - jr : NR;
+          for (int64_t ir = 0; ir < mc; ir += MR) {
+            int64_t mr = mc - ir < MR ? mc - ir : MR;
+            float *c = C + (ic + ir) * ldc + jc + jr;
+            if (mr == MR && nr == NR) {
+              kernel_14x32(kc, pa + ir * kc, pb + jr * kc, c, ldc, first);
+            } else {
+              kernel_14x32(kc, pa + ir * kc, pb + jr * kc, tile, NR, 1);
+              for (int64_t i = 0; i < mr; i++)
+                for (int64_t j = 0; j < nr; j++)
+                  c[i * ldc + j] = (first ? 0.0f : c[i * ldc + j]) + tile[i * NR + j];
+            }
+          }
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+/* ---- argument checks ----------------------------------------------------------------- */
+
+#define CHECK_RANGE(ptr, bytes)                                                            \
+  do {                                                                                     \
+    if ((bytes) > 0 && !ps_is_live_range((ptr), (uint64_t)(bytes)))                        \
+      PS_FAIL(PS_ERR_INVALID_ARGUMENT,                                                     \
+              "%s: %s (%p, %llu bytes) is not inside one live device allocation",         \
+              __func__, #ptr, (const void *)(ptr), (unsigned long long)(bytes));           \
+  } while (0)
+#define CHECK_DTYPE(dt)                                                                    \
+  do {                                                                                     \
+    if ((dt) != PS_NN_F32 && (dt) != PS_NN_F16)                                            \
+      PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad %s %d", __func__, #dt, (int)(dt));          \
+  } while (0)
+#define OOM() PS_FAIL(PS_ERR_OUT_OF_MEMORY, "%s: no memory for a workspace", __func__)
+
+static int64_t dtsize(int32_t dt) { return dt == PS_NN_F16 ? 2 : 4; }
+
+/* ---- matmul -------------------------------------------------------------------------- */
+
+PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, int64_t m,
+                        int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
+                        int32_t accumulate, void *stream) {
+  (void)stream;
+  CHECK_DTYPE(c_dtype);
+  if (m < 0 || n < 0 || k < 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_matmul: bad shape m=%lld n=%lld k=%lld",
+            (long long)m, (long long)n, (long long)k);
+  if (m == 0 || n == 0) return PS_OK;
+  CHECK_RANGE(a, m * k * 2);
+  CHECK_RANGE(b, k * n * 2);
+  CHECK_RANGE(c, m * n * dtsize(c_dtype));
+  mat_t A = {a, 1, trans_a ? 1 : k, trans_a ? m : 1};
+  mat_t B = {b, 1, trans_b ? 1 : n, trans_b ? k : 1};
+  /* f32 output is accumulated in place; fp16 output goes through an fp32 buffer. */
+  float *out = c_dtype == PS_NN_F32 ? (float *)c : NULL;
+  float *tmp = NULL;
+  if (!out) {
+    tmp = aligned_alloc(64, (((size_t)(m * n) * 4 + 63) & ~(size_t)63));
+    if (!tmp) OOM();
+    out = tmp;
+  }
+  int acc = accumulate && c_dtype == PS_NN_F32;
+  /* Two threads: split the longer side (in tiles) in halves. */
+  int nt = nthreads();
+  int64_t mt = (m + MR - 1) / MR, nt_ = (n + NR - 1) / NR;
+  int split_m = mt >= nt_;
+  int64_t tiles = split_m ? mt : nt_;
+  int parts = (double)m * n * k < 1e5 || tiles < 2 ? 1 : (int)(tiles < nt ? tiles : nt);
+  int failed = 0;
+  PS_OMP("omp parallel for num_threads(parts) schedule(static, 1) reduction(|| : failed)")
+  for (int p = 0; p < parts; p++) {
+    int64_t t0 = tiles * p / parts, t1 = tiles * (p + 1) / parts;
+    if (split_m) {
+      int64_t i0 = t0 * MR, i1 = t1 * MR < m ? t1 * MR : m;
+      mat_t Ap = A;
+      Ap.p = (const half *)a + i0 * A.rs;
+      failed = gemm_serial(i1 - i0, n, k, &Ap, &B, out + i0 * n, n, acc) != 0;
+    } else {
+      int64_t j0 = t0 * NR, j1 = t1 * NR < n ? t1 * NR : n;
+      mat_t Bp = B;
+      Bp.p = (const half *)b + j0 * B.cs;
+      failed = gemm_serial(m, j1 - j0, k, &A, &Bp, out + j0, n, acc) != 0;
+    }
+  }
+  if (!failed && tmp) {
+    half *ch = (half *)c;
+    int64_t total = m * n;
+    if (accumulate) {
+      for (int64_t i = 0; i < total; i++) ch[i] = f2h(tmp[i] + h2f(ch[i]));
+    } else {
+      f2h_row(tmp, ch, total);
+    }
+  }
+  free(tmp);
+  if (failed) OOM();
+  return PS_OK;
+}
+
+/* ---- convolution --------------------------------------------------------------------- */
+
+typedef struct {
+  int64_t n, c, h, w, co, oh, ow;
+  int32_t kh, kw, s, pad;
+} conv_t;
+
+static int conv_shape(conv_t *g, const char *fn, int64_t n, int64_t c, int64_t h, int64_t w,
+                      int64_t co, int32_t kh, int32_t kw, int32_t stride, int32_t pad) {
+  if (n < 0 || c <= 0 || h <= 0 || w <= 0 || co <= 0 || kh <= 0 || kw <= 0 || stride <= 0 ||
+      pad < 0 || h + 2 * pad < kh || w + 2 * pad < kw)
+    return ps_record_error(PS_ERR_INVALID_ARGUMENT, __FILE__, __LINE__,
+                           "%s: bad shape n=%lld c=%lld h=%lld w=%lld co=%lld k=%dx%d "
+                           "stride=%d pad=%d",
+                           fn, (long long)n, (long long)c, (long long)h, (long long)w,
+                           (long long)co, kh, kw, stride, pad);
+  g->n = n, g->c = c, g->h = h, g->w = w, g->co = co, g->kh = kh, g->kw = kw, g->s = stride;
+  g->pad = pad;
+  g->oh = (h + 2 * pad - kh) / stride + 1;
+  g->ow = (w + 2 * pad - kw) / stride + 1;
+  return PS_OK;
+}
+
+/* Output columns ox whose input column ox*s + kx - pad lies in [0, w): [lo, hi). */
+static void ox_range(const conv_t *g, int64_t kx, int64_t *lo, int64_t *hi) {
+  int64_t off = kx - g->pad;
+  int64_t l = off >= 0 ? 0 : (-off + g->s - 1) / g->s;
+  int64_t h = (g->w - 1 - off) < 0 ? 0 : (g->w - 1 - off) / g->s + 1;
+  if (h > g->ow) h = g->ow;
+  if (l > h) l = h;
+  *lo = l, *hi = h;
+}
+
+/* col[(c*kh + ky)*kw + kx][oy*ow + ox] = x[c][oy*s + ky - pad][ox*s + kx - pad] (0 outside). */
+static void im2col(const conv_t *g, const half *x, float *col) {
+  int64_t P = g->oh * g->ow;
+  for (int64_t c = 0; c < g->c; c++)
+    for (int64_t ky = 0; ky < g->kh; ky++)
+      for (int64_t kx = 0; kx < g->kw; kx++) {
+        float *row = col + ((c * g->kh + ky) * g->kw + kx) * P;
+        int64_t lo, hi;
+        ox_range(g, kx, &lo, &hi);
+        for (int64_t oy = 0; oy < g->oh; oy++) {
+          float *d = row + oy * g->ow;
+          int64_t iy = oy * g->s + ky - g->pad;
+          if (iy < 0 || iy >= g->h || lo >= hi) {
+            memset(d, 0, (size_t)g->ow * sizeof(float));
+            continue;
+          }
+          const half *src = x + (c * g->h + iy) * g->w + kx - g->pad;
+          for (int64_t ox = 0; ox < lo; ox++) d[ox] = 0.0f;
+          if (g->s == 1) {
+            h2f_row(src + lo, d + lo, hi - lo);
+          } else {
+            for (int64_t ox = lo; ox < hi; ox++) d[ox] = h2f(src[ox * g->s]);
+          }
+          for (int64_t ox = hi; ox < g->ow; ox++) d[ox] = 0.0f;
+        }
+      }
+}
+
+/* img[c][iy][ix] += col[...] — the adjoint of im2col; img is fp32 [c][h][w]. */
+static void col2im(const conv_t *g, const float *col, float *img) {
+  int64_t P = g->oh * g->ow;
+  for (int64_t c = 0; c < g->c; c++)
+    for (int64_t ky = 0; ky < g->kh; ky++)
+      for (int64_t kx = 0; kx < g->kw; kx++) {
+        const float *row = col + ((c * g->kh + ky) * g->kw + kx) * P;
+        int64_t lo, hi;
+        ox_range(g, kx, &lo, &hi);
+        for (int64_t oy = 0; oy < g->oh; oy++) {
+          int64_t iy = oy * g->s + ky - g->pad;
+          if (iy < 0 || iy >= g->h) continue;
+          float *d = img + (c * g->h + iy) * g->w + kx - g->pad;
+          const float *s = row + oy * g->ow;
+          if (g->s == 1) {
+            for (int64_t ox = lo; ox < hi; ox++) d[ox] += s[ox];
+          } else {
+            for (int64_t ox = lo; ox < hi; ox++) d[ox * g->s] += s[ox];
+          }
+        }
+      }
+}
+
+/* colT[oy*ow + ox][(ky*kw + kx)*c + ci] = x[ci][iy][ix] (0 outside), built from the image
+ * transposed to HWC so that every (pixel, ky, kx) copies one contiguous run of c values. */
+static void im2col_t(const conv_t *g, const half *x, float *hwc, float *colT) {
+  int64_t C = g->c, HW = g->h * g->w, Kp = C * g->kh * g->kw;
+  for (int64_t c = 0; c < C; c++) {
+    const half *s = x + c * HW;
+    for (int64_t i = 0; i < HW; i++) hwc[i * C + c] = h2f(s[i]);
+  }
+  for (int64_t oy = 0; oy < g->oh; oy++)
+    for (int64_t ox = 0; ox < g->ow; ox++) {
+      float *d = colT + (oy * g->ow + ox) * Kp;
+      for (int64_t ky = 0; ky < g->kh; ky++) {
+        int64_t iy = oy * g->s + ky - g->pad;
+        for (int64_t kx = 0; kx < g->kw; kx++, d += C) {
+          int64_t ix = ox * g->s + kx - g->pad;
+          if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w)
+            memset(d, 0, (size_t)C * sizeof(float));
+          else
+            memcpy(d, hwc + (iy * g->w + ix) * C, (size_t)C * sizeof(float));
+        }
+      }
+    }
+}
+
+PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n, int64_t c,
+                                int64_t h, int64_t w_, int64_t co, int32_t kh, int32_t kw,
+                                int32_t stride, int32_t pad, void *stream) {
+  (void)stream;
+  conv_t g;
+  int st = conv_shape(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
+  if (st) return st;
+  if (n == 0) return PS_OK;
+  int64_t K = c * kh * kw, P = g.oh * g.ow;
+  CHECK_RANGE(x, n * c * h * w_ * 2);
+  CHECK_RANGE(w, co * K * 2);
+  CHECK_RANGE(y, n * co * P * 2);
+  /* W^T [K][Co] in fp32 once, so the B packing reads contiguous rows. */
+  float *wt = aligned_alloc(64, (((size_t)(K * co) * 4 + 63) & ~(size_t)63));
+  if (!wt) OOM();
+  for (int64_t o = 0; o < co; o++)
+    for (int64_t k = 0; k < K; k++) wt[k * co + o] = h2f(((const half *)w)[o * K + k]);
+  int failed = 0;
+  PS_OMP("omp parallel for schedule(static) reduction(|| : failed)")
+  for (int64_t i = 0; i < n; i++) {
+    float *col = ws(WS_COL, (size_t)(K * P)), *yt = ws(WS_OUT, (size_t)(P * co));
+    if (!col || !yt) {
+      failed = 1;
+      continue;
+    }
+    im2col(&g, (const half *)x + i * c * h * w_, col);
+    mat_t A = {col, 0, 1, P}, B = {wt, 0, co, 1};
+    if (gemm_serial(P, co, K, &A, &B, yt, co, 0)) {
+      failed = 1;
+      continue;
+    }
+    half *yi = (half *)y + i * co * P;
+    for (int64_t o = 0; o < co; o++)
+      for (int64_t p = 0; p < P; p++) yi[o * P + p] = f2h(yt[p * co + o]);
+  }
+  free(wt);
+  if (failed) OOM();
+  return PS_OK;
+}
+
+PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int64_t n,
+                                      int64_t c, int64_t h, int64_t w_, int64_t co,
+                                      int32_t kh, int32_t kw, int32_t stride, int32_t pad,
+                                      void *stream) {
+  (void)stream;
+  conv_t g;
+  int st = conv_shape(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
+  if (st) return st;
+  if (n == 0) return PS_OK;
+  int64_t K = c * kh * kw, P = g.oh * g.ow, HW = h * w_;
+  CHECK_RANGE(dy, n * co * P * 2);
+  CHECK_RANGE(w, co * K * 2);
+  CHECK_RANGE(dx, n * c * HW * 2);
+  int failed = 0;
+  PS_OMP("omp parallel for schedule(static) reduction(|| : failed)")
+  for (int64_t i = 0; i < n; i++) {
+    float *dcol = ws(WS_COL, (size_t)(K * P)), *img = ws(WS_IMG, (size_t)(c * HW));
+    if (!dcol || !img) {
+      failed = 1;
+      continue;
+    }
+    /* dcol[K][P] = W^T . dY: A(kk, o) = w[o*K + kk], B(o, p) = dy[o*P + p]. */
+    mat_t A = {w, 1, 1, K}, B = {(const half *)dy + i * co * P, 1, P, 1};
+    if (gemm_serial(K, P, co, &A, &B, dcol, P, 0)) {
+      failed = 1;
+      continue;
+    }
+    memset(img, 0, (size_t)(c * HW) * sizeof(float));
+    col2im(&g, dcol, img);
+    f2h_row(img, (half *)dx + i * c * HW, c * HW);
+  }
+  if (failed) OOM();
+  return PS_OK;
+}
+
+PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
+                                        int32_t dw_dtype, int64_t n, int64_t c, int64_t h,
+                                        int64_t w_, int64_t co, int32_t kh, int32_t kw,
+                                        int32_t stride, int32_t pad, int32_t accumulate,
+                                        void *stream) {
+  (void)stream;
+  CHECK_DTYPE(dw_dtype);
+  conv_t g;
+  int st = conv_shape(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
+  if (st) return st;
+  int64_t K = c * kh * kw, P = g.oh * g.ow, HW = h * w_, KK = (int64_t)kh * kw;
+  CHECK_RANGE(x, n * c * HW * 2);
+  CHECK_RANGE(dy, n * co * P * 2);
+  CHECK_RANGE(dw, co * K * dtsize(dw_dtype));
+  int nt = nthreads();
+  if (nt > n) nt = n > 0 ? (int)n : 1;
+  /* Per-thread partial dW^T [K'][Co] (K' = (ky,kx,c)), summed at the end. */
+  float *part = aligned_alloc(64, (((size_t)(nt * K * co) * 4 + 63) & ~(size_t)63));
+  if (!part) OOM();
+  memset(part, 0, (size_t)(nt * K * co) * sizeof(float));
+  int failed = 0;
+  PS_OMP("omp parallel num_threads(nt) reduction(|| : failed)") {
+    int t = thread_id(), T = nt;
+#if defined(_OPENMP)
+    T = omp_get_num_threads();
+#endif
+    float *mine = part + (int64_t)t * K * co;
+    float *colT = ws(WS_COL, (size_t)(P * K)), *hwc = ws(WS_IMG, (size_t)(HW * c));
+    if (!colT || !hwc) failed = 1;
+    for (int64_t i = (int64_t)n * t / T; !failed && i < (int64_t)n * (t + 1) / T; i++) {
+      im2col_t(&g, (const half *)x + i * c * HW, hwc, colT);
+      /* dW^T[K'][Co] += colT^T . dY^T: A(kk, p) = colT[p*K' + kk], B(p, o) = dy[o*P + p]. */
+      mat_t A = {colT, 0, 1, K}, B = {(const half *)dy + i * co * P, 1, 1, P};
+      if (gemm_serial(K, co, P, &A, &B, mine, co, 1)) failed = 1;
+    }
+  }
+  if (failed) {
+    free(part);
+    OOM();
+  }
+  /* dw[o][ci][ky][kx] = sum_t part[t][(ky*kw + kx)*c + ci][o] */
+  for (int64_t o = 0; o < co; o++)
+    for (int64_t ci = 0; ci < c; ci++)
+      for (int64_t kk = 0; kk < KK; kk++) {
+        float s = 0.0f;
+        for (int t = 0; t < nt; t++) s += part[(int64_t)t * K * co + (kk * c + ci) * co + o];
+        int64_t di = (o * c + ci) * KK + kk;
+        if (dw_dtype == PS_NN_F32) {
+          float *d = (float *)dw + di;
+          *d = accumulate ? *d + s : s;
+        } else {
+          half *d = (half *)dw + di;
+          *d = f2h(accumulate ? h2f(*d) + s : s);
+        }
+      }
+  free(part);
+  return PS_OK;
+}
+
+/* ---- pooling ------------------------------------------------------------------------- */
+
+PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n,
+                                   int64_t c, int64_t h, int64_t w_, int32_t kernel,
+                                   int32_t stride, void *stream) {
+  (void)stream;
+  if (n < 0 || c < 0 || h <= 0 || w_ <= 0 || kernel <= 0 || stride <= 0 || kernel > h ||
+      kernel > w_)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+            "ps_nn_maxpool2d_forward: bad shape n=%lld c=%lld h=%lld w=%lld kernel=%d "
+            "stride=%d",
+            (long long)n, (long long)c, (long long)h, (long long)w_, kernel, stride);
+  int64_t oh = (h - kernel) / stride + 1, ow = (w_ - kernel) / stride + 1, planes = n * c;
+  if (planes == 0) return PS_OK;
+  CHECK_RANGE(x, planes * h * w_ * 2);
+  CHECK_RANGE(y, planes * oh * ow * 2);
+  if (indices) CHECK_RANGE(indices, planes * oh * ow * 4);
+  PS_OMP("omp parallel for schedule(static) if (planes * h * w_ > 65536)")
+  for (int64_t pl = 0; pl < planes; pl++) {
+    const half *xp = (const half *)x + pl * h * w_;
+    half *yp = (half *)y + pl * oh * ow;
+    int32_t *ip = indices ? indices + pl * oh * ow : NULL;
+    for (int64_t oy = 0; oy < oh; oy++)
+      for (int64_t ox = 0; ox < ow; ox++) {
+        int64_t y0 = oy * stride, x0 = ox * stride, best = y0 * w_ + x0;
+        float m = h2f(xp[best]);
+        for (int64_t ky = 0; ky < kernel; ky++)
+          for (int64_t kx = 0; kx < kernel; kx++) {
+            int64_t at = (y0 + ky) * w_ + x0 + kx;
+            float v = h2f(xp[at]);
+            /* NaN propagates (PyTorch): once m is NaN nothing replaces it. */
+            if (v > m || (v != v && m == m)) m = v, best = at;
+          }
+        yp[oy * ow + ox] = f2h(m);
+        if (ip) ip[oy * ow + ox] = (int32_t)best;
+      }
+  }
+  return PS_OK;
+}
+
+PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx,
+                                    int64_t n, int64_t c, int64_t h, int64_t w_, int64_t oh,
+                                    int64_t ow, void *stream) {
+  (void)stream;
+  if (n < 0 || c < 0 || h <= 0 || w_ <= 0 || oh < 0 || ow < 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_maxpool2d_backward: bad shape");
+  int64_t planes = n * c, hw = h * w_, ohw = oh * ow;
+  if (planes == 0) return PS_OK;
+  CHECK_RANGE(dy, planes * ohw * 2);
+  CHECK_RANGE(indices, planes * ohw * 4);
+  CHECK_RANGE(dx, planes * hw * 2);
+  int bad = 0;
+  PS_OMP("omp parallel for schedule(static) if (planes * hw > 65536) reduction(|| : bad)")
+  for (int64_t pl = 0; pl < planes; pl++) {
+    half *dxp = (half *)dx + pl * hw;
+    const half *dyp = (const half *)dy + pl * ohw;
+    const int32_t *ip = indices + pl * ohw;
+    for (int64_t i = 0; i < hw; i++) dxp[i] = f2h(0.0f);
+    for (int64_t i = 0; i < ohw; i++) {
+      int32_t at = ip[i];
+      if (at < 0 || at >= hw) {
+        bad = 1;
+        break;
+      }
+      dxp[at] = f2h(h2f(dxp[at]) + h2f(dyp[i]));
+    }
+  }
+  if (bad) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_maxpool2d_backward: index out of range");
+  return PS_OK;
+}
+
+/* ---- batch normalization ------------------------------------------------------------- */
+
+PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta,
+                                         void *y, float *save_mean, float *save_invstd,
+                                         float *run_mean, float *run_var, int64_t n, int64_t c,
+                                         int64_t hw, float momentum, float eps, void *stream) {
+  (void)stream;
+  if (n <= 0 || c <= 0 || hw <= 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_forward_train: bad shape n=%lld c=%lld hw=%lld",
+            (long long)n, (long long)c, (long long)hw);
+  CHECK_RANGE(x, n * c * hw * 2);
+  CHECK_RANGE(y, n * c * hw * 2);
+  CHECK_RANGE(gamma, c * 4);
+  CHECK_RANGE(beta, c * 4);
+  CHECK_RANGE(save_mean, c * 4);
+  CHECK_RANGE(save_invstd, c * 4);
+  if (run_mean) CHECK_RANGE(run_mean, c * 4);
+  if (run_var) CHECK_RANGE(run_var, c * 4);
+  const half *xh = (const half *)x;
+  half *yh = (half *)y;
+  int64_t cnt = n * hw;
+  PS_OMP("omp parallel for schedule(static)")
+  for (int64_t ch = 0; ch < c; ch++) {
+    /* Two passes in double: exact enough for any batch, and cheap next to the convs. */
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+      const half *p = xh + (i * c + ch) * hw;
+      for (int64_t j = 0; j < hw; j++) s += h2f(p[j]);
+    }
+    double mean = s / (double)cnt, ss = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+      const half *p = xh + (i * c + ch) * hw;
+      for (int64_t j = 0; j < hw; j++) {
+        double d = h2f(p[j]) - mean;
+        ss += d * d;
+      }
+    }
+    double var = ss / (double)cnt;
+    float invstd = (float)(1.0 / sqrt(var + eps));
+    save_mean[ch] = (float)mean;
+    save_invstd[ch] = invstd;
+    if (run_mean) run_mean[ch] = (1.0f - momentum) * run_mean[ch] + momentum * (float)mean;
+    if (run_var) {
+      double unbiased = cnt > 1 ? ss / (double)(cnt - 1) : var;
+      run_var[ch] = (1.0f - momentum) * run_var[ch] + momentum * (float)unbiased;
+    }
+    float a = gamma[ch] * invstd, b = beta[ch] - (float)mean * a;
+    for (int64_t i = 0; i < n; i++) {
+      const half *p = xh + (i * c + ch) * hw;
+      half *q = yh + (i * c + ch) * hw;
+      for (int64_t j = 0; j < hw; j++) q[j] = f2h(h2f(p[j]) * a + b);
+    }
+  }
+  return PS_OK;
+}
+
+PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const float *beta,
+                                        const float *run_mean, const float *run_var, void *y,
+                                        int64_t n, int64_t c, int64_t hw, float eps,
+                                        void *stream) {
+  (void)stream;
+  if (n < 0 || c <= 0 || hw <= 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_forward_eval: bad shape n=%lld c=%lld hw=%lld",
+            (long long)n, (long long)c, (long long)hw);
+  if (n == 0) return PS_OK;
+  CHECK_RANGE(x, n * c * hw * 2);
+  CHECK_RANGE(y, n * c * hw * 2);
+  CHECK_RANGE(gamma, c * 4);
+  CHECK_RANGE(beta, c * 4);
+  CHECK_RANGE(run_mean, c * 4);
+  CHECK_RANGE(run_var, c * 4);
+  PS_OMP("omp parallel for schedule(static) if (n * c * hw > 65536)")
+  for (int64_t ch = 0; ch < c; ch++) {
+    float a = gamma[ch] / sqrtf(run_var[ch] + eps), b = beta[ch] - run_mean[ch] * a;
+    for (int64_t i = 0; i < n; i++) {
+      const half *p = (const half *)x + (i * c + ch) * hw;
+      half *q = (half *)y + (i * c + ch) * hw;
+      for (int64_t j = 0; j < hw; j++) q[j] = f2h(h2f(p[j]) * a + b);
+    }
+  }
+  return PS_OK;
+}
+
+PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
+                                    const float *save_mean, const float *save_invstd, void *dx,
+                                    float *dgamma, float *dbeta, int64_t n, int64_t c,
+                                    int64_t hw, void *stream) {
+  (void)stream;
+  if (n <= 0 || c <= 0 || hw <= 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_backward: bad shape n=%lld c=%lld hw=%lld",
+            (long long)n, (long long)c, (long long)hw);
+  CHECK_RANGE(dy, n * c * hw * 2);
+  CHECK_RANGE(x, n * c * hw * 2);
+  CHECK_RANGE(dx, n * c * hw * 2);
+  CHECK_RANGE(gamma, c * 4);
+  CHECK_RANGE(save_mean, c * 4);
+  CHECK_RANGE(save_invstd, c * 4);
+  CHECK_RANGE(dgamma, c * 4);
+  CHECK_RANGE(dbeta, c * 4);
+  int64_t cnt = n * hw;
+  PS_OMP("omp parallel for schedule(static)")
+  for (int64_t ch = 0; ch < c; ch++) {
+    float mean = save_mean[ch], is = save_invstd[ch];
+    double sdy = 0.0, sdyx = 0.0; /* sum dy, sum dy * xhat */
+    for (int64_t i = 0; i < n; i++) {
+      const half *g = (const half *)dy + (i * c + ch) * hw;
+      const half *p = (const half *)x + (i * c + ch) * hw;
+      for (int64_t j = 0; j < hw; j++) {
+        float d = h2f(g[j]);
+        sdy += d;
+        sdyx += d * ((h2f(p[j]) - mean) * is);
+      }
+    }
+    dbeta[ch] = (float)sdy;
+    dgamma[ch] = (float)sdyx;
+    /* dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)) */
+    float a = gamma[ch] * is, mdy = (float)(sdy / (double)cnt), mdyx = (float)(sdyx / (double)cnt);
+    for (int64_t i = 0; i < n; i++) {
+      const half *g = (const half *)dy + (i * c + ch) * hw;
+      const half *p = (const half *)x + (i * c + ch) * hw;
+      half *q = (half *)dx + (i * c + ch) * hw;
+      for (int64_t j = 0; j < hw; j++) {
+        float xhat = (h2f(p[j]) - mean) * is;
+        q[j] = f2h(a * (h2f(g[j]) - mdy - xhat * mdyx));
+      }
+    }
+  }
+  return PS_OK;
+}
+
+/* ---- bias, relu ---------------------------------------------------------------------- */
+
+PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t n, int64_t c,
+                          int64_t hw, void *stream) {
+  (void)stream;
+  CHECK_DTYPE(bias_dtype);
+  if (n < 0 || c <= 0 || hw <= 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_bias_add: bad shape n=%lld c=%lld hw=%lld",
+            (long long)n, (long long)c, (long long)hw);
+  if (n == 0) return PS_OK;
+  CHECK_RANGE(y, n * c * hw * 2);
+  CHECK_RANGE(bias, c * dtsize(bias_dtype));
+  int64_t rows = n * c;
+  PS_OMP("omp parallel for schedule(static) if (rows * hw > 65536)")
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t ch = r % c;
+    half *q = (half *)y + r * hw;
+    if (hw == 1) { /* [N,F]: one value per row of the loop */
+      float b = bias_dtype == PS_NN_F16 ? h2f(((const half *)bias)[ch]) : ((const float *)bias)[ch];
+      q[0] = f2h(h2f(q[0]) + b);
+      continue;
+    }
+    float b = bias_dtype == PS_NN_F16 ? h2f(((const half *)bias)[ch]) : ((const float *)bias)[ch];
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    __m512 vb = _mm512_set1_ps(b);
+    for (; j + 16 <= hw; j += 16) {
+      __m512 v = _mm512_add_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q + j))), vb);
+      _mm256_storeu_si256((__m256i *)(q + j), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+#endif
+    for (; j < hw; j++) q[j] = f2h(h2f(q[j]) + b);
+  }
+  return PS_OK;
+}
+
+PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int64_t n,
+                           int64_t c, int64_t hw, int32_t accumulate, void *stream) {
+  (void)stream;
+  CHECK_DTYPE(dbias_dtype);
+  if (n < 0 || c <= 0 || hw <= 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_bias_grad: bad shape n=%lld c=%lld hw=%lld",
+            (long long)n, (long long)c, (long long)hw);
+  CHECK_RANGE(dy, n * c * hw * 2);
+  CHECK_RANGE(dbias, c * dtsize(dbias_dtype));
+  float *sum = calloc((size_t)c, sizeof(float));
+  if (!sum) OOM();
+  if (hw == 1) {
+    for (int64_t i = 0; i < n; i++) {
+      const half *g = (const half *)dy + i * c;
+      for (int64_t ch = 0; ch < c; ch++) sum[ch] += h2f(g[ch]);
+    }
+  } else {
+    PS_OMP("omp parallel for schedule(static) if (n * c * hw > 65536)")
+    for (int64_t ch = 0; ch < c; ch++) {
+      float s = 0.0f;
+      float tmp[256];
+      for (int64_t i = 0; i < n; i++) {
+        const half *g = (const half *)dy + (i * c + ch) * hw;
+        for (int64_t j = 0; j < hw; j += 256) {
+          int64_t len = hw - j < 256 ? hw - j : 256;
+          h2f_row(g + j, tmp, len);
+          for (int64_t t = 0; t < len; t++) s += tmp[t];
+        }
+      }
+      sum[ch] = s;
+    }
+  }
+  for (int64_t ch = 0; ch < c; ch++) {
+    if (dbias_dtype == PS_NN_F32) {
+      float *d = (float *)dbias + ch;
+      *d = accumulate ? *d + sum[ch] : sum[ch];
+    } else {
+      half *d = (half *)dbias + ch;
+      *d = f2h(accumulate ? h2f(*d) + sum[ch] : sum[ch]);
+    }
+  }
+  free(sum);
+  return PS_OK;
+}
+
+PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *stream) {
+  (void)stream;
+  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_relu_forward: bad count %lld", (long long)count);
+  if (count == 0) return PS_OK;
+  CHECK_RANGE(x, count * 2);
+  CHECK_RANGE(y, count * 2);
+  /* On the bits: max(x, 0) keeps NaN like torch.relu does not guarantee either way; a
+   * negative-sign test maps -0 and negatives to +0 and leaves NaN payloads alone. */
+  const uint16_t *s = (const uint16_t *)x;
+  uint16_t *d = (uint16_t *)y;
+  PS_OMP("omp parallel for schedule(static) if (count > 262144)")
+  for (int64_t i = 0; i < count; i++) {
+    uint16_t v = s[i];
+    d[i] = ((v & 0x8000u) && (v & 0x7fffu) <= 0x7c00u) ? 0 : v;
+  }
+  return PS_OK;
+}
+
+PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t count,
+                               void *stream) {
+  (void)stream;
+  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_relu_backward: bad count %lld", (long long)count);
+  if (count == 0) return PS_OK;
+  CHECK_RANGE(dy, count * 2);
+  CHECK_RANGE(y, count * 2);
+  CHECK_RANGE(dx, count * 2);
+  const uint16_t *g = (const uint16_t *)dy, *o = (const uint16_t *)y;
+  uint16_t *d = (uint16_t *)dx;
+  /* dx = y > 0 ? dy : 0; y is relu's output, so y > 0 <=> positive sign and nonzero. */
+  PS_OMP("omp parallel for schedule(static) if (count > 262144)")
+  for (int64_t i = 0; i < count; i++) {
+    uint16_t v = o[i];
+    d[i] = (!(v & 0x8000u) && v != 0 && v <= 0x7c00u) ? g[i] : 0;
+  }
+  return PS_OK;
+}
+
+/* ---- loss ---------------------------------------------------------------------------- */
+
+PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
+                               float *loss_sum, int32_t *correct, int64_t n, int64_t k,
+                               float scale, void *stream) {
+  (void)stream;
+  if (n < 0 || k <= 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cross_entropy: bad shape n=%lld k=%lld",
+            (long long)n, (long long)k);
+  if (n == 0) return PS_OK;
+  CHECK_RANGE(logits, n * k * 2);
+  CHECK_RANGE(labels, n * 4);
+  if (dlogits) CHECK_RANGE(dlogits, n * k * 2);
+  if (loss_sum) CHECK_RANGE(loss_sum, 4);
+  if (correct) CHECK_RANGE(correct, 4);
+  for (int64_t i = 0; i < n; i++)
+    if (labels[i] < 0 || labels[i] >= k)
+      PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cross_entropy: label %d of sample %lld not in [0, %lld)",
+              labels[i], (long long)i, (long long)k);
+  double loss = 0.0;
+  int64_t hits = 0;
+  float *row = malloc((size_t)k * sizeof(float));
+  if (!row) OOM();
+  float g = scale / (float)n;
+  for (int64_t i = 0; i < n; i++) {
+    const half *l = (const half *)logits + i * k;
+    int64_t arg = 0;
+    float m = h2f(l[0]);
+    for (int64_t j = 0; j < k; j++) {
+      row[j] = h2f(l[j]);
+      if (row[j] > m) m = row[j], arg = j;
+    }
+    float s = 0.0f;
+    for (int64_t j = 0; j < k; j++) s += expf(row[j] - m);
+    float lse = m + logf(s);
+    loss += (double)(lse - row[labels[i]]);
+    hits += arg == labels[i];
+    if (dlogits) {
+      half *d = (half *)dlogits + i * k;
+      float inv = 1.0f / s;
+      for (int64_t j = 0; j < k; j++) {
+        float p = expf(row[j] - m) * inv;
+        d[j] = f2h(g * (p - (j == labels[i] ? 1.0f : 0.0f)));
+      }
+    }
+  }
+  free(row);
+  if (loss_sum) *loss_sum += (float)loss;
+  if (correct) *correct += (int32_t)hits;
+  return PS_OK;
+}
+
+/* ---- casts, loss scaling, SGD -------------------------------------------------------- */
+
+PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype,
+                      int64_t count, void *stream) {
+  (void)stream;
+  CHECK_DTYPE(src_dtype);
+  CHECK_DTYPE(dst_dtype);
+  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cast: bad count %lld", (long long)count);
+  if (count == 0) return PS_OK;
+  CHECK_RANGE(src, count * dtsize(src_dtype));
+  CHECK_RANGE(dst, count * dtsize(dst_dtype));
+  if (src_dtype == dst_dtype)
+    memmove(dst, src, (size_t)(count * dtsize(src_dtype)));
+  else if (src_dtype == PS_NN_F16)
+    h2f_row((const half *)src, (float *)dst, count);
+  else
+    f2h_row((const float *)src, (half *)dst, count);
+  return PS_OK;
+}
+
+PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
+                               const float *scale, float inv_scale, int32_t in_place,
+                               int32_t *found_inf, void *stream) {
+  (void)stream;
+  CHECK_DTYPE(grad_dtype);
+  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_unscale_check: bad count %lld", (long long)count);
+  CHECK_RANGE(found_inf, 4);
+  if (scale) CHECK_RANGE(scale, 4);
+  if (count == 0) return PS_OK;
+  CHECK_RANGE(grad, count * dtsize(grad_dtype));
+  float inv = scale ? 1.0f / *scale : inv_scale;
+  int bad = 0;
+  if (grad_dtype == PS_NN_F16) {
+    /* Non-finite fp16: exponent bits all ones. */
+    uint16_t *g = (uint16_t *)grad;
+    for (int64_t i = 0; i < count; i++) bad |= (g[i] & 0x7c00u) == 0x7c00u;
+    if (in_place)
+      for (int64_t i = 0; i < count; i++) ((half *)grad)[i] = f2h(h2f(((half *)grad)[i]) * inv);
+  } else {
+    float *g = (float *)grad;
+    for (int64_t i = 0; i < count; i++) {
+      bad |= !isfinite(g[i]);
+      if (in_place) g[i] *= inv;
+    }
+  }
+  if (bad) *found_inf = 1;
+  return PS_OK;
+}
+
+PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
+                          float *momentum_buf, void *param_half, int64_t count, float lr,
+                          float momentum, float dampening, float weight_decay,
+                          int32_t nesterov, const float *scale, const int32_t *found_inf,
+                          const int32_t *steps_done, void *stream) {
+  (void)stream;
+  CHECK_DTYPE(grad_dtype);
+  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_sgd_step: bad count %lld", (long long)count);
+  if (momentum != 0.0f && !momentum_buf)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_sgd_step: momentum %g needs a momentum buffer", momentum);
+  if (found_inf) CHECK_RANGE(found_inf, 4);
+  if (scale) CHECK_RANGE(scale, 4);
+  if (steps_done) CHECK_RANGE(steps_done, 4);
+  if (count == 0) return PS_OK;
+  CHECK_RANGE(param, count * 4);
+  CHECK_RANGE(grad, count * dtsize(grad_dtype));
+  if (momentum_buf) CHECK_RANGE(momentum_buf, count * 4);
+  if (param_half) CHECK_RANGE(param_half, count * 2);
+  if (found_inf && *found_inf) return PS_OK;
+  float inv = scale ? 1.0f / *scale : 1.0f;
+  int fresh = steps_done && *steps_done == 0;
+  PS_OMP("omp parallel for schedule(static) if (count > 65536)")
+  for (int64_t i = 0; i < count; i++) {
+    float g = (grad_dtype == PS_NN_F16 ? h2f(((const half *)grad)[i]) : ((const float *)grad)[i]) * inv;
+    float p = param[i];
+    if (weight_decay != 0.0f) g += weight_decay * p;
+    if (momentum != 0.0f) {
+      float b = fresh ? g : momentum * momentum_buf[i] + (1.0f - dampening) * g;
+      momentum_buf[i] = b;
+      g = nesterov ? g + momentum * b : b;
+    }
+    p -= lr * g;
+    param[i] = p;
+    if (param_half) ((half *)param_half)[i] = f2h(p);
+  }
+  return PS_OK;
+}
+
+PS_API int ps_nn_step_count(int32_t *steps_done, const int32_t *found_inf, void *stream) {
+  (void)stream;
+  CHECK_RANGE(steps_done, 4);
+  if (found_inf) CHECK_RANGE(found_inf, 4);
+  if (!(found_inf && *found_inf)) *steps_done += 1;
+  return PS_OK;
+}
+
+PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int32_t *found_inf,
+                               float growth_factor, float backoff_factor,
+                               int32_t growth_interval, void *stream) {
+  (void)stream;
+  CHECK_RANGE(scale, 4);
+  CHECK_RANGE(growth_tracker, 4);
+  CHECK_RANGE(found_inf, 4);
+  if (growth_interval <= 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_scaler_update: bad growth_interval %d", growth_interval);
+  /* torch._amp_update_scale_ (aten/src/ATen/native/cuda/AmpKernels.cu). */
+  if (*found_inf) {
+    *scale *= backoff_factor;
+    *growth_tracker = 0;
+  } else {
+    int32_t successful = *growth_tracker + 1;
+    if (successful == growth_interval) {
+      float grown = *scale * growth_factor;
+      if (isfinite(grown)) *scale = grown;
+      *growth_tracker = 0;
+    } else {
+      *growth_tracker = successful;
+    }
+  }
+  return PS_OK;
+}
