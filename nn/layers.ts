@@ -1,0 +1,639 @@
+/**
+ * Layers with hand-written backward passes: Linear, Conv2d, BatchNorm2d, ReLU, MaxPool2d,
+ * Flatten and Sequential.
+ *
+ * Activations and their gradients are fp16 (NCHW, or [N, F] for Linear); every kernel
+ * accumulates in fp32. Weights keep an fp32 master copy (updated by the optimizer) and an fp16
+ * copy the kernels read; biases and batch-norm parameters are read in fp32 directly. All
+ * parameter gradients are fp32: they are written by fp32-accumulating kernels anyway, and fp32
+ * keeps small per-element gradients that fp16 would flush to zero. Initializations are
+ * PyTorch's defaults, drawn on the host from a seeded generator.
+ *
+ * @module
+ */
+
+import type { Tensor } from "../ffi/mod.ts";
+import * as ops from "./ops.ts";
+import { kaimingUniform, uniform, Xoshiro128 } from "./init.ts";
+import { type BackwardOptions, BufferTensor, Module, Parameter } from "./module.ts";
+import type { HostTensor } from "./safetensors.ts";
+
+/** The generator layers draw their initial weights from when none is given. */
+export const defaultInitRng: Xoshiro128 = new Xoshiro128(0);
+
+function checkPositiveInt(what: string, v: number): void {
+  if (!Number.isInteger(v) || v <= 0) {
+    throw new RangeError(`Cannot create the layer: ${what} ${v} is not a positive integer`);
+  }
+}
+
+function shapeOf(t: Tensor): number[] {
+  return [...t.shape];
+}
+
+/** Options of {@linkcode Linear}. */
+export interface LinearOptions {
+  /** Add a learnable bias (default true). */
+  bias?: boolean;
+  /** The generator for the initial weights (default {@linkcode defaultInitRng}). */
+  rng?: Xoshiro128;
+}
+
+/**
+ * `nn.Linear`: y = x W^T + b for x of shape [N, inFeatures]. Weight [out, in] initialized with
+ * kaiming_uniform_(a = sqrt(5)), bias with U(±1/sqrt(inFeatures)).
+ *
+ * @example
+ * ```ts
+ * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { Linear, Xoshiro128 } from "./mod.ts";
+ * import assert from "node:assert";
+ * using device = Device.open("cpu");
+ * using fc = new Linear(2, 1, { rng: new Xoshiro128(1) }).to(device);
+ * fc.weight.write(new Float32Array([1, 2]));
+ * fc.bias!.write(new Float32Array([0.5]));
+ * using x = Tensor.fromHost(device, new Float16Array([3, 4]), [1, 2]);
+ * assert.deepStrictEqual([...await fc.forward(x).toHost()], [11.5]);
+ * ```
+ */
+export class Linear extends Module {
+  /** Input features. */
+  readonly inFeatures: number;
+  /** Output features. */
+  readonly outFeatures: number;
+  /** Weight [outFeatures, inFeatures]. */
+  readonly weight: Parameter;
+  /** Bias [outFeatures], or null. */
+  readonly bias: Parameter | null;
+  #x: Tensor | null = null;
+
+  /**
+   * @param inFeatures Input features.
+   * @param outFeatures Output features.
+   * @param options Bias and generator.
+   * @throws {RangeError} When a size is not a positive integer.
+   */
+  constructor(inFeatures: number, outFeatures: number, options: LinearOptions = {}) {
+    super();
+    checkPositiveInt("inFeatures", inFeatures);
+    checkPositiveInt("outFeatures", outFeatures);
+    this.inFeatures = inFeatures;
+    this.outFeatures = outFeatures;
+    const rng = options.rng ?? defaultInitRng;
+    const w = kaimingUniform(new Float32Array(outFeatures * inFeatures), inFeatures, rng);
+    this.weight = new Parameter(w, [outFeatures, inFeatures], { gradDtype: "f32" });
+    this.params.set("weight", this.weight);
+    this.bias = null;
+    if (options.bias ?? true) {
+      const bound = 1 / Math.sqrt(inFeatures);
+      const b = uniform(new Float32Array(outFeatures), -bound, bound, rng);
+      this.bias = new Parameter(b, [outFeatures], { computeDtype: "f32" });
+      this.params.set("bias", this.bias);
+    }
+  }
+
+  /**
+   * @param x Input [N, inFeatures], fp16.
+   * @returns Output [N, outFeatures], fp16.
+   * @throws {RangeError} When the input's shape does not fit.
+   */
+  forward(x: Tensor): Tensor {
+    if (x.shape.length !== 2 || x.shape[1] !== this.inFeatures) {
+      throw new RangeError(
+        `Cannot run Linear(${this.inFeatures}, ${this.outFeatures}): input shape [${x.shape}]`,
+      );
+    }
+    const n = x.shape[0];
+    const y = this.workspace("y", [n, this.outFeatures], "f16");
+    ops.matmul(x, this.weight.value, y, { transB: true });
+    if (this.bias) ops.biasAdd(y, this.bias.value);
+    this.#x = this.training ? x : null;
+    return y;
+  }
+
+  /**
+   * @param dy Output gradient [N, outFeatures], fp16.
+   * @param options Whether to compute the input gradient.
+   * @returns Input gradient [N, inFeatures], fp16, or null.
+   */
+  backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
+    const x = this.#x;
+    if (!x) throw new TypeError("Cannot run Linear.backward: no training forward before it");
+    ops.matmul(dy, x, this.weight.grad, { transA: true });
+    if (this.bias) ops.biasGrad(dy, this.bias.grad);
+    if (options.inputGrad === false) return null;
+    const dx = this.workspace("dx", shapeOf(x), "f16");
+    ops.matmul(dy, this.weight.value, dx);
+    return dx;
+  }
+}
+
+/** Options of {@linkcode Conv2d}. */
+export interface Conv2dOptions {
+  /** Square kernel size (default 3). */
+  kernelSize?: number;
+  /** Stride (default 1). */
+  stride?: number;
+  /** Zero padding on each side (default 0, as in PyTorch). */
+  padding?: number;
+  /** Add a learnable bias (default true). */
+  bias?: boolean;
+  /** The generator for the initial weights. */
+  rng?: Xoshiro128;
+}
+
+/**
+ * `nn.Conv2d` with a square kernel: weight [out, in, k, k] initialized with
+ * kaiming_uniform_(a = sqrt(5)), bias U(±1/sqrt(in * k * k)).
+ *
+ * @example
+ * ```ts
+ * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { Conv2d } from "./mod.ts";
+ * import assert from "node:assert";
+ * using device = Device.open("cpu");
+ * using conv = new Conv2d(1, 2, { kernelSize: 3, padding: 1 }).to(device);
+ * using x = Tensor.fromHost(device, new Float16Array(16), [1, 1, 4, 4]);
+ * assert.deepStrictEqual(conv.forward(x).shape, [1, 2, 4, 4]);
+ * ```
+ */
+export class Conv2d extends Module {
+  /** Input channels. */
+  readonly inChannels: number;
+  /** Output channels. */
+  readonly outChannels: number;
+  /** Kernel size. */
+  readonly kernelSize: number;
+  /** Stride. */
+  readonly stride: number;
+  /** Padding. */
+  readonly padding: number;
+  /** Weight [out, in, k, k]. */
+  readonly weight: Parameter;
+  /** Bias [out], or null. */
+  readonly bias: Parameter | null;
+  #x: Tensor | null = null;
+
+  /**
+   * @param inChannels Input channels.
+   * @param outChannels Output channels.
+   * @param options Kernel size, stride, padding, bias, generator.
+   * @throws {RangeError} When a size is invalid.
+   */
+  constructor(inChannels: number, outChannels: number, options: Conv2dOptions = {}) {
+    super();
+    checkPositiveInt("inChannels", inChannels);
+    checkPositiveInt("outChannels", outChannels);
+    this.inChannels = inChannels;
+    this.outChannels = outChannels;
+    this.kernelSize = options.kernelSize ?? 3;
+    this.stride = options.stride ?? 1;
+    this.padding = options.padding ?? 0;
+    checkPositiveInt("kernelSize", this.kernelSize);
+    checkPositiveInt("stride", this.stride);
+    if (!Number.isInteger(this.padding) || this.padding < 0) {
+      throw new RangeError(`Cannot create the layer: padding ${this.padding} is invalid`);
+    }
+    const rng = options.rng ?? defaultInitRng;
+    const k = this.kernelSize;
+    const fanIn = inChannels * k * k;
+    const w = kaimingUniform(new Float32Array(outChannels * fanIn), fanIn, rng);
+    this.weight = new Parameter(w, [outChannels, inChannels, k, k], { gradDtype: "f32" });
+    this.params.set("weight", this.weight);
+    this.bias = null;
+    if (options.bias ?? true) {
+      const bound = 1 / Math.sqrt(fanIn);
+      const b = uniform(new Float32Array(outChannels), -bound, bound, rng);
+      this.bias = new Parameter(b, [outChannels], { computeDtype: "f32" });
+      this.params.set("bias", this.bias);
+    }
+  }
+
+  /**
+   * The output shape for an input shape.
+   *
+   * @param shape [N, C, H, W].
+   * @returns [N, outChannels, OH, OW].
+   */
+  outputShape(shape: readonly number[]): number[] {
+    const [n, , h, w] = shape;
+    const k = this.kernelSize, s = this.stride, p = this.padding;
+    return [
+      n,
+      this.outChannels,
+      Math.floor((h + 2 * p - k) / s) + 1,
+      Math.floor((w + 2 * p - k) / s) + 1,
+    ];
+  }
+
+  /**
+   * @param x Input [N, inChannels, H, W], fp16.
+   * @returns Output [N, outChannels, OH, OW], fp16.
+   * @throws {RangeError} When the input's shape does not fit.
+   */
+  forward(x: Tensor): Tensor {
+    if (x.shape.length !== 4 || x.shape[1] !== this.inChannels) {
+      throw new RangeError(
+        `Cannot run Conv2d(${this.inChannels}, ${this.outChannels}): input shape [${x.shape}]`,
+      );
+    }
+    const y = this.workspace("y", this.outputShape(x.shape), "f16");
+    const opts = { stride: this.stride, padding: this.padding };
+    ops.conv2dForward(x, this.weight.value, y, opts);
+    if (this.bias) ops.biasAdd(y, this.bias.value);
+    this.#x = this.training ? x : null;
+    return y;
+  }
+
+  /**
+   * @param dy Output gradient, fp16.
+   * @param options Whether to compute the input gradient.
+   * @returns Input gradient, fp16, or null.
+   */
+  backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
+    const x = this.#x;
+    if (!x) throw new TypeError("Cannot run Conv2d.backward: no training forward before it");
+    const opts = { stride: this.stride, padding: this.padding };
+    ops.conv2dBackwardWeight(x, dy, this.weight.grad, opts);
+    if (this.bias) ops.biasGrad(dy, this.bias.grad);
+    if (options.inputGrad === false) return null;
+    const dx = this.workspace("dx", shapeOf(x), "f16");
+    ops.conv2dBackwardData(dy, this.weight.value, dx, opts);
+    return dx;
+  }
+}
+
+/** Options of {@linkcode BatchNorm2d}. */
+export interface BatchNorm2dOptions {
+  /** Added to the variance (default 1e-5). */
+  eps?: number;
+  /** Running-statistics momentum (default 0.1). */
+  momentum?: number;
+}
+
+/**
+ * `nn.BatchNorm2d` (affine, tracking running statistics): gamma = 1, beta = 0, running mean 0,
+ * running variance 1. Training normalizes with the batch statistics and updates the running
+ * ones (unbiased variance, as PyTorch); evaluation uses the running ones.
+ *
+ * @example
+ * ```ts
+ * import { BatchNorm2d } from "./mod.ts";
+ * import assert from "node:assert";
+ * const bn = new BatchNorm2d(3);
+ * assert.deepStrictEqual(
+ *   bn.namedParameters().map(([n]) => n).concat(bn.namedBuffers().map(([n]) => n)),
+ *   ["weight", "bias", "running_mean", "running_var"],
+ * );
+ * ```
+ */
+export class BatchNorm2d extends Module {
+  /** Channels. */
+  readonly numFeatures: number;
+  /** Epsilon. */
+  readonly eps: number;
+  /** Running-statistics momentum. */
+  readonly momentum: number;
+  /** gamma [C], fp32. */
+  readonly weight: Parameter;
+  /** beta [C], fp32. */
+  readonly bias: Parameter;
+  /** Running mean [C]. */
+  readonly runningMean: BufferTensor;
+  /** Running variance [C]. */
+  readonly runningVar: BufferTensor;
+  /** Training forwards run (PyTorch's `num_batches_tracked`). */
+  numBatchesTracked = 0;
+  #x: Tensor | null = null;
+
+  /**
+   * @param numFeatures Channels.
+   * @param options eps and momentum.
+   * @throws {RangeError} When `numFeatures` is not a positive integer.
+   */
+  constructor(numFeatures: number, options: BatchNorm2dOptions = {}) {
+    super();
+    checkPositiveInt("numFeatures", numFeatures);
+    this.numFeatures = numFeatures;
+    this.eps = options.eps ?? 1e-5;
+    this.momentum = options.momentum ?? 0.1;
+    const c = numFeatures;
+    const f32 = { computeDtype: "f32" } as const;
+    this.weight = new Parameter(new Float32Array(c).fill(1), [c], f32);
+    this.bias = new Parameter(new Float32Array(c), [c], f32);
+    this.params.set("weight", this.weight);
+    this.params.set("bias", this.bias);
+    this.runningMean = new BufferTensor(new Float32Array(c), [c]);
+    this.runningVar = new BufferTensor(new Float32Array(c).fill(1), [c]);
+    this.buffers.set("running_mean", this.runningMean);
+    this.buffers.set("running_var", this.runningVar);
+  }
+
+  protected override extraState(): Map<string, HostTensor> {
+    return new Map([["num_batches_tracked", {
+      dtype: "I64",
+      shape: [],
+      data: new BigInt64Array([BigInt(this.numBatchesTracked)]),
+    }]]);
+  }
+
+  protected override loadExtraState(state: Map<string, HostTensor>, prefix: string): string[] {
+    const t = state.get(prefix + "num_batches_tracked");
+    if (!t) return [];
+    this.numBatchesTracked = Number(t.data[0]);
+    return [prefix + "num_batches_tracked"];
+  }
+
+  /**
+   * @param x Input [N, C, H, W], fp16.
+   * @returns Output, same shape, fp16.
+   * @throws {RangeError} When the channel count does not match.
+   */
+  forward(x: Tensor): Tensor {
+    if (x.shape.length !== 4 || x.shape[1] !== this.numFeatures) {
+      throw new RangeError(
+        `Cannot run BatchNorm2d(${this.numFeatures}): input shape [${x.shape}]`,
+      );
+    }
+    const y = this.workspace("y", shapeOf(x), "f16");
+    if (this.training) {
+      const c = this.numFeatures;
+      ops.batchNormForwardTrain(
+        x,
+        this.weight.value,
+        this.bias.value,
+        y,
+        this.workspace("mean", [c], "f32"),
+        this.workspace("invstd", [c], "f32"),
+        this.runningMean.tensor,
+        this.runningVar.tensor,
+        { momentum: this.momentum, eps: this.eps },
+      );
+      this.numBatchesTracked++;
+      this.#x = x;
+    } else {
+      ops.batchNormForwardEval(
+        x,
+        this.weight.value,
+        this.bias.value,
+        this.runningMean.tensor,
+        this.runningVar.tensor,
+        y,
+        { eps: this.eps },
+      );
+      this.#x = null;
+    }
+    return y;
+  }
+
+  /**
+   * @param dy Output gradient, fp16.
+   * @param options Whether to compute the input gradient (batch norm computes it anyway).
+   * @returns Input gradient, fp16, or null.
+   */
+  backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
+    const x = this.#x;
+    if (!x) throw new TypeError("Cannot run BatchNorm2d.backward: no training forward before it");
+    const c = this.numFeatures;
+    const dx = this.workspace("dx", shapeOf(x), "f16");
+    ops.batchNormBackward(
+      dy,
+      x,
+      this.weight.value,
+      this.workspace("mean", [c], "f32"),
+      this.workspace("invstd", [c], "f32"),
+      dx,
+      this.weight.grad,
+      this.bias.grad,
+    );
+    return options.inputGrad === false ? null : dx;
+  }
+}
+
+/**
+ * `nn.ReLU`.
+ *
+ * @example
+ * ```ts
+ * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { ReLU } from "./mod.ts";
+ * import assert from "node:assert";
+ * using device = Device.open("cpu");
+ * using relu = new ReLU().to(device);
+ * using x = Tensor.fromHost(device, new Float16Array([-1, 2]), [1, 2]);
+ * assert.deepStrictEqual([...await relu.forward(x).toHost()], [0, 2]);
+ * ```
+ */
+export class ReLU extends Module {
+  #y: Tensor | null = null;
+
+  /**
+   * @param x Input, fp16, any shape.
+   * @returns max(x, 0), fp16.
+   */
+  forward(x: Tensor): Tensor {
+    const y = this.workspace("y", shapeOf(x), "f16");
+    ops.reluForward(x, y);
+    this.#y = this.training ? y : null;
+    return y;
+  }
+
+  /**
+   * @param dy Output gradient.
+   * @param options Whether to compute the input gradient.
+   * @returns Input gradient, or null.
+   */
+  backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
+    const y = this.#y;
+    if (!y) throw new TypeError("Cannot run ReLU.backward: no training forward before it");
+    if (options.inputGrad === false) return null;
+    const dx = this.workspace("dx", shapeOf(dy), "f16");
+    ops.reluBackward(dy, y, dx);
+    return dx;
+  }
+}
+
+/** Options of {@linkcode MaxPool2d}. */
+export interface MaxPool2dOptions {
+  /** Stride (default: the kernel size, as in PyTorch). */
+  stride?: number;
+}
+
+/**
+ * `nn.MaxPool2d` (no padding).
+ *
+ * @example
+ * ```ts
+ * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { MaxPool2d } from "./mod.ts";
+ * import assert from "node:assert";
+ * using device = Device.open("cpu");
+ * using pool = new MaxPool2d(2).to(device);
+ * using x = Tensor.fromHost(device, new Float16Array([1, 5, 3, 2]), [1, 1, 2, 2]);
+ * assert.deepStrictEqual([...await pool.forward(x).toHost()], [5]);
+ * ```
+ */
+export class MaxPool2d extends Module {
+  /** Window size. */
+  readonly kernelSize: number;
+  /** Stride. */
+  readonly stride: number;
+  #xShape: number[] | null = null;
+
+  /**
+   * @param kernelSize Window size.
+   * @param options Stride.
+   * @throws {RangeError} When a size is not a positive integer.
+   */
+  constructor(kernelSize: number, options: MaxPool2dOptions = {}) {
+    super();
+    checkPositiveInt("kernelSize", kernelSize);
+    this.kernelSize = kernelSize;
+    this.stride = options.stride ?? kernelSize;
+    checkPositiveInt("stride", this.stride);
+  }
+
+  /**
+   * @param x Input [N, C, H, W], fp16.
+   * @returns Output [N, C, OH, OW], fp16.
+   * @throws {RangeError} When the input is not 4-D or smaller than the window.
+   */
+  forward(x: Tensor): Tensor {
+    const [n, c, h, w] = x.shape;
+    if (x.shape.length !== 4 || h < this.kernelSize || w < this.kernelSize) {
+      throw new RangeError(`Cannot run MaxPool2d(${this.kernelSize}): input shape [${x.shape}]`);
+    }
+    const oh = Math.floor((h - this.kernelSize) / this.stride) + 1;
+    const ow = Math.floor((w - this.kernelSize) / this.stride) + 1;
+    const y = this.workspace("y", [n, c, oh, ow], "f16");
+    const indices = this.training ? this.workspace("idx", [n, c, oh, ow], "i32") : null;
+    ops.maxPool2dForward(x, y, indices, { kernel: this.kernelSize, stride: this.stride });
+    this.#xShape = this.training ? shapeOf(x) : null;
+    return y;
+  }
+
+  /**
+   * @param dy Output gradient.
+   * @param options Whether to compute the input gradient.
+   * @returns Input gradient, or null.
+   */
+  backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
+    const xs = this.#xShape;
+    if (!xs) throw new TypeError("Cannot run MaxPool2d.backward: no training forward before it");
+    if (options.inputGrad === false) return null;
+    const dx = this.workspace("dx", xs, "f16");
+    ops.maxPool2dBackward(dy, this.workspace("idx", shapeOf(dy), "i32"), dx);
+    return dx;
+  }
+}
+
+/**
+ * `nn.Flatten()`: [N, ...] to [N, prod(...)], a view sharing the input's memory.
+ *
+ * @example
+ * ```ts
+ * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { Flatten } from "./mod.ts";
+ * import assert from "node:assert";
+ * using device = Device.open("cpu");
+ * using flat = new Flatten().to(device);
+ * using x = Tensor.fromHost(device, new Float16Array(12), [2, 3, 2, 1]);
+ * assert.deepStrictEqual(flat.forward(x).shape, [2, 6]);
+ * ```
+ */
+export class Flatten extends Module {
+  #inShape: number[] | null = null;
+  #views = new Map<string, Tensor>();
+
+  #view(t: Tensor, shape: number[]): Tensor {
+    const key = `${t.pointer}:${shape.join("x")}`;
+    let v = this.#views.get(key);
+    if (!v) {
+      v = t.view(shape);
+      this.#views.set(key, v);
+    }
+    return v;
+  }
+
+  /**
+   * @param x Input [N, ...].
+   * @returns A view of shape [N, prod(...)].
+   */
+  forward(x: Tensor): Tensor {
+    const n = x.shape[0];
+    this.#inShape = shapeOf(x);
+    return this.#view(x, [n, x.numel / n]);
+  }
+
+  /**
+   * @param dy Output gradient [N, F].
+   * @param options Whether to compute the input gradient.
+   * @returns dy viewed with the input's shape, or null.
+   */
+  backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
+    if (!this.#inShape) throw new TypeError("Cannot run Flatten.backward: no forward before it");
+    if (options.inputGrad === false) return null;
+    return this.#view(dy, this.#inShape);
+  }
+
+  /** Releases the cached views (they do not own memory). */
+  override dispose(): void {
+    for (const v of this.#views.values()) v.dispose();
+    this.#views.clear();
+    super.dispose();
+  }
+}
+
+/**
+ * `nn.Sequential`: runs its layers in order; children are named "0", "1", ... as in PyTorch.
+ *
+ * @example
+ * ```ts
+ * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { Linear, ReLU, Sequential } from "./mod.ts";
+ * import assert from "node:assert";
+ * using device = Device.open("cpu");
+ * using model = new Sequential([new Linear(4, 8), new ReLU(), new Linear(8, 3)]).to(device);
+ * using x = Tensor.fromHost(device, new Float16Array(8), [2, 4]);
+ * const y = model.forward(x);
+ * assert.deepStrictEqual(y.shape, [2, 3]);
+ * using dy = Tensor.fromHost(device, new Float16Array(6).fill(1), [2, 3]);
+ * assert.strictEqual(model.backward(dy, { inputGrad: false }), null);
+ * ```
+ */
+export class Sequential extends Module {
+  /** The layers, in order. */
+  readonly layers: readonly Module[];
+
+  /**
+   * @param layers The layers.
+   */
+  constructor(layers: Module[]) {
+    super();
+    this.layers = [...layers];
+    this.layers.forEach((m, i) => this.children.set(String(i), m));
+  }
+
+  /**
+   * @param x The first layer's input.
+   * @returns The last layer's output.
+   */
+  forward(x: Tensor): Tensor {
+    let h = x;
+    for (const m of this.layers) h = m.forward(h);
+    return h;
+  }
+
+  /**
+   * @param dy The last layer's output gradient.
+   * @param options Whether the first layer's input gradient is needed (default true).
+   * @returns The input gradient, or null.
+   */
+  backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
+    let g: Tensor | null = dy;
+    for (let i = this.layers.length - 1; i >= 0; i--) {
+      g = this.layers[i].backward(g!, { inputGrad: i > 0 || options.inputGrad !== false });
+    }
+    return g;
+  }
+}

@@ -1,0 +1,145 @@
+/**
+ * Softmax cross-entropy whose statistics stay on the device: each call adds the batch's loss
+ * sum and correct-prediction count to device accumulators, and {@linkcode CrossEntropyLoss.read}
+ * fetches them once per log interval (no per-step `.item()`).
+ *
+ * @module
+ */
+
+import { type Device, Tensor } from "../ffi/mod.ts";
+import * as ops from "./ops.ts";
+import type { GradScaler } from "./grad_scaler.ts";
+
+/** What {@linkcode CrossEntropyLoss.read} returns. */
+export interface LossStats {
+  /** Mean loss per sample since the last reset (NaN when no samples). */
+  loss: number;
+  /** Share of samples whose argmax equals the label. */
+  accuracy: number;
+  /** Samples counted. */
+  samples: number;
+}
+
+/**
+ * `nn.CrossEntropyLoss()` (mean reduction) for logits [N, K] fp16 and int32 labels [N].
+ *
+ * @example
+ * ```ts
+ * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { CrossEntropyLoss } from "./mod.ts";
+ * import assert from "node:assert";
+ * using device = Device.open("cpu");
+ * using loss = new CrossEntropyLoss(device);
+ * using logits = Tensor.fromHost(device, new Float16Array([0, 0, 5, 0]), [2, 2]);
+ * using labels = Tensor.fromHost(device, new Int32Array([1, 0]), [2]);
+ * loss.forward(logits, labels);
+ * const s = await loss.read();
+ * assert.strictEqual(s.samples, 2);
+ * assert.strictEqual(s.accuracy, 0.5);
+ * assert.ok(Math.abs(s.loss - (Math.log(2) + Math.log(1 + Math.exp(-5))) / 2) < 1e-3);
+ * ```
+ */
+export class CrossEntropyLoss {
+  #device: Device;
+  #lossSum: Tensor | null;
+  #correct: Tensor | null;
+  #samples = 0;
+  #dlogits: Tensor | null = null;
+
+  /**
+   * @param device The device the logits live on.
+   */
+  constructor(device: Device) {
+    this.#device = device;
+    this.#lossSum = Tensor.fromHost(device, new Float32Array([0]), [1]);
+    this.#correct = Tensor.fromHost(device, new Int32Array([0]), [1]);
+  }
+
+  #live(): [Tensor, Tensor] {
+    if (!this.#lossSum || !this.#correct) {
+      throw new TypeError("Cannot use the loss: it is disposed");
+    }
+    return [this.#lossSum, this.#correct];
+  }
+
+  #checkShapes(logits: Tensor, labels: Tensor): void {
+    if (
+      logits.shape.length !== 2 || labels.shape.length !== 1 || labels.shape[0] !== logits.shape[0]
+    ) {
+      throw new RangeError(
+        `Cannot compute cross-entropy: logits [${logits.shape}] and labels [${labels.shape}]`,
+      );
+    }
+  }
+
+  /**
+   * Adds the batch's loss and correct count to the accumulators and returns the gradient of
+   * the mean loss with respect to the logits, scaled by the scaler's current scale.
+   *
+   * @param logits [N, K] fp16.
+   * @param labels [N] int32.
+   * @param scaler The loss scaler (none: unscaled gradient).
+   * @returns dlogits [N, K] fp16, owned by the loss (reused by the next call).
+   * @throws {RangeError} When the shapes do not match.
+   */
+  forwardBackward(logits: Tensor, labels: Tensor, scaler?: GradScaler | null): Tensor {
+    const [lossSum, correct] = this.#live();
+    this.#checkShapes(logits, labels);
+    const d = this.#dlogits;
+    if (!d || d.shape[0] !== logits.shape[0] || d.shape[1] !== logits.shape[1]) {
+      d?.dispose();
+      this.#dlogits = Tensor.empty(this.#device, [...logits.shape], "f16");
+    }
+    const scale = scaler?.lossScale() ?? 1;
+    ops.crossEntropyForwardBackward(logits, labels, this.#dlogits!, lossSum, correct, { scale });
+    scaler?.scaleGrad(this.#dlogits!);
+    this.#samples += logits.shape[0];
+    return this.#dlogits!;
+  }
+
+  /**
+   * Adds the batch's loss and correct count (evaluation: no gradient).
+   *
+   * @param logits [N, K] fp16.
+   * @param labels [N] int32.
+   * @throws {RangeError} When the shapes do not match.
+   */
+  forward(logits: Tensor, labels: Tensor): void {
+    const [lossSum, correct] = this.#live();
+    this.#checkShapes(logits, labels);
+    ops.crossEntropyForward(logits, labels, lossSum, correct);
+    this.#samples += logits.shape[0];
+  }
+
+  /**
+   * Reads the accumulators (one device round trip) and, unless `reset` is false, zeroes them.
+   *
+   * @param reset Zero the accumulators after reading (default true).
+   * @returns Mean loss, accuracy and sample count since the last reset.
+   */
+  async read(reset = true): Promise<LossStats> {
+    const [lossSum, correct] = this.#live();
+    const l = (await lossSum.toHost())[0] as number;
+    const c = (await correct.toHost())[0] as number;
+    const n = this.#samples;
+    if (reset) {
+      lossSum.buffer.fill(0);
+      correct.buffer.fill(0);
+      this.#samples = 0;
+    }
+    return { loss: n ? l / n : NaN, accuracy: n ? c / n : NaN, samples: n };
+  }
+
+  /** Frees the device accumulators (idempotent). */
+  dispose(): void {
+    this.#lossSum?.dispose();
+    this.#correct?.dispose();
+    this.#dlogits?.dispose();
+    this.#lossSum = this.#correct = this.#dlogits = null;
+  }
+
+  /** Same as {@linkcode CrossEntropyLoss.dispose}. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}

@@ -1,0 +1,18 @@
+/**
+ * Mixed-precision training: fp16 layers with hand-written backward, cross-entropy with
+ * device-side statistics, SGD on fp32 master weights, dynamic loss scaling, learning-rate
+ * schedules, safetensors checkpoints.
+ *
+ * @module
+ */
+
+export * from "./init.ts";
+export * from "./module.ts";
+export * from "./layers.ts";
+export * from "./loss.ts";
+export * from "./optim.ts";
+export * from "./grad_scaler.ts";
+export * from "./lr_scheduler.ts";
+export * from "./safetensors.ts";
+export * from "./checkpoint.ts";
+export * from "./trainer.ts";

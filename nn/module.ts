@@ -1,0 +1,554 @@
+/**
+ * The base of every layer: parameters with fp32 master weights and fp16 compute copies,
+ * buffers, train/eval modes, device placement and PyTorch-compatible state dicts.
+ *
+ * Parameters are created on the host (initialized there from a seeded generator, so weights
+ * do not depend on the backend) and uploaded by {@linkcode Module.to}. A parameter that the
+ * forward reads in fp16 keeps three device tensors: the fp32 master weight the optimizer
+ * updates, the fp16 copy the kernels read, and the gradient.
+ *
+ * @module
+ */
+
+import { Device, Tensor } from "../ffi/mod.ts";
+import * as ops from "./ops.ts";
+import type { HostData, HostTensor, SafetensorsDtype } from "./safetensors.ts";
+
+/** The dtypes device tensors can have. */
+export type DType = "u8" | "i32" | "f16" | "f32";
+
+/** Options of {@linkcode Parameter}. */
+export interface ParameterOptions {
+  /**
+   * The dtype the forward reads: "f16" keeps an fp16 copy of the fp32 master weight (the
+   * default), "f32" makes the forward read the master weight itself (batch-norm affine
+   * parameters, which the kernels take in fp32).
+   */
+  computeDtype?: "f16" | "f32";
+  /** The gradient's dtype (default: the compute dtype). */
+  gradDtype?: "f16" | "f32";
+}
+
+/**
+ * A trainable tensor: initial values on the host until {@linkcode Parameter.to} uploads them,
+ * then an fp32 master weight, an optional fp16 compute copy and a gradient on the device.
+ *
+ * @example
+ * ```ts
+ * import { Parameter } from "./module.ts";
+ * import assert from "node:assert";
+ * const p = new Parameter(new Float32Array([1, 2, 3]), [3]);
+ * assert.deepStrictEqual(p.shape, [3]);
+ * assert.strictEqual(p.numel, 3);
+ * assert.strictEqual(p.device, null);
+ * ```
+ */
+export class Parameter {
+  /** The shape (PyTorch's layout: Linear [out, in], Conv2d [out, in, kh, kw]). */
+  readonly shape: number[];
+  /** The dtype the forward reads. */
+  readonly computeDtype: "f16" | "f32";
+  /** The gradient's dtype. */
+  readonly gradDtype: "f16" | "f32";
+  #host: Float32Array | null;
+  #device: Device | null = null;
+  #master: Tensor | null = null;
+  #half: Tensor | null = null;
+  #grad: Tensor | null = null;
+
+  /**
+   * @param init Initial values (copied), row-major.
+   * @param shape The shape; its product must equal `init.length`.
+   * @param options Compute and gradient dtypes.
+   * @throws {RangeError} When `init.length` does not match the shape.
+   */
+  constructor(init: Float32Array, shape: number[], options: ParameterOptions = {}) {
+    const numel = shape.reduce((a, b) => a * b, 1);
+    if (init.length !== numel) {
+      throw new RangeError(
+        `Cannot create a parameter: ${init.length} values for shape [${shape}]`,
+      );
+    }
+    this.shape = [...shape];
+    this.#host = init.slice();
+    this.computeDtype = options.computeDtype ?? "f16";
+    this.gradDtype = options.gradDtype ?? this.computeDtype;
+  }
+
+  /** Number of elements. */
+  get numel(): number {
+    return this.shape.reduce((a, b) => a * b, 1);
+  }
+
+  /** The device the parameter lives on, or null before {@linkcode Parameter.to}. */
+  get device(): Device | null {
+    return this.#device;
+  }
+
+  #need(what: string): never {
+    throw new TypeError(`Cannot use the parameter's ${what}: it is not on a device (call to())`);
+  }
+
+  /** The fp32 master weight (the optimizer's). */
+  get master(): Tensor {
+    return this.#master ?? this.#need("master weight");
+  }
+
+  /** The tensor the forward reads: the fp16 copy, or the master weight when computeDtype is f32. */
+  get value(): Tensor {
+    return this.#half ?? this.#master ?? this.#need("value");
+  }
+
+  /** The fp16 compute copy, or null when the forward reads the master weight. */
+  get half(): Tensor | null {
+    return this.#half;
+  }
+
+  /** The gradient, written by the owning layer's backward (overwritten, not accumulated). */
+  get grad(): Tensor {
+    return this.#grad ?? this.#need("gradient");
+  }
+
+  /**
+   * Uploads the parameter to `device` (a no-op when already there).
+   *
+   * @param device The device.
+   * @returns This parameter.
+   * @throws {TypeError} When the parameter already lives on another device.
+   * @example
+   * ```ts
+   * import { Device } from "../ffi/mod.ts";
+   * import { Parameter } from "./module.ts";
+   * import assert from "node:assert";
+   * using device = Device.open("cpu");
+   * const p = new Parameter(new Float32Array([0.5, -1]), [2]).to(device);
+   * assert.deepStrictEqual([...await p.master.toHost()], [0.5, -1]);
+   * assert.deepStrictEqual([...await p.value.toHost()], [0.5, -1]);
+   * p.dispose();
+   * ```
+   */
+  to(device: Device): this {
+    if (this.#device === device) return this;
+    if (this.#device !== null) {
+      throw new TypeError("Cannot move a parameter: it already lives on another device");
+    }
+    const host = this.#host!;
+    this.#master = Tensor.fromHost(device, host, this.shape);
+    if (this.computeDtype === "f16") {
+      this.#half = Tensor.empty(device, this.shape, "f16");
+      ops.cast(this.#master, this.#half);
+    }
+    this.#grad = Tensor.empty(device, this.shape, this.gradDtype);
+    this.#grad.buffer.fill(0);
+    this.#device = device;
+    this.#host = null;
+    return this;
+  }
+
+  /**
+   * Recomputes the fp16 copy from the master weight (after loading weights).
+   *
+   * @example
+   * ```ts
+   * import { Parameter } from "./module.ts";
+   * new Parameter(new Float32Array(1), [1]).syncHalf(); // no-op on the host
+   * ```
+   */
+  syncHalf(): void {
+    if (this.#half && this.#master) ops.cast(this.#master, this.#half);
+  }
+
+  /**
+   * The master weight's values on the host.
+   *
+   * @returns A copy of the fp32 values.
+   * @example
+   * ```ts
+   * import { Parameter } from "./module.ts";
+   * import assert from "node:assert";
+   * const p = new Parameter(new Float32Array([3]), [1]);
+   * assert.deepStrictEqual([...await p.read()], [3]);
+   * ```
+   */
+  async read(): Promise<Float32Array> {
+    if (this.#master) return (await this.#master.toHost()) as Float32Array;
+    return this.#host!.slice();
+  }
+
+  /**
+   * Overwrites the master weight (and its fp16 copy) with `values`.
+   *
+   * @param values fp32 values, `numel` of them.
+   * @throws {RangeError} When the length does not match.
+   * @example
+   * ```ts
+   * import { Parameter } from "./module.ts";
+   * import assert from "node:assert";
+   * const p = new Parameter(new Float32Array(2), [2]);
+   * p.write(new Float32Array([1, 2]));
+   * assert.deepStrictEqual([...await p.read()], [1, 2]);
+   * ```
+   */
+  write(values: Float32Array): void {
+    if (values.length !== this.numel) {
+      throw new RangeError(
+        `Cannot write a parameter of shape [${this.shape}]: got ${values.length} values`,
+      );
+    }
+    if (this.#master) {
+      this.#master.buffer.copyFrom(values);
+      this.syncHalf();
+    } else {
+      this.#host!.set(values);
+    }
+  }
+
+  /**
+   * Frees the device tensors (idempotent).
+   *
+   * @example
+   * ```ts
+   * import { Parameter } from "./module.ts";
+   * const p = new Parameter(new Float32Array(1), [1]);
+   * p.dispose();
+   * p.dispose();
+   * ```
+   */
+  dispose(): void {
+    this.#master?.dispose();
+    this.#half?.dispose();
+    this.#grad?.dispose();
+    this.#master = this.#half = this.#grad = null;
+  }
+}
+
+/** A non-trainable fp32 state tensor (batch-norm running statistics). */
+export class BufferTensor {
+  /** The shape. */
+  readonly shape: number[];
+  #host: Float32Array | null;
+  #tensor: Tensor | null = null;
+
+  /**
+   * @param init Initial values (copied).
+   * @param shape The shape.
+   */
+  constructor(init: Float32Array, shape: number[]) {
+    this.shape = [...shape];
+    this.#host = init.slice();
+  }
+
+  /** The device tensor. */
+  get tensor(): Tensor {
+    if (!this.#tensor) {
+      throw new TypeError("Cannot use the buffer: it is not on a device (call to())");
+    }
+    return this.#tensor;
+  }
+
+  /**
+   * Uploads to `device`.
+   *
+   * @param device The device.
+   * @returns This buffer.
+   */
+  to(device: Device): this {
+    if (this.#tensor) return this;
+    this.#tensor = Tensor.fromHost(device, this.#host!, this.shape);
+    this.#host = null;
+    return this;
+  }
+
+  /**
+   * Reads the values.
+   *
+   * @returns A copy of the values.
+   */
+  async read(): Promise<Float32Array> {
+    if (this.#tensor) return (await this.#tensor.toHost()) as Float32Array;
+    return this.#host!.slice();
+  }
+
+  /**
+   * Overwrites the values.
+   *
+   * @param values The new values.
+   */
+  write(values: Float32Array): void {
+    if (this.#tensor) this.#tensor.buffer.copyFrom(values);
+    else this.#host!.set(values);
+  }
+
+  /** Frees the device tensor. */
+  dispose(): void {
+    this.#tensor?.dispose();
+    this.#tensor = null;
+  }
+}
+
+/** Options of {@linkcode Module.backward}. */
+export interface BackwardOptions {
+  /** Compute the gradient of the input (default true); false saves work in the first layer. */
+  inputGrad?: boolean;
+}
+
+/** Options of {@linkcode Module.loadStateDict}. */
+export interface LoadStateDictOptions {
+  /** Refuse missing and unexpected keys (default true), as PyTorch does. */
+  strict?: boolean;
+}
+
+/**
+ * The base class of layers and containers (PyTorch's `nn.Module`). A module computes
+ * `forward(x)` and, in training, `backward(dy)`, which writes its parameters' gradients and
+ * returns the input's gradient. Tensors returned by `forward` and `backward` are owned by the
+ * module and reused by the next call with the same shape: use them before the next step.
+ *
+ * @example
+ * ```ts
+ * import { Linear, ReLU, Sequential } from "./layers.ts";
+ * import assert from "node:assert";
+ * const model = new Sequential([new Linear(4, 3), new ReLU(), new Linear(3, 2)]);
+ * assert.deepStrictEqual(
+ *   model.namedParameters().map(([n]) => n),
+ *   ["0.weight", "0.bias", "2.weight", "2.bias"],
+ * );
+ * assert.strictEqual(model.eval().training, false);
+ * ```
+ */
+export abstract class Module {
+  /** Training (true) or evaluation mode. */
+  training = true;
+  /** The device, once {@linkcode Module.to} was called. */
+  device: Device | null = null;
+  protected readonly params = new Map<string, Parameter>();
+  protected readonly buffers = new Map<string, BufferTensor>();
+  protected readonly children = new Map<string, Module>();
+  #workspace = new Map<string, Tensor>();
+
+  /**
+   * Runs the layer.
+   *
+   * @param x The input (fp16 activations, NCHW or [N, F]).
+   * @returns The output, owned by the module.
+   */
+  abstract forward(x: Tensor): Tensor;
+
+  /**
+   * Back-propagates `dy` (the gradient of the loss with respect to the last forward's output):
+   * writes the parameters' gradients and returns the input's gradient.
+   *
+   * @param dy The output's gradient.
+   * @param options Whether the input's gradient is needed.
+   * @returns The input's gradient, or null when `inputGrad` is false.
+   */
+  abstract backward(dy: Tensor, options?: BackwardOptions): Tensor | null;
+
+  /**
+   * The parameters with their dotted names, in registration order (PyTorch's names).
+   *
+   * @param prefix Prepended to every name.
+   * @returns `[name, parameter]` pairs.
+   */
+  namedParameters(prefix = ""): [string, Parameter][] {
+    const out: [string, Parameter][] = [];
+    for (const [n, p] of this.params) out.push([prefix + n, p]);
+    for (const [n, c] of this.children) out.push(...c.namedParameters(`${prefix}${n}.`));
+    return out;
+  }
+
+  /**
+   * The parameters, in registration order.
+   *
+   * @returns The parameters.
+   */
+  parameters(): Parameter[] {
+    return this.namedParameters().map(([, p]) => p);
+  }
+
+  /**
+   * The buffers with their dotted names.
+   *
+   * @param prefix Prepended to every name.
+   * @returns `[name, buffer]` pairs.
+   */
+  namedBuffers(prefix = ""): [string, BufferTensor][] {
+    const out: [string, BufferTensor][] = [];
+    for (const [n, b] of this.buffers) out.push([prefix + n, b]);
+    for (const [n, c] of this.children) out.push(...c.namedBuffers(`${prefix}${n}.`));
+    return out;
+  }
+
+  /**
+   * This module and its descendants with dotted names ("" for this one).
+   *
+   * @param prefix Prepended to every name.
+   * @returns `[name, module]` pairs.
+   */
+  namedModules(prefix = ""): [string, Module][] {
+    const out: [string, Module][] = [[prefix.replace(/\.$/, ""), this]];
+    for (const [n, c] of this.children) out.push(...c.namedModules(`${prefix}${n}.`));
+    return out;
+  }
+
+  /**
+   * Sets training mode (recursively).
+   *
+   * @param mode True for training, false for evaluation.
+   * @returns This module.
+   */
+  train(mode = true): this {
+    this.training = mode;
+    for (const c of this.children.values()) c.train(mode);
+    return this;
+  }
+
+  /**
+   * Sets evaluation mode: forward only, batch norm uses running statistics.
+   *
+   * @returns This module.
+   */
+  eval(): this {
+    return this.train(false);
+  }
+
+  /**
+   * Places the parameters and buffers on `device` (recursively).
+   *
+   * @param device The device.
+   * @returns This module.
+   */
+  to(device: Device): this {
+    this.device = device;
+    for (const p of this.params.values()) p.to(device);
+    for (const b of this.buffers.values()) b.to(device);
+    for (const c of this.children.values()) c.to(device);
+    return this;
+  }
+
+  /** Extra state tensors a layer keeps on the host (batch norm's `num_batches_tracked`). */
+  protected extraState(): Map<string, HostTensor> {
+    return new Map();
+  }
+
+  /** Restores {@linkcode Module.extraState}; returns the keys it consumed. */
+  protected loadExtraState(_state: Map<string, HostTensor>, _prefix: string): string[] {
+    return [];
+  }
+
+  /**
+   * The weights and buffers as host tensors under PyTorch's names (fp32 master weights), in
+   * the order PyTorch's `state_dict()` lists them, ready for safetensors.
+   *
+   * @returns Name to tensor.
+   */
+  async stateDict(): Promise<Map<string, HostTensor>> {
+    const out = new Map<string, HostTensor>();
+    await this.#collect("", out);
+    return out;
+  }
+
+  async #collect(prefix: string, out: Map<string, HostTensor>): Promise<void> {
+    for (const [n, p] of this.params) {
+      out.set(prefix + n, { dtype: "F32", shape: [...p.shape], data: await p.read() });
+    }
+    for (const [n, b] of this.buffers) {
+      out.set(prefix + n, { dtype: "F32", shape: [...b.shape], data: await b.read() });
+    }
+    for (const [n, t] of this.extraState()) out.set(prefix + n, t);
+    for (const [n, c] of this.children) await c.#collect(`${prefix}${n}.`, out);
+  }
+
+  /**
+   * Loads weights and buffers saved by {@linkcode Module.stateDict} (or by PyTorch, through
+   * safetensors). fp16/fp64 values are converted to fp32.
+   *
+   * @param state Name to tensor.
+   * @param options `strict` (default true) refuses missing and unexpected keys.
+   * @throws {RangeError} On a shape mismatch, or in strict mode on missing/unexpected keys.
+   */
+  loadStateDict(state: Map<string, HostTensor>, options: LoadStateDictOptions = {}): void {
+    const strict = options.strict ?? true;
+    const used = new Set<string>();
+    const missing: string[] = [];
+    const entries: [string, Parameter | BufferTensor][] = [
+      ...this.namedParameters(),
+      ...this.namedBuffers(),
+    ];
+    for (const [name, target] of entries) {
+      const t = state.get(name);
+      if (!t) {
+        missing.push(name);
+        continue;
+      }
+      if (t.shape.join() !== target.shape.join()) {
+        throw new RangeError(
+          `Cannot load "${name}": shape [${t.shape}] does not match the module's [${target.shape}]`,
+        );
+      }
+      target.write(toF32(t, name));
+      used.add(name);
+    }
+    for (const [prefix, m] of this.namedModules()) {
+      for (const k of m.loadExtraState(state, prefix ? prefix + "." : "")) used.add(k);
+    }
+    if (strict) {
+      const unexpected = [...state.keys()].filter((k) => !used.has(k));
+      if (missing.length || unexpected.length) {
+        throw new RangeError(
+          `Cannot load the state dict: missing keys [${missing.join(", ")}], ` +
+            `unexpected keys [${unexpected.join(", ")}]`,
+        );
+      }
+    }
+  }
+
+  /**
+   * A device tensor owned by this module for `key`, reused while the shape and dtype stay the
+   * same (so steps do not allocate).
+   */
+  protected workspace(key: string, shape: number[], dtype: DType): Tensor {
+    const device = this.device;
+    if (!device) throw new TypeError("Cannot run the module: it is not on a device (call to())");
+    const k = `${key}:${dtype}:${shape.join("x")}`;
+    let t = this.#workspace.get(k);
+    if (!t) {
+      // Shapes alternate between at most a few values (full batch, last partial batch, eval
+      // batch), so one entry per (key, shape) is kept rather than reallocating on each change.
+      t = Tensor.empty(device, shape, dtype);
+      this.#workspace.set(k, t);
+    }
+    return t;
+  }
+
+  /**
+   * Frees parameters, buffers and workspaces (recursively; idempotent).
+   */
+  dispose(): void {
+    for (const p of this.params.values()) p.dispose();
+    for (const b of this.buffers.values()) b.dispose();
+    for (const t of this.#workspace.values()) t.dispose();
+    this.#workspace.clear();
+    for (const c of this.children.values()) c.dispose();
+  }
+
+  /** Same as {@linkcode Module.dispose}. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+function toF32(t: HostTensor, name: string): Float32Array {
+  const d: HostData = t.data;
+  if (d instanceof Float32Array) return d;
+  if (d instanceof Float16Array || d instanceof Float64Array) return Float32Array.from(d);
+  throw new TypeError(`Cannot load "${name}": dtype ${t.dtype} is not a float type`);
+}
+
+/** Maps device dtypes to safetensors dtypes. */
+export const SAFETENSORS_DTYPE: Record<DType, SafetensorsDtype> = {
+  u8: "U8",
+  i32: "I32",
+  f16: "F16",
+  f32: "F32",
+};

@@ -1,0 +1,145 @@
+/**
+ * One training step and one evaluation step, put together the way PyTorch's AMP recipe does:
+ * forward, scaled loss gradient, backward, `scaler.step(optimizer)`, `scaler.update()`,
+ * scheduler. Everything is queued on the device; loss and accuracy accumulate there and are
+ * read by {@linkcode Trainer.readTrain} / {@linkcode Trainer.readEval} once per log interval.
+ *
+ * @module
+ */
+
+import type { Tensor } from "../ffi/mod.ts";
+import { CrossEntropyLoss, type LossStats } from "./loss.ts";
+import type { GradScaler } from "./grad_scaler.ts";
+import type { LRScheduler } from "./lr_scheduler.ts";
+import type { Module } from "./module.ts";
+import type { SGD } from "./optim.ts";
+
+/** Options of {@linkcode Trainer}. */
+export interface TrainerOptions {
+  /** The optimizer over the model's parameters. */
+  optimizer: SGD;
+  /** The loss scaler (none: unscaled fp16 gradients). */
+  scaler?: GradScaler | null;
+  /** The scheduler. */
+  scheduler?: LRScheduler | null;
+  /** When the scheduler steps: after every batch (default) or on {@linkcode Trainer.endEpoch}. */
+  schedulerInterval?: "batch" | "epoch";
+}
+
+/**
+ * Runs training and evaluation steps of a classifier with cross-entropy loss.
+ *
+ * @example
+ * ```ts
+ * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { Linear, SGD, Trainer } from "./mod.ts";
+ * import assert from "node:assert";
+ * using device = Device.open("cpu");
+ * using model = new Linear(2, 2).to(device);
+ * using opt = new SGD(model.parameters(), { lr: 0.5 });
+ * using trainer = new Trainer(model, { optimizer: opt });
+ * using x = Tensor.fromHost(device, new Float16Array([1, 0, 0, 1]), [2, 2]);
+ * using y = Tensor.fromHost(device, new Int32Array([0, 1]), [2]);
+ * for (let i = 0; i < 20; i++) trainer.trainStep(x, y);
+ * trainer.evalStep(x, y);
+ * assert.strictEqual((await trainer.readEval()).accuracy, 1);
+ * ```
+ */
+export class Trainer {
+  /** The model. */
+  readonly model: Module;
+  /** The optimizer. */
+  readonly optimizer: SGD;
+  /** The loss scaler, if any. */
+  readonly scaler: GradScaler | null;
+  /** The scheduler, if any. */
+  readonly scheduler: LRScheduler | null;
+  /** When the scheduler steps. */
+  readonly schedulerInterval: "batch" | "epoch";
+  /** Completed training steps (queued), including steps the scaler skipped. */
+  steps = 0;
+  #trainLoss: CrossEntropyLoss;
+  #evalLoss: CrossEntropyLoss;
+
+  /**
+   * @param model The model, on its device.
+   * @param options Optimizer, scaler, scheduler.
+   * @throws {TypeError} When the model is not on a device.
+   */
+  constructor(model: Module, options: TrainerOptions) {
+    if (!model.device) throw new TypeError("Cannot create a Trainer: the model is not on a device");
+    this.model = model;
+    this.optimizer = options.optimizer;
+    this.scaler = options.scaler ?? null;
+    this.scheduler = options.scheduler ?? null;
+    this.schedulerInterval = options.schedulerInterval ?? "batch";
+    this.#trainLoss = new CrossEntropyLoss(model.device);
+    this.#evalLoss = new CrossEntropyLoss(model.device);
+  }
+
+  /**
+   * Queues one training step on the batch.
+   *
+   * @param x The input batch (fp16).
+   * @param labels int32 labels [N].
+   */
+  trainStep(x: Tensor, labels: Tensor): void {
+    if (!this.model.training) this.model.train();
+    const logits = this.model.forward(x);
+    const dlogits = this.#trainLoss.forwardBackward(logits, labels, this.scaler);
+    this.model.backward(dlogits, { inputGrad: false });
+    if (this.scaler) {
+      this.scaler.step(this.optimizer);
+      this.scaler.update();
+    } else {
+      this.optimizer.step();
+    }
+    this.steps++;
+    if (this.scheduler && this.schedulerInterval === "batch") this.scheduler.step();
+  }
+
+  /**
+   * Queues one evaluation step (forward only, evaluation mode).
+   *
+   * @param x The input batch (fp16).
+   * @param labels int32 labels [N].
+   */
+  evalStep(x: Tensor, labels: Tensor): void {
+    if (this.model.training) this.model.eval();
+    this.#evalLoss.forward(this.model.forward(x), labels);
+  }
+
+  /** Steps an epoch-interval scheduler; call after each epoch. */
+  endEpoch(): void {
+    if (this.scheduler && this.schedulerInterval === "epoch") this.scheduler.step();
+  }
+
+  /**
+   * Reads and resets the training loss/accuracy accumulated since the last read.
+   *
+   * @returns The statistics.
+   */
+  readTrain(): Promise<LossStats> {
+    return this.#trainLoss.read();
+  }
+
+  /**
+   * Reads and resets the evaluation loss/accuracy accumulated since the last read.
+   *
+   * @returns The statistics.
+   */
+  readEval(): Promise<LossStats> {
+    return this.#evalLoss.read();
+  }
+
+  /** Frees the loss accumulators (the model, optimizer and scaler belong to the caller). */
+  dispose(): void {
+    this.#trainLoss.dispose();
+    this.#evalLoss.dispose();
+  }
+
+  /** Same as {@linkcode Trainer.dispose}. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
