@@ -1,0 +1,346 @@
+// ps_image_augment / ps_image_labels_i32 at the C ABI, on every backend present: the output
+// equals the independent TypeScript reference (tests/_image_reference.ts) bit for bit, for
+// random images, random crop/flip parameters (in range and out of range), both layouts,
+// both output types and odd shapes. The CPU backend always runs; CUDA runs when a device is
+// present and is reported as ignored otherwise.
+
+import assert from "node:assert";
+import { type Backend, cudaDriverProblem, type Library, loadLibrary } from "../ffi/library.ts";
+import { unwrap } from "../ffi/errors.ts";
+import { normalizeAffine } from "../pipeline/augment.ts";
+import { bitDiff, referenceAugment, rng } from "./_image_reference.ts";
+
+const NULL = null;
+
+function cudaAvailable(): boolean {
+  if (cudaDriverProblem() !== undefined) return false;
+  try {
+    const lib = loadLibrary("cuda");
+    const n = new Int32Array(1);
+    return lib.symbols.ps_device_count(n) === 0 && n[0] > 0;
+  } catch {
+    return false;
+  }
+}
+
+const BACKENDS: { backend: Backend; ignore: boolean }[] = [
+  { backend: "cpu", ignore: false },
+  { backend: "cuda", ignore: !cudaAvailable() },
+];
+
+/** Device memory owned by the test, freed in `free()`. */
+class Scratch {
+  #ptrs: Deno.PointerValue[] = [];
+  constructor(readonly lib: Library) {}
+
+  alloc(bytes: number): Deno.PointerValue {
+    const out = new BigUint64Array(1);
+    unwrap(this.lib, this.lib.symbols.ps_device_alloc(BigInt(Math.max(bytes, 1)), out), "alloc");
+    const p = Deno.UnsafePointer.create(out[0]);
+    this.#ptrs.push(p);
+    return p;
+  }
+
+  upload(data: ArrayBufferView): Deno.PointerValue {
+    const p = this.alloc(data.byteLength);
+    const src = Deno.UnsafePointer.of(data as ArrayBufferView<ArrayBuffer>);
+    unwrap(
+      this.lib,
+      this.lib.symbols.ps_memcpy_h2d_async(p, src, BigInt(data.byteLength), NULL),
+      "upload",
+    );
+    return p;
+  }
+
+  async download<T extends ArrayBufferView<ArrayBuffer>>(p: Deno.PointerValue, out: T): Promise<T> {
+    const s = this.lib.symbols;
+    unwrap(
+      this.lib,
+      s.ps_memcpy_d2h_async(Deno.UnsafePointer.of(out), p, BigInt(out.byteLength), NULL),
+      "download",
+    );
+    const msg = new Uint8Array(512);
+    unwrap(this.lib, await s.ps_stream_synchronize(NULL, msg, BigInt(msg.length)), "sync", msg);
+    return out;
+  }
+
+  free(): void {
+    for (const p of this.#ptrs) this.lib.symbols.ps_device_free(p);
+    this.#ptrs = [];
+  }
+}
+
+interface Case {
+  n: number;
+  c: number;
+  h: number;
+  w: number;
+  pad: number;
+  layout: "nhwc" | "nchw";
+  dtype: "f16" | "f32";
+  params: "random" | "wild" | "none";
+}
+
+async function runCase(lib: Library, k: Case, seed: number): Promise<void> {
+  const r = rng(seed);
+  const { n, c, h, w, pad } = k;
+  const src = new Uint8Array(n * c * h * w);
+  for (let i = 0; i < src.length; i++) src[i] = (r() * 256) | 0;
+  let params: Int32Array | null = null;
+  if (k.params !== "none") {
+    params = new Int32Array(3 * n);
+    for (let i = 0; i < n; i++) {
+      // "wild": windows partly or wholly outside the padded image must read zeros, safely.
+      const span = k.params === "wild" ? 2 * pad + 2 * Math.max(h, w) + 5 : 2 * pad + 1;
+      const lo = k.params === "wild" ? -Math.max(h, w) - 2 : 0;
+      params[3 * i] = lo + Math.floor(r() * span);
+      params[3 * i + 1] = lo + Math.floor(r() * span);
+      params[3 * i + 2] = k.params === "wild" ? Math.floor(r() * 7) - 3 : r() < 0.5 ? 1 : 0;
+    }
+  }
+  const mean = Array.from({ length: c }, () => r() * 2 - 0.5);
+  const std = Array.from({ length: c }, () => 0.01 + r() * 3);
+  const { scale, bias } = normalizeAffine(mean, std);
+  const expected = referenceAugment({
+    src,
+    params,
+    n,
+    c,
+    h,
+    w,
+    pad,
+    layout: k.layout,
+    mean,
+    std,
+    dtype: k.dtype,
+  });
+
+  const mem = new Scratch(lib);
+  try {
+    const count = n * c * h * w;
+    const dSrc = mem.upload(src);
+    const dParams = params ? mem.upload(params) : NULL;
+    const dOut = mem.alloc(count * (k.dtype === "f16" ? 2 : 4));
+    const status = lib.symbols.ps_image_augment(
+      dSrc,
+      k.layout === "nhwc" ? 0 : 1,
+      n,
+      c,
+      h,
+      w,
+      pad,
+      dParams,
+      scale,
+      bias,
+      dOut,
+      k.dtype === "f16" ? 0 : 1,
+      NULL,
+    );
+    unwrap(lib, status, "ps_image_augment");
+    const got = k.dtype === "f16"
+      ? await mem.download(dOut, new Float16Array(count))
+      : await mem.download(dOut, new Float32Array(count));
+    assert.deepStrictEqual(bitDiff(got, expected), [], `case ${JSON.stringify(k)} seed ${seed}`);
+  } finally {
+    mem.free();
+  }
+}
+
+const CASES: Case[] = [
+  { n: 7, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f16", params: "random" },
+  { n: 5, c: 3, h: 32, w: 32, pad: 4, layout: "nhwc", dtype: "f16", params: "random" },
+  { n: 4, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f32", params: "random" },
+  { n: 6, c: 1, h: 28, w: 28, pad: 2, layout: "nchw", dtype: "f16", params: "random" },
+  { n: 3, c: 5, h: 7, w: 13, pad: 3, layout: "nhwc", dtype: "f32", params: "random" },
+  { n: 9, c: 2, h: 5, w: 3, pad: 6, layout: "nchw", dtype: "f16", params: "wild" },
+  { n: 9, c: 4, h: 6, w: 17, pad: 1, layout: "nhwc", dtype: "f16", params: "wild" },
+  { n: 2, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f16", params: "none" },
+  { n: 1, c: 16, h: 1, w: 1, pad: 0, layout: "nhwc", dtype: "f32", params: "random" },
+];
+
+for (const { backend, ignore } of BACKENDS) {
+  Deno.test({
+    name: `[${backend}] ps_image_augment equals the TypeScript reference bit for bit`,
+    ignore,
+    async fn() {
+      const lib = loadLibrary(backend);
+      let seed = 1;
+      for (const k of CASES) {
+        for (let rep = 0; rep < 3; rep++) await runCase(lib, k, seed++);
+      }
+    },
+  });
+
+  Deno.test({
+    name: `[${backend}] ps_image_augment is exact on every byte value at extreme scales`,
+    ignore,
+    async fn() {
+      // All 256 byte values through tiny, huge and ordinary std: covers fp16 subnormals,
+      // overflow to infinity and ties of the round-to-nearest-even cast.
+      const lib = loadLibrary(backend);
+      const mem = new Scratch(lib);
+      try {
+        const c = 6, h = 16, w = 16;
+        const src = new Uint8Array(c * h * w);
+        for (let i = 0; i < src.length; i++) src[i] = i & 255;
+        const mean = [0, 0.5, 1e-3, -300, 0.25, 100];
+        const std = [1e-6, 1e-3, 5e4, 1e-3, 0.3, 2e-3];
+        const { scale, bias } = normalizeAffine(mean, std);
+        for (const dtype of ["f16", "f32"] as const) {
+          const expected = referenceAugment({
+            src,
+            params: null,
+            n: 1,
+            c,
+            h,
+            w,
+            pad: 0,
+            layout: "nchw",
+            mean,
+            std,
+            dtype,
+          });
+          const dSrc = mem.upload(src);
+          const dOut = mem.alloc(src.length * 4);
+          unwrap(
+            lib,
+            lib.symbols.ps_image_augment(
+              dSrc,
+              1,
+              1,
+              c,
+              h,
+              w,
+              0,
+              NULL,
+              scale,
+              bias,
+              dOut,
+              dtype === "f16" ? 0 : 1,
+              NULL,
+            ),
+            "augment",
+          );
+          const got = dtype === "f16"
+            ? await mem.download(dOut, new Float16Array(src.length))
+            : await mem.download(dOut, new Float32Array(src.length));
+          assert.deepStrictEqual(bitDiff(got, expected), [], dtype);
+        }
+      } finally {
+        mem.free();
+      }
+    },
+  });
+
+  Deno.test({
+    name: `[${backend}] ps_image_augment rejects bad shapes, layouts and dtypes`,
+    ignore,
+    fn() {
+      const lib = loadLibrary(backend);
+      const mem = new Scratch(lib);
+      try {
+        const src = mem.alloc(64), out = mem.alloc(256);
+        const one = new Float32Array([1]);
+        const bad: [number, number, number, number, number, number, number][] = [
+          // layout, n, c, h, w, pad, dtype
+          [2, 1, 1, 4, 4, 0, 0],
+          [1, -1, 1, 4, 4, 0, 0],
+          [1, 1, 0, 4, 4, 0, 0],
+          [1, 1, 17, 1, 1, 0, 0],
+          [1, 1, 1, 0, 4, 0, 0],
+          [1, 1, 1, 4, 4, -1, 0],
+          [1, 1, 1, 4, 4, 0, 2],
+        ];
+        for (const [layout, n, c, h, w, pad, dt] of bad) {
+          const st = lib.symbols.ps_image_augment(
+            src,
+            layout,
+            n,
+            c,
+            h,
+            w,
+            pad,
+            NULL,
+            one,
+            one,
+            out,
+            dt,
+            NULL,
+          );
+          assert.strictEqual(st, 1, `expected PS_ERR_INVALID_ARGUMENT for ${[layout, n, c, h, w]}`);
+        }
+        // n = 0 is a no-op even with null pointers.
+        assert.strictEqual(
+          lib.symbols.ps_image_augment(NULL, 1, 0, 3, 4, 4, 0, NULL, one, one, NULL, 0, NULL),
+          0,
+        );
+      } finally {
+        mem.free();
+      }
+    },
+  });
+
+  Deno.test({
+    name: `[${backend}] ps_image_labels_i32 widens uint8, uint16 and copies int32 labels`,
+    ignore,
+    async fn() {
+      const lib = loadLibrary(backend);
+      const mem = new Scratch(lib);
+      try {
+        const n = 37;
+        const r = rng(9);
+        for (
+          const src of [
+            Uint8Array.from({ length: n }, () => (r() * 256) | 0),
+            Uint16Array.from({ length: n }, () => (r() * 65536) | 0),
+            Int32Array.from({ length: n }, () => ((r() * 2 ** 32) | 0)),
+          ]
+        ) {
+          const dSrc = mem.upload(src), dOut = mem.alloc(4 * n);
+          unwrap(
+            lib,
+            lib.symbols.ps_image_labels_i32(dSrc, src.BYTES_PER_ELEMENT, n, dOut, NULL),
+            "labels",
+          );
+          const got = await mem.download(dOut, new Int32Array(n));
+          assert.deepStrictEqual(got, Int32Array.from(src));
+        }
+        assert.strictEqual(lib.symbols.ps_image_labels_i32(NULL, 3, 1, NULL, NULL), 1);
+      } finally {
+        mem.free();
+      }
+    },
+  });
+}
+
+Deno.test("[cpu] ps_image_augment refuses a freed or too-short device buffer", () => {
+  // The CPU backend checks live ranges so that a pipeline bug shows up as an error here
+  // rather than as silent reads of freed memory (CUDA would report an illegal address).
+  const lib = loadLibrary("cpu");
+  const mem = new Scratch(lib);
+  try {
+    const one = new Float32Array([1]);
+    const src = mem.alloc(3 * 4 * 4), out = mem.alloc(2 * 3 * 4 * 4 - 2);
+    const st = lib.symbols.ps_image_augment(src, 1, 1, 3, 4, 4, 0, NULL, one, one, out, 0, NULL);
+    assert.strictEqual(st, 1);
+    const host = new Uint8Array(48);
+    const st2 = lib.symbols.ps_image_augment(
+      Deno.UnsafePointer.of(host),
+      1,
+      1,
+      3,
+      4,
+      4,
+      0,
+      NULL,
+      one,
+      one,
+      mem.alloc(96),
+      0,
+      NULL,
+    );
+    assert.strictEqual(st2, 1);
+  } finally {
+    mem.free();
+  }
+});
