@@ -11,6 +11,34 @@
 // ffi
 
 // loader
+export {
+  type AugmentOptions,
+  BatchSampler,
+  type BatchSamplerLike,
+  type CollateFn,
+  DataLoader,
+  type DataLoaderOptions,
+  type Dataset,
+  defaultCollate,
+  DistributedSampler,
+  type EpochStats,
+  getWorkerInfo,
+  type ModuleRef,
+  RandomSampler,
+  RingBatch,
+  type RingField,
+  type SampleContext,
+  type Sampler,
+  SequentialSampler,
+  type SharedField,
+  StagingRing,
+  SubsetRandomSampler,
+  TensorDataset,
+  WeightedRandomSampler,
+  WorkerError,
+  type WorkerInfo,
+  type WorkerSpec,
+} from "./loader/mod.ts";
 
 // pipeline
 

@@ -1,0 +1,586 @@
+// The scheduler behind a DataLoader: plans epochs, hands batches to workers (at most
+// prefetchFactor x numWorkers outstanding, one refilled per batch yielded), keeps a reorder
+// buffer, and turns every failure (worker throw, worker exit or crash, timeout) into an error
+// for the consumer instead of a hang. With numWorkers 0 it loads each batch on demand on the
+// main thread through the same code (gather or get + collate).
+
+import { Gatherer, type GatherSpec, SampleError } from "./_gather.ts";
+import type { FromWorker, InitMessage, ModuleRef } from "./_protocol.ts";
+import { CounterRandom, hash4, seedWords, STREAM_SAMPLE, STREAM_WORKER } from "./_rng.ts";
+import type { Dataset, SampleContext, WorkerSpec } from "./dataset.ts";
+import { defaultCollate } from "./collate.ts";
+import type { StagingRing } from "./ring.ts";
+
+export interface EpochPlan {
+  epoch: number;
+  batches: Int32Array[];
+  positions: number[];
+  startSeq: number;
+  dispatched: number;
+  yielded: number;
+  abandoned: boolean;
+}
+
+export type Result =
+  | { kind: "slot"; seq: number; slot: number; epoch: number; batch: number; size: number }
+  | { kind: "value"; seq: number; value: unknown; epoch: number; batch: number; size: number }
+  | { kind: "error"; seq: number; error: Error; epoch: number; batch: number; size: number };
+
+export interface EngineConfig {
+  dataset: Dataset;
+  numWorkers: number;
+  prefetchFactor: number;
+  inOrder: boolean;
+  timeout: number;
+  seed: number;
+  /** Plan an epoch; null when the sampler cannot be planned ahead (not a pure function). */
+  plan: (epoch: number) => Int32Array[];
+  canPlanAhead: boolean;
+  persistent: boolean;
+  // Zero-copy path:
+  ring?: StagingRing;
+  gather?: GatherSpec;
+  slotState?: Uint8Array;
+  // Generic path:
+  collateMode: "default" | "none" | "main" | ModuleRef;
+  workerSpec?: WorkerSpec;
+  workerInit?: ModuleRef;
+  onWait: (seconds: number, depth: number) => void;
+}
+
+export const SLOT_FREE = 0;
+export const SLOT_LOADER = 1;
+export const SLOT_CONSUMER = 2;
+
+let liveWorkers = 0;
+/** Workers started by any DataLoader and not yet terminated. */
+export function liveWorkerCount(): number {
+  return liveWorkers;
+}
+
+/** A failure inside a worker, rethrown in the consumer with the worker's stack. */
+export class WorkerError extends Error {
+  /** Dataset index of the failing sample, or -1 when not tied to a sample. */
+  readonly index: number;
+  /** The worker, or -1 for the main thread. */
+  readonly workerId: number;
+  /** The original stack from the worker. */
+  readonly workerStack: string;
+  constructor(message: string, index: number, workerId: number, workerStack: string) {
+    super(message);
+    this.name = "WorkerError";
+    this.index = index;
+    this.workerId = workerId;
+    this.workerStack = workerStack;
+    this.stack =
+      `${this.name}: ${message}\n--- original stack in worker ${workerId} ---\n${workerStack}`;
+  }
+}
+
+interface WorkerHandle {
+  id: number;
+  worker: Worker;
+  outstanding: number;
+  alive: boolean;
+}
+
+interface Pending {
+  seq: number;
+  plan: EpochPlan;
+  batch: number;
+  worker: number;
+  slot: number;
+}
+
+export class Engine {
+  #cfg: EngineConfig;
+  #plans: EpochPlan[] = [];
+  #nextSeq = 0;
+  #dispatchPlan: EpochPlan | undefined;
+  #results = new Map<number, Result>();
+  #pending = new Map<number, Pending>();
+  #workers: WorkerHandle[] = [];
+  #outstanding = 0;
+  #rr = 0;
+  #failure: Error | undefined;
+  #closed = false;
+  #wake: (() => void) | undefined;
+  #gatherer: Gatherer | undefined;
+  #mainCollate: ((s: unknown[]) => unknown) | undefined;
+
+  constructor(cfg: EngineConfig) {
+    this.#cfg = cfg;
+    if (cfg.numWorkers === 0 && cfg.gather) this.#gatherer = new Gatherer(cfg.gather);
+    for (let id = 0; id < cfg.numWorkers; id++) this.#startWorker(id);
+  }
+
+  get closed(): boolean {
+    return this.#closed;
+  }
+
+  get failure(): Error | undefined {
+    return this.#failure;
+  }
+
+  #startWorker(id: number): void {
+    const cfg = this.#cfg;
+    const worker = new Worker(new URL("./worker.ts", import.meta.url), { type: "module" });
+    liveWorkers++;
+    const handle: WorkerHandle = { id, worker, outstanding: 0, alive: true };
+    this.#workers.push(handle);
+    worker.onmessage = (e: MessageEvent<FromWorker>) => this.#onMessage(handle, e.data);
+    worker.onerror = (e: ErrorEvent) => {
+      // Keep a worker crash from propagating to the main isolate: it becomes a loader error.
+      e.preventDefault();
+      this.#fail(
+        new Error(
+          `Cannot load batches: DataLoader worker ${id} crashed: ${e.message}` +
+            (e.filename ? ` (${e.filename}:${e.lineno}:${e.colno})` : ""),
+        ),
+      );
+    };
+    worker.onmessageerror = () => {
+      this.#fail(
+        new Error(
+          `Cannot load batches: a message from DataLoader worker ${id} failed to deserialize`,
+        ),
+      );
+    };
+    const [lo, hi] = seedWords(cfg.seed);
+    const init: InitMessage = {
+      t: "init",
+      id,
+      numWorkers: cfg.numWorkers,
+      seed: cfg.seed,
+      workerSeed: hash4(lo, hi, id, STREAM_WORKER),
+      gather: cfg.gather,
+      dataset: cfg.gather ? undefined : cfg.workerSpec,
+      collate: cfg.collateMode === "main" ? "none" : cfg.collateMode,
+      workerInit: cfg.workerInit,
+    };
+    worker.postMessage(init);
+  }
+
+  #onMessage(w: WorkerHandle, msg: FromWorker): void {
+    if (this.#closed) return;
+    switch (msg.t) {
+      case "ready":
+        return;
+      case "fatal":
+        return this.#fail(
+          new WorkerError(
+            `Cannot start DataLoader worker ${w.id}: ${msg.name}: ${msg.message}`,
+            -1,
+            w.id,
+            msg.stack,
+          ),
+        );
+      case "x":
+        return this.#fail(
+          new Error(
+            `Cannot load batches: DataLoader worker ${w.id} exited unexpectedly (${msg.reason})`,
+          ),
+        );
+      case "e": {
+        // Errors travel as values: rethrown when that batch is due, like PyTorch.
+        const p = this.#pending.get(msg.seq);
+        if (!p) return;
+        this.#pending.delete(msg.seq);
+        w.outstanding--;
+        const where = `batch ${p.batch} of epoch ${p.plan.epoch}`;
+        const sample = msg.index >= 0 ? `sample ${msg.index}` : "a sample";
+        const error = new WorkerError(
+          `Cannot load ${sample} (${where}): caught ${msg.name} in DataLoader worker ${w.id}: ${msg.message}`,
+          msg.index,
+          w.id,
+          msg.stack,
+        );
+        if (p.slot >= 0) this.#cfg.slotState![p.slot] = SLOT_FREE;
+        if (p.plan.abandoned) {
+          this.#outstanding--;
+          this.pump();
+          return;
+        }
+        this.#results.set(msg.seq, {
+          kind: "error",
+          seq: msg.seq,
+          error,
+          epoch: p.plan.epoch,
+          batch: p.batch,
+          size: 0,
+        });
+        this.#wake?.();
+        return;
+      }
+      case "d":
+      case "b": {
+        const p = this.#pending.get(msg.seq);
+        if (!p) return;
+        this.#pending.delete(msg.seq);
+        w.outstanding--;
+        const size = p.plan.batches[p.batch].length;
+        if (p.plan.abandoned) {
+          this.#outstanding--;
+          if (p.slot >= 0) this.#cfg.slotState![p.slot] = SLOT_FREE;
+          this.pump();
+          return;
+        }
+        if (msg.t === "d") {
+          this.#results.set(msg.seq, {
+            kind: "slot",
+            seq: msg.seq,
+            slot: p.slot,
+            epoch: p.plan.epoch,
+            batch: p.batch,
+            size,
+          });
+        } else {
+          this.#results.set(msg.seq, {
+            kind: "value",
+            seq: msg.seq,
+            value: msg.value,
+            epoch: p.plan.epoch,
+            batch: p.batch,
+            size,
+          });
+        }
+        this.#wake?.();
+        return;
+      }
+    }
+  }
+
+  #fail(error: Error): void {
+    if (this.#failure || this.#closed) return;
+    this.#failure = error;
+    this.#terminateWorkers();
+    this.#wake?.();
+  }
+
+  #terminateWorkers(): void {
+    for (const w of this.#workers) {
+      if (!w.alive) continue;
+      w.alive = false;
+      w.worker.onmessage = null;
+      w.worker.onerror = null;
+      w.worker.onmessageerror = null;
+      w.worker.terminate();
+      liveWorkers--;
+    }
+    // Slots the workers were filling go back to the ring; results nobody will take, too.
+    const state = this.#cfg.slotState;
+    if (state) {
+      for (const p of this.#pending.values()) if (p.slot >= 0) state[p.slot] = SLOT_FREE;
+      for (const r of this.#results.values()) if (r.kind === "slot") state[r.slot] = SLOT_FREE;
+    }
+    this.#pending.clear();
+    this.#results.clear();
+  }
+
+  /** Stops every worker and frees every slot the engine holds. Idempotent. */
+  close(): void {
+    if (this.#closed) return;
+    this.#terminateWorkers();
+    this.#closed = true;
+    this.#wake?.();
+  }
+
+  #planEpoch(epoch: number): EpochPlan {
+    const batches = this.#cfg.plan(epoch);
+    const positions = new Array<number>(batches.length);
+    let pos = 0;
+    for (let b = 0; b < batches.length; b++) {
+      positions[b] = pos;
+      pos += batches[b].length;
+    }
+    const plan: EpochPlan = {
+      epoch,
+      batches,
+      positions,
+      startSeq: this.#nextSeq,
+      dispatched: 0,
+      yielded: 0,
+      abandoned: false,
+    };
+    this.#nextSeq += batches.length;
+    this.#plans.push(plan);
+    return plan;
+  }
+
+  /** Makes `epoch` the consumer's epoch, reusing a prefetched plan when it matches. */
+  startEpoch(epoch: number): EpochPlan {
+    if (this.#failure) throw this.#failure;
+    let plan = this.#plans.find((p) => p.epoch === epoch && !p.abandoned);
+    for (const p of this.#plans) if (p !== plan) this.#abandon(p);
+    if (!plan) {
+      plan = this.#planEpoch(epoch);
+      this.#dispatchPlan = plan;
+    }
+    this.#plans = [plan];
+    this.pump();
+    return plan;
+  }
+
+  /** Drops what is left of an epoch (the consumer stopped early). */
+  abandon(plan: EpochPlan): void {
+    this.#abandon(plan);
+    this.#plans = this.#plans.filter((p) => p !== plan);
+    if (this.#cfg.persistent && this.#cfg.canPlanAhead && !this.#failure) this.pump();
+  }
+
+  #abandon(plan: EpochPlan): void {
+    if (plan.abandoned) return;
+    plan.abandoned = true;
+    const state = this.#cfg.slotState;
+    for (const [seq, r] of this.#results) {
+      if (r.epoch !== plan.epoch || seq < plan.startSeq) continue;
+      if (seq >= plan.startSeq + plan.batches.length) continue;
+      this.#results.delete(seq);
+      this.#outstanding--;
+      if (r.kind === "slot" && state) state[r.slot] = SLOT_FREE;
+    }
+    if (this.#dispatchPlan === plan) this.#dispatchPlan = undefined;
+  }
+
+  /** The next plan to dispatch from, planning the next epoch ahead when allowed. */
+  #nextDispatchPlan(): EpochPlan | undefined {
+    const cur = this.#dispatchPlan;
+    if (cur && !cur.abandoned && cur.dispatched < cur.batches.length) return cur;
+    if (!this.#cfg.persistent || !this.#cfg.canPlanAhead || this.#cfg.numWorkers === 0) {
+      return undefined;
+    }
+    // Prefetch into the epoch after the last planned one, but never more than one ahead.
+    const last = this.#plans[this.#plans.length - 1];
+    if (!last || this.#plans.length >= 2) return undefined;
+    if (last.dispatched < last.batches.length && !last.abandoned) return undefined;
+    const next = this.#planEpoch(last.epoch + 1);
+    this.#dispatchPlan = next;
+    return next.batches.length > 0 ? next : undefined;
+  }
+
+  #freeSlot(): number {
+    const state = this.#cfg.slotState!;
+    for (let s = 0; s < state.length; s++) if (state[s] === SLOT_FREE) return s;
+    return -1;
+  }
+
+  /** Dispatches tasks until the in-flight limit, the plan's end or the ring's free slots. */
+  pump(): void {
+    const cfg = this.#cfg;
+    if (cfg.numWorkers === 0 || this.#failure || this.#closed) return;
+    const limit = cfg.prefetchFactor * cfg.numWorkers;
+    while (this.#outstanding < limit) {
+      const plan = this.#nextDispatchPlan();
+      if (!plan) return;
+      let slot = -1;
+      if (cfg.ring) {
+        slot = this.#freeSlot();
+        if (slot < 0) return;
+      }
+      const b = plan.dispatched++;
+      const seq = plan.startSeq + b;
+      const indices = plan.batches[b];
+      // Least-loaded worker, round-robin among equals.
+      let w = this.#workers[this.#rr];
+      for (let k = 1; k < this.#workers.length; k++) {
+        const c = this.#workers[(this.#rr + k) % this.#workers.length];
+        if (c.outstanding < w.outstanding) w = c;
+      }
+      this.#rr = (w.id + 1) % this.#workers.length;
+      w.outstanding++;
+      this.#outstanding++;
+      this.#pending.set(seq, { seq, plan, batch: b, worker: w.id, slot });
+      if (slot >= 0) {
+        cfg.slotState![slot] = 1;
+        (cfg.ring!.view(slot, "indices", indices.length) as Int32Array).set(indices);
+        w.worker.postMessage({
+          t: "g",
+          seq,
+          slot,
+          n: indices.length,
+          epoch: plan.epoch,
+          pos: plan.positions[b],
+        });
+      } else {
+        w.worker.postMessage({
+          t: "c",
+          seq,
+          idx: indices,
+          epoch: plan.epoch,
+          pos: plan.positions[b],
+        });
+      }
+    }
+  }
+
+  /** The next result of `plan` for the consumer, or undefined at the end of the epoch. */
+  async next(plan: EpochPlan): Promise<Result | undefined> {
+    if (this.#failure) throw this.#failure;
+    if (this.#closed) throw new Error("Cannot get a batch: the DataLoader was disposed");
+    if (plan.yielded >= plan.batches.length) return undefined;
+    if (this.#cfg.numWorkers === 0) return await this.#loadInline(plan);
+    const t0 = performance.now();
+    let depth = -1;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    try {
+      while (true) {
+        if (this.#failure) throw this.#failure;
+        if (this.#closed) throw new Error("Cannot get a batch: the DataLoader was disposed");
+        if (depth < 0) depth = this.#readyCount(plan);
+        const r = this.#take(plan);
+        if (r?.kind === "error") {
+          this.#fail(r.error);
+          throw r.error;
+        }
+        if (r) {
+          this.#cfg.onWait((performance.now() - t0) / 1000, depth);
+          this.#outstanding--;
+          plan.yielded++;
+          this.pump();
+          return r;
+        }
+        this.pump();
+        this.#checkStarved(plan);
+        if (timer === undefined && this.#cfg.timeout > 0) {
+          const b = plan.yielded;
+          timer = setTimeout(() => {
+            this.#fail(
+              new Error(
+                `Cannot get batch ${b} of epoch ${plan.epoch}: DataLoader timed out after ` +
+                  `${this.#cfg.timeout} s (timeout option)`,
+              ),
+            );
+          }, this.#cfg.timeout * 1000);
+        }
+        await new Promise<void>((resolve) => (this.#wake = resolve));
+        this.#wake = undefined;
+      }
+    } finally {
+      if (timer !== undefined) clearTimeout(timer);
+    }
+  }
+
+  #readyCount(plan: EpochPlan): number {
+    let n = 0;
+    for (const r of this.#results.values()) if (r.epoch === plan.epoch) n++;
+    return n;
+  }
+
+  #take(plan: EpochPlan): Result | undefined {
+    if (this.#cfg.inOrder) {
+      const seq = plan.startSeq + plan.yielded;
+      const r = this.#results.get(seq);
+      if (r) this.#results.delete(seq);
+      return r;
+    }
+    for (const [seq, r] of this.#results) {
+      if (seq >= plan.startSeq && seq < plan.startSeq + plan.batches.length) {
+        this.#results.delete(seq);
+        return r;
+      }
+    }
+    return undefined;
+  }
+
+  #checkStarved(plan: EpochPlan): void {
+    if (!this.#cfg.ring || this.#pending.size > 0) return;
+    if (plan.dispatched >= plan.batches.length) return;
+    if (this.#freeSlot() >= 0) return;
+    const state = this.#cfg.slotState!;
+    let held = 0;
+    for (const s of state) if (s === SLOT_CONSUMER) held++;
+    if (held === state.length || this.#results.size === 0) {
+      throw new Error(
+        `Cannot get batch ${plan.yielded} of epoch ${plan.epoch}: all ${state.length} ring ` +
+          `slots are held by the consumer (${held} unreleased batches); call release() on ` +
+          "batches you are done with, or raise the heldBatches option",
+      );
+    }
+  }
+
+  async #loadInline(plan: EpochPlan): Promise<Result> {
+    const cfg = this.#cfg;
+    const b = plan.yielded;
+    const seq = plan.startSeq + b;
+    const indices = plan.batches[b];
+    const pos = plan.positions[b];
+    const t0 = performance.now();
+    let result: Result;
+    if (cfg.ring) {
+      const slot = this.#freeSlot();
+      if (slot < 0) {
+        this.#checkStarved(plan);
+        throw new Error("Cannot get a batch: no free ring slot");
+      }
+      (cfg.ring.view(slot, "indices", indices.length) as Int32Array).set(indices);
+      try {
+        this.#gatherer!.gather(slot, indices.length, plan.epoch, pos);
+      } catch (e) {
+        const index = e instanceof SampleError ? e.index : -1;
+        throw new WorkerError(
+          `Cannot load sample ${index} (batch ${b} of epoch ${plan.epoch}): ${
+            (e as Error).message
+          }`,
+          index,
+          -1,
+          (e as Error).stack ?? "",
+        );
+      }
+      result = { kind: "slot", seq, slot, epoch: plan.epoch, batch: b, size: indices.length };
+    } else {
+      const samples: unknown[] = new Array(indices.length);
+      let current = -1;
+      try {
+        for (let k = 0; k < indices.length; k++) {
+          current = indices[k];
+          const rng = new CounterRandom(cfg.seed, plan.epoch, STREAM_SAMPLE, pos + k);
+          const ctx: SampleContext = {
+            epoch: plan.epoch,
+            position: pos + k,
+            workerId: -1,
+            random: () => rng.random(),
+            int: (n: number) => rng.int(n),
+          };
+          const s = cfg.dataset.get(current, ctx);
+          samples[k] = s instanceof Promise ? await s : s;
+        }
+        current = -1;
+        let value: unknown = samples;
+        const mode = cfg.collateMode;
+        if (mode === "default") value = defaultCollate(samples);
+        else if (typeof mode === "object") {
+          this.#mainCollate ??= await resolveRef(mode);
+          value = this.#mainCollate(samples);
+        }
+        result = { kind: "value", seq, value, epoch: plan.epoch, batch: b, size: indices.length };
+      } catch (e) {
+        if (current < 0) throw e;
+        const err = e as Error;
+        throw new WorkerError(
+          `Cannot load sample ${current} (batch ${b} of epoch ${plan.epoch}): ${err?.name}: ${err?.message}`,
+          current,
+          -1,
+          err?.stack ?? String(e),
+        );
+      }
+    }
+    plan.dispatched = Math.max(plan.dispatched, b + 1);
+    plan.yielded++;
+    cfg.onWait((performance.now() - t0) / 1000, 0);
+    return result;
+  }
+}
+
+async function resolveRef(ref: ModuleRef): Promise<(s: unknown[]) => unknown> {
+  const mod = await import(ref.module);
+  let parent: unknown = undefined;
+  let value: unknown = mod;
+  for (const part of ref.export.split(".")) {
+    parent = value;
+    value = (value as Record<string, unknown>)?.[part];
+  }
+  if (typeof value !== "function") {
+    throw new TypeError(`Cannot resolve ${ref.export} in ${ref.module}: not a function`);
+  }
+  return (value as (s: unknown[]) => unknown).bind(parent);
+}

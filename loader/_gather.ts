@@ -1,0 +1,109 @@
+// The zero-copy gather: copies the records of a batch's samples from the dataset's shared
+// fields into a ring slot, and draws the augmentation parameters. Runs in workers and, with
+// numWorkers 0, on the main thread. Everything it touches is shared memory, so the only
+// thing crossing threads per batch is a small control message.
+
+import { hash4, seedWords, STREAM_SAMPLE } from "./_rng.ts";
+
+export interface GatherSource {
+  buffer: SharedArrayBuffer;
+  byteOffset: number;
+  recordBytes: number;
+  slotFieldOffset: number;
+}
+
+export interface GatherSpec {
+  ring: SharedArrayBuffer;
+  slotBytes: number;
+  sources: GatherSource[];
+  indicesOffset: number;
+  /** -1 when the loader draws no augmentation parameters. */
+  augmentOffset: number;
+  padding: number;
+  flip: boolean;
+  length: number;
+  seed: number;
+}
+
+/** An error in one sample, carrying its dataset index. */
+export class SampleError extends Error {
+  readonly index: number;
+  constructor(index: number, message: string) {
+    super(message);
+    this.name = "RangeError";
+    this.index = index;
+  }
+}
+
+export class Gatherer {
+  #spec: GatherSpec;
+  #ringU8: Uint8Array;
+  #ringI32: Int32Array;
+  #src: { u8: Uint8Array; i32: Int32Array | undefined; s: GatherSource }[];
+  #seedLo: number;
+  #seedHi: number;
+
+  constructor(spec: GatherSpec) {
+    this.#spec = spec;
+    this.#ringU8 = new Uint8Array(spec.ring);
+    this.#ringI32 = new Int32Array(spec.ring, 0, spec.ring.byteLength >>> 2);
+    this.#src = spec.sources.map((s) => ({
+      s,
+      u8: new Uint8Array(s.buffer),
+      // Word-sized records (labels) are copied element-wise: a subarray per 4 bytes would
+      // cost more than the copy.
+      i32: s.recordBytes === 4 && s.byteOffset % 4 === 0
+        ? new Int32Array(s.buffer, 0, s.buffer.byteLength >>> 2)
+        : undefined,
+    }));
+    [this.#seedLo, this.#seedHi] = seedWords(spec.seed);
+  }
+
+  /** Fills `count` records of `slot` from the indices already written in its indices field. */
+  gather(slot: number, count: number, epoch: number, position: number): void {
+    const spec = this.#spec;
+    const base = slot * spec.slotBytes;
+    const idxBase = (base + spec.indicesOffset) >>> 2;
+    const ring8 = this.#ringU8;
+    const ring32 = this.#ringI32;
+    const n = spec.length;
+    for (let k = 0; k < count; k++) {
+      const i = ring32[idxBase + k];
+      if (!(i >= 0 && i < n)) {
+        throw new SampleError(
+          i,
+          `Cannot load sample ${i}: index out of range for a dataset of length ${n}`,
+        );
+      }
+    }
+    for (const { s, u8, i32 } of this.#src) {
+      const rb = s.recordBytes;
+      const dst = base + s.slotFieldOffset;
+      if (i32 !== undefined) {
+        const d32 = dst >>> 2;
+        const s32 = s.byteOffset >>> 2;
+        for (let k = 0; k < count; k++) ring32[d32 + k] = i32[s32 + ring32[idxBase + k]];
+      } else {
+        for (let k = 0; k < count; k++) {
+          const from = s.byteOffset + ring32[idxBase + k] * rb;
+          ring8.set(u8.subarray(from, from + rb), dst + k * rb);
+        }
+      }
+    }
+    if (spec.augmentOffset >= 0) {
+      const a32 = (base + spec.augmentOffset) >>> 2;
+      const span = 2 * spec.padding + 1;
+      const k0 = hash4(this.#seedLo, this.#seedHi, epoch >>> 0, STREAM_SAMPLE);
+      for (let k = 0; k < count; k++) {
+        const id = (position + k) >>> 0;
+        // The first three draws of CounterRandom(seed, epoch, STREAM_SAMPLE, position).
+        const h0 = hash4(k0, id, 0, 0x243f6a88);
+        const h1 = hash4(k0, id, 1, 0x243f6a88);
+        const h2 = hash4(k0, id, 2, 0x243f6a88);
+        ring32[a32 + 3 * k] = Math.floor((h0 / 0x1_0000_0000) * span);
+        ring32[a32 + 3 * k + 1] = Math.floor((h1 / 0x1_0000_0000) * span);
+        ring32[a32 + 3 * k + 2] = spec.flip ? Math.floor((h2 / 0x1_0000_0000) * 2) : 0;
+      }
+    }
+  }
+}

@@ -1,0 +1,772 @@
+/**
+ * `DataLoader`: PyTorch's DataLoader for Deno, with Web Workers, a zero-copy staging ring in
+ * shared memory, prefetch across epochs and seeded per-sample augmentation parameters.
+ *
+ * Two paths:
+ *
+ * - **Zero-copy** (a dataset with `sharedFields()`, no `collate`): workers gather each batch
+ *   straight into a slot of a {@linkcode StagingRing} and the loader yields
+ *   {@linkcode RingBatch}es (views into the ring, `release()` when done). Nothing is
+ *   structured-cloned; per batch only a slot number crosses threads.
+ * - **Generic**: `get(index, ctx)` per sample, then `collate` (default
+ *   {@linkcode defaultCollate}); workers rebuild the dataset from its `workerSpec()` and
+ *   send each collated batch back (typed arrays transferred, not copied).
+ *
+ * @module
+ */
+
+import {
+  Engine,
+  type EngineConfig,
+  type EpochPlan,
+  liveWorkerCount,
+  type Result,
+  SLOT_CONSUMER,
+  SLOT_FREE,
+} from "./_engine.ts";
+import type { GatherSpec } from "./_gather.ts";
+import type { ModuleRef } from "./_protocol.ts";
+import { randomSeed } from "./_rng.ts";
+import type { CollateFn } from "./collate.ts";
+import type { Dataset, SharedField } from "./dataset.ts";
+import { RingBatch, StagingRing } from "./ring.ts";
+import {
+  BatchSampler,
+  type BatchSamplerLike,
+  RandomSampler,
+  type Sampler,
+  SequentialSampler,
+} from "./sampler.ts";
+
+export { WorkerError } from "./_engine.ts";
+export type { ModuleRef } from "./_protocol.ts";
+
+/** Per-sample augmentation parameters drawn by the loader (zero-copy path). */
+export interface AugmentOptions {
+  /** Random-crop padding p: `dy, dx` drawn in [0, 2p] (default 0: no crop). */
+  padding?: number;
+  /** Draw a horizontal-flip bit per sample (default false). */
+  flip?: boolean;
+}
+
+/** Options of {@linkcode DataLoader}; PyTorch's names in TypeScript casing, plus a few. */
+export interface DataLoaderOptions<B = unknown> {
+  /** Samples per batch (default 1); `null` disables batching: one sample per item. */
+  batchSize?: number | null;
+  /** Reshuffle every epoch (a RandomSampler seeded by `seed`). */
+  shuffle?: boolean;
+  /** Custom order; exclusive with `shuffle`. A plain iterable with `length` also works. */
+  sampler?: Sampler | (Iterable<number> & { readonly length: number });
+  /** Custom batches; exclusive with batchSize, shuffle, sampler, dropLast. */
+  batchSampler?:
+    | BatchSamplerLike
+    | (Iterable<Iterable<number>> & { readonly length: number });
+  /** Worker count (default 0: load on the main thread). */
+  numWorkers?: number;
+  /**
+   * Turns a list of samples into a batch (generic path). A function runs on the main thread;
+   * a `{module, export}` reference runs in the workers. Default: defaultCollate in workers.
+   */
+  collate?: CollateFn<unknown, B> | ModuleRef;
+  /**
+   * Pinning hook for the staging ring (zero-copy path). `true` only records that the
+   * consumer will pin `loader.ring` itself; a function is called once with the ring when
+   * the loader is built, and the Disposable it returns (e.g. a `HostBuffer.register`
+   * result) is disposed when the loader is disposed, after every worker has stopped.
+   */
+  pinMemory?: boolean | ((ring: StagingRing) => Disposable | void);
+  /** Drop the last incomplete batch (default false). */
+  dropLast?: boolean;
+  /** Seconds to wait for a batch before failing (default 0: forever). */
+  timeout?: number;
+  /**
+   * Runs in each worker before it loads anything: `{module, export}` of a function called
+   * with the worker id (PyTorch's worker_init_fn; workers cannot receive functions).
+   */
+  workerInit?: ModuleRef;
+  /** Seed of every random draw (shuffle, per-sample streams). Default: random. */
+  seed?: number;
+  /** Batches in flight per worker (default 2 when numWorkers > 0). */
+  prefetchFactor?: number;
+  /** Keep workers across epochs and prefetch into the next epoch (default false). */
+  persistentWorkers?: boolean;
+  /** Yield batches in sampler order (default true); false yields them as they complete. */
+  inOrder?: boolean;
+  /** Force (true) or refuse (false) the zero-copy path. Default: when the dataset allows. */
+  zeroCopy?: boolean;
+  /** Draw per-sample crop offsets / flip bits into the batch (zero-copy path). */
+  augment?: AugmentOptions;
+  /** Release each ring batch when the next one is requested (default true). */
+  autoRelease?: boolean;
+  /** Ring slots beyond the in-flight ones for batches the consumer holds (default 2). */
+  heldBatches?: number;
+}
+
+/** What an epoch looked like from the consumer's side. */
+export interface EpochStats {
+  /** The epoch number. */
+  epoch: number;
+  /** Batches yielded. */
+  batches: number;
+  /** Samples yielded. */
+  samples: number;
+  /** Seconds from the first request to the last batch. */
+  seconds: number;
+  /** Seconds the consumer spent waiting for data (input-bound when close to `seconds`). */
+  waitSeconds: number;
+  /** Seconds the consumer waited for the epoch's first batch. */
+  firstBatchSeconds: number;
+  /** batches / seconds. */
+  batchesPerSecond: number;
+  /** samples / seconds. */
+  samplesPerSecond: number;
+  /** Mean number of ready batches found when the consumer asked for one. */
+  meanQueueDepth: number;
+}
+
+const OPTION_NAMES = new Set([
+  "batchSize",
+  "shuffle",
+  "sampler",
+  "batchSampler",
+  "numWorkers",
+  "collate",
+  "pinMemory",
+  "dropLast",
+  "timeout",
+  "workerInit",
+  "seed",
+  "prefetchFactor",
+  "persistentWorkers",
+  "inOrder",
+  "zeroCopy",
+  "augment",
+  "autoRelease",
+  "heldBatches",
+]);
+
+function fail(option: string, message: string, type: "type" | "range" = "range"): never {
+  const text = `Cannot create DataLoader: ${option} option ${message}`;
+  throw type === "type" ? new TypeError(text) : new RangeError(text);
+}
+
+function checkBool(name: string, v: unknown, dflt: boolean): boolean {
+  if (v === undefined) return dflt;
+  if (typeof v !== "boolean") fail(name, `should be a boolean value, got ${String(v)}`, "type");
+  return v;
+}
+
+function isModuleRef(v: unknown): v is ModuleRef {
+  return v !== null && typeof v === "object" &&
+    typeof (v as ModuleRef).module === "string" && typeof (v as ModuleRef).export === "string";
+}
+
+function toInt32(batch: Int32Array | Iterable<number> | ArrayLike<number>): Int32Array {
+  if (batch instanceof Int32Array) return batch;
+  return Int32Array.from(batch as ArrayLike<number>);
+}
+
+/**
+ * Iterates a dataset in batches, like `torch.utils.data.DataLoader`.
+ *
+ * Each `for await` (or `stream()`) is one epoch; `length` is the number of batches per
+ * epoch. Workers are Deno Web Workers; with `persistentWorkers` they live across epochs
+ * and start on the next epoch while the consumer finishes the current one. Leaving a loop
+ * early stops the epoch (and, without persistentWorkers, terminates the workers); dispose
+ * the loader (`await using`) to terminate everything.
+ *
+ * @typeParam B the batch type: `RingBatch` on the zero-copy path, the collated value else
+ * @example Generic path with the default collate
+ * ```ts
+ * import { DataLoader } from "./data_loader.ts";
+ * import assert from "node:assert";
+ * const dataset = { length: 5, get: (i: number) => ({ x: i * 10, y: new Uint8Array([i]) }) };
+ * await using loader = new DataLoader<{ x: Float64Array; y: Uint8Array }>(dataset, {
+ *   batchSize: 2,
+ * });
+ * const batches = [];
+ * for await (const b of loader) batches.push([...b.x]);
+ * assert.deepStrictEqual(batches, [[0, 10], [20, 30], [40]]);
+ * assert.strictEqual(loader.length, 3);
+ * ```
+ */
+export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposable, Disposable {
+  /** The dataset. */
+  readonly dataset: Dataset;
+  /** Samples per batch, or null without batching. */
+  readonly batchSize: number | null;
+  /** Worker count. */
+  readonly numWorkers: number;
+  /** Batches in flight per worker (0 without workers). */
+  readonly prefetchFactor: number;
+  /** Whether workers persist across epochs. */
+  readonly persistentWorkers: boolean;
+  /** Whether batches come in sampler order. */
+  readonly inOrder: boolean;
+  /** Whether the last partial batch is dropped. */
+  readonly dropLast: boolean;
+  /** Seconds to wait for a batch (0: forever). */
+  readonly timeout: number;
+  /** The seed of every random draw. */
+  readonly seed: number;
+  /** Whether batches are RingBatches in the staging ring. */
+  readonly zeroCopy: boolean;
+  /** Whether the ring is pinned (or meant to be pinned) for the device. */
+  readonly pinMemory: boolean;
+  /** The sampler (undefined when a batchSampler was given). */
+  readonly sampler: Sampler | undefined;
+  /** The batch sampler. */
+  readonly batchSampler: BatchSamplerLike;
+  /** Every finished epoch's stats, oldest first. */
+  readonly history: EpochStats[] = [];
+
+  #ring: StagingRing | undefined;
+  #slotState: Uint8Array | undefined;
+  #gather: GatherSpec | undefined;
+  #pinned: Disposable | undefined;
+  #engine: Engine | undefined;
+  #epoch = 0;
+  #active: EpochIterator<B> | undefined;
+  #disposed = false;
+  #collateFn: CollateFn<unknown, B> | undefined;
+  #collateMode: EngineConfig["collateMode"];
+  #workerInit: ModuleRef | undefined;
+  #canPlanAhead: boolean;
+  #autoRelease: boolean;
+  #augment: Required<AugmentOptions> | undefined;
+
+  /**
+   * @param dataset a map-style dataset (`length`, `get`)
+   * @param options PyTorch's options in TypeScript casing, plus zeroCopy/augment/
+   *   autoRelease/heldBatches
+   * @throws {TypeError} / {RangeError} naming the option, for every invalid value or
+   *   combination PyTorch refuses (sampler with shuffle, batchSampler with batchSize/
+   *   shuffle/sampler/dropLast, prefetchFactor or persistentWorkers without workers, ...)
+   *   and for a dataset workers cannot rebuild
+   */
+  constructor(dataset: Dataset, options: DataLoaderOptions<B> = {}) {
+    if (
+      dataset === null || typeof dataset !== "object" || typeof dataset.get !== "function" ||
+      typeof dataset.length !== "number"
+    ) {
+      throw new TypeError(
+        "Cannot create DataLoader: dataset must have a numeric length and a get(index) method",
+      );
+    }
+    for (const key of Object.keys(options)) {
+      if (!OPTION_NAMES.has(key)) {
+        fail(key, `is unknown; options are ${[...OPTION_NAMES].join(", ")}`, "type");
+      }
+    }
+    this.dataset = dataset;
+    const o = options;
+    const numWorkers = o.numWorkers ?? 0;
+    if (typeof numWorkers !== "number" || !Number.isInteger(numWorkers) || numWorkers < 0) {
+      fail("numWorkers", `should be a non-negative integer, got ${String(numWorkers)}`);
+    }
+    this.numWorkers = numWorkers;
+    const timeout = o.timeout ?? 0;
+    if (typeof timeout !== "number" || !(timeout >= 0) || !Number.isFinite(timeout)) {
+      fail("timeout", `should be a non-negative number of seconds, got ${String(timeout)}`);
+    }
+    this.timeout = timeout;
+    if (o.prefetchFactor !== undefined) {
+      if (numWorkers === 0) {
+        fail(
+          "prefetchFactor",
+          "could only be specified with workers; let numWorkers > 0 to enable prefetching",
+        );
+      }
+      if (!Number.isInteger(o.prefetchFactor) || o.prefetchFactor < 1) {
+        fail("prefetchFactor", `should be a positive integer, got ${String(o.prefetchFactor)}`);
+      }
+    }
+    this.prefetchFactor = numWorkers === 0 ? 0 : o.prefetchFactor ?? 2;
+    this.persistentWorkers = checkBool("persistentWorkers", o.persistentWorkers, false);
+    if (this.persistentWorkers && numWorkers === 0) {
+      fail("persistentWorkers", "requires numWorkers > 0");
+    }
+    const shuffle = checkBool("shuffle", o.shuffle, false);
+    this.dropLast = checkBool("dropLast", o.dropLast, false);
+    this.inOrder = checkBool("inOrder", o.inOrder, true);
+    this.#autoRelease = checkBool("autoRelease", o.autoRelease, true);
+    if (o.seed !== undefined) {
+      if (!Number.isInteger(o.seed) || o.seed < 0 || o.seed > 2 ** 53 - 1) {
+        fail("seed", `should be an integer in [0, 2^53), got ${String(o.seed)}`);
+      }
+    }
+    this.seed = o.seed ?? randomSeed();
+    const heldBatches = o.heldBatches ?? 2;
+    if (!Number.isInteger(heldBatches) || heldBatches < 0) {
+      fail("heldBatches", `should be a non-negative integer, got ${String(heldBatches)}`);
+    }
+
+    // Batching: the same checks, in the same order, as torch.utils.data.DataLoader.
+    const batchSize = o.batchSize === undefined ? 1 : o.batchSize;
+    if (batchSize !== null && (!Number.isInteger(batchSize) || batchSize < 1)) {
+      fail("batchSize", `should be a positive integer or null, got ${String(batchSize)}`);
+    }
+    if (o.sampler !== undefined && shuffle) {
+      fail("sampler", "is mutually exclusive with shuffle", "type");
+    }
+    if (o.batchSampler !== undefined) {
+      if (batchSize !== 1 || shuffle || o.sampler !== undefined || this.dropLast) {
+        fail(
+          "batchSampler",
+          "is mutually exclusive with batchSize, shuffle, sampler, and dropLast",
+          "type",
+        );
+      }
+    } else if (batchSize === null && this.dropLast) {
+      fail(
+        "dropLast",
+        "is mutually exclusive with batchSize null (which disables batching)",
+        "type",
+      );
+    }
+
+    let canPlanAhead = true;
+    if (o.batchSampler !== undefined) {
+      this.batchSize = null;
+      this.sampler = undefined;
+      const bs = o.batchSampler;
+      if (typeof bs !== "object" || bs === null || typeof bs.length !== "number") {
+        fail(
+          "batchSampler",
+          "should have a numeric length and batches(epoch) or be iterable",
+          "type",
+        );
+      }
+      if (typeof (bs as BatchSamplerLike).batches === "function") {
+        this.batchSampler = bs as BatchSamplerLike;
+      } else if (Symbol.iterator in bs) {
+        canPlanAhead = false;
+        const it = bs as Iterable<Iterable<number>> & { length: number };
+        this.batchSampler = {
+          get length() {
+            return it.length;
+          },
+          batches: () => it,
+        };
+      } else {
+        fail("batchSampler", "should have batches(epoch) or be iterable", "type");
+      }
+    } else {
+      this.batchSize = batchSize;
+      let sampler: Sampler;
+      if (o.sampler !== undefined) {
+        const s = o.sampler;
+        if (typeof s !== "object" || s === null || typeof s.length !== "number") {
+          fail("sampler", "should have a numeric length and indices(epoch) or be iterable", "type");
+        }
+        if (typeof (s as Sampler).indices === "function") sampler = s as Sampler;
+        else if (Symbol.iterator in s) {
+          canPlanAhead = false;
+          const it = s as Iterable<number> & { length: number };
+          sampler = {
+            get length() {
+              return it.length;
+            },
+            indices: () => it,
+          };
+        } else fail("sampler", "should have indices(epoch) or be iterable", "type");
+      } else if (shuffle) {
+        sampler = new RandomSampler(dataset.length, { seed: this.seed });
+      } else {
+        sampler = new SequentialSampler(dataset.length);
+      }
+      this.sampler = sampler;
+      this.batchSampler = new BatchSampler(sampler, {
+        batchSize: batchSize ?? 1,
+        dropLast: this.dropLast,
+      });
+    }
+    this.#canPlanAhead = canPlanAhead;
+
+    // Path selection.
+    const shared = typeof dataset.sharedFields === "function";
+    if (o.collate !== undefined && typeof o.collate !== "function" && !isModuleRef(o.collate)) {
+      fail("collate", "should be a function or a {module, export} reference", "type");
+    }
+    if (o.zeroCopy === true) {
+      if (!shared) fail("zeroCopy", "needs a dataset with sharedFields()", "type");
+      if (o.collate !== undefined) fail("zeroCopy", "is mutually exclusive with collate", "type");
+      if (this.batchSize === null) {
+        fail(
+          "zeroCopy",
+          "needs batches (a batchSize, or a batchSampler of equal-size batches)",
+          "type",
+        );
+      }
+    }
+    this.zeroCopy = checkBool("zeroCopy", o.zeroCopy, shared && o.collate === undefined) &&
+      shared && o.collate === undefined && this.batchSize !== null;
+    if (o.augment !== undefined) {
+      if (!this.zeroCopy) {
+        fail(
+          "augment",
+          "needs the zero-copy path (a dataset with sharedFields(), no collate, batches)",
+          "type",
+        );
+      }
+      const padding = o.augment.padding ?? 0;
+      if (!Number.isInteger(padding) || padding < 0) {
+        fail("augment", `padding should be a non-negative integer, got ${String(padding)}`);
+      }
+      this.#augment = { padding, flip: checkBool("augment.flip", o.augment.flip, false) };
+    }
+    if (o.workerInit !== undefined && !isModuleRef(o.workerInit)) {
+      fail(
+        "workerInit",
+        "should be a {module, export} reference: workers are separate isolates and cannot " +
+          "receive functions",
+        "type",
+      );
+    }
+    this.#workerInit = o.workerInit;
+    if (typeof o.collate === "function") {
+      this.#collateFn = o.collate;
+      this.#collateMode = "main";
+    } else if (o.collate !== undefined) {
+      this.#collateMode = o.collate;
+    } else {
+      this.#collateMode = this.batchSize === null && o.batchSampler === undefined
+        ? "none"
+        : "default";
+    }
+    if (!this.zeroCopy && numWorkers > 0 && typeof dataset.workerSpec !== "function") {
+      fail(
+        "numWorkers",
+        `${numWorkers} needs a dataset that workers can rebuild: implement workerSpec() ` +
+          `returning { module: import.meta.url, export: "MyDataset.fromState", state } ` +
+          "(state structured-clonable; SharedArrayBuffers are shared) or sharedFields() for " +
+          "the zero-copy path, or use numWorkers: 0",
+        "type",
+      );
+    }
+
+    const pin = o.pinMemory ?? false;
+    if (typeof pin !== "boolean" && typeof pin !== "function") {
+      fail("pinMemory", "should be a boolean or a function (ring) => Disposable", "type");
+    }
+    this.pinMemory = pin !== false;
+
+    if (this.zeroCopy) {
+      const fields = dataset.sharedFields!();
+      this.#setupRing(fields, heldBatches);
+      if (typeof pin === "function") {
+        const d = pin(this.#ring!);
+        if (d && typeof d[Symbol.dispose] === "function") this.#pinned = d;
+      }
+    }
+  }
+
+  #setupRing(fields: readonly SharedField[], heldBatches: number): void {
+    for (const f of fields) {
+      if (f.name === "indices" || f.name === "augment") {
+        throw new RangeError(
+          `Cannot create DataLoader: dataset field name "${f.name}" is reserved for the ring`,
+        );
+      }
+    }
+    const ringFields = [
+      ...fields.map((f) => ({ name: f.name, dtype: f.dtype, shape: f.shape })),
+      { name: "indices", dtype: "i32" as const, shape: [] },
+      ...(this.#augment ? [{ name: "augment", dtype: "i32" as const, shape: [3] }] : []),
+    ];
+    let maxBatch = this.batchSize ?? 0;
+    if (this.batchSize === null) {
+      // A batchSampler: size slots for its largest batch of epoch 0.
+      for (const b of this.batchSampler.batches(0)) {
+        maxBatch = Math.max(maxBatch, toInt32(b).length);
+      }
+    }
+    const slots = this.prefetchFactor * Math.max(1, this.numWorkers) + Math.max(1, heldBatches);
+    const ring = new StagingRing(ringFields, Math.max(1, maxBatch), slots);
+    this.#ring = ring;
+    this.#slotState = new Uint8Array(slots);
+    this.#gather = {
+      ring: ring.buffer,
+      slotBytes: ring.slotBytes,
+      sources: fields.map((f) => {
+        const rf = ring.field(f.name);
+        return {
+          buffer: f.buffer,
+          byteOffset: f.byteOffset ?? 0,
+          recordBytes: rf.sampleBytes,
+          slotFieldOffset: rf.byteOffset,
+        };
+      }),
+      indicesOffset: ring.field("indices").byteOffset,
+      augmentOffset: this.#augment ? ring.field("augment").byteOffset : -1,
+      padding: this.#augment?.padding ?? 0,
+      flip: this.#augment?.flip ?? false,
+      length: this.dataset.length,
+      seed: this.seed,
+    };
+  }
+
+  /** Batches per epoch (PyTorch's `len(loader)`). */
+  get length(): number {
+    return this.batchSampler.length;
+  }
+
+  /** The staging ring (zero-copy path), or undefined on the generic path. */
+  get ring(): StagingRing | undefined {
+    return this.#ring;
+  }
+
+  /** The epoch the next iteration will load (0-based). */
+  get epoch(): number {
+    return this.#epoch;
+  }
+
+  /**
+   * Sets the epoch the next iteration loads (to resume, or to mirror
+   * `DistributedSampler.set_epoch`). Order is a pure function of (seed, epoch).
+   *
+   * @param epoch a non-negative integer
+   * @throws {RangeError} for anything else
+   */
+  setEpoch(epoch: number): void {
+    if (!Number.isInteger(epoch) || epoch < 0) {
+      throw new RangeError(`Cannot set epoch: expected a non-negative integer, got ${epoch}`);
+    }
+    this.#epoch = epoch;
+  }
+
+  /** The last finished epoch's stats (or undefined before the first one finishes). */
+  get stats(): EpochStats | undefined {
+    return this.history[this.history.length - 1];
+  }
+
+  /** Workers of this loader currently running. */
+  get workers(): number {
+    return this.#engine && !this.#engine.closed && !this.#engine.failure ? this.numWorkers : 0;
+  }
+
+  /** Workers started by any DataLoader in this isolate and not yet terminated. */
+  static get liveWorkers(): number {
+    return liveWorkerCount();
+  }
+
+  /**
+   * Starts the next epoch. A second iterator stops the first (as PyTorch resets it).
+   *
+   * @returns an async iterator over the epoch's batches
+   * @throws {Error} when the loader was disposed
+   */
+  [Symbol.asyncIterator](): AsyncIterableIterator<B> {
+    if (this.#disposed) throw new Error("Cannot iterate: the DataLoader was disposed");
+    this.#active?.stop();
+    const epoch = this.#epoch++;
+    const it = new EpochIterator<B>(this, epoch);
+    this.#active = it;
+    return it;
+  }
+
+  /**
+   * One epoch as a ReadableStream; cancelling it stops the epoch like `break`.
+   *
+   * @returns a stream of the next epoch's batches
+   */
+  stream(): ReadableStream<B> {
+    const it = this[Symbol.asyncIterator]();
+    return new ReadableStream<B>({
+      async pull(controller) {
+        try {
+          const r = await it.next();
+          if (r.done) controller.close();
+          else controller.enqueue(r.value);
+        } catch (e) {
+          controller.error(e);
+        }
+      },
+      async cancel() {
+        await it.return!();
+      },
+    }, { highWaterMark: 0 });
+  }
+
+  /** @internal */
+  _engine(): Engine {
+    if (this.#engine && !this.#engine.closed && !this.#engine.failure) return this.#engine;
+    this.#engine = new Engine({
+      dataset: this.dataset,
+      numWorkers: this.numWorkers,
+      prefetchFactor: this.prefetchFactor,
+      inOrder: this.inOrder,
+      timeout: this.timeout,
+      seed: this.seed,
+      plan: (epoch) => Array.from(this.batchSampler.batches(epoch), toInt32),
+      canPlanAhead: this.#canPlanAhead,
+      persistent: this.persistentWorkers,
+      ring: this.#ring,
+      gather: this.#gather,
+      slotState: this.#slotState,
+      collateMode: this.#collateMode,
+      workerSpec: this.zeroCopy ? undefined : this.dataset.workerSpec?.(),
+      workerInit: this.#workerInit,
+      onWait: (s, d) => this.#active?._onWait(s, d),
+    });
+    return this.#engine;
+  }
+
+  /** @internal Called when an epoch ends, early or not. */
+  _finish(it: EpochIterator<B>, plan: EpochPlan | undefined, complete: boolean): void {
+    if (this.#active === it) this.#active = undefined;
+    const engine = this.#engine;
+    if (!engine) return;
+    if (!this.persistentWorkers || engine.failure) {
+      engine.close();
+      this.#engine = undefined;
+    } else if (plan && !complete) {
+      engine.abandon(plan);
+    }
+  }
+
+  /** @internal */
+  _wrap(r: Result): B {
+    if (r.kind === "slot") {
+      this.#slotState![r.slot] = SLOT_CONSUMER;
+      return new RingBatch(this.#ring!, r.slot, r.epoch, r.batch, r.size, (b) => {
+        if (this.#disposed) return;
+        this.#slotState![b.slot] = SLOT_FREE;
+        this.#engine?.pump();
+      }) as B;
+    }
+    if (r.kind === "error") throw r.error;
+    let value = r.value;
+    if (this.#collateMode === "main" || this.#collateMode === "none") {
+      const samples = value as unknown[];
+      if (this.batchSize === null && this.sampler !== undefined) {
+        value = this.#collateFn ? (this.#collateFn as (s: unknown) => B)(samples[0]) : samples[0];
+      } else if (this.#collateFn) value = this.#collateFn(samples);
+    }
+    return value as B;
+  }
+
+  /** @internal */
+  get _autoRelease(): boolean {
+    return this.#autoRelease;
+  }
+
+  /** Stops every worker, frees the ring and unpins it. Idempotent; later use throws. */
+  dispose(): void {
+    if (this.#disposed) return;
+    this.#active?.stop();
+    this.#engine?.close();
+    this.#engine = undefined;
+    this.#disposed = true;
+    this.#pinned?.[Symbol.dispose]();
+    this.#pinned = undefined;
+    this.#slotState?.fill(SLOT_FREE);
+  }
+
+  /** Same as `dispose()`. */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+
+  /** Same as `dispose()`. */
+  [Symbol.asyncDispose](): Promise<void> {
+    this.dispose();
+    return Promise.resolve();
+  }
+}
+
+/** One epoch of a DataLoader. */
+class EpochIterator<B> implements AsyncIterableIterator<B> {
+  #loader: DataLoader<B>;
+  #epoch: number;
+  #plan: EpochPlan | undefined;
+  #engine: Engine | undefined;
+  #done = false;
+  #last: B | undefined;
+  #t0 = 0;
+  #stats: EpochStats;
+  #depthSum = 0;
+  #requests = 0;
+
+  constructor(loader: DataLoader<B>, epoch: number) {
+    this.#loader = loader;
+    this.#epoch = epoch;
+    this.#stats = {
+      epoch,
+      batches: 0,
+      samples: 0,
+      seconds: 0,
+      waitSeconds: 0,
+      firstBatchSeconds: 0,
+      batchesPerSecond: 0,
+      samplesPerSecond: 0,
+      meanQueueDepth: 0,
+    };
+  }
+
+  _onWait(seconds: number, depth: number): void {
+    if (this.#stats.batches === 0) this.#stats.firstBatchSeconds = seconds;
+    this.#stats.waitSeconds += seconds;
+    this.#depthSum += depth;
+    this.#requests++;
+  }
+
+  #releaseLast(): void {
+    const last = this.#last;
+    this.#last = undefined;
+    if (last instanceof RingBatch && this.#loader._autoRelease) last.release();
+  }
+
+  async next(): Promise<IteratorResult<B>> {
+    if (this.#done) return { done: true, value: undefined };
+    this.#releaseLast();
+    try {
+      if (!this.#plan) {
+        this.#t0 = performance.now();
+        this.#engine = this.#loader._engine();
+        this.#plan = this.#engine.startEpoch(this.#epoch);
+      }
+      const r = await this.#engine!.next(this.#plan);
+      if (this.#done) return { done: true, value: undefined };
+      if (!r) {
+        this.#end(true);
+        return { done: true, value: undefined };
+      }
+      const value = this.#loader._wrap(r);
+      this.#stats.batches++;
+      this.#stats.samples += r.size;
+      this.#last = value;
+      return { done: false, value };
+    } catch (e) {
+      this.#end(false);
+      throw e;
+    }
+  }
+
+  #end(complete: boolean): void {
+    if (this.#done) return;
+    this.#done = true;
+    this.#releaseLast();
+    const s = this.#stats;
+    s.seconds = this.#t0 > 0 ? (performance.now() - this.#t0) / 1000 : 0;
+    s.batchesPerSecond = s.seconds > 0 ? s.batches / s.seconds : 0;
+    s.samplesPerSecond = s.seconds > 0 ? s.samples / s.seconds : 0;
+    s.meanQueueDepth = this.#requests > 0 ? this.#depthSum / this.#requests : 0;
+    if (complete) this.#loader.history.push(s);
+    this.#loader._finish(this, this.#plan, complete);
+  }
+
+  /** Stops the epoch early (break, another iterator, dispose). */
+  stop(): void {
+    this.#end(false);
+  }
+
+  return(): Promise<IteratorResult<B>> {
+    this.#end(false);
+    return Promise.resolve({ done: true, value: undefined });
+  }
+
+  [Symbol.asyncIterator](): AsyncIterableIterator<B> {
+    return this;
+  }
+}

@@ -1,0 +1,166 @@
+/**
+ * What a dataset is to the {@linkcode DataLoader}: a length, `get(index)`, and optionally
+ * how workers rebuild it (`workerSpec`) and a fixed-size sample layout in shared memory
+ * (`sharedFields`) that enables the zero-copy path.
+ *
+ * @module
+ */
+
+/** Element types of shared fields and ring fields. */
+export type DType = "u8" | "i8" | "u16" | "i16" | "u32" | "i32" | "f16" | "f32" | "f64";
+
+/** A typed array of one of the {@linkcode DType}s. */
+export type TypedArray =
+  | Uint8Array
+  | Int8Array
+  | Uint16Array
+  | Int16Array
+  | Uint32Array
+  | Int32Array
+  | Float16Array
+  | Float32Array
+  | Float64Array;
+
+type TypedArrayCtor = {
+  new (buffer: ArrayBufferLike, byteOffset?: number, length?: number): TypedArray;
+  new (length: number): TypedArray;
+  readonly BYTES_PER_ELEMENT: number;
+};
+
+/** Bytes per element and constructor of every {@linkcode DType}. */
+export const DTYPES: Readonly<Record<DType, { bytes: number; ctor: TypedArrayCtor }>> = {
+  u8: { bytes: 1, ctor: Uint8Array as TypedArrayCtor },
+  i8: { bytes: 1, ctor: Int8Array as TypedArrayCtor },
+  u16: { bytes: 2, ctor: Uint16Array as TypedArrayCtor },
+  i16: { bytes: 2, ctor: Int16Array as TypedArrayCtor },
+  u32: { bytes: 4, ctor: Uint32Array as TypedArrayCtor },
+  i32: { bytes: 4, ctor: Int32Array as TypedArrayCtor },
+  f16: { bytes: 2, ctor: Float16Array as TypedArrayCtor },
+  f32: { bytes: 4, ctor: Float32Array as TypedArrayCtor },
+  f64: { bytes: 8, ctor: Float64Array as TypedArrayCtor },
+};
+
+/**
+ * One fixed-size field of every sample, stored contiguously in shared memory: sample `i`'s
+ * record is the `product(shape)` elements at `byteOffset + i * recordBytes` of `buffer`.
+ * A scalar field (a label) has `shape: []`.
+ */
+export interface SharedField {
+  /** Field name, e.g. "image" or "label"; becomes the batch field name. */
+  readonly name: string;
+  /** Element type. */
+  readonly dtype: DType;
+  /** Per-sample shape, e.g. [3, 32, 32] (CHW) or [] for a scalar. */
+  readonly shape: readonly number[];
+  /** Where the records live; every worker maps the same memory. */
+  readonly buffer: SharedArrayBuffer;
+  /** Byte offset of record 0 (default 0); a multiple of the element size. */
+  readonly byteOffset?: number;
+}
+
+/**
+ * How a worker rebuilds a dataset: `import(module)`, resolve the dotted `export` path
+ * (e.g. "CIFAR10.fromState"), call it with `state`. `state` is structured-cloned once per
+ * worker at start-up; SharedArrayBuffers inside it are shared, not copied.
+ */
+export interface WorkerSpec {
+  /** Absolute module URL, usually `import.meta.url` of the dataset's module. */
+  readonly module: string;
+  /** Dotted path of a function in that module returning the dataset (or a promise of it). */
+  readonly export: string;
+  /** Argument of that function: structured-clonable. */
+  readonly state: unknown;
+}
+
+/** Per-sample context passed to `get`: where the sample sits and its own random stream. */
+export interface SampleContext {
+  /** The epoch being loaded. */
+  readonly epoch: number;
+  /** The sample's position in the epoch's order (0-based, across batches). */
+  readonly position: number;
+  /** Worker id in [0, numWorkers), or -1 on the main thread. */
+  readonly workerId: number;
+  /**
+   * A double in [0, 1) from the sample's own stream, a pure function of (seed, epoch,
+   * position): the same whatever worker loads the sample.
+   */
+  random(): number;
+  /** An integer in [0, n) from the same stream. */
+  int(n: number): number;
+}
+
+/**
+ * A map-style dataset. `get` may return a promise. For `numWorkers > 0` the dataset must
+ * provide `workerSpec()` (generic path) or `sharedFields()` (zero-copy path).
+ */
+export interface Dataset<T = unknown> {
+  /** Number of samples. */
+  readonly length: number;
+  /** Sample `index`. */
+  get(index: number, context?: SampleContext): T | Promise<T>;
+  /** How workers rebuild this dataset. */
+  workerSpec?(): WorkerSpec;
+  /** The fixed-size shared layout enabling the zero-copy path. */
+  sharedFields?(): readonly SharedField[];
+}
+
+/**
+ * Bytes of one record of a field.
+ *
+ * @param field dtype and shape
+ * @returns element size times the product of the shape
+ * @example Bytes of a CIFAR image
+ * ```ts
+ * import { recordBytes } from "./dataset.ts";
+ * import assert from "node:assert";
+ * assert.strictEqual(recordBytes({ dtype: "u8", shape: [3, 32, 32] }), 3072);
+ * ```
+ */
+export function recordBytes(field: { dtype: DType; shape: readonly number[] }): number {
+  return DTYPES[field.dtype].bytes * field.shape.reduce((a, b) => a * b, 1);
+}
+
+/**
+ * Allocates a SharedArrayBuffer-backed typed array of `length` elements.
+ *
+ * @param dtype element type
+ * @param length number of elements
+ * @returns the array; its buffer is shared by every worker it is sent to
+ * @example Shared labels
+ * ```ts
+ * import { sharedArray } from "./dataset.ts";
+ * import assert from "node:assert";
+ * const labels = sharedArray("i32", 4);
+ * assert.ok(labels.buffer instanceof SharedArrayBuffer);
+ * ```
+ */
+export function sharedArray(dtype: DType, length: number): TypedArray {
+  const { bytes, ctor } = DTYPES[dtype];
+  return new ctor(new SharedArrayBuffer(length * bytes), 0, length);
+}
+
+/**
+ * The dtype of a typed array, or undefined for other values.
+ *
+ * @param value any value
+ * @returns its DType or undefined
+ * @example
+ * ```ts
+ * import { dtypeOf } from "./dataset.ts";
+ * import assert from "node:assert";
+ * assert.strictEqual(dtypeOf(new Float32Array(1)), "f32");
+ * assert.strictEqual(dtypeOf([1]), undefined);
+ * ```
+ */
+export function dtypeOf(value: unknown): DType | undefined {
+  if (value instanceof Uint8Array) return "u8";
+  if (value instanceof Int8Array) return "i8";
+  if (value instanceof Uint16Array) return "u16";
+  if (value instanceof Int16Array) return "i16";
+  if (value instanceof Uint32Array) return "u32";
+  if (value instanceof Int32Array) return "i32";
+  if (value instanceof Float16Array) return "f16";
+  if (value instanceof Float32Array) return "f32";
+  if (value instanceof Float64Array) return "f64";
+  return undefined;
+}

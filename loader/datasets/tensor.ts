@@ -1,0 +1,171 @@
+/**
+ * `TensorDataset`: an in-memory dataset over typed arrays, kept in shared memory so the
+ * zero-copy path and workers see it without copies.
+ *
+ * @module
+ */
+
+import {
+  type Dataset,
+  type DType,
+  dtypeOf,
+  DTYPES,
+  type SharedField,
+  type TypedArray,
+  type WorkerSpec,
+} from "../dataset.ts";
+
+/** A field given to {@linkcode TensorDataset}: a typed array, optionally with a sample shape. */
+export type TensorField = TypedArray | { data: TypedArray; shape: readonly number[] };
+
+/** The serializable state a worker rebuilds a TensorDataset from. */
+export interface TensorDatasetState {
+  /** Sample count. */
+  length: number;
+  /** Fields in shared memory. */
+  fields: {
+    name: string;
+    dtype: DType;
+    shape: number[];
+    buffer: SharedArrayBuffer;
+    byteOffset: number;
+  }[];
+}
+
+/**
+ * Samples are the i-th records of each field: `{ name: view }` for fields with a shape,
+ * `{ name: number }` for scalar fields (shape `[]`, the default for a bare typed array).
+ * Arrays not already in a SharedArrayBuffer are copied into one at construction.
+ * `get` returns views into shared memory: copy them to keep them past the batch.
+ *
+ * @example Images and labels
+ * ```ts
+ * import { TensorDataset } from "./tensor.ts";
+ * import assert from "node:assert";
+ * const ds = new TensorDataset({
+ *   image: { data: new Uint8Array(2 * 4), shape: [2, 2] },
+ *   label: new Int32Array([3, 5]),
+ * });
+ * assert.strictEqual(ds.length, 2);
+ * assert.strictEqual((ds.get(1) as { label: number }).label, 5);
+ * ```
+ */
+export class TensorDataset implements Dataset<Record<string, TypedArray | number>> {
+  /** Sample count. */
+  readonly length: number;
+  #fields: SharedField[];
+  #views: { name: string; data: TypedArray; per: number; scalar: boolean }[];
+
+  /**
+   * @param fields name -> typed array (scalar per sample) or {data, shape}
+   * @throws {TypeError} for a value that is not a typed array
+   * @throws {RangeError} when fields disagree on the sample count
+   */
+  constructor(fields: Record<string, TensorField>) {
+    const out: SharedField[] = [];
+    let length = -1;
+    for (const [name, f] of Object.entries(fields)) {
+      const data = ArrayBuffer.isView(f) ? f : f.data;
+      const shape = ArrayBuffer.isView(f) ? [] : [...f.shape];
+      const dtype = dtypeOf(data);
+      if (dtype === undefined) {
+        throw new TypeError(`Cannot create TensorDataset: field "${name}" is not a typed array`);
+      }
+      const per = shape.reduce((a, b) => a * b, 1);
+      const n = data.length / per;
+      if (!Number.isInteger(n) || (length >= 0 && n !== length)) {
+        throw new RangeError(
+          `Cannot create TensorDataset: field "${name}" has ${data.length} elements, not a ` +
+            `multiple of ${per} giving ${length >= 0 ? length : "an integer number of"} samples`,
+        );
+      }
+      length = n;
+      let shared = data;
+      if (!(data.buffer instanceof SharedArrayBuffer)) {
+        const { ctor, bytes } = DTYPES[dtype];
+        shared = new ctor(new SharedArrayBuffer(data.length * bytes), 0, data.length);
+        // deno-lint-ignore no-explicit-any
+        (shared as any).set(data);
+      }
+      out.push({
+        name,
+        dtype,
+        shape,
+        buffer: shared.buffer as SharedArrayBuffer,
+        byteOffset: shared.byteOffset,
+      });
+    }
+    this.length = Math.max(0, length);
+    this.#fields = out;
+    this.#views = out.map((f) => {
+      const per = f.shape.reduce((a, b) => a * b, 1);
+      const { ctor, bytes } = DTYPES[f.dtype];
+      return {
+        name: f.name,
+        per,
+        scalar: f.shape.length === 0,
+        data: new ctor(
+          f.buffer,
+          f.byteOffset ?? 0,
+          (f.buffer.byteLength - (f.byteOffset ?? 0)) / bytes,
+        ),
+      };
+    });
+  }
+
+  /**
+   * Rebuilds a dataset from {@linkcode TensorDatasetState} (used by workers).
+   *
+   * @param state the state from `workerSpec()`
+   * @returns a dataset sharing the same memory
+   */
+  static fromState(state: TensorDatasetState): TensorDataset {
+    const fields: Record<string, TensorField> = {};
+    for (const f of state.fields) {
+      const { ctor, bytes } = DTYPES[f.dtype];
+      const per = f.shape.reduce((a, b) => a * b, 1);
+      const data = new ctor(f.buffer, f.byteOffset, state.length * per);
+      void bytes;
+      fields[f.name] = { data, shape: f.shape };
+    }
+    return new TensorDataset(fields);
+  }
+
+  /**
+   * @param index sample index in [0, length)
+   * @returns `{ name: view | number }`
+   * @throws {RangeError} for an index out of range
+   */
+  get(index: number): Record<string, TypedArray | number> {
+    if (!(index >= 0 && index < this.length) || !Number.isInteger(index)) {
+      throw new RangeError(
+        `Cannot get sample ${index}: index out of range for a dataset of length ${this.length}`,
+      );
+    }
+    const out: Record<string, TypedArray | number> = {};
+    for (const v of this.#views) {
+      out[v.name] = v.scalar ? v.data[index] : v.data.subarray(index * v.per, (index + 1) * v.per);
+    }
+    return out;
+  }
+
+  /** @returns the fields in shared memory (the zero-copy layout) */
+  sharedFields(): readonly SharedField[] {
+    return this.#fields;
+  }
+
+  /** @returns how a worker rebuilds this dataset */
+  workerSpec(): WorkerSpec {
+    const state: TensorDatasetState = {
+      length: this.length,
+      fields: this.#fields.map((f) => ({
+        name: f.name,
+        dtype: f.dtype,
+        shape: [...f.shape],
+        buffer: f.buffer,
+        byteOffset: f.byteOffset ?? 0,
+      })),
+    };
+    return { module: import.meta.url, export: "TensorDataset.fromState", state };
+  }
+}
