@@ -8,10 +8,11 @@
  *
  *   conv forward       Y^T[P,Co]  = col^T[P,K] . W^T[K,Co]       (P = OH*OW, K = C*kh*kw)
  *   conv backward data dcol[K,P]  = W^T[K,Co] . dY[Co,P], then col2im (scatter-add)
- *   conv backward wt   dW^T[K',Co] += colT[P,K']^T . dY^T[P,Co]  (K' ordered (ky,kx,c))
+ *   conv backward wt   dW^T[K,Co] += col[K,P] . dY^T[P,Co]       (summed over the batch)
  *
- * Each orientation is the one whose packing reads contiguous memory (see pack_a/pack_b) and
- * whose tile sizes fit the common shapes: MR = 14 divides P = 196 and 784 (28x28 and 14x14
+ * Packing reads rows of 16 and transposes in registers where the operand runs the other way
+ * (16x16 AVX-512 transposes), so no orientation is much dearer than another; these are
+ * chosen so tile sizes fit the common shapes: MR = 14 divides P = 196 and 784 (28x28 and 14x14
  * feature maps), NR = 32 divides the usual channel counts. Convolutions run one image per
  * OpenMP thread (no synchronization inside a GEMM); plain matmul splits its output in two.
  *
@@ -94,8 +95,13 @@ static void h2f_row(const half *s, float *d, int64_t n) {
 #if defined(__AVX512F__)
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
-#endif
+  if (i < n) { /* masked tail: rows here are often shorter than 16 */
+    __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(d + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s + i)));
+  }
+#else
   for (; i < n; i++) d[i] = h2f(s[i]);
+#endif
 }
 static void f2h_row(const float *s, half *d, int64_t n) {
   int64_t i = 0;
@@ -103,8 +109,102 @@ static void f2h_row(const float *s, half *d, int64_t n) {
   for (; i + 16 <= n; i += 16)
     _mm256_storeu_si256((__m256i *)(d + i),
                         _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
+  if (i < n) {
+    __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+    _mm256_mask_storeu_epi16(d + i, m,
+                             _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, s + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+#else
   for (; i < n; i++) d[i] = f2h(s[i]);
+#endif
+}
+
+#if defined(__AVX512F__)
+static inline __mmask16 mask16(int64_t n) {
+  return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u);
+}
+/* Up to 16 values of a row (fp16 or fp32) as fp32 lanes, zero past n. */
+static inline __m512 load16(const void *p, int f16, int64_t n) {
+  __mmask16 m = mask16(n);
+  return f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)) : _mm512_maskz_loadu_ps(m, p);
+}
+/* In-register transpose of 16 rows of 16 floats: r[i] lane j <- r[j] lane i. */
+static inline void tr16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; g++) {
+    r[4 * g] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  /* r[4g + e], 128-bit lane L, now holds rows 4g..4g+3 of column 4L + e. */
+  for (int e = 0; e < 4; e++) {
+    __m512 a0 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88);
+    __m512 a1 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xdd);
+    __m512 a2 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x88);
+    __m512 a3 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xdd);
+    t[e] = _mm512_shuffle_f32x4(a0, a2, 0x88);      /* column e */
+    t[8 + e] = _mm512_shuffle_f32x4(a0, a2, 0xdd);  /* column 8 + e */
+    t[4 + e] = _mm512_shuffle_f32x4(a1, a3, 0x88);  /* column 4 + e */
+    t[12 + e] = _mm512_shuffle_f32x4(a1, a3, 0xdd); /* column 12 + e */
+  }
+  for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+#endif
+
+/* d[j*ldd + i] = (float) s[i*lds + j] for i < rows, j < cols: a transposing copy from fp16
+ * or fp32 into fp32, in 16x16 register blocks. */
+static void transpose_to_f32(const void *s, int f16, int64_t lds, int64_t rows, int64_t cols,
+                             float *d, int64_t ldd) {
+#if defined(__AVX512F__)
+  for (int64_t i0 = 0; i0 < rows; i0 += 16) {
+    int64_t ri = rows - i0 < 16 ? rows - i0 : 16;
+    for (int64_t j0 = 0; j0 < cols; j0 += 16) {
+      int64_t cj = cols - j0 < 16 ? cols - j0 : 16;
+      __m512 r[16];
+      for (int64_t i = 0; i < 16; i++)
+        r[i] = i < ri ? load16(f16 ? (const void *)((const half *)s + (i0 + i) * lds + j0)
+                                   : (const void *)((const float *)s + (i0 + i) * lds + j0),
+                               f16, cj)
+                      : _mm512_setzero_ps();
+      tr16(r);
+      __mmask16 m = mask16(ri);
+      for (int64_t j = 0; j < cj; j++) _mm512_mask_storeu_ps(d + (j0 + j) * ldd + i0, m, r[j]);
+    }
+  }
+#else
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++)
+      d[j * ldd + i] = f16 ? h2f(((const half *)s)[i * lds + j]) : ((const float *)s)[i * lds + j];
+#endif
+}
+
+/* d[j*ldd + i] = (fp16) s[i*lds + j] for i < rows, j < cols (fp32 -> fp16, transposed). */
+static void transpose_to_f16(const float *s, int64_t lds, int64_t rows, int64_t cols, half *d,
+                             int64_t ldd) {
+#if defined(__AVX512F__)
+  for (int64_t i0 = 0; i0 < rows; i0 += 16) {
+    int64_t ri = rows - i0 < 16 ? rows - i0 : 16;
+    for (int64_t j0 = 0; j0 < cols; j0 += 16) {
+      int64_t cj = cols - j0 < 16 ? cols - j0 : 16;
+      __m512 r[16];
+      for (int64_t i = 0; i < 16; i++)
+        r[i] = i < ri ? load16(s + (i0 + i) * lds + j0, 0, cj) : _mm512_setzero_ps();
+      tr16(r);
+      __mmask16 m = mask16(ri);
+      for (int64_t j = 0; j < cj; j++)
+        _mm256_mask_storeu_epi16(d + (j0 + j) * ldd + i0, m,
+                                 _mm512_cvtps_ph(r[j], _MM_FROUND_TO_NEAREST_INT));
+    }
+  }
+#else
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++) d[j * ldd + i] = f2h(s[i * lds + j]);
+#endif
 }
 
 /* ---- workspaces ---------------------------------------------------------------------- */
@@ -188,16 +288,11 @@ static void pack_a(float *restrict dst, const mat_t *a, int64_t i0, int64_t mc, 
     if (rows < MR)
       for (int64_t k = 0; k < kc; k++)
         for (int64_t i = rows; i < MR; i++) d[k * MR + i] = 0.0f;
-    if (a->cs == 1 && a->f16) { /* each row is contiguous along k: transpose while packing */
-      for (int64_t i = 0; i < rows; i++) {
-        const half *s = (const half *)a->p + (i0 + ip + i) * a->rs + k0;
-        for (int64_t k = 0; k < kc; k++) d[k * MR + i] = h2f(s[k]);
-      }
-    } else if (a->cs == 1) {
-      for (int64_t i = 0; i < rows; i++) {
-        const float *s = (const float *)a->p + (i0 + ip + i) * a->rs + k0;
-        for (int64_t k = 0; k < kc; k++) d[k * MR + i] = s[k];
-      }
+    if (a->cs == 1) { /* each row is contiguous along k: transpose while packing */
+      int64_t off = (i0 + ip) * a->rs + k0;
+      transpose_to_f32(a->f16 ? (const void *)((const half *)a->p + off)
+                              : (const void *)((const float *)a->p + off),
+                       a->f16, a->rs, rows, kc, d, MR);
     } else {
       for (int64_t k = 0; k < kc; k++)
         for (int64_t i = 0; i < rows; i++) d[k * MR + i] = mat_at(a, i0 + ip + i, k0 + k);
@@ -242,16 +337,11 @@ static void pack_b(float *restrict dst, const mat_t *b, int64_t k0, int64_t kc, 
     if (cols < NR)
       for (int64_t k = 0; k < kc; k++)
         for (int64_t j = cols; j < NR; j++) d[k * NR + j] = 0.0f;
-    if (b->rs == 1 && b->f16) { /* each column contiguous along k: transpose while packing */
-      for (int64_t j = 0; j < cols; j++) {
-        const half *s = (const half *)b->p + (j0 + jp + j) * b->cs + k0;
-        for (int64_t k = 0; k < kc; k++) d[k * NR + j] = h2f(s[k]);
-      }
-    } else if (b->rs == 1) {
-      for (int64_t j = 0; j < cols; j++) {
-        const float *s = (const float *)b->p + (j0 + jp + j) * b->cs + k0;
-        for (int64_t k = 0; k < kc; k++) d[k * NR + j] = s[k];
-      }
+    if (b->rs == 1) { /* each column contiguous along k: transpose while packing */
+      int64_t off = (j0 + jp) * b->cs + k0;
+      transpose_to_f32(b->f16 ? (const void *)((const half *)b->p + off)
+                              : (const void *)((const float *)b->p + off),
+                       b->f16, b->cs, cols, kc, d, NR);
     } else {
       for (int64_t k = 0; k < kc; k++)
         for (int64_t j = 0; j < cols; j++) d[k * NR + j] = mat_at(b, k0 + k, j0 + jp + j);
@@ -504,36 +594,20 @@ static void col2im(const conv_t *g, const float *col, float *img) {
           float *d = img + (c * g->h + iy) * g->w + kx - g->pad;
           const float *s = row + oy * g->ow;
           if (g->s == 1) {
-            for (int64_t ox = lo; ox < hi; ox++) d[ox] += s[ox];
+            int64_t ox = lo;
+#if defined(__AVX512F__)
+            for (; ox < hi; ox += 16) {
+              __mmask16 m = mask16(hi - ox);
+              _mm512_mask_storeu_ps(d + ox, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + ox),
+                                                             _mm512_maskz_loadu_ps(m, s + ox)));
+            }
+#endif
+            for (; ox < hi; ox++) d[ox] += s[ox];
           } else {
             for (int64_t ox = lo; ox < hi; ox++) d[ox * g->s] += s[ox];
           }
         }
       }
-}
-
-/* colT[oy*ow + ox][(ky*kw + kx)*c + ci] = x[ci][iy][ix] (0 outside), built from the image
- * transposed to HWC so that every (pixel, ky, kx) copies one contiguous run of c values. */
-static void im2col_t(const conv_t *g, const half *x, float *hwc, float *colT) {
-  int64_t C = g->c, HW = g->h * g->w, Kp = C * g->kh * g->kw;
-  for (int64_t c = 0; c < C; c++) {
-    const half *s = x + c * HW;
-    for (int64_t i = 0; i < HW; i++) hwc[i * C + c] = h2f(s[i]);
-  }
-  for (int64_t oy = 0; oy < g->oh; oy++)
-    for (int64_t ox = 0; ox < g->ow; ox++) {
-      float *d = colT + (oy * g->ow + ox) * Kp;
-      for (int64_t ky = 0; ky < g->kh; ky++) {
-        int64_t iy = oy * g->s + ky - g->pad;
-        for (int64_t kx = 0; kx < g->kw; kx++, d += C) {
-          int64_t ix = ox * g->s + kx - g->pad;
-          if (iy < 0 || iy >= g->h || ix < 0 || ix >= g->w)
-            memset(d, 0, (size_t)C * sizeof(float));
-          else
-            memcpy(d, hwc + (iy * g->w + ix) * C, (size_t)C * sizeof(float));
-        }
-      }
-    }
 }
 
 PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n, int64_t c,
@@ -567,9 +641,7 @@ PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n
       failed = 1;
       continue;
     }
-    half *yi = (half *)y + i * co * P;
-    for (int64_t o = 0; o < co; o++)
-      for (int64_t p = 0; p < P; p++) yi[o * P + p] = f2h(yt[p * co + o]);
+    transpose_to_f16(yt, co, P, co, (half *)y + i * co * P, P);
   }
   free(wt);
   if (failed) OOM();
@@ -627,7 +699,7 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
   CHECK_RANGE(dw, co * K * dtsize(dw_dtype));
   int nt = nthreads();
   if (nt > n) nt = n > 0 ? (int)n : 1;
-  /* Per-thread partial dW^T [K'][Co] (K' = (ky,kx,c)), summed at the end. */
+  /* Per-thread partial dW^T [K][Co], summed at the end. */
   float *part = aligned_alloc(64, (((size_t)(nt * K * co) * 4 + 63) & ~(size_t)63));
   if (!part) OOM();
   memset(part, 0, (size_t)(nt * K * co) * sizeof(float));
@@ -638,12 +710,12 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
     T = omp_get_num_threads();
 #endif
     float *mine = part + (int64_t)t * K * co;
-    float *colT = ws(WS_COL, (size_t)(P * K)), *hwc = ws(WS_IMG, (size_t)(HW * c));
-    if (!colT || !hwc) failed = 1;
+    float *col = ws(WS_COL, (size_t)(K * P));
+    if (!col) failed = 1;
     for (int64_t i = (int64_t)n * t / T; !failed && i < (int64_t)n * (t + 1) / T; i++) {
-      im2col_t(&g, (const half *)x + i * c * HW, hwc, colT);
-      /* dW^T[K'][Co] += colT^T . dY^T: A(kk, p) = colT[p*K' + kk], B(p, o) = dy[o*P + p]. */
-      mat_t A = {colT, 0, 1, K}, B = {(const half *)dy + i * co * P, 1, 1, P};
+      im2col(&g, (const half *)x + i * c * HW, col);
+      /* dW^T[K][Co] += col . dY^T: A(kk, p) = col[kk*P + p], B(p, o) = dy[o*P + p]. */
+      mat_t A = {col, 0, P, 1}, B = {(const half *)dy + i * co * P, 1, 1, P};
       if (gemm_serial(K, co, P, &A, &B, mine, co, 1)) failed = 1;
     }
   }
@@ -651,12 +723,12 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
     free(part);
     OOM();
   }
-  /* dw[o][ci][ky][kx] = sum_t part[t][(ky*kw + kx)*c + ci][o] */
+  /* dw[o][ci][ky][kx] = sum_t part[t][(ci*kh + ky)*kw + kx][o] */
   for (int64_t o = 0; o < co; o++)
     for (int64_t ci = 0; ci < c; ci++)
       for (int64_t kk = 0; kk < KK; kk++) {
         float s = 0.0f;
-        for (int t = 0; t < nt; t++) s += part[(int64_t)t * K * co + (kk * c + ci) * co + o];
+        for (int t = 0; t < nt; t++) s += part[(int64_t)t * K * co + (ci * KK + kk) * co + o];
         int64_t di = (o * c + ci) * KK + kk;
         if (dw_dtype == PS_NN_F32) {
           float *d = (float *)dw + di;
