@@ -9,6 +9,24 @@
  */
 
 // ffi
+export { Device } from "./ffi/device.ts";
+export type {
+  DeviceKind,
+  DeviceOpenOptions,
+  DeviceProps,
+  LiveObjects,
+  MemInfo,
+} from "./ffi/device.ts";
+export { Event, Stream } from "./ffi/stream.ts";
+export type { EventOptions } from "./ffi/stream.ts";
+export { DeviceBuffer, HostBuffer } from "./ffi/memory.ts";
+export type { CopyOptions, FillOptions, HostMemory } from "./ffi/memory.ts";
+export { DTYPE_BYTES, Tensor } from "./ffi/tensor.ts";
+export type { DType, HostArray, ToHostOptions } from "./ffi/tensor.ts";
+export { PinstreamError } from "./ffi/errors.ts";
+export type { PinstreamErrorCode } from "./ffi/errors.ts";
+export { LibraryError, loadLibrary } from "./ffi/library.ts";
+export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";
 
 // loader
 export {

@@ -1,0 +1,482 @@
+/**
+ * Finding, building and loading a pinstream backend library.
+ *
+ * Lookup order for a backend (`"cpu"` or `"cuda"`):
+ * 1. `PINSTREAM_LIB_CPU` / `PINSTREAM_LIB_CUDA`: a prebuilt library for that backend;
+ * 2. `PINSTREAM_LIB`: a prebuilt library, used for the backend it reports (`ps_backend`);
+ * 3. the per-user cache (`$PINSTREAM_CACHE`, else `$XDG_CACHE_HOME/pinstream`, else
+ *    `~/.cache/pinstream`), where the library is built on first use from the kernel sources
+ *    (read through `import.meta.url`, so a checkout and a JSR import both work) with `cc`
+ *    (or `$CC`) or `nvcc` (or `$NVCC`, `$CUDA_HOME/bin/nvcc`, `/usr/local/cuda/bin/nvcc`).
+ *    The file name carries a hash of the sources, flags, compiler version and host CPU, so
+ *    editing a kernel or switching compilers rebuilds and stale builds are never loaded.
+ *
+ * Each backend is loaded once per process; a failure is remembered too, so "auto" does not
+ * retry a failed build on every `Device.open`.
+ *
+ * @module
+ */
+
+import { createHash } from "node:crypto";
+import { PinstreamError } from "./errors.ts";
+import { ABI_VERSION, type Library, symbols } from "./symbols.ts";
+
+export type { Library } from "./symbols.ts";
+
+/** A backend: the synchronous CPU reference or CUDA. */
+export type Backend = "cpu" | "cuda";
+
+/**
+ * The kernel sources of each backend, relative to kernels/. Files ending in .h/.cuh are
+ * copied next to the others (and hashed) but not compiled.
+ */
+export const SOURCES: { readonly cpu: string[]; readonly cuda: string[] } = {
+  cpu: [
+    "pinstream.h",
+    "cpu/common.h",
+    "cpu/core.c",
+    "cpu/image.c",
+    "cpu/nn.c",
+  ],
+  cuda: [
+    "pinstream.h",
+    "cuda/common.cuh",
+    "cuda/core.cu",
+    "cuda/image.cu",
+  ],
+};
+
+/** Compiler flags of the CPU build (`-fopenmp` is dropped when the compiler lacks OpenMP). */
+export const CPU_FLAGS: readonly string[] = [
+  "-O3",
+  "-march=native",
+  "-fPIC",
+  "-shared",
+  "-fopenmp",
+  "-std=gnu11",
+  "-fvisibility=hidden",
+];
+
+/** CUDA architectures built by default: A100 (sm_80), H100/H200 (sm_90), + compute_90 PTX. */
+export const CUDA_ARCHS: readonly string[] = ["80", "90"];
+
+/** Why a backend library is not available. */
+export type LibraryFailure =
+  | "no-compiler"
+  | "build-failed"
+  | "load-failed"
+  | "abi-mismatch"
+  | "fetch-failed";
+
+/**
+ * A backend library could not be found, built or loaded. `reason` says which step failed;
+ * the message lists everything that was tried.
+ *
+ * @example
+ * ```ts
+ * import { LibraryError } from "./library.ts";
+ * import assert from "node:assert";
+ * const err = new LibraryError("no-compiler", "cuda", "nvcc not found");
+ * assert.strictEqual(err.reason, "no-compiler");
+ * assert.match(err.message, /^Cannot load the cuda backend: nvcc not found/);
+ * ```
+ */
+export class LibraryError extends PinstreamError {
+  /** Which step failed. */
+  readonly reason: LibraryFailure;
+  /** The backend that was asked for. */
+  readonly backend: Backend;
+
+  /**
+   * @param reason Which step failed.
+   * @param backend The backend that was asked for.
+   * @param detail What was tried and what to do about it.
+   * @param options Standard error options (`cause`).
+   */
+  constructor(reason: LibraryFailure, backend: Backend, detail: string, options?: ErrorOptions) {
+    super("UNSUPPORTED", `load the ${backend} backend`, detail, options);
+    this.name = "LibraryError";
+    this.reason = reason;
+    this.backend = backend;
+  }
+}
+
+const loaded = new Map<Backend, { lib: Library; path: string } | LibraryError>();
+
+/**
+ * The backend library, loaded once per process: from an override variable, else from the
+ * build cache, building it first if needed.
+ *
+ * @param backend `"cpu"` or `"cuda"`.
+ * @returns The dlopen'd library (`lib.symbols.ps_*`).
+ * @throws {LibraryError} When no library can be found, built or loaded; the message lists
+ * every path tried and what to install.
+ *
+ * @example Loading the CPU backend
+ * ```ts
+ * import { loadLibrary } from "./library.ts";
+ * import assert from "node:assert";
+ * const lib = loadLibrary("cpu");
+ * const out = new Int32Array(1);
+ * assert.strictEqual(lib.symbols.ps_backend(out), 0);
+ * assert.strictEqual(out[0], 0);
+ * ```
+ */
+export function loadLibrary(backend: Backend): Library {
+  if (backend !== "cpu" && backend !== "cuda") {
+    throw new TypeError(`Cannot load backend ${JSON.stringify(backend)}: use "cpu" or "cuda"`);
+  }
+  let entry = loaded.get(backend);
+  if (entry === undefined) {
+    try {
+      entry = locate(backend);
+    } catch (err) {
+      if (!(err instanceof LibraryError)) throw err;
+      entry = err;
+    }
+    loaded.set(backend, entry);
+  }
+  if (entry instanceof LibraryError) throw entry;
+  return entry.lib;
+}
+
+/**
+ * The path of the backend library loaded in this process, or `undefined` when none is.
+ *
+ * @param backend `"cpu"` or `"cuda"`.
+ * @returns The library file's path.
+ *
+ * @example
+ * ```ts
+ * import { libraryPath, loadLibrary } from "./library.ts";
+ * import assert from "node:assert";
+ * loadLibrary("cpu");
+ * assert.ok(libraryPath("cpu")!.length > 0);
+ * ```
+ */
+export function libraryPath(backend: Backend): string | undefined {
+  const entry = loaded.get(backend);
+  return entry === undefined || entry instanceof LibraryError ? undefined : entry.path;
+}
+
+/**
+ * Why the CUDA driver cannot be used, or `undefined` when libcuda loads. A cheap check made
+ * before building the CUDA library, so a machine without a GPU does not pay for an nvcc build
+ * to learn that it has no driver.
+ *
+ * @returns The reason, or `undefined` when the driver library is present.
+ *
+ * @example
+ * ```ts
+ * import { cudaDriverProblem } from "./library.ts";
+ * const why = cudaDriverProblem();
+ * if (why !== undefined) console.log(why);
+ * ```
+ */
+export function cudaDriverProblem(): string | undefined {
+  const names = Deno.build.os === "windows" ? ["nvcuda.dll"] : ["libcuda.so.1", "libcuda.so"];
+  if (Deno.build.os === "darwin") return "CUDA is not available on macOS";
+  const errors: string[] = [];
+  for (const name of names) {
+    try {
+      Deno.dlopen(name, {}).close();
+      return undefined;
+    } catch (err) {
+      const message = (err as Error).message;
+      errors.push(/No such file|not found/i.test(message) ? `${name} not found` : message);
+    }
+  }
+  return `no CUDA driver: ${errors.join(", ")} (install the NVIDIA driver)`;
+}
+
+// ---- locating ------------------------------------------------------------------------------
+
+function env(name: string): string | undefined {
+  const value = Deno.env.get(name);
+  return value === undefined || value === "" ? undefined : value;
+}
+
+function locate(backend: Backend): { lib: Library; path: string } {
+  const specific = env(backend === "cpu" ? "PINSTREAM_LIB_CPU" : "PINSTREAM_LIB_CUDA");
+  if (specific !== undefined) {
+    return {
+      lib: open(backend, specific, `$PINSTREAM_LIB_${backend.toUpperCase()}`),
+      path: specific,
+    };
+  }
+  const generic = env("PINSTREAM_LIB");
+  if (generic !== undefined) {
+    const lib = open(undefined, generic, "$PINSTREAM_LIB");
+    if (backendOf(lib) === backend) return { lib, path: generic };
+    lib.close(); // a prebuilt library of the other backend: build this one
+  }
+  const path = build(backend);
+  return { lib: open(backend, path, "the build cache"), path };
+}
+
+function backendOf(lib: Library): Backend {
+  const out = new Int32Array(1);
+  lib.symbols.ps_backend(out);
+  return out[0] === 1 ? "cuda" : "cpu";
+}
+
+/** dlopen + ABI check. `want` undefined: accept either backend. */
+function open(want: Backend | undefined, path: string, from: string): Library {
+  const backend = want ?? "cpu";
+  let lib: Library;
+  try {
+    lib = Deno.dlopen(path, symbols);
+  } catch (err) {
+    throw new LibraryError(
+      "load-failed",
+      backend,
+      `${path} (from ${from}) could not be loaded: ${(err as Error).message}`,
+      { cause: err },
+    );
+  }
+  const version = new Int32Array(1);
+  lib.symbols.ps_abi_version(version);
+  if (version[0] !== ABI_VERSION) {
+    lib.close();
+    throw new LibraryError(
+      "abi-mismatch",
+      backend,
+      `${path} (from ${from}) implements ABI ${
+        version[0]
+      }, this pinstream needs ABI ${ABI_VERSION}; rebuild it (deno task build) or unset the variable`,
+    );
+  }
+  if (want !== undefined && backendOf(lib) !== want) {
+    lib.close();
+    throw new LibraryError(
+      "load-failed",
+      backend,
+      `${path} (from ${from}) is not a ${want} library`,
+    );
+  }
+  return lib;
+}
+
+// ---- building ------------------------------------------------------------------------------
+
+const KERNELS = new URL("../kernels/", import.meta.url);
+
+/** The per-user build cache directory. */
+export function cacheDir(): string {
+  const explicit = env("PINSTREAM_CACHE");
+  if (explicit !== undefined) return explicit;
+  const xdg = env("XDG_CACHE_HOME");
+  if (xdg !== undefined) return `${xdg}/pinstream`;
+  const home = env("HOME") ?? env("USERPROFILE");
+  if (home === undefined) {
+    throw new LibraryError(
+      "build-failed",
+      "cpu",
+      "no cache directory: set PINSTREAM_CACHE, XDG_CACHE_HOME or HOME",
+    );
+  }
+  return `${home}/.cache/pinstream`;
+}
+
+interface Compiler {
+  path: string;
+  version: string;
+}
+
+function run(cmd: string, args: string[], cwd?: string): Deno.CommandOutput {
+  return new Deno.Command(cmd, { args, cwd, stdout: "piped", stderr: "piped" }).outputSync();
+}
+
+function findCompiler(backend: Backend): Compiler {
+  const candidates: string[] = [];
+  if (backend === "cpu") {
+    const cc = env("CC");
+    if (cc !== undefined) candidates.push(cc);
+    candidates.push("cc", "gcc", "clang");
+  } else {
+    const nvcc = env("NVCC");
+    if (nvcc !== undefined) candidates.push(nvcc);
+    candidates.push("nvcc");
+    for (const root of [env("CUDA_HOME"), env("CUDA_PATH")]) {
+      if (root !== undefined) candidates.push(`${root}/bin/nvcc`);
+    }
+    candidates.push("/usr/local/cuda/bin/nvcc");
+  }
+  const tried: string[] = [];
+  for (const path of candidates) {
+    try {
+      const out = run(path, ["--version"]);
+      if (out.success) {
+        return { path, version: new TextDecoder().decode(out.stdout).trim() };
+      }
+      tried.push(`${path} (--version failed)`);
+    } catch (err) {
+      tried.push(
+        `${path} (${err instanceof Deno.errors.NotFound ? "not found" : (err as Error).message})`,
+      );
+    }
+  }
+  const install = backend === "cpu"
+    ? "install a C compiler (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install gcc) or set CC"
+    : "install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads) or set NVCC / CUDA_HOME";
+  const override = backend === "cpu" ? "PINSTREAM_LIB_CPU" : "PINSTREAM_LIB_CUDA";
+  throw new LibraryError(
+    "no-compiler",
+    backend,
+    `no ${backend === "cpu" ? "C compiler" : "nvcc"} found (tried ${
+      tried.join(", ")
+    }); ${install}, or point ${override} at a prebuilt library`,
+  );
+}
+
+/** The sources of `backend`: their texts, and the identity that goes into the cache key. */
+function readSources(backend: Backend): { files: Map<string, string>; identity: string[] } {
+  const files = new Map<string, string>();
+  const urls = SOURCES[backend].map((rel) => new URL(rel, KERNELS));
+  if (KERNELS.protocol === "file:") {
+    for (const [i, url] of urls.entries()) {
+      files.set(SOURCES[backend][i], Deno.readTextFileSync(url));
+    }
+    return { files, identity: [...files].map(([p, text]) => `${p}\0${text}`) };
+  }
+  // Remote sources (a JSR or https import). A published version never changes, so the URLs
+  // are the identity and a cache hit needs no network; on a miss they are fetched by a child
+  // Deno process, because fetch is asynchronous and loading a library is not.
+  return { files, identity: urls.map((u) => u.href) };
+}
+
+function fetchRemote(backend: Backend): Map<string, string> {
+  const rels = SOURCES[backend];
+  const urls = rels.map((rel) => new URL(rel, KERNELS).href);
+  const script = `const out = [];
+for (const u of JSON.parse(Deno.env.get("PINSTREAM_FETCH"))) {
+  const r = await fetch(u);
+  if (!r.ok) throw new Error(u + ": HTTP " + r.status);
+  out.push(await r.text());
+}
+await Deno.stdout.write(new TextEncoder().encode(JSON.stringify(out)));`;
+  const out = new Deno.Command(Deno.execPath(), {
+    args: ["eval", script],
+    env: { PINSTREAM_FETCH: JSON.stringify(urls) },
+    stdout: "piped",
+    stderr: "piped",
+  }).outputSync();
+  if (!out.success) {
+    throw new LibraryError(
+      "fetch-failed",
+      backend,
+      `could not fetch the kernel sources from ${KERNELS.href}: ${
+        new TextDecoder().decode(out.stderr).trim()
+      }`,
+    );
+  }
+  const texts = JSON.parse(new TextDecoder().decode(out.stdout)) as string[];
+  return new Map(rels.map((rel, i) => [rel, texts[i]]));
+}
+
+/** The host CPU's feature flags: `-march=native` output depends on them. */
+function hostCpuFlags(): string {
+  try {
+    const info = Deno.readTextFileSync("/proc/cpuinfo");
+    return info.match(/^flags\s*:(.*)$/m)?.[1]?.trim() ?? "";
+  } catch {
+    return Deno.build.arch;
+  }
+}
+
+function cudaArchs(): string[] {
+  const spec = env("PINSTREAM_CUDA_ARCHS");
+  if (spec === undefined) return [...CUDA_ARCHS];
+  const archs = spec.split(/[\s,]+/).filter((s) => s !== "");
+  for (const a of archs) {
+    if (!/^\d+a?$/.test(a)) {
+      throw new TypeError(`Cannot build the cuda backend: bad PINSTREAM_CUDA_ARCHS entry "${a}"`);
+    }
+  }
+  return archs;
+}
+
+/** nvcc flags: one SASS per arch, plus PTX of the newest for GPUs newer than all of them. */
+function cudaFlags(archs: string[]): string[] {
+  const flags = ["-O3", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden", "-cudart", "static"];
+  for (const a of archs) flags.push("-gencode", `arch=compute_${a},code=sm_${a}`);
+  const newest = archs[archs.length - 1];
+  flags.push("-gencode", `arch=compute_${newest},code=compute_${newest}`);
+  return flags;
+}
+
+const LIB_EXT = Deno.build.os === "windows" ? "dll" : Deno.build.os === "darwin" ? "dylib" : "so";
+
+/** Builds (if not cached) and returns the library path. */
+function build(backend: Backend): string {
+  const compiler = findCompiler(backend);
+  const flags = backend === "cpu" ? [...CPU_FLAGS] : cudaFlags(cudaArchs());
+  const { files, identity } = readSources(backend);
+  const hash = createHash("sha256");
+  for (const part of [backend, compiler.version, flags.join(" "), hostCpuFlags(), ...identity]) {
+    hash.update(part).update("\0");
+  }
+  const dir = cacheDir();
+  const final = `${dir}/libpinstream_${backend}_${hash.digest("hex").slice(0, 20)}.${LIB_EXT}`;
+  try {
+    Deno.statSync(final);
+    return final;
+  } catch (err) {
+    if (!(err instanceof Deno.errors.NotFound)) throw err;
+  }
+  const sources = files.size > 0 ? files : fetchRemote(backend);
+  Deno.mkdirSync(dir, { recursive: true });
+  // Each build gets its own temporary directory in the cache (same filesystem, so the final
+  // rename is atomic): concurrent first uses (parallel test files) never see a partial file.
+  const tmp = Deno.makeTempDirSync({ dir, prefix: `.build-${backend}-` });
+  try {
+    for (const [rel, text] of sources) {
+      const path = `${tmp}/src/${rel}`;
+      Deno.mkdirSync(path.slice(0, path.lastIndexOf("/")), { recursive: true });
+      Deno.writeTextFileSync(path, text);
+    }
+    const compiled = [...sources.keys()].filter((p) => !/\.(h|cuh)$/.test(p));
+    const out = `${tmp}/lib.${LIB_EXT}`;
+    let used = flags;
+    if (backend === "cpu" && !hasOpenMP(compiler, tmp)) {
+      used = flags.filter((f) => f !== "-fopenmp");
+    }
+    // Relative paths from src/, so messages recorded with __FILE__ read "cpu/core.c:123".
+    const args = [...used, ...compiled, "-o", out];
+    if (backend === "cpu") args.push("-lm");
+    const result = run(compiler.path, args, `${tmp}/src`);
+    if (!result.success) {
+      const log = new TextDecoder().decode(result.stderr).trim();
+      throw new LibraryError(
+        "build-failed",
+        backend,
+        `${compiler.path} ${args.join(" ")} failed (in ${tmp}/src):\n${log.slice(0, 8000)}`,
+      );
+    }
+    Deno.renameSync(out, final);
+  } finally {
+    try {
+      Deno.removeSync(tmp, { recursive: true });
+    } catch {
+      // best effort: a leftover .build-* directory is harmless
+    }
+  }
+  return final;
+}
+
+function hasOpenMP(compiler: Compiler, tmp: string): boolean {
+  const src = `${tmp}/omp_probe.c`;
+  Deno.writeTextFileSync(
+    src,
+    "#include <omp.h>\nint ps_probe(void) { return omp_get_max_threads(); }\n",
+  );
+  const out = run(compiler.path, [
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+    src,
+    "-o",
+    `${tmp}/omp_probe.so`,
+  ]);
+  return out.success;
+}

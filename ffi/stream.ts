@@ -1,0 +1,386 @@
+/**
+ * `Stream` (an ordered queue of device work) and `Event` (a marker in a stream: for waiting,
+ * for ordering one stream after another, and for timing).
+ *
+ * @module
+ */
+
+import { describe, Resource } from "./_resource.ts";
+import type { Device } from "./device.ts";
+import { Status, unwrap } from "./errors.ts";
+import type { Library } from "./symbols.ts";
+
+/** Native handles released by the FinalizationRegistry backstop when a wrapper is lost. */
+interface Held {
+  lib: Library;
+  handle: Deno.PointerObject;
+  kind: "stream" | "event";
+}
+
+const backstop = new FinalizationRegistry<Held>(({ lib, handle, kind }) => {
+  // A wrapper was garbage-collected without dispose(): free its handle so it does not leak.
+  if (kind === "stream") lib.symbols.ps_stream_destroy(handle);
+  else lib.symbols.ps_event_destroy(handle);
+});
+
+/** A stream or event handle whose [wait] calls may be in flight on a worker thread. */
+abstract class Waitable extends Resource {
+  #inflight = 0;
+  #destroyWhenIdle = false;
+
+  /** Runs a [wait] call, keeping the native handle alive until it returns. */
+  protected async wait(
+    lib: Library,
+    call: (msg: Uint8Array) => Promise<number>,
+    action: string,
+  ): Promise<void> {
+    this.assertLive(action);
+    // The message buffer travels to the worker thread: it stays referenced by this frame.
+    const msg = new Uint8Array(1024);
+    this.#inflight++;
+    let status: number;
+    try {
+      status = await call(msg);
+    } finally {
+      if (--this.#inflight === 0 && this.#destroyWhenIdle) this.destroy();
+    }
+    unwrap(lib, status, action, msg);
+  }
+
+  protected release(): void {
+    // Destroying a handle that a worker thread is waiting on is undefined behaviour in CUDA:
+    // defer until the last wait returns.
+    if (this.#inflight > 0) this.#destroyWhenIdle = true;
+    else this.destroy();
+  }
+
+  protected abstract destroy(): void;
+}
+
+let constructingDefault = false;
+
+/**
+ * Internal: the wrapper of the backend's default (NULL) stream, made once per Device.
+ *
+ * @param device The device whose default stream to wrap.
+ * @returns A Stream whose handle is null and whose dispose does nothing native.
+ */
+export function createDefaultStream(device: Device): Stream {
+  constructingDefault = true;
+  try {
+    return new Stream(device);
+  } finally {
+    constructingDefault = false;
+  }
+}
+
+/**
+ * An ordered queue of device work (a non-blocking CUDA stream; on cpu, work runs at once).
+ * Copies and kernels take `{ stream }`; work on one stream runs in order, work on different
+ * streams may overlap unless ordered with {@linkcode Stream.waitEvent}.
+ *
+ * @example Waiting for queued work
+ * ```ts
+ * import { Device, Stream } from "../mod.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using stream = new Stream(dev);
+ * await stream.synchronize();
+ * assert.strictEqual(stream.query(), true);
+ * ```
+ */
+export class Stream extends Waitable {
+  /** The device this stream belongs to. */
+  readonly device: Device;
+  /** The native handle (`cudaStream_t`); null for the default stream. */
+  readonly handle: Deno.PointerValue;
+  /** Whether this wraps the backend's default stream. */
+  readonly isDefault: boolean;
+
+  /**
+   * Creates a stream on `device`.
+   *
+   * @param device The device the stream queues work for.
+   * @throws {TypeError} When `device` is not a Device.
+   * @throws {Error} When the device is disposed.
+   * @throws {PinstreamError} When the backend cannot create a stream.
+   */
+  constructor(device: Device) {
+    assertDevice(device, "create a stream");
+    super("Stream", device);
+    this.device = device;
+    this.isDefault = constructingDefault;
+    if (this.isDefault) {
+      this.handle = null;
+      return;
+    }
+    device.makeCurrent();
+    const out = new BigUint64Array(1);
+    device.check(device.lib.symbols.ps_stream_create(out), `create a stream on ${device}`);
+    const handle = Deno.UnsafePointer.create(out[0])!;
+    this.handle = handle;
+    backstop.register(this, { lib: device.lib, handle, kind: "stream" }, this);
+  }
+
+  /**
+   * Waits, without blocking the event loop, until all work queued on this stream is done.
+   *
+   * @returns A promise resolved when the stream is idle.
+   * @throws {Error} When the stream is disposed.
+   * @throws {PinstreamError} When queued work failed.
+   */
+  synchronize(): Promise<void> {
+    const { lib } = this.device;
+    return this.wait(
+      lib,
+      (msg) => lib.symbols.ps_stream_synchronize(this.handle, msg, BigInt(msg.length)),
+      "synchronize a stream",
+    );
+  }
+
+  /**
+   * Makes work queued on this stream after this call wait (on the device, not the host) until
+   * `event` has completed.
+   *
+   * @param event A recorded (or never recorded: no wait) event of the same backend.
+   * @throws {TypeError} When `event` is not an Event of this device's backend.
+   * @throws {Error} When the stream or the event is disposed.
+   * @throws {PinstreamError} On a backend failure.
+   *
+   * @example Ordering a consumer stream after a producer stream
+   * ```ts
+   * import { Device, Event, Stream } from "../mod.ts";
+   * using dev = Device.open("cpu");
+   * using copy = new Stream(dev), compute = new Stream(dev);
+   * using ready = new Event(dev);
+   * ready.record(copy);        // after the copies queued on `copy`
+   * compute.waitEvent(ready);  // kernels queued on `compute` from now on run after them
+   * await compute.synchronize();
+   * ```
+   */
+  waitEvent(event: Event): void {
+    this.assertLive("wait for an event");
+    assertSameLib(event, this.device, "wait for an event");
+    event.assertUsable("wait for an event");
+    this.device.check(
+      this.device.lib.symbols.ps_stream_wait_event(this.handle, event.handle),
+      "make a stream wait for an event",
+    );
+  }
+
+  /**
+   * Whether all work queued on this stream is done (does not wait).
+   *
+   * @returns true when idle.
+   * @throws {Error} When the stream is disposed.
+   * @throws {PinstreamError} When queued work failed.
+   */
+  query(): boolean {
+    this.assertLive("query a stream");
+    const status = this.device.lib.symbols.ps_stream_query(this.handle);
+    if (status === Status.NOT_READY) return false;
+    this.device.check(status, "query a stream");
+    return true;
+  }
+
+  /** Internal: throws unless the stream is live and belongs to `device`. */
+  assertUsableOn(device: Device, action: string): void {
+    if (this.device !== device) {
+      throw new TypeError(`Cannot ${action}: the stream belongs to ${this.device}, not ${device}`);
+    }
+    this.assertLive(action);
+  }
+
+  protected destroy(): void {
+    if (this.handle === null) return;
+    backstop.unregister(this);
+    this.device.check(this.device.lib.symbols.ps_stream_destroy(this.handle), "destroy a stream");
+  }
+}
+
+/** Options of {@linkcode Event}. */
+export interface EventOptions {
+  /**
+   * Record timestamps so {@linkcode Event.elapsedMs} works (default false: an event without
+   * timing is cheaper to record and to wait on, as in PyTorch's `enable_timing=False`).
+   */
+  timing?: boolean;
+}
+
+/**
+ * A marker in a stream. Record it after some work, then wait for it on the host
+ * ({@linkcode Event.synchronize}), on another stream ({@linkcode Stream.waitEvent}), or time
+ * the work between two events ({@linkcode Event.elapsedMs}).
+ *
+ * @example Timing queued work
+ * ```ts
+ * import { Device, Event } from "../mod.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using start = new Event(dev, { timing: true }), end = new Event(dev, { timing: true });
+ * start.record();
+ * end.record();
+ * await end.synchronize();
+ * assert.ok(start.elapsedMs(end) >= 0);
+ * ```
+ */
+export class Event extends Waitable {
+  /** The device this event belongs to. */
+  readonly device: Device;
+  /** The native handle (`cudaEvent_t`). */
+  readonly handle: Deno.PointerObject;
+  /** Whether the event records timestamps. */
+  readonly timing: boolean;
+
+  /**
+   * Creates an event on `device`.
+   *
+   * @param device The device.
+   * @param options `timing`: record timestamps (default false).
+   * @throws {TypeError} When `device` is not a Device or `timing` not a boolean.
+   * @throws {Error} When the device is disposed.
+   * @throws {PinstreamError} When the backend cannot create an event.
+   */
+  constructor(device: Device, options: EventOptions = {}) {
+    assertDevice(device, "create an event");
+    const timing = options.timing ?? false;
+    if (typeof timing !== "boolean") {
+      throw new TypeError(
+        `Cannot create an event: timing must be a boolean, got ${describe(timing)}`,
+      );
+    }
+    super("Event", device);
+    this.device = device;
+    this.timing = timing;
+    device.makeCurrent();
+    const out = new BigUint64Array(1);
+    // PS_EVENT_DISABLE_TIMING = 1
+    device.check(
+      device.lib.symbols.ps_event_create(timing ? 0 : 1, out),
+      `create an event on ${device}`,
+    );
+    this.handle = Deno.UnsafePointer.create(out[0])!;
+    backstop.register(this, { lib: device.lib, handle: this.handle, kind: "event" }, this);
+  }
+
+  /**
+   * Records the event after the work queued so far on `stream`.
+   *
+   * @param stream The stream (default: the device's default stream).
+   * @throws {TypeError} When `stream` belongs to another device.
+   * @throws {Error} When the event or the stream is disposed.
+   * @throws {PinstreamError} On a backend failure.
+   */
+  record(stream: Stream = this.device.defaultStream): void {
+    this.assertLive("record an event");
+    assertStream(stream, this.device, "record an event");
+    this.device.check(
+      this.device.lib.symbols.ps_event_record(this.handle, stream.handle),
+      "record an event",
+    );
+  }
+
+  /**
+   * Whether the work before the last record is done (true for a never-recorded event).
+   *
+   * @returns true when complete.
+   * @throws {Error} When the event is disposed.
+   * @throws {PinstreamError} When the recorded work failed.
+   */
+  query(): boolean {
+    this.assertLive("query an event");
+    const status = this.device.lib.symbols.ps_event_query(this.handle);
+    if (status === Status.NOT_READY) return false;
+    this.device.check(status, "query an event");
+    return true;
+  }
+
+  /**
+   * Waits, without blocking the event loop, until the work before the last record is done.
+   *
+   * @returns A promise resolved when the event has completed.
+   * @throws {Error} When the event is disposed.
+   * @throws {PinstreamError} When the recorded work failed.
+   */
+  synchronize(): Promise<void> {
+    const { lib } = this.device;
+    return this.wait(
+      lib,
+      (msg) => lib.symbols.ps_event_synchronize(this.handle, msg, BigInt(msg.length)),
+      "synchronize an event",
+    );
+  }
+
+  /**
+   * Milliseconds between this event and `end`; both recorded with timing, both completed.
+   *
+   * @param end The later event.
+   * @returns The elapsed time in milliseconds.
+   * @throws {TypeError} When `end` is not an Event of this device.
+   * @throws {Error} When either event is disposed or lacks timing.
+   * @throws {PinstreamError} When an event was not recorded or has not completed.
+   */
+  elapsedMs(end: Event): number {
+    this.assertLive("measure elapsed time");
+    assertSameLib(end, this.device, "measure elapsed time");
+    end.assertUsable("measure elapsed time");
+    if (!this.timing || !end.timing) {
+      throw new Error("Cannot measure elapsed time: both events need { timing: true }");
+    }
+    const out = new Float32Array(1);
+    this.device.check(
+      this.device.lib.symbols.ps_event_elapsed_ms(this.handle, end.handle, out),
+      "measure elapsed time",
+    );
+    return out[0];
+  }
+
+  /** Internal: throws when disposed. */
+  assertUsable(action: string): void {
+    this.assertLive(action);
+  }
+
+  protected destroy(): void {
+    backstop.unregister(this);
+    this.device.check(this.device.lib.symbols.ps_event_destroy(this.handle), "destroy an event");
+  }
+}
+
+function assertDevice(device: unknown, action: string): void {
+  // Checked structurally to avoid an import cycle with device.ts.
+  if (
+    typeof device !== "object" || device === null || !("lib" in device) ||
+    !("makeCurrent" in device)
+  ) {
+    throw new TypeError(`Cannot ${action}: expected a Device, got ${describe(device)}`);
+  }
+}
+
+function assertSameLib(event: unknown, device: Device, action: string): void {
+  if (!(event instanceof Event)) {
+    throw new TypeError(`Cannot ${action}: expected an Event, got ${describe(event)}`);
+  }
+  if (event.device.lib !== device.lib) {
+    throw new TypeError(
+      `Cannot ${action}: the event belongs to ${event.device}, the stream to ${device}`,
+    );
+  }
+}
+
+/**
+ * Internal: throws unless `stream` is a live Stream of `device`.
+ *
+ * @param stream The value passed as a stream.
+ * @param device The device the operation runs on.
+ * @param action What was being done, for the message.
+ */
+export function assertStream(
+  stream: unknown,
+  device: Device,
+  action: string,
+): asserts stream is Stream {
+  if (!(stream instanceof Stream)) {
+    throw new TypeError(`Cannot ${action}: expected a Stream, got ${describe(stream)}`);
+  }
+  stream.assertUsableOn(device, action);
+}
