@@ -43,3 +43,20 @@ export {
 export { RingBatch, type RingField, ringLayout, StagingRing } from "./ring.ts";
 export { getWorkerInfo, type WorkerInfo } from "./worker_info.ts";
 export { TensorDataset, type TensorDatasetState, type TensorField } from "./datasets/tensor.ts";
+export {
+  CIFAR10,
+  CIFAR10_MD5,
+  CIFAR10_URL,
+  type CIFAR10Options,
+  type CIFAR10State,
+  downloadCIFAR10,
+} from "./datasets/cifar10.ts";
+export {
+  FASHION_MNIST_DEBIAN_ROOT,
+  FashionMNIST,
+  type IdxFile,
+  MNIST,
+  type MNISTOptions,
+  type MNISTState,
+  parseIdx,
+} from "./datasets/mnist.ts";

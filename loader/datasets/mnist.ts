@@ -1,0 +1,319 @@
+/**
+ * MNIST and Fashion-MNIST from IDX files (gzip-compressed or not):
+ * `train-images-idx3-ubyte[.gz]`, `train-labels-idx1-ubyte[.gz]`, `t10k-images-idx3-ubyte[.gz]`,
+ * `t10k-labels-idx1-ubyte[.gz]`. Debian's `dataset-fashion-mnist` package installs the
+ * gzip files under `/usr/share/datasets/fashion-mnist`, the default root of
+ * {@linkcode FashionMNIST}.
+ *
+ * @module
+ */
+
+import { join } from "node:path";
+import type { Dataset, SharedField, WorkerSpec } from "../dataset.ts";
+import { gunzip, isGzip } from "./_files.ts";
+
+/** A parsed IDX file of unsigned bytes. */
+export interface IdxFile {
+  /** Dimensions, e.g. [60000, 28, 28]. */
+  dims: number[];
+  /** The data, product(dims) bytes. */
+  data: Uint8Array;
+}
+
+/**
+ * Parses an IDX file of unsigned bytes (type 0x08), gzip or not.
+ *
+ * @param bytes the file's bytes
+ * @param file the name used in errors
+ * @param ndims the expected number of dimensions (3 for images, 1 for labels)
+ * @returns dims and data (a view into the decompressed bytes)
+ * @throws {Error} naming the file for a bad magic, a wrong rank, or a size mismatch
+ *   (expected and found bytes)
+ * @example A two-label file
+ * ```ts
+ * import { parseIdx } from "./mnist.ts";
+ * import assert from "node:assert";
+ * const bytes = new Uint8Array([0, 0, 8, 1, 0, 0, 0, 2, 4, 9]);
+ * const idx = await parseIdx(bytes, "labels", 1);
+ * assert.deepStrictEqual(idx.dims, [2]);
+ * assert.deepStrictEqual([...idx.data], [4, 9]);
+ * ```
+ */
+export async function parseIdx(bytes: Uint8Array, file: string, ndims: number): Promise<IdxFile> {
+  if (isGzip(bytes)) bytes = await gunzip(bytes, file);
+  if (bytes.length < 4) {
+    throw new Error(
+      `Cannot read IDX file ${file}: expected at least 4 bytes, found ${bytes.length}`,
+    );
+  }
+  const magic = ((bytes[0] << 24) | (bytes[1] << 16) | (bytes[2] << 8) | bytes[3]) >>> 0;
+  const expectedMagic = 0x800 | ndims;
+  if (magic !== expectedMagic) {
+    throw new Error(
+      `Cannot read IDX file ${file}: magic 0x${magic.toString(16).padStart(8, "0")}, expected ` +
+        `0x${expectedMagic.toString(16).padStart(8, "0")} (unsigned bytes, ${ndims} dimensions)`,
+    );
+  }
+  const header = 4 + 4 * ndims;
+  if (bytes.length < header) {
+    throw new Error(
+      `Cannot read IDX file ${file}: expected a ${header}-byte header, found ${bytes.length} bytes`,
+    );
+  }
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const dims: number[] = [];
+  for (let d = 0; d < ndims; d++) dims.push(view.getUint32(4 + 4 * d));
+  const expected = header + dims.reduce((a, b) => a * b, 1);
+  if (bytes.length !== expected) {
+    throw new Error(
+      `Cannot read IDX file ${file}: expected ${expected} bytes (${header}-byte header + ` +
+        `${dims.join(" x ")}), found ${bytes.length}`,
+    );
+  }
+  return { dims, data: bytes.subarray(header) };
+}
+
+/** Options of {@linkcode MNIST.load} and {@linkcode FashionMNIST.load}. */
+export interface MNISTOptions {
+  /** Directory of the IDX files (FashionMNIST defaults to /usr/share/datasets/fashion-mnist). */
+  root?: string;
+  /** Training set (60,000) or test set (10,000). Default true. */
+  train?: boolean;
+}
+
+/** The serializable state a worker rebuilds the dataset from (shared memory). */
+export interface MNISTState {
+  images: SharedArrayBuffer;
+  labels: SharedArrayBuffer;
+  length: number;
+  train: boolean;
+}
+
+async function readFirst(paths: string[]): Promise<{ path: string; bytes: Uint8Array }> {
+  for (const path of paths) {
+    try {
+      return { path, bytes: await Deno.readFile(path) };
+    } catch (e) {
+      if (!(e instanceof Deno.errors.NotFound)) {
+        throw new Error(`Cannot read ${path}: ${(e as Error).message}`, { cause: e });
+      }
+    }
+  }
+  throw new Error(`Cannot load dataset: none of ${paths.join(", ")} exists`);
+}
+
+async function loadIdxPair(root: string, train: boolean, what: string) {
+  const prefix = train ? "train" : "t10k";
+  const img = await readFirst([
+    join(root, `${prefix}-images-idx3-ubyte.gz`),
+    join(root, `${prefix}-images-idx3-ubyte`),
+    join(root, `${prefix}-images.idx3-ubyte`),
+  ]).catch((e) => {
+    throw new Error(`Cannot load ${what}: ${(e as Error).message}`);
+  });
+  const lab = await readFirst([
+    join(root, `${prefix}-labels-idx1-ubyte.gz`),
+    join(root, `${prefix}-labels-idx1-ubyte`),
+    join(root, `${prefix}-labels.idx1-ubyte`),
+  ]).catch((e) => {
+    throw new Error(`Cannot load ${what}: ${(e as Error).message}`);
+  });
+  const images = await parseIdx(img.bytes, img.path, 3);
+  const labels = await parseIdx(lab.bytes, lab.path, 1);
+  if (images.dims[0] !== labels.dims[0]) {
+    throw new Error(
+      `Cannot load ${what}: ${img.path} has ${images.dims[0]} images but ${lab.path} has ` +
+        `${labels.dims[0]} labels`,
+    );
+  }
+  if (images.dims[1] !== 28 || images.dims[2] !== 28) {
+    throw new Error(
+      `Cannot load ${what}: ${img.path} has ${images.dims[1]} x ${images.dims[2]} images, ` +
+        "expected 28 x 28",
+    );
+  }
+  const n = images.dims[0];
+  const sImages = new Uint8Array(new SharedArrayBuffer(n * 784));
+  sImages.set(images.data);
+  const sLabels = new Int32Array(new SharedArrayBuffer(n * 4));
+  for (let i = 0; i < n; i++) {
+    const l = labels.data[i];
+    if (l > 9) {
+      throw new Error(`Cannot load ${what}: ${lab.path} has label ${l} at ${i}, expected 0..9`);
+    }
+    sLabels[i] = l;
+  }
+  return {
+    images: sImages.buffer as SharedArrayBuffer,
+    labels: sLabels.buffer as SharedArrayBuffer,
+    length: n,
+    train,
+  };
+}
+
+/**
+ * MNIST handwritten digits, in shared memory: `images` u8 [N, 1, 28, 28], `labels` i32 [N].
+ * Samples are `{ image, label }`; `sharedFields()` gives `image` u8 [1,28,28] + `label` i32.
+ *
+ * @example From generated IDX files
+ * ```ts
+ * import { MNIST } from "./mnist.ts";
+ * import assert from "node:assert";
+ * const dir = await Deno.makeTempDir();
+ * const be = (n: number) => [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255];
+ * await Deno.writeFile(
+ *   `${dir}/t10k-images-idx3-ubyte`,
+ *   new Uint8Array([0, 0, 8, 3, ...be(1), ...be(28), ...be(28), ...new Array(784).fill(5)]),
+ * );
+ * await Deno.writeFile(`${dir}/t10k-labels-idx1-ubyte`, new Uint8Array([0, 0, 8, 1, ...be(1), 3]));
+ * const ds = await MNIST.load({ root: dir, train: false });
+ * assert.strictEqual(ds.get(0).label, 3);
+ * await Deno.remove(dir, { recursive: true });
+ * ```
+ */
+export class MNIST implements Dataset<{ image: Uint8Array; label: number }> {
+  /** Class names, by label. */
+  static readonly classes: readonly string[] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+  /** Sample count. */
+  readonly length: number;
+  /** Whether this is the training set. */
+  readonly train: boolean;
+  /** Images, N x 28 x 28 bytes, in shared memory. */
+  readonly images: Uint8Array;
+  /** Labels in [0, 10), in shared memory. */
+  readonly labels: Int32Array;
+
+  /** @internal Use `load` or `fromState`. */
+  constructor(state: MNISTState) {
+    this.length = state.length;
+    this.train = state.train;
+    this.images = new Uint8Array(state.images, 0, state.length * 784);
+    this.labels = new Int32Array(state.labels, 0, state.length);
+  }
+
+  /**
+   * Reads the IDX files.
+   *
+   * @param options root (required for MNIST), train
+   * @returns the dataset
+   * @throws {Error} naming the file and the expected and found sizes for a truncated or
+   *   malformed file, or listing the paths tried when files are missing
+   */
+  static async load(options: MNISTOptions = {}): Promise<MNIST> {
+    if (options.root === undefined) {
+      throw new TypeError("Cannot load MNIST: pass root, the directory of the IDX files");
+    }
+    return new MNIST(await loadIdxPair(options.root, options.train ?? true, "MNIST"));
+  }
+
+  /**
+   * @param state from `workerSpec().state`
+   * @returns the dataset over the same shared memory
+   */
+  static fromState(state: MNISTState): MNIST {
+    return new MNIST(state);
+  }
+
+  /**
+   * @param index sample index
+   * @returns `{ image, label }`, image a 784-byte view into shared memory
+   * @throws {RangeError} for an index out of range
+   */
+  get(index: number): { image: Uint8Array; label: number } {
+    if (!(index >= 0 && index < this.length) || !Number.isInteger(index)) {
+      throw new RangeError(
+        `Cannot get sample ${index}: index out of range for a dataset of length ${this.length}`,
+      );
+    }
+    return {
+      image: this.images.subarray(index * 784, index * 784 + 784),
+      label: this.labels[index],
+    };
+  }
+
+  /** @returns `image` u8 [1,28,28] and `label` i32 [] in shared memory */
+  sharedFields(): readonly SharedField[] {
+    return [
+      {
+        name: "image",
+        dtype: "u8",
+        shape: [1, 28, 28],
+        buffer: this.images.buffer as SharedArrayBuffer,
+      },
+      { name: "label", dtype: "i32", shape: [], buffer: this.labels.buffer as SharedArrayBuffer },
+    ];
+  }
+
+  /** @returns how workers rebuild this dataset */
+  workerSpec(): WorkerSpec {
+    const state: MNISTState = {
+      images: this.images.buffer as SharedArrayBuffer,
+      labels: this.labels.buffer as SharedArrayBuffer,
+      length: this.length,
+      train: this.train,
+    };
+    const name = this instanceof FashionMNIST ? "FashionMNIST" : "MNIST";
+    return { module: import.meta.url, export: `${name}.fromState`, state };
+  }
+}
+
+/** Where Debian's dataset-fashion-mnist package puts the files. */
+export const FASHION_MNIST_DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist";
+
+/**
+ * Fashion-MNIST (Zalando): the MNIST format with clothing classes. `root` defaults to
+ * {@linkcode FASHION_MNIST_DEBIAN_ROOT}.
+ *
+ * @example Class names
+ * ```ts
+ * import { FashionMNIST } from "./mnist.ts";
+ * import assert from "node:assert";
+ * assert.strictEqual(FashionMNIST.classes[9], "Ankle boot");
+ * ```
+ */
+export class FashionMNIST extends MNIST {
+  /** Class names, by label. */
+  static override readonly classes: readonly string[] = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+  ];
+
+  /**
+   * Reads the IDX files.
+   *
+   * @param options root (default /usr/share/datasets/fashion-mnist), train
+   * @returns the dataset
+   * @throws {Error} naming the file and sizes for a truncated or malformed file; saying
+   *   how to install the data when missing
+   */
+  static override async load(options: MNISTOptions = {}): Promise<FashionMNIST> {
+    const root = options.root ?? FASHION_MNIST_DEBIAN_ROOT;
+    try {
+      return new FashionMNIST(await loadIdxPair(root, options.train ?? true, "Fashion-MNIST"));
+    } catch (e) {
+      if (options.root === undefined && /none of/.test((e as Error).message)) {
+        throw new Error(
+          `${(e as Error).message}. Install it with \`apt-get install dataset-fashion-mnist\` ` +
+            "or pass root, the directory of the IDX files",
+        );
+      }
+      throw e;
+    }
+  }
+
+  /**
+   * @param state from `workerSpec().state`
+   * @returns the dataset over the same shared memory
+   */
+  static override fromState(state: MNISTState): FashionMNIST {
+    return new FashionMNIST(state);
+  }
+}
