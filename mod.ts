@@ -65,5 +65,20 @@ export {
 } from "./loader/mod.ts";
 
 // pipeline
+export {
+  augmentHost,
+  type AugmentHostOptions,
+  type ImageDtype,
+  type ImageLayout,
+  type NormalizeAffine,
+  normalizeAffine,
+} from "./pipeline/augment.ts";
+export {
+  type DeviceBatch,
+  DevicePrefetcher,
+  type PipelineStats,
+  toDevice,
+  type ToDeviceOptions,
+} from "./pipeline/prefetcher.ts";
 
 // nn

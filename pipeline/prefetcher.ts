@@ -1,0 +1,870 @@
+/**
+ * Host batches to device batches: the loader's staging ring pinned in place, one
+ * host-to-device copy per batch on a dedicated copy stream, an event handing each batch to
+ * the compute stream (which waits on the device; the host does not), the fused
+ * crop/flip/normalize/cast kernel on the compute stream, and a ring of device slots so that
+ * `depth` batches are in flight while the consumer works on one.
+ *
+ * ## Lifetimes (who may touch what, when)
+ *
+ * - **Loader slot** (host, in the pinned ring): handed back to the loader
+ *   (`RingBatch.release()`) as soon as the copy event of its batch has fired, never before.
+ *   The host never blocks on that: the release runs when `Event.query()` says so, or when
+ *   a nonblocking `Event.synchronize()` resolves.
+ * - **Device slot** (`DeviceBatch.images`, `.labels`): valid until the next `next()` call
+ *   (the next iteration of `for await`). Work the consumer queued on the compute stream
+ *   before that call is safe; the slot is refilled only after an event recorded on the
+ *   compute stream at that call has fired (the copy stream waits on it).
+ * - **Raw bytes** (device mode, a device copy of the loader slot): rewritten by the copy
+ *   stream only after the kernel that read them finished (an event after the kernel).
+ * - **Host staging** (host mode: floats built on the host in pinned memory): rewritten only
+ *   after the copy event of its previous batch fired (here the host does wait, rarely).
+ *
+ * @module
+ */
+
+import type { Device } from "../ffi/device.ts";
+import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
+import { Event, Stream } from "../ffi/stream.ts";
+import { Tensor } from "../ffi/tensor.ts";
+import type { DataLoader } from "../loader/data_loader.ts";
+import { RingBatch, type RingField, type StagingRing } from "../loader/ring.ts";
+import {
+  augmentHost,
+  type ImageDtype,
+  type ImageLayout,
+  MAX_CHANNELS,
+  type NormalizeAffine,
+  normalizeAffine,
+} from "./augment.ts";
+
+/** Options of {@linkcode DevicePrefetcher} / {@linkcode toDevice}. */
+export interface ToDeviceOptions {
+  /** Batches in flight on the device besides the one the consumer holds (default 2). */
+  depth?: number;
+  /**
+   * Where crop/flip/normalize/cast run: "device" (default; uint8 bytes cross to the
+   * device, one fused kernel there) or "host" (floats built on the host, then sent).
+   */
+  augmentOn?: "device" | "host";
+  /** Output element type of `images` (default "f16"). */
+  dtype?: ImageDtype;
+  /** Per-channel mean in [0, 1] units (default 0 for every channel). */
+  mean?: ArrayLike<number>;
+  /** Per-channel std in [0, 1] units (default 1 for every channel). */
+  std?: ArrayLike<number>;
+  /**
+   * Crop padding the loader's `augment` parameters were drawn with. Default: the loader's
+   * own `augment.padding` when it exposes it, else 0.
+   */
+  padding?: number;
+  /** Ring field holding the uint8 images (default "image"). */
+  imageField?: string;
+  /** Ring field holding the labels (u8, u16 or i32; default "label"). */
+  labelField?: string;
+  /** Memory order of an image record (default "nchw": CIFAR's [3, 32, 32]). */
+  layout?: ImageLayout;
+  /** The compute stream the batches are handed to (default: the device's default stream). */
+  stream?: Stream;
+  /**
+   * How the loader's ring reaches the device: "register" (default) pins the ring's
+   * SharedArrayBuffer in place (cudaHostRegister); "alloc" first copies each slot on the
+   * host into pinned memory from cudaHostAlloc; "none" copies from pageable memory.
+   */
+  pin?: "register" | "alloc" | "none";
+  /** Keep device memory, streams and the ring's pinning across epochs (default false). */
+  persistent?: boolean;
+}
+
+/** One batch on the device, from {@linkcode DevicePrefetcher}. */
+export interface DeviceBatch {
+  /** `[n, C, H, W]`, `dtype` f16 or f32, normalized. Valid until the next `next()`. */
+  readonly images: Tensor;
+  /** `[n]` int32. Valid until the next `next()`. */
+  readonly labels: Tensor;
+  /** Samples in the batch (the last batch of an epoch may be short). */
+  readonly size: number;
+  /** Batch number within the epoch. */
+  readonly index: number;
+  /** The loader's epoch number. */
+  readonly epoch: number;
+}
+
+/** What one epoch of the device pipeline looked like. */
+export interface PipelineStats {
+  /** The loader's epoch number. */
+  epoch: number;
+  /** Batches delivered. */
+  batches: number;
+  /** Samples delivered. */
+  samples: number;
+  /** Wall time from the first `next()` to the end of the epoch, ms. */
+  wallMs: number;
+  /** Time the consumer spent inside `next()` (waiting for input), ms. */
+  waitMs: number;
+  /** Of which: time the host waited for the loader to produce a batch, ms. */
+  hostWaitMs: number;
+  /** Host-to-device copy time summed over the batches, ms (from events on the copy stream). */
+  copyMs: number;
+  /** Bytes copied host to device. */
+  copyBytes: number;
+  /** `waitMs / wallMs`: the share of step time spent waiting for input (0 = never). */
+  inputBoundFraction: number;
+  /** Samples per second over `wallMs`. */
+  samplesPerSecond: number;
+}
+
+interface Geometry {
+  c: number;
+  h: number;
+  w: number;
+  imageField: RingField;
+  labelField: RingField;
+  augmentField: RingField | undefined;
+  /** Bytes of a slot that device mode copies: up to the end of the last needed field. */
+  copyBytes: number;
+}
+
+/** A device slot and the events that guard it. */
+interface Slot {
+  images: Tensor;
+  labels: Tensor;
+  /** Device mode: the raw slot bytes; host mode: unused. */
+  raw: DeviceBuffer | undefined;
+  /** Host mode: floats + int32 labels; "alloc" pinning: a copy of the loader slot. */
+  staging: HostBuffer | undefined;
+  copyStart: Event;
+  copyDone: Event;
+  /** Recorded on the compute stream when the slot's contents are no longer needed. */
+  free: Event;
+  /** Whether `free` was recorded since the slot was last filled. */
+  freeRecorded: boolean;
+  /** Whether `copyDone` of the previous fill was accounted (stats, staging reuse). */
+  copyAccounted: boolean;
+  /** Tensors for short batches (the last of an epoch), keyed by size. */
+  partial: Map<number, { images: Tensor; labels: Tensor }>;
+}
+
+interface InFlight {
+  slot: Slot;
+  size: number;
+  index: number;
+  epoch: number;
+  /** The loader slot, held until the copy has fired (device mode with register/none). */
+  host: RingBatch | undefined;
+  /** Settles when `host` was released. */
+  released: Promise<void>;
+}
+
+const DEFAULT_DEPTH = 2;
+
+/**
+ * Turns a DataLoader's batches (zero-copy path) into batches on a device, `depth` ahead.
+ * Iterate it once per epoch (`for await`); each iteration starts a new epoch of the loader.
+ *
+ * The loader should be built with `autoRelease: false` so that a loader slot is only
+ * reused after its copy to the device fired; with `autoRelease: true` (the loader's
+ * default) the prefetcher waits for each copy before asking for the next batch, which is
+ * correct but serializes host and copy on a GPU.
+ *
+ * @example CIFAR-shaped batches through the CPU backend
+ * ```ts
+ * import { DataLoader, Device, DevicePrefetcher, TensorDataset } from "../mod.ts";
+ * import assert from "node:assert";
+ *
+ * using device = Device.open("cpu");
+ * const n = 8;
+ * const ds = new TensorDataset({
+ *   image: { data: new Uint8Array(n * 3 * 32 * 32).fill(255), shape: [3, 32, 32] },
+ *   label: { data: new Int32Array(n).map((_, i) => i % 10), shape: [] },
+ * });
+ * await using loader = new DataLoader(ds, {
+ *   batchSize: 4, augment: { padding: 4, flip: true }, autoRelease: false, seed: 1,
+ * });
+ * await using prefetcher = new DevicePrefetcher(loader, device, {
+ *   mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5],
+ * });
+ * let seen = 0;
+ * for await (const batch of prefetcher) {
+ *   assert.deepStrictEqual(batch.images.shape, [4, 3, 32, 32]);
+ *   assert.strictEqual(batch.images.dtype, "f16");
+ *   seen += batch.size;
+ * }
+ * assert.strictEqual(seen, n);
+ * assert.strictEqual(prefetcher.stats?.samples, n);
+ * ```
+ */
+export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDisposable {
+  /** The loader batches come from. */
+  readonly loader: DataLoader<unknown>;
+  /** The device batches go to. */
+  readonly device: Device;
+  /** Batches in flight besides the one the consumer holds. */
+  readonly depth: number;
+  /** Where the augmentation runs. */
+  readonly augmentOn: "device" | "host";
+  /** Output element type. */
+  readonly dtype: ImageDtype;
+  /** Crop padding of the loader's parameters. */
+  readonly padding: number;
+  /** Ring pinning strategy. */
+  readonly pin: "register" | "alloc" | "none";
+  /** Every finished epoch's stats, oldest first. */
+  readonly history: PipelineStats[] = [];
+
+  #layout: ImageLayout;
+  #imageField: string;
+  #labelField: string;
+  #mean: ArrayLike<number> | undefined;
+  #std: ArrayLike<number> | undefined;
+  #affine: NormalizeAffine | undefined;
+  #userStream: Stream | undefined;
+  #persistent: boolean;
+  #res: Resources | undefined;
+  #active: EpochRun | undefined;
+  #disposed = false;
+
+  /**
+   * @param loader A DataLoader on the zero-copy path (its dataset has shared fields).
+   * @param device The target device.
+   * @param options See {@linkcode ToDeviceOptions}.
+   * @throws {TypeError} When the loader has no staging ring (not zero-copy) or an option
+   * has the wrong type.
+   * @throws {RangeError} When an option is out of range, or a ring field is missing or has
+   * an unusable type or shape.
+   */
+  constructor(loader: DataLoader<unknown>, device: Device, options: ToDeviceOptions = {}) {
+    const action = "create a DevicePrefetcher";
+    if (loader.ring === undefined) {
+      throw new TypeError(
+        `Cannot ${action}: the loader has no staging ring (zero-copy path); use a dataset ` +
+          `with shared fields and a batchSize`,
+      );
+    }
+    this.loader = loader;
+    this.device = device;
+    const depth = options.depth ?? DEFAULT_DEPTH;
+    if (!Number.isInteger(depth) || depth < 1 || depth > 64) {
+      throw new RangeError(`Cannot ${action}: depth must be an integer in 1..64, got ${depth}`);
+    }
+    this.depth = depth;
+    this.augmentOn = oneOf(options.augmentOn ?? "device", ["device", "host"], "augmentOn");
+    this.dtype = oneOf(options.dtype ?? "f16", ["f16", "f32"], "dtype");
+    this.pin = oneOf(options.pin ?? "register", ["register", "alloc", "none"], "pin");
+    this.#layout = oneOf(options.layout ?? "nchw", ["nchw", "nhwc"], "layout");
+    this.#imageField = options.imageField ?? "image";
+    this.#labelField = options.labelField ?? "label";
+    const loaderPadding = (loader as unknown as { augment?: { padding?: number } }).augment
+      ?.padding;
+    const padding = options.padding ?? loaderPadding ?? 0;
+    if (!Number.isInteger(padding) || padding < 0) {
+      throw new RangeError(`Cannot ${action}: padding must be an integer >= 0, got ${padding}`);
+    }
+    this.padding = padding;
+    this.#mean = options.mean;
+    this.#std = options.std;
+    this.#userStream = options.stream;
+    this.#persistent = options.persistent ?? false;
+    // Validate the ring now, so a wrong field name fails at construction.
+    const g = geometry(loader.ring, this.#imageField, this.#labelField, this.#layout);
+    this.#affine = normalizeAffine(
+      this.#mean ?? new Array(g.c).fill(0),
+      this.#std ?? new Array(g.c).fill(1),
+    );
+  }
+
+  /** The epoch in progress, else the last finished one (undefined before any). */
+  get stats(): PipelineStats | undefined {
+    return this.#active?.snapshot() ?? this.history[this.history.length - 1];
+  }
+
+  /**
+   * Starts an epoch of the loader and yields its batches on the device. Leaving the loop
+   * early (break, throw) stops the loader's epoch and frees the pipeline's native
+   * resources once the copies in flight have completed.
+   *
+   * @returns An async iterator over device batches.
+   * @throws {Error} When disposed, or when another epoch of this prefetcher is running.
+   */
+  [Symbol.asyncIterator](): AsyncIterableIterator<DeviceBatch> {
+    if (this.#disposed) throw new Error("Cannot iterate: the DevicePrefetcher is disposed");
+    if (this.#active !== undefined) {
+      throw new Error("Cannot iterate: an epoch of this DevicePrefetcher is still running");
+    }
+    const run = new EpochRun(this, this.#resources());
+    this.#active = run;
+    return run;
+  }
+
+  /**
+   * Frees every native resource (after the copies in flight have completed) and stops a
+   * running epoch. Idempotent. Does not dispose the loader.
+   */
+  async dispose(): Promise<void> {
+    if (this.#disposed) return;
+    this.#disposed = true;
+    await this.#active?.return();
+    await this._freeResources();
+  }
+
+  /** Same as `dispose()`. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.dispose();
+  }
+
+  /** @internal */
+  _affine(): NormalizeAffine {
+    return this.#affine!;
+  }
+
+  /** @internal Called by an epoch when it ends. */
+  async _epochEnded(run: EpochRun, stats: PipelineStats, early: boolean): Promise<void> {
+    if (this.#active === run) this.#active = undefined;
+    this.history.push(stats);
+    if (early || !this.#persistent || this.#disposed) await this._freeResources();
+  }
+
+  /** @internal */
+  async _freeResources(): Promise<void> {
+    const res = this.#res;
+    this.#res = undefined;
+    await res?.free();
+  }
+
+  #resources(): Resources {
+    this.#res ??= new Resources(this, {
+      geometry: geometry(this.loader.ring!, this.#imageField, this.#labelField, this.#layout),
+      layout: this.#layout,
+      userStream: this.#userStream,
+    });
+    return this.#res;
+  }
+}
+
+/**
+ * Same as `new DevicePrefetcher(loader, device, options)`: the loader's batches on
+ * `device`, `depth` ahead, normalized and cast by one kernel per batch.
+ *
+ * @param loader A DataLoader on the zero-copy path, ideally with `autoRelease: false`.
+ * @param device The target device.
+ * @param options See {@linkcode ToDeviceOptions}.
+ * @returns The prefetcher; iterate it once per epoch, dispose it when done.
+ * @throws {TypeError} See {@linkcode DevicePrefetcher}.
+ * @throws {RangeError} See {@linkcode DevicePrefetcher}.
+ *
+ * @example Host-side augmentation for comparison
+ * ```ts
+ * import { DataLoader, Device, TensorDataset, toDevice } from "../mod.ts";
+ * import assert from "node:assert";
+ *
+ * using device = Device.open("cpu");
+ * const ds = new TensorDataset({
+ *   image: { data: new Uint8Array(2 * 3 * 8 * 8), shape: [3, 8, 8] },
+ *   label: { data: new Uint8Array([3, 7]), shape: [] },
+ * });
+ * await using loader = new DataLoader(ds, { batchSize: 2, autoRelease: false });
+ * await using p = toDevice(loader, device, { augmentOn: "host", dtype: "f32" });
+ * for await (const b of p) {
+ *   assert.deepStrictEqual([...await b.labels.toHost()], [3, 7]);
+ * }
+ * ```
+ */
+export function toDevice(
+  loader: DataLoader<unknown>,
+  device: Device,
+  options: ToDeviceOptions = {},
+): DevicePrefetcher {
+  return new DevicePrefetcher(loader, device, options);
+}
+
+function oneOf<T extends string>(value: unknown, allowed: readonly T[], name: string): T {
+  if (typeof value !== "string" || !(allowed as readonly string[]).includes(value)) {
+    throw new RangeError(
+      `Cannot create a DevicePrefetcher: ${name} must be one of ${allowed.join(", ")}, ` +
+        `got ${String(value)}`,
+    );
+  }
+  return value as T;
+}
+
+const LABEL_BYTES: Record<string, number> = { u8: 1, i8: 1, u16: 2, i16: 2, i32: 4, u32: 4 };
+
+function geometry(
+  ring: StagingRing,
+  imageName: string,
+  labelName: string,
+  layout: ImageLayout,
+): Geometry {
+  const action = "create a DevicePrefetcher";
+  const has = (n: string) => ring.fields.some((f) => f.name === n);
+  if (!has(imageName) || !has(labelName)) {
+    throw new RangeError(
+      `Cannot ${action}: the ring has fields ${ring.fields.map((f) => f.name).join(", ")}; ` +
+        `need "${imageName}" and "${labelName}" (see the imageField/labelField options)`,
+    );
+  }
+  const imageField = ring.field(imageName), labelField = ring.field(labelName);
+  if (imageField.dtype !== "u8") {
+    throw new RangeError(
+      `Cannot ${action}: field "${imageName}" is ${imageField.dtype}, need u8 images`,
+    );
+  }
+  const s = imageField.sampleShape;
+  let c: number, h: number, w: number;
+  if (s.length === 2) [c, h, w] = [1, s[0], s[1]];
+  else if (s.length === 3 && layout === "nchw") [c, h, w] = [s[0], s[1], s[2]];
+  else if (s.length === 3) [h, w, c] = [s[0], s[1], s[2]];
+  else {
+    throw new RangeError(
+      `Cannot ${action}: field "${imageName}" has shape [${s}], need [C, H, W], [H, W, C] or [H, W]`,
+    );
+  }
+  if (c < 1 || c > MAX_CHANNELS) {
+    throw new RangeError(`Cannot ${action}: ${c} channels, the kernel takes 1..${MAX_CHANNELS}`);
+  }
+  if (LABEL_BYTES[labelField.dtype] === undefined || labelField.sampleShape.length !== 0) {
+    throw new RangeError(
+      `Cannot ${action}: field "${labelName}" is ${labelField.dtype} [${labelField.sampleShape}], ` +
+        `need one integer label (u8, u16 or i32) per sample`,
+    );
+  }
+  const augmentField = has("augment") ? ring.field("augment") : undefined;
+  const used = [imageField, labelField, ...(augmentField ? [augmentField] : [])];
+  const copyBytes = Math.max(...used.map((f) => f.byteOffset + f.byteLength));
+  return { c, h, w, imageField, labelField, augmentField, copyBytes };
+}
+
+/** The native side of a prefetcher: streams, pinning and the device slots. */
+class Resources {
+  readonly owner: DevicePrefetcher;
+  readonly device: Device;
+  readonly g: Geometry;
+  readonly layout: ImageLayout;
+  readonly copyStream: Stream;
+  readonly compute: Stream;
+  readonly ownsCompute: boolean;
+  readonly pinned: HostBuffer | undefined;
+  readonly slots: Slot[] = [];
+  readonly batchSize: number;
+  #freed = false;
+
+  constructor(
+    owner: DevicePrefetcher,
+    o: { geometry: Geometry; layout: ImageLayout; userStream: Stream | undefined },
+  ) {
+    this.owner = owner;
+    const device = this.device = owner.device;
+    this.g = o.geometry;
+    this.layout = o.layout;
+    const ring = owner.loader.ring!;
+    this.batchSize = ring.batchSize;
+    const cleanup: Disposable[] = [];
+    try {
+      this.copyStream = new Stream(device);
+      cleanup.push(this.copyStream);
+      this.compute = o.userStream ?? device.defaultStream;
+      this.ownsCompute = false;
+      if (owner.pin === "register" && owner.augmentOn === "device") {
+        this.pinned = HostBuffer.register(device, ring.buffer);
+        cleanup.push(this.pinned);
+      }
+      const { c, h, w } = this.g;
+      const n = this.batchSize, count = n * c * h * w;
+      const esize = owner.dtype === "f16" ? 2 : 4;
+      // R = depth + 1 slots: the consumer's, plus `depth` in flight.
+      for (let i = 0; i <= owner.depth; i++) {
+        const images = Tensor.empty(device, [n, c, h, w], owner.dtype);
+        cleanup.push(images);
+        const labels = Tensor.empty(device, [n], "i32");
+        cleanup.push(labels);
+        let raw: DeviceBuffer | undefined, staging: HostBuffer | undefined;
+        if (owner.augmentOn === "device") {
+          raw = DeviceBuffer.alloc(device, this.g.copyBytes);
+          cleanup.push(raw);
+          if (owner.pin === "alloc") {
+            staging = HostBuffer.alloc(device, this.g.copyBytes);
+            cleanup.push(staging);
+          }
+        } else {
+          staging = HostBuffer.alloc(device, count * esize + n * 4);
+          cleanup.push(staging);
+        }
+        const copyStart = new Event(device, { timing: true });
+        cleanup.push(copyStart);
+        const copyDone = new Event(device, { timing: true });
+        cleanup.push(copyDone);
+        const free = new Event(device);
+        cleanup.push(free);
+        this.slots.push({
+          images,
+          labels,
+          raw,
+          staging,
+          copyStart,
+          copyDone,
+          free,
+          freeRecorded: false,
+          copyAccounted: true,
+          partial: new Map(),
+        });
+      }
+    } catch (err) {
+      for (const r of cleanup.reverse()) r[Symbol.dispose]();
+      throw err;
+    }
+  }
+
+  /** Waits for every queued copy and kernel of the pipeline, then frees everything. */
+  async free(): Promise<void> {
+    if (this.#freed) return;
+    this.#freed = true;
+    // Device work may still read the raw buffers, the pinned ring or the staging memory,
+    // and the consumer's last step may still read a slot: let both streams drain first.
+    await this.copyStream.synchronize();
+    await this.compute.synchronize();
+    const errors: unknown[] = [];
+    const dispose = (r: Disposable | undefined) => {
+      try {
+        r?.[Symbol.dispose]();
+      } catch (err) {
+        errors.push(err);
+      }
+    };
+    for (const s of this.slots) {
+      for (const p of s.partial.values()) {
+        dispose(p.images);
+        dispose(p.labels);
+      }
+      for (const r of [s.images, s.labels, s.raw, s.staging, s.copyStart, s.copyDone, s.free]) {
+        dispose(r);
+      }
+    }
+    dispose(this.pinned);
+    dispose(this.copyStream);
+    if (errors.length > 0) {
+      throw errors.length === 1
+        ? errors[0]
+        : new AggregateError(errors, "Cannot free the pipeline");
+    }
+  }
+}
+
+/** One epoch: the async iterator handed to `for await`. */
+class EpochRun implements AsyncIterableIterator<DeviceBatch> {
+  readonly #p: DevicePrefetcher;
+  readonly #r: Resources;
+  readonly #source: AsyncIterator<unknown>;
+  readonly #queue: InFlight[] = [];
+  /** The batch the consumer holds. */
+  #current: InFlight | undefined;
+  #next = 0;
+  #exhausted = false;
+  #finished = false;
+  #epoch = -1;
+  #pending = new Set<Promise<void>>();
+  // stats
+  #t0 = -1;
+  #batches = 0;
+  #samples = 0;
+  #waitMs = 0;
+  #hostWaitMs = 0;
+  #copyMs = 0;
+  #copyBytes = 0;
+  #failure: unknown;
+
+  constructor(p: DevicePrefetcher, r: Resources) {
+    this.#p = p;
+    this.#r = r;
+    this.#source = p.loader[Symbol.asyncIterator]();
+  }
+
+  [Symbol.asyncIterator](): AsyncIterableIterator<DeviceBatch> {
+    return this;
+  }
+
+  snapshot(): PipelineStats {
+    const wallMs = this.#t0 < 0 ? 0 : performance.now() - this.#t0;
+    return {
+      epoch: this.#epoch,
+      batches: this.#batches,
+      samples: this.#samples,
+      wallMs,
+      waitMs: this.#waitMs,
+      hostWaitMs: this.#hostWaitMs,
+      copyMs: this.#copyMs,
+      copyBytes: this.#copyBytes,
+      inputBoundFraction: wallMs > 0 ? Math.min(1, this.#waitMs / wallMs) : 0,
+      samplesPerSecond: wallMs > 0 ? this.#samples / (wallMs / 1000) : 0,
+    };
+  }
+
+  async next(): Promise<IteratorResult<DeviceBatch>> {
+    if (this.#finished) return { done: true, value: undefined };
+    const t = performance.now();
+    if (this.#t0 < 0) this.#t0 = t;
+    try {
+      // The consumer is done queuing work on the batch it holds: mark the compute stream.
+      const cur = this.#current;
+      if (cur !== undefined) {
+        cur.slot.free.record(this.#r.compute);
+        cur.slot.freeRecorded = true;
+        this.#current = undefined;
+      }
+      // Keep `depth` batches in flight, plus the one about to be handed out.
+      while (!this.#exhausted && this.#queue.length < this.#p.depth + 1) {
+        if (!(await this.#submit())) break;
+      }
+      const b = this.#queue.shift();
+      if (b === undefined) {
+        await this.#finish(false);
+        return { done: true, value: undefined };
+      }
+      const value = this.#deliver(b);
+      this.#waitMs += performance.now() - t;
+      return { done: false, value };
+    } catch (err) {
+      this.#failure ??= err;
+      await this.#finish(true).catch(() => {});
+      throw err;
+    }
+  }
+
+  async return(): Promise<IteratorResult<DeviceBatch>> {
+    await this.#finish(true);
+    return { done: true, value: undefined };
+  }
+
+  async throw(err?: unknown): Promise<IteratorResult<DeviceBatch>> {
+    await this.#finish(true);
+    throw err;
+  }
+
+  /** Pulls one loader batch and queues its copy; false when the loader's epoch ended. */
+  async #submit(): Promise<boolean> {
+    const th = performance.now();
+    const r = await this.#source.next();
+    this.#hostWaitMs += performance.now() - th;
+    if (r.done) {
+      this.#exhausted = true;
+      return false;
+    }
+    const hb = r.value;
+    if (!(hb instanceof RingBatch)) {
+      throw new TypeError(
+        "Cannot prefetch: the loader yielded a batch outside its staging ring (generic path)",
+      );
+    }
+    if (this.#epoch < 0) this.#epoch = hb.epoch;
+    const res = this.#r;
+    const slot = res.slots[this.#next];
+    this.#next = (this.#next + 1) % res.slots.length;
+    await this.#accountCopy(slot);
+    const copy = res.copyStream;
+    // The slot's previous batch: the consumer's work (host mode) or the kernel that read the
+    // raw bytes (device mode) must be done before the copy overwrites it.
+    if (slot.freeRecorded) copy.waitEvent(slot.free);
+    slot.freeRecorded = false;
+    const g = res.g, n = hb.size;
+    let host: RingBatch | undefined = hb;
+    slot.copyStart.record(copy);
+    if (this.#p.augmentOn === "device") {
+      const bytes = this.#copyExtent(n);
+      if (slot.staging !== undefined) {
+        // pin: "alloc": one host copy into pinned memory; the loader slot is free after it.
+        slot.staging.u8.set(new Uint8Array(hb.ring.buffer, hb.byteOffset, bytes));
+        hb.release();
+        host = undefined;
+        slot.raw!.copyFrom(slot.staging, { stream: copy, bytes });
+      } else if (res.pinned !== undefined) {
+        slot.raw!.copyFrom(res.pinned, { stream: copy, srcOffset: hb.byteOffset, bytes });
+      } else {
+        slot.raw!.copyFrom(new Uint8Array(hb.ring.buffer, hb.byteOffset, bytes), {
+          stream: copy,
+          bytes,
+        });
+      }
+      this.#copyBytes += bytes;
+    } else {
+      const esize = this.#p.dtype === "f16" ? 2 : 4;
+      const count = n * g.c * g.h * g.w;
+      const st = slot.staging!;
+      const out = this.#p.dtype === "f16"
+        ? new Float16Array(st.arrayBuffer, st.u8.byteOffset, count)
+        : new Float32Array(st.arrayBuffer, st.u8.byteOffset, count);
+      const labelsAt = res.batchSize * g.c * g.h * g.w * esize;
+      const labels = new Int32Array(st.arrayBuffer, st.u8.byteOffset + labelsAt, n);
+      augmentHost(
+        hb.fields[g.imageField.name] as Uint8Array,
+        hb.augment ?? null,
+        out,
+        {
+          n,
+          channels: g.c,
+          height: g.h,
+          width: g.w,
+          layout: res.layout,
+          pad: this.#p.padding,
+          affine: this.#p._affine(),
+        },
+      );
+      labels.set(hb.fields[g.labelField.name] as ArrayLike<number>);
+      hb.release();
+      host = undefined;
+      const { images, labels: lt } = this.#views(slot, n);
+      images.buffer.copyFrom(st, { stream: copy, bytes: count * esize });
+      lt.buffer.copyFrom(st, { stream: copy, srcOffset: labelsAt, bytes: n * 4 });
+      this.#copyBytes += count * esize + n * 4;
+    }
+    slot.copyDone.record(copy);
+    slot.copyAccounted = false;
+    const inflight: InFlight = {
+      slot,
+      size: n,
+      index: hb.index,
+      epoch: hb.epoch,
+      host,
+      released: Promise.resolve(),
+    };
+    if (host !== undefined) {
+      if (this.#p.loader._autoRelease) {
+        // The loader releases this slot when we ask for the next batch: the copy must be
+        // done by then. (Build the loader with autoRelease: false to avoid this wait.)
+        await slot.copyDone.synchronize();
+        inflight.host = undefined;
+      } else if (slot.copyDone.query()) {
+        host.release();
+        inflight.host = undefined;
+      } else {
+        const p = slot.copyDone.synchronize().then(() => {
+          host.release();
+          inflight.host = undefined;
+        });
+        inflight.released = p;
+        this.#pending.add(p);
+        p.finally(() => this.#pending.delete(p)).catch(() => {});
+      }
+    }
+    this.#queue.push(inflight);
+    return true;
+  }
+
+  /** Bytes of a slot a batch of `n` needs on the device. */
+  #copyExtent(n: number): number {
+    const g = this.#r.g;
+    const ends = [g.imageField, g.labelField, ...(g.augmentField ? [g.augmentField] : [])]
+      .map((f) => f.byteOffset + n * f.sampleBytes);
+    return Math.max(...ends);
+  }
+
+  /** Reads the copy time of the slot's previous fill (its events have fired by now). */
+  async #accountCopy(slot: Slot): Promise<void> {
+    if (slot.copyAccounted) return;
+    // Usually long done; otherwise (host staging about to be rewritten) we must wait.
+    if (!slot.copyDone.query()) {
+      const th = performance.now();
+      await slot.copyDone.synchronize();
+      this.#hostWaitMs += performance.now() - th;
+    }
+    this.#copyMs += slot.copyStart.elapsedMs(slot.copyDone);
+    slot.copyAccounted = true;
+  }
+
+  /** The tensors of a slot for a batch of `n`. */
+  #views(slot: Slot, n: number): { images: Tensor; labels: Tensor } {
+    if (n === this.#r.batchSize) return { images: slot.images, labels: slot.labels };
+    let v = slot.partial.get(n);
+    if (v === undefined) {
+      const { c, h, w } = this.#r.g;
+      // Tensors own exactly their bytes (no views), so a short batch gets its own pair,
+      // allocated once per slot and size (one size per epoch in practice).
+      const images = Tensor.empty(this.#p.device, [n, c, h, w], this.#p.dtype);
+      try {
+        v = { images, labels: Tensor.empty(this.#p.device, [n], "i32") };
+      } catch (err) {
+        images.dispose();
+        throw err;
+      }
+      slot.partial.set(n, v);
+    }
+    return v;
+  }
+
+  /** Hands a batch to the compute stream: wait for its copy there, run the kernel. */
+  #deliver(b: InFlight): DeviceBatch {
+    const res = this.#r, g = res.g, slot = b.slot;
+    const compute = res.compute;
+    compute.waitEvent(slot.copyDone);
+    const { images, labels } = this.#views(slot, b.size);
+    if (this.#p.augmentOn === "device") {
+      const raw = slot.raw!;
+      const lib = this.#p.device.lib;
+      const aff = this.#p._affine();
+      this.#p.device.check(
+        lib.symbols.ps_image_augment(
+          raw.pointerAt(g.imageField.byteOffset, "augment a batch"),
+          res.layout === "nhwc" ? 0 : 1,
+          b.size,
+          g.c,
+          g.h,
+          g.w,
+          this.#p.padding,
+          g.augmentField ? raw.pointerAt(g.augmentField.byteOffset, "augment a batch") : null,
+          aff.scale,
+          aff.bias,
+          images.pointer,
+          this.#p.dtype === "f16" ? 0 : 1,
+          compute.handle,
+        ),
+        "augment a batch on the device",
+      );
+      this.#p.device.check(
+        lib.symbols.ps_image_labels_i32(
+          raw.pointerAt(g.labelField.byteOffset, "widen labels"),
+          LABEL_BYTES[g.labelField.dtype],
+          b.size,
+          labels.pointer,
+          compute.handle,
+        ),
+        "widen labels on the device",
+      );
+    }
+    this.#current = b;
+    this.#batches++;
+    this.#samples += b.size;
+    return { images, labels, size: b.size, index: b.index, epoch: b.epoch };
+  }
+
+  async #finish(early: boolean): Promise<void> {
+    if (this.#finished) return;
+    this.#finished = true;
+    const errors: unknown[] = [];
+    try {
+      if (early) await this.#source.return?.();
+    } catch (err) {
+      errors.push(err);
+    }
+    // Host slots still held go back once their copies fired.
+    await Promise.allSettled([...this.#pending]);
+    for (const b of this.#queue) {
+      try {
+        if (b.host !== undefined) {
+          await b.slot.copyDone.synchronize();
+          b.host.release();
+        }
+      } catch (err) {
+        errors.push(err);
+      }
+    }
+    this.#queue.length = 0;
+    this.#current = undefined;
+    const stats = this.snapshot();
+    try {
+      await this.#p._epochEnded(this, stats, early);
+    } catch (err) {
+      errors.push(err);
+    }
+    if (errors.length > 0 && this.#failure === undefined) {
+      throw errors.length === 1 ? errors[0] : new AggregateError(errors, "Cannot end the epoch");
+    }
+  }
+}
