@@ -98,7 +98,7 @@ async function writeAtomic(path: string, bytes: Uint8Array): Promise<void> {
  * @returns When both files are written.
  * @example
  * ```ts
- * import { Device } from "../ffi/mod.ts";
+ * import { Device } from "../ffi/device.ts";
  * import { Linear, loadCheckpoint, saveCheckpoint } from "./mod.ts";
  * import assert from "node:assert";
  * using device = Device.open("cpu");

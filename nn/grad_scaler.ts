@@ -12,7 +12,8 @@
  * @module
  */
 
-import { type Device, Tensor } from "../ffi/mod.ts";
+import { type Device } from "../ffi/device.ts";
+import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import type { SGD } from "./optim.ts";
 
@@ -52,7 +53,7 @@ export interface GradScalerState {
  *
  * @example A step with an inf gradient is skipped and halves the scale
  * ```ts
- * import { Device } from "../ffi/mod.ts";
+ * import { Device } from "../ffi/device.ts";
  * import { GradScaler, Parameter, SGD } from "./mod.ts";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
@@ -149,7 +150,7 @@ export class GradScaler {
    * @returns The host-side scale.
    * @example
    * ```ts
-   * import { Device } from "../ffi/mod.ts";
+   * import { Device } from "../ffi/device.ts";
    * import { GradScaler } from "./mod.ts";
    * import assert from "node:assert";
    * using device = Device.open("cpu");

@@ -12,7 +12,7 @@
  * @module
  */
 
-import type { Tensor } from "../ffi/mod.ts";
+import type { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import { kaimingUniform, uniform, Xoshiro128 } from "./init.ts";
 import { type BackwardOptions, BufferTensor, Module, Parameter } from "./module.ts";
@@ -45,7 +45,8 @@ export interface LinearOptions {
  *
  * @example
  * ```ts
- * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
  * import { Linear, Xoshiro128 } from "./mod.ts";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
@@ -148,7 +149,8 @@ export interface Conv2dOptions {
  *
  * @example
  * ```ts
- * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
  * import { Conv2d } from "./mod.ts";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
@@ -415,7 +417,8 @@ export class BatchNorm2d extends Module {
  *
  * @example
  * ```ts
- * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
  * import { ReLU } from "./mod.ts";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
@@ -464,7 +467,8 @@ export interface MaxPool2dOptions {
  *
  * @example
  * ```ts
- * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
  * import { MaxPool2d } from "./mod.ts";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
@@ -528,59 +532,51 @@ export class MaxPool2d extends Module {
 }
 
 /**
- * `nn.Flatten()`: [N, ...] to [N, prod(...)], a view sharing the input's memory.
+ * `nn.Flatten()`: [N, ...] to [N, prod(...)].
+ *
+ * The ffi Tensor has no views yet, so this copies (device to device; one activation-sized
+ * memcpy per step, small next to the convolutions around it).
  *
  * @example
  * ```ts
- * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
  * import { Flatten } from "./mod.ts";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
  * using flat = new Flatten().to(device);
- * using x = Tensor.fromHost(device, new Float16Array(12), [2, 3, 2, 1]);
- * assert.deepStrictEqual(flat.forward(x).shape, [2, 6]);
+ * using x = Tensor.fromHost(device, new Float16Array([1, 2, 3, 4, 5, 6]), [2, 3, 1, 1]);
+ * const y = flat.forward(x);
+ * assert.deepStrictEqual(y.shape, [2, 3]);
+ * assert.deepStrictEqual([...await y.toHost()], [1, 2, 3, 4, 5, 6]);
  * ```
  */
 export class Flatten extends Module {
   #inShape: number[] | null = null;
-  #views = new Map<string, Tensor>();
-
-  #view(t: Tensor, shape: number[]): Tensor {
-    const key = `${t.pointer}:${shape.join("x")}`;
-    let v = this.#views.get(key);
-    if (!v) {
-      v = t.view(shape);
-      this.#views.set(key, v);
-    }
-    return v;
-  }
 
   /**
    * @param x Input [N, ...].
-   * @returns A view of shape [N, prod(...)].
+   * @returns A copy of shape [N, prod(...)].
    */
   forward(x: Tensor): Tensor {
     const n = x.shape[0];
     this.#inShape = shapeOf(x);
-    return this.#view(x, [n, x.numel / n]);
+    const y = this.workspace("y", [n, x.numel / n], x.dtype);
+    y.buffer.copyFrom(x.buffer);
+    return y;
   }
 
   /**
    * @param dy Output gradient [N, F].
    * @param options Whether to compute the input gradient.
-   * @returns dy viewed with the input's shape, or null.
+   * @returns dy with the input's shape, or null.
    */
   backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
     if (!this.#inShape) throw new TypeError("Cannot run Flatten.backward: no forward before it");
     if (options.inputGrad === false) return null;
-    return this.#view(dy, this.#inShape);
-  }
-
-  /** Releases the cached views (they do not own memory). */
-  override dispose(): void {
-    for (const v of this.#views.values()) v.dispose();
-    this.#views.clear();
-    super.dispose();
+    const dx = this.workspace("dx", this.#inShape, dy.dtype);
+    dx.buffer.copyFrom(dy.buffer);
+    return dx;
   }
 }
 
@@ -589,7 +585,8 @@ export class Flatten extends Module {
  *
  * @example
  * ```ts
- * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
  * import { Linear, ReLU, Sequential } from "./mod.ts";
  * import assert from "node:assert";
  * using device = Device.open("cpu");

@@ -6,7 +6,8 @@
  * @module
  */
 
-import { type Device, Tensor } from "../ffi/mod.ts";
+import { type Device } from "../ffi/device.ts";
+import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import type { GradScaler } from "./grad_scaler.ts";
 
@@ -25,7 +26,8 @@ export interface LossStats {
  *
  * @example
  * ```ts
- * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
  * import { CrossEntropyLoss } from "./mod.ts";
  * import assert from "node:assert";
  * using device = Device.open("cpu");

@@ -10,7 +10,8 @@
  * @module
  */
 
-import { Device, Tensor } from "../ffi/mod.ts";
+import { Device } from "../ffi/device.ts";
+import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import type { HostData, HostTensor, SafetensorsDtype } from "./safetensors.ts";
 
@@ -117,7 +118,7 @@ export class Parameter {
    * @throws {TypeError} When the parameter already lives on another device.
    * @example
    * ```ts
-   * import { Device } from "../ffi/mod.ts";
+   * import { Device } from "../ffi/device.ts";
    * import { Parameter } from "./module.ts";
    * import assert from "node:assert";
    * using device = Device.open("cpu");

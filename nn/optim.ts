@@ -10,7 +10,7 @@
  * @module
  */
 
-import { Tensor } from "../ffi/mod.ts";
+import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import type { Parameter } from "./module.ts";
 
@@ -59,7 +59,7 @@ export interface SGDState {
  *
  * @example
  * ```ts
- * import { Device } from "../ffi/mod.ts";
+ * import { Device } from "../ffi/device.ts";
  * import { Parameter, SGD } from "./mod.ts";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
@@ -146,7 +146,7 @@ export class SGD {
    * @throws {TypeError} When disposed.
    * @example
    * ```ts
-   * import { Device } from "../ffi/mod.ts";
+   * import { Device } from "../ffi/device.ts";
    * import { Parameter, SGD } from "./mod.ts";
    * import assert from "node:assert";
    * using device = Device.open("cpu");
@@ -183,7 +183,7 @@ export class SGD {
    * @returns Hyper-parameters, step count and momentum buffers.
    * @example
    * ```ts
-   * import { Device } from "../ffi/mod.ts";
+   * import { Device } from "../ffi/device.ts";
    * import { Parameter, SGD } from "./mod.ts";
    * import assert from "node:assert";
    * using device = Device.open("cpu");
@@ -224,7 +224,7 @@ export class SGD {
    * @throws {RangeError} When the buffers do not match the parameters.
    * @example
    * ```ts
-   * import { Device } from "../ffi/mod.ts";
+   * import { Device } from "../ffi/device.ts";
    * import { Parameter, SGD } from "./mod.ts";
    * import assert from "node:assert";
    * using device = Device.open("cpu");

@@ -7,7 +7,7 @@
  * @module
  */
 
-import type { Tensor } from "../ffi/mod.ts";
+import type { Tensor } from "../ffi/tensor.ts";
 import { CrossEntropyLoss, type LossStats } from "./loss.ts";
 import type { GradScaler } from "./grad_scaler.ts";
 import type { LRScheduler } from "./lr_scheduler.ts";
@@ -31,7 +31,8 @@ export interface TrainerOptions {
  *
  * @example
  * ```ts
- * import { Device, Tensor } from "../ffi/mod.ts";
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
  * import { Linear, SGD, Trainer } from "./mod.ts";
  * import assert from "node:assert";
  * using device = Device.open("cpu");

@@ -1,0 +1,135 @@
+/**
+ * Trains an MLP (784-256-10) or a small CNN on Fashion-MNIST with pinstream.
+ *
+ * ```sh
+ * deno task fashion                       # CNN, 3 epochs, /usr/share/datasets/fashion-mnist
+ * deno run -A examples/fashion_mnist.ts --model mlp --epochs 5
+ * deno run -A examples/fashion_mnist.ts --help
+ * ```
+ *
+ * @module
+ */
+
+import { Device } from "../ffi/device.ts";
+import { DataLoader } from "../loader/mod.ts";
+import type { RingBatch } from "../loader/mod.ts";
+import { FASHION_MNIST_DEBIAN_ROOT, FashionMNIST } from "../loader/datasets/mnist.ts";
+import { TensorDataset } from "../loader/datasets/tensor.ts";
+import {
+  Conv2d,
+  Flatten,
+  Linear,
+  MaxPool2d,
+  type Module,
+  OneCycleLR,
+  ReLU,
+  Sequential,
+  Xoshiro128,
+} from "../nn/mod.ts";
+import { type EpochReport, parseTrainArgs, runTraining, type TrainArgs } from "./_run.ts";
+
+/** Fashion-MNIST's pixel mean and standard deviation (of x / 255 over the training set). */
+export const FASHION_MEAN = 0.2860;
+/** See {@linkcode FASHION_MEAN}. */
+export const FASHION_STD = 0.3530;
+
+/**
+ * The models of this example, with PyTorch's layer names.
+ *
+ * @param name "mlp" (784-256-10) or "cnn" (conv3x3 1->32, ReLU, maxpool 2, conv3x3 32->64,
+ * ReLU, maxpool 2, linear 3136->10; padding 1).
+ * @param seed Seed of the initial weights.
+ * @returns The model (on the host; call `to(device)`).
+ * @throws {RangeError} For an unknown name.
+ */
+export function fashionModel(name: string, seed = 0): Module {
+  const rng = new Xoshiro128(seed);
+  if (name === "mlp") {
+    return new Sequential([
+      new Flatten(),
+      new Linear(784, 256, { rng }),
+      new ReLU(),
+      new Linear(256, 10, { rng }),
+    ]);
+  }
+  if (name === "cnn") {
+    return new Sequential([
+      new Conv2d(1, 32, { kernelSize: 3, padding: 1, rng }),
+      new ReLU(),
+      new MaxPool2d(2),
+      new Conv2d(32, 64, { kernelSize: 3, padding: 1, rng }),
+      new ReLU(),
+      new MaxPool2d(2),
+      new Flatten(),
+      new Linear(3136, 10, { rng }),
+    ]);
+  }
+  throw new RangeError(`Cannot build the model: unknown --model ${name} (expected mlp or cnn)`);
+}
+
+/**
+ * Runs the example with parsed options.
+ *
+ * @param args The options (see --help).
+ * @returns The per-epoch reports.
+ */
+export async function trainFashion(args: TrainArgs): Promise<EpochReport[]> {
+  const root = args.data ?? FASHION_MNIST_DEBIAN_ROOT;
+  const [train, test] = await Promise.all([
+    FashionMNIST.load({ root, train: true }),
+    FashionMNIST.load({ root, train: false }),
+  ]);
+  let trainSet: FashionMNIST | TensorDataset = train;
+  if (args.limit > 0 && args.limit < train.length) {
+    trainSet = new TensorDataset({
+      image: { data: train.images.subarray(0, args.limit * 784), shape: [1, 28, 28] },
+      label: train.labels.subarray(0, args.limit),
+    });
+  }
+  using device = Device.open(args.device);
+  const model = fashionModel(args.model, args.seed).to(device);
+  const common = {
+    batchSize: args.batchSize,
+    numWorkers: args.workers,
+    seed: args.seed,
+    // Slots go back to the loader only once their copy to the device has fired.
+    autoRelease: false,
+  };
+  const workers = args.workers > 0 ? { persistentWorkers: true } : {};
+  await using trainLoader = new DataLoader<RingBatch>(trainSet, {
+    ...common,
+    ...workers,
+    shuffle: true,
+  });
+  await using testLoader = new DataLoader<RingBatch>(test, { ...common, ...workers });
+  console.log(
+    `Fashion-MNIST ${trainSet.length}/${test.length} from ${root}, model ${args.model}, ` +
+      `device ${device.kind} (${device.props.name}), batch ${args.batchSize}, ` +
+      `${args.workers} workers, fp16 ${args.fp16 ? "with loss scaling" : "without loss scaling"}`,
+  );
+  try {
+    return await runTraining({
+      args,
+      device,
+      model,
+      trainLoader,
+      testLoader,
+      spec: { mean: [FASHION_MEAN], std: [FASHION_STD] },
+      scheduler: (opt, steps) =>
+        new OneCycleLR(opt, { maxLr: args.lr, totalSteps: args.epochs * steps }),
+    });
+  } finally {
+    model.dispose();
+  }
+}
+
+if (import.meta.main) {
+  const args = parseTrainArgs(Deno.args, "fashion_mnist.ts", {
+    data: FASHION_MNIST_DEBIAN_ROOT,
+    model: "cnn",
+    epochs: 3,
+    batchSize: 128,
+    lr: 0.05,
+  });
+  await trainFashion(args);
+}
