@@ -12,7 +12,7 @@
  * @module
  */
 
-import { type Device } from "../ffi/device.ts";
+import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import type { SGD } from "./optim.ts";

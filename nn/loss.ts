@@ -6,7 +6,7 @@
  * @module
  */
 
-import { type Device } from "../ffi/device.ts";
+import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import type { GradScaler } from "./grad_scaler.ts";

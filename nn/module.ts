@@ -10,7 +10,7 @@
  * @module
  */
 
-import { Device } from "../ffi/device.ts";
+import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import type { HostData, HostTensor, SafetensorsDtype } from "./safetensors.ts";

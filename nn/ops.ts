@@ -1,0 +1,1485 @@
+/**
+ * Typed wrappers over the `ps_nn_*` kernels of kernels/pinstream.h: each checks dtypes,
+ * shapes and devices (TypeError / RangeError naming the offending value) and then queues the
+ * kernel on `options.stream` (default: the device's default stream). Nothing here waits
+ * for the device or reads device memory: results are read with `Tensor.toHost()`.
+ *
+ * Contract of each op (layout NCHW, fp16 activations and gradients, fp32 accumulation;
+ * "overwrites" unless `accumulate`):
+ *
+ * | op | tensors | notes |
+ * |----|---------|-------|
+ * | `matmul(a, b, out, {transA, transB, accumulate})` | a, b f16 2-D; out f16/f32 [m, n] | out = op(a) @ op(b) (+ out) |
+ * | `conv2dForward(x, w, y, {stride, padding})` | x [N,C,H,W], w [Co,C,kh,kw], y [N,Co,OH,OW], f16 | OH = (H + 2p - kh) / s + 1 (floor); any kh, kw |
+ * | `conv2dBackwardData(dy, w, dx, opts)` | f16 | overwrites dx; skip it for the first layer |
+ * | `conv2dBackwardWeight(x, dy, dw, {…, accumulate})` | dw f16 or f32 [Co,C,kh,kw] | sum over the batch |
+ * | `maxPool2dForward(x, y, indices, {kernel, stride})` | indices i32 like y, or null | no padding; stride defaults to kernel; NaN wins |
+ * | `maxPool2dBackward(dy, indices, dx)` | | overwrites dx (scatter-add) |
+ * | `batchNormForwardTrain(x, gamma, beta, y, saveMean, saveInvStd, runMean, runVar, {momentum, eps})` | x, y f16 [N,C,…]; the rest f32 [C] | biased batch var for y, unbiased for runVar (PyTorch); runMean/runVar may be null |
+ * | `batchNormForwardEval(x, gamma, beta, runMean, runVar, y, {eps})` | | |
+ * | `batchNormBackward(dy, x, gamma, saveMean, saveInvStd, dx, dgamma, dbeta)` | dgamma, dbeta f32 | overwrites all three |
+ * | `biasAdd(y, bias)` | y f16 [N,C,…] or [N,F]; bias f16/f32 [C] | in place |
+ * | `biasGrad(dy, dbias, {accumulate})` | dbias f16/f32 [C] | |
+ * | `reluForward(x, y)`, `reluBackward(dy, y, dx)` | f16, same numel | in place allowed; backward uses relu's output |
+ * | `crossEntropyForwardBackward(logits, labels, dlogits, lossSum, correct, {scale})` | logits, dlogits f16 [N,K]; labels i32 [N]; lossSum f32 [1]; correct i32 [1] | lossSum += Σ loss, correct += Σ (argmax == label), dlogits = scale·(softmax − onehot)/N |
+ * | `crossEntropyForward(logits, labels, lossSum, correct)` | | same sums, no gradient |
+ * | `cast(src, dst)` | f16/f32, same numel | |
+ * | `unscaleAndCheck(grad, foundInf, {scale, invScale, inPlace})` | grad f16/f32; foundInf i32 [1]; scale f32 [1] or null | foundInf = 1 on any inf/NaN (never cleared); inPlace: grad *= 1/scale (or invScale) |
+ * | `sgdStep(param, grad, momentumBuf, paramHalf, {lr, momentum, dampening, nesterov, weightDecay, scale, foundInf, stepsDone})` | param, momentumBuf f32; grad f16/f32; paramHalf f16 or null | torch.optim.SGD; grad unscaled by 1/scale in fp32; skipped on the device when foundInf != 0; stepsDone i32 [1] == 0 selects PyTorch's first-step buffer init |
+ * | `stepCount(stepsDone, foundInf)` | i32 [1] | stepsDone += 1 unless foundInf != 0; call after the step's sgdSteps |
+ * | `scalerUpdate(scale, growthTracker, foundInf, {growthFactor, backoffFactor, growthInterval})` | f32 [1], i32 [1], i32 [1] | torch._amp_update_scale_; foundInf is read, not cleared |
+ *
+ * Unscaling fp16 gradients in place (`inPlace: true`) can flush small values to zero: the
+ * loss scale exists to keep them representable. The fused path (`sgdStep` with `scale`)
+ * unscales in fp32 and is the one `GradScaler.step` should use.
+ *
+ * @module
+ */
+
+import type { Device } from "../ffi/device.ts";
+import type { DType, Tensor } from "../ffi/tensor.ts";
+import type { Stream } from "../ffi/stream.ts";
+
+/** Options shared by every op. */
+export interface OpOptions {
+  /** The stream to queue the kernel on (default: the device's default stream). */
+  stream?: Stream;
+}
+
+/** Options of {@linkcode matmul}. */
+export interface MatmulOptions extends OpOptions {
+  /** Use `a` transposed (a is [k, m]). */
+  transA?: boolean;
+  /** Use `b` transposed (b is [n, k]). */
+  transB?: boolean;
+  /** Add the product to `out` instead of overwriting it. */
+  accumulate?: boolean;
+}
+
+/** Options of the convolutions. */
+export interface Conv2dOptions extends OpOptions {
+  /** Stride in both directions (default 1). */
+  stride?: number;
+  /** Zero padding on every side (default 0). */
+  padding?: number;
+}
+
+/** Options of {@linkcode conv2dBackwardWeight}. */
+export interface Conv2dBackwardWeightOptions extends Conv2dOptions {
+  /** Add to `dw` instead of overwriting it. */
+  accumulate?: boolean;
+}
+
+/** Options of {@linkcode maxPool2dForward}. */
+export interface MaxPool2dOptions extends OpOptions {
+  /** Window size (square). */
+  kernel: number;
+  /** Step between windows (default `kernel`). */
+  stride?: number;
+}
+
+/** Options of {@linkcode batchNormForwardTrain}. */
+export interface BatchNormTrainOptions extends OpOptions {
+  /** Running-statistics momentum (default 0.1, PyTorch's). */
+  momentum?: number;
+  /** Added to the variance (default 1e-5). */
+  eps?: number;
+}
+
+/** Options of {@linkcode batchNormForwardEval}. */
+export interface BatchNormEvalOptions extends OpOptions {
+  /** Added to the variance (default 1e-5). */
+  eps?: number;
+}
+
+/** Options of {@linkcode biasGrad}. */
+export interface BiasGradOptions extends OpOptions {
+  /** Add to `dbias` instead of overwriting it. */
+  accumulate?: boolean;
+}
+
+/** Options of {@linkcode crossEntropyForwardBackward}. */
+export interface CrossEntropyOptions extends OpOptions {
+  /** Multiplies the gradient (the loss scale; default 1). */
+  scale?: number;
+}
+
+/** Options of {@linkcode unscaleAndCheck}. */
+export interface UnscaleOptions extends OpOptions {
+  /** f32 [1] holding the loss scale; the kernel uses 1 / scale. Null: use `invScale`. */
+  scale?: Tensor | null;
+  /** The inverse scale when `scale` is null (default 1). */
+  invScale?: number;
+  /** Multiply the gradient by the inverse scale (default false: only check). */
+  inPlace?: boolean;
+}
+
+/** Options of {@linkcode sgdStep} (PyTorch's SGD hyper-parameters plus loss scaling). */
+export interface SgdStepOptions extends OpOptions {
+  /** Learning rate. */
+  lr: number;
+  /** Momentum factor (default 0). */
+  momentum?: number;
+  /** Dampening for momentum (default 0). */
+  dampening?: number;
+  /** Nesterov momentum (default false; needs momentum > 0 and dampening 0). */
+  nesterov?: boolean;
+  /** L2 penalty (default 0). */
+  weightDecay?: number;
+  /** f32 [1]: the gradient is multiplied by 1 / scale (in fp32) before use. */
+  scale?: Tensor | null;
+  /** i32 [1]: the step is skipped on the device when it is non-zero. */
+  foundInf?: Tensor | null;
+  /** i32 [1]: completed steps; 0 makes the momentum buffer a copy of the gradient. */
+  stepsDone?: Tensor | null;
+}
+
+/** Options of {@linkcode scalerUpdate} (PyTorch GradScaler's defaults). */
+export interface ScalerUpdateOptions extends OpOptions {
+  /** Scale multiplier after `growthInterval` finite steps (default 2). */
+  growthFactor?: number;
+  /** Scale multiplier after a step with inf/NaN (default 0.5). */
+  backoffFactor?: number;
+  /** Finite steps in a row before growing (default 2000). */
+  growthInterval?: number;
+}
+
+const F32 = 0;
+const F16 = 1;
+
+function code(t: Tensor): number {
+  return t.dtype === "f16" ? F16 : F32;
+}
+
+function isTensor(t: unknown): t is Tensor {
+  return typeof t === "object" && t !== null && "dtype" in t && "shape" in t && "device" in t;
+}
+
+function tensor(
+  t: unknown,
+  name: string,
+  dtypes: readonly DType[],
+  action: string,
+): Tensor {
+  if (!isTensor(t)) throw new TypeError(`Cannot ${action}: ${name} must be a Tensor, got ${t}`);
+  if (!dtypes.includes(t.dtype)) {
+    throw new TypeError(
+      `Cannot ${action}: ${name} must be ${dtypes.join(" or ")}, got ${t.dtype}`,
+    );
+  }
+  return t;
+}
+
+function shape(t: Tensor, name: string, expected: readonly number[], action: string): void {
+  if (t.shape.length !== expected.length || t.shape.some((d, i) => d !== expected[i])) {
+    throw new RangeError(
+      `Cannot ${action}: ${name} must have shape [${expected}], got [${t.shape}]`,
+    );
+  }
+}
+
+function rank(t: Tensor, name: string, ranks: readonly number[], action: string): void {
+  if (!ranks.includes(t.shape.length)) {
+    throw new RangeError(
+      `Cannot ${action}: ${name} must have ${ranks.join(" or ")} dimensions, got [${t.shape}]`,
+    );
+  }
+}
+
+function scalar(t: Tensor, name: string, action: string): void {
+  if (t.numel !== 1) {
+    throw new RangeError(`Cannot ${action}: ${name} must hold one element, got [${t.shape}]`);
+  }
+}
+
+function int(v: unknown, name: string, min: number, action: string): number {
+  if (typeof v !== "number" || !Number.isSafeInteger(v) || v < min) {
+    throw new RangeError(`Cannot ${action}: ${name} must be an integer >= ${min}, got ${v}`);
+  }
+  return v;
+}
+
+function num(v: unknown, name: string, action: string): number {
+  if (typeof v !== "number" || !Number.isFinite(v)) {
+    throw new RangeError(`Cannot ${action}: ${name} must be a finite number, got ${v}`);
+  }
+  return v;
+}
+
+/** The common device of the tensors (made current) and the stream handle to queue on. */
+function launch(
+  action: string,
+  options: OpOptions,
+  ...ts: (Tensor | null | undefined)[]
+): { device: Device; stream: Deno.PointerValue } {
+  let device: Device | undefined;
+  for (const t of ts) {
+    if (!t) continue;
+    if (device === undefined) device = t.device;
+    else if (t.device !== device) {
+      throw new TypeError(
+        `Cannot ${action}: tensors on different devices (${device}, ${t.device})`,
+      );
+    }
+  }
+  if (device === undefined) throw new TypeError(`Cannot ${action}: no tensors`);
+  const stream = options.stream;
+  if (stream !== undefined && stream.device !== device) {
+    throw new TypeError(`Cannot ${action}: the stream belongs to ${stream.device}, not ${device}`);
+  }
+  device.makeCurrent();
+  return { device, stream: stream?.handle ?? null };
+}
+
+function ptr(t: Tensor | null | undefined): Deno.PointerValue {
+  return t ? t.pointer : null;
+}
+
+/** The product of the dimensions from `from` on. */
+function tail(s: readonly number[], from: number): number {
+  let n = 1;
+  for (let i = from; i < s.length; i++) n *= s[i];
+  return n;
+}
+
+/**
+ * Matrix product `out = op(a) @ op(b)` (`+ out` when accumulating): fp16 inputs, fp32
+ * accumulation, fp16 or fp32 output.
+ *
+ * @param a f16 [m, k] ([k, m] with `transA`).
+ * @param b f16 [k, n] ([n, k] with `transB`).
+ * @param out f16 or f32 [m, n].
+ * @param options Transposes, accumulate, stream.
+ * @throws {TypeError} On a wrong dtype or tensors on different devices.
+ * @throws {RangeError} When the shapes do not agree.
+ * @example A 2x3 by 3x2 product
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { matmul } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using a = Tensor.fromHost(dev, new Float16Array([1, 2, 3, 4, 5, 6]), [2, 3]);
+ * using b = Tensor.fromHost(dev, new Float16Array([1, 0, 0, 1, 1, 1]), [3, 2]);
+ * using c = Tensor.empty(dev, [2, 2], "f32");
+ * matmul(a, b, c);
+ * assert.deepStrictEqual([...await c.toHost()], [4, 5, 10, 11]);
+ * ```
+ */
+export function matmul(a: Tensor, b: Tensor, out: Tensor, options: MatmulOptions = {}): void {
+  const action = "run matmul";
+  tensor(a, "a", ["f16"], action);
+  tensor(b, "b", ["f16"], action);
+  tensor(out, "out", ["f16", "f32"], action);
+  rank(a, "a", [2], action);
+  rank(b, "b", [2], action);
+  const [m, k] = options.transA ? [a.shape[1], a.shape[0]] : [a.shape[0], a.shape[1]];
+  const [k2, n] = options.transB ? [b.shape[1], b.shape[0]] : [b.shape[0], b.shape[1]];
+  if (k !== k2) {
+    throw new RangeError(
+      `Cannot ${action}: inner dimensions differ (a [${a.shape}], b [${b.shape}], ` +
+        `transA=${!!options.transA}, transB=${!!options.transB})`,
+    );
+  }
+  shape(out, "out", [m, n], action);
+  const { device, stream } = launch(action, options, a, b, out);
+  device.check(
+    device.lib.symbols.ps_nn_matmul(
+      a.pointer,
+      b.pointer,
+      out.pointer,
+      code(out),
+      BigInt(m),
+      BigInt(n),
+      BigInt(k),
+      options.transA ? 1 : 0,
+      options.transB ? 1 : 0,
+      options.accumulate ? 1 : 0,
+      stream,
+    ),
+    `${action} [${m}x${k}]x[${k}x${n}]`,
+  );
+}
+
+interface ConvGeometry {
+  n: number;
+  c: number;
+  h: number;
+  w: number;
+  co: number;
+  kh: number;
+  kw: number;
+  stride: number;
+  pad: number;
+  oh: number;
+  ow: number;
+}
+
+function convGeometry(
+  x: Tensor,
+  w: Tensor,
+  y: Tensor,
+  options: Conv2dOptions,
+  action: string,
+  names: [string, string],
+): ConvGeometry {
+  rank(x, names[0], [4], action);
+  rank(w, "w", [4], action);
+  rank(y, names[1], [4], action);
+  const stride = int(options.stride ?? 1, "stride", 1, action);
+  const pad = int(options.padding ?? 0, "padding", 0, action);
+  const [n, c, h, wi] = x.shape;
+  const [co, c2, kh, kw] = w.shape;
+  if (c2 !== c) {
+    throw new RangeError(
+      `Cannot ${action}: w [${w.shape}] expects ${c2} input channels, ${names[0]} has [${x.shape}]`,
+    );
+  }
+  if (kh < 1 || kw < 1 || h + 2 * pad < kh || wi + 2 * pad < kw) {
+    throw new RangeError(
+      `Cannot ${action}: kernel ${kh}x${kw} does not fit ${h}x${wi} with padding ${pad}`,
+    );
+  }
+  const oh = Math.floor((h + 2 * pad - kh) / stride) + 1;
+  const ow = Math.floor((wi + 2 * pad - kw) / stride) + 1;
+  shape(y, names[1], [n, co, oh, ow], action);
+  return { n, c, h, w: wi, co, kh, kw, stride, pad, oh, ow };
+}
+
+function convArgs(g: ConvGeometry): [bigint, bigint, bigint, bigint, bigint, number, number] {
+  return [BigInt(g.n), BigInt(g.c), BigInt(g.h), BigInt(g.w), BigInt(g.co), g.kh, g.kw];
+}
+
+/**
+ * 2-D convolution (cross-correlation, zero padding), fp16 in and out.
+ *
+ * @param x f16 [N, C, H, W].
+ * @param w f16 [Co, C, kh, kw].
+ * @param y f16 [N, Co, OH, OW], OH = floor((H + 2·padding − kh) / stride) + 1.
+ * @param options stride, padding, stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the shapes do not agree.
+ * @example A 3x3 box filter
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { conv2dForward } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using x = Tensor.fromHost(dev, new Float16Array(9).fill(1), [1, 1, 3, 3]);
+ * using w = Tensor.fromHost(dev, new Float16Array(9).fill(1), [1, 1, 3, 3]);
+ * using y = Tensor.empty(dev, [1, 1, 3, 3], "f16");
+ * conv2dForward(x, w, y, { padding: 1 });
+ * assert.deepStrictEqual([...await y.toHost()], [4, 6, 4, 6, 9, 6, 4, 6, 4]);
+ * ```
+ */
+export function conv2dForward(x: Tensor, w: Tensor, y: Tensor, options: Conv2dOptions = {}): void {
+  const action = "run conv2dForward";
+  tensor(x, "x", ["f16"], action);
+  tensor(w, "w", ["f16"], action);
+  tensor(y, "y", ["f16"], action);
+  const g = convGeometry(x, w, y, options, action, ["x", "y"]);
+  const { device, stream } = launch(action, options, x, w, y);
+  device.check(
+    device.lib.symbols.ps_nn_conv2d_forward(
+      x.pointer,
+      w.pointer,
+      y.pointer,
+      ...convArgs(g),
+      g.stride,
+      g.pad,
+      stream,
+    ),
+    `${action} x [${x.shape}] w [${w.shape}]`,
+  );
+}
+
+/**
+ * Input gradient of {@linkcode conv2dForward} (overwrites `dx`).
+ *
+ * @param dy f16 [N, Co, OH, OW].
+ * @param w f16 [Co, C, kh, kw].
+ * @param dx f16 [N, C, H, W].
+ * @param options The forward's stride and padding; stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the shapes do not agree.
+ * @example The adjoint of a 1x1 convolution
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { conv2dBackwardData } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using dy = Tensor.fromHost(dev, new Float16Array([1, 2]), [1, 2, 1, 1]);
+ * using w = Tensor.fromHost(dev, new Float16Array([3, 4]), [2, 1, 1, 1]);
+ * using dx = Tensor.empty(dev, [1, 1, 1, 1], "f16");
+ * conv2dBackwardData(dy, w, dx);
+ * assert.deepStrictEqual([...await dx.toHost()], [11]);
+ * ```
+ */
+export function conv2dBackwardData(
+  dy: Tensor,
+  w: Tensor,
+  dx: Tensor,
+  options: Conv2dOptions = {},
+): void {
+  const action = "run conv2dBackwardData";
+  tensor(dy, "dy", ["f16"], action);
+  tensor(w, "w", ["f16"], action);
+  tensor(dx, "dx", ["f16"], action);
+  const g = convGeometry(dx, w, dy, options, action, ["dx", "dy"]);
+  const { device, stream } = launch(action, options, dy, w, dx);
+  device.check(
+    device.lib.symbols.ps_nn_conv2d_backward_data(
+      dy.pointer,
+      w.pointer,
+      dx.pointer,
+      ...convArgs(g),
+      g.stride,
+      g.pad,
+      stream,
+    ),
+    `${action} dx [${dx.shape}] w [${w.shape}]`,
+  );
+}
+
+/**
+ * Weight gradient of {@linkcode conv2dForward}, summed over the batch.
+ *
+ * @param x f16 [N, C, H, W] (the forward's input).
+ * @param dy f16 [N, Co, OH, OW].
+ * @param dw f16 or f32 [Co, C, kh, kw].
+ * @param options The forward's stride and padding; accumulate; stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the shapes do not agree.
+ * @example A 1x1 convolution's weight gradient
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { conv2dBackwardWeight } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using x = Tensor.fromHost(dev, new Float16Array([1, 2, 3, 4]), [1, 1, 2, 2]);
+ * using dy = Tensor.fromHost(dev, new Float16Array([1, 1, 1, 1]), [1, 1, 2, 2]);
+ * using dw = Tensor.empty(dev, [1, 1, 1, 1], "f32");
+ * conv2dBackwardWeight(x, dy, dw);
+ * assert.deepStrictEqual([...await dw.toHost()], [10]);
+ * ```
+ */
+export function conv2dBackwardWeight(
+  x: Tensor,
+  dy: Tensor,
+  dw: Tensor,
+  options: Conv2dBackwardWeightOptions = {},
+): void {
+  const action = "run conv2dBackwardWeight";
+  tensor(x, "x", ["f16"], action);
+  tensor(dy, "dy", ["f16"], action);
+  tensor(dw, "dw", ["f16", "f32"], action);
+  const g = convGeometry(x, dw, dy, options, action, ["x", "dy"]);
+  const { device, stream } = launch(action, options, x, dy, dw);
+  device.check(
+    device.lib.symbols.ps_nn_conv2d_backward_weight(
+      x.pointer,
+      dy.pointer,
+      dw.pointer,
+      code(dw),
+      ...convArgs(g),
+      g.stride,
+      g.pad,
+      options.accumulate ? 1 : 0,
+      stream,
+    ),
+    `${action} x [${x.shape}] dw [${dw.shape}]`,
+  );
+}
+
+/**
+ * Max pooling (no padding, floor mode), optionally recording each maximum's position.
+ *
+ * @param x f16 [N, C, H, W].
+ * @param y f16 [N, C, OH, OW], OH = floor((H − kernel) / stride) + 1.
+ * @param indices i32 shaped like `y` (position iy·W + ix in the input plane), or null.
+ * @param options kernel, stride (default kernel), stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the shapes do not agree.
+ * @example 2x2 pooling
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { maxPool2dForward } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using x = Tensor.fromHost(dev, new Float16Array([1, 5, 3, 2]), [1, 1, 2, 2]);
+ * using y = Tensor.empty(dev, [1, 1, 1, 1], "f16");
+ * using idx = Tensor.empty(dev, [1, 1, 1, 1], "i32");
+ * maxPool2dForward(x, y, idx, { kernel: 2 });
+ * assert.deepStrictEqual([...await y.toHost()], [5]);
+ * assert.deepStrictEqual([...await idx.toHost()], [1]);
+ * ```
+ */
+export function maxPool2dForward(
+  x: Tensor,
+  y: Tensor,
+  indices: Tensor | null,
+  options: MaxPool2dOptions,
+): void {
+  const action = "run maxPool2dForward";
+  tensor(x, "x", ["f16"], action);
+  tensor(y, "y", ["f16"], action);
+  if (indices !== null) tensor(indices, "indices", ["i32"], action);
+  rank(x, "x", [4], action);
+  const kernel = int(options?.kernel, "kernel", 1, action);
+  const stride = int(options.stride ?? kernel, "stride", 1, action);
+  const [n, c, h, w] = x.shape;
+  if (kernel > h || kernel > w) {
+    throw new RangeError(`Cannot ${action}: kernel ${kernel} larger than the input [${x.shape}]`);
+  }
+  const oh = Math.floor((h - kernel) / stride) + 1, ow = Math.floor((w - kernel) / stride) + 1;
+  shape(y, "y", [n, c, oh, ow], action);
+  if (indices) shape(indices, "indices", [n, c, oh, ow], action);
+  const { device, stream } = launch(action, options, x, y, indices);
+  device.check(
+    device.lib.symbols.ps_nn_maxpool2d_forward(
+      x.pointer,
+      y.pointer,
+      ptr(indices),
+      BigInt(n),
+      BigInt(c),
+      BigInt(h),
+      BigInt(w),
+      kernel,
+      stride,
+      stream,
+    ),
+    `${action} x [${x.shape}]`,
+  );
+}
+
+/**
+ * Input gradient of {@linkcode maxPool2dForward}: `dy` added at the recorded positions;
+ * overwrites `dx`.
+ *
+ * @param dy f16 [N, C, OH, OW].
+ * @param indices i32 [N, C, OH, OW] from the forward.
+ * @param dx f16 [N, C, H, W].
+ * @param options stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the shapes do not agree.
+ * @example Routing the gradient to the maximum
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { maxPool2dBackward } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using dy = Tensor.fromHost(dev, new Float16Array([7]), [1, 1, 1, 1]);
+ * using idx = Tensor.fromHost(dev, new Int32Array([2]), [1, 1, 1, 1]);
+ * using dx = Tensor.empty(dev, [1, 1, 2, 2], "f16");
+ * maxPool2dBackward(dy, idx, dx);
+ * assert.deepStrictEqual([...await dx.toHost()], [0, 0, 7, 0]);
+ * ```
+ */
+export function maxPool2dBackward(
+  dy: Tensor,
+  indices: Tensor,
+  dx: Tensor,
+  options: OpOptions = {},
+): void {
+  const action = "run maxPool2dBackward";
+  tensor(dy, "dy", ["f16"], action);
+  tensor(indices, "indices", ["i32"], action);
+  tensor(dx, "dx", ["f16"], action);
+  rank(dy, "dy", [4], action);
+  rank(dx, "dx", [4], action);
+  shape(indices, "indices", dy.shape, action);
+  const [n, c, oh, ow] = dy.shape;
+  const [, , h, w] = dx.shape;
+  shape(dx, "dx", [n, c, h, w], action);
+  const { device, stream } = launch(action, options, dy, indices, dx);
+  device.check(
+    device.lib.symbols.ps_nn_maxpool2d_backward(
+      dy.pointer,
+      indices.pointer,
+      dx.pointer,
+      BigInt(n),
+      BigInt(c),
+      BigInt(h),
+      BigInt(w),
+      BigInt(oh),
+      BigInt(ow),
+      stream,
+    ),
+    `${action} dy [${dy.shape}]`,
+  );
+}
+
+function bnShape(x: Tensor, action: string): { n: number; c: number; hw: number } {
+  if (x.shape.length < 2) {
+    throw new RangeError(`Cannot ${action}: x must be [N, C, ...], got [${x.shape}]`);
+  }
+  return { n: x.shape[0], c: x.shape[1], hw: tail(x.shape, 2) };
+}
+
+function params(ts: [Tensor | null, string][], c: number, action: string): void {
+  for (const [t, name] of ts) {
+    if (t === null) continue;
+    tensor(t, name, ["f32"], action);
+    shape(t, name, [c], action);
+  }
+}
+
+/**
+ * Batch normalization in training mode: normalizes with the batch statistics, saves them
+ * for the backward and updates the running statistics (PyTorch's momentum convention).
+ *
+ * @param x f16 [N, C, ...].
+ * @param gamma f32 [C].
+ * @param beta f32 [C].
+ * @param y f16 like x.
+ * @param saveMean f32 [C], written.
+ * @param saveInvStd f32 [C], written: 1 / sqrt(biased var + eps).
+ * @param runMean f32 [C], updated (or null).
+ * @param runVar f32 [C], updated with the unbiased variance (or null).
+ * @param options momentum (0.1), eps (1e-5), stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the shapes do not agree or N·spatial < 2.
+ * @example Normalizing one channel
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { batchNormForwardTrain } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using x = Tensor.fromHost(dev, new Float16Array([1, 3]), [2, 1]);
+ * using g = Tensor.fromHost(dev, new Float32Array([1]));
+ * using b = Tensor.fromHost(dev, new Float32Array([0]));
+ * using y = Tensor.empty(dev, [2, 1], "f16");
+ * using m = Tensor.empty(dev, [1], "f32");
+ * using s = Tensor.empty(dev, [1], "f32");
+ * batchNormForwardTrain(x, g, b, y, m, s, null, null, { eps: 0 });
+ * assert.deepStrictEqual([...await y.toHost()], [-1, 1]);
+ * assert.deepStrictEqual([...await m.toHost()], [2]);
+ * ```
+ */
+export function batchNormForwardTrain(
+  x: Tensor,
+  gamma: Tensor,
+  beta: Tensor,
+  y: Tensor,
+  saveMean: Tensor,
+  saveInvStd: Tensor,
+  runMean: Tensor | null,
+  runVar: Tensor | null,
+  options: BatchNormTrainOptions = {},
+): void {
+  const action = "run batchNormForwardTrain";
+  tensor(x, "x", ["f16"], action);
+  tensor(y, "y", ["f16"], action);
+  const { n, c, hw } = bnShape(x, action);
+  shape(y, "y", x.shape, action);
+  params(
+    [[gamma, "gamma"], [beta, "beta"], [saveMean, "saveMean"], [saveInvStd, "saveInvStd"], [
+      runMean,
+      "runMean",
+    ], [runVar, "runVar"]],
+    c,
+    action,
+  );
+  if (n * hw < 2) {
+    throw new RangeError(
+      `Cannot ${action}: need more than one value per channel, got x [${x.shape}]`,
+    );
+  }
+  const momentum = num(options.momentum ?? 0.1, "momentum", action);
+  const eps = num(options.eps ?? 1e-5, "eps", action);
+  const { device, stream } = launch(
+    action,
+    options,
+    x,
+    gamma,
+    beta,
+    y,
+    saveMean,
+    saveInvStd,
+    runMean,
+    runVar,
+  );
+  device.check(
+    device.lib.symbols.ps_nn_batchnorm_forward_train(
+      x.pointer,
+      gamma.pointer,
+      beta.pointer,
+      y.pointer,
+      saveMean.pointer,
+      saveInvStd.pointer,
+      ptr(runMean),
+      ptr(runVar),
+      BigInt(n),
+      BigInt(c),
+      BigInt(hw),
+      momentum,
+      eps,
+      stream,
+    ),
+    `${action} x [${x.shape}]`,
+  );
+}
+
+/**
+ * Batch normalization in evaluation mode (running statistics).
+ *
+ * @param x f16 [N, C, ...].
+ * @param gamma f32 [C].
+ * @param beta f32 [C].
+ * @param runMean f32 [C].
+ * @param runVar f32 [C].
+ * @param y f16 like x.
+ * @param options eps (1e-5), stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the shapes do not agree.
+ * @example Using the running statistics
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { batchNormForwardEval } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using x = Tensor.fromHost(dev, new Float16Array([3]), [1, 1]);
+ * using g = Tensor.fromHost(dev, new Float32Array([2]));
+ * using b = Tensor.fromHost(dev, new Float32Array([1]));
+ * using rm = Tensor.fromHost(dev, new Float32Array([1]));
+ * using rv = Tensor.fromHost(dev, new Float32Array([4]));
+ * using y = Tensor.empty(dev, [1, 1], "f16");
+ * batchNormForwardEval(x, g, b, rm, rv, y, { eps: 0 });
+ * assert.deepStrictEqual([...await y.toHost()], [3]);
+ * ```
+ */
+export function batchNormForwardEval(
+  x: Tensor,
+  gamma: Tensor,
+  beta: Tensor,
+  runMean: Tensor,
+  runVar: Tensor,
+  y: Tensor,
+  options: BatchNormEvalOptions = {},
+): void {
+  const action = "run batchNormForwardEval";
+  tensor(x, "x", ["f16"], action);
+  tensor(y, "y", ["f16"], action);
+  const { n, c, hw } = bnShape(x, action);
+  shape(y, "y", x.shape, action);
+  params([[gamma, "gamma"], [beta, "beta"], [runMean, "runMean"], [runVar, "runVar"]], c, action);
+  const eps = num(options.eps ?? 1e-5, "eps", action);
+  const { device, stream } = launch(action, options, x, gamma, beta, runMean, runVar, y);
+  device.check(
+    device.lib.symbols.ps_nn_batchnorm_forward_eval(
+      x.pointer,
+      gamma.pointer,
+      beta.pointer,
+      runMean.pointer,
+      runVar.pointer,
+      y.pointer,
+      BigInt(n),
+      BigInt(c),
+      BigInt(hw),
+      eps,
+      stream,
+    ),
+    `${action} x [${x.shape}]`,
+  );
+}
+
+/**
+ * Gradients of {@linkcode batchNormForwardTrain}: overwrites dx, dgamma and dbeta.
+ *
+ * @param dy f16 like x.
+ * @param x f16 [N, C, ...], the forward's input.
+ * @param gamma f32 [C].
+ * @param saveMean f32 [C] from the forward.
+ * @param saveInvStd f32 [C] from the forward.
+ * @param dx f16 like x.
+ * @param dgamma f32 [C].
+ * @param dbeta f32 [C].
+ * @param options stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the shapes do not agree.
+ * @example dbeta is the sum of dy
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { batchNormBackward } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using dy = Tensor.fromHost(dev, new Float16Array([1, 2]), [2, 1]);
+ * using x = Tensor.fromHost(dev, new Float16Array([1, 3]), [2, 1]);
+ * using g = Tensor.fromHost(dev, new Float32Array([1]));
+ * using m = Tensor.fromHost(dev, new Float32Array([2]));
+ * using s = Tensor.fromHost(dev, new Float32Array([1]));
+ * using dx = Tensor.empty(dev, [2, 1], "f16");
+ * using dg = Tensor.empty(dev, [1], "f32");
+ * using db = Tensor.empty(dev, [1], "f32");
+ * batchNormBackward(dy, x, g, m, s, dx, dg, db);
+ * assert.deepStrictEqual([...await db.toHost()], [3]);
+ * assert.deepStrictEqual([...await dg.toHost()], [1]);
+ * ```
+ */
+export function batchNormBackward(
+  dy: Tensor,
+  x: Tensor,
+  gamma: Tensor,
+  saveMean: Tensor,
+  saveInvStd: Tensor,
+  dx: Tensor,
+  dgamma: Tensor,
+  dbeta: Tensor,
+  options: OpOptions = {},
+): void {
+  const action = "run batchNormBackward";
+  tensor(dy, "dy", ["f16"], action);
+  tensor(x, "x", ["f16"], action);
+  tensor(dx, "dx", ["f16"], action);
+  const { n, c, hw } = bnShape(x, action);
+  shape(dy, "dy", x.shape, action);
+  shape(dx, "dx", x.shape, action);
+  params(
+    [[gamma, "gamma"], [saveMean, "saveMean"], [saveInvStd, "saveInvStd"], [
+      dgamma,
+      "dgamma",
+    ], [dbeta, "dbeta"]],
+    c,
+    action,
+  );
+  const { device, stream } = launch(
+    action,
+    options,
+    dy,
+    x,
+    gamma,
+    saveMean,
+    saveInvStd,
+    dx,
+    dgamma,
+    dbeta,
+  );
+  device.check(
+    device.lib.symbols.ps_nn_batchnorm_backward(
+      dy.pointer,
+      x.pointer,
+      gamma.pointer,
+      saveMean.pointer,
+      saveInvStd.pointer,
+      dx.pointer,
+      dgamma.pointer,
+      dbeta.pointer,
+      BigInt(n),
+      BigInt(c),
+      BigInt(hw),
+      stream,
+    ),
+    `${action} x [${x.shape}]`,
+  );
+}
+
+function channels(y: Tensor, name: string, action: string): { n: number; c: number; hw: number } {
+  if (y.shape.length < 2) {
+    throw new RangeError(`Cannot ${action}: ${name} must be [N, C, ...], got [${y.shape}]`);
+  }
+  return { n: y.shape[0], c: y.shape[1], hw: tail(y.shape, 2) };
+}
+
+/**
+ * Adds a per-channel bias in place: `y[n, c, ...] += bias[c]` ([N, F] for linear layers).
+ *
+ * @param y f16 [N, C, ...].
+ * @param bias f16 or f32 [C].
+ * @param options stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the shapes do not agree.
+ * @example
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { biasAdd } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using y = Tensor.fromHost(dev, new Float16Array([1, 2, 3, 4]), [2, 2]);
+ * using b = Tensor.fromHost(dev, new Float32Array([10, 20]));
+ * biasAdd(y, b);
+ * assert.deepStrictEqual([...await y.toHost()], [11, 22, 13, 24]);
+ * ```
+ */
+export function biasAdd(y: Tensor, bias: Tensor, options: OpOptions = {}): void {
+  const action = "run biasAdd";
+  tensor(y, "y", ["f16"], action);
+  tensor(bias, "bias", ["f16", "f32"], action);
+  const { n, c, hw } = channels(y, "y", action);
+  shape(bias, "bias", [c], action);
+  const { device, stream } = launch(action, options, y, bias);
+  device.check(
+    device.lib.symbols.ps_nn_bias_add(
+      y.pointer,
+      bias.pointer,
+      code(bias),
+      BigInt(n),
+      BigInt(c),
+      BigInt(hw),
+      stream,
+    ),
+    `${action} y [${y.shape}]`,
+  );
+}
+
+/**
+ * Bias gradient: `dbias[c] = Σ dy[n, c, ...]` (added when accumulating).
+ *
+ * @param dy f16 [N, C, ...].
+ * @param dbias f16 or f32 [C].
+ * @param options accumulate, stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the shapes do not agree.
+ * @example
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { biasGrad } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using dy = Tensor.fromHost(dev, new Float16Array([1, 2, 3, 4]), [2, 2]);
+ * using db = Tensor.empty(dev, [2], "f32");
+ * biasGrad(dy, db);
+ * assert.deepStrictEqual([...await db.toHost()], [4, 6]);
+ * ```
+ */
+export function biasGrad(dy: Tensor, dbias: Tensor, options: BiasGradOptions = {}): void {
+  const action = "run biasGrad";
+  tensor(dy, "dy", ["f16"], action);
+  tensor(dbias, "dbias", ["f16", "f32"], action);
+  const { n, c, hw } = channels(dy, "dy", action);
+  shape(dbias, "dbias", [c], action);
+  const { device, stream } = launch(action, options, dy, dbias);
+  device.check(
+    device.lib.symbols.ps_nn_bias_grad(
+      dy.pointer,
+      dbias.pointer,
+      code(dbias),
+      BigInt(n),
+      BigInt(c),
+      BigInt(hw),
+      options.accumulate ? 1 : 0,
+      stream,
+    ),
+    `${action} dy [${dy.shape}]`,
+  );
+}
+
+function sameNumel(a: Tensor, b: Tensor, names: string, action: string): void {
+  if (a.numel !== b.numel) {
+    throw new RangeError(
+      `Cannot ${action}: ${names} differ in size ([${a.shape}] and [${b.shape}])`,
+    );
+  }
+}
+
+/**
+ * `y = max(x, 0)` elementwise (in place when `y` is `x`).
+ *
+ * @param x f16.
+ * @param y f16, same number of elements.
+ * @param options stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the sizes differ.
+ * @example
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { reluForward } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using x = Tensor.fromHost(dev, new Float16Array([-1, 2]));
+ * reluForward(x, x);
+ * assert.deepStrictEqual([...await x.toHost()], [0, 2]);
+ * ```
+ */
+export function reluForward(x: Tensor, y: Tensor, options: OpOptions = {}): void {
+  const action = "run reluForward";
+  tensor(x, "x", ["f16"], action);
+  tensor(y, "y", ["f16"], action);
+  sameNumel(x, y, "x and y", action);
+  const { device, stream } = launch(action, options, x, y);
+  device.check(
+    device.lib.symbols.ps_nn_relu_forward(x.pointer, y.pointer, BigInt(x.numel), stream),
+    action,
+  );
+}
+
+/**
+ * `dx = y > 0 ? dy : 0` from relu's output `y` (in place when `dx` is `dy`).
+ *
+ * @param dy f16.
+ * @param y f16, the forward's output.
+ * @param dx f16.
+ * @param options stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the sizes differ.
+ * @example
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { reluBackward } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using dy = Tensor.fromHost(dev, new Float16Array([5, 6]));
+ * using y = Tensor.fromHost(dev, new Float16Array([0, 2]));
+ * reluBackward(dy, y, dy);
+ * assert.deepStrictEqual([...await dy.toHost()], [0, 6]);
+ * ```
+ */
+export function reluBackward(dy: Tensor, y: Tensor, dx: Tensor, options: OpOptions = {}): void {
+  const action = "run reluBackward";
+  tensor(dy, "dy", ["f16"], action);
+  tensor(y, "y", ["f16"], action);
+  tensor(dx, "dx", ["f16"], action);
+  sameNumel(dy, y, "dy and y", action);
+  sameNumel(dy, dx, "dy and dx", action);
+  const { device, stream } = launch(action, options, dy, y, dx);
+  device.check(
+    device.lib.symbols.ps_nn_relu_backward(
+      dy.pointer,
+      y.pointer,
+      dx.pointer,
+      BigInt(dy.numel),
+      stream,
+    ),
+    action,
+  );
+}
+
+function crossEntropy(
+  action: string,
+  logits: Tensor,
+  labels: Tensor,
+  dlogits: Tensor | null,
+  lossSum: Tensor,
+  correct: Tensor,
+  options: CrossEntropyOptions,
+): void {
+  tensor(logits, "logits", ["f16"], action);
+  tensor(labels, "labels", ["i32"], action);
+  tensor(lossSum, "lossSum", ["f32"], action);
+  tensor(correct, "correct", ["i32"], action);
+  rank(logits, "logits", [2], action);
+  const [n, k] = logits.shape;
+  shape(labels, "labels", [n], action);
+  if (dlogits !== null) {
+    tensor(dlogits, "dlogits", ["f16"], action);
+    shape(dlogits, "dlogits", logits.shape, action);
+  }
+  scalar(lossSum, "lossSum", action);
+  scalar(correct, "correct", action);
+  const scale = num(options.scale ?? 1, "scale", action);
+  const { device, stream } = launch(action, options, logits, labels, dlogits, lossSum, correct);
+  device.check(
+    device.lib.symbols.ps_nn_cross_entropy(
+      logits.pointer,
+      labels.pointer,
+      ptr(dlogits),
+      lossSum.pointer,
+      correct.pointer,
+      BigInt(n),
+      BigInt(k),
+      scale,
+      stream,
+    ),
+    `${action} logits [${logits.shape}]`,
+  );
+}
+
+/**
+ * Softmax cross-entropy with its gradient: adds the batch's summed loss to `lossSum` and
+ * its correct count to `correct` (both stay on the device), and writes
+ * `dlogits = scale · (softmax(logits) − onehot(labels)) / N`.
+ *
+ * @param logits f16 [N, K].
+ * @param labels i32 [N], each in [0, K).
+ * @param dlogits f16 [N, K].
+ * @param lossSum f32 [1], added to.
+ * @param correct i32 [1], added to.
+ * @param options scale (the loss scale, default 1), stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the shapes do not agree.
+ * @throws {PinstreamError} On the CPU backend, when a label is out of range.
+ * @example
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { crossEntropyForwardBackward } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using logits = Tensor.fromHost(dev, new Float16Array([0, 0]), [1, 2]);
+ * using labels = Tensor.fromHost(dev, new Int32Array([1]));
+ * using d = Tensor.empty(dev, [1, 2], "f16");
+ * using loss = Tensor.fromHost(dev, new Float32Array([0]));
+ * using hits = Tensor.fromHost(dev, new Int32Array([0]));
+ * crossEntropyForwardBackward(logits, labels, d, loss, hits);
+ * assert.ok(Math.abs((await loss.toHost())[0] - Math.LN2) < 1e-6);
+ * assert.deepStrictEqual([...await d.toHost()], [0.5, -0.5]);
+ * ```
+ */
+export function crossEntropyForwardBackward(
+  logits: Tensor,
+  labels: Tensor,
+  dlogits: Tensor,
+  lossSum: Tensor,
+  correct: Tensor,
+  options: CrossEntropyOptions = {},
+): void {
+  crossEntropy(
+    "run crossEntropyForwardBackward",
+    logits,
+    labels,
+    dlogits,
+    lossSum,
+    correct,
+    options,
+  );
+}
+
+/**
+ * Softmax cross-entropy for evaluation: the sums of {@linkcode crossEntropyForwardBackward}
+ * without the gradient.
+ *
+ * @param logits f16 [N, K].
+ * @param labels i32 [N].
+ * @param lossSum f32 [1], added to.
+ * @param correct i32 [1], added to.
+ * @param options stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the shapes do not agree.
+ * @example
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { crossEntropyForward } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using logits = Tensor.fromHost(dev, new Float16Array([3, 1, 0, 2]), [2, 2]);
+ * using labels = Tensor.fromHost(dev, new Int32Array([0, 0]));
+ * using loss = Tensor.fromHost(dev, new Float32Array([0]));
+ * using hits = Tensor.fromHost(dev, new Int32Array([0]));
+ * crossEntropyForward(logits, labels, loss, hits);
+ * assert.deepStrictEqual([...await hits.toHost()], [1]);
+ * ```
+ */
+export function crossEntropyForward(
+  logits: Tensor,
+  labels: Tensor,
+  lossSum: Tensor,
+  correct: Tensor,
+  options: OpOptions = {},
+): void {
+  crossEntropy("run crossEntropyForward", logits, labels, null, lossSum, correct, options);
+}
+
+/**
+ * Converts between f16 and f32 (or copies when the dtypes match), rounding to nearest even.
+ *
+ * @param src f16 or f32.
+ * @param dst f16 or f32, same number of elements.
+ * @param options stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When the sizes differ.
+ * @example
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { cast } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using a = Tensor.fromHost(dev, new Float32Array([1.5, 70000]));
+ * using b = Tensor.empty(dev, [2], "f16");
+ * cast(a, b);
+ * assert.deepStrictEqual([...await b.toHost()], [1.5, Infinity]);
+ * ```
+ */
+export function cast(src: Tensor, dst: Tensor, options: OpOptions = {}): void {
+  const action = "run cast";
+  tensor(src, "src", ["f16", "f32"], action);
+  tensor(dst, "dst", ["f16", "f32"], action);
+  sameNumel(src, dst, "src and dst", action);
+  const { device, stream } = launch(action, options, src, dst);
+  device.check(
+    device.lib.symbols.ps_nn_cast(
+      src.pointer,
+      code(src),
+      dst.pointer,
+      code(dst),
+      BigInt(src.numel),
+      stream,
+    ),
+    `${action} ${src.dtype} -> ${dst.dtype}`,
+  );
+}
+
+/**
+ * GradScaler's inf/NaN check (and optional in-place unscale) of one gradient: sets
+ * `foundInf` to 1 when any element is inf or NaN; never clears it.
+ *
+ * @param grad f16 or f32.
+ * @param foundInf i32 [1].
+ * @param options scale (f32 [1]; the kernel uses 1 / scale) or invScale, inPlace, stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When a scalar has the wrong size.
+ * @example
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { unscaleAndCheck } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using g = Tensor.fromHost(dev, new Float32Array([4, Infinity]));
+ * using flag = Tensor.fromHost(dev, new Int32Array([0]));
+ * unscaleAndCheck(g, flag, { invScale: 0.5, inPlace: true });
+ * assert.deepStrictEqual([...await flag.toHost()], [1]);
+ * assert.deepStrictEqual([...await g.toHost()], [2, Infinity]);
+ * ```
+ */
+export function unscaleAndCheck(
+  grad: Tensor,
+  foundInf: Tensor,
+  options: UnscaleOptions = {},
+): void {
+  const action = "run unscaleAndCheck";
+  tensor(grad, "grad", ["f16", "f32"], action);
+  tensor(foundInf, "foundInf", ["i32"], action);
+  scalar(foundInf, "foundInf", action);
+  const scale = options.scale ?? null;
+  if (scale !== null) {
+    tensor(scale, "scale", ["f32"], action);
+    scalar(scale, "scale", action);
+  }
+  const inv = num(options.invScale ?? 1, "invScale", action);
+  const { device, stream } = launch(action, options, grad, foundInf, scale);
+  device.check(
+    device.lib.symbols.ps_nn_unscale_check(
+      grad.pointer,
+      code(grad),
+      BigInt(grad.numel),
+      ptr(scale),
+      inv,
+      options.inPlace ? 1 : 0,
+      foundInf.pointer,
+      stream,
+    ),
+    `${action} [${grad.shape}]`,
+  );
+}
+
+/**
+ * One torch.optim.SGD update of a parameter on its fp32 master copy, from an fp16 (or
+ * fp32) gradient; refreshes the fp16 copy the forward uses. With `foundInf` the update is
+ * skipped on the device when the flag is set (no host round trip).
+ *
+ * @param param f32 master weights, updated.
+ * @param grad f16 or f32, same number of elements.
+ * @param momentumBuf f32 (zero-initialized by the caller), or null when momentum is 0.
+ * @param paramHalf f16 copy written after the update, or null.
+ * @param options lr, momentum, dampening, nesterov, weightDecay, scale, foundInf, stepsDone,
+ * stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When sizes differ, or on a bad hyper-parameter.
+ * @example Plain SGD
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { sgdStep } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using p = Tensor.fromHost(dev, new Float32Array([1, 2]));
+ * using g = Tensor.fromHost(dev, new Float16Array([1, -1]));
+ * using h = Tensor.empty(dev, [2], "f16");
+ * sgdStep(p, g, null, h, { lr: 0.5 });
+ * assert.deepStrictEqual([...await p.toHost()], [0.5, 2.5]);
+ * assert.deepStrictEqual([...await h.toHost()], [0.5, 2.5]);
+ * ```
+ */
+export function sgdStep(
+  param: Tensor,
+  grad: Tensor,
+  momentumBuf: Tensor | null,
+  paramHalf: Tensor | null,
+  options: SgdStepOptions,
+): void {
+  const action = "run sgdStep";
+  tensor(param, "param", ["f32"], action);
+  tensor(grad, "grad", ["f16", "f32"], action);
+  sameNumel(param, grad, "param and grad", action);
+  if (momentumBuf !== null) {
+    tensor(momentumBuf, "momentumBuf", ["f32"], action);
+    sameNumel(param, momentumBuf, "param and momentumBuf", action);
+  }
+  if (paramHalf !== null) {
+    tensor(paramHalf, "paramHalf", ["f16"], action);
+    sameNumel(param, paramHalf, "param and paramHalf", action);
+  }
+  const lr = num(options?.lr, "lr", action);
+  const momentum = num(options.momentum ?? 0, "momentum", action);
+  const dampening = num(options.dampening ?? 0, "dampening", action);
+  const weightDecay = num(options.weightDecay ?? 0, "weightDecay", action);
+  if (momentum < 0) {
+    throw new RangeError(`Cannot ${action}: momentum must be >= 0, got ${momentum}`);
+  }
+  if (momentum !== 0 && momentumBuf === null) {
+    throw new TypeError(`Cannot ${action}: momentum ${momentum} needs a momentum buffer`);
+  }
+  if (options.nesterov && (momentum <= 0 || dampening !== 0)) {
+    throw new RangeError(
+      `Cannot ${action}: Nesterov momentum requires a momentum and zero dampening ` +
+        `(momentum ${momentum}, dampening ${dampening})`,
+    );
+  }
+  const scale = options.scale ?? null;
+  const foundInf = options.foundInf ?? null;
+  const stepsDone = options.stepsDone ?? null;
+  for (
+    const [t, name, dt] of [[scale, "scale", "f32"], [foundInf, "foundInf", "i32"], [
+      stepsDone,
+      "stepsDone",
+      "i32",
+    ]] as const
+  ) {
+    if (t === null) continue;
+    tensor(t, name, [dt], action);
+    scalar(t, name, action);
+  }
+  const { device, stream } = launch(
+    action,
+    options,
+    param,
+    grad,
+    momentumBuf,
+    paramHalf,
+    scale,
+    foundInf,
+    stepsDone,
+  );
+  device.check(
+    device.lib.symbols.ps_nn_sgd_step(
+      param.pointer,
+      grad.pointer,
+      code(grad),
+      ptr(momentumBuf),
+      ptr(paramHalf),
+      BigInt(param.numel),
+      lr,
+      momentum,
+      dampening,
+      weightDecay,
+      options.nesterov ? 1 : 0,
+      ptr(scale),
+      ptr(foundInf),
+      ptr(stepsDone),
+      stream,
+    ),
+    `${action} [${param.shape}]`,
+  );
+}
+
+/**
+ * Counts a completed optimizer step on the device: `stepsDone += 1` unless `foundInf` is
+ * set. Queue it after the step's {@linkcode sgdStep} calls.
+ *
+ * @param stepsDone i32 [1].
+ * @param foundInf i32 [1] or null.
+ * @param options stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When a scalar has the wrong size.
+ * @example
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { stepCount } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using steps = Tensor.fromHost(dev, new Int32Array([0]));
+ * using flag = Tensor.fromHost(dev, new Int32Array([1]));
+ * stepCount(steps, null);
+ * stepCount(steps, flag);
+ * assert.deepStrictEqual([...await steps.toHost()], [1]);
+ * ```
+ */
+export function stepCount(
+  stepsDone: Tensor,
+  foundInf: Tensor | null,
+  options: OpOptions = {},
+): void {
+  const action = "run stepCount";
+  tensor(stepsDone, "stepsDone", ["i32"], action);
+  scalar(stepsDone, "stepsDone", action);
+  if (foundInf !== null) {
+    tensor(foundInf, "foundInf", ["i32"], action);
+    scalar(foundInf, "foundInf", action);
+  }
+  const { device, stream } = launch(action, options, stepsDone, foundInf);
+  device.check(
+    device.lib.symbols.ps_nn_step_count(stepsDone.pointer, ptr(foundInf), stream),
+    action,
+  );
+}
+
+/**
+ * GradScaler's update on the device (torch._amp_update_scale_): after a step with inf/NaN
+ * the scale is multiplied by `backoffFactor` and the tracker reset; otherwise the tracker
+ * counts up and at `growthInterval` the scale grows by `growthFactor` (if still finite).
+ *
+ * @param scale f32 [1].
+ * @param growthTracker i32 [1].
+ * @param foundInf i32 [1], read only.
+ * @param options growthFactor (2), backoffFactor (0.5), growthInterval (2000), stream.
+ * @throws {TypeError} On a wrong dtype.
+ * @throws {RangeError} When a scalar has the wrong size or an option is invalid.
+ * @example Back-off on an inf
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { scalerUpdate } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using scale = Tensor.fromHost(dev, new Float32Array([65536]));
+ * using tracker = Tensor.fromHost(dev, new Int32Array([7]));
+ * using flag = Tensor.fromHost(dev, new Int32Array([1]));
+ * scalerUpdate(scale, tracker, flag);
+ * assert.deepStrictEqual([...await scale.toHost()], [32768]);
+ * assert.deepStrictEqual([...await tracker.toHost()], [0]);
+ * ```
+ */
+export function scalerUpdate(
+  scale: Tensor,
+  growthTracker: Tensor,
+  foundInf: Tensor,
+  options: ScalerUpdateOptions = {},
+): void {
+  const action = "run scalerUpdate";
+  tensor(scale, "scale", ["f32"], action);
+  tensor(growthTracker, "growthTracker", ["i32"], action);
+  tensor(foundInf, "foundInf", ["i32"], action);
+  scalar(scale, "scale", action);
+  scalar(growthTracker, "growthTracker", action);
+  scalar(foundInf, "foundInf", action);
+  const growth = num(options.growthFactor ?? 2, "growthFactor", action);
+  const backoff = num(options.backoffFactor ?? 0.5, "backoffFactor", action);
+  const interval = int(options.growthInterval ?? 2000, "growthInterval", 1, action);
+  const { device, stream } = launch(action, options, scale, growthTracker, foundInf);
+  device.check(
+    device.lib.symbols.ps_nn_scaler_update(
+      scale.pointer,
+      growthTracker.pointer,
+      foundInf.pointer,
+      growth,
+      backoff,
+      interval,
+      stream,
+    ),
+    action,
+  );
+}
