@@ -210,7 +210,7 @@ function locate(backend: Backend): { lib: Library; path: string } {
     if (backendOf(lib) === backend) return { lib, path: generic };
     lib.close(); // a prebuilt library of the other backend: build this one
   }
-  const path = build(backend);
+  const path = buildLibrary(backend);
   return { lib: open(backend, path, "the build cache"), path };
 }
 
@@ -227,10 +227,14 @@ function open(want: Backend | undefined, path: string, from: string): Library {
   try {
     lib = Deno.dlopen(path, symbols);
   } catch (err) {
+    const message = (err as Error).message;
+    const hint = /undefined symbol|obtain symbol/.test(message)
+      ? " (ffi/symbols.ts names a function the library lacks: is its source file missing from SOURCES in ffi/library.ts, or is the prebuilt library stale?)"
+      : "";
     throw new LibraryError(
       "load-failed",
       backend,
-      `${path} (from ${from}) could not be loaded: ${(err as Error).message}`,
+      `${path} (from ${from}) could not be loaded: ${message}${hint}`,
       { cause: err },
     );
   }
@@ -407,8 +411,23 @@ function cudaFlags(archs: string[]): string[] {
 
 const LIB_EXT = Deno.build.os === "windows" ? "dll" : Deno.build.os === "darwin" ? "dylib" : "so";
 
-/** Builds (if not cached) and returns the library path. */
-function build(backend: Backend): string {
+/**
+ * Builds the backend library from the kernel sources into the cache (unless an up-to-date
+ * build is there) and returns its path, ignoring the PINSTREAM_LIB* overrides. Does not load
+ * it.
+ *
+ * @param backend `"cpu"` or `"cuda"`.
+ * @returns The path of the built library.
+ * @throws {LibraryError} When the compiler is missing or the build fails.
+ *
+ * @example
+ * ```ts
+ * import { buildLibrary } from "./library.ts";
+ * import assert from "node:assert";
+ * assert.match(buildLibrary("cpu"), /libpinstream_cpu_/);
+ * ```
+ */
+export function buildLibrary(backend: Backend): string {
   const compiler = findCompiler(backend);
   const flags = backend === "cpu" ? [...CPU_FLAGS] : cudaFlags(cudaArchs());
   const { files, identity } = readSources(backend);

@@ -1,0 +1,59 @@
+/**
+ * The backends the backend-parameterized suites run on: always "cpu", and "cuda" where
+ * `Device.open("cuda")` succeeds. Elsewhere the cuda cases are registered with `ignore`, so
+ * `deno test` lists them as skipped instead of silently dropping them.
+ *
+ * @module
+ */
+
+import { Device, PinstreamError } from "../mod.ts";
+import type { Backend } from "../ffi/library.ts";
+
+/** One backend to test. */
+export interface BackendCase {
+  /** The backend. */
+  kind: Backend;
+  /** true when the backend cannot be used here (its cases are skipped). */
+  ignore: boolean;
+  /** Why it is skipped. */
+  reason?: string;
+}
+
+function probe(kind: Backend): BackendCase {
+  try {
+    Device.open(kind).dispose();
+    return { kind, ignore: false };
+  } catch (err) {
+    if (!(err instanceof PinstreamError)) throw err;
+    return { kind, ignore: true, reason: err.message };
+  }
+}
+
+/** The backends, cpu first; cuda with `ignore: true` on machines without a usable GPU. */
+export const BACKENDS: readonly BackendCase[] = [{ kind: "cpu", ignore: false }, probe("cuda")];
+
+/** The cuda case, for tests that are about CUDA's absence or presence. */
+export const CUDA: BackendCase = BACKENDS[1];
+
+/**
+ * Registers `fn` once per backend as "<name> [<backend>]", handing it a fresh Device that is
+ * disposed afterwards; skipped (visibly) on backends that are not available.
+ *
+ * @param name What the test shows.
+ * @param fn The test body.
+ */
+export function testEachBackend(
+  name: string,
+  fn: (device: Device, t: Deno.TestContext) => void | Promise<void>,
+): void {
+  for (const backend of BACKENDS) {
+    Deno.test({
+      name: `${name} [${backend.kind}]`,
+      ignore: backend.ignore,
+      async fn(t) {
+        using device = Device.open(backend.kind);
+        await fn(device, t);
+      },
+    });
+  }
+}
