@@ -55,7 +55,8 @@ export interface ToDeviceOptions {
   std?: ArrayLike<number>;
   /**
    * Crop padding the loader's `augment` parameters were drawn with. Default: the loader's
-   * own `augment.padding` when it exposes it, else 0.
+   * own `augment.padding` when it exposes it (required otherwise when the loader draws
+   * crop parameters), else 0.
    */
   padding?: number;
   /** Ring field holding the uint8 images (default "image"). */
@@ -182,7 +183,7 @@ const DEFAULT_DEPTH = 2;
  *   batchSize: 4, augment: { padding: 4, flip: true }, autoRelease: false, seed: 1,
  * });
  * await using prefetcher = new DevicePrefetcher(loader, device, {
- *   mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5],
+ *   padding: 4, mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5],
  * });
  * let seen = 0;
  * for await (const batch of prefetcher) {
@@ -256,6 +257,14 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
     this.#labelField = options.labelField ?? "label";
     const loaderPadding = (loader as unknown as { augment?: { padding?: number } }).augment
       ?.padding;
+    const drawsCrops = loader.ring.fields.some((f) => f.name === "augment");
+    if (options.padding === undefined && loaderPadding === undefined && drawsCrops) {
+      // The crop offsets only mean something with the padding they were drawn for.
+      throw new RangeError(
+        `Cannot ${action}: the loader draws crop parameters but does not expose their ` +
+          `padding; pass the loader's augment.padding as the padding option`,
+      );
+    }
     const padding = options.padding ?? loaderPadding ?? 0;
     if (!Number.isInteger(padding) || padding < 0) {
       throw new RangeError(`Cannot ${action}: padding must be an integer >= 0, got ${padding}`);
@@ -857,6 +866,13 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     }
     this.#queue.length = 0;
     this.#current = undefined;
+    for (const slot of this.#r.slots) {
+      try {
+        await this.#accountCopy(slot);
+      } catch (err) {
+        errors.push(err);
+      }
+    }
     const stats = this.snapshot();
     try {
       await this.#p._epochEnded(this, stats, early);

@@ -1,0 +1,420 @@
+// The device pipeline (pipeline/prefetcher.ts) end to end, on every backend present: batches
+// equal the independent TypeScript reference bit for bit; ring slots are never overwritten
+// while a copy may still read them (poisoned on release); early exits free every native
+// object and stop the loader. CPU always runs; CUDA runs on a GPU machine and shows as
+// ignored elsewhere.
+
+import assert from "node:assert";
+import { Device } from "../ffi/device.ts";
+import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
+import { TensorDataset } from "../loader/datasets/tensor.ts";
+import { RingBatch } from "../loader/ring.ts";
+import { augmentHost, normalizeAffine } from "../pipeline/augment.ts";
+import {
+  type DeviceBatch,
+  DevicePrefetcher,
+  toDevice,
+  type ToDeviceOptions,
+} from "../pipeline/prefetcher.ts";
+import { bitDiff, referenceAugment, rng } from "./_image_reference.ts";
+
+function cudaPresent(): boolean {
+  try {
+    Device.open("cuda").dispose();
+    return true;
+  } catch {
+    return false;
+  }
+}
+const BACKENDS = [
+  { kind: "cpu" as const, ignore: false },
+  { kind: "cuda" as const, ignore: !cudaPresent() },
+];
+
+const MEAN = [0.4914, 0.4822, 0.4465];
+const STD = [0.247, 0.2435, 0.2616];
+
+interface Data {
+  images: Uint8Array;
+  labels: Uint8Array;
+  n: number;
+  shape: [number, number, number];
+}
+
+function makeData(n: number, shape: [number, number, number], seed: number): Data {
+  const r = rng(seed);
+  const [a, b, c] = shape;
+  const images = new Uint8Array(new SharedArrayBuffer(n * a * b * c));
+  for (let i = 0; i < images.length; i++) images[i] = (r() * 256) | 0;
+  const labels = new Uint8Array(new SharedArrayBuffer(n));
+  for (let i = 0; i < n; i++) labels[i] = (r() * 10) | 0;
+  return { images, labels, n, shape };
+}
+
+// The loader does not expose its augment.padding (yet): pass it to the pipeline.
+const PAD = { padding: 4 } as const;
+
+function makeLoader(d: Data, options: DataLoaderOptions = {}): DataLoader<unknown> {
+  const ds = new TensorDataset({
+    image: { data: d.images, shape: d.shape },
+    label: { data: d.labels, shape: [] },
+  });
+  return new DataLoader(ds, {
+    batchSize: 16,
+    shuffle: true,
+    seed: 1234,
+    augment: { padding: 4, flip: true },
+    autoRelease: false,
+    ...options,
+  });
+}
+
+/** What the plain loader yields for (seed, epoch): indices and params of every batch. */
+async function plainBatches(
+  d: Data,
+  options: DataLoaderOptions,
+): Promise<{ indices: Int32Array; params: Int32Array | null }[]> {
+  await using loader = makeLoader(d, { ...options, numWorkers: 0, autoRelease: true });
+  const out = [];
+  for await (const b of loader) {
+    const rb = b as RingBatch;
+    out.push({ indices: rb.indices.slice(), params: rb.augment?.slice() ?? null });
+  }
+  return out;
+}
+
+/** The reference batch for given sample indices and params. */
+function expectedBatch(
+  d: Data,
+  indices: Int32Array,
+  params: Int32Array | null,
+  layout: "nchw" | "nhwc",
+  dtype: "f16" | "f32",
+  pad: number,
+): { images: number[]; labels: number[] } {
+  const per = d.shape[0] * d.shape[1] * d.shape[2];
+  const src = new Uint8Array(indices.length * per);
+  indices.forEach((s, k) => src.set(d.images.subarray(s * per, (s + 1) * per), k * per));
+  const [c, h, w] = layout === "nchw" ? d.shape : [d.shape[2], d.shape[0], d.shape[1]];
+  const images = referenceAugment({
+    src,
+    params,
+    n: indices.length,
+    c,
+    h,
+    w,
+    pad,
+    layout,
+    mean: MEAN.slice(0, c),
+    std: STD.slice(0, c),
+    dtype,
+  });
+  return { images, labels: [...indices].map((s) => d.labels[s]) };
+}
+
+async function readBatch(b: DeviceBatch): Promise<{ images: number[]; labels: number[] }> {
+  const images = await b.images.toHost();
+  const labels = await b.labels.toHost();
+  return { images: [...images], labels: [...labels] };
+}
+
+for (const { kind, ignore } of BACKENDS) {
+  for (
+    const opts of [
+      { augmentOn: "device", dtype: "f16", numWorkers: 0, pin: "register" },
+      { augmentOn: "device", dtype: "f32", numWorkers: 2, pin: "register" },
+      { augmentOn: "device", dtype: "f16", numWorkers: 2, pin: "alloc" },
+      { augmentOn: "device", dtype: "f16", numWorkers: 0, pin: "none" },
+      { augmentOn: "host", dtype: "f16", numWorkers: 0, pin: "register" },
+      { augmentOn: "host", dtype: "f32", numWorkers: 2, pin: "register" },
+    ] as const
+  ) {
+    Deno.test({
+      name: `[${kind}] pipeline batches equal the TypeScript reference bit for bit ` +
+        `(augmentOn ${opts.augmentOn}, ${opts.dtype}, ${opts.numWorkers} workers, pin ${opts.pin})`,
+      ignore,
+      async fn() {
+        using device = Device.open(kind);
+        // 75 samples in batches of 16: four full batches and a short one of 11.
+        const d = makeData(75, [3, 32, 32], 7);
+        const expected = await plainBatches(d, {});
+        await using loader = makeLoader(d, { numWorkers: opts.numWorkers });
+        await using p = toDevice(loader, device, {
+          ...PAD,
+          augmentOn: opts.augmentOn,
+          dtype: opts.dtype,
+          pin: opts.pin,
+          mean: MEAN,
+          std: STD,
+          depth: 2,
+        });
+        let k = 0;
+        for await (const b of p) {
+          const want = expectedBatch(
+            d,
+            expected[k].indices,
+            expected[k].params,
+            "nchw",
+            opts.dtype,
+            4,
+          );
+          const got = await readBatch(b);
+          assert.deepStrictEqual(b.images.shape, [b.size, 3, 32, 32]);
+          assert.strictEqual(b.images.dtype, opts.dtype);
+          assert.strictEqual(b.labels.dtype, "i32");
+          assert.deepStrictEqual(bitDiff(got.images, want.images), [], `batch ${k}`);
+          assert.deepStrictEqual(got.labels, want.labels, `labels of batch ${k}`);
+          k++;
+        }
+        assert.strictEqual(k, 5);
+        const s = p.stats!;
+        assert.strictEqual(s.batches, 5);
+        assert.strictEqual(s.samples, 75);
+        assert.ok(s.copyBytes > 0 && s.copyMs >= 0 && s.wallMs > 0);
+        assert.ok(s.inputBoundFraction >= 0 && s.inputBoundFraction <= 1);
+      },
+    });
+  }
+
+  Deno.test({
+    name: `[${kind}] pipeline handles NHWC and single-channel images`,
+    ignore,
+    async fn() {
+      using device = Device.open(kind);
+      for (const [shape, layout] of [[[12, 10, 3], "nhwc"], [[1, 9, 14], "nchw"]] as const) {
+        const d = makeData(20, [...shape], 3);
+        const expected = await plainBatches(d, {});
+        await using loader = makeLoader(d);
+        const c = layout === "nhwc" ? shape[2] : shape[0];
+        await using p = toDevice(loader, device, {
+          ...PAD,
+          layout,
+          mean: MEAN.slice(0, c),
+          std: STD.slice(0, c),
+        });
+        let k = 0;
+        for await (const b of p) {
+          const want = expectedBatch(d, expected[k].indices, expected[k].params, layout, "f16", 4);
+          const got = await readBatch(b);
+          assert.deepStrictEqual(bitDiff(got.images, want.images), [], `${layout} batch ${k}`);
+          k++;
+        }
+        assert.strictEqual(k, 2);
+      }
+    },
+  });
+
+  for (const consumer of ["slow", "fast"] as const) {
+    Deno.test({
+      name: `[${kind}] pipeline never lets a ring slot be rewritten before its copy ` +
+        `(${consumer} consumer, slots poisoned on release)`,
+      ignore,
+      async fn() {
+        // Every loader slot is filled with 0xA5 the moment the pipeline hands it back: a
+        // copy that had not finished, or a device slot refilled too early, would show up
+        // as a wrong batch.
+        const original = RingBatch.prototype.release;
+        let poisoned = 0;
+        RingBatch.prototype.release = function (this: RingBatch) {
+          if (!this.released) {
+            new Uint8Array(this.ring.buffer, this.byteOffset, this.ring.slotBytes).fill(0xa5);
+            poisoned++;
+          }
+          original.call(this);
+        };
+        try {
+          using device = Device.open(kind);
+          const d = makeData(160, [3, 32, 32], 11);
+          const expected = await plainBatches(d, {});
+          await using loader = makeLoader(d, { numWorkers: 2, prefetchFactor: 2 });
+          await using p = toDevice(loader, device, { ...PAD, mean: MEAN, std: STD, depth: 3 });
+          let k = 0;
+          for await (const b of p) {
+            // Slow: the loader and the copies run far ahead while we sleep; fast: we read
+            // each batch at once and ask for the next.
+            if (consumer === "slow") await new Promise((r) => setTimeout(r, 15));
+            const want = expectedBatch(
+              d,
+              expected[k].indices,
+              expected[k].params,
+              "nchw",
+              "f16",
+              4,
+            );
+            const got = await readBatch(b);
+            assert.deepStrictEqual(bitDiff(got.images, want.images), [], `batch ${k}`);
+            assert.deepStrictEqual(got.labels, want.labels);
+            k++;
+          }
+          assert.strictEqual(k, 10);
+          assert.ok(poisoned >= 10, `only ${poisoned} slots went back through release()`);
+        } finally {
+          RingBatch.prototype.release = original;
+        }
+      },
+    });
+  }
+
+  Deno.test({
+    name: `[${kind}] the device slot of a batch survives until the next next() call`,
+    ignore,
+    async fn() {
+      // Queue nothing, read the batch only after the pipeline has prefetched `depth` more.
+      using device = Device.open(kind);
+      const d = makeData(64, [3, 32, 32], 5);
+      const expected = await plainBatches(d, {});
+      await using loader = makeLoader(d, { numWorkers: 2 });
+      await using p = toDevice(loader, device, { ...PAD, mean: MEAN, std: STD, depth: 1 });
+      const it = p[Symbol.asyncIterator]();
+      for (let k = 0; k < 4; k++) {
+        const r = await it.next();
+        assert.ok(!r.done);
+        await new Promise((res) => setTimeout(res, 5));
+        const want = expectedBatch(d, expected[k].indices, expected[k].params, "nchw", "f16", 4);
+        assert.deepStrictEqual(bitDiff((await readBatch(r.value)).images, want.images), []);
+      }
+      assert.ok((await it.next()).done);
+    },
+  });
+
+  for (const how of ["break", "throw", "dispose"] as const) {
+    Deno.test({
+      name: `[${kind}] leaving an epoch early (${how}) frees every native object and stops ` +
+        `the loader's epoch`,
+      ignore,
+      async fn() {
+        using device = Device.open(kind);
+        const before = device.liveObjects();
+        const d = makeData(200, [3, 32, 32], 1);
+        await using loader = makeLoader(d, { numWorkers: 2 });
+        for (const augmentOn of ["device", "host"] as const) {
+          const p = new DevicePrefetcher(loader, device, { ...PAD, augmentOn, depth: 3 });
+          let seen = 0;
+          try {
+            for await (const _ of p) {
+              if (++seen === 2) {
+                if (how === "break") break;
+                if (how === "throw") throw new Error("step failed");
+                await p.dispose();
+              }
+            }
+          } catch (err) {
+            if (!(err instanceof Error) || err.message !== "step failed") throw err;
+          }
+          assert.ok(seen >= 2);
+          assert.deepStrictEqual(device.liveObjects(), before, `${augmentOn}: live objects`);
+          // The loader is usable for another epoch, and so is the prefetcher unless disposed.
+          if (how !== "dispose") {
+            let batches = 0;
+            for await (const _ of p) batches++;
+            assert.strictEqual(batches, 13);
+            assert.deepStrictEqual(device.liveObjects(), before);
+          }
+          await p.dispose();
+        }
+        await loader.dispose();
+        assert.strictEqual(loader.workers, 0);
+      },
+    });
+  }
+
+  Deno.test({
+    name: `[${kind}] persistent pipelines keep their device memory until dispose`,
+    ignore,
+    async fn() {
+      using device = Device.open(kind);
+      const before = device.liveObjects();
+      const d = makeData(40, [3, 32, 32], 2);
+      await using loader = makeLoader(d);
+      const p = toDevice(loader, device, { ...PAD, persistent: true });
+      for (let e = 0; e < 2; e++) {
+        let n = 0;
+        for await (const b of p) n += b.size;
+        assert.strictEqual(n, 40);
+        assert.ok(device.liveObjects().allocations > before.allocations);
+      }
+      assert.strictEqual(p.history.length, 2);
+      await p.dispose();
+      assert.deepStrictEqual(device.liveObjects(), before);
+    },
+  });
+}
+
+Deno.test("[cpu] pipeline works with the loader's autoRelease: true (waits on each copy)", async () => {
+  using device = Device.open("cpu");
+  const d = makeData(48, [3, 32, 32], 4);
+  const expected = await plainBatches(d, {});
+  await using loader = makeLoader(d, { autoRelease: true, numWorkers: 2 });
+  await using p = toDevice(loader, device, { ...PAD, mean: MEAN, std: STD });
+  let k = 0;
+  for await (const b of p) {
+    const want = expectedBatch(d, expected[k].indices, expected[k].params, "nchw", "f16", 4);
+    assert.deepStrictEqual(bitDiff((await readBatch(b)).images, want.images), []);
+    k++;
+  }
+  assert.strictEqual(k, 3);
+});
+
+Deno.test("[cpu] host-side augment equals the reference on random params, both layouts", () => {
+  const r = rng(77);
+  for (const layout of ["nchw", "nhwc"] as const) {
+    for (const dtype of ["f16", "f32"] as const) {
+      const n = 6, c = 3, h = 9, w = 11, pad = 3;
+      const src = Uint8Array.from({ length: n * c * h * w }, () => (r() * 256) | 0);
+      const params = Int32Array.from(
+        { length: 3 * n },
+        (_, i) => i % 3 === 2 ? (r() < 0.5 ? 1 : 0) : Math.floor(r() * (2 * pad + 1)),
+      );
+      const out = dtype === "f16" ? new Float16Array(src.length) : new Float32Array(src.length);
+      augmentHost(src, params, out, {
+        n,
+        channels: c,
+        height: h,
+        width: w,
+        layout,
+        pad,
+        affine: normalizeAffine(MEAN, STD),
+      });
+      const want = referenceAugment({
+        src,
+        params,
+        n,
+        c,
+        h,
+        w,
+        pad,
+        layout,
+        mean: MEAN,
+        std: STD,
+        dtype,
+      });
+      assert.deepStrictEqual(bitDiff(out, want), [], `${layout} ${dtype}`);
+    }
+  }
+});
+
+Deno.test("[cpu] DevicePrefetcher rejects bad options and non-ring loaders", async () => {
+  using device = Device.open("cpu");
+  const d = makeData(8, [3, 32, 32], 1);
+  await using loader = makeLoader(d);
+  const bad: [ToDeviceOptions, RegExp][] = [
+    [{ depth: 0 }, /depth must be an integer in 1\.\.64, got 0/],
+    [{ augmentOn: "gpu" as "host" }, /augmentOn must be one of device, host, got gpu/],
+    [{ dtype: "f64" as "f32" }, /dtype must be one of f16, f32/],
+    [{ pin: "maybe" as "none" }, /pin must be one of register, alloc, none/],
+    [{ padding: -1 }, /padding must be an integer >= 0, got -1/],
+    [{ imageField: "pixels" }, /need "pixels" and "label"/],
+    [{ mean: [0, 0], std: [1, 1, 1] }, /mean has 2 channels and std 3/],
+    [{ std: [1, 0, 1] }, /channel 1 has mean 0 and std 0/],
+  ];
+  for (const [o, re] of bad) {
+    assert.throws(() => new DevicePrefetcher(loader, device, { ...PAD, ...o }), re);
+  }
+  assert.throws(() => new DevicePrefetcher(loader, device), /pass the loader's augment\.padding/);
+  const generic = new DataLoader(
+    { length: 4, get: (i: number) => i } as unknown as TensorDataset,
+    { batchSize: 2 },
+  );
+  assert.throws(() => toDevice(generic, device), /no staging ring/);
+  await generic.dispose();
+});
