@@ -20,6 +20,9 @@
  * life of the thread (they are not allocations of pinstream objects, so they are not counted
  * in ps_live_objects).
  */
+#if !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* dladdr */
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,6 +32,9 @@
 #endif
 #if defined(_OPENMP)
 #include <omp.h>
+#if defined(__GLIBC__)
+#include <dlfcn.h>
+#endif
 #endif
 
 #include "../pinstream.h"
@@ -42,6 +48,18 @@ static int thread_id(void) { return omp_get_thread_num(); }
 #define PS_OMP(directive)
 static int nthreads(void) { return 1; }
 static int thread_id(void) { return 0; }
+#endif
+
+#if defined(_OPENMP) && defined(__GLIBC__)
+/* Deno unloads this library when the last Device using it is disposed (dlclose). libgomp's
+ * worker threads outlive their parallel regions, asleep inside libgomp: if the dlclose also
+ * unmapped libgomp, they would crash the process on wake-up or at exit. Marking libgomp
+ * NODELETE keeps it mapped for the life of the process. */
+__attribute__((constructor)) static void pin_openmp_runtime(void) {
+  Dl_info info;
+  if (dladdr((void *)&omp_get_max_threads, &info) && info.dli_fname)
+    (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
 #endif
 
 /* ---- fp16 ---------------------------------------------------------------------------- */
