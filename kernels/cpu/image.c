@@ -136,45 +136,66 @@ static void gather_plane(const uint8_t *img, int32_t layout, int32_t c, int32_t 
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define PS_IMAGE_ROW_AVX512 1
-/* The NCHW fast path: one output row straight from the source row, 16 pixels at a time,
- * no intermediate plane and no libc calls. Masked byte loads read only the source bytes
- * inside the row (masked-off lanes are not accessed, so they cannot fault) and yield 0 for
- * the padding; a flipped chunk is loaded backwards as one 16-byte window and reversed with a
- * byte shuffle. `srow` NULL means the whole row is padding. */
-static void row_nchw_avx512(const uint8_t *srow, int32_t w, int32_t ox, int32_t flip,
-                            __m512 vs, __m512 vb, int32_t out_dtype, void *orow) {
+/* Widest row of the AVX-512 path (chunks of 16 pixels); wider images take the plane path. */
+#define PS_ROW_CHUNKS 64
+
+/* The NCHW fast path for one sample: every output row straight from its source row, 16
+ * pixels at a time, with no intermediate plane and no libc calls. Masked byte loads read
+ * only the source bytes inside the row (masked-off lanes are not accessed, so they cannot
+ * fault) and give 0 for the padding; a flipped chunk is loaded backwards as one 16-byte
+ * window and reversed with a byte shuffle. The load windows and masks depend only on the
+ * sample's (dx, flip), so they are computed once per sample, not per row. */
+static inline __attribute__((always_inline)) void sample_nchw_avx512(const uint8_t *img, int32_t c, int32_t h, int32_t w, int32_t oy,
+                               int32_t ox, int32_t flip, const float *sc, const float *bi,
+                               int32_t out_dtype, void *out) {
   const __m128i rev = _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  for (int32_t x = 0; x < w; x += 16) {
-    int32_t lanes = w - x < 16 ? w - x : 16;
-    __m128i bytes = _mm_setzero_si128();
-    if (srow != NULL) {
-      /* Source column of output lane j: no flip x + j + ox; flip (w-1-x+ox) - j. The window
-       * [first, first + 16) covers those columns; lane k of the load is column first + k. */
-      int32_t first = flip ? w - 1 - x + ox - 15 : x + ox;
-      /* Lane k is wanted when its column is inside the row and its output lane is < lanes
-       * (j = k, or 15 - k when flipped): one contiguous run [lo, hi) of lanes. */
-      int32_t lo = -first > 0 ? -first : 0, hi = w - first < 16 ? w - first : 16;
-      if (flip) {
-        if (lo < 16 - lanes) lo = 16 - lanes;
-      } else if (hi > lanes) {
-        hi = lanes;
-      }
-      uint32_t m = lo < hi ? ((1u << hi) - 1u) & ~((1u << lo) - 1u) : 0u;
-      if (m != 0) {
-        /* Only lanes in m are read; the address of lane 0 may lie before the row. */
-        const uint8_t *p = (const uint8_t *)((uintptr_t)srow + (intptr_t)first);
-        bytes = _mm_maskz_loadu_epi8((__mmask16)m, p);
-        if (flip) bytes = _mm_shuffle_epi8(bytes, rev);
-      }
+  const int32_t chunks = (w + 15) / 16;
+  int32_t first[PS_ROW_CHUNKS];
+  __mmask16 load[PS_ROW_CHUNKS], store[PS_ROW_CHUNKS];
+  for (int32_t j = 0; j < chunks; j++) {
+    int32_t x = 16 * j, lanes = w - x < 16 ? w - x : 16;
+    /* Source column of output lane k: no flip x + k + ox; flip (w-1-x+ox) - k. The window
+     * [first, first + 16) covers those columns; lane k of the load is column first + k. */
+    first[j] = flip ? w - 1 - x + ox - 15 : x + ox;
+    /* Lane k is wanted when its column is inside the row and its output lane is < lanes
+     * (k, or 15 - k when flipped): one contiguous run [lo, hi) of lanes. */
+    int32_t lo = -first[j] > 0 ? -first[j] : 0, hi = w - first[j] < 16 ? w - first[j] : 16;
+    if (flip) {
+      if (lo < 16 - lanes) lo = 16 - lanes;
+    } else if (hi > lanes) {
+      hi = lanes;
     }
-    __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
-    __m512 r = _mm512_add_ps(_mm512_mul_ps(f, vs), vb);
-    __mmask16 store = (__mmask16)((1u << lanes) - 1u);
-    if (out_dtype == PS_IMAGE_F16) {
-      __m256i hbits = _mm512_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      _mm256_mask_storeu_epi16((uint16_t *)orow + x, store, hbits);
-    } else {
-      _mm512_mask_storeu_ps((float *)orow + x, store, r);
+    load[j] = (__mmask16)(lo < hi ? ((1u << hi) - 1u) & ~((1u << lo) - 1u) : 0u);
+    store[j] = (__mmask16)((1u << lanes) - 1u);
+  }
+  const int64_t plane = (int64_t)h * w;
+  for (int32_t ch = 0; ch < c; ch++) {
+    const __m512 vs = _mm512_set1_ps(sc[ch]), vb = _mm512_set1_ps(bi[ch]);
+    /* A padding pixel is the byte 0 through the same multiply and add. */
+    const __m512 zero = _mm512_add_ps(_mm512_mul_ps(_mm512_setzero_ps(), vs), vb);
+    const uint8_t *src = img + ch * plane;
+    for (int32_t y = 0; y < h; y++) {
+      const int32_t sy = y + oy;
+      const int64_t o = ch * plane + (int64_t)y * w;
+      const int inside = sy >= 0 && sy < h;
+      const uint8_t *srow = src + (int64_t)sy * w;
+      for (int32_t j = 0; j < chunks; j++) {
+        __m512 r = zero;
+        if (inside && load[j] != 0) {
+          /* Only lanes in load[j] are read; lane 0's address may lie outside the row. */
+          const uint8_t *p = (const uint8_t *)((uintptr_t)srow + (intptr_t)first[j]);
+          __m128i bytes = _mm_maskz_loadu_epi8(load[j], p);
+          if (flip) bytes = _mm_shuffle_epi8(bytes, rev);
+          __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+          r = _mm512_add_ps(_mm512_mul_ps(f, vs), vb);
+        }
+        if (out_dtype == PS_IMAGE_F16) {
+          __m256i hbits = _mm512_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          _mm256_mask_storeu_epi16((uint16_t *)out + o + 16 * j, store[j], hbits);
+        } else {
+          _mm512_mask_storeu_ps((float *)out + o + 16 * j, store[j], r);
+        }
+      }
     }
   }
 }
@@ -237,17 +258,20 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
         }
         const uint8_t *img = s8 + (int64_t)i * img_bytes;
 #if defined(PS_IMAGE_ROW_AVX512)
-        if (layout == PS_IMAGE_NCHW) {
-          const size_t esize = out_dtype == PS_IMAGE_F16 ? 2 : 4;
-          for (int32_t ch = 0; ch < c; ch++) {
-            const __m512 vs = _mm512_set1_ps(sc[ch]), vb = _mm512_set1_ps(bi[ch]);
-            for (int32_t y = 0; y < h; y++) {
-              int32_t sy = y + dy - pad;
-              const uint8_t *srow =
-                  sy >= 0 && sy < h ? img + ((int64_t)ch * h + sy) * w : (const uint8_t *)NULL;
-              char *orow = (char *)out + ((((int64_t)i * c + ch) * h + y) * w) * (int64_t)esize;
-              row_nchw_avx512(srow, w, dx - pad, flip, vs, vb, out_dtype, orow);
-            }
+        if (layout == PS_IMAGE_NCHW && w <= 16 * PS_ROW_CHUNKS) {
+          const int64_t o = (int64_t)i * img_bytes * (out_dtype == PS_IMAGE_F16 ? 2 : 4);
+          /* Constant flip and dtype per call: the compiler drops both branches from the
+           * inner loop. */
+          char *so = (char *)out + o;
+          const int32_t oy = dy - pad, ox = dx - pad;
+          if (out_dtype == PS_IMAGE_F16 && flip) {
+            sample_nchw_avx512(img, c, h, w, oy, ox, 1, sc, bi, PS_IMAGE_F16, so);
+          } else if (out_dtype == PS_IMAGE_F16) {
+            sample_nchw_avx512(img, c, h, w, oy, ox, 0, sc, bi, PS_IMAGE_F16, so);
+          } else if (flip) {
+            sample_nchw_avx512(img, c, h, w, oy, ox, 1, sc, bi, PS_IMAGE_F32, so);
+          } else {
+            sample_nchw_avx512(img, c, h, w, oy, ox, 0, sc, bi, PS_IMAGE_F32, so);
           }
           continue;
         }
