@@ -169,8 +169,9 @@ export function libraryPath(backend: Backend): string | undefined {
  * @example
  * ```ts
  * import { cudaDriverProblem } from "./library.ts";
- * const why = cudaDriverProblem();
- * if (why !== undefined) console.log(why);
+ * import assert from "node:assert";
+ * const why = cudaDriverProblem(); // e.g. "no CUDA driver: libcuda.so.1 not found, ..."
+ * assert.ok(why === undefined || why.startsWith("no CUDA driver"));
  * ```
  */
 export function cudaDriverProblem(): string | undefined {

@@ -325,7 +325,7 @@ export class DeviceBuffer extends Resource {
     const lib = this.device.lib;
     if (bytes === 0) return;
     const dst = offsetPointer(this.pointer, dstOffset);
-    const from = s.pointerAt(srcOffset);
+    const from = offsetPointer(s.base, srcOffset);
     const status = s.device
       ? lib.symbols.ps_memcpy_d2d_async(dst, from, BigInt(bytes), stream.handle)
       : lib.symbols.ps_memcpy_h2d_async(dst, from, BigInt(bytes), stream.handle);
@@ -355,7 +355,7 @@ export class DeviceBuffer extends Resource {
     const lib = this.device.lib;
     if (bytes === 0) return;
     const src = offsetPointer(this.pointer, srcOffset);
-    const to = d.pointerAt(dstOffset);
+    const to = offsetPointer(d.base, dstOffset);
     const status = d.device
       ? lib.symbols.ps_memcpy_d2d_async(to, src, BigInt(bytes), stream.handle)
       : lib.symbols.ps_memcpy_d2h_async(to, src, BigInt(bytes), stream.handle);
@@ -416,32 +416,29 @@ export class DeviceBuffer extends Resource {
   }
 }
 
-/** A resolved copy operand. */
+/** A resolved copy operand: its size, whether it is device memory, its first byte. */
 interface Operand {
   length: number;
-  /** true: device memory (a DeviceBuffer). */
   device: boolean;
-  pointerAt(offset: number): Deno.PointerValue;
+  base: Deno.PointerValue;
 }
 
 function operand(value: unknown, device: Device, action: string): Operand {
+  if (value instanceof HostBuffer) {
+    return { length: value.bytes, device: false, base: value.pointerAt(0, action) };
+  }
   if (value instanceof DeviceBuffer) {
     if (value.device.lib !== device.lib) {
       throw new TypeError(
         `Cannot ${action}: the other buffer is on ${value.device}, not ${device.kind}`,
       );
     }
-    value.pointerAt(0, action);
-    return { length: value.bytes, device: true, pointerAt: (o) => value.pointerAt(o, action) };
-  }
-  if (value instanceof HostBuffer) {
-    value.pointerAt(0, action);
-    return { length: value.bytes, device: false, pointerAt: (o) => value.pointerAt(o, action) };
+    return { length: value.bytes, device: true, base: value.pointerAt(0, action) };
   }
   const { buffer, offset, length } = bufferOf(value, action);
-  // Pointer to the view's first byte; JS keeps `value` alive through this synchronous call.
-  const base = length === 0 ? null : Deno.UnsafePointer.of(new Uint8Array(buffer, offset, length));
-  return { length, device: false, pointerAt: (o) => offsetPointer(base, o) };
+  // The view's first byte; JS keeps `value` alive through the synchronous copy call.
+  const base = length === 0 ? null : Deno.UnsafePointer.of(buffer as ArrayBuffer);
+  return { length, device: false, base: offsetPointer(base, offset) };
 }
 
 function bufferOf(
