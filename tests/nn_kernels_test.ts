@@ -1,0 +1,664 @@
+/**
+ * Every nn kernel (nn/ops.ts) against a float64 TypeScript reference, on fresh random inputs
+ * (the seed is printed in every failure message) and odd shapes that exercise the GEMM's
+ * edge tiles and blocking. Runs on each backend (tests/_backends.ts).
+ *
+ * Tolerances are `atol + rtol * |ref|`: fp16 outputs get rtol 2e-3 (an fp16 rounding is at
+ * most 2^-11 ≈ 4.9e-4 relative, plus fp32 accumulation) and atol 2e-3 for values near zero
+ * after cancellation; fp32 outputs of long sums get rtol 1e-4 with atol scaled by the sum's
+ * length (fp32 accumulation of fp16-exact products).
+ */
+
+import assert from "node:assert";
+import { type Device, Tensor } from "../mod.ts";
+import * as ops from "../nn/ops.ts";
+import { testEachBackend } from "./_backends.ts";
+
+const SEED = crypto.getRandomValues(new Uint32Array(1))[0];
+
+function rng(seed: number): () => number {
+  let s = seed >>> 0;
+  return () => {
+    s = (s + 0x6d2b79f5) >>> 0;
+    let t = s;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** A random generator per test, derived from the run's seed and the test's name. */
+function gen(name: string): () => number {
+  let h = SEED;
+  for (let i = 0; i < name.length; i++) h = Math.imul(h ^ name.charCodeAt(i), 0x9e3779b1);
+  return rng(h);
+}
+
+function randH(r: () => number, n: number, lo = -1, hi = 1): Float16Array {
+  const a = new Float16Array(n);
+  for (let i = 0; i < n; i++) a[i] = lo + (hi - lo) * r();
+  return a;
+}
+
+function randF(r: () => number, n: number, lo = -1, hi = 1): Float32Array {
+  const a = new Float32Array(n);
+  for (let i = 0; i < n; i++) a[i] = lo + (hi - lo) * r();
+  return a;
+}
+
+function assertClose(
+  actual: ArrayLike<number>,
+  expected: ArrayLike<number>,
+  atol: number,
+  rtol: number,
+  what: string,
+): void {
+  assert.strictEqual(actual.length, expected.length, `${what}: length`);
+  let worst = -1, worstExcess = 0;
+  for (let i = 0; i < expected.length; i++) {
+    const a = actual[i], e = expected[i];
+    if (Number.isNaN(e) && Number.isNaN(a)) continue;
+    if (a === e) continue;
+    const excess = Math.abs(a - e) - (atol + rtol * Math.abs(e));
+    if (!(excess <= 0) && (worst < 0 || !(excess <= worstExcess))) {
+      worst = i;
+      worstExcess = excess;
+    }
+  }
+  if (worst >= 0) {
+    assert.fail(
+      `${what} (seed ${SEED}): element ${worst} is ${actual[worst]}, expected ` +
+        `${expected[worst]} (atol ${atol}, rtol ${rtol})`,
+    );
+  }
+}
+
+async function host(t: Tensor): Promise<number[]> {
+  return [...(await t.toHost())];
+}
+
+const F16_ATOL = 2e-3, F16_RTOL = 2e-3;
+
+// ---- references (float64) ---------------------------------------------------------------
+
+function refMatmul(
+  a: ArrayLike<number>,
+  b: ArrayLike<number>,
+  m: number,
+  n: number,
+  k: number,
+  transA: boolean,
+  transB: boolean,
+): Float64Array {
+  const c = new Float64Array(m * n);
+  for (let i = 0; i < m; i++) {
+    for (let j = 0; j < n; j++) {
+      let s = 0;
+      for (let p = 0; p < k; p++) {
+        s += (transA ? a[p * m + i] : a[i * k + p]) * (transB ? b[j * k + p] : b[p * n + j]);
+      }
+      c[i * n + j] = s;
+    }
+  }
+  return c;
+}
+
+interface Geo {
+  n: number;
+  c: number;
+  h: number;
+  w: number;
+  co: number;
+  kh: number;
+  kw: number;
+  s: number;
+  p: number;
+}
+
+function outSize(g: Geo): [number, number] {
+  return [
+    Math.floor((g.h + 2 * g.p - g.kh) / g.s) + 1,
+    Math.floor((g.w + 2 * g.p - g.kw) / g.s) + 1,
+  ];
+}
+
+/** Calls f(n, o, c, oy, ox, ky, kx, xIndex, yIndex, wIndex) for every valid tap. */
+function eachTap(
+  g: Geo,
+  f: (xi: number, yi: number, wi: number) => void,
+): void {
+  const [oh, ow] = outSize(g);
+  for (let n = 0; n < g.n; n++) {
+    for (let o = 0; o < g.co; o++) {
+      for (let oy = 0; oy < oh; oy++) {
+        for (let ox = 0; ox < ow; ox++) {
+          const yi = ((n * g.co + o) * oh + oy) * ow + ox;
+          for (let c = 0; c < g.c; c++) {
+            for (let ky = 0; ky < g.kh; ky++) {
+              const iy = oy * g.s + ky - g.p;
+              if (iy < 0 || iy >= g.h) continue;
+              for (let kx = 0; kx < g.kw; kx++) {
+                const ix = ox * g.s + kx - g.p;
+                if (ix < 0 || ix >= g.w) continue;
+                f(
+                  ((n * g.c + c) * g.h + iy) * g.w + ix,
+                  yi,
+                  ((o * g.c + c) * g.kh + ky) * g.kw + kx,
+                );
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- matmul -------------------------------------------------------------------------------
+
+const MATMUL_SHAPES: [number, number, number][] = [
+  [1, 1, 1],
+  [3, 5, 7],
+  [37, 45, 29],
+  [14, 32, 300], // one full tile, two K blocks
+  [130, 70, 513], // three K blocks, edge tiles on both sides
+  [400, 33, 20], // more rows than one M block
+  [20, 600, 17], // more columns than one N block
+];
+
+testEachBackend(
+  "matmul matches a float64 reference for every transpose and output dtype",
+  async (dev) => {
+    const r = gen("matmul");
+    for (const [m, n, k] of MATMUL_SHAPES) {
+      for (const transA of [false, true]) {
+        for (const transB of [false, true]) {
+          const a = randH(r, m * k), b = randH(r, k * n);
+          const ref = refMatmul(a, b, m, n, k, transA, transB);
+          using ta = Tensor.fromHost(dev, a, transA ? [k, m] : [m, k]);
+          using tb = Tensor.fromHost(dev, b, transB ? [n, k] : [k, n]);
+          using c32 = Tensor.empty(dev, [m, n], "f32");
+          using c16 = Tensor.empty(dev, [m, n], "f16");
+          ops.matmul(ta, tb, c32, { transA, transB });
+          ops.matmul(ta, tb, c16, { transA, transB });
+          const what = `matmul ${m}x${n}x${k} transA=${transA} transB=${transB}`;
+          assertClose(await host(c32), ref, 1e-5 * k, 1e-4, `${what} f32`);
+          assertClose(await host(c16), ref, F16_ATOL, F16_RTOL, `${what} f16`);
+        }
+      }
+    }
+  },
+);
+
+testEachBackend("matmul accumulates into f32 and f16 outputs", async (dev) => {
+  const r = gen("matmul-acc");
+  const [m, n, k] = [19, 40, 23];
+  const a = randH(r, m * k), b = randH(r, k * n), c0 = randH(r, m * n);
+  const ref = refMatmul(a, b, m, n, k, false, false).map((v, i) => v + c0[i]);
+  using ta = Tensor.fromHost(dev, a, [m, k]);
+  using tb = Tensor.fromHost(dev, b, [k, n]);
+  using c32 = Tensor.fromHost(dev, Float32Array.from(c0), [m, n]);
+  using c16 = Tensor.fromHost(dev, c0, [m, n]);
+  ops.matmul(ta, tb, c32, { accumulate: true });
+  ops.matmul(ta, tb, c16, { accumulate: true });
+  assertClose(await host(c32), ref, 1e-4, 1e-4, "matmul accumulate f32");
+  assertClose(await host(c16), ref, F16_ATOL, F16_RTOL, "matmul accumulate f16");
+});
+
+testEachBackend("matmul rejects mismatched shapes and dtypes", (dev) => {
+  using a = Tensor.empty(dev, [2, 3], "f16");
+  using b = Tensor.empty(dev, [4, 2], "f16");
+  using c = Tensor.empty(dev, [2, 2], "f32");
+  using f = Tensor.empty(dev, [3, 2], "f32");
+  assert.throws(() => ops.matmul(a, b, c), RangeError);
+  assert.throws(() => ops.matmul(a, f, c), TypeError);
+});
+
+// ---- convolution --------------------------------------------------------------------------
+
+const CONV_GEOS: Geo[] = [
+  { n: 2, c: 3, h: 9, w: 7, co: 5, kh: 3, kw: 3, s: 1, p: 1 },
+  { n: 3, c: 5, h: 10, w: 11, co: 7, kh: 3, kw: 3, s: 2, p: 1 },
+  { n: 2, c: 6, h: 5, w: 6, co: 33, kh: 1, kw: 1, s: 1, p: 0 },
+  { n: 2, c: 4, h: 7, w: 9, co: 3, kh: 1, kw: 1, s: 2, p: 0 },
+  { n: 1, c: 2, h: 8, w: 6, co: 4, kh: 3, kw: 3, s: 1, p: 0 },
+  { n: 2, c: 3, h: 7, w: 8, co: 2, kh: 5, kw: 3, s: 1, p: 2 },
+  { n: 2, c: 1, h: 28, w: 28, co: 32, kh: 3, kw: 3, s: 1, p: 1 }, // the small CNN's layers
+  { n: 2, c: 32, h: 14, w: 14, co: 64, kh: 3, kw: 3, s: 1, p: 1 },
+];
+
+function geoName(g: Geo): string {
+  return `x[${g.n},${g.c},${g.h},${g.w}] w[${g.co},${g.c},${g.kh},${g.kw}] s${g.s} p${g.p}`;
+}
+
+testEachBackend(
+  "conv2d forward, backward-data and backward-weight match float64 references",
+  async (dev) => {
+    const r = gen("conv");
+    for (const g of CONV_GEOS) {
+      const [oh, ow] = outSize(g);
+      const xs = [g.n, g.c, g.h, g.w], ws = [g.co, g.c, g.kh, g.kw], ys = [g.n, g.co, oh, ow];
+      const x = randH(r, g.n * g.c * g.h * g.w), w = randH(r, g.co * g.c * g.kh * g.kw);
+      const dy = randH(r, g.n * g.co * oh * ow);
+      const y = new Float64Array(dy.length), dx = new Float64Array(x.length);
+      const dw = new Float64Array(w.length);
+      eachTap(g, (xi, yi, wi) => {
+        y[yi] += x[xi] * w[wi];
+        dx[xi] += dy[yi] * w[wi];
+        dw[wi] += x[xi] * dy[yi];
+      });
+      using tx = Tensor.fromHost(dev, x, xs);
+      using tw = Tensor.fromHost(dev, w, ws);
+      using tdy = Tensor.fromHost(dev, dy, ys);
+      using ty = Tensor.empty(dev, ys, "f16");
+      using tdx = Tensor.empty(dev, xs, "f16");
+      using tdw32 = Tensor.empty(dev, ws, "f32");
+      using tdw16 = Tensor.empty(dev, ws, "f16");
+      const opts = { stride: g.s, padding: g.p };
+      ops.conv2dForward(tx, tw, ty, opts);
+      ops.conv2dBackwardData(tdy, tw, tdx, opts);
+      ops.conv2dBackwardWeight(tx, tdy, tdw32, opts);
+      ops.conv2dBackwardWeight(tx, tdy, tdw16, opts);
+      const what = geoName(g);
+      assertClose(await host(ty), y, F16_ATOL, F16_RTOL, `conv2dForward ${what}`);
+      assertClose(await host(tdx), dx, F16_ATOL, F16_RTOL, `conv2dBackwardData ${what}`);
+      const terms = g.n * oh * ow;
+      assertClose(await host(tdw32), dw, 1e-6 * terms, 1e-4, `conv2dBackwardWeight f32 ${what}`);
+      assertClose(await host(tdw16), dw, F16_ATOL, F16_RTOL, `conv2dBackwardWeight f16 ${what}`);
+      // accumulate adds onto what is there
+      ops.conv2dBackwardWeight(tx, tdy, tdw32, { ...opts, accumulate: true });
+      assertClose(
+        await host(tdw32),
+        dw.map((v) => 2 * v),
+        2e-6 * terms,
+        1e-4,
+        `accumulate ${what}`,
+      );
+    }
+  },
+);
+
+testEachBackend("conv2d rejects a weight whose channels do not match the input", (dev) => {
+  using x = Tensor.empty(dev, [1, 3, 5, 5], "f16");
+  using w = Tensor.empty(dev, [4, 2, 3, 3], "f16");
+  using y = Tensor.empty(dev, [1, 4, 5, 5], "f16");
+  assert.throws(() => ops.conv2dForward(x, w, y, { padding: 1 }), RangeError);
+});
+
+// ---- pooling ------------------------------------------------------------------------------
+
+testEachBackend(
+  "maxPool2d forward picks the window maximum and backward routes the gradient",
+  async (dev) => {
+    const r = gen("pool");
+    for (const [n, c, h, w, k, s] of [[2, 3, 7, 9, 2, 2], [1, 2, 8, 8, 3, 2], [2, 1, 5, 6, 2, 1]]) {
+      const oh = Math.floor((h - k) / s) + 1, ow = Math.floor((w - k) / s) + 1;
+      const x = randH(r, n * c * h * w), dy = randH(r, n * c * oh * ow);
+      const y = new Float64Array(n * c * oh * ow), idx = new Int32Array(y.length);
+      const dx = new Float64Array(x.length);
+      for (let pl = 0; pl < n * c; pl++) {
+        for (let oy = 0; oy < oh; oy++) {
+          for (let ox = 0; ox < ow; ox++) {
+            let best = oy * s * w + ox * s, m = x[pl * h * w + best];
+            for (let ky = 0; ky < k; ky++) {
+              for (let kx = 0; kx < k; kx++) {
+                const at = (oy * s + ky) * w + ox * s + kx;
+                if (x[pl * h * w + at] > m) [m, best] = [x[pl * h * w + at], at];
+              }
+            }
+            const o = (pl * oh + oy) * ow + ox;
+            y[o] = m;
+            idx[o] = best;
+            dx[pl * h * w + best] += dy[o];
+          }
+        }
+      }
+      using tx = Tensor.fromHost(dev, x, [n, c, h, w]);
+      using ty = Tensor.empty(dev, [n, c, oh, ow], "f16");
+      using ti = Tensor.empty(dev, [n, c, oh, ow], "i32");
+      using tdy = Tensor.fromHost(dev, dy, [n, c, oh, ow]);
+      using tdx = Tensor.empty(dev, [n, c, h, w], "f16");
+      ops.maxPool2dForward(tx, ty, ti, { kernel: k, stride: s });
+      ops.maxPool2dBackward(tdy, ti, tdx);
+      const what = `maxPool2d [${n},${c},${h},${w}] k${k} s${s}`;
+      assert.deepStrictEqual(await host(ty), [...y], `${what} forward (seed ${SEED})`);
+      // Random fp16 values can tie; the maximum is what matters, not which tie won.
+      const got = await host(ti);
+      for (let i = 0; i < got.length; i++) {
+        const pl = Math.floor(i / (oh * ow));
+        assert.strictEqual(x[pl * h * w + got[i]], y[i], `${what} index ${i} (seed ${SEED})`);
+      }
+      if (got.every((v, i) => v === idx[i])) {
+        assertClose(await host(tdx), dx, F16_ATOL, F16_RTOL, `${what} backward`);
+      }
+    }
+  },
+);
+
+// ---- batch normalization ------------------------------------------------------------------
+
+testEachBackend("batchNorm train, eval and backward match float64 references", async (dev) => {
+  const r = gen("bn");
+  for (const [n, c, hw] of [[4, 3, 25], [7, 5, 1], [2, 17, 9]]) {
+    const x = randH(r, n * c * hw, -2, 3), dy = randH(r, n * c * hw);
+    const gamma = randF(r, c, 0.5, 1.5), beta = randF(r, c);
+    const rm0 = randF(r, c), rv0 = randF(r, c, 0.5, 2);
+    const momentum = 0.1, eps = 1e-5, cnt = n * hw;
+    const y = new Float64Array(x.length), dx = new Float64Array(x.length);
+    const ye = new Float64Array(x.length);
+    const mean = new Float64Array(c), invstd = new Float64Array(c);
+    const rm = new Float64Array(c), rv = new Float64Array(c);
+    const dg = new Float64Array(c), db = new Float64Array(c);
+    const at = (i: number, ch: number, j: number) => (i * c + ch) * hw + j;
+    for (let ch = 0; ch < c; ch++) {
+      let s = 0, ss = 0;
+      for (let i = 0; i < n; i++) for (let j = 0; j < hw; j++) s += x[at(i, ch, j)];
+      const mu = s / cnt;
+      for (let i = 0; i < n; i++) for (let j = 0; j < hw; j++) ss += (x[at(i, ch, j)] - mu) ** 2;
+      const is = 1 / Math.sqrt(ss / cnt + eps);
+      mean[ch] = mu;
+      invstd[ch] = is;
+      rm[ch] = (1 - momentum) * rm0[ch] + momentum * mu;
+      rv[ch] = (1 - momentum) * rv0[ch] + momentum * ss / (cnt - 1);
+      let sdy = 0, sdyx = 0;
+      for (let i = 0; i < n; i++) {
+        for (let j = 0; j < hw; j++) {
+          const xh = (x[at(i, ch, j)] - mu) * is;
+          y[at(i, ch, j)] = gamma[ch] * xh + beta[ch];
+          ye[at(i, ch, j)] = gamma[ch] * (x[at(i, ch, j)] - rm0[ch]) / Math.sqrt(rv0[ch] + eps) +
+            beta[ch];
+          sdy += dy[at(i, ch, j)];
+          sdyx += dy[at(i, ch, j)] * xh;
+        }
+      }
+      dg[ch] = sdyx;
+      db[ch] = sdy;
+      for (let i = 0; i < n; i++) {
+        for (let j = 0; j < hw; j++) {
+          const xh = (x[at(i, ch, j)] - mu) * is;
+          dx[at(i, ch, j)] = gamma[ch] * is * (dy[at(i, ch, j)] - sdy / cnt - xh * sdyx / cnt);
+        }
+      }
+    }
+    const shape = [n, c, hw];
+    using tx = Tensor.fromHost(dev, x, shape);
+    using tdy = Tensor.fromHost(dev, dy, shape);
+    using tg = Tensor.fromHost(dev, gamma);
+    using tb = Tensor.fromHost(dev, beta);
+    using trm = Tensor.fromHost(dev, rm0);
+    using trv = Tensor.fromHost(dev, rv0);
+    using trm0 = Tensor.fromHost(dev, rm0);
+    using trv0 = Tensor.fromHost(dev, rv0);
+    using ty = Tensor.empty(dev, shape, "f16");
+    using tye = Tensor.empty(dev, shape, "f16");
+    using tdx = Tensor.empty(dev, shape, "f16");
+    using tm = Tensor.empty(dev, [c], "f32");
+    using ts = Tensor.empty(dev, [c], "f32");
+    using tdg = Tensor.empty(dev, [c], "f32");
+    using tdb = Tensor.empty(dev, [c], "f32");
+    ops.batchNormForwardTrain(tx, tg, tb, ty, tm, ts, trm, trv, { momentum, eps });
+    ops.batchNormForwardEval(tx, tg, tb, trm0, trv0, tye, { eps });
+    ops.batchNormBackward(tdy, tx, tg, tm, ts, tdx, tdg, tdb);
+    const what = `batchNorm [${shape}]`;
+    assertClose(await host(ty), y, F16_ATOL, F16_RTOL, `${what} train y`);
+    assertClose(await host(tm), mean, 1e-5, 1e-5, `${what} saveMean`);
+    assertClose(await host(ts), invstd, 1e-5, 1e-4, `${what} saveInvStd`);
+    assertClose(await host(trm), rm, 1e-5, 1e-5, `${what} runMean`);
+    assertClose(await host(trv), rv, 1e-5, 1e-4, `${what} runVar`);
+    assertClose(await host(tye), ye, F16_ATOL, F16_RTOL, `${what} eval y`);
+    assertClose(await host(tdg), dg, 1e-4 * cnt, 1e-4, `${what} dgamma`);
+    assertClose(await host(tdb), db, 1e-5 * cnt, 1e-4, `${what} dbeta`);
+    assertClose(await host(tdx), dx, 4e-3, 4e-3, `${what} dx`);
+  }
+});
+
+// ---- bias, relu ---------------------------------------------------------------------------
+
+testEachBackend(
+  "biasAdd and biasGrad work per channel (NCHW) and per feature ([N, F])",
+  async (dev) => {
+    const r = gen("bias");
+    for (const shape of [[3, 5, 4, 7], [9, 13], [2, 33, 17]]) {
+      const [n, c] = shape;
+      const hw = shape.slice(2).reduce((a, b) => a * b, 1);
+      const y = randH(r, n * c * hw), b32 = randF(r, c), b16 = randH(r, c);
+      for (const bias of [b32, b16]) {
+        const ref = new Float64Array(y.length), g = new Float64Array(c);
+        for (let i = 0; i < y.length; i++) {
+          const ch = Math.floor(i / hw) % c;
+          ref[i] = y[i] + bias[ch];
+          g[ch] += y[i];
+        }
+        using ty = Tensor.fromHost(dev, y, shape);
+        using tb = Tensor.fromHost(dev, bias);
+        ops.biasAdd(ty, tb);
+        assertClose(await host(ty), ref, F16_ATOL, F16_RTOL, `biasAdd [${shape}] ${tb.dtype}`);
+        using ty2 = Tensor.fromHost(dev, y, shape);
+        using g32 = Tensor.empty(dev, [c], "f32");
+        using g16 = Tensor.empty(dev, [c], "f16");
+        ops.biasGrad(ty2, g32);
+        ops.biasGrad(ty2, g16);
+        assertClose(await host(g32), g, 1e-5 * n * hw, 1e-4, `biasGrad f32 [${shape}]`);
+        assertClose(await host(g16), g, F16_ATOL, F16_RTOL, `biasGrad f16 [${shape}]`);
+        ops.biasGrad(ty2, g32, { accumulate: true });
+        assertClose(
+          await host(g32),
+          g.map((v) => 2 * v),
+          2e-5 * n * hw,
+          1e-4,
+          "biasGrad accumulate",
+        );
+      }
+    }
+  },
+);
+
+testEachBackend(
+  "relu forward zeroes negatives and backward passes the gradient where y > 0",
+  async (dev) => {
+    const r = gen("relu");
+    for (const n of [1, 15, 16, 17, 1000, 70001]) {
+      const x = randH(r, n), dy = randH(r, n);
+      x[0] = -0;
+      using tx = Tensor.fromHost(dev, x);
+      using ty = Tensor.empty(dev, [n], "f16");
+      using tdy = Tensor.fromHost(dev, dy);
+      using tdx = Tensor.empty(dev, [n], "f16");
+      ops.reluForward(tx, ty);
+      ops.reluBackward(tdy, ty, tdx);
+      const y = await host(ty), dx = await host(tdx);
+      for (let i = 0; i < n; i++) {
+        assert.ok(Object.is(y[i], x[i] > 0 ? x[i] : 0), `relu(${x[i]}) = ${y[i]} (seed ${SEED})`);
+        assert.ok(Object.is(dx[i], x[i] > 0 ? dy[i] : 0), `relu'(${x[i]}) (seed ${SEED})`);
+      }
+    }
+  },
+);
+
+// ---- loss ---------------------------------------------------------------------------------
+
+testEachBackend(
+  "crossEntropy sums the loss and correct count on the device and writes the scaled gradient",
+  async (dev) => {
+    const r = gen("ce");
+    for (const [n, k, scale] of [[5, 10, 1], [33, 7, 1024], [1, 3, 65536]]) {
+      const logits = randH(r, n * k, -4, 4);
+      const labels = Int32Array.from({ length: n }, () => Math.floor(r() * k));
+      let loss = 0, hits = 0;
+      const d = new Float64Array(n * k);
+      for (let i = 0; i < n; i++) {
+        const row = [...logits.subarray(i * k, (i + 1) * k)];
+        const m = Math.max(...row);
+        const s = row.reduce((a, v) => a + Math.exp(v - m), 0);
+        loss += m + Math.log(s) - row[labels[i]];
+        if (row.indexOf(m) === labels[i]) hits++;
+        for (let j = 0; j < k; j++) {
+          d[i * k + j] = scale * (Math.exp(row[j] - m) / s - (j === labels[i] ? 1 : 0)) / n;
+        }
+      }
+      using tl = Tensor.fromHost(dev, logits, [n, k]);
+      using tlab = Tensor.fromHost(dev, labels);
+      using td = Tensor.empty(dev, [n, k], "f16");
+      using tloss = Tensor.fromHost(dev, new Float32Array([0.25]));
+      using thits = Tensor.fromHost(dev, new Int32Array([3]));
+      ops.crossEntropyForwardBackward(tl, tlab, td, tloss, thits, { scale });
+      ops.crossEntropyForward(tl, tlab, tloss, thits);
+      const what = `crossEntropy [${n},${k}] scale ${scale}`;
+      assertClose(await host(tloss), [0.25 + 2 * loss], 1e-4 * n, 1e-5, `${what} loss`);
+      assert.deepStrictEqual(await host(thits), [3 + 2 * hits], `${what} correct (seed ${SEED})`);
+      assertClose(
+        await host(td),
+        d,
+        F16_ATOL * Math.max(1, scale / n),
+        F16_RTOL,
+        `${what} dlogits`,
+      );
+    }
+  },
+);
+
+// ---- casts, loss scaling, SGD -------------------------------------------------------------
+
+testEachBackend("cast rounds f32 to f16 to nearest even and widens f16 exactly", async (dev) => {
+  const r = gen("cast");
+  const src = randF(r, 1037, -70000, 70000);
+  src.set([0, -0, 65504, 65520, -65520, 1e-8, 6e-8, NaN, Infinity]);
+  using a = Tensor.fromHost(dev, src);
+  using h = Tensor.empty(dev, [src.length], "f16");
+  using back = Tensor.empty(dev, [src.length], "f32");
+  ops.cast(a, h);
+  ops.cast(h, back);
+  const want = Float16Array.from(src);
+  const got = await host(h);
+  for (let i = 0; i < src.length; i++) {
+    assert.ok(Object.is(got[i], want[i]), `cast(${src[i]}) = ${got[i]}, want ${want[i]}`);
+  }
+  assert.deepStrictEqual(await host(back), [...want]);
+});
+
+testEachBackend(
+  "unscaleAndCheck flags inf and NaN, never clears the flag, and unscales in place",
+  async (dev) => {
+    for (const dtype of ["f16", "f32"] as const) {
+      const clean = dtype === "f16"
+        ? new Float16Array([4, -8, 0.5])
+        : new Float32Array([4, -8, 0.5]);
+      using g = Tensor.fromHost(dev, clean);
+      using flag = Tensor.fromHost(dev, new Int32Array([0]));
+      using scale = Tensor.fromHost(dev, new Float32Array([4]));
+      ops.unscaleAndCheck(g, flag, { scale });
+      assert.deepStrictEqual(await host(flag), [0]);
+      assert.deepStrictEqual(await host(g), [4, -8, 0.5]);
+      ops.unscaleAndCheck(g, flag, { scale, inPlace: true });
+      assert.deepStrictEqual(await host(g), [1, -2, 0.125]);
+      for (const bad of [Infinity, -Infinity, NaN]) {
+        const arr = dtype === "f16" ? new Float16Array([1, bad, 2]) : new Float32Array([1, bad, 2]);
+        using gb = Tensor.fromHost(dev, arr);
+        using f = Tensor.fromHost(dev, new Int32Array([0]));
+        ops.unscaleAndCheck(gb, f, { invScale: 0.5 });
+        assert.deepStrictEqual(await host(f), [1], `${dtype} ${bad}`);
+        ops.unscaleAndCheck(g, f);
+        assert.deepStrictEqual(await host(f), [1], "the flag is never cleared");
+      }
+    }
+  },
+);
+
+interface SgdCase {
+  lr: number;
+  momentum: number;
+  dampening: number;
+  nesterov: boolean;
+  weightDecay: number;
+}
+
+testEachBackend(
+  "sgdStep follows torch.optim.SGD over several steps (momentum, dampening, Nesterov, weight decay, unscale)",
+  async (dev) => {
+    const r = gen("sgd");
+    const cases: SgdCase[] = [
+      { lr: 0.1, momentum: 0, dampening: 0, nesterov: false, weightDecay: 0 },
+      { lr: 0.05, momentum: 0.9, dampening: 0, nesterov: false, weightDecay: 5e-4 },
+      { lr: 0.05, momentum: 0.9, dampening: 0.3, nesterov: false, weightDecay: 0 },
+      { lr: 0.01, momentum: 0.8, dampening: 0, nesterov: true, weightDecay: 1e-2 },
+    ];
+    for (const hp of cases) {
+      const n = 1031, lossScale = 1024;
+      const p = randF(r, n);
+      const ref = Float64Array.from(p), buf = new Float64Array(n);
+      using tp = Tensor.fromHost(dev, p);
+      using th = Tensor.empty(dev, [n], "f16");
+      using tbuf = Tensor.fromHost(dev, new Float32Array(n));
+      using scale = Tensor.fromHost(dev, new Float32Array([lossScale]));
+      using steps = Tensor.fromHost(dev, new Int32Array([0]));
+      using flag = Tensor.fromHost(dev, new Int32Array([0]));
+      for (let step = 0; step < 3; step++) {
+        const g = randH(r, n, -lossScale, lossScale); // scaled gradients
+        for (let i = 0; i < n; i++) {
+          let d = g[i] / lossScale + hp.weightDecay * ref[i];
+          if (hp.momentum !== 0) {
+            buf[i] = step === 0 ? d : hp.momentum * buf[i] + (1 - hp.dampening) * d;
+            d = hp.nesterov ? d + hp.momentum * buf[i] : buf[i];
+          }
+          ref[i] -= hp.lr * d;
+        }
+        using tg = Tensor.fromHost(dev, g);
+        ops.sgdStep(tp, tg, hp.momentum !== 0 ? tbuf : null, th, {
+          ...hp,
+          scale,
+          foundInf: flag,
+          stepsDone: steps,
+        });
+        ops.stepCount(steps, flag);
+      }
+      const what = `sgd ${JSON.stringify(hp)}`;
+      assertClose(await host(tp), ref, 1e-6, 1e-5, `${what} param`);
+      assertClose(await host(th), ref, 1e-3, 1e-3, `${what} fp16 copy`);
+      assert.deepStrictEqual(await host(steps), [3]);
+    }
+  },
+);
+
+testEachBackend("sgdStep is skipped on the device when foundInf is set", async (dev) => {
+  using p = Tensor.fromHost(dev, new Float32Array([1, 2]));
+  using g = Tensor.fromHost(dev, new Float16Array([1, Infinity]));
+  using buf = Tensor.fromHost(dev, new Float32Array([0.5, 0.5]));
+  using h = Tensor.fromHost(dev, new Float16Array([7, 7]));
+  using flag = Tensor.fromHost(dev, new Int32Array([0]));
+  using steps = Tensor.fromHost(dev, new Int32Array([4]));
+  ops.unscaleAndCheck(g, flag);
+  ops.sgdStep(p, g, buf, h, { lr: 1, momentum: 0.9, foundInf: flag, stepsDone: steps });
+  ops.stepCount(steps, flag);
+  assert.deepStrictEqual(await host(p), [1, 2]);
+  assert.deepStrictEqual(await host(buf), [0.5, 0.5]);
+  assert.deepStrictEqual(await host(h), [7, 7]);
+  assert.deepStrictEqual(await host(steps), [4]);
+});
+
+async function scalerRun(
+  dev: Device,
+  flags: number[],
+  interval: number,
+  start = 65536,
+): Promise<[number, number]> {
+  using scale = Tensor.fromHost(dev, new Float32Array([start]));
+  using tracker = Tensor.fromHost(dev, new Int32Array([0]));
+  for (const f of flags) {
+    using flag = Tensor.fromHost(dev, new Int32Array([f]));
+    ops.scalerUpdate(scale, tracker, flag, { growthInterval: interval });
+  }
+  return [(await host(scale))[0], (await host(tracker))[0]];
+}
+
+testEachBackend(
+  "scalerUpdate grows after growthInterval finite steps and backs off on inf (PyTorch semantics)",
+  async (dev) => {
+    assert.deepStrictEqual(await scalerRun(dev, [0, 0], 3), [65536, 2]);
+    assert.deepStrictEqual(await scalerRun(dev, [0, 0, 0], 3), [131072, 0]);
+    assert.deepStrictEqual(await scalerRun(dev, [0, 0, 1], 3), [32768, 0]);
+    assert.deepStrictEqual(await scalerRun(dev, [1, 0, 0, 0, 0], 3), [65536, 1]);
+    assert.deepStrictEqual(await scalerRun(dev, [1, 1, 1], 2000), [8192, 0]);
+    // Growth that would overflow fp32 keeps the old scale (and still resets the tracker).
+    assert.deepStrictEqual(await scalerRun(dev, [0], 1, 3e38), [Math.fround(3e38), 0]);
+  },
+);
