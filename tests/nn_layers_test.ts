@@ -5,6 +5,19 @@ import assert from "node:assert";
 import { decodeSafetensors, encodeSafetensors } from "../nn/safetensors.ts";
 import { CosineAnnealingLR, LinearLR, OneCycleLR, StepLR } from "../nn/lr_scheduler.ts";
 import { kaimingUniform, Xoshiro128 } from "../nn/init.ts";
+import { Device } from "../ffi/device.ts";
+import { Tensor } from "../ffi/tensor.ts";
+import {
+  BatchNorm2d,
+  Conv2d,
+  CrossEntropyLoss,
+  Flatten,
+  Linear,
+  MaxPool2d,
+  type Module,
+  ReLU,
+  Sequential,
+} from "../nn/mod.ts";
 
 function assertClose(actual: number, expected: number, atol: number, rtol: number, what = "") {
   const tol = atol + rtol * Math.abs(expected);
@@ -263,4 +276,353 @@ Deno.test("safetensors refuses data whose length does not match the shape", () =
     () => encodeSafetensors({ w: { dtype: "F32", shape: [3], data: new Float32Array(2) } }),
     RangeError,
   );
+});
+
+// ---- layers: backward vs finite differences of a float64 reference ------------------------
+//
+// Each layer runs on the CPU backend (fp16 activations, fp32 accumulation). The reference is
+// the same layer written in float64 TypeScript, evaluated on exactly the values the kernels
+// saw (inputs and weights rounded to fp16 where the layer reads fp16). Its gradients come
+// from central finite differences of L = sum(forward(x) * dy), so they check the backward's
+// formulas, not a second hand-written backward. Tolerance atol + rtol*|ref|, with atol scaled
+// to the gradient's magnitude: fp16 outputs carry a relative error of about 2^-11.
+
+type Ref = (x: Float64Array, params: Float64Array[]) => Float64Array;
+
+function randn(rng: Xoshiro128): number {
+  const u = 1 - rng.random(), v = rng.random();
+  return Math.sqrt(-2 * Math.log(u)) * Math.cos(2 * Math.PI * v);
+}
+
+function randomHalf(n: number, rng: Xoshiro128, scale = 1, awayFromZero = 0): Float16Array {
+  const a = new Float16Array(n);
+  for (let i = 0; i < n; i++) {
+    let v = scale * randn(rng);
+    if (Math.abs(v) < awayFromZero) v = Math.sign(v || 1) * (awayFromZero + Math.abs(v));
+    a[i] = v;
+  }
+  return a;
+}
+
+function numericGrad(f: () => number, values: Float64Array, h = 1e-4): Float64Array {
+  const g = new Float64Array(values.length);
+  for (let i = 0; i < values.length; i++) {
+    const v = values[i];
+    values[i] = v + h;
+    const up = f();
+    values[i] = v - h;
+    const down = f();
+    values[i] = v;
+    g[i] = (up - down) / (2 * h);
+  }
+  return g;
+}
+
+function assertAllClose(
+  actual: ArrayLike<number>,
+  expected: ArrayLike<number>,
+  what: string,
+  { atolFrac = 2e-3, rtol = 5e-3 } = {},
+) {
+  assert.strictEqual(actual.length, expected.length, `${what}: length`);
+  let max = 0;
+  for (let i = 0; i < expected.length; i++) max = Math.max(max, Math.abs(expected[i]));
+  const atol = atolFrac * max + 1e-6;
+  for (let i = 0; i < expected.length; i++) {
+    const tol = atol + rtol * Math.abs(expected[i]);
+    if (!(Math.abs(actual[i] - expected[i]) <= tol)) {
+      assert.fail(`${what}[${i}]: ${actual[i]} vs ${expected[i]} (tolerance ${tol}, max ${max})`);
+    }
+  }
+}
+
+async function checkLayer(
+  name: string,
+  layer: Module,
+  xShape: number[],
+  ref: Ref,
+  options: { seed?: number; awayFromZero?: number; distinct?: boolean; tol?: number } = {},
+) {
+  using device = Device.open("cpu");
+  layer.to(device);
+  const rng = new Xoshiro128(options.seed ?? 7);
+  const n = xShape.reduce((a, b) => a * b, 1);
+  let xh = randomHalf(n, rng, 1, options.awayFromZero ?? 0);
+  if (options.distinct) {
+    // Max pooling: distinct values so that a tiny perturbation never changes the argmax.
+    const perm = [...Array(n).keys()].sort(() => rng.random() - 0.5);
+    xh = Float16Array.from(perm, (p) => (p - n / 2) / 16);
+  }
+  using x = Tensor.fromHost(device, xh, xShape);
+  const params = layer.parameters();
+  // What the kernels read: the fp16 copy for fp16 weights, the fp32 master otherwise.
+  const p64 = await Promise.all(params.map(async (p) => {
+    const v = await p.read();
+    return p.half ? Float64Array.from(Float16Array.from(v)) : Float64Array.from(v);
+  }));
+  const x64 = Float64Array.from(xh);
+  const y = layer.forward(x);
+  const yRef = ref(x64, p64);
+  assertAllClose(await y.toHost(), yRef, `${name} forward`, { atolFrac: 2e-3, rtol: 2e-3 });
+  const dyh = randomHalf(y.numel, rng);
+  using dy = Tensor.fromHost(device, dyh, [...y.shape]);
+  const dy64 = Float64Array.from(dyh);
+  const loss = () => {
+    const out = ref(x64, p64);
+    let s = 0;
+    for (let i = 0; i < out.length; i++) s += out[i] * dy64[i];
+    return s;
+  };
+  const dx = layer.backward(dy);
+  assert.ok(dx);
+  const tol = { atolFrac: options.tol ?? 3e-3, rtol: options.tol ?? 3e-3 };
+  assertAllClose(await dx.toHost(), numericGrad(loss, x64), `${name} dx`, tol);
+  for (let i = 0; i < params.length; i++) {
+    const [pname] = layer.namedParameters()[i];
+    const g = await params[i].grad.toHost();
+    assertAllClose(g, numericGrad(loss, p64[i]), `${name} d${pname}`, tol);
+  }
+  layer.dispose();
+}
+
+function linearRef(inF: number, outF: number, bias: boolean): Ref {
+  return (x, [w, b]) => {
+    const n = x.length / inF;
+    const y = new Float64Array(n * outF);
+    for (let i = 0; i < n; i++) {
+      for (let o = 0; o < outF; o++) {
+        let s = bias ? b[o] : 0;
+        for (let k = 0; k < inF; k++) s += x[i * inF + k] * w[o * inF + k];
+        y[i * outF + o] = s;
+      }
+    }
+    return y;
+  };
+}
+
+function convRef(
+  [n, c, h, w]: number[],
+  co: number,
+  k: number,
+  stride: number,
+  pad: number,
+  bias: boolean,
+): Ref {
+  const oh = Math.floor((h + 2 * pad - k) / stride) + 1;
+  const ow = Math.floor((w + 2 * pad - k) / stride) + 1;
+  return (x, [wt, b]) => {
+    const y = new Float64Array(n * co * oh * ow);
+    for (let i = 0; i < n; i++) {
+      for (let o = 0; o < co; o++) {
+        for (let yy = 0; yy < oh; yy++) {
+          for (let xx = 0; xx < ow; xx++) {
+            let s = bias ? b[o] : 0;
+            for (let ci = 0; ci < c; ci++) {
+              for (let ky = 0; ky < k; ky++) {
+                const iy = yy * stride - pad + ky;
+                if (iy < 0 || iy >= h) continue;
+                for (let kx = 0; kx < k; kx++) {
+                  const ix = xx * stride - pad + kx;
+                  if (ix < 0 || ix >= w) continue;
+                  s += x[((i * c + ci) * h + iy) * w + ix] * wt[((o * c + ci) * k + ky) * k + kx];
+                }
+              }
+            }
+            y[((i * co + o) * oh + yy) * ow + xx] = s;
+          }
+        }
+      }
+    }
+    return y;
+  };
+}
+
+function bnRef([n, c, h, w]: number[], eps: number): Ref {
+  const hw = h * w;
+  return (x, [g, b]) => {
+    const y = new Float64Array(x.length);
+    for (let ch = 0; ch < c; ch++) {
+      let mean = 0;
+      for (let i = 0; i < n; i++) for (let j = 0; j < hw; j++) mean += x[(i * c + ch) * hw + j];
+      mean /= n * hw;
+      let v = 0;
+      for (let i = 0; i < n; i++) {
+        for (let j = 0; j < hw; j++) v += (x[(i * c + ch) * hw + j] - mean) ** 2;
+      }
+      v /= n * hw;
+      const inv = 1 / Math.sqrt(v + eps);
+      for (let i = 0; i < n; i++) {
+        for (let j = 0; j < hw; j++) {
+          const at = (i * c + ch) * hw + j;
+          y[at] = (x[at] - mean) * inv * g[ch] + b[ch];
+        }
+      }
+    }
+    return y;
+  };
+}
+
+function poolRef([n, c, h, w]: number[], k: number, s: number): Ref {
+  const oh = Math.floor((h - k) / s) + 1, ow = Math.floor((w - k) / s) + 1;
+  return (x) => {
+    const y = new Float64Array(n * c * oh * ow);
+    for (let p = 0; p < n * c; p++) {
+      for (let yy = 0; yy < oh; yy++) {
+        for (let xx = 0; xx < ow; xx++) {
+          let m = -Infinity;
+          for (let ky = 0; ky < k; ky++) {
+            for (let kx = 0; kx < k; kx++) {
+              m = Math.max(m, x[p * h * w + (yy * s + ky) * w + xx * s + kx]);
+            }
+          }
+          y[(p * oh + yy) * ow + xx] = m;
+        }
+      }
+    }
+    return y;
+  };
+}
+
+Deno.test("Linear backward matches finite differences (odd sizes, with and without bias)", async () => {
+  await checkLayer(
+    "Linear(7,5)",
+    new Linear(7, 5, { rng: new Xoshiro128(1) }),
+    [3, 7],
+    linearRef(7, 5, true),
+  );
+  await checkLayer(
+    "Linear(13,3,nobias)",
+    new Linear(13, 3, { bias: false, rng: new Xoshiro128(2) }),
+    [5, 13],
+    linearRef(13, 3, false),
+  );
+});
+
+Deno.test("Conv2d backward matches finite differences (3x3 pad 1, 3x3 stride 2, 1x1)", async () => {
+  const cases: [number[], number, number, number, number, boolean][] = [
+    [[2, 3, 5, 6], 4, 3, 1, 1, true],
+    [[2, 2, 7, 5], 3, 3, 2, 0, true],
+    [[3, 5, 3, 4], 2, 1, 1, 0, false],
+  ];
+  for (const [shape, co, k, stride, pad, bias] of cases) {
+    const conv = new Conv2d(shape[1], co, {
+      kernelSize: k,
+      stride,
+      padding: pad,
+      bias,
+      rng: new Xoshiro128(3),
+    });
+    await checkLayer(
+      `Conv2d(${shape[1]},${co},k${k},s${stride},p${pad})`,
+      conv,
+      shape,
+      convRef(shape, co, k, stride, pad, bias),
+    );
+  }
+});
+
+Deno.test("BatchNorm2d training backward matches finite differences", async () => {
+  const bn = new BatchNorm2d(3);
+  // Non-trivial affine parameters so dgamma and dbeta are exercised.
+  bn.weight.write(new Float32Array([0.5, 1.5, -1]));
+  bn.bias.write(new Float32Array([0.1, -0.2, 0.3]));
+  await checkLayer("BatchNorm2d(3)", bn, [4, 3, 3, 2], bnRef([4, 3, 3, 2], 1e-5), { tol: 1e-2 });
+});
+
+Deno.test("ReLU backward matches finite differences", async () => {
+  await checkLayer("ReLU", new ReLU(), [3, 11], (x) => x.map((v) => Math.max(0, v)), {
+    awayFromZero: 0.05,
+  });
+});
+
+Deno.test("MaxPool2d backward matches finite differences (2x2, and 3x3 stride 2)", async () => {
+  await checkLayer("MaxPool2d(2)", new MaxPool2d(2), [2, 3, 4, 6], poolRef([2, 3, 4, 6], 2, 2), {
+    distinct: true,
+  });
+  await checkLayer(
+    "MaxPool2d(3,s2)",
+    new MaxPool2d(3, { stride: 2 }),
+    [1, 2, 7, 7],
+    poolRef([1, 2, 7, 7], 3, 2),
+    { distinct: true },
+  );
+});
+
+Deno.test("Sequential conv-BN-ReLU-pool-flatten-linear backward matches finite differences", async () => {
+  const rng = new Xoshiro128(11);
+  const model = new Sequential([
+    // No conv bias: batch norm cancels it (its true gradient is 0, so only fp16 noise is left).
+    new Conv2d(2, 3, { kernelSize: 3, padding: 1, bias: false, rng }),
+    new BatchNorm2d(3),
+    new ReLU(),
+    new MaxPool2d(2),
+    new Flatten(),
+    new Linear(3 * 2 * 2, 4, { rng }),
+  ]);
+  const conv = convRef([3, 2, 4, 4], 3, 3, 1, 1, false);
+  const bn = bnRef([3, 3, 4, 4], 1e-5);
+  const pool = poolRef([3, 3, 4, 4], 2, 2);
+  const fc = linearRef(12, 4, true);
+  const ref: Ref = (x, [cw, g, b, lw, lb]) =>
+    fc(pool(bn(conv(x, [cw]), [g, b]).map((v) => Math.max(0, v)), []), [lw, lb]);
+  await checkLayer("Sequential", model, [3, 2, 4, 4], ref, { tol: 2e-2 });
+});
+
+Deno.test("BatchNorm2d updates running statistics like PyTorch (unbiased variance)", async () => {
+  using device = Device.open("cpu");
+  using bn = new BatchNorm2d(1, { momentum: 0.5 }).to(device);
+  using x = Tensor.fromHost(device, new Float16Array([1, 2, 3, 4]), [4, 1, 1, 1]);
+  bn.forward(x);
+  // mean 2.5, unbiased var 5/3: running = 0.5 * old + 0.5 * batch
+  assertClose((await bn.runningMean.read())[0], 1.25, 1e-6, 1e-5, "running_mean");
+  assertClose((await bn.runningVar.read())[0], 0.5 + 0.5 * 5 / 3, 1e-6, 1e-4, "running_var");
+  assert.strictEqual(bn.numBatchesTracked, 1);
+  bn.eval();
+  const y = await bn.forward(x).toHost();
+  const inv = 1 / Math.sqrt(0.5 + 0.5 * 5 / 3 + 1e-5);
+  assertAllClose(y, [1, 2, 3, 4].map((v) => (v - 1.25) * inv), "eval forward");
+});
+
+Deno.test("layers use PyTorch's default initialization bounds", () => {
+  const fc = new Linear(50, 20, { rng: new Xoshiro128(4) });
+  const conv = new Conv2d(3, 8, { kernelSize: 3, rng: new Xoshiro128(5) });
+  const bn = new BatchNorm2d(4);
+  return (async () => {
+    const within = (a: Float32Array, b: number) => a.every((v) => Math.abs(v) <= b);
+    assert.ok(within(await fc.weight.read(), 1 / Math.sqrt(50)));
+    assert.ok(within(await fc.bias!.read(), 1 / Math.sqrt(50)));
+    assert.ok(within(await conv.weight.read(), 1 / Math.sqrt(27)));
+    assert.deepStrictEqual([...await bn.weight.read()], [1, 1, 1, 1]);
+    assert.deepStrictEqual([...await bn.bias.read()], [0, 0, 0, 0]);
+    assert.deepStrictEqual([...await bn.runningVar.read()], [1, 1, 1, 1]);
+  })();
+});
+
+Deno.test("CrossEntropyLoss gradient is scale * (softmax - onehot) / N, stats on the device", async () => {
+  using device = Device.open("cpu");
+  using loss = new CrossEntropyLoss(device);
+  const rng = new Xoshiro128(9);
+  const n = 5, k = 7;
+  const lh = randomHalf(n * k, rng, 2);
+  const labels = Int32Array.from({ length: n }, (_, i) => (i * 3) % k);
+  using logits = Tensor.fromHost(device, lh, [n, k]);
+  using y = Tensor.fromHost(device, labels, [n]);
+  const d = await loss.forwardBackward(logits, y).toHost();
+  const expected = new Float64Array(n * k);
+  let total = 0, correct = 0;
+  for (let i = 0; i < n; i++) {
+    const row = [...lh.subarray(i * k, i * k + k)];
+    const m = Math.max(...row);
+    const z = row.reduce((a, v) => a + Math.exp(v - m), 0);
+    total += Math.log(z) + m - row[labels[i]];
+    if (row.indexOf(m) === labels[i]) correct++;
+    for (let j = 0; j < k; j++) {
+      expected[i * k + j] = (Math.exp(row[j] - m) / z - (j === labels[i] ? 1 : 0)) / n;
+    }
+  }
+  assertAllClose(d, expected, "dlogits");
+  const s = await loss.read();
+  assertClose(s.loss, total / n, 1e-4, 1e-3, "mean loss");
+  assert.strictEqual(s.accuracy, correct / n);
+  assert.strictEqual((await loss.read()).samples, 0);
 });
