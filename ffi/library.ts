@@ -437,15 +437,42 @@ export function buildLibrary(backend: Backend): string {
     hash.update(part).update("\0");
   }
   const dir = cacheDir();
-  const final = `${dir}/libpinstream_${backend}_${hash.digest("hex").slice(0, 20)}.${LIB_EXT}`;
-  try {
-    Deno.statSync(final);
-    return final;
-  } catch (err) {
-    if (!(err instanceof Deno.errors.NotFound)) throw err;
-  }
-  const sources = files.size > 0 ? files : fetchRemote(backend);
+  const name = `libpinstream_${backend}_${hash.digest("hex").slice(0, 20)}`;
+  const final = `${dir}/${name}.${LIB_EXT}`;
+  if (exists(final)) return final;
   Deno.mkdirSync(dir, { recursive: true });
+  // One build per library at a time across processes (parallel test files on a cold cache
+  // would otherwise each run nvcc): an flock, released by the OS if a builder dies.
+  const lock = Deno.openSync(`${dir}/.${name}.lock`, { create: true, write: true });
+  try {
+    lock.lockSync(true);
+    if (exists(final)) return final; // built by the process we waited for
+    compile(backend, compiler, flags, files, dir, final);
+  } finally {
+    lock.close();
+  }
+  return final;
+}
+
+function exists(path: string): boolean {
+  try {
+    Deno.statSync(path);
+    return true;
+  } catch (err) {
+    if (err instanceof Deno.errors.NotFound) return false;
+    throw err;
+  }
+}
+
+function compile(
+  backend: Backend,
+  compiler: Compiler,
+  flags: string[],
+  files: Map<string, string>,
+  dir: string,
+  final: string,
+): void {
+  const sources = files.size > 0 ? files : fetchRemote(backend);
   // Each build gets its own temporary directory in the cache (same filesystem, so the final
   // rename is atomic): concurrent first uses (parallel test files) never see a partial file.
   const tmp = Deno.makeTempDirSync({ dir, prefix: `.build-${backend}-` });
@@ -470,7 +497,7 @@ export function buildLibrary(backend: Backend): string {
       throw new LibraryError(
         "build-failed",
         backend,
-        `${compiler.path} ${args.join(" ")} failed (in ${tmp}/src):\n${log.slice(0, 8000)}`,
+        `${compiler.path} ${args.join(" ")} failed:\n${log.slice(0, 8000)}`,
       );
     }
     Deno.renameSync(out, final);
@@ -481,7 +508,6 @@ export function buildLibrary(backend: Backend): string {
       // best effort: a leftover .build-* directory is harmless
     }
   }
-  return final;
 }
 
 function hasOpenMP(compiler: Compiler, tmp: string): boolean {

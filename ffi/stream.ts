@@ -75,9 +75,12 @@ export function createDefaultStream(device: Device): Stream {
 }
 
 /**
- * An ordered queue of device work (a non-blocking CUDA stream; on cpu, work runs at once).
- * Copies and kernels take `{ stream }`; work on one stream runs in order, work on different
- * streams may overlap unless ordered with {@linkcode Stream.waitEvent}.
+ * An ordered queue of device work (a CUDA stream; on cpu, work runs at once). Copies and
+ * kernels take `{ stream }`; work on one stream runs in order, work on different streams may
+ * overlap unless ordered with {@linkcode Stream.waitEvent}. The device's default stream is
+ * an ordering point: work queued on it waits for every stream, and every stream waits for
+ * it (CUDA's legacy default stream), so default-stream conveniences such as
+ * `Tensor.fromHost` are safe to follow with kernels on any stream.
  *
  * @example Waiting for queued work
  * ```ts

@@ -110,7 +110,9 @@ PS_API int ps_memcpy_d2d_async(void *dst, const void *src, uint64_t bytes, void 
 
 /* ---- streams ------------------------------------------------------------------------- */
 
-/* A non-blocking stream (does not synchronize with the legacy default stream). */
+/* A stream that synchronizes with the legacy default (NULL) stream, as cudaStreamDefault:
+ * work queued on NULL waits for it and vice versa, so NULL is a safe ordering point; streams
+ * created here run concurrently with each other. */
 PS_API int ps_stream_create(void **out);
 PS_API int ps_stream_destroy(void *stream);
 /* [wait] */

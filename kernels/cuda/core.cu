@@ -286,11 +286,15 @@ PS_API int ps_memcpy_d2d_async(void *dst, const void *src, uint64_t bytes, void 
 
 /* ---- streams -------------------------------------------------------------------------- */
 
+/* A blocking stream: work on the legacy default (NULL) stream waits for it and it waits for
+ * the NULL stream, so the wrappers' default-stream conveniences (Tensor.fromHost, toHost, a
+ * copy without { stream }) are ordered with every stream without explicit events. Hot paths
+ * never touch the NULL stream, so they pay nothing for it. */
 PS_API int ps_stream_create(void **out) {
   PS_REQUIRE(out != nullptr);
   *out = nullptr;
   cudaStream_t s = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamDefault));
   ps_live_add(PS_LIVE_STREAM, 1);
   *out = (void *)s;
   return PS_OK;
