@@ -3,7 +3,7 @@
 // printed by PyTorch 1.13), safetensors and checkpoint resume.
 import assert from "node:assert";
 import { decodeSafetensors, encodeSafetensors } from "../nn/safetensors.ts";
-import { CosineAnnealingLR, LinearLR, OneCycleLR, StepLR } from "../nn/lr_scheduler.ts";
+import { CosineAnnealingLR, LinearLR, StepLR } from "../nn/lr_scheduler.ts";
 import { kaimingUniform, Xoshiro128 } from "../nn/init.ts";
 import { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
@@ -12,11 +12,18 @@ import {
   Conv2d,
   CrossEntropyLoss,
   Flatten,
+  GradScaler,
   Linear,
+  loadCheckpoint,
   MaxPool2d,
   type Module,
+  OneCycleLR,
+  Parameter,
   ReLU,
+  saveCheckpoint,
   Sequential,
+  SGD,
+  Trainer,
 } from "../nn/mod.ts";
 
 function assertClose(actual: number, expected: number, atol: number, rtol: number, what = "") {
@@ -625,4 +632,335 @@ Deno.test("CrossEntropyLoss gradient is scale * (softmax - onehot) / N, stats on
   assertClose(s.loss, total / n, 1e-4, 1e-3, "mean loss");
   assert.strictEqual(s.accuracy, correct / n);
   assert.strictEqual((await loss.read()).samples, 0);
+});
+
+// ---- SGD vs torch.optim.SGD's formula -------------------------------------------------------
+
+/** torch.optim.SGD (1.13, single tensor, foreach=False), in fp32 arithmetic like the kernel. */
+function sgdReference(
+  p: Float32Array,
+  grads: Float32Array[],
+  o: { lr: number; momentum: number; dampening: number; nesterov: boolean; weightDecay: number },
+): Float32Array {
+  const f = Math.fround;
+  const param = p.slice();
+  let buf: Float32Array | null = null;
+  for (const g of grads) {
+    const d = new Float32Array(param.length);
+    for (let i = 0; i < d.length; i++) {
+      d[i] = o.weightDecay ? f(g[i] + f(o.weightDecay * param[i])) : g[i];
+    }
+    if (o.momentum !== 0) {
+      if (buf === null) buf = d.slice();
+      else {
+        for (let i = 0; i < d.length; i++) {
+          buf[i] = f(f(o.momentum * buf[i]) + f(f(1 - o.dampening) * d[i]));
+        }
+      }
+      for (let i = 0; i < d.length; i++) {
+        d[i] = o.nesterov ? f(d[i] + f(o.momentum * buf[i])) : buf[i];
+      }
+    }
+    for (let i = 0; i < d.length; i++) param[i] = f(param[i] - f(o.lr * d[i]));
+  }
+  return param;
+}
+
+Deno.test("SGD matches torch.optim.SGD's update over several steps, every option", async () => {
+  using device = Device.open("cpu");
+  const rng = new Xoshiro128(21);
+  const configs = [
+    { lr: 0.1, momentum: 0, dampening: 0, nesterov: false, weightDecay: 0 },
+    { lr: 0.05, momentum: 0.9, dampening: 0, nesterov: false, weightDecay: 0 },
+    { lr: 0.05, momentum: 0.9, dampening: 0.1, nesterov: false, weightDecay: 1e-2 },
+    { lr: 0.02, momentum: 0.8, dampening: 0, nesterov: true, weightDecay: 5e-4 },
+  ];
+  for (const cfg of configs) {
+    const init = Float32Array.from({ length: 37 }, () => randn(rng));
+    const grads = [0, 1, 2, 3].map(() => Float32Array.from({ length: 37 }, () => randn(rng)));
+    const p = new Parameter(init, [37], { gradDtype: "f32" }).to(device);
+    using opt = new SGD([p], cfg);
+    for (const g of grads) {
+      p.grad.buffer.copyFrom(g);
+      opt.step();
+    }
+    const expected = sgdReference(init, grads, cfg);
+    const got = await p.master.toHost() as Float32Array;
+    assertAllClose(got, expected, `SGD ${JSON.stringify(cfg)}`, { atolFrac: 1e-6, rtol: 1e-6 });
+    // The fp16 copy the forward reads is the rounded master weight.
+    assert.deepStrictEqual([...await p.half!.toHost()], [...Float16Array.from(got)]);
+    assert.strictEqual((await opt.stateDict()).stepsDone, 4);
+    p.dispose();
+  }
+});
+
+Deno.test("SGD refuses PyTorch's invalid hyper-parameters", () => {
+  using device = Device.open("cpu");
+  const p = new Parameter(new Float32Array(1), [1]).to(device);
+  assert.throws(() => new SGD([p], { lr: -1 }), /invalid learning rate -1/);
+  assert.throws(() => new SGD([p], { lr: 0.1, nesterov: true }), /Nesterov/);
+  assert.throws(
+    () => new SGD([p], { lr: 0.1, momentum: 0.9, nesterov: true, dampening: 0.1 }),
+    /Nesterov/,
+  );
+  assert.throws(() => new SGD([], { lr: 0.1 }), /empty parameter list/);
+  p.dispose();
+});
+
+// ---- GradScaler -----------------------------------------------------------------------------
+
+/** torch.cuda.amp.GradScaler's scale bookkeeping (_amp_update_scale_), as a reference. */
+class ScalerReference {
+  scale: number;
+  tracker = 0;
+  constructor(
+    init: number,
+    readonly growth: number,
+    readonly backoff: number,
+    readonly interval: number,
+  ) {
+    this.scale = init;
+  }
+  update(foundInf: boolean) {
+    if (foundInf) {
+      this.scale = Math.fround(this.scale * this.backoff);
+      this.tracker = 0;
+    } else if (++this.tracker === this.interval) {
+      const s = Math.fround(this.scale * this.growth);
+      if (Number.isFinite(s)) this.scale = s;
+      this.tracker = 0;
+    }
+  }
+}
+
+Deno.test("GradScaler has PyTorch's defaults", async () => {
+  using device = Device.open("cpu");
+  using s = new GradScaler(device);
+  const st = await s.stateDict();
+  assert.deepStrictEqual(st, {
+    scale: 65536,
+    growth_factor: 2,
+    backoff_factor: 0.5,
+    growth_interval: 2000,
+    _growth_tracker: 0,
+  });
+});
+
+Deno.test("GradScaler grows, backs off and skips steps on injected inf/NaN like PyTorch", async () => {
+  using device = Device.open("cpu");
+  const a = new Parameter(new Float32Array([1, 2]), [2], { gradDtype: "f32" }).to(device);
+  const b = new Parameter(new Float32Array([3]), [1], { gradDtype: "f32" }).to(device);
+  using opt = new SGD([a, b], { lr: 0.5, momentum: 0.9 });
+  using scaler = new GradScaler(device, { initScale: 8, growthInterval: 3 });
+  const ref = new ScalerReference(8, 2, 0.5, 3);
+  // Per step: which gradient value to inject into b (a's gradient is always finite).
+  const plan = [1, 1, 1, 1, Infinity, 1, NaN, 1, 1, 1, 1, -Infinity, 1];
+  let expectA: Float32Array = Float32Array.from([1, 2]);
+  let expectB: Float32Array = Float32Array.from([3]);
+  const gradsA: Float32Array[] = [], gradsB: Float32Array[] = [];
+  for (const [step, inject] of plan.entries()) {
+    const scale = ref.scale;
+    // Gradients as backward would leave them: scaled by the current scale.
+    a.grad.buffer.copyFrom(new Float32Array([0.25 * scale, -0.5 * scale]));
+    b.grad.buffer.copyFrom(new Float32Array([inject * scale]));
+    const finite = Number.isFinite(inject);
+    scaler.step(opt);
+    scaler.update();
+    ref.update(!finite);
+    if (finite) {
+      // PyTorch runs optimizer.step() only on finite steps; skipped ones leave no trace.
+      gradsA.push(new Float32Array([0.25, -0.5]));
+      gradsB.push(new Float32Array([inject]));
+      const cfg = { lr: 0.5, momentum: 0.9, dampening: 0, nesterov: false, weightDecay: 0 };
+      expectA = sgdReference(new Float32Array([1, 2]), gradsA, cfg);
+      expectB = sgdReference(new Float32Array([3]), gradsB, cfg);
+    }
+    assert.strictEqual(await scaler.getScale(), ref.scale, `scale after step ${step}`);
+    assert.strictEqual((await scaler.stateDict())._growth_tracker, ref.tracker, `tracker ${step}`);
+    assertAllClose(await a.master.toHost(), expectA, `a after step ${step}`, {
+      atolFrac: 0,
+      rtol: 1e-6,
+    });
+    assertAllClose(await b.master.toHost(), expectB, `b after step ${step}`, {
+      atolFrac: 0,
+      rtol: 1e-6,
+    });
+  }
+  assert.strictEqual((await opt.stateDict()).stepsDone, plan.filter(Number.isFinite).length);
+  a.dispose();
+  b.dispose();
+});
+
+Deno.test("a skipped first step leaves PyTorch's first-step momentum init for the next one", async () => {
+  using device = Device.open("cpu");
+  const p = new Parameter(new Float32Array([1]), [1], { gradDtype: "f32" }).to(device);
+  using opt = new SGD([p], { lr: 1, momentum: 0.9, dampening: 0.5 });
+  using scaler = new GradScaler(device, { initScale: 4 });
+  p.grad.buffer.copyFrom(new Float32Array([Infinity]));
+  scaler.step(opt);
+  scaler.update();
+  p.grad.buffer.copyFrom(new Float32Array([2 * 0.1])); // scale is now 2: unscaled grad 0.1
+  scaler.step(opt);
+  scaler.update();
+  // First real step: buf = g (not (1 - dampening) * g), p = 1 - 0.1.
+  assertClose((await p.master.toHost())[0], 0.9, 0, 1e-6, "param");
+  p.dispose();
+});
+
+Deno.test("GradScaler.unscale_ unscales in place and step() then does not unscale again", async () => {
+  using device = Device.open("cpu");
+  const p = new Parameter(new Float32Array([1]), [1], { gradDtype: "f32" }).to(device);
+  using opt = new SGD([p], { lr: 1 });
+  using scaler = new GradScaler(device, { initScale: 16 });
+  p.grad.buffer.copyFrom(new Float32Array([16 * 0.25]));
+  scaler.unscale_(opt);
+  assert.deepStrictEqual([...await p.grad.toHost()], [0.25]);
+  assert.throws(() => scaler.unscale_(opt), /already called/);
+  scaler.step(opt);
+  scaler.update();
+  assert.deepStrictEqual([...await p.master.toHost()], [0.75]);
+  p.dispose();
+});
+
+Deno.test("the loss gradient follows the device's scale even when the host's copy is stale", async () => {
+  using device = Device.open("cpu");
+  const p = new Parameter(new Float32Array([0]), [1], { gradDtype: "f32" }).to(device);
+  using opt = new SGD([p], { lr: 0 });
+  using scaler = new GradScaler(device, { initScale: 4, growthInterval: 1 });
+  using loss = new CrossEntropyLoss(device);
+  using logits = Tensor.fromHost(device, new Float16Array([0, 0]), [1, 2]);
+  using labels = Tensor.fromHost(device, new Int32Array([0]), [1]);
+  p.grad.buffer.copyFrom(new Float32Array([1]));
+  scaler.step(opt);
+  scaler.update(); // device scale 8, host still believes 4 (nothing was read)
+  assert.strictEqual(scaler.lossScale(), 4);
+  const d = await loss.forwardBackward(logits, labels, scaler).toHost();
+  assert.deepStrictEqual([...d], [8 * -0.5, 8 * 0.5]);
+  assert.strictEqual(await scaler.getScale(), 8);
+  assert.strictEqual(scaler.lossScale(), 8);
+  p.dispose();
+});
+
+Deno.test("a disabled GradScaler is a pass-through", async () => {
+  using device = Device.open("cpu");
+  const p = new Parameter(new Float32Array([1]), [1], { gradDtype: "f32" }).to(device);
+  using opt = new SGD([p], { lr: 1 });
+  using scaler = new GradScaler(device, { enabled: false });
+  p.grad.buffer.copyFrom(new Float32Array([0.5]));
+  scaler.step(opt);
+  scaler.update();
+  assert.strictEqual(await scaler.getScale(), 1);
+  assert.deepStrictEqual([...await p.master.toHost()], [0.5]);
+  p.dispose();
+});
+
+// ---- checkpoints ----------------------------------------------------------------------------
+
+function smallNet(seed: number): Sequential {
+  const rng = new Xoshiro128(seed);
+  return new Sequential([
+    new Conv2d(1, 4, { kernelSize: 3, padding: 1, rng }),
+    new BatchNorm2d(4),
+    new ReLU(),
+    new MaxPool2d(2),
+    new Flatten(),
+    new Linear(4 * 4 * 4, 3, { rng }),
+  ]);
+}
+
+async function snapshot(model: Module): Promise<number[][]> {
+  const out: number[][] = [];
+  for (const [, t] of await model.stateDict()) {
+    out.push(Array.from(t.data as ArrayLike<number | bigint>, Number));
+  }
+  return out;
+}
+
+Deno.test("checkpoint save, load and resume give the same next step, bit for bit", async () => {
+  using device = Device.open("cpu");
+  const rng = new Xoshiro128(3);
+  const batches = [0, 1, 2, 3, 4].map(() => ({
+    x: randomHalf(6 * 64, rng),
+    y: Int32Array.from({ length: 6 }, () => rng.nextU32() % 3),
+  }));
+  using x = Tensor.empty(device, [6, 1, 8, 8], "f16");
+  using y = Tensor.empty(device, [6], "i32");
+  const build = (seed: number) => {
+    const model = smallNet(seed).to(device);
+    const optimizer = new SGD(model.parameters(), {
+      lr: 0.1,
+      momentum: 0.9,
+      nesterov: true,
+      weightDecay: 1e-3,
+    });
+    const scaler = new GradScaler(device, { initScale: 1024, growthInterval: 2 });
+    const scheduler = new OneCycleLR(optimizer, { maxLr: 0.2, totalSteps: 10 });
+    const trainer = new Trainer(model, { optimizer, scaler, scheduler });
+    const step = (i: number) => {
+      x.buffer.copyFrom(batches[i].x);
+      y.buffer.copyFrom(batches[i].y);
+      trainer.trainStep(x, y);
+    };
+    const dispose = () => {
+      trainer.dispose();
+      scaler.dispose();
+      optimizer.dispose();
+      model.dispose();
+    };
+    return { model, optimizer, scaler, scheduler, step, dispose };
+  };
+  const dir = await Deno.makeTempDir();
+  const path = `${dir}/net.safetensors`;
+  // Run A: 3 steps, checkpoint, 2 more steps.
+  const a = build(1);
+  for (let i = 0; i < 3; i++) a.step(i);
+  await saveCheckpoint(path, a, { epoch: 1, step: 3, extra: { note: "test" } });
+  a.step(3);
+  a.step(4);
+  const after = await snapshot(a.model);
+  const aScale = await a.scaler.getScale();
+  // Run B: a differently initialized model restored from the checkpoint, same 2 steps.
+  const b = build(99);
+  const progress = await loadCheckpoint(path, b);
+  assert.deepStrictEqual(progress, { epoch: 1, step: 3, extra: { note: "test" } });
+  b.step(3);
+  b.step(4);
+  assert.deepStrictEqual(await snapshot(b.model), after);
+  assert.strictEqual(await b.scaler.getScale(), aScale);
+  assert.strictEqual(b.optimizer.lr, a.optimizer.lr);
+  assert.strictEqual(b.optimizer.momentum, a.optimizer.momentum);
+  // The weights file is plain safetensors with PyTorch's names.
+  const w = decodeSafetensors(await Deno.readFile(path));
+  assert.deepStrictEqual([...w.tensors.keys()], [
+    "0.weight",
+    "0.bias",
+    "1.weight",
+    "1.bias",
+    "1.running_mean",
+    "1.running_var",
+    "1.num_batches_tracked",
+    "5.weight",
+    "5.bias",
+  ]);
+  assert.strictEqual(w.metadata.format, "pt");
+  assert.deepStrictEqual(w.tensors.get("0.weight")!.shape, [4, 1, 3, 3]);
+  assert.strictEqual((w.tensors.get("1.num_batches_tracked")!.data as BigInt64Array)[0], 3n);
+  a.dispose();
+  b.dispose();
+  await Deno.remove(dir, { recursive: true });
+});
+
+Deno.test("loadStateDict refuses mismatched shapes and, strictly, missing or extra keys", async () => {
+  const m = new Linear(3, 2);
+  const state = await m.stateDict();
+  const bad = new Map(state);
+  bad.set("weight", { dtype: "F32", shape: [3, 2], data: new Float32Array(6) });
+  assert.throws(() => new Linear(3, 2).loadStateDict(bad), /shape \[3,2\]/);
+  const extra = new Map(state);
+  extra.set("junk", { dtype: "F32", shape: [1], data: new Float32Array(1) });
+  assert.throws(() => new Linear(3, 2).loadStateDict(extra), /unexpected keys \[junk\]/);
+  new Linear(3, 2).loadStateDict(extra, { strict: false });
+  const missing = new Map(state);
+  missing.delete("bias");
+  assert.throws(() => new Linear(3, 2).loadStateDict(missing), /missing keys \[bias\]/);
 });
