@@ -75,6 +75,13 @@ export interface ToDeviceOptions {
   pin?: "register" | "alloc" | "none";
   /** Keep device memory, streams and the ring's pinning across epochs (default false). */
   persistent?: boolean;
+  /**
+   * "auto" (default): where the device reads pinned host memory directly and
+   * synchronously (the CPU backend), the kernel reads the registered ring slot in place
+   * and the host-to-device copy is skipped (copy stats stay 0). "always": copy every batch,
+   * as on a GPU (tests use it to run the copy path on the CPU backend).
+   */
+  copy?: "auto" | "always";
 }
 
 /** One batch on the device, from {@linkcode DevicePrefetcher}. */
@@ -210,6 +217,8 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
   readonly padding: number;
   /** Ring pinning strategy. */
   readonly pin: "register" | "alloc" | "none";
+  /** Whether batches are always copied, or read in place where the backend allows. */
+  readonly copy: "auto" | "always";
   /** Every finished epoch's stats, oldest first. */
   readonly history: PipelineStats[] = [];
 
@@ -252,6 +261,7 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
     this.augmentOn = oneOf(options.augmentOn ?? "device", ["device", "host"], "augmentOn");
     this.dtype = oneOf(options.dtype ?? "f16", ["f16", "f32"], "dtype");
     this.pin = oneOf(options.pin ?? "register", ["register", "alloc", "none"], "pin");
+    this.copy = oneOf(options.copy ?? "auto", ["auto", "always"], "copy");
     this.#layout = oneOf(options.layout ?? "nchw", ["nchw", "nhwc"], "layout");
     this.#imageField = options.imageField ?? "image";
     this.#labelField = options.labelField ?? "label";
@@ -345,6 +355,7 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
       geometry: geometry(this.loader.ring!, this.#imageField, this.#labelField, this.#layout),
       layout: this.#layout,
       userStream: this.#userStream,
+      copy: this.copy,
     });
     return this.#res;
   }
@@ -453,13 +464,20 @@ class Resources {
   readonly compute: Stream;
   readonly ownsCompute: boolean;
   readonly pinned: HostBuffer | undefined;
+  /** Device mode without a copy: the kernel reads the pinned ring (CPU backend). */
+  readonly direct: boolean;
   readonly slots: Slot[] = [];
   readonly batchSize: number;
   #freed = false;
 
   constructor(
     owner: DevicePrefetcher,
-    o: { geometry: Geometry; layout: ImageLayout; userStream: Stream | undefined },
+    o: {
+      geometry: Geometry;
+      layout: ImageLayout;
+      userStream: Stream | undefined;
+      copy: "auto" | "always";
+    },
   ) {
     this.owner = owner;
     const device = this.device = owner.device;
@@ -477,6 +495,7 @@ class Resources {
         this.pinned = HostBuffer.register(device, ring.buffer);
         cleanup.push(this.pinned);
       }
+      this.direct = this.pinned !== undefined && device.kind === "cpu" && o.copy === "auto";
       const { c, h, w } = this.g;
       const n = this.batchSize, count = n * c * h * w;
       const esize = owner.dtype === "f16" ? 2 : 4;
@@ -487,7 +506,9 @@ class Resources {
         const labels = Tensor.empty(device, [n], "i32");
         cleanup.push(labels);
         let raw: DeviceBuffer | undefined, staging: HostBuffer | undefined;
-        if (owner.augmentOn === "device") {
+        if (owner.augmentOn === "device" && this.direct) {
+          // Nothing to stage.
+        } else if (owner.augmentOn === "device") {
           raw = DeviceBuffer.alloc(device, this.g.copyBytes);
           cleanup.push(raw);
           if (owner.pin === "alloc") {
@@ -675,7 +696,30 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     slot.freeRecorded = false;
     const g = res.g, n = hb.size;
     let host: RingBatch | undefined = hb;
-    slot.copyStart.record(copy);
+    if (res.direct) {
+      // The CPU backend's device memory is host memory and its streams are synchronous: the
+      // kernel reads the pinned loader slot in place, and the slot is free when it returns.
+      const at = (f: RingField) => res.pinned!.pointerAt(hb.byteOffset + f.byteOffset, "read");
+      const { images, labels } = this.#views(slot, n);
+      this.#launch(
+        at(g.imageField),
+        g.augmentField ? at(g.augmentField) : null,
+        at(g.labelField),
+        n,
+        images,
+        labels,
+      );
+      hb.release();
+      this.#queue.push({
+        slot,
+        size: n,
+        index: hb.index,
+        epoch: hb.epoch,
+        host: undefined,
+        released: Promise.resolve(),
+      });
+      return true;
+    }
     if (this.#p.augmentOn === "device") {
       const bytes = this.#copyExtent(n);
       if (slot.staging !== undefined) {
@@ -683,10 +727,13 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
         slot.staging.u8.set(new Uint8Array(hb.ring.buffer, hb.byteOffset, bytes));
         hb.release();
         host = undefined;
+        slot.copyStart.record(copy);
         slot.raw!.copyFrom(slot.staging, { stream: copy, bytes });
       } else if (res.pinned !== undefined) {
+        slot.copyStart.record(copy);
         slot.raw!.copyFrom(res.pinned, { stream: copy, srcOffset: hb.byteOffset, bytes });
       } else {
+        slot.copyStart.record(copy);
         slot.raw!.copyFrom(new Uint8Array(hb.ring.buffer, hb.byteOffset, bytes), {
           stream: copy,
           bytes,
@@ -720,6 +767,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
       hb.release();
       host = undefined;
       const { images, labels: lt } = this.#views(slot, n);
+      slot.copyStart.record(copy);
       images.buffer.copyFrom(st, { stream: copy, bytes: count * esize });
       lt.buffer.copyFrom(st, { stream: copy, srcOffset: labelsAt, bytes: n * 4 });
       this.#copyBytes += count * esize + n * 4;
@@ -802,45 +850,65 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
   #deliver(b: InFlight): DeviceBatch {
     const res = this.#r, g = res.g, slot = b.slot;
     const compute = res.compute;
-    compute.waitEvent(slot.copyDone);
+    if (!res.direct) compute.waitEvent(slot.copyDone);
     const { images, labels } = this.#views(slot, b.size);
-    if (this.#p.augmentOn === "device") {
+    if (this.#p.augmentOn === "device" && !res.direct) {
       const raw = slot.raw!;
-      const lib = this.#p.device.lib;
-      const aff = this.#p._affine();
-      this.#p.device.check(
-        lib.symbols.ps_image_augment(
-          raw.pointerAt(g.imageField.byteOffset, "augment a batch"),
-          res.layout === "nhwc" ? 0 : 1,
-          b.size,
-          g.c,
-          g.h,
-          g.w,
-          this.#p.padding,
-          g.augmentField ? raw.pointerAt(g.augmentField.byteOffset, "augment a batch") : null,
-          aff.scale,
-          aff.bias,
-          images.pointer,
-          this.#p.dtype === "f16" ? 0 : 1,
-          compute.handle,
-        ),
-        "augment a batch on the device",
-      );
-      this.#p.device.check(
-        lib.symbols.ps_image_labels_i32(
-          raw.pointerAt(g.labelField.byteOffset, "widen labels"),
-          LABEL_BYTES[g.labelField.dtype],
-          b.size,
-          labels.pointer,
-          compute.handle,
-        ),
-        "widen labels on the device",
+      const at = (f: RingField) => raw.pointerAt(f.byteOffset, "augment a batch");
+      this.#launch(
+        at(g.imageField),
+        g.augmentField ? at(g.augmentField) : null,
+        at(g.labelField),
+        b.size,
+        images,
+        labels,
       );
     }
     this.#current = b;
     this.#batches++;
     this.#samples += b.size;
     return { images, labels, size: b.size, index: b.index, epoch: b.epoch };
+  }
+
+  /** Queues the fused kernel and the label widening on the compute stream. */
+  #launch(
+    src: Deno.PointerValue,
+    params: Deno.PointerValue,
+    labelSrc: Deno.PointerValue,
+    n: number,
+    images: Tensor,
+    labels: Tensor,
+  ): void {
+    const res = this.#r, g = res.g, dev = this.#p.device, aff = this.#p._affine();
+    const st = res.compute.handle;
+    dev.check(
+      dev.lib.symbols.ps_image_augment(
+        src,
+        res.layout === "nhwc" ? 0 : 1,
+        n,
+        g.c,
+        g.h,
+        g.w,
+        this.#p.padding,
+        params,
+        aff.scale,
+        aff.bias,
+        images.pointer,
+        this.#p.dtype === "f16" ? 0 : 1,
+        st,
+      ),
+      "augment a batch on the device",
+    );
+    dev.check(
+      dev.lib.symbols.ps_image_labels_i32(
+        labelSrc,
+        LABEL_BYTES[g.labelField.dtype],
+        n,
+        labels.pointer,
+        st,
+      ),
+      "widen labels on the device",
+    );
   }
 
   async #finish(early: boolean): Promise<void> {

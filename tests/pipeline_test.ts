@@ -121,17 +121,20 @@ async function readBatch(b: DeviceBatch): Promise<{ images: number[]; labels: nu
 for (const { kind, ignore } of BACKENDS) {
   for (
     const opts of [
-      { augmentOn: "device", dtype: "f16", numWorkers: 0, pin: "register" },
-      { augmentOn: "device", dtype: "f32", numWorkers: 2, pin: "register" },
-      { augmentOn: "device", dtype: "f16", numWorkers: 2, pin: "alloc" },
-      { augmentOn: "device", dtype: "f16", numWorkers: 0, pin: "none" },
-      { augmentOn: "host", dtype: "f16", numWorkers: 0, pin: "register" },
-      { augmentOn: "host", dtype: "f32", numWorkers: 2, pin: "register" },
+      { augmentOn: "device", dtype: "f16", numWorkers: 0, pin: "register", copy: "auto" },
+      { augmentOn: "device", dtype: "f16", numWorkers: 0, pin: "register", copy: "always" },
+      { augmentOn: "device", dtype: "f32", numWorkers: 2, pin: "register", copy: "always" },
+      { augmentOn: "device", dtype: "f32", numWorkers: 2, pin: "register", copy: "auto" },
+      { augmentOn: "device", dtype: "f16", numWorkers: 2, pin: "alloc", copy: "auto" },
+      { augmentOn: "device", dtype: "f16", numWorkers: 0, pin: "none", copy: "auto" },
+      { augmentOn: "host", dtype: "f16", numWorkers: 0, pin: "register", copy: "auto" },
+      { augmentOn: "host", dtype: "f32", numWorkers: 2, pin: "register", copy: "auto" },
     ] as const
   ) {
     Deno.test({
       name: `[${kind}] pipeline batches equal the TypeScript reference bit for bit ` +
-        `(augmentOn ${opts.augmentOn}, ${opts.dtype}, ${opts.numWorkers} workers, pin ${opts.pin})`,
+        `(augmentOn ${opts.augmentOn}, ${opts.dtype}, ${opts.numWorkers} workers, pin ${opts.pin}, ` +
+        `copy ${opts.copy})`,
       ignore,
       async fn() {
         using device = Device.open(kind);
@@ -144,6 +147,7 @@ for (const { kind, ignore } of BACKENDS) {
           augmentOn: opts.augmentOn,
           dtype: opts.dtype,
           pin: opts.pin,
+          copy: opts.copy,
           mean: MEAN,
           std: STD,
           depth: 2,
@@ -170,7 +174,10 @@ for (const { kind, ignore } of BACKENDS) {
         const s = p.stats!;
         assert.strictEqual(s.batches, 5);
         assert.strictEqual(s.samples, 75);
-        assert.ok(s.copyBytes > 0 && s.copyMs >= 0 && s.wallMs > 0);
+        const copies = opts.copy === "always" || opts.pin !== "register" ||
+          opts.augmentOn === "host" || kind === "cuda";
+        assert.strictEqual(s.copyBytes > 0, copies);
+        assert.ok(s.copyMs >= 0 && s.wallMs > 0);
         assert.ok(s.inputBoundFraction >= 0 && s.inputBoundFraction <= 1);
       },
     });
@@ -204,10 +211,12 @@ for (const { kind, ignore } of BACKENDS) {
     },
   });
 
-  for (const consumer of ["slow", "fast"] as const) {
+  for (
+    const [consumer, copy] of [["slow", "always"], ["fast", "always"], ["fast", "auto"]] as const
+  ) {
     Deno.test({
       name: `[${kind}] pipeline never lets a ring slot be rewritten before its copy ` +
-        `(${consumer} consumer, slots poisoned on release)`,
+        `(${consumer} consumer, copy ${copy}, slots poisoned on release)`,
       ignore,
       async fn() {
         // Every loader slot is filled with 0xA5 the moment the pipeline hands it back: a
@@ -227,7 +236,13 @@ for (const { kind, ignore } of BACKENDS) {
           const d = makeData(160, [3, 32, 32], 11);
           const expected = await plainBatches(d, {});
           await using loader = makeLoader(d, { numWorkers: 2, prefetchFactor: 2 });
-          await using p = toDevice(loader, device, { ...PAD, mean: MEAN, std: STD, depth: 3 });
+          await using p = toDevice(loader, device, {
+            ...PAD,
+            mean: MEAN,
+            std: STD,
+            depth: 3,
+            copy,
+          });
           let k = 0;
           for await (const b of p) {
             // Slow: the loader and the copies run far ahead while we sleep; fast: we read
@@ -264,7 +279,13 @@ for (const { kind, ignore } of BACKENDS) {
       const d = makeData(64, [3, 32, 32], 5);
       const expected = await plainBatches(d, {});
       await using loader = makeLoader(d, { numWorkers: 2 });
-      await using p = toDevice(loader, device, { ...PAD, mean: MEAN, std: STD, depth: 1 });
+      await using p = toDevice(loader, device, {
+        ...PAD,
+        mean: MEAN,
+        std: STD,
+        depth: 1,
+        copy: "always",
+      });
       const it = p[Symbol.asyncIterator]();
       for (let k = 0; k < 4; k++) {
         const r = await it.next();
@@ -288,7 +309,12 @@ for (const { kind, ignore } of BACKENDS) {
         const d = makeData(200, [3, 32, 32], 1);
         await using loader = makeLoader(d, { numWorkers: 2 });
         for (const augmentOn of ["device", "host"] as const) {
-          const p = new DevicePrefetcher(loader, device, { ...PAD, augmentOn, depth: 3 });
+          const p = new DevicePrefetcher(loader, device, {
+            ...PAD,
+            augmentOn,
+            depth: 3,
+            copy: "always",
+          });
           let seen = 0;
           try {
             for await (const _ of p) {
@@ -345,7 +371,7 @@ Deno.test("[cpu] pipeline works with the loader's autoRelease: true (waits on ea
   const d = makeData(48, [3, 32, 32], 4);
   const expected = await plainBatches(d, {});
   await using loader = makeLoader(d, { autoRelease: true, numWorkers: 2 });
-  await using p = toDevice(loader, device, { ...PAD, mean: MEAN, std: STD });
+  await using p = toDevice(loader, device, { ...PAD, mean: MEAN, std: STD, copy: "always" });
   let k = 0;
   for await (const b of p) {
     const want = expectedBatch(d, expected[k].indices, expected[k].params, "nchw", "f16", 4);
@@ -402,6 +428,7 @@ Deno.test("[cpu] DevicePrefetcher rejects bad options and non-ring loaders", asy
     [{ augmentOn: "gpu" as "host" }, /augmentOn must be one of device, host, got gpu/],
     [{ dtype: "f64" as "f32" }, /dtype must be one of f16, f32/],
     [{ pin: "maybe" as "none" }, /pin must be one of register, alloc, none/],
+    [{ copy: "never" as "auto" }, /copy must be one of auto, always/],
     [{ padding: -1 }, /padding must be an integer >= 0, got -1/],
     [{ imageField: "pixels" }, /need "pixels" and "label"/],
     [{ mean: [0, 0], std: [1, 1, 1] }, /mean has 2 channels and std 3/],
