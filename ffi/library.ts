@@ -198,35 +198,65 @@ function env(name: string): string | undefined {
 }
 
 function locate(backend: Backend): { lib: Library; path: string } {
-  const specific = env(backend === "cpu" ? "PINSTREAM_LIB_CPU" : "PINSTREAM_LIB_CUDA");
+  const variable = backend === "cpu" ? "PINSTREAM_LIB_CPU" : "PINSTREAM_LIB_CUDA";
+  const specific = env(variable);
   if (specific !== undefined) {
-    return {
-      lib: open(backend, specific, `$PINSTREAM_LIB_${backend.toUpperCase()}`),
-      path: specific,
-    };
+    return { lib: open(backend, specific, `$${variable}`), path: specific };
   }
   const generic = env("PINSTREAM_LIB");
-  if (generic !== undefined) {
-    const lib = open(undefined, generic, "$PINSTREAM_LIB");
-    if (backendOf(lib) === backend) return { lib, path: generic };
-    lib.close(); // a prebuilt library of the other backend: build this one
+  // A prebuilt library of the other backend is skipped: this one is built instead.
+  if (generic !== undefined && inspect(backend, generic, "$PINSTREAM_LIB").kind === backend) {
+    return { lib: open(backend, generic, "$PINSTREAM_LIB"), path: generic };
   }
   const path = buildLibrary(backend);
   return { lib: open(backend, path, "the build cache"), path };
 }
 
-function backendOf(lib: Library): Backend {
+const PROBE = {
+  ps_abi_version: symbols.ps_abi_version,
+  ps_backend: symbols.ps_backend,
+} as const satisfies Deno.ForeignLibraryInterface;
+
+/**
+ * Reads the ABI version and backend of a library through two symbols only, so a stale or
+ * foreign library is reported as such rather than as "undefined symbol ps_<newest>". The
+ * probe handle is never closed: unloading a library that started OpenMP threads can crash,
+ * and the full dlopen of the same file reuses the loaded image anyway.
+ */
+function inspect(backend: Backend, path: string, from: string): { version: number; kind: Backend } {
+  let probe: Deno.DynamicLibrary<typeof PROBE>;
+  try {
+    probe = Deno.dlopen(path, PROBE);
+  } catch (err) {
+    throw new LibraryError(
+      "load-failed",
+      backend,
+      `${path} (from ${from}) could not be loaded: ${(err as Error).message}`,
+      { cause: err },
+    );
+  }
   const out = new Int32Array(1);
-  lib.symbols.ps_backend(out);
-  return out[0] === 1 ? "cuda" : "cpu";
+  probe.symbols.ps_abi_version(out);
+  const version = out[0];
+  probe.symbols.ps_backend(out);
+  return { version, kind: out[0] === 1 ? "cuda" : "cpu" };
 }
 
-/** dlopen + ABI check. `want` undefined: accept either backend. */
-function open(want: Backend | undefined, path: string, from: string): Library {
-  const backend = want ?? "cpu";
-  let lib: Library;
+/** dlopen with the full symbol table, after checking the ABI version and the backend. */
+function open(backend: Backend, path: string, from: string): Library {
+  const { version, kind } = inspect(backend, path, from);
+  if (version !== ABI_VERSION) {
+    throw new LibraryError(
+      "abi-mismatch",
+      backend,
+      `${path} (from ${from}) implements ABI ${version}, this pinstream needs ABI ${ABI_VERSION}; rebuild it (deno task build) or unset the variable`,
+    );
+  }
+  if (kind !== backend) {
+    throw new LibraryError("load-failed", backend, `${path} (from ${from}) is a ${kind} library`);
+  }
   try {
-    lib = Deno.dlopen(path, symbols);
+    return Deno.dlopen(path, symbols);
   } catch (err) {
     const message = (err as Error).message;
     const hint = /undefined symbol|obtain symbol/.test(message)
@@ -239,27 +269,6 @@ function open(want: Backend | undefined, path: string, from: string): Library {
       { cause: err },
     );
   }
-  const version = new Int32Array(1);
-  lib.symbols.ps_abi_version(version);
-  if (version[0] !== ABI_VERSION) {
-    lib.close();
-    throw new LibraryError(
-      "abi-mismatch",
-      backend,
-      `${path} (from ${from}) implements ABI ${
-        version[0]
-      }, this pinstream needs ABI ${ABI_VERSION}; rebuild it (deno task build) or unset the variable`,
-    );
-  }
-  if (want !== undefined && backendOf(lib) !== want) {
-    lib.close();
-    throw new LibraryError(
-      "load-failed",
-      backend,
-      `${path} (from ${from}) is not a ${want} library`,
-    );
-  }
-  return lib;
 }
 
 // ---- building ------------------------------------------------------------------------------

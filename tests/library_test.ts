@@ -1,0 +1,128 @@
+/**
+ * Finding, building and loading backend libraries: overrides, the cache key, and the errors
+ * for a missing compiler, an unloadable file and a stale ABI. Each case runs in a child Deno
+ * process, because a process loads each backend once.
+ */
+
+import assert from "node:assert";
+import { libraryPath, loadLibrary } from "../ffi/library.ts";
+
+const LIBRARY_URL = new URL("../ffi/library.ts", import.meta.url).href;
+
+interface Outcome {
+  path?: string;
+  reason?: string;
+  message?: string;
+}
+
+/** Loads the cpu backend in a child process with `env` and reports what happened. */
+async function loadInChild(env: Record<string, string>, url = LIBRARY_URL): Promise<Outcome> {
+  const script = `import { libraryPath, loadLibrary } from ${JSON.stringify(url)};
+    try { loadLibrary("cpu"); console.log(JSON.stringify({ path: libraryPath("cpu") })); }
+    catch (e) { console.log(JSON.stringify({ reason: e.reason, message: e.message })); }`;
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["eval", script],
+    env: { NO_COLOR: "1", ...env },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const stderr = new TextDecoder().decode(out.stderr);
+  assert.ok(out.success, stderr);
+  return JSON.parse(new TextDecoder().decode(out.stdout));
+}
+
+function builtCpuLibrary(): string {
+  loadLibrary("cpu");
+  return libraryPath("cpu")!;
+}
+
+Deno.test("a missing compiler is one error listing what was tried and what to install", async () => {
+  const cache = await Deno.makeTempDir();
+  try {
+    const got = await loadInChild({
+      PATH: "/nonexistent",
+      CC: "no-such-cc",
+      PINSTREAM_CACHE: cache,
+      PINSTREAM_LIB: "",
+      PINSTREAM_LIB_CPU: "",
+    });
+    assert.strictEqual(got.reason, "no-compiler", got.message);
+    assert.match(got.message!, /^Cannot load the cpu backend: no C compiler found/);
+    assert.match(got.message!, /no-such-cc \(not found\), cc \(not found\), gcc \(not found\)/);
+    assert.match(got.message!, /install a C compiler/);
+    assert.match(got.message!, /PINSTREAM_LIB_CPU/);
+  } finally {
+    await Deno.remove(cache, { recursive: true });
+  }
+});
+
+Deno.test("PINSTREAM_LIB_CPU loads a prebuilt library without any compiler", async () => {
+  const path = builtCpuLibrary();
+  const got = await loadInChild({ PATH: "/nonexistent", PINSTREAM_LIB_CPU: path });
+  assert.deepStrictEqual(got, { path });
+});
+
+Deno.test("PINSTREAM_LIB serves the backend it was built for", async () => {
+  const path = builtCpuLibrary();
+  const got = await loadInChild({ PATH: "/nonexistent", PINSTREAM_LIB: path });
+  assert.deepStrictEqual(got, { path });
+});
+
+Deno.test("an override that cannot be loaded names the variable", async () => {
+  const got = await loadInChild({ PINSTREAM_LIB_CPU: "/nonexistent/libnothing.so" });
+  assert.strictEqual(got.reason, "load-failed");
+  assert.match(got.message!, /\/nonexistent\/libnothing\.so \(from \$PINSTREAM_LIB_CPU\)/);
+});
+
+Deno.test("a library built for another ABI version is refused", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    await Deno.writeTextFile(
+      `${dir}/stale.c`,
+      `int ps_abi_version(int *o) { *o = 99; return 0; }
+       int ps_backend(int *o) { *o = 0; return 0; }`,
+    );
+    const cc = await new Deno.Command("cc", {
+      args: ["-shared", "-fPIC", `${dir}/stale.c`, "-o", `${dir}/libstale.so`],
+    }).output();
+    assert.ok(cc.success, new TextDecoder().decode(cc.stderr));
+    const got = await loadInChild({ PINSTREAM_LIB_CPU: `${dir}/libstale.so` });
+    assert.strictEqual(got.reason, "abi-mismatch");
+    assert.match(got.message!, /implements ABI 99, this pinstream needs ABI 1/);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("editing a kernel source builds a new library; unchanged sources reuse the cache", async () => {
+  // A private copy of ffi/ and kernels/ so the edit touches nobody else's build.
+  const root = await Deno.makeTempDir();
+  const cache = `${root}/cache`;
+  try {
+    for (const dir of ["ffi", "kernels"]) {
+      await copyTree(new URL(`../${dir}/`, import.meta.url), `${root}/${dir}`);
+    }
+    const url = new URL(`file://${root}/ffi/library.ts`).href;
+    const env = { PINSTREAM_CACHE: cache, PINSTREAM_LIB: "", PINSTREAM_LIB_CPU: "" };
+    const first = await loadInChild(env, url);
+    assert.ok(first.path?.startsWith(cache), JSON.stringify(first));
+    const again = await loadInChild(env, url);
+    assert.strictEqual(again.path, first.path);
+    await Deno.writeTextFile(`${root}/kernels/cpu/core.c`, "\n/* edited */\n", { append: true });
+    const edited = await loadInChild(env, url);
+    assert.ok(edited.path?.startsWith(cache), JSON.stringify(edited));
+    assert.notStrictEqual(edited.path, first.path);
+    const names = [...Deno.readDirSync(cache)].map((e) => e.name).filter((n) => !n.startsWith("."));
+    assert.strictEqual(names.length, 2, names.join(", ")); // no temporary files left behind
+  } finally {
+    await Deno.remove(root, { recursive: true });
+  }
+});
+
+async function copyTree(from: URL, to: string): Promise<void> {
+  await Deno.mkdir(to, { recursive: true });
+  for await (const entry of Deno.readDir(from)) {
+    if (entry.isDirectory) await copyTree(new URL(`${entry.name}/`, from), `${to}/${entry.name}`);
+    else if (entry.isFile) await Deno.copyFile(new URL(entry.name, from), `${to}/${entry.name}`);
+  }
+}
