@@ -43,6 +43,7 @@ export const SOURCES: { readonly cpu: string[]; readonly cuda: string[] } = {
     "cuda/common.cuh",
     "cuda/core.cu",
     "cuda/image.cu",
+    "cuda/nn.cu",
   ],
 };
 

@@ -1,0 +1,864 @@
+/*
+ * nn.cu — CUDA backend of the PS-SECTION nn kernels (kernels/cpu/nn.c is the reference;
+ * tests/nn_kernels_test.ts holds both to the same float64 references).
+ *
+ * Everything heavy is one tensor-core GEMM template (gemm_kernel): fp16 operands staged in
+ * shared memory, WMMA 16x16x16 fragments accumulating in fp32, a 64x64 block tile of four
+ * warps (32x32 each). Operands are read through small loader functors, so the
+ * convolutions are implicit GEMMs (no im2col buffer in device memory):
+ *
+ *   forward        Y[Co, (n,p)]     = W[Co, K] . col(x)[K, (n,p)]          K = C*kh*kw
+ *   backward data  dX[C, (n,iy,ix)] = W'[C, (o,ky,kx)] . dY-gather[(o,ky,kx), (n,iy,ix)]
+ *                  (each input pixel gathers the output pixels that read it: no atomics,
+ *                  deterministic)
+ *   backward wt    dW[Co, K]        = dY[Co, (n,p)] . col(x)^T[(n,p), K], split over (n,p)
+ *                  into fp32 partials in a stream-ordered workspace, then reduced in a fixed
+ *                  order (deterministic)
+ *
+ * Results are written by epilogue functors in fp32 or fp16. Reductions (batch norm, bias
+ * gradient) use one block per channel with a fixed tree, so results are deterministic too;
+ * the loss sum and correct count use atomics (order-dependent in the last bits of the sum).
+ *
+ * Status: compiled with nvcc for sm_80/sm_90; the author had no GPU, so these kernels have
+ * not yet run on one (tests/nn_kernels_test.ts runs them wherever Device.open("cuda") works).
+ */
+#include <cuda_fp16.h>
+#include <mma.h>
+#include <stdint.h>
+
+#include "../pinstream.h"
+#include "common.cuh"
+
+namespace {
+
+using namespace nvcuda;
+
+constexpr int BM = 64, BN = 64, BK = 32, THREADS = 128;
+
+inline int blocks_for(int64_t n, int block) {
+  int64_t g = (n + block - 1) / block;
+  return (int)(g < 65535 * 16 ? (g > 0 ? g : 1) : 65535 * 16);
+}
+
+/* ---- operand loaders (element (i, k) as fp16, 0 outside) ------------------------------ */
+
+struct Strided { /* A(i, k) = p[i*rs + k*cs] */
+  const __half *p;
+  int64_t rs, cs;
+  __device__ __half operator()(int64_t i, int64_t k) const { return p[i * rs + k * cs]; }
+};
+
+struct ConvGeo {
+  int64_t n, c, h, w, co, oh, ow;
+  int kh, kw, s, pad;
+};
+
+/* col(x)[kk, col]: kk = (c, ky, kx), col = (n, oy, ox). */
+struct Im2col {
+  const __half *x;
+  ConvGeo g;
+  __device__ __half operator()(int64_t kk, int64_t col) const {
+    int64_t kx = kk % g.kw, t = kk / g.kw, ky = t % g.kh, c = t / g.kh;
+    int64_t ox = col % g.ow, t2 = col / g.ow, oy = t2 % g.oh, n = t2 / g.oh;
+    int64_t iy = oy * g.s + ky - g.pad, ix = ox * g.s + kx - g.pad;
+    if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) return __float2half(0.0f);
+    return x[((n * g.c + c) * g.h + iy) * g.w + ix];
+  }
+};
+
+/* Transposed im2col for the weight gradient: B(t = (n,p), kk) = col(x)[kk, t]. */
+struct Im2colT {
+  Im2col col;
+  __device__ __half operator()(int64_t t, int64_t kk) const { return col(kk, t); }
+};
+
+/* dY as A of the weight gradient: A(o, t = (n, p)) = dy[n][o][p]. */
+struct DyRows {
+  const __half *dy;
+  int64_t co, P;
+  __device__ __half operator()(int64_t o, int64_t t) const {
+    return dy[((t / P) * co + o) * P + t % P];
+  }
+};
+
+/* Weights as A of the data gradient: A(c, kk = (o, ky, kx)) = w[o][c][ky][kx]. */
+struct WeightT {
+  const __half *w;
+  ConvGeo g;
+  __device__ __half operator()(int64_t c, int64_t kk) const {
+    int64_t kx = kk % g.kw, t = kk / g.kw, ky = t % g.kh, o = t / g.kh;
+    return w[((o * g.c + c) * g.kh + ky) * g.kw + kx];
+  }
+};
+
+/* B of the data gradient: B(kk = (o, ky, kx), col = (n, iy, ix)) = dy[n][o][oy][ox] where
+ * oy*s + ky - pad = iy (and likewise x), or 0 when no output pixel reads that input. */
+struct DyGather {
+  const __half *dy;
+  ConvGeo g;
+  __device__ __half operator()(int64_t kk, int64_t col) const {
+    int64_t kx = kk % g.kw, t = kk / g.kw, ky = t % g.kh, o = t / g.kh;
+    int64_t ix = col % g.w, t2 = col / g.w, iy = t2 % g.h, n = t2 / g.h;
+    int64_t ty = iy + g.pad - ky, tx = ix + g.pad - kx;
+    if (ty < 0 || tx < 0 || ty % g.s || tx % g.s) return __float2half(0.0f);
+    int64_t oy = ty / g.s, ox = tx / g.s;
+    if (oy >= g.oh || ox >= g.ow) return __float2half(0.0f);
+    return dy[((n * g.co + o) * g.oh + oy) * g.ow + ox];
+  }
+};
+
+/* ---- epilogues ------------------------------------------------------------------------- */
+
+struct StoreMat { /* c[i*n + j] (+)= v, fp32 or fp16 */
+  void *c;
+  int64_t n;
+  int f16, acc;
+  __device__ void operator()(int64_t i, int64_t j, float v) const {
+    int64_t at = i * n + j;
+    if (f16) {
+      __half *p = (__half *)c + at;
+      *p = __float2half_rn(acc ? __half2float(*p) + v : v);
+    } else {
+      float *p = (float *)c + at;
+      *p = acc ? *p + v : v;
+    }
+  }
+};
+
+struct StoreConvY { /* y[n][o][p] for (o, col = (n, p)) */
+  __half *y;
+  int64_t co, P;
+  __device__ void operator()(int64_t o, int64_t col, float v) const {
+    y[((col / P) * co + o) * P + col % P] = __float2half_rn(v);
+  }
+};
+
+struct StoreConvDx { /* dx[n][c][q] for (c, col = (n, q)) */
+  __half *dx;
+  int64_t c, HW;
+  __device__ void operator()(int64_t ch, int64_t col, float v) const {
+    dx[((col / HW) * c + ch) * HW + col % HW] = __float2half_rn(v);
+  }
+};
+
+struct StorePartial { /* part[z][i][j] (split-K partials, reduced later) */
+  float *part;
+  int64_t m, n;
+  __device__ void operator()(int64_t i, int64_t j, float v) const {
+    part[((int64_t)blockIdx.z * m + i) * n + j] = v;
+  }
+};
+
+/* ---- the GEMM ---------------------------------------------------------------------------- */
+
+/* C[M, N] = A[M, K] . B[K, N] over k in [z*kchunk, min(K, (z+1)*kchunk)) for blockIdx.z = z. */
+template <class LA, class LB, class EP>
+__global__ void __launch_bounds__(THREADS)
+    gemm_kernel(int64_t M, int64_t N, int64_t K, int64_t kchunk, LA la, LB lb, EP ep) {
+  __shared__ __align__(32) __half As[BM][BK + 8];
+  __shared__ __align__(32) __half Bs[BK][BN + 8];
+  __shared__ __align__(32) float Cs[BM][BN + 4];
+  const int tid = threadIdx.x, warp = tid / 32;
+  const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
+  const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * BN;
+  const int64_t k_begin = (int64_t)blockIdx.z * kchunk;
+  const int64_t k_end = k_begin + kchunk < K ? k_begin + kchunk : K;
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+
+  const __half zero = __float2half(0.0f);
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += BK) {
+    for (int e = tid; e < BM * BK; e += THREADS) {
+      int i = e / BK, k = e % BK;
+      int64_t gi = m0 + i, gk = k0 + k;
+      As[i][k] = (gi < M && gk < k_end) ? la(gi, gk) : zero;
+    }
+    for (int e = tid; e < BK * BN; e += THREADS) {
+      int k = e / BN, j = e % BN;
+      int64_t gk = k0 + k, gj = n0 + j;
+      Bs[k][j] = (gk < k_end && gj < N) ? lb(gk, gj) : zero;
+    }
+    __syncthreads();
+    for (int kk = 0; kk < BK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb[2];
+      for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &As[wm + i * 16][kk], BK + 8);
+      for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bs[kk][wn + j * 16], BN + 8);
+      for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++)
+      wmma::store_matrix_sync(&Cs[wm + i * 16][wn + j * 16], acc[i][j], BN + 4,
+                              wmma::mem_row_major);
+  __syncthreads();
+  for (int e = tid; e < BM * BN; e += THREADS) {
+    int i = e / BN, j = e % BN;
+    int64_t gi = m0 + i, gj = n0 + j;
+    if (gi < M && gj < N) ep(gi, gj, Cs[i][j]);
+  }
+}
+
+template <class LA, class LB, class EP>
+int gemm(int64_t M, int64_t N, int64_t K, int splits, LA la, LB lb, EP ep, cudaStream_t st) {
+  if (M <= 0 || N <= 0) return PS_OK;
+  int64_t gx = (N + BN - 1) / BN, gy = (M + BM - 1) / BM;
+  if (gx > 2147483647 || gy > 65535)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "gemm: %lldx%lld output too large", (long long)M,
+            (long long)N);
+  int64_t kchunk = splits > 1 ? ((K + splits - 1) / splits + BK - 1) / BK * BK : K;
+  if (kchunk <= 0) kchunk = 1;
+  dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)splits);
+  gemm_kernel<<<grid, THREADS, 0, st>>>(M, N, K, kchunk, la, lb, ep);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+/* dw[o][kk] (+)= sum_z part[z][o][kk], in a fixed order. */
+__global__ void reduce_partials(const float *part, int splits, int64_t mn, void *dw, int f16,
+                                int acc) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < mn;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float s = 0.0f;
+    for (int z = 0; z < splits; z++) s += part[z * mn + i];
+    if (f16) {
+      __half *p = (__half *)dw + i;
+      *p = __float2half_rn(acc ? __half2float(*p) + s : s);
+    } else {
+      float *p = (float *)dw + i;
+      *p = acc ? *p + s : s;
+    }
+  }
+}
+
+/* ---- block reduction --------------------------------------------------------------------- */
+
+template <int N>
+__device__ void block_sum(float (&v)[N], float (*sh)[N]) {
+  /* blockDim.x == 256: warp shuffles, then one warp over the 8 warp sums. */
+  for (int k = 0; k < N; k++)
+    for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_down_sync(0xffffffffu, v[k], o);
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0)
+    for (int k = 0; k < N; k++) sh[warp][k] = v[k];
+  __syncthreads();
+  if (warp == 0) {
+    for (int k = 0; k < N; k++) v[k] = lane < (int)(blockDim.x / 32) ? sh[lane][k] : 0.0f;
+    for (int k = 0; k < N; k++)
+      for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_down_sync(0xffffffffu, v[k], o);
+    if (lane == 0)
+      for (int k = 0; k < N; k++) sh[0][k] = v[k];
+  }
+  __syncthreads();
+  for (int k = 0; k < N; k++) v[k] = sh[0][k];
+  __syncthreads();
+}
+
+/* ---- pooling ------------------------------------------------------------------------------ */
+
+__global__ void maxpool_fwd(const __half *x, __half *y, int32_t *idx, int64_t planes,
+                            int64_t h, int64_t w, int64_t oh, int64_t ow, int k, int s) {
+  int64_t total = planes * oh * ow;
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
+       t += (int64_t)gridDim.x * blockDim.x) {
+    int64_t ox = t % ow, oy = (t / ow) % oh, pl = t / (oh * ow);
+    const __half *xp = x + pl * h * w;
+    int64_t best = oy * s * w + ox * s;
+    float m = __half2float(xp[best]);
+    for (int ky = 0; ky < k; ky++)
+      for (int kx = 0; kx < k; kx++) {
+        int64_t at = (oy * s + ky) * w + ox * s + kx;
+        float v = __half2float(xp[at]);
+        if (v > m || (v != v && m == m)) m = v, best = at;
+      }
+    y[t] = __float2half_rn(m);
+    if (idx) idx[t] = (int32_t)best;
+  }
+}
+
+/* One thread per output: adds dy at the recorded input position. Windows that do not
+ * overlap (stride >= kernel, the usual case) never share a position, so the result is exact
+ * and deterministic; overlapping windows add in fp16 in an unspecified order (as the CPU
+ * backend, which adds in output order). */
+__global__ void maxpool_bwd(const __half *dy, const int32_t *idx, __half *dx, int64_t planes,
+                            int64_t hw, int64_t ohw) {
+  int64_t total = planes * ohw;
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
+       t += (int64_t)gridDim.x * blockDim.x) {
+    int32_t at = idx[t];
+    if (at < 0 || at >= hw) continue; /* cannot fail here without a host round trip */
+    atomicAdd(dx + (t / ohw) * hw + at, dy[t]);
+  }
+}
+
+/* ---- batch normalization ------------------------------------------------------------------- */
+
+__global__ void bn_train(const __half *x, const float *gamma, const float *beta, __half *y,
+                         float *save_mean, float *save_invstd, float *run_mean, float *run_var,
+                         int64_t n, int64_t c, int64_t hw, float momentum, float eps) {
+  __shared__ float sh[32][1];
+  int64_t ch = blockIdx.x, cnt = n * hw;
+  float v[1] = {0.0f};
+  for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x)
+    v[0] += __half2float(x[((t / hw) * c + ch) * hw + t % hw]);
+  block_sum<1>(v, sh);
+  float mean = v[0] / (float)cnt;
+  v[0] = 0.0f;
+  for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
+    float d = __half2float(x[((t / hw) * c + ch) * hw + t % hw]) - mean;
+    v[0] += d * d;
+  }
+  block_sum<1>(v, sh);
+  float ss = v[0], invstd = rsqrtf(ss / (float)cnt + eps);
+  if (threadIdx.x == 0) {
+    save_mean[ch] = mean;
+    save_invstd[ch] = invstd;
+    if (run_mean) run_mean[ch] = (1.0f - momentum) * run_mean[ch] + momentum * mean;
+    if (run_var) {
+      float unbiased = cnt > 1 ? ss / (float)(cnt - 1) : ss / (float)cnt;
+      run_var[ch] = (1.0f - momentum) * run_var[ch] + momentum * unbiased;
+    }
+  }
+  float a = gamma[ch] * invstd, b = beta[ch] - mean * a;
+  for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
+    int64_t at = ((t / hw) * c + ch) * hw + t % hw;
+    y[at] = __float2half_rn(__half2float(x[at]) * a + b);
+  }
+}
+
+__global__ void bn_eval(const __half *x, const float *gamma, const float *beta,
+                        const float *run_mean, const float *run_var, __half *y, int64_t total,
+                        int64_t c, int64_t hw, float eps) {
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
+       t += (int64_t)gridDim.x * blockDim.x) {
+    int64_t ch = (t / hw) % c;
+    float a = gamma[ch] / sqrtf(run_var[ch] + eps), b = beta[ch] - run_mean[ch] * a;
+    y[t] = __float2half_rn(__half2float(x[t]) * a + b);
+  }
+}
+
+__global__ void bn_bwd(const __half *dy, const __half *x, const float *gamma,
+                       const float *save_mean, const float *save_invstd, __half *dx,
+                       float *dgamma, float *dbeta, int64_t n, int64_t c, int64_t hw) {
+  __shared__ float sh[32][2];
+  int64_t ch = blockIdx.x, cnt = n * hw;
+  float mean = save_mean[ch], is = save_invstd[ch];
+  float v[2] = {0.0f, 0.0f};
+  for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
+    int64_t at = ((t / hw) * c + ch) * hw + t % hw;
+    float d = __half2float(dy[at]);
+    v[0] += d;
+    v[1] += d * ((__half2float(x[at]) - mean) * is);
+  }
+  block_sum<2>(v, sh);
+  if (threadIdx.x == 0) {
+    dbeta[ch] = v[0];
+    dgamma[ch] = v[1];
+  }
+  float a = gamma[ch] * is, mdy = v[0] / (float)cnt, mdyx = v[1] / (float)cnt;
+  for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
+    int64_t at = ((t / hw) * c + ch) * hw + t % hw;
+    float xhat = (__half2float(x[at]) - mean) * is;
+    dx[at] = __float2half_rn(a * (__half2float(dy[at]) - mdy - xhat * mdyx));
+  }
+}
+
+/* ---- bias, relu, cast --------------------------------------------------------------------- */
+
+__global__ void bias_add(__half *y, const void *bias, int f16, int64_t total, int64_t c,
+                         int64_t hw) {
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
+       t += (int64_t)gridDim.x * blockDim.x) {
+    int64_t ch = (t / hw) % c;
+    float b = f16 ? __half2float(((const __half *)bias)[ch]) : ((const float *)bias)[ch];
+    y[t] = __float2half_rn(__half2float(y[t]) + b);
+  }
+}
+
+__global__ void bias_grad(const __half *dy, void *dbias, int f16, int64_t n, int64_t c,
+                          int64_t hw, int acc) {
+  __shared__ float sh[32][1];
+  int64_t ch = blockIdx.x, cnt = n * hw;
+  float v[1] = {0.0f};
+  for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x)
+    v[0] += __half2float(dy[((t / hw) * c + ch) * hw + t % hw]);
+  block_sum<1>(v, sh);
+  if (threadIdx.x == 0) {
+    if (f16) {
+      __half *p = (__half *)dbias + ch;
+      *p = __float2half_rn(acc ? __half2float(*p) + v[0] : v[0]);
+    } else {
+      float *p = (float *)dbias + ch;
+      *p = acc ? *p + v[0] : v[0];
+    }
+  }
+}
+
+__global__ void relu_fwd(const uint16_t *x, uint16_t *y, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    uint16_t v = x[i];
+    y[i] = ((v & 0x8000u) && (v & 0x7fffu) <= 0x7c00u) ? 0 : v;
+  }
+}
+
+__global__ void relu_bwd(const uint16_t *dy, const uint16_t *y, uint16_t *dx, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    uint16_t v = y[i];
+    dx[i] = (!(v & 0x8000u) && v != 0 && v <= 0x7c00u) ? dy[i] : 0;
+  }
+}
+
+__global__ void cast_kernel(const void *src, int sf16, void *dst, int df16, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float v = sf16 ? __half2float(((const __half *)src)[i]) : ((const float *)src)[i];
+    if (df16)
+      ((__half *)dst)[i] = __float2half_rn(v);
+    else
+      ((float *)dst)[i] = v;
+  }
+}
+
+/* ---- loss ------------------------------------------------------------------------------------ */
+
+/* One warp per sample. */
+__global__ void cross_entropy(const __half *logits, const int32_t *labels, __half *dlogits,
+                              float *loss_sum, int32_t *correct, int64_t n, int64_t k,
+                              float g) {
+  int lane = threadIdx.x % 32;
+  int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
+  if (row >= n) return;
+  const __half *l = logits + row * k;
+  int32_t label = labels[row];
+  float m = -INFINITY;
+  int64_t arg = k;
+  for (int64_t j = lane; j < k; j += 32) {
+    float v = __half2float(l[j]);
+    if (v > m || arg == k) m = v, arg = j;
+  }
+  /* first index of the maximum across the warp */
+  for (int o = 16; o > 0; o >>= 1) {
+    float om = __shfl_down_sync(0xffffffffu, m, o);
+    int64_t oa = __shfl_down_sync(0xffffffffu, arg, o);
+    if (om > m || (om == m && oa < arg)) m = om, arg = oa;
+  }
+  m = __shfl_sync(0xffffffffu, m, 0);
+  arg = __shfl_sync(0xffffffffu, arg, 0);
+  float s = 0.0f;
+  for (int64_t j = lane; j < k; j += 32) s += expf(__half2float(l[j]) - m);
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+  s = __shfl_sync(0xffffffffu, s, 0);
+  bool ok = label >= 0 && label < k;
+  if (lane == 0 && ok) {
+    if (loss_sum) atomicAdd(loss_sum, m + logf(s) - __half2float(l[label]));
+    if (correct && arg == label) atomicAdd(correct, 1);
+  }
+  if (dlogits) {
+    float inv = 1.0f / s;
+    for (int64_t j = lane; j < k; j += 32) {
+      float p = expf(__half2float(l[j]) - m) * inv;
+      dlogits[row * k + j] = __float2half_rn(ok ? g * (p - (j == label ? 1.0f : 0.0f)) : 0.0f);
+    }
+  }
+}
+
+/* ---- loss scaling, SGD ------------------------------------------------------------------------ */
+
+__global__ void unscale_check(void *grad, int f16, int64_t n, const float *scale, float inv_value,
+                              int in_place, int32_t *found_inf) {
+  float inv = scale ? 1.0f / *scale : inv_value;
+  bool bad = false;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    if (f16) {
+      __half *p = (__half *)grad + i;
+      bad |= (__half_as_ushort(*p) & 0x7c00u) == 0x7c00u;
+      if (in_place) *p = __float2half_rn(__half2float(*p) * inv);
+    } else {
+      float *p = (float *)grad + i;
+      bad |= !isfinite(*p);
+      if (in_place) *p *= inv;
+    }
+  }
+  if (bad) *found_inf = 1; /* every writer writes 1: a benign race */
+}
+
+__global__ void sgd_kernel(float *param, const void *grad, int f16, float *buf, __half *half_out,
+                           int64_t n, float lr, float momentum, float dampening, float wd,
+                           int nesterov, const float *scale, const int32_t *found_inf,
+                           const int32_t *steps_done) {
+  if (found_inf && *found_inf) return;
+  float inv = scale ? 1.0f / *scale : 1.0f;
+  bool fresh = steps_done && *steps_done == 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float g = (f16 ? __half2float(((const __half *)grad)[i]) : ((const float *)grad)[i]) * inv;
+    float p = param[i];
+    if (wd != 0.0f) g += wd * p;
+    if (momentum != 0.0f) {
+      float b = fresh ? g : momentum * buf[i] + (1.0f - dampening) * g;
+      buf[i] = b;
+      g = nesterov ? g + momentum * b : b;
+    }
+    p -= lr * g;
+    param[i] = p;
+    if (half_out) half_out[i] = __float2half_rn(p);
+  }
+}
+
+__global__ void step_count_kernel(int32_t *steps_done, const int32_t *found_inf) {
+  if (!(found_inf && *found_inf)) *steps_done += 1;
+}
+
+__global__ void scaler_update_kernel(float *scale, int32_t *tracker, const int32_t *found_inf,
+                                     float growth, float backoff, int32_t interval) {
+  if (*found_inf) {
+    *scale *= backoff;
+    *tracker = 0;
+  } else {
+    int32_t successful = *tracker + 1;
+    if (successful == interval) {
+      float grown = *scale * growth;
+      if (isfinite(grown)) *scale = grown;
+      *tracker = 0;
+    } else {
+      *tracker = successful;
+    }
+  }
+}
+
+int conv_geo(ConvGeo *g, const char *fn, int64_t n, int64_t c, int64_t h, int64_t w, int64_t co,
+             int32_t kh, int32_t kw, int32_t stride, int32_t pad) {
+  if (n < 0 || c <= 0 || h <= 0 || w <= 0 || co <= 0 || kh <= 0 || kw <= 0 || stride <= 0 ||
+      pad < 0 || h + 2 * pad < kh || w + 2 * pad < kw)
+    return ps_record_error(PS_ERR_INVALID_ARGUMENT, __FILE__, __LINE__,
+                           "%s: bad shape n=%lld c=%lld h=%lld w=%lld co=%lld k=%dx%d "
+                           "stride=%d pad=%d",
+                           fn, (long long)n, (long long)c, (long long)h, (long long)w,
+                           (long long)co, kh, kw, stride, pad);
+  g->n = n, g->c = c, g->h = h, g->w = w, g->co = co, g->kh = kh, g->kw = kw, g->s = stride;
+  g->pad = pad;
+  g->oh = (h + 2 * pad - kh) / stride + 1;
+  g->ow = (w + 2 * pad - kw) / stride + 1;
+  return PS_OK;
+}
+
+#define NULL_CHECK(...)                                                                   \
+  do {                                                                                    \
+    const void *ps_ptrs_[] = {__VA_ARGS__};                                               \
+    for (const void *ps_p_ : ps_ptrs_)                                                    \
+      if (!ps_p_) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: null pointer among (%s)", __func__, \
+                          #__VA_ARGS__);                                                  \
+  } while (0)
+#define DTYPE_CHECK(dt)                                                                   \
+  do {                                                                                    \
+    if ((dt) != PS_NN_F32 && (dt) != PS_NN_F16)                                           \
+      PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad %s %d", __func__, #dt, (int)(dt));         \
+  } while (0)
+
+constexpr int EW = 256; /* threads of elementwise and per-channel kernels */
+
+}  // namespace
+
+extern "C" {
+
+PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, int64_t m,
+                        int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
+                        int32_t accumulate, void *stream) {
+  DTYPE_CHECK(c_dtype);
+  if (m < 0 || n < 0 || k < 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_matmul: bad shape m=%lld n=%lld k=%lld",
+            (long long)m, (long long)n, (long long)k);
+  if (m == 0 || n == 0) return PS_OK;
+  NULL_CHECK(a, b, c);
+  cudaStream_t st = (cudaStream_t)stream;
+  Strided A{(const __half *)a, trans_a ? 1 : k, trans_a ? m : 1};
+  Strided B{(const __half *)b, trans_b ? 1 : n, trans_b ? k : 1};
+  StoreMat ep{c, n, c_dtype == PS_NN_F16, accumulate != 0};
+  return gemm(m, n, k, 1, A, B, ep, st);
+}
+
+PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n, int64_t c,
+                                int64_t h, int64_t w_, int64_t co, int32_t kh, int32_t kw,
+                                int32_t stride, int32_t pad, void *stream) {
+  ConvGeo g;
+  int s = conv_geo(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
+  if (s) return s;
+  if (n == 0) return PS_OK;
+  NULL_CHECK(x, w, y);
+  int64_t K = c * kh * kw, P = g.oh * g.ow;
+  Strided A{(const __half *)w, K, 1};
+  Im2col B{(const __half *)x, g};
+  StoreConvY ep{(__half *)y, co, P};
+  return gemm(co, n * P, K, 1, A, B, ep, (cudaStream_t)stream);
+}
+
+PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int64_t n,
+                                      int64_t c, int64_t h, int64_t w_, int64_t co,
+                                      int32_t kh, int32_t kw, int32_t stride, int32_t pad,
+                                      void *stream) {
+  ConvGeo g;
+  int s = conv_geo(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
+  if (s) return s;
+  if (n == 0) return PS_OK;
+  NULL_CHECK(dy, w, dx);
+  WeightT A{(const __half *)w, g};
+  DyGather B{(const __half *)dy, g};
+  StoreConvDx ep{(__half *)dx, c, h * w_};
+  return gemm(c, n * h * w_, co * kh * kw, 1, A, B, ep, (cudaStream_t)stream);
+}
+
+PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
+                                        int32_t dw_dtype, int64_t n, int64_t c, int64_t h,
+                                        int64_t w_, int64_t co, int32_t kh, int32_t kw,
+                                        int32_t stride, int32_t pad, int32_t accumulate,
+                                        void *stream) {
+  DTYPE_CHECK(dw_dtype);
+  ConvGeo g;
+  int s = conv_geo(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
+  if (s) return s;
+  NULL_CHECK(x, dy, dw);
+  cudaStream_t st = (cudaStream_t)stream;
+  int64_t K = c * kh * kw, P = g.oh * g.ow, T = n * P, mn = co * K;
+  /* Split the long (n, p) reduction so the few output tiles still fill the GPU: about 2
+   * blocks per SM for a typical 100+ SM part, each chunk at least 8 BK steps. */
+  int64_t tiles = ((co + BM - 1) / BM) * ((K + BN - 1) / BN);
+  int64_t splits = 256 / (tiles > 0 ? tiles : 1);
+  int64_t max_splits = T / (8 * BK);
+  if (splits > max_splits) splits = max_splits;
+  if (splits < 1) splits = 1;
+  if (splits > 256) splits = 256;
+  float *part = nullptr;
+  CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)(splits * mn) * sizeof(float), st));
+  DyRows A{(const __half *)dy, co, P};
+  Im2colT B{Im2col{(const __half *)x, g}};
+  StorePartial ep{part, co, K};
+  int r = gemm(co, K, T, (int)splits, A, B, ep, st);
+  if (r == PS_OK) {
+    reduce_partials<<<blocks_for(mn, EW), EW, 0, st>>>(part, (int)splits, mn, dw,
+                                                        dw_dtype == PS_NN_F16, accumulate != 0);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) r = ps_record_cuda_error(e, "reduce_partials<<<>>>", __FILE__, __LINE__);
+  }
+  cudaError_t fe = cudaFreeAsync(part, st);
+  if (r != PS_OK) return r;
+  CUDA_CHECK(fe);
+  return PS_OK;
+}
+
+PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n,
+                                   int64_t c, int64_t h, int64_t w_, int32_t kernel,
+                                   int32_t stride, void *stream) {
+  if (n < 0 || c < 0 || h <= 0 || w_ <= 0 || kernel <= 0 || stride <= 0 || kernel > h ||
+      kernel > w_)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+            "ps_nn_maxpool2d_forward: bad shape n=%lld c=%lld h=%lld w=%lld kernel=%d "
+            "stride=%d",
+            (long long)n, (long long)c, (long long)h, (long long)w_, kernel, stride);
+  int64_t oh = (h - kernel) / stride + 1, ow = (w_ - kernel) / stride + 1, planes = n * c;
+  if (planes == 0) return PS_OK;
+  NULL_CHECK(x, y);
+  maxpool_fwd<<<blocks_for(planes * oh * ow, EW), EW, 0, (cudaStream_t)stream>>>(
+      (const __half *)x, (__half *)y, indices, planes, h, w_, oh, ow, kernel, stride);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx,
+                                    int64_t n, int64_t c, int64_t h, int64_t w_, int64_t oh,
+                                    int64_t ow, void *stream) {
+  if (n < 0 || c < 0 || h <= 0 || w_ <= 0 || oh < 0 || ow < 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_maxpool2d_backward: bad shape");
+  int64_t planes = n * c;
+  if (planes == 0) return PS_OK;
+  NULL_CHECK(dy, indices, dx);
+  cudaStream_t st = (cudaStream_t)stream;
+  CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)(planes * h * w_) * 2, st));
+  maxpool_bwd<<<blocks_for(planes * oh * ow, EW), EW, 0, st>>>(
+      (const __half *)dy, indices, (__half *)dx, planes, h * w_, oh * ow);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta,
+                                         void *y, float *save_mean, float *save_invstd,
+                                         float *run_mean, float *run_var, int64_t n, int64_t c,
+                                         int64_t hw, float momentum, float eps, void *stream) {
+  if (n <= 0 || c <= 0 || hw <= 0 || c > 2147483647)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_forward_train: bad shape");
+  NULL_CHECK(x, gamma, beta, y, save_mean, save_invstd);
+  bn_train<<<(unsigned)c, EW, 0, (cudaStream_t)stream>>>(
+      (const __half *)x, gamma, beta, (__half *)y, save_mean, save_invstd, run_mean, run_var, n,
+      c, hw, momentum, eps);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const float *beta,
+                                        const float *run_mean, const float *run_var, void *y,
+                                        int64_t n, int64_t c, int64_t hw, float eps,
+                                        void *stream) {
+  if (n < 0 || c <= 0 || hw <= 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_forward_eval: bad shape");
+  if (n == 0) return PS_OK;
+  NULL_CHECK(x, gamma, beta, run_mean, run_var, y);
+  bn_eval<<<blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream>>>(
+      (const __half *)x, gamma, beta, run_mean, run_var, (__half *)y, n * c * hw, c, hw, eps);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
+                                    const float *save_mean, const float *save_invstd, void *dx,
+                                    float *dgamma, float *dbeta, int64_t n, int64_t c,
+                                    int64_t hw, void *stream) {
+  if (n <= 0 || c <= 0 || hw <= 0 || c > 2147483647)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_backward: bad shape");
+  NULL_CHECK(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+  bn_bwd<<<(unsigned)c, EW, 0, (cudaStream_t)stream>>>((const __half *)dy, (const __half *)x,
+                                                       gamma, save_mean, save_invstd,
+                                                       (__half *)dx, dgamma, dbeta, n, c, hw);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t n, int64_t c,
+                          int64_t hw, void *stream) {
+  DTYPE_CHECK(bias_dtype);
+  if (n < 0 || c <= 0 || hw <= 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_bias_add: bad shape");
+  if (n == 0) return PS_OK;
+  NULL_CHECK(y, bias);
+  bias_add<<<blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream>>>(
+      (__half *)y, bias, bias_dtype == PS_NN_F16, n * c * hw, c, hw);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int64_t n,
+                           int64_t c, int64_t hw, int32_t accumulate, void *stream) {
+  DTYPE_CHECK(dbias_dtype);
+  if (n < 0 || c <= 0 || hw <= 0 || c > 2147483647)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_bias_grad: bad shape");
+  NULL_CHECK(dbias);
+  if (n > 0) NULL_CHECK(dy);
+  bias_grad<<<(unsigned)c, EW, 0, (cudaStream_t)stream>>>(
+      (const __half *)dy, dbias, dbias_dtype == PS_NN_F16, n, c, hw, accumulate != 0);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *stream) {
+  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_relu_forward: bad count");
+  if (count == 0) return PS_OK;
+  NULL_CHECK(x, y);
+  relu_fwd<<<blocks_for(count, EW), EW, 0, (cudaStream_t)stream>>>((const uint16_t *)x,
+                                                                    (uint16_t *)y, count);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t count,
+                               void *stream) {
+  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_relu_backward: bad count");
+  if (count == 0) return PS_OK;
+  NULL_CHECK(dy, y, dx);
+  relu_bwd<<<blocks_for(count, EW), EW, 0, (cudaStream_t)stream>>>(
+      (const uint16_t *)dy, (const uint16_t *)y, (uint16_t *)dx, count);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
+                               float *loss_sum, int32_t *correct, int64_t n, int64_t k,
+                               float scale, void *stream) {
+  if (n < 0 || k <= 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cross_entropy: bad shape");
+  if (n == 0) return PS_OK;
+  NULL_CHECK(logits, labels);
+  const int per_block = EW / 32;
+  cross_entropy<<<blocks_for(n, per_block), EW, 0, (cudaStream_t)stream>>>(
+      (const __half *)logits, labels, (__half *)dlogits, loss_sum, correct, n, k,
+      scale / (float)n);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype,
+                      int64_t count, void *stream) {
+  DTYPE_CHECK(src_dtype);
+  DTYPE_CHECK(dst_dtype);
+  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cast: bad count");
+  if (count == 0) return PS_OK;
+  NULL_CHECK(src, dst);
+  cudaStream_t st = (cudaStream_t)stream;
+  if (src_dtype == dst_dtype) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)count * (src_dtype == PS_NN_F16 ? 2 : 4),
+                               cudaMemcpyDeviceToDevice, st));
+    return PS_OK;
+  }
+  cast_kernel<<<blocks_for(count, EW), EW, 0, st>>>(src, src_dtype == PS_NN_F16, dst,
+                                                    dst_dtype == PS_NN_F16, count);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
+                               const float *scale, float inv_scale, int32_t in_place,
+                               int32_t *found_inf, void *stream) {
+  DTYPE_CHECK(grad_dtype);
+  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_unscale_check: bad count");
+  NULL_CHECK(found_inf);
+  if (count == 0) return PS_OK;
+  NULL_CHECK(grad);
+  unscale_check<<<blocks_for(count, EW), EW, 0, (cudaStream_t)stream>>>(
+      grad, grad_dtype == PS_NN_F16, count, scale, inv_scale, in_place, found_inf);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
+                          float *momentum_buf, void *param_half, int64_t count, float lr,
+                          float momentum, float dampening, float weight_decay,
+                          int32_t nesterov, const float *scale, const int32_t *found_inf,
+                          const int32_t *steps_done, void *stream) {
+  DTYPE_CHECK(grad_dtype);
+  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_sgd_step: bad count");
+  if (momentum != 0.0f && !momentum_buf)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_sgd_step: momentum %g needs a momentum buffer",
+            momentum);
+  if (count == 0) return PS_OK;
+  NULL_CHECK(param, grad);
+  sgd_kernel<<<blocks_for(count, EW), EW, 0, (cudaStream_t)stream>>>(
+      param, grad, grad_dtype == PS_NN_F16, momentum_buf, (__half *)param_half, count, lr,
+      momentum, dampening, weight_decay, nesterov, scale, found_inf, steps_done);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_step_count(int32_t *steps_done, const int32_t *found_inf, void *stream) {
+  NULL_CHECK(steps_done);
+  step_count_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(steps_done, found_inf);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int32_t *found_inf,
+                               float growth_factor, float backoff_factor,
+                               int32_t growth_interval, void *stream) {
+  NULL_CHECK(scale, growth_tracker, found_inf);
+  if (growth_interval <= 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_scaler_update: bad growth_interval %d",
+            growth_interval);
+  scaler_update_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(scale, growth_tracker, found_inf,
+                                                          growth_factor, backoff_factor,
+                                                          growth_interval);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+}  // extern "C"
