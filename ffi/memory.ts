@@ -212,9 +212,20 @@ export class HostBuffer extends Resource {
     return this.#arrayBuffer;
   }
 
-  /** Internal: the address of byte `offset`, checking liveness. */
-  pointerAt(offset: number, action: string): Deno.PointerValue {
+  /**
+   * The address of byte `offset` (0..bytes), for kernels and raw `ps_*` calls.
+   *
+   * @param offset Byte offset from the start.
+   * @param action What the pointer is for, completing "Cannot ..." in errors.
+   * @returns The pointer (null for an empty buffer).
+   * @throws {Error} When disposed.
+   * @throws {RangeError} When `offset` is not an integer in 0..bytes.
+   */
+  pointerAt(offset: number, action = "take a pointer"): Deno.PointerValue {
     this.assertLive(action);
+    if (offset !== 0 && !(Number.isSafeInteger(offset) && offset > 0 && offset <= this.bytes)) {
+      throw new RangeError(`Cannot ${action}: offset ${offset} is outside 0..${this.bytes}`);
+    }
     return offsetPointer(this.pointer, offset);
   }
 
@@ -403,9 +414,20 @@ export class DeviceBuffer extends Resource {
     );
   }
 
-  /** Internal: the address of byte `offset`, checking liveness. */
-  pointerAt(offset: number, action: string): Deno.PointerValue {
+  /**
+   * The address of byte `offset` (0..bytes), for kernels and raw `ps_*` calls.
+   *
+   * @param offset Byte offset from the start.
+   * @param action What the pointer is for, completing "Cannot ..." in errors.
+   * @returns The pointer (null for an empty buffer).
+   * @throws {Error} When disposed.
+   * @throws {RangeError} When `offset` is not an integer in 0..bytes.
+   */
+  pointerAt(offset: number, action = "take a pointer"): Deno.PointerValue {
     this.assertLive(action);
+    if (offset !== 0 && !(Number.isSafeInteger(offset) && offset > 0 && offset <= this.bytes)) {
+      throw new RangeError(`Cannot ${action}: offset ${offset} is outside 0..${this.bytes}`);
+    }
     return offsetPointer(this.pointer, offset);
   }
 
