@@ -326,9 +326,12 @@ function findCompiler(backend: Backend): Compiler {
       }
       tried.push(`${path} (--version failed)`);
     } catch (err) {
-      tried.push(
-        `${path} (${err instanceof Deno.errors.NotFound ? "not found" : (err as Error).message})`,
-      );
+      const why = err instanceof Deno.errors.NotFound
+        ? "not found"
+        : err instanceof Deno.errors.NotCapable || err instanceof Deno.errors.PermissionDenied
+        ? "not permitted: building needs --allow-run"
+        : (err as Error).message;
+      tried.push(`${path} (${why})`);
     }
   }
   const install = backend === "cpu"

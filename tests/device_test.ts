@@ -328,6 +328,13 @@ testEachBackend(
       buf.copyTo(back, { srcOffset: 5, dstOffset: 7, bytes: n });
       await dev.defaultStream.synchronize();
       assertBytesEqual(back.subarray(7), data, `pageable ${n} bytes`);
+      const shared = new SharedArrayBuffer(n + 9);
+      new Uint8Array(shared, 9).set(data);
+      buf.copyFrom(new Uint8Array(shared, 9));
+      const viaShared = new Uint8Array(new SharedArrayBuffer(n + 1));
+      buf.copyTo(viaShared, { dstOffset: 1, bytes: n });
+      await dev.defaultStream.synchronize();
+      assertBytesEqual(viaShared.subarray(1), data, `SharedArrayBuffer ${n} bytes`);
       buf.copyFrom(data.slice().buffer);
       const again = new Uint8Array(n);
       buf.copyTo(again.buffer, { bytes: n });
