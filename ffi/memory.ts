@@ -117,7 +117,7 @@ export class HostBuffer extends Resource {
   }
 
   /**
-   * Allocates `bytes` of page-locked host memory (zero-filled on cpu; unspecified on cuda).
+   * Allocates `bytes` of page-locked host memory (contents unspecified).
    *
    * @param device The device whose backend pins the memory.
    * @param bytes Size in bytes (0 allowed).

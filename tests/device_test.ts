@@ -668,3 +668,33 @@ testEachBackend("thousands of alloc/free and create/dispose cycles leak nothing"
   // of MiB; a generous bound leaves room for V8 heap growth.
   assert.ok(grownMiB < 96, `RSS grew by ${grownMiB.toFixed(1)} MiB`);
 });
+
+Deno.test("wrappers lost without dispose are freed by the garbage-collection backstop", async () => {
+  // In a child process: forcing collection needs --expose-gc.
+  const script = `import { Device, DeviceBuffer, Event, HostBuffer, Stream } from ${
+    JSON.stringify(new URL("../mod.ts", import.meta.url).href)
+  };
+    const dev = Device.open("cpu");
+    const start = JSON.stringify(dev.liveObjects());
+    (() => {
+      for (let i = 0; i < 50; i++) {
+        DeviceBuffer.alloc(dev, 1000); HostBuffer.alloc(dev, 1000);
+        HostBuffer.register(dev, new ArrayBuffer(100)); new Stream(dev); new Event(dev);
+      }
+    })();
+    const during = dev.liveObjects().allocations;
+    for (let i = 0; i < 10 && JSON.stringify(dev.liveObjects()) !== start; i++) {
+      globalThis.gc();
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    console.log(JSON.stringify({ start, during, end: JSON.stringify(dev.liveObjects()) }));`;
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["eval", "--v8-flags=--expose-gc", script],
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  assert.ok(out.success, new TextDecoder().decode(out.stderr));
+  const got = JSON.parse(new TextDecoder().decode(out.stdout));
+  assert.ok(got.during >= 150, JSON.stringify(got));
+  assert.strictEqual(got.end, got.start);
+});
