@@ -87,7 +87,11 @@ def standard(data, labels, batch, workers, max_batches, device=None):
             break
     if cuda:
         torch.cuda.synchronize()
-    return n, time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    if not cuda:
+        # Stop the worker processes now, so they do not compete with the next measurement.
+        it._shutdown_workers()
+    return n, seconds
 
 
 class SideStreamPrefetcher:

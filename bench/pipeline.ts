@@ -1,0 +1,492 @@
+/**
+ * Device-pipeline benchmark: normalized fp16 CIFAR-shaped batches ready for the training
+ * step (50,000 samples, batch 128, shuffle, crop with padding 4 and flip, CIFAR-10
+ * mean/std), side by side in one run:
+ *
+ * - pinstream `toDevice(loader, device)` with the fused kernel (`augmentOn: "device"`),
+ *   2 workers (the headline row), and its variants: every batch copied (`copy: "always"`),
+ *   the ring staged through `HostBuffer.alloc` memory instead of registered (`pin: "alloc"`),
+ *   0 workers, and the host-side alternative (`augmentOn: "host"`: floats built on the
+ *   host, then sent);
+ * - the loader alone with 2 workers (the input bound of the pipeline);
+ * - PyTorch's standard torchvision pipeline (DataLoader num_workers=2, RandomCrop(32, 4),
+ *   RandomHorizontalFlip, ToTensor, Normalize; float32) and its best vectorized form (whole
+ *   dataset as one uint8 tensor, batch-wise crop/flip/normalize, 2 threads, float32), from
+ *   bench/pipeline_torch.py.
+ *
+ * With a CUDA device present it adds the GPU mode: pinstream on the GPU, PyTorch with
+ * pin_memory=True, persistent_workers=True and a side-stream prefetcher, and the raw
+ * pinned cudaMemcpyAsync bound for the same bytes. Without one, that part is reported as
+ * skipped.
+ *
+ * Prints a table and writes bench/results/pipeline.json (date, machine, commit, rows,
+ * ratios). Flags: `--epochs N` (per pinstream row; the first is warm-up; default 5),
+ * `--no-torch`, `--samples N`.
+ *
+ * @module
+ */
+
+import { join } from "node:path";
+import { Device } from "../ffi/device.ts";
+import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
+import { DataLoader } from "../loader/data_loader.ts";
+import { TensorDataset } from "../loader/datasets/tensor.ts";
+import { type RingBatch, ringLayout } from "../loader/ring.ts";
+import { toDevice, type ToDeviceOptions } from "../pipeline/prefetcher.ts";
+
+const BATCH = 128;
+const PAD = 4;
+const WORKERS = 2;
+const MEAN = [0.4914, 0.4822, 0.4465];
+const STD = [0.2470, 0.2435, 0.2616];
+const TARGET_CPU = 500_000;
+
+/** Bytes the pipeline copies per full batch: the ring slot up to the end of its last field. */
+const BATCH_BYTES = (() => {
+  const { fields } = ringLayout([
+    { name: "image", dtype: "u8", shape: [3, 32, 32] },
+    { name: "label", dtype: "i32", shape: [] },
+    { name: "indices", dtype: "i32", shape: [] },
+    { name: "augment", dtype: "i32", shape: [3] },
+  ], BATCH);
+  return Math.max(...fields.map((f) => f.byteOffset + f.byteLength));
+})();
+
+/** One row of the results table. */
+interface Row {
+  name: string;
+  impl: "pinstream" | "torch" | "bound";
+  device: "cpu" | "cuda";
+  /** Best measured epoch (or the single measurement). */
+  samplesPerSecond: number;
+  /** Median of the measured epochs (pinstream rows). */
+  medianSamplesPerSecond?: number;
+  epochs?: number[];
+  /** Pipeline stats of the best epoch (pinstream rows). */
+  stats?: Record<string, number>;
+}
+
+function parseArgs(args: string[]): { epochs: number; torch: boolean; samples: number } {
+  let epochs = 5, torch = true, samples = 50_000;
+  for (let i = 0; i < args.length; i++) {
+    if (args[i] === "--epochs") epochs = Number(args[++i]);
+    else if (args[i] === "--no-torch") torch = false;
+    else if (args[i] === "--samples") samples = Number(args[++i]);
+    else throw new RangeError(`Cannot run the pipeline benchmark: unknown flag ${args[i]}`);
+  }
+  if (!Number.isInteger(epochs) || epochs < 2) {
+    throw new RangeError(`Cannot run the pipeline benchmark: --epochs must be >= 2, got ${epochs}`);
+  }
+  return { epochs, torch, samples };
+}
+
+function cifarShaped(samples: number): TensorDataset {
+  // Random bytes: the content does not change the work, and every row sees the same data.
+  const images = new Uint8Array(new SharedArrayBuffer(samples * 3072));
+  let x = 0x9e3779b9;
+  const words = new Uint32Array(images.buffer, 0, images.length >>> 2);
+  for (let i = 0; i < words.length; i++) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    words[i] = x >>> 0;
+  }
+  const labels = new Int32Array(new SharedArrayBuffer(samples * 4));
+  for (let i = 0; i < samples; i++) labels[i] = i % 10;
+  return new TensorDataset({
+    image: { data: images, shape: [3, 32, 32] },
+    label: { data: labels, shape: [] },
+  });
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) >> 1] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+}
+
+async function pinstreamRow(
+  name: string,
+  ds: TensorDataset,
+  device: Device,
+  numWorkers: number,
+  options: ToDeviceOptions,
+  epochs: number,
+): Promise<Row> {
+  await using loader = new DataLoader(ds, {
+    batchSize: BATCH,
+    shuffle: true,
+    seed: 0,
+    numWorkers,
+    persistentWorkers: numWorkers > 0,
+    augment: { padding: PAD, flip: true },
+    autoRelease: false,
+  });
+  await using p = toDevice(loader, device, {
+    padding: PAD,
+    mean: MEAN,
+    std: STD,
+    dtype: "f16",
+    persistent: true,
+    ...options,
+  });
+  const rates: number[] = [];
+  let best = -1, bestStats: Record<string, number> | undefined;
+  for (let e = 0; e < epochs; e++) {
+    const t0 = performance.now();
+    let n = 0;
+    for await (const b of p) n += b.size;
+    // "Ready for the step": every kernel of the epoch has finished.
+    await device.synchronize();
+    const rate = n / ((performance.now() - t0) / 1000);
+    if (e === 0) continue; // warm-up: worker start, first-touch of the ring, library load
+    rates.push(rate);
+    if (rate > best) {
+      best = rate;
+      bestStats = { ...p.stats! };
+    }
+  }
+  return {
+    name,
+    impl: "pinstream",
+    device: device.kind,
+    samplesPerSecond: best,
+    medianSamplesPerSecond: median(rates),
+    epochs: rates,
+    stats: bestStats,
+  };
+}
+
+async function loaderRow(ds: TensorDataset, epochs: number): Promise<Row> {
+  await using loader = new DataLoader(ds, {
+    batchSize: BATCH,
+    shuffle: true,
+    seed: 0,
+    numWorkers: WORKERS,
+    persistentWorkers: true,
+    augment: { padding: PAD, flip: true },
+    autoRelease: false,
+  });
+  const rates: number[] = [];
+  for (let e = 0; e < epochs; e++) {
+    const t0 = performance.now();
+    let n = 0;
+    for await (const b of loader) {
+      n += (b as RingBatch).size;
+      (b as RingBatch).release();
+    }
+    if (e > 0) rates.push(n / ((performance.now() - t0) / 1000));
+  }
+  return {
+    name: `loader alone (uint8 batches in the ring), ${WORKERS} workers`,
+    impl: "bound",
+    device: "cpu",
+    samplesPerSecond: Math.max(...rates),
+    medianSamplesPerSecond: median(rates),
+    epochs: rates,
+  };
+}
+
+async function python(): Promise<string> {
+  return Deno.env.get("PYTHON") ??
+    ((await Deno.stat("/usr/bin/python3").then(() => true, () => false))
+      ? "/usr/bin/python3"
+      : "python3");
+}
+
+async function torchRows(mode: "cpu" | "cuda", samples: number): Promise<Row[] | string> {
+  const script = join(import.meta.dirname!, "pipeline_torch.py");
+  let out: Deno.CommandOutput;
+  try {
+    out = await new Deno.Command(await python(), {
+      args: [script, "--mode", mode, "--samples", String(samples), "--batch", String(BATCH)],
+      env: { OPENBLAS_NUM_THREADS: "1" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+  } catch (err) {
+    return `could not start python: ${(err as Error).message}`;
+  }
+  if (!out.success) {
+    const tail = new TextDecoder().decode(out.stderr).trim().split("\n").slice(-3).join(" | ");
+    return `pipeline_torch.py failed: ${tail}`;
+  }
+  const res = JSON.parse(new TextDecoder().decode(out.stdout)) as {
+    rows?: { name: string; samples_per_s: number }[];
+    skipped?: string;
+    torch?: string;
+  };
+  if (res.skipped) return res.skipped;
+  return res.rows!.map((r) => ({
+    name: `${r.name} [torch ${res.torch}]`,
+    impl: r.name.startsWith("raw") ? "bound" : "torch",
+    device: mode,
+    samplesPerSecond: r.samples_per_s,
+  }));
+}
+
+/** The raw pinned host-to-device bound for the bytes of one batch, per second as samples. */
+async function rawCopyRow(device: Device, bytesPerBatch: number, batches: number): Promise<Row> {
+  using host = HostBuffer.alloc(device, bytesPerBatch);
+  using dev = DeviceBuffer.alloc(device, bytesPerBatch);
+  const ms = new Float32Array(1), msg = new Uint8Array(512);
+  device.check(
+    await device.lib.symbols.ps_bench_memcpy_loop(
+      dev.pointer,
+      host.pointer,
+      BigInt(bytesPerBatch),
+      1, // PS_MEMCPY_H2D
+      batches,
+      null,
+      ms,
+      msg,
+      BigInt(msg.length),
+    ),
+    "time pinned copies",
+  );
+  return {
+    name: `raw pinned cudaMemcpyAsync bound (${bytesPerBatch} bytes per batch)`,
+    impl: "bound",
+    device: device.kind,
+    samplesPerSecond: (BATCH * batches) / (ms[0] / 1000),
+  };
+}
+
+async function machine(): Promise<string> {
+  let cpu = "unknown CPU";
+  try {
+    const info = await Deno.readTextFile("/proc/cpuinfo");
+    cpu = /model name\s*:\s*(.*)/.exec(info)?.[1] ?? cpu;
+  } catch { /* not Linux */ }
+  return `${cpu}, ${navigator.hardwareConcurrency} logical cores, ${Deno.build.os}, ` +
+    `deno ${Deno.version.deno}`;
+}
+
+async function commit(): Promise<string> {
+  try {
+    const git = (args: string[]) =>
+      new Deno.Command("git", { args, cwd: join(import.meta.dirname!, ".."), stdout: "piped" })
+        .output();
+    const head = new TextDecoder().decode((await git(["rev-parse", "--short", "HEAD"])).stdout)
+      .trim();
+    const dirty = (await git(["status", "--porcelain", "--untracked-files=no"])).stdout.length > 0;
+    return head + (dirty ? "-dirty" : "");
+  } catch {
+    return "unknown";
+  }
+}
+
+function table(rows: Row[], ref: number): string {
+  const lines = [
+    `${"pipeline".padEnd(88)} ${"samples/s".padStart(12)} ${"median".padStart(12)} ${
+      "vs torch std".padStart(12)
+    }`,
+  ];
+  for (const r of rows) {
+    lines.push(
+      `${`[${r.device}] ${r.name}`.slice(0, 88).padEnd(88)} ${
+        Math.round(r.samplesPerSecond).toLocaleString("en-US").padStart(12)
+      } ${
+        (r.medianSamplesPerSecond === undefined
+          ? "-"
+          : Math.round(r.medianSamplesPerSecond).toLocaleString("en-US")).padStart(12)
+      } ${(ref > 0 ? `${(r.samplesPerSecond / ref).toFixed(1)}x` : "-").padStart(12)}`,
+    );
+  }
+  return lines.join("\n");
+}
+
+function cudaDevice(): Device | string {
+  try {
+    return Device.open("cuda");
+  } catch (err) {
+    return (err as Error).message;
+  }
+}
+
+/**
+ * Runs the benchmark, prints the table and writes bench/results/pipeline.json.
+ *
+ * @param args Command-line flags (default `Deno.args`).
+ */
+export async function main(args: string[] = Deno.args): Promise<void> {
+  const { epochs, torch, samples } = parseArgs(args);
+  const ds = cifarShaped(samples);
+  const rows: Row[] = [];
+  const notes: string[] = [];
+
+  // ---- CPU backend
+  {
+    using cpu = Device.open("cpu");
+    const headline = await pinstreamRow(
+      `pinstream toDevice, fused kernel, fp16, ${WORKERS} workers (slot read in place)`,
+      ds,
+      cpu,
+      WORKERS,
+      {},
+      epochs,
+    );
+    rows.push(headline);
+    rows.push(
+      await pinstreamRow(
+        `pinstream toDevice, fused kernel, fp16, ${WORKERS} workers, copy: always (register)`,
+        ds,
+        cpu,
+        WORKERS,
+        { copy: "always" },
+        epochs,
+      ),
+    );
+    rows.push(
+      await pinstreamRow(
+        `pinstream toDevice, fused kernel, fp16, ${WORKERS} workers, pin: alloc (staged)`,
+        ds,
+        cpu,
+        WORKERS,
+        { pin: "alloc" },
+        epochs,
+      ),
+    );
+    rows.push(
+      await pinstreamRow(
+        "pinstream toDevice, fused kernel, fp16, 0 workers",
+        ds,
+        cpu,
+        0,
+        {},
+        epochs,
+      ),
+    );
+    rows.push(
+      await pinstreamRow(
+        `pinstream toDevice, augmentOn: host (fp16 built on the host), ${WORKERS} workers`,
+        ds,
+        cpu,
+        WORKERS,
+        { augmentOn: "host" },
+        Math.min(epochs, 3),
+      ),
+    );
+    rows.push(await loaderRow(ds, epochs));
+  }
+  if (torch) {
+    const t = await torchRows("cpu", samples);
+    if (typeof t === "string") notes.push(`torch cpu rows skipped: ${t}`);
+    else rows.push(...t);
+  } else notes.push("torch rows skipped (--no-torch)");
+
+  // ---- CUDA (GPU machines only)
+  const gpu = cudaDevice();
+  let gpuSkipped: string | undefined;
+  if (typeof gpu === "string") {
+    gpuSkipped = `no CUDA device: ${gpu}`;
+  } else {
+    try {
+      rows.push(
+        await pinstreamRow(
+          `pinstream toDevice on the GPU, fused kernel, fp16, ${WORKERS} workers`,
+          ds,
+          gpu,
+          WORKERS,
+          {},
+          epochs,
+        ),
+      );
+      rows.push(
+        await pinstreamRow(
+          `pinstream toDevice on the GPU, augmentOn: host (fp16 sent), ${WORKERS} workers`,
+          ds,
+          gpu,
+          WORKERS,
+          { augmentOn: "host" },
+          Math.min(epochs, 3),
+        ),
+      );
+      rows.push(await rawCopyRow(gpu, BATCH_BYTES, Math.ceil(samples / BATCH)));
+      if (torch) {
+        const t = await torchRows("cuda", samples);
+        if (typeof t === "string") notes.push(`torch cuda rows skipped: ${t}`);
+        else rows.push(...t);
+      }
+    } finally {
+      gpu.dispose();
+    }
+  }
+  if (gpuSkipped) notes.push(`GPU mode skipped: ${gpuSkipped}`);
+
+  // ---- ratios
+  const find = (pred: (r: Row) => boolean) => rows.find(pred);
+  const cpuHead = rows[0];
+  const torchStd = find((r) => r.impl === "torch" && r.device === "cpu" && /standard/.test(r.name));
+  const torchVec = find((r) =>
+    r.impl === "torch" && r.device === "cpu" && /vectorized/.test(r.name)
+  );
+  const ratios: Record<string, number | null> = {
+    cpuVsTorchStandard: torchStd ? cpuHead.samplesPerSecond / torchStd.samplesPerSecond : null,
+    cpuVsTorchVectorized: torchVec ? cpuHead.samplesPerSecond / torchVec.samplesPerSecond : null,
+    cpuVsLoaderAlone: cpuHead.samplesPerSecond /
+      find((r) => r.name.startsWith("loader alone"))!.samplesPerSecond,
+  };
+  const gpuHead = find((r) => r.impl === "pinstream" && r.device === "cuda");
+  const gpuTorch = find((r) =>
+    r.impl === "torch" && r.device === "cuda" && /standard/.test(r.name)
+  );
+  const raw = find((r) => r.impl === "bound" && r.device === "cuda");
+  if (gpuHead) {
+    ratios.gpuVsTorchStandard = gpuTorch
+      ? gpuHead.samplesPerSecond / gpuTorch.samplesPerSecond
+      : null;
+    const s = gpuHead.stats;
+    // Copy stage: bytes per ms of copy events, against the raw bound's bytes per ms.
+    if (s && raw && s.copyMs > 0) {
+      const rawBytesPerMs = (raw.samplesPerSecond / BATCH) * BATCH_BYTES / 1000;
+      ratios.gpuCopyStageVsRawBound = (s.copyBytes / s.copyMs) / rawBytesPerMs;
+    }
+  }
+  const targets = {
+    cpuSamplesPerSecond: {
+      target: TARGET_CPU,
+      measured: cpuHead.samplesPerSecond,
+      met: cpuHead.samplesPerSecond >= TARGET_CPU,
+    },
+  };
+
+  const ref = torchStd?.samplesPerSecond ?? 0;
+  console.log(table(rows, ref));
+  for (const [k, v] of Object.entries(ratios)) {
+    console.log(`${k}: ${v === null ? "n/a" : `${v.toFixed(2)}x`}`);
+  }
+  console.log(
+    `target >= ${TARGET_CPU.toLocaleString("en-US")} samples/s (cpu, ${WORKERS} workers): ` +
+      `${targets.cpuSamplesPerSecond.met ? "met" : "NOT met"}`,
+  );
+  for (const n of notes) console.log(`note: ${n}`);
+
+  const result = {
+    benchmark: "pipeline",
+    date: new Date().toISOString(),
+    machine: await machine(),
+    commit: await commit(),
+    command: `deno run -A bench/pipeline.ts ${args.join(" ")}`.trim(),
+    config: {
+      samples,
+      batchSize: BATCH,
+      workers: WORKERS,
+      padding: PAD,
+      flip: true,
+      dtype: "f16",
+      epochs,
+      mean: MEAN,
+      std: STD,
+    },
+    rows,
+    ratios,
+    targets,
+    notes,
+  };
+  const dir = join(import.meta.dirname!, "results");
+  await Deno.mkdir(dir, { recursive: true });
+  await Deno.writeTextFile(join(dir, "pipeline.json"), JSON.stringify(result, null, 2) + "\n");
+  console.log(`wrote ${join(dir, "pipeline.json")}`);
+}
+
+if (import.meta.main) await main();
