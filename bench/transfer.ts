@@ -177,7 +177,7 @@ export async function main(args: string[] = Deno.args): Promise<TransferRow[]> {
 
 function gbps(bytes: number, ms: number): number {
   // A copy faster than the timer's resolution reads as 0 ms: report Infinity honestly.
-  return ms > 0 ? bytes / (ms * 1e6) : Infinity;
+  return ms > 0 ? Math.round(bytes / (ms * 1e6) * 1000) / 1000 : Infinity;
 }
 
 function formatSize(bytes: number): string {
