@@ -5,28 +5,13 @@
 // present and is reported as ignored otherwise.
 
 import assert from "node:assert";
-import { type Backend, cudaDriverProblem, type Library, loadLibrary } from "../ffi/library.ts";
+import { type Library, loadLibrary } from "../ffi/library.ts";
 import { unwrap } from "../ffi/errors.ts";
 import { normalizeAffine } from "../pipeline/augment.ts";
 import { bitDiff, referenceAugment, rng } from "./_image_reference.ts";
+import { BACKENDS } from "./_backends.ts";
 
 const NULL = null;
-
-function cudaAvailable(): boolean {
-  if (cudaDriverProblem() !== undefined) return false;
-  try {
-    const lib = loadLibrary("cuda");
-    const n = new Int32Array(1);
-    return lib.symbols.ps_device_count(n) === 0 && n[0] > 0;
-  } catch {
-    return false;
-  }
-}
-
-const BACKENDS: { backend: Backend; ignore: boolean }[] = [
-  { backend: "cpu", ignore: false },
-  { backend: "cuda", ignore: !cudaAvailable() },
-];
 
 /** Device memory owned by the test, freed in `free()`. */
 class Scratch {
@@ -158,7 +143,7 @@ const CASES: Case[] = [
   { n: 1, c: 16, h: 1, w: 1, pad: 0, layout: "nhwc", dtype: "f32", params: "random" },
 ];
 
-for (const { backend, ignore } of BACKENDS) {
+for (const { kind: backend, ignore } of BACKENDS) {
   Deno.test({
     name: `[${backend}] ps_image_augment equals the TypeScript reference bit for bit`,
     ignore,

@@ -17,19 +17,7 @@ import {
   type ToDeviceOptions,
 } from "../pipeline/prefetcher.ts";
 import { bitDiff, referenceAugment, rng } from "./_image_reference.ts";
-
-function cudaPresent(): boolean {
-  try {
-    Device.open("cuda").dispose();
-    return true;
-  } catch {
-    return false;
-  }
-}
-const BACKENDS = [
-  { kind: "cpu" as const, ignore: false },
-  { kind: "cuda" as const, ignore: !cudaPresent() },
-];
+import { BACKENDS } from "./_backends.ts";
 
 const MEAN = [0.4914, 0.4822, 0.4465];
 const STD = [0.247, 0.2435, 0.2616];
