@@ -331,6 +331,7 @@ export class DeviceBuffer extends Resource {
     this.assertLive(action);
     const stream = options.stream ?? this.device.defaultStream;
     assertStream(stream, this.device, action);
+    this.device.makeCurrent(); // a stream must be used with its device current
     const s = operand(src, this.device, action);
     const { srcOffset, dstOffset, bytes } = span(options, s.length, this.bytes, action);
     const lib = this.device.lib;
@@ -361,6 +362,7 @@ export class DeviceBuffer extends Resource {
     this.assertLive(action);
     const stream = options.stream ?? this.device.defaultStream;
     assertStream(stream, this.device, action);
+    this.device.makeCurrent(); // a stream must be used with its device current
     const d = operand(dst, this.device, action);
     const { srcOffset, dstOffset, bytes } = span(options, this.bytes, d.length, action, true);
     const lib = this.device.lib;
@@ -390,6 +392,7 @@ export class DeviceBuffer extends Resource {
     if (byte > 255) throw new RangeError(`Cannot ${action}: byte must be 0..255, got ${byte}`);
     const stream = options.stream ?? this.device.defaultStream;
     assertStream(stream, this.device, action);
+    this.device.makeCurrent(); // a stream must be used with its device current
     const offset = checkCount(options.offset ?? 0, "offset", action);
     if (offset > this.bytes) {
       throw new RangeError(

@@ -277,6 +277,7 @@ export class Event extends Waitable {
   record(stream: Stream = this.device.defaultStream): void {
     this.assertLive("record an event");
     assertStream(stream, this.device, "record an event");
+    this.device.makeCurrent();
     this.device.check(
       this.device.lib.symbols.ps_event_record(this.handle, stream.handle),
       "record an event",
