@@ -159,12 +159,20 @@ export function augmentHost(
           out.fill(zero, o, o + w);
           continue;
         }
-        // Source index of output column x is rowBase + step * sx, sx = (flip ? w-1-x : x) + ox.
+        // Output column x reads source column sx = (flip ? w-1-x : x) + ox at
+        // rowBase + step * sx; the columns inside the image form one run [x0, x1).
         const rowBase = layout === "nchw" ? base + (ch * h + sy) * w : base + sy * w * c + ch;
         const step = layout === "nchw" ? 1 : c;
-        for (let x = 0; x < w; x++) {
-          const sx = (flip ? w - 1 - x : x) + ox;
-          out[o + x] = sx < 0 || sx >= w ? zero : lut[t + src[rowBase + step * sx]];
+        const lo = Math.max(0, -ox), hi = Math.min(w, w - ox);
+        const x0 = Math.min(w, flip ? w - hi : lo), x1 = Math.max(x0, flip ? w - lo : hi);
+        out.fill(zero, o, o + x0);
+        out.fill(zero, o + x1, o + w);
+        if (flip) {
+          const last = rowBase + step * (w - 1 + ox);
+          for (let x = x0; x < x1; x++) out[o + x] = lut[t + src[last - step * x]];
+        } else {
+          const first = rowBase + step * ox;
+          for (let x = x0; x < x1; x++) out[o + x] = lut[t + src[first + step * x]];
         }
       }
     }
