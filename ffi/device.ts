@@ -6,7 +6,7 @@
  */
 
 import { checkCount, describe, Resource } from "./_resource.ts";
-import { PinstreamError, unwrap } from "./errors.ts";
+import { lastError, PinstreamError, Status, unwrap } from "./errors.ts";
 import {
   type Backend,
   cudaDriverProblem,
@@ -195,7 +195,18 @@ export class Device extends Resource {
     }
     const lib = loadLibrary(kind);
     const count = new Int32Array(1);
-    unwrap(lib, lib.symbols.ps_device_count(count), action);
+    const status = lib.symbols.ps_device_count(count);
+    if (status === Status.NO_DRIVER && kind === "cuda") {
+      // cudart says "driver version is insufficient" also when there is no driver at all.
+      const why = cudaDriverProblem();
+      const detail = lastError(lib);
+      throw new PinstreamError(
+        "NO_DRIVER",
+        action,
+        why === undefined ? detail : `${why}; ${detail}`,
+      );
+    }
+    unwrap(lib, status, action);
     if (count[0] === 0) throw new PinstreamError("NO_DEVICE", action, `no ${kind} device`);
     if (index >= count[0]) {
       throw new PinstreamError(

@@ -281,6 +281,33 @@ Deno.test({
   },
 });
 
+Deno.test({
+  name: "with a prebuilt CUDA library but no driver, Device.open('cuda') reports NO_DRIVER",
+  ignore: cudaDriverProblem() === undefined || !hasNvcc(),
+  async fn() {
+    const script = `import { Device } from ${
+      JSON.stringify(new URL("../mod.ts", import.meta.url).href)
+    };
+      try { Device.open("cuda"); console.log("opened"); }
+      catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); }
+      console.log(Device.open("auto").kind);`;
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["eval", script],
+      env: { PINSTREAM_LIB_CUDA: buildLibrary("cuda"), NO_COLOR: "1" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const stderr = new TextDecoder().decode(out.stderr);
+    assert.ok(out.success, stderr);
+    const [first, second] = new TextDecoder().decode(out.stdout).trim().split("\n");
+    const err = JSON.parse(first);
+    assert.strictEqual(err.code, "NO_DRIVER");
+    assert.match(err.message, /^Cannot open cuda device 0: no CUDA driver: .*cudaGetDeviceCount/);
+    assert.strictEqual(second, "cpu");
+    assert.match(stderr, /^pinstream: using the CPU backend: no CUDA driver/);
+  },
+});
+
 function hasNvcc(): boolean {
   for (const nvcc of ["nvcc", "/usr/local/cuda/bin/nvcc"]) {
     try {
