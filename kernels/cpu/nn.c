@@ -225,6 +225,19 @@ static void transpose_to_f16(const float *s, int64_t lds, int64_t rows, int64_t 
 #endif
 }
 
+/* Sum of an fp16 row in fp32 (16 lanes, then the lanes: not the sequential order). */
+static float sum_row(const half *s, int64_t n) {
+  int64_t i = 0;
+  float t = 0.0f;
+#if defined(__AVX512F__)
+  __m512 a = _mm512_setzero_ps();
+  for (; i < n; i += 16) a = _mm512_add_ps(a, load16(s + i, 1, n - i));
+  t = _mm512_reduce_add_ps(a);
+#endif
+  for (; i < n; i++) t += h2f(s[i]);
+  return t;
+}
+
 /* ---- workspaces ---------------------------------------------------------------------- */
 
 enum { WS_PACK_A, WS_PACK_B, WS_COL, WS_OUT, WS_IMG, WS_PART, WS_COUNT };
@@ -762,6 +775,42 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
 
 /* ---- pooling ------------------------------------------------------------------------- */
 
+#if defined(__AVX512F__)
+/* 2x2 stride-2 pooling of one plane, 16 outputs at a time: the even and odd columns of the
+ * two input rows are de-interleaved with permutes, then compared in the scalar loop's order
+ * ((0,0), (0,1), (1,0), (1,1); strictly greater wins; NaN wins over numbers). */
+static void maxpool_2x2_plane(const half *xp, half *yp, int32_t *ip, int64_t w, int64_t oh,
+                              int64_t ow) {
+  const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i lane2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  for (int64_t oy = 0; oy < oh; oy++) {
+    const half *r0 = xp + 2 * oy * w, *r1 = r0 + w;
+    for (int64_t ox = 0; ox < ow; ox += 16) {
+      int64_t cnt = ow - ox < 16 ? ow - ox : 16, in = 2 * cnt;
+      __m512 a0 = load16(r0 + 2 * ox, 1, in), a1 = load16(r0 + 2 * ox + 16, 1, in - 16);
+      __m512 b0 = load16(r1 + 2 * ox, 1, in), b1 = load16(r1 + 2 * ox + 16, 1, in - 16);
+      __m512 v[4] = {_mm512_permutex2var_ps(a0, ev, a1), _mm512_permutex2var_ps(a0, od, a1),
+                     _mm512_permutex2var_ps(b0, ev, b1), _mm512_permutex2var_ps(b0, od, b1)};
+      __m512i base = _mm512_add_epi32(_mm512_set1_epi32((int32_t)(2 * oy * w + 2 * ox)), lane2);
+      const int32_t off[4] = {0, 1, (int32_t)w, (int32_t)w + 1};
+      __m512 m = v[0];
+      __m512i best = base;
+      for (int t = 1; t < 4; t++) {
+        __mmask16 gt = _mm512_cmp_ps_mask(v[t], m, _CMP_GT_OQ) |
+                       (_mm512_cmp_ps_mask(v[t], v[t], _CMP_UNORD_Q) &
+                        _mm512_cmp_ps_mask(m, m, _CMP_ORD_Q));
+        m = _mm512_mask_mov_ps(m, gt, v[t]);
+        best = _mm512_mask_mov_epi32(best, gt, _mm512_add_epi32(base, _mm512_set1_epi32(off[t])));
+      }
+      __mmask16 k = mask16(cnt);
+      _mm256_mask_storeu_epi16(yp + oy * ow + ox, k, _mm512_cvtps_ph(m, _MM_FROUND_TO_NEAREST_INT));
+      _mm512_mask_storeu_epi32(ip + oy * ow + ox, k, best);
+    }
+  }
+}
+#endif
+
 PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n,
                                    int64_t c, int64_t h, int64_t w_, int32_t kernel,
                                    int32_t stride, void *stream) {
@@ -782,6 +831,12 @@ PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int
     const half *xp = (const half *)x + pl * h * w_;
     half *yp = (half *)y + pl * oh * ow;
     int32_t *ip = indices ? indices + pl * oh * ow : NULL;
+#if defined(__AVX512F__)
+    if (kernel == 2 && stride == 2 && ip) {
+      maxpool_2x2_plane(xp, yp, ip, w_, oh, ow);
+      continue;
+    }
+#endif
     for (int64_t oy = 0; oy < oh; oy++)
       for (int64_t ox = 0; ox < ow; ox++) {
         int64_t y0 = oy * stride, x0 = ox * stride, best = y0 * w_ + x0;
@@ -817,7 +872,7 @@ PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void
     half *dxp = (half *)dx + pl * hw;
     const half *dyp = (const half *)dy + pl * ohw;
     const int32_t *ip = indices + pl * ohw;
-    for (int64_t i = 0; i < hw; i++) dxp[i] = f2h(0.0f);
+    memset(dxp, 0, (size_t)hw * sizeof(half));
     for (int64_t i = 0; i < ohw; i++) {
       int32_t at = ip[i];
       if (at < 0 || at >= hw) {
@@ -1017,15 +1072,7 @@ PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int
     PS_OMP("omp parallel for schedule(static) if (n * c * hw > 65536)")
     for (int64_t ch = 0; ch < c; ch++) {
       float s = 0.0f;
-      float tmp[256];
-      for (int64_t i = 0; i < n; i++) {
-        const half *g = (const half *)dy + (i * c + ch) * hw;
-        for (int64_t j = 0; j < hw; j += 256) {
-          int64_t len = hw - j < 256 ? hw - j : 256;
-          h2f_row(g + j, tmp, len);
-          for (int64_t t = 0; t < len; t++) s += tmp[t];
-        }
-      }
+      for (int64_t i = 0; i < n; i++) s += sum_row((const half *)dy + (i * c + ch) * hw, hw);
       sum[ch] = s;
     }
   }
@@ -1052,10 +1099,25 @@ PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *strea
    * negative-sign test maps -0 and negatives to +0 and leaves NaN payloads alone. */
   const uint16_t *s = (const uint16_t *)x;
   uint16_t *d = (uint16_t *)y;
+  int64_t blocks = (count + 4095) / 4096;
   PS_OMP("omp parallel for schedule(static) if (count > 262144)")
-  for (int64_t i = 0; i < count; i++) {
-    uint16_t v = s[i];
-    d[i] = ((v & 0x8000u) && (v & 0x7fffu) <= 0x7c00u) ? 0 : v;
+  for (int64_t bk = 0; bk < blocks; bk++) {
+    int64_t i = bk * 4096, end = i + 4096 < count ? i + 4096 : count;
+#if defined(__AVX512BW__)
+    /* As int16, exactly the values to zero (-0, negatives, -inf; not negative NaNs) are
+     * <= (int16)0xfc00 = -1024. */
+    const __m512i lim = _mm512_set1_epi16(-1024);
+    for (; i < end; i += 32) {
+      __mmask32 m = end - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (end - i)) - 1u);
+      __m512i v = _mm512_maskz_loadu_epi16(m, s + i);
+      __mmask32 neg = _mm512_cmple_epi16_mask(v, lim);
+      _mm512_mask_storeu_epi16(d + i, m, _mm512_maskz_mov_epi16((__mmask32)~neg, v));
+    }
+#endif
+    for (; i < end; i++) {
+      uint16_t v = s[i];
+      d[i] = ((v & 0x8000u) && (v & 0x7fffu) <= 0x7c00u) ? 0 : v;
+    }
   }
   return PS_OK;
 }
@@ -1071,10 +1133,23 @@ PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t 
   const uint16_t *g = (const uint16_t *)dy, *o = (const uint16_t *)y;
   uint16_t *d = (uint16_t *)dx;
   /* dx = y > 0 ? dy : 0; y is relu's output, so y > 0 <=> positive sign and nonzero. */
+  int64_t blocks = (count + 4095) / 4096;
   PS_OMP("omp parallel for schedule(static) if (count > 262144)")
-  for (int64_t i = 0; i < count; i++) {
-    uint16_t v = o[i];
-    d[i] = (!(v & 0x8000u) && v != 0 && v <= 0x7c00u) ? g[i] : 0;
+  for (int64_t bk = 0; bk < blocks; bk++) {
+    int64_t i = bk * 4096, end = i + 4096 < count ? i + 4096 : count;
+#if defined(__AVX512BW__)
+    const __m512i zero = _mm512_setzero_si512(), inf = _mm512_set1_epi16(0x7c00);
+    for (; i < end; i += 32) {
+      __mmask32 m = end - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (end - i)) - 1u);
+      __m512i v = _mm512_maskz_loadu_epi16(m, o + i);
+      __mmask32 pos = _mm512_cmpgt_epi16_mask(v, zero) & _mm512_cmple_epi16_mask(v, inf);
+      _mm512_mask_storeu_epi16(d + i, m, _mm512_maskz_loadu_epi16(pos & m, g + i));
+    }
+#endif
+    for (; i < end; i++) {
+      uint16_t v = o[i];
+      d[i] = (!(v & 0x8000u) && v != 0 && v <= 0x7c00u) ? g[i] : 0;
+    }
   }
   return PS_OK;
 }
