@@ -933,6 +933,15 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
       }
     }
     this.#queue.length = 0;
+    // The consumer's last batch: later copies into its slot must wait for its work.
+    try {
+      if (this.#current !== undefined) {
+        this.#current.slot.free.record(this.#r.compute);
+        this.#current.slot.freeRecorded = true;
+      }
+    } catch (err) {
+      errors.push(err);
+    }
     this.#current = undefined;
     for (const slot of this.#r.slots) {
       try {
