@@ -1,0 +1,269 @@
+/**
+ * Training benchmark: the small CNN (conv3x3 1->32, ReLU, maxpool 2, conv3x3 32->64, ReLU,
+ * maxpool 2, linear 3136->10; padding 1) for one Fashion-MNIST epoch (60,000 samples) on the
+ * CPU backend, and in the same run the same model in PyTorch on the CPU
+ * (bench/train_torch.py: `torch.set_num_threads(2)`, OPENBLAS_NUM_THREADS=1), same batch
+ * size, same optimizer (SGD lr 0.05 momentum 0.9), data already in memory on both sides.
+ *
+ * Rows:
+ * - pinstream, data in memory: the whole set normalized to fp16 once; per step the shuffled
+ *   batch is gathered on the host and copied to the device tensor (what PyTorch's `xs[idx]`
+ *   does), then forward, loss, backward, GradScaler + SGD. Compared with PyTorch.
+ * - pinstream, DataLoader + DevicePrefetcher (1 worker): the end-to-end path of the examples.
+ * - PyTorch 1.13, data in memory.
+ *
+ * Prints a table and writes bench/results/train.json (date, machine, commit, seconds,
+ * samples/s, the ratio). Flags: `--batch-size N` (default 128), `--limit N` (first N training
+ * samples), `--no-torch`, `--no-pipeline`.
+ *
+ * @module
+ */
+
+import { Device } from "../ffi/device.ts";
+import { Tensor } from "../ffi/tensor.ts";
+import { DataLoader, type RingBatch } from "../loader/mod.ts";
+import { FASHION_MNIST_DEBIAN_ROOT, FashionMNIST } from "../loader/datasets/mnist.ts";
+import { TensorDataset } from "../loader/datasets/tensor.ts";
+import { DevicePrefetcher } from "../pipeline/prefetcher.ts";
+import { GradScaler, SGD, Trainer, Xoshiro128 } from "../nn/mod.ts";
+import { FASHION_MEAN, FASHION_STD, fashionModel } from "../examples/fashion_mnist.ts";
+
+const LR = 0.05;
+const MOMENTUM = 0.9;
+
+interface Row {
+  name: string;
+  seconds: number | null;
+  samplesPerSecond: number | null;
+  trainAcc?: number | null;
+  note?: string;
+}
+
+function shuffled(n: number, seed: number): Int32Array {
+  const rng = new Xoshiro128(seed);
+  const p = Int32Array.from({ length: n }, (_, i) => i);
+  for (let i = n - 1; i > 0; i--) {
+    const j = rng.nextU32() % (i + 1);
+    [p[i], p[j]] = [p[j], p[i]];
+  }
+  return p;
+}
+
+async function pinstreamInMemory(ds: FashionMNIST, n: number, batch: number): Promise<Row> {
+  using device = Device.open("cpu");
+  const model = fashionModel("cnn", 0).to(device);
+  const optimizer = new SGD(model.parameters(), { lr: LR, momentum: MOMENTUM });
+  const scaler = new GradScaler(device);
+  const trainer = new Trainer(model, { optimizer, scaler });
+  // The whole set normalized to fp16 once, outside the clock (PyTorch: one float32 tensor).
+  const all = new Float16Array(n * 784);
+  const scale = 1 / (255 * FASHION_STD), bias = -FASHION_MEAN / FASHION_STD;
+  for (let i = 0; i < n * 784; i++) all[i] = ds.images[i] * scale + bias;
+  const labels = Int32Array.from(ds.labels.subarray(0, n));
+  const order = shuffled(n, 0);
+  const hx = new Float16Array(batch * 784), hy = new Int32Array(batch);
+  const tensors = new Map<number, [Tensor, Tensor]>();
+  try {
+    const t0 = performance.now();
+    for (let s = 0; s < n; s += batch) {
+      const b = Math.min(batch, n - s);
+      let t = tensors.get(b);
+      if (!t) {
+        t = [Tensor.empty(device, [b, 1, 28, 28], "f16"), Tensor.empty(device, [b], "i32")];
+        tensors.set(b, t);
+      }
+      for (let i = 0; i < b; i++) {
+        const k = order[s + i];
+        hx.set(all.subarray(k * 784, k * 784 + 784), i * 784);
+        hy[i] = labels[k];
+      }
+      t[0].buffer.copyFrom(hx.subarray(0, b * 784));
+      t[1].buffer.copyFrom(hy.subarray(0, b));
+      trainer.trainStep(t[0], t[1]);
+    }
+    const stats = await trainer.readTrain(); // waits for the device
+    const seconds = (performance.now() - t0) / 1000;
+    return {
+      name: "pinstream, CPU backend, data in memory",
+      seconds,
+      samplesPerSecond: n / seconds,
+      trainAcc: stats.accuracy,
+    };
+  } finally {
+    for (const [x, y] of tensors.values()) {
+      x.dispose();
+      y.dispose();
+    }
+    trainer.dispose();
+    scaler.dispose();
+    optimizer.dispose();
+    model.dispose();
+  }
+}
+
+async function pinstreamPipeline(ds: FashionMNIST, n: number, batch: number): Promise<Row> {
+  using device = Device.open("cpu");
+  const model = fashionModel("cnn", 0).to(device);
+  const optimizer = new SGD(model.parameters(), { lr: LR, momentum: MOMENTUM });
+  const scaler = new GradScaler(device);
+  const trainer = new Trainer(model, { optimizer, scaler });
+  const data = n === ds.length ? ds : new TensorDataset({
+    image: { data: ds.images.subarray(0, n * 784), shape: [1, 28, 28] },
+    label: ds.labels.subarray(0, n),
+  });
+  await using loader = new DataLoader<RingBatch>(data, {
+    batchSize: batch,
+    shuffle: true,
+    numWorkers: 1,
+    seed: 0,
+    autoRelease: false,
+  });
+  await using feed = new DevicePrefetcher(loader, device, {
+    mean: [FASHION_MEAN],
+    std: [FASHION_STD],
+  });
+  try {
+    const t0 = performance.now();
+    for await (const b of feed) trainer.trainStep(b.images, b.labels);
+    const stats = await trainer.readTrain();
+    const seconds = (performance.now() - t0) / 1000;
+    const wait = feed.stats
+      ? ` input wait ${(100 * feed.stats.inputBoundFraction).toFixed(1)}%`
+      : "";
+    return {
+      name: "pinstream, CPU backend, DataLoader (1 worker) + DevicePrefetcher",
+      seconds,
+      samplesPerSecond: n / seconds,
+      trainAcc: stats.accuracy,
+      note: wait.trim(),
+    };
+  } finally {
+    trainer.dispose();
+    scaler.dispose();
+    optimizer.dispose();
+    model.dispose();
+  }
+}
+
+async function torchRow(batch: number, limit: number): Promise<Row> {
+  const python = Deno.env.get("PYTHON") ??
+    ((await Deno.stat("/usr/bin/python3").then(() => true, () => false))
+      ? "/usr/bin/python3"
+      : "python3");
+  const script = new URL("./train_torch.py", import.meta.url).pathname;
+  const name = "PyTorch, CPU, 2 threads, data in memory";
+  try {
+    const out = await new Deno.Command(python, {
+      args: [script, "--batch-size", String(batch), "--limit", String(limit)],
+      env: { OPENBLAS_NUM_THREADS: "1" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const line = new TextDecoder().decode(out.stdout).split("\n").find((l) => l.startsWith("{"));
+    if (!line) {
+      const err = new TextDecoder().decode(out.stderr).trim().split("\n").slice(-1)[0];
+      return { name, seconds: null, samplesPerSecond: null, note: `skipped: ${err}` };
+    }
+    const j = JSON.parse(line);
+    return {
+      name,
+      seconds: j.seconds,
+      samplesPerSecond: j.samples_per_s,
+      trainAcc: j.train_acc,
+      note: `torch ${j.torch}, ${j.threads} threads`,
+    };
+  } catch (e) {
+    return { name, seconds: null, samplesPerSecond: null, note: `skipped: ${e}` };
+  }
+}
+
+async function git(args: string[]): Promise<string> {
+  try {
+    const o = await new Deno.Command("git", { args, stdout: "piped", stderr: "null" }).output();
+    return new TextDecoder().decode(o.stdout).trim();
+  } catch {
+    return "";
+  }
+}
+
+async function machine(): Promise<string> {
+  let cpu = "unknown CPU";
+  try {
+    const info = await Deno.readTextFile("/proc/cpuinfo");
+    cpu = /model name\s*:\s*(.*)/.exec(info)?.[1] ?? cpu;
+  } catch { /* not Linux */ }
+  return `${cpu}, ${navigator.hardwareConcurrency} logical cores, ${Deno.build.os}, ` +
+    `deno ${Deno.version.deno}`;
+}
+
+/**
+ * Runs the benchmark; see the module documentation.
+ *
+ * @param args Command-line flags.
+ */
+export async function main(args: string[] = Deno.args): Promise<void> {
+  const flag = (name: string, dflt: number) => {
+    const i = args.indexOf(name);
+    return i >= 0 ? Number(args[i + 1]) : dflt;
+  };
+  const batch = flag("--batch-size", 128);
+  let ds: FashionMNIST;
+  try {
+    ds = await FashionMNIST.load({ root: FASHION_MNIST_DEBIAN_ROOT, train: true });
+  } catch (e) {
+    console.log(`train benchmark skipped: ${(e as Error).message}`);
+    return;
+  }
+  const n = Math.min(ds.length, flag("--limit", ds.length) || ds.length);
+  const rows: Row[] = [];
+  // PyTorch first: its threads are gone before pinstream's OpenMP threads start.
+  if (!args.includes("--no-torch")) rows.push(await torchRow(batch, n === ds.length ? 0 : n));
+  rows.push(await pinstreamInMemory(ds, n, batch));
+  if (!args.includes("--no-pipeline")) rows.push(await pinstreamPipeline(ds, n, batch));
+  console.log(
+    `\nCNN, one Fashion-MNIST epoch (${n} samples, batch ${batch}), SGD lr ${LR} momentum ${MOMENTUM}`,
+  );
+  console.log("| run | seconds | samples/s | train acc | note |\n|---|---:|---:|---:|---|");
+  for (const r of rows) {
+    console.log(
+      `| ${r.name} | ${r.seconds?.toFixed(2) ?? "—"} | ${
+        r.samplesPerSecond ? Math.round(r.samplesPerSecond).toLocaleString("en-US") : "—"
+      } | ${r.trainAcc != null ? (100 * r.trainAcc).toFixed(1) + "%" : "—"} | ${r.note ?? ""} |`,
+    );
+  }
+  const torch = rows.find((r) => r.name.startsWith("PyTorch"));
+  const mem = rows.find((r) => r.name.includes("data in memory") && r.name.startsWith("pinstream"));
+  const ratio = torch?.seconds && mem?.seconds ? mem.seconds / torch.seconds : null;
+  if (ratio !== null) {
+    console.log(
+      `\npinstream / PyTorch time per epoch: ${ratio.toFixed(2)}x (target: <= 1.5x)`,
+    );
+  }
+  const commit = await git(["rev-parse", "--short", "HEAD"]);
+  const dirty = (await git(["status", "--porcelain", "nn", "kernels", "bench/train.ts"]))
+    ? "-dirty"
+    : "";
+  const result = {
+    benchmark: "train",
+    date: new Date().toISOString(),
+    machine: await machine(),
+    commit: commit + dirty,
+    command: "deno run -A bench/train.ts " + args.join(" "),
+    config: {
+      model: "conv3x3(1,32)-ReLU-maxpool2-conv3x3(32,64)-ReLU-maxpool2-linear(3136,10)",
+      samples: n,
+      batchSize: batch,
+      optimizer: `SGD lr ${LR} momentum ${MOMENTUM}`,
+      pinstream: "CPU backend, fp16 activations, fp32 accumulation and master weights, GradScaler",
+      torch: "float32, torch.set_num_threads(2), OPENBLAS_NUM_THREADS=1",
+    },
+    rows,
+    ratio: { pinstreamSecondsOverTorchSeconds: ratio, target: 1.5 },
+  };
+  const outPath = new URL("./results/train.json", import.meta.url);
+  await Deno.mkdir(new URL("./results/", import.meta.url), { recursive: true });
+  await Deno.writeTextFile(outPath, JSON.stringify(result, null, 2) + "\n");
+  console.log(`wrote ${outPath.pathname}`);
+}
+
+if (import.meta.main) await main();
