@@ -20,6 +20,11 @@
  * - **Host staging** (host mode: floats built on the host in pinned memory): rewritten only
  *   after the copy event of its previous batch fired (here the host does wait, rarely).
  *
+ * On the CPU backend (device memory is host memory, streams run synchronously) the default
+ * `copy: "auto"` skips the copy: the kernel reads the registered loader slot in place and
+ * the slot goes back to the loader when the kernel returns. `copy: "always"` runs the GPU
+ * path (copy, events, hand-off) on the CPU backend too; the tests run both.
+ *
  * @module
  */
 
