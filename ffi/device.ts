@@ -339,14 +339,13 @@ function hasOverride(kind: Backend): boolean {
 
 function fallbackReason(err: PinstreamError): string {
   if (err instanceof LibraryError) {
-    const first = err.message.split("\n")[0];
     switch (err.reason) {
       case "no-compiler":
-        return `nvcc not found, so the CUDA library cannot be built (${first})`;
+        return "nvcc not found, so the CUDA library cannot be built (install the CUDA toolkit, set NVCC or CUDA_HOME, or point PINSTREAM_LIB_CUDA at a prebuilt library)";
       case "build-failed":
-        return `the CUDA library failed to build (${first}; run "deno task build" to see why)`;
+        return 'the CUDA library failed to build (run "deno task build --require cuda" to see the compiler\'s output)';
       default:
-        return first;
+        return err.detail.split("\n")[0];
     }
   }
   switch (err.code) {
