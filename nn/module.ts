@@ -11,12 +11,9 @@
  */
 
 import type { Device } from "../ffi/device.ts";
-import { Tensor } from "../ffi/tensor.ts";
+import { type DType, Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
-import type { HostData, HostTensor, SafetensorsDtype } from "./safetensors.ts";
-
-/** The dtypes device tensors can have. */
-export type DType = "u8" | "i32" | "f16" | "f32";
+import type { HostData, HostTensor } from "./safetensors.ts";
 
 /** Options of {@linkcode Parameter}. */
 export interface ParameterOptions {
@@ -545,11 +542,3 @@ function toF32(t: HostTensor, name: string): Float32Array {
   if (d instanceof Float16Array || d instanceof Float64Array) return Float32Array.from(d);
   throw new TypeError(`Cannot load "${name}": dtype ${t.dtype} is not a float type`);
 }
-
-/** Maps device dtypes to safetensors dtypes. */
-export const SAFETENSORS_DTYPE: Record<DType, SafetensorsDtype> = {
-  u8: "U8",
-  i32: "I32",
-  f16: "F16",
-  f32: "F32",
-};
