@@ -151,6 +151,9 @@ export class HostBuffer extends Resource {
   /**
    * Page-locks memory JS already owns, so copies from and to it are asynchronous DMA. The
    * buffer keeps `memory` referenced until disposed; disposing unpins it (JS keeps the bytes).
+   * Do not transfer (postMessage with a transfer list, `ArrayBuffer.transfer`) an ArrayBuffer
+   * while it is registered: its memory would move out from under the pinning. A
+   * SharedArrayBuffer shared with workers is the intended use: sharing never moves it.
    *
    * @param device The device whose backend pins the memory.
    * @param memory An ArrayBuffer, SharedArrayBuffer or a view of one (not resizable).
