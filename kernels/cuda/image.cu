@@ -26,37 +26,40 @@ struct Affine {
 __device__ __forceinline__ void store(__half *o, int64_t i, float r) { o[i] = __float2half_rn(r); }
 __device__ __forceinline__ void store(float *o, int64_t i, float r) { o[i] = r; }
 
-/* One thread per output element, grid-stride; consecutive threads write consecutive x, so
- * the stores coalesce, and the reads of one row of one sample stay within 1-2 segments. */
+/* blockIdx.y walks the (sample, channel) planes and blockIdx.x/threadIdx.x the pixels of a
+ * plane, so the index math is 32-bit (one division by w) and every thread of a block reads
+ * the same sample's parameters (one cached load). Consecutive threads write consecutive x:
+ * the stores coalesce, and the reads of one source row stay within one or two segments. */
 template <typename Out, int Layout>
 __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *__restrict__ params,
                                Affine aff, Out *__restrict__ out, int32_t n, int32_t c, int32_t h,
                                int32_t w, int32_t pad) {
-  const int64_t total = (int64_t)n * c * h * w;
-  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
-    int32_t x = (int32_t)(i % w);
-    int64_t t = i / w;
-    int32_t y = (int32_t)(t % h);
-    t /= h;
-    int32_t ch = (int32_t)(t % c);
-    int64_t s = t / c;
+  const int32_t plane = h * w;
+  const int64_t planes = (int64_t)n * c;
+  for (int64_t pl = blockIdx.y; pl < planes; pl += gridDim.y) {
+    const int64_t s = pl / c;
+    const int32_t ch = (int32_t)(pl - s * c);
     int32_t dy = pad, dx = pad, flip = 0;
     if (params != nullptr) {
       dy = __ldg(params + 3 * s);
       dx = __ldg(params + 3 * s + 1);
       flip = __ldg(params + 3 * s + 2) != 0;
     }
-    int32_t sy = y + dy - pad;
-    int32_t sx = (flip ? w - 1 - x : x) + dx - pad;
-    uint32_t v = 0;
-    if (sy >= 0 && sy < h && sx >= 0 && sx < w) {
-      const uint8_t *img = src + s * ((int64_t)c * h * w);
-      v = Layout == PS_IMAGE_NCHW ? __ldg(img + ((int64_t)ch * h + sy) * w + sx)
-                                  : __ldg(img + ((int64_t)sy * w + sx) * c + ch);
+    const uint8_t *img = src + s * ((int64_t)c * plane);
+    const float scale = aff.scale[ch], bias = aff.bias[ch];
+    Out *o = out + pl * plane;
+    for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < plane;
+         i += gridDim.x * blockDim.x) {
+      const int32_t y = i / w, x = i - y * w;
+      const int32_t sy = y + dy - pad;
+      const int32_t sx = (flip ? w - 1 - x : x) + dx - pad;
+      uint32_t v = 0;
+      if (sy >= 0 && sy < h && sx >= 0 && sx < w) {
+        v = Layout == PS_IMAGE_NCHW ? __ldg(img + (int64_t)ch * plane + sy * w + sx)
+                                    : __ldg(img + ((int64_t)sy * w + sx) * c + ch);
+      }
+      store(o, i, __fadd_rn(__fmul_rn((float)v, scale), bias));
     }
-    float r = __fadd_rn(__fmul_rn((float)v, aff.scale[ch]), aff.bias[ch]);
-    store(out, i, r);
   }
 }
 
@@ -78,7 +81,9 @@ void launch_augment(const uint8_t *src, int32_t layout, const int32_t *params, c
                     Out *out, int32_t n, int32_t c, int32_t h, int32_t w, int32_t pad,
                     cudaStream_t st) {
   const int block = 256;
-  const int grid = grid_for((int64_t)n * c * h * w, block);
+  const int64_t plane = (int64_t)h * w, planes = (int64_t)n * c;
+  const dim3 grid((unsigned)((plane + block - 1) / block < 1024 ? (plane + block - 1) / block : 1024),
+                  (unsigned)(planes < 65535 ? planes : 65535));
   if (layout == PS_IMAGE_NCHW) {
     augment_kernel<Out, PS_IMAGE_NCHW><<<grid, block, 0, st>>>(src, params, aff, out, n, c, h, w,
                                                                 pad);
@@ -109,6 +114,10 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
   if (n == 0) return PS_OK;
   if (src == nullptr || out == nullptr || scale == nullptr || bias == nullptr) {
     PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: null src, out, scale or bias");
+  }
+  if ((int64_t)h * w > (int64_t)1 << 24) {
+    /* Same limit as the cpu backend; keeps the per-plane index math in 32 bits. */
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: image %dx%d too large", h, w);
   }
   Affine aff;
   for (int32_t i = 0; i < PS_IMAGE_MAX_CHANNELS; i++) {
