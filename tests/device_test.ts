@@ -381,8 +381,8 @@ testEachBackend("registered memory (SharedArrayBuffer) copies like pinned memory
   assert.strictEqual(pinned.origin, "register");
   using buf = DeviceBuffer.alloc(dev, n);
   buf.copyFrom(pinned);
+  await dev.defaultStream.synchronize(); // pinned copies are asynchronous: wait before reuse
   pinned.u8.fill(0);
-  await dev.defaultStream.synchronize();
   buf.copyTo(pinned);
   await dev.defaultStream.synchronize();
   assertBytesEqual(new Uint8Array(sab, 16), data, "registered round trip");

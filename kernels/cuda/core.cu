@@ -54,6 +54,10 @@ int ps_status_of(cudaError_t err) {
 }
 
 int ps_record_cuda_error(cudaError_t err, const char *expr, const char *file, int line) {
+  /* The runtime also keeps a failed call's error as the thread's "last error" until someone
+   * reads it: reported here, it is cleared, so the next CUDA_CHECK(cudaGetLastError()) after
+   * a launch does not blame that launch for this call. (Sticky errors stay sticky.) */
+  (void)cudaGetLastError();
   return ps_record_error(ps_status_of(err), file, line, "%s failed: %s: %s", expr,
                          cudaGetErrorName(err), cudaGetErrorString(err));
 }
