@@ -176,12 +176,21 @@ export function libraryPath(backend: Backend): string | undefined {
  * ```
  */
 export function cudaDriverProblem(): string | undefined {
-  const names = Deno.build.os === "windows" ? ["nvcuda.dll"] : ["libcuda.so.1", "libcuda.so"];
+  driverProblem ??= { why: findDriverProblem() };
+  return driverProblem.why;
+}
+
+let driverProblem: { why: string | undefined } | undefined;
+
+function findDriverProblem(): string | undefined {
   if (Deno.build.os === "darwin") return "CUDA is not available on macOS";
+  const names = Deno.build.os === "windows" ? ["nvcuda.dll"] : ["libcuda.so.1", "libcuda.so"];
   const errors: string[] = [];
   for (const name of names) {
     try {
-      Deno.dlopen(name, {}).close();
+      // Left open: the CUDA runtime loads the same library on first use, and unloading a
+      // driver library is not something to do casually.
+      Deno.dlopen(name, {});
       return undefined;
     } catch (err) {
       const message = (err as Error).message;
