@@ -15,6 +15,10 @@
  * chosen so tile sizes fit the common shapes: MR = 14 divides P = 196 and 784 (28x28 and 14x14
  * feature maps), NR = 32 divides the usual channel counts. Convolutions run one image per
  * OpenMP thread (no synchronization inside a GEMM); plain matmul splits its output in two.
+ * Loops whose iterations write disjoint outputs are scheduled dynamically, so a thread that
+ * the OS preempts (two cores shared with data-loading workers) does not stall the other;
+ * the weight gradient's per-thread partial sums keep a static split, so every result is
+ * bit-for-bit reproducible from run to run (checkpoint/resume tests rely on it).
  *
  * Workspaces are per-thread caches that grow to the largest size seen and are kept for the
  * life of the thread (they are not allocations of pinstream objects, so they are not counted
@@ -659,7 +663,7 @@ PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n
   for (int64_t o = 0; o < co; o++)
     for (int64_t k = 0; k < K; k++) wt[k * co + o] = h2f(((const half *)w)[o * K + k]);
   int failed = 0;
-  PS_OMP("omp parallel for schedule(static) reduction(|| : failed)")
+  PS_OMP("omp parallel for schedule(dynamic, 1) reduction(|| : failed)")
   for (int64_t i = 0; i < n; i++) {
     float *col = ws(WS_COL, (size_t)(K * P)), *yt = ws(WS_OUT, (size_t)(P * co));
     if (!col || !yt) {
@@ -693,7 +697,7 @@ PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, i
   CHECK_RANGE(w, co * K * 2);
   CHECK_RANGE(dx, n * c * HW * 2);
   int failed = 0;
-  PS_OMP("omp parallel for schedule(static) reduction(|| : failed)")
+  PS_OMP("omp parallel for schedule(dynamic, 1) reduction(|| : failed)")
   for (int64_t i = 0; i < n; i++) {
     float *dcol = ws(WS_COL, (size_t)(K * P)), *img = ws(WS_IMG, (size_t)(c * HW));
     if (!dcol || !img) {
@@ -826,7 +830,7 @@ PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int
   CHECK_RANGE(x, planes * h * w_ * 2);
   CHECK_RANGE(y, planes * oh * ow * 2);
   if (indices) CHECK_RANGE(indices, planes * oh * ow * 4);
-  PS_OMP("omp parallel for schedule(static) if (planes * h * w_ > 65536)")
+  PS_OMP("omp parallel for schedule(dynamic, 8) if (planes * h * w_ > 65536)")
   for (int64_t pl = 0; pl < planes; pl++) {
     const half *xp = (const half *)x + pl * h * w_;
     half *yp = (half *)y + pl * oh * ow;
@@ -867,7 +871,7 @@ PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void
   CHECK_RANGE(indices, planes * ohw * 4);
   CHECK_RANGE(dx, planes * hw * 2);
   int bad = 0;
-  PS_OMP("omp parallel for schedule(static) if (planes * hw > 65536) reduction(|| : bad)")
+  PS_OMP("omp parallel for schedule(dynamic, 8) if (planes * hw > 65536) reduction(|| : bad)")
   for (int64_t pl = 0; pl < planes; pl++) {
     half *dxp = (half *)dx + pl * hw;
     const half *dyp = (const half *)dy + pl * ohw;
@@ -1029,7 +1033,7 @@ PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t
   CHECK_RANGE(y, n * c * hw * 2);
   CHECK_RANGE(bias, c * dtsize(bias_dtype));
   int64_t rows = n * c;
-  PS_OMP("omp parallel for schedule(static) if (rows * hw > 65536)")
+  PS_OMP("omp parallel for schedule(dynamic, 64) if (rows * hw > 65536)")
   for (int64_t r = 0; r < rows; r++) {
     int64_t ch = r % c;
     half *q = (half *)y + r * hw;
@@ -1100,7 +1104,7 @@ PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *strea
   const uint16_t *s = (const uint16_t *)x;
   uint16_t *d = (uint16_t *)y;
   int64_t blocks = (count + 4095) / 4096;
-  PS_OMP("omp parallel for schedule(static) if (count > 262144)")
+  PS_OMP("omp parallel for schedule(dynamic, 8) if (count > 262144)")
   for (int64_t bk = 0; bk < blocks; bk++) {
     int64_t i = bk * 4096, end = i + 4096 < count ? i + 4096 : count;
 #if defined(__AVX512BW__)
@@ -1134,7 +1138,7 @@ PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t 
   uint16_t *d = (uint16_t *)dx;
   /* dx = y > 0 ? dy : 0; y is relu's output, so y > 0 <=> positive sign and nonzero. */
   int64_t blocks = (count + 4095) / 4096;
-  PS_OMP("omp parallel for schedule(static) if (count > 262144)")
+  PS_OMP("omp parallel for schedule(dynamic, 8) if (count > 262144)")
   for (int64_t bk = 0; bk < blocks; bk++) {
     int64_t i = bk * 4096, end = i + 4096 < count ? i + 4096 : count;
 #if defined(__AVX512BW__)
