@@ -310,6 +310,8 @@ function cudaDevice(): Device | string {
  */
 export async function main(args: string[] = Deno.args): Promise<void> {
   const { epochs, torch, samples } = parseArgs(args);
+  // Other processes on a small machine move these numbers a lot: record how busy it was.
+  const loadBefore = Deno.loadavg();
   const ds = cifarShaped(samples);
   const rows: Row[] = [];
   const notes: string[] = [];
@@ -465,6 +467,7 @@ export async function main(args: string[] = Deno.args): Promise<void> {
     benchmark: "pipeline",
     date: new Date().toISOString(),
     machine: await machine(),
+    loadAverage: { before: loadBefore, after: Deno.loadavg() },
     commit: await commit(),
     command: `deno run -A bench/pipeline.ts ${args.join(" ")}`.trim(),
     config: {

@@ -76,6 +76,9 @@ export interface ToDeviceOptions {
    * How the loader's ring reaches the device: "register" (default) pins the ring's
    * SharedArrayBuffer in place (cudaHostRegister); "alloc" first copies each slot on the
    * host into pinned memory from cudaHostAlloc; "none" copies from pageable memory.
+   * With "register" the prefetcher pins the ring itself (for as long as it holds device
+   * resources): build the loader with `pinMemory: true` (a flag), not with a pinning
+   * function, or CUDA refuses the second registration of the same memory.
    */
   pin?: "register" | "alloc" | "none";
   /** Keep device memory, streams and the ring's pinning across epochs (default false). */
