@@ -34,6 +34,7 @@ export interface TrainArgs {
   seed: number;
   model: string;
   limit: number;
+  stopAfter: number;
   quiet: boolean;
   help: boolean;
 }
@@ -59,6 +60,8 @@ const HELP = (name: string, d: TrainArgs) =>
   --checkpoint PATH   save weights (safetensors) + training state after every epoch
   --resume            continue from --checkpoint (same next step as an uninterrupted run)
   --limit N           use only the first N training samples (quick runs)
+  --stop-after N      stop after epoch N of --epochs (simulates an interruption; the
+                      schedule still spans --epochs, so --resume continues it exactly)
   --seed N            seed of initialization and data order (default ${d.seed})
   --quiet             no progress bar
 `;
@@ -85,6 +88,7 @@ export function parseTrainArgs(argv: string[], name: string, defaults: TrainDefa
     seed: 0,
     model: "cnn",
     limit: 0,
+    stopAfter: 0,
     quiet: false,
     help: false,
     ...defaults,
@@ -106,6 +110,7 @@ export function parseTrainArgs(argv: string[], name: string, defaults: TrainDefa
       checkpoint: { type: "string" },
       resume: { type: "boolean" },
       limit: { type: "string" },
+      "stop-after": { type: "string" },
       seed: { type: "string" },
       quiet: { type: "boolean" },
       help: { type: "boolean", short: "h" },
@@ -138,6 +143,7 @@ export function parseTrainArgs(argv: string[], name: string, defaults: TrainDefa
     checkpoint: values.checkpoint ?? d.checkpoint,
     resume: values.resume ?? false,
     limit: num("limit", values.limit, d.limit),
+    stopAfter: num("stop-after", values["stop-after"], d.stopAfter),
     seed: num("seed", values.seed, d.seed),
     quiet: values.quiet ?? false,
     help: values.help ?? false,
@@ -161,6 +167,8 @@ export interface ImageSpec {
   std: number[];
   /** Memory order of the dataset's image records (default "nchw"). */
   layout?: "nchw" | "nhwc";
+  /** The random-crop padding the training loader's `augment` was built with (default 0). */
+  padding?: number;
 }
 
 /** A progress bar on a terminal, redrawn at most every 100 ms; silent otherwise. */
@@ -244,7 +252,10 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   const scheduler = o.scheduler?.(optimizer, trainLoader.length) ?? null;
   const trainer = new Trainer(model, { optimizer, scaler, scheduler });
   const norm = { mean: spec.mean, std: spec.std, layout: spec.layout ?? "nchw", persistent: true };
-  const trainFeed = new DevicePrefetcher(trainLoader, device, norm);
+  const trainFeed = new DevicePrefetcher(trainLoader, device, {
+    ...norm,
+    padding: spec.padding ?? 0,
+  });
   const testFeed = new DevicePrefetcher(testLoader, device, { ...norm, padding: 0 });
   const progress = new Progress(!args.quiet);
   const reports: EpochReport[] = [];
@@ -324,6 +335,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
           extra: { seed: args.seed, model: args.model },
         });
       }
+      if (args.stopAfter > 0 && epoch + 1 >= args.stopAfter) break;
     }
   } finally {
     progress.clear();

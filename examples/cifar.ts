@@ -180,7 +180,7 @@ export async function trainCifar(args: TrainArgs, synthetic = false): Promise<Ep
       model,
       trainLoader,
       testLoader,
-      spec: { mean: CIFAR_MEAN, std: CIFAR_STD },
+      spec: { mean: CIFAR_MEAN, std: CIFAR_STD, padding: 4 },
       scheduler: (opt, steps) =>
         new OneCycleLR(opt, { maxLr: args.lr, totalSteps: args.epochs * steps }),
     });

@@ -80,6 +80,7 @@ async function train(
     seed: 0,
     model,
     limit: 0,
+    stopAfter: 0,
     quiet: true,
     help: false,
   };
