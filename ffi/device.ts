@@ -5,7 +5,8 @@
  * @module
  */
 
-import { checkCount, describe, Resource } from "./_resource.ts";
+import { checkCount, describe } from "./_checks.ts";
+import { Resource } from "./resource.ts";
 import { lastError, PinstreamError, Status, unwrap } from "./errors.ts";
 import {
   type Backend,
@@ -326,7 +327,7 @@ export class Device extends Resource {
     return `${this.kind}:${this.index}`;
   }
 
-  /** Disposes every stream, event and buffer still alive on this device. */
+  /** Nothing native: the children (streams, events, buffers) were disposed before this. */
   protected release(): void {
     // Nothing native to free: the device (CUDA context) outlives its wrappers.
   }

@@ -62,6 +62,8 @@ export class PinstreamError extends Error {
   readonly detail: string;
 
   /**
+   * Creates the error; the message reads "Cannot <action>: <detail>".
+   *
    * @param code The status name.
    * @param action What was being done, completing "Cannot ...".
    * @param detail The backend's message.

@@ -89,6 +89,8 @@ export class LibraryError extends PinstreamError {
   readonly backend: Backend;
 
   /**
+   * Creates the error; the message reads "Cannot load the <backend> backend: <detail>".
+   *
    * @param reason Which step failed.
    * @param backend The backend that was asked for.
    * @param detail What was tried and what to do about it.

@@ -15,7 +15,8 @@
  * @module
  */
 
-import { checkCount, describe, offsetPointer, Resource } from "./_resource.ts";
+import { checkCount, describe, offsetPointer } from "./_checks.ts";
+import { Resource } from "./resource.ts";
 import type { Device } from "./device.ts";
 import type { Library } from "./symbols.ts";
 import { assertStream, type Stream } from "./stream.ts";
@@ -232,6 +233,7 @@ export class HostBuffer extends Resource {
     return offsetPointer(this.pointer, offset);
   }
 
+  /** Frees (alloc) or unpins (register) the memory; an alloc'd buffer's views detach. */
   protected release(): void {
     if (this.pointer === null) return;
     const { lib } = this.device;
@@ -437,6 +439,7 @@ export class DeviceBuffer extends Resource {
     return offsetPointer(this.pointer, offset);
   }
 
+  /** Frees the device memory. */
   protected release(): void {
     if (this.pointer === null) return;
     backstop.unregister(this);

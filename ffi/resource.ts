@@ -1,5 +1,6 @@
 /**
- * Internal: the lifetime rules shared by every native wrapper, and argument checks.
+ * `Resource`: the lifetime rules shared by every native wrapper (Device, Stream, Event,
+ * HostBuffer, DeviceBuffer).
  *
  * - `dispose()` is idempotent and `[Symbol.dispose]` calls it;
  * - a resource used after dispose throws "Cannot <action>: the <Kind> is disposed";
@@ -10,15 +11,39 @@
  * @module
  */
 
-/** A native object with an explicit, idempotent `dispose()`. */
+/**
+ * A native object with an explicit, idempotent `dispose()`. Subclasses implement `release()`
+ * (free the native object) and may run [wait] calls through `whileInFlight`, which defers
+ * the release until the call returns.
+ *
+ * @example A resource is disposed once, however often dispose() is called
+ * ```ts
+ * import { Resource } from "./resource.ts";
+ * import assert from "node:assert";
+ * class Counter extends Resource {
+ *   released = 0;
+ *   constructor() { super("Counter"); }
+ *   protected release() { this.released++; }
+ * }
+ * const c = new Counter();
+ * c.dispose();
+ * c.dispose();
+ * assert.strictEqual(c.released, 1);
+ * assert.strictEqual(c.disposed, true);
+ * ```
+ */
 export abstract class Resource implements Disposable {
   #disposed = false;
+  #inflight = 0;
+  #releasePending = false;
   #parent: Resource | undefined;
   #children: Set<WeakRef<Resource>> | undefined;
   #selfRef: WeakRef<Resource> | undefined;
   readonly #kind: string;
 
   /**
+   * Registers the resource with its parent, which will dispose it.
+   *
    * @param kind The class name used in messages.
    * @param parent The resource that disposes this one when it is disposed itself.
    */
@@ -61,7 +86,10 @@ export abstract class Resource implements Disposable {
       this.#parent.#children?.delete(this.#selfRef);
     }
     try {
-      this.release();
+      // Releasing a handle that a worker thread is waiting on is undefined behaviour in
+      // CUDA: the last in-flight call releases it instead.
+      if (this.#inflight > 0) this.#releasePending = true;
+      else this.release();
     } catch (err) {
       errors.push(err);
     }
@@ -76,33 +104,28 @@ export abstract class Resource implements Disposable {
     this.dispose();
   }
 
-  /** Frees the native object. Called once. */
+  /**
+   * Runs a call that uses the native object on another thread (a `nonblocking` FFI call),
+   * keeping the object alive until it settles even if `dispose()` runs meanwhile.
+   *
+   * @param action What is being done, for the use-after-dispose message.
+   * @param call Starts the call.
+   * @returns The call's result.
+   * @throws {Error} When already disposed.
+   */
+  protected async whileInFlight<T>(action: string, call: () => Promise<T>): Promise<T> {
+    this.assertLive(action);
+    this.#inflight++;
+    try {
+      return await call();
+    } finally {
+      if (--this.#inflight === 0 && this.#releasePending) {
+        this.#releasePending = false;
+        this.release();
+      }
+    }
+  }
+
+  /** Frees the native object. Called once, after the children are disposed. */
   protected abstract release(): void;
-}
-
-/** Throws TypeError/RangeError unless `value` is a safe non-negative integer. */
-export function checkCount(value: unknown, what: string, action: string): number {
-  if (typeof value !== "number") {
-    throw new TypeError(`Cannot ${action}: ${what} must be a number, got ${describe(value)}`);
-  }
-  if (!Number.isSafeInteger(value) || value < 0) {
-    throw new RangeError(
-      `Cannot ${action}: ${what} must be a non-negative integer, got ${value}`,
-    );
-  }
-  return value;
-}
-
-/** A short description of a value for error messages. */
-export function describe(value: unknown): string {
-  if (value === null) return "null";
-  if (typeof value === "object") return value.constructor?.name ?? "object";
-  if (typeof value === "string") return JSON.stringify(value);
-  return `${typeof value} ${String(value)}`;
-}
-
-/** A pointer plus an offset (the offset of a null pointer must be 0). */
-export function offsetPointer(ptr: Deno.PointerValue, offset: number): Deno.PointerValue {
-  if (offset === 0 || ptr === null) return ptr;
-  return Deno.UnsafePointer.offset(ptr, offset);
 }

@@ -5,7 +5,8 @@
  * @module
  */
 
-import { describe, Resource } from "./_resource.ts";
+import { describe } from "./_checks.ts";
+import { Resource } from "./resource.ts";
 import type { Device } from "./device.ts";
 import { Status, unwrap } from "./errors.ts";
 import type { Library } from "./symbols.ts";
@@ -23,38 +24,16 @@ const backstop = new FinalizationRegistry<Held>(({ lib, handle, kind }) => {
   else lib.symbols.ps_event_destroy(handle);
 });
 
-/** A stream or event handle whose [wait] calls may be in flight on a worker thread. */
-abstract class Waitable extends Resource {
-  #inflight = 0;
-  #destroyWhenIdle = false;
-
-  /** Runs a [wait] call, keeping the native handle alive until it returns. */
-  protected async wait(
-    lib: Library,
-    call: (msg: Uint8Array) => Promise<number>,
-    action: string,
-  ): Promise<void> {
-    this.assertLive(action);
-    // The message buffer travels to the worker thread: it stays referenced by this frame.
-    const msg = new Uint8Array(1024);
-    this.#inflight++;
-    let status: number;
-    try {
-      status = await call(msg);
-    } finally {
-      if (--this.#inflight === 0 && this.#destroyWhenIdle) this.destroy();
-    }
-    unwrap(lib, status, action, msg);
-  }
-
-  protected release(): void {
-    // Destroying a handle that a worker thread is waiting on is undefined behaviour in CUDA:
-    // defer until the last wait returns.
-    if (this.#inflight > 0) this.#destroyWhenIdle = true;
-    else this.destroy();
-  }
-
-  protected abstract destroy(): void;
+/** Runs a [wait] call with a message buffer and throws its failure. */
+async function waitCall(
+  lib: Library,
+  action: string,
+  call: (msg: Uint8Array, cap: bigint) => Promise<number>,
+): Promise<void> {
+  // The buffer travels to the worker thread: this frame keeps it referenced until the call
+  // returns.
+  const msg = new Uint8Array(1024);
+  unwrap(lib, await call(msg, BigInt(msg.length)), action, msg);
 }
 
 let constructingDefault = false;
@@ -92,7 +71,7 @@ export function createDefaultStream(device: Device): Stream {
  * assert.strictEqual(stream.query(), true);
  * ```
  */
-export class Stream extends Waitable {
+export class Stream extends Resource {
   /** The device this stream belongs to. */
   readonly device: Device;
   /** The native handle (`cudaStream_t`); null for the default stream. */
@@ -133,11 +112,16 @@ export class Stream extends Waitable {
    * @throws {PinstreamError} When queued work failed.
    */
   synchronize(): Promise<void> {
+    const action = "synchronize a stream";
     const { lib } = this.device;
-    return this.wait(
-      lib,
-      (msg) => lib.symbols.ps_stream_synchronize(this.handle, msg, BigInt(msg.length)),
-      "synchronize a stream",
+    return this.whileInFlight(
+      action,
+      () =>
+        waitCall(
+          lib,
+          action,
+          (msg, cap) => lib.symbols.ps_stream_synchronize(this.handle, msg, cap),
+        ),
     );
   }
 
@@ -194,7 +178,8 @@ export class Stream extends Waitable {
     this.assertLive(action);
   }
 
-  protected destroy(): void {
+  /** Destroys the native stream (nothing for the default stream). */
+  protected release(): void {
     if (this.handle === null) return;
     backstop.unregister(this);
     this.device.check(this.device.lib.symbols.ps_stream_destroy(this.handle), "destroy a stream");
@@ -227,7 +212,7 @@ export interface EventOptions {
  * assert.ok(start.elapsedMs(end) >= 0);
  * ```
  */
-export class Event extends Waitable {
+export class Event extends Resource {
   /** The device this event belongs to. */
   readonly device: Device;
   /** The native handle (`cudaEvent_t`). */
@@ -307,11 +292,16 @@ export class Event extends Waitable {
    * @throws {PinstreamError} When the recorded work failed.
    */
   synchronize(): Promise<void> {
+    const action = "synchronize an event";
     const { lib } = this.device;
-    return this.wait(
-      lib,
-      (msg) => lib.symbols.ps_event_synchronize(this.handle, msg, BigInt(msg.length)),
-      "synchronize an event",
+    return this.whileInFlight(
+      action,
+      () =>
+        waitCall(
+          lib,
+          action,
+          (msg, cap) => lib.symbols.ps_event_synchronize(this.handle, msg, cap),
+        ),
     );
   }
 
@@ -344,7 +334,8 @@ export class Event extends Waitable {
     this.assertLive(action);
   }
 
-  protected destroy(): void {
+  /** Destroys the native event. */
+  protected release(): void {
     backstop.unregister(this);
     this.device.check(this.device.lib.symbols.ps_event_destroy(this.handle), "destroy an event");
   }

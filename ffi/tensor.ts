@@ -5,7 +5,7 @@
  * @module
  */
 
-import { checkCount, describe } from "./_resource.ts";
+import { checkCount, describe } from "./_checks.ts";
 import type { Device } from "./device.ts";
 import { DeviceBuffer } from "./memory.ts";
 import type { Stream } from "./stream.ts";
