@@ -11,6 +11,7 @@ const BENCHES: Record<string, () => Promise<{ main: () => Promise<void> }>> = {
   loader: () => import("./loader.ts"),
   pipeline: () => import("./pipeline.ts"),
   train: () => import("./train.ts"),
+  kernels: () => import("./kernels.ts"),
 };
 
 const wanted = Deno.args.length > 0 ? Deno.args : Object.keys(BENCHES);
