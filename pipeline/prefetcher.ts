@@ -243,6 +243,9 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
   #disposed = false;
 
   /**
+   * Checks the loader's ring and the options; nothing native is allocated until the first
+   * epoch starts.
+   *
    * @param loader A DataLoader on the zero-copy path (its dataset has shared fields).
    * @param device The target device.
    * @param options See {@linkcode ToDeviceOptions}.
