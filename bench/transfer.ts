@@ -50,10 +50,11 @@ export const RESULTS_URL: URL = new URL("./results/transfer.json", import.meta.u
 /**
  * Runs the benchmark, prints the table and writes the results file.
  *
- * @param args `--device auto|cuda|cpu` (default auto), `--max-mib N` (default 256).
+ * @param args `--device auto|cuda|cpu` (default auto), `--max-mib N` (default 256); not
+ * read from `Deno.args` when imported (bench/all.ts passes its own arguments elsewhere).
  * @returns The measured rows.
  */
-export async function main(args: string[] = Deno.args): Promise<TransferRow[]> {
+export async function main(args: string[] = []): Promise<TransferRow[]> {
   let kind: DeviceKind = "auto", maxBytes = 256 * MiB;
   for (let i = 0; i < args.length; i++) {
     if (args[i] === "--device") kind = args[++i] as DeviceKind;
@@ -224,4 +225,4 @@ function gitCommit(): string {
   return dirty ? `${head}-dirty` : head;
 }
 
-if (import.meta.main) await main();
+if (import.meta.main) await main(Deno.args);

@@ -20,7 +20,7 @@ import { type Backend, libraryPath, loadLibrary } from "./library.ts";
  * @param args Command-line arguments: `--require <backend,...>`.
  * @returns The process exit code: 0 when every required backend loaded.
  */
-export function main(args: string[] = Deno.args): number {
+export function main(args: string[] = []): number {
   let required: Backend[] = ["cpu"];
   for (let i = 0; i < args.length; i++) {
     const arg = args[i];
@@ -57,4 +57,4 @@ export function main(args: string[] = Deno.args): number {
   return code;
 }
 
-if (import.meta.main) Deno.exit(main());
+if (import.meta.main) Deno.exit(main(Deno.args));
