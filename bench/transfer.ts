@@ -212,6 +212,8 @@ async function machine(dev: Device) {
     cpu: cpu ?? Deno.build.arch,
     cores: navigator.hardwareConcurrency,
     memoryBytes: Deno.systemMemoryInfo().total,
+    // Other work on the machine skews CPU-backend numbers: recorded so readers can tell.
+    loadAverage: Deno.loadavg(),
     gpu: dev.kind === "cuda" ? dev.props.name : null,
     gpuDriver: smi?.split("\n")[0]?.split(",")[1]?.trim() ?? null,
   };

@@ -502,6 +502,30 @@ testEachBackend("streams and events check what they are given", (dev) => {
   assert.throws(() => new Stream({} as Device), TypeError);
 });
 
+testEachBackend(
+  "waits on worker threads run alongside allocations on the JS thread",
+  async (dev) => {
+    const live = dev.liveObjects();
+    using stream = new Stream(dev);
+    using ev = new Event(dev);
+    const waits: Promise<void>[] = [];
+    for (let i = 0; i < 500; i++) {
+      ev.record(stream);
+      waits.push(i % 2 === 0 ? stream.synchronize() : ev.synchronize());
+      const buf = DeviceBuffer.alloc(dev, 4096 + i);
+      buf.fill(i & 0xff, { stream });
+      buf.dispose();
+    }
+    await Promise.all(waits);
+    await dev.synchronize();
+    assert.deepStrictEqual(dev.liveObjects(), {
+      ...live,
+      streams: live.streams + 1,
+      events: live.events + 1,
+    });
+  },
+);
+
 // ---- argument errors ------------------------------------------------------------------------
 
 testEachBackend(
