@@ -479,6 +479,8 @@ class Resources {
   readonly direct: boolean;
   readonly slots: Slot[] = [];
   readonly batchSize: number;
+  /** Host mode: byte offset of the int32 labels in a staging buffer, after the images. */
+  readonly labelsAt: number;
   #freed = false;
 
   constructor(
@@ -510,6 +512,8 @@ class Resources {
       const { c, h, w } = this.g;
       const n = this.batchSize, count = n * c * h * w;
       const esize = owner.dtype === "f16" ? 2 : 4;
+      // 256-aligned, as an Int32Array view needs (and a DMA engine likes).
+      this.labelsAt = Math.ceil((count * esize) / 256) * 256;
       // R = depth + 1 slots: the consumer's, plus `depth` in flight.
       for (let i = 0; i <= owner.depth; i++) {
         const images = Tensor.empty(device, [n, c, h, w], owner.dtype);
@@ -527,7 +531,7 @@ class Resources {
             cleanup.push(staging);
           }
         } else {
-          staging = HostBuffer.alloc(device, count * esize + n * 4);
+          staging = HostBuffer.alloc(device, this.labelsAt + n * 4);
           cleanup.push(staging);
         }
         const copyStart = new Event(device, { timing: true });
@@ -758,7 +762,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
       const out = this.#p.dtype === "f16"
         ? new Float16Array(st.arrayBuffer, st.u8.byteOffset, count)
         : new Float32Array(st.arrayBuffer, st.u8.byteOffset, count);
-      const labelsAt = res.batchSize * g.c * g.h * g.w * esize;
+      const labelsAt = res.labelsAt;
       const labels = new Int32Array(st.arrayBuffer, st.u8.byteOffset + labelsAt, n);
       augmentHost(
         hb.fields[g.imageField.name] as Uint8Array,

@@ -199,6 +199,34 @@ for (const { kind, ignore } of BACKENDS) {
     },
   });
 
+  Deno.test({
+    name: `[${kind}] host-side augmentation handles odd batch and image sizes`,
+    ignore,
+    async fn() {
+      // 5 images of 1x3x5 in f16: 150 bytes of pixels, so the labels behind them in the
+      // staging buffer need their own alignment.
+      using device = Device.open(kind);
+      const d = makeData(12, [1, 3, 5], 8);
+      const expected = await plainBatches(d, { batchSize: 5 });
+      await using loader = makeLoader(d, { batchSize: 5 });
+      await using p = toDevice(loader, device, {
+        ...PAD,
+        augmentOn: "host",
+        mean: MEAN.slice(0, 1),
+        std: STD.slice(0, 1),
+      });
+      let k = 0;
+      for await (const b of p) {
+        const want = expectedBatch(d, expected[k].indices, expected[k].params, "nchw", "f16", 4);
+        const got = await readBatch(b);
+        assert.deepStrictEqual(bitDiff(got.images, want.images), [], `batch ${k}`);
+        assert.deepStrictEqual(got.labels, want.labels);
+        k++;
+      }
+      assert.strictEqual(k, 3);
+    },
+  });
+
   for (
     const [consumer, copy] of [["slow", "always"], ["fast", "always"], ["fast", "auto"]] as const
   ) {
