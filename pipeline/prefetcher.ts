@@ -418,7 +418,9 @@ function oneOf<T extends string>(value: unknown, allowed: readonly T[], name: st
   return value as T;
 }
 
-const LABEL_BYTES: Record<string, number> = { u8: 1, i8: 1, u16: 2, i16: 2, i32: 4, u32: 4 };
+// Unsigned narrow types widen with zeros on the device; signed ones would differ between
+// the device and host paths, so they are refused.
+const LABEL_BYTES: Record<string, number> = { u8: 1, u16: 2, i32: 4 };
 
 function geometry(
   ring: StagingRing,
