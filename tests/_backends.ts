@@ -6,7 +6,8 @@
  * @module
  */
 
-import { Device, PinstreamError } from "../mod.ts";
+import { Device } from "../ffi/device.ts";
+import { PinstreamError } from "../ffi/errors.ts";
 import type { Backend } from "../ffi/library.ts";
 
 /** One backend to test. */

@@ -4,16 +4,13 @@
  */
 
 import assert from "node:assert";
-import {
-  Device,
-  DeviceBuffer,
-  Event,
-  HostBuffer,
-  LibraryError,
-  PinstreamError,
-  Stream,
-  Tensor,
-} from "../mod.ts";
+// The ffi modules directly, not mod.ts: this suite must not depend on the layers above.
+import { Device } from "../ffi/device.ts";
+import { PinstreamError } from "../ffi/errors.ts";
+import { LibraryError } from "../ffi/library.ts";
+import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
+import { Event, Stream } from "../ffi/stream.ts";
+import { Tensor } from "../ffi/tensor.ts";
 import { buildLibrary, cudaDriverProblem, loadLibrary } from "../ffi/library.ts";
 import { Status } from "../ffi/errors.ts";
 import { CUDA, testEachBackend } from "./_backends.ts";
@@ -235,7 +232,7 @@ Deno.test({
   ignore: !CUDA.ignore,
   async fn() {
     const script = `import { Device } from ${
-      JSON.stringify(new URL("../mod.ts", import.meta.url).href)
+      JSON.stringify(new URL("../ffi/device.ts", import.meta.url).href)
     };
       const a = Device.open("auto"); const b = Device.open();
       console.log(a.kind, b.kind); a.dispose(); b.dispose();`;
@@ -286,7 +283,7 @@ Deno.test({
   ignore: cudaDriverProblem() === undefined || !hasNvcc(),
   async fn() {
     const script = `import { Device } from ${
-      JSON.stringify(new URL("../mod.ts", import.meta.url).href)
+      JSON.stringify(new URL("../ffi/device.ts", import.meta.url).href)
     };
       try { Device.open("cuda"); console.log("opened"); }
       catch (e) { console.log(JSON.stringify({ code: e.code, message: e.message })); }
@@ -722,9 +719,10 @@ testEachBackend("thousands of alloc/free and create/dispose cycles leak nothing"
 
 Deno.test("wrappers lost without dispose are freed by the garbage-collection backstop", async () => {
   // In a child process: forcing collection needs --expose-gc.
-  const script = `import { Device, DeviceBuffer, Event, HostBuffer, Stream } from ${
-    JSON.stringify(new URL("../mod.ts", import.meta.url).href)
-  };
+  const ffi = (name: string) => JSON.stringify(new URL(`../ffi/${name}`, import.meta.url).href);
+  const script = `import { Device } from ${ffi("device.ts")};
+    import { DeviceBuffer, HostBuffer } from ${ffi("memory.ts")};
+    import { Event, Stream } from ${ffi("stream.ts")};
     const dev = Device.open("cpu");
     const start = JSON.stringify(dev.liveObjects());
     (() => {
