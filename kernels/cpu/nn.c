@@ -759,6 +759,17 @@ PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n
       continue;
     }
     im2col(&g, (const half *)x + i * c * h * w_, col);
+    if (K < 64) {
+      /* Short K (a first layer): the transposed store would cost more than the GEMM, so
+       * compute Y[Co, P] = W . col directly and store it contiguously. */
+      mat_t A = {w, 1, K, 1}, B = {col, 0, P, 1};
+      if (gemm_serial(co, P, K, &A, &B, yt, P, 0)) {
+        failed = 1;
+        continue;
+      }
+      f2h_row(yt, (half *)y + i * co * P, co * P);
+      continue;
+    }
     mat_t A = {col, 0, 1, P}, B = {wt, 0, co, 1};
     if (gemm_serial(P, co, K, &A, &B, yt, co, 0)) {
       failed = 1;
