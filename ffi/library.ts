@@ -471,6 +471,8 @@ export function buildLibrary(backend: Backend): string {
   try {
     lock.lockSync(true);
     if (exists(final)) return final; // built by the process we waited for
+    // A first build takes seconds (cc) to a minute (nvcc): say so rather than look hung.
+    console.error(`pinstream: building the ${backend} backend with ${compiler.path} into ${dir}`);
     compile(backend, compiler, flags, files, dir, final);
   } finally {
     lock.close();
