@@ -136,6 +136,7 @@ def vectorized(data_nchw, batch, max_batches, seed=0, device=None, half=False):
     std = torch.tensor(STD, device=dev).view(1, 3, 1, 1)
     scale = 1.0 / (255.0 * std)
     bias = -mean / std
+    ar = torch.arange(32, device=dev)
     pinned = data_nchw.pin_memory() if device is not None else data_nchw
     n, count = 0, 0
     t0 = None
@@ -152,12 +153,16 @@ def vectorized(data_nchw, batch, max_batches, seed=0, device=None, half=False):
         dy = torch.randint(0, 9, (b,), generator=g).to(dev)
         dx = torch.randint(0, 9, (b,), generator=g).to(dev)
         flip = (torch.rand(b, generator=g) < 0.5).to(dev)
-        # Flip first, then crop: flip(crop_dx(x)) == crop_{8-dx}(flip(x)), and dx is uniform
-        # on 0..8, so the distribution is torchvision's. Of the forms tried (one 4-index
-        # advanced index, torch.take with a flat index, unfold + index), unfold was fastest.
-        x = torch.where(flip.view(b, 1, 1, 1), x.flip(3), x)
+        # Crop and flip as two gathers on the padded uint8 batch: rows (dy + 0..31), then
+        # columns (dx + 0..31, reversed for flipped samples). Of the forms tried (one
+        # 4-index advanced index, torch.take with a flat index, unfold + index, these two
+        # gathers), the gathers were fastest.
         x = torch.nn.functional.pad(x, (4, 4, 4, 4))
-        x = x.unfold(2, 32, 1).unfold(3, 32, 1)[torch.arange(b, device=dev), :, dy, dx]
+        iy = (dy[:, None] + ar).view(b, 1, 32, 1).expand(b, 3, 32, 40)
+        x = torch.gather(x, 2, iy)
+        ix = dx[:, None] + ar
+        ix = torch.where(flip[:, None], ix.flip(1), ix).view(b, 1, 1, 32).expand(b, 3, 32, 32)
+        x = torch.gather(x, 3, ix)
         out = x.float().mul_(scale).add_(bias)
         if half:
             out = out.half()
@@ -205,6 +210,12 @@ def main():
         rows.append(row(f"torch standard (workers={args.workers}, f32)", n, s))
         n, s = vectorized(data_nchw, args.batch, all_batches)
         rows.append(row(f"torch vectorized (threads={args.workers}, f32)", n, s))
+        # For reference: on a busy small machine, OpenMP threads that spin at barriers can
+        # make 2 threads far slower than 1.
+        torch.set_num_threads(1)
+        n, s = vectorized(data_nchw, args.batch, all_batches)
+        rows.append(row("torch vectorized (threads=1, f32)", n, s))
+        torch.set_num_threads(args.workers)
     else:
         if not torch.cuda.is_available():
             print(json.dumps({"skipped": "torch.cuda.is_available() is False"}))
