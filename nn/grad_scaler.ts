@@ -89,6 +89,8 @@ export class GradScaler {
   #disposed = false;
 
   /**
+   * Creates the scaler with its state on `device`.
+   *
    * @param device The device the model trains on.
    * @param options PyTorch's options.
    * @throws {RangeError} For invalid factors, as PyTorch checks.

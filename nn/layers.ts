@@ -69,6 +69,8 @@ export class Linear extends Module {
   #x: Tensor | null = null;
 
   /**
+   * Creates the layer with PyTorch's default initialization (weights on the host).
+   *
    * @param inFeatures Input features.
    * @param outFeatures Output features.
    * @param options Bias and generator.
@@ -94,6 +96,8 @@ export class Linear extends Module {
   }
 
   /**
+   * Runs the layer.
+   *
    * @param x Input [N, inFeatures], fp16.
    * @returns Output [N, outFeatures], fp16.
    * @throws {RangeError} When the input's shape does not fit.
@@ -113,6 +117,8 @@ export class Linear extends Module {
   }
 
   /**
+   * Back-propagates the output gradient: writes the parameter gradients, returns the input gradient.
+   *
    * @param dy Output gradient [N, outFeatures], fp16.
    * @param options Whether to compute the input gradient.
    * @returns Input gradient [N, inFeatures], fp16, or null.
@@ -177,6 +183,8 @@ export class Conv2d extends Module {
   #x: Tensor | null = null;
 
   /**
+   * Creates the layer with PyTorch's default initialization (weights on the host).
+   *
    * @param inChannels Input channels.
    * @param outChannels Output channels.
    * @param options Kernel size, stride, padding, bias, generator.
@@ -229,6 +237,8 @@ export class Conv2d extends Module {
   }
 
   /**
+   * Runs the layer.
+   *
    * @param x Input [N, inChannels, H, W], fp16.
    * @returns Output [N, outChannels, OH, OW], fp16.
    * @throws {RangeError} When the input's shape does not fit.
@@ -248,6 +258,8 @@ export class Conv2d extends Module {
   }
 
   /**
+   * Back-propagates the output gradient: writes the parameter gradients, returns the input gradient.
+   *
    * @param dy Output gradient, fp16.
    * @param options Whether to compute the input gradient.
    * @returns Input gradient, fp16, or null.
@@ -309,6 +321,8 @@ export class BatchNorm2d extends Module {
   #x: Tensor | null = null;
 
   /**
+   * Creates the layer: gamma 1, beta 0, running mean 0, running variance 1.
+   *
    * @param numFeatures Channels.
    * @param options eps and momentum.
    * @throws {RangeError} When `numFeatures` is not a positive integer.
@@ -331,6 +345,7 @@ export class BatchNorm2d extends Module {
     this.buffers.set("running_var", this.runningVar);
   }
 
+  /** `num_batches_tracked` as an I64 scalar, as PyTorch saves it. */
   protected override extraState(): Map<string, HostTensor> {
     return new Map([["num_batches_tracked", {
       dtype: "I64",
@@ -339,6 +354,7 @@ export class BatchNorm2d extends Module {
     }]]);
   }
 
+  /** Restores `num_batches_tracked`. */
   protected override loadExtraState(state: Map<string, HostTensor>, prefix: string): string[] {
     const t = state.get(prefix + "num_batches_tracked");
     if (!t) return [];
@@ -347,6 +363,8 @@ export class BatchNorm2d extends Module {
   }
 
   /**
+   * Runs the layer.
+   *
    * @param x Input [N, C, H, W], fp16.
    * @returns Output, same shape, fp16.
    * @throws {RangeError} When the channel count does not match.
@@ -389,6 +407,8 @@ export class BatchNorm2d extends Module {
   }
 
   /**
+   * Back-propagates the output gradient: writes the parameter gradients, returns the input gradient.
+   *
    * @param dy Output gradient, fp16.
    * @param options Whether to compute the input gradient (batch norm computes it anyway).
    * @returns Input gradient, fp16, or null.
@@ -431,6 +451,8 @@ export class ReLU extends Module {
   #y: Tensor | null = null;
 
   /**
+   * Runs the layer.
+   *
    * @param x Input, fp16, any shape.
    * @returns max(x, 0), fp16.
    */
@@ -442,6 +464,8 @@ export class ReLU extends Module {
   }
 
   /**
+   * Back-propagates the output gradient: writes the parameter gradients, returns the input gradient.
+   *
    * @param dy Output gradient.
    * @param options Whether to compute the input gradient.
    * @returns Input gradient, or null.
@@ -485,6 +509,8 @@ export class MaxPool2d extends Module {
   #xShape: number[] | null = null;
 
   /**
+   * Creates the layer.
+   *
    * @param kernelSize Window size.
    * @param options Stride.
    * @throws {RangeError} When a size is not a positive integer.
@@ -498,6 +524,8 @@ export class MaxPool2d extends Module {
   }
 
   /**
+   * Runs the layer.
+   *
    * @param x Input [N, C, H, W], fp16.
    * @returns Output [N, C, OH, OW], fp16.
    * @throws {RangeError} When the input is not 4-D or smaller than the window.
@@ -517,6 +545,8 @@ export class MaxPool2d extends Module {
   }
 
   /**
+   * Back-propagates the output gradient: writes the parameter gradients, returns the input gradient.
+   *
    * @param dy Output gradient.
    * @param options Whether to compute the input gradient.
    * @returns Input gradient, or null.
@@ -555,6 +585,8 @@ export class Flatten extends Module {
   #inShape: number[] | null = null;
 
   /**
+   * Runs the layer.
+   *
    * @param x Input [N, ...].
    * @returns A copy of shape [N, prod(...)].
    */
@@ -567,6 +599,8 @@ export class Flatten extends Module {
   }
 
   /**
+   * Back-propagates the output gradient: writes the parameter gradients, returns the input gradient.
+   *
    * @param dy Output gradient [N, F].
    * @param options Whether to compute the input gradient.
    * @returns dy with the input's shape, or null.
@@ -603,6 +637,8 @@ export class Sequential extends Module {
   readonly layers: readonly Module[];
 
   /**
+   * Creates the container; the layers become children "0", "1", ...
+   *
    * @param layers The layers.
    */
   constructor(layers: Module[]) {
@@ -612,6 +648,8 @@ export class Sequential extends Module {
   }
 
   /**
+   * Runs the layer.
+   *
    * @param x The first layer's input.
    * @returns The last layer's output.
    */
@@ -622,6 +660,8 @@ export class Sequential extends Module {
   }
 
   /**
+   * Back-propagates the output gradient: writes the parameter gradients, returns the input gradient.
+   *
    * @param dy The last layer's output gradient.
    * @param options Whether the first layer's input gradient is needed (default true).
    * @returns The input gradient, or null.

@@ -49,6 +49,8 @@ export class CrossEntropyLoss {
   #dlogits: Tensor | null = null;
 
   /**
+   * Creates the loss with zeroed device accumulators.
+   *
    * @param device The device the logits live on.
    */
   constructor(device: Device) {

@@ -61,9 +61,9 @@ export abstract class LRScheduler {
   /** The lr the schedule starts from (PyTorch's `base_lrs[0]`). */
   baseLr: number;
   /** PyTorch's `last_epoch`. */
-  lastEpoch = -1;
+  lastEpoch: number = -1;
   /** PyTorch's `_step_count`. */
-  stepCount = 0;
+  stepCount: number = 0;
   #lastLr = NaN;
 
   /**
@@ -216,6 +216,8 @@ export class StepLR extends LRScheduler {
   readonly gamma: number;
 
   /**
+   * Binds the schedule to the optimizer and performs the initial step.
+   *
    * @param optimizer The optimizer.
    * @param options Step size and gamma.
    * @throws {RangeError} When `stepSize` is not a positive integer.
@@ -230,6 +232,7 @@ export class StepLR extends LRScheduler {
     this.initialStep();
   }
 
+  /** PyTorch's `get_lr()` for this schedule. */
   protected computeLr(): number {
     const lr = this.optimizer.lr;
     if (this.lastEpoch === 0 || this.lastEpoch % this.stepSize !== 0) return lr;
@@ -267,6 +270,8 @@ export class CosineAnnealingLR extends LRScheduler {
   readonly etaMin: number;
 
   /**
+   * Binds the schedule to the optimizer and performs the initial step.
+   *
    * @param optimizer The optimizer.
    * @param options `tMax` and `etaMin`.
    * @throws {RangeError} When `tMax` is not a positive integer.
@@ -281,6 +286,7 @@ export class CosineAnnealingLR extends LRScheduler {
     this.initialStep();
   }
 
+  /** PyTorch's `get_lr()` for this schedule. */
   protected computeLr(): number {
     const { lastEpoch: e, tMax: T, etaMin: m, baseLr: b } = this;
     const lr = this.optimizer.lr;
@@ -324,6 +330,8 @@ export class LinearLR extends LRScheduler {
   readonly totalIters: number;
 
   /**
+   * Binds the schedule to the optimizer and performs the initial step (lr * startFactor).
+   *
    * @param optimizer The optimizer.
    * @param options The factors and length of the ramp.
    * @throws {RangeError} When a factor is out of range, as PyTorch checks.
@@ -347,6 +355,7 @@ export class LinearLR extends LRScheduler {
     this.initialStep();
   }
 
+  /** PyTorch's `get_lr()` for this schedule. */
   protected computeLr(): number {
     const lr = this.optimizer.lr;
     const { startFactor: s, endFactor: f, totalIters: n, lastEpoch: e } = this;
@@ -414,6 +423,8 @@ export class OneCycleLR extends LRScheduler {
   readonly #cycleMomentum: boolean;
 
   /**
+   * Binds the schedule to the optimizer and performs the initial step (lr = maxLr / divFactor).
+   *
    * @param optimizer The optimizer (its lr is replaced by `maxLr / divFactor`).
    * @param options The cycle's parameters, PyTorch's defaults otherwise.
    * @throws {RangeError} When the length or `pctStart` is invalid.
@@ -463,6 +474,7 @@ export class OneCycleLR extends LRScheduler {
     this.initialStep();
   }
 
+  /** PyTorch's `get_lr()` for this schedule. */
   protected computeLr(): number {
     const step = this.lastEpoch;
     if (step > this.totalSteps) {

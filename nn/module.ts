@@ -55,6 +55,8 @@ export class Parameter {
   #grad: Tensor | null = null;
 
   /**
+   * Creates a parameter from its initial values.
+   *
    * @param init Initial values (copied), row-major.
    * @param shape The shape; its product must equal `init.length`.
    * @param options Compute and gradient dtypes.
@@ -228,6 +230,8 @@ export class BufferTensor {
   #tensor: Tensor | null = null;
 
   /**
+   * Creates a buffer from its initial values.
+   *
    * @param init Initial values (copied).
    * @param shape The shape.
    */
@@ -319,8 +323,11 @@ export abstract class Module {
   training = true;
   /** The device, once {@linkcode Module.to} was called. */
   device: Device | null = null;
+  /** Parameters registered by this module, by local name. */
   protected readonly params = new Map<string, Parameter>();
+  /** Buffers registered by this module, by local name. */
   protected readonly buffers = new Map<string, BufferTensor>();
+  /** Child modules, by local name (PyTorch's names: "0", "1", ... in Sequential). */
   protected readonly children = new Map<string, Module>();
   #workspace = new Map<string, Tensor>();
 

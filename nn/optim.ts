@@ -89,6 +89,8 @@ export class SGD {
   #disposed = false;
 
   /**
+   * Creates the optimizer and its device step counter.
+   *
    * @param params The parameters to optimize (already on their device).
    * @param options Hyper-parameters.
    * @throws {RangeError} For invalid hyper-parameters, with PyTorch's checks.

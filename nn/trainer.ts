@@ -63,6 +63,8 @@ export class Trainer {
   #evalLoss: CrossEntropyLoss;
 
   /**
+   * Creates the trainer and its device loss accumulators.
+   *
    * @param model The model, on its device.
    * @param options Optimizer, scaler, scheduler.
    * @throws {TypeError} When the model is not on a device.
