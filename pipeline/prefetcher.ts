@@ -168,8 +168,6 @@ interface InFlight {
   epoch: number;
   /** The loader slot, held until the copy has fired (device mode with register/none). */
   host: RingBatch | undefined;
-  /** Settles when `host` was released. */
-  released: Promise<void>;
 }
 
 const DEFAULT_DEPTH = 2;
@@ -733,7 +731,6 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
         index: hb.index,
         epoch: hb.epoch,
         host: undefined,
-        released: Promise.resolve(),
       });
       return true;
     }
@@ -797,7 +794,6 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
       index: hb.index,
       epoch: hb.epoch,
       host,
-      released: Promise.resolve(),
     };
     if (host !== undefined) {
       if (this.#p.loader._autoRelease) {
@@ -813,7 +809,6 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
           host.release();
           inflight.host = undefined;
         });
-        inflight.released = p;
         this.#pending.add(p);
         p.finally(() => this.#pending.delete(p)).catch(() => {});
       }
