@@ -14,12 +14,15 @@ import type { Library } from "./symbols.ts";
 /** Native handles released by the FinalizationRegistry backstop when a wrapper is lost. */
 interface Held {
   lib: Library;
-  handle: Deno.PointerObject;
+  // A number, not the handle object: the handle is the registry's target (a kernel wrapper
+  // holding `stream.handle` keeps the stream alive), and a held value must not reference it.
+  address: bigint;
   kind: "stream" | "event";
 }
 
-const backstop = new FinalizationRegistry<Held>(({ lib, handle, kind }) => {
-  // A wrapper was garbage-collected without dispose(): free its handle so it does not leak.
+const backstop = new FinalizationRegistry<Held>(({ lib, address, kind }) => {
+  // The handle became unreachable without dispose(): free it so it does not leak.
+  const handle = Deno.UnsafePointer.create(address);
   if (kind === "stream") lib.symbols.ps_stream_destroy(handle);
   else lib.symbols.ps_event_destroy(handle);
 });
@@ -101,7 +104,7 @@ export class Stream extends Resource {
     device.check(device.lib.symbols.ps_stream_create(out), `create a stream on ${device}`);
     const handle = Deno.UnsafePointer.create(out[0])!;
     this.handle = handle;
-    backstop.register(this, { lib: device.lib, handle, kind: "stream" }, this);
+    backstop.register(handle, { lib: device.lib, address: out[0], kind: "stream" }, this);
   }
 
   /**
@@ -248,7 +251,7 @@ export class Event extends Resource {
       `create an event on ${device}`,
     );
     this.handle = Deno.UnsafePointer.create(out[0])!;
-    backstop.register(this, { lib: device.lib, handle: this.handle, kind: "event" }, this);
+    backstop.register(this.handle, { lib: device.lib, address: out[0], kind: "event" }, this);
   }
 
   /**
