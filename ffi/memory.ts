@@ -341,6 +341,12 @@ export class DeviceBuffer extends Resource {
     const { srcOffset, dstOffset, bytes } = span(options, s.length, this.bytes, action);
     const lib = this.device.lib;
     if (bytes === 0) return;
+    if (src === this && srcOffset < dstOffset + bytes && dstOffset < srcOffset + bytes) {
+      // cudaMemcpyAsync does not define overlapping copies (the cpu backend's memmove would).
+      throw new RangeError(
+        `Cannot ${action}: source ${srcOffset}+${bytes} and destination ${dstOffset}+${bytes} overlap`,
+      );
+    }
     const dst = offsetPointer(this.pointer, dstOffset);
     const from = offsetPointer(s.base, srcOffset);
     const status = s.device

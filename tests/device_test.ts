@@ -549,6 +549,8 @@ testEachBackend(
     assert.throws(() => buf.copyTo(host, { srcOffset: 50, bytes: 51 }), RangeError);
     assert.throws(() => buf.copyFrom([1, 2, 3] as unknown as Uint8Array), TypeError);
     assert.throws(() => buf.copyFrom("abc" as unknown as Uint8Array), TypeError);
+    assert.throws(() => buf.copyFrom(buf, { srcOffset: 0, dstOffset: 10, bytes: 20 }), RangeError);
+    buf.copyFrom(buf, { srcOffset: 0, dstOffset: 50, bytes: 50 }); // disjoint halves are fine
     assert.throws(() => buf.fill(256), RangeError);
     assert.throws(() => buf.fill(-1), RangeError);
     assert.throws(() => buf.fill(0, { offset: 101 }), RangeError);
