@@ -447,9 +447,10 @@ export async function main(args: string[] = Deno.args): Promise<void> {
       : null;
     const s = gpuHead.stats;
     // Copy stage: bytes per ms of copy events, against the raw bound's bytes per ms.
-    if (s && raw && s.copyMs > 0) {
+    if (s && raw && s.copyMs > 0 && s.copiesTimed > 0) {
       const rawBytesPerMs = (raw.samplesPerSecond / BATCH) * BATCH_BYTES / 1000;
-      ratios.gpuCopyStageVsRawBound = (s.copyBytes / s.copyMs) / rawBytesPerMs;
+      const bytesTimed = s.copyBytes * (s.copiesTimed / s.batches);
+      ratios.gpuCopyStageVsRawBound = (bytesTimed / s.copyMs) / rawBytesPerMs;
     }
   }
   const targets = {

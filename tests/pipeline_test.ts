@@ -166,6 +166,7 @@ for (const { kind, ignore } of BACKENDS) {
           opts.augmentOn === "host" || kind === "cuda";
         assert.strictEqual(s.copyBytes > 0, copies);
         assert.ok(s.copyMs >= 0 && s.wallMs > 0);
+        assert.ok(s.copiesTimed <= s.batches && (s.copiesTimed > 0) === copies);
         assert.ok(s.inputBoundFraction >= 0 && s.inputBoundFraction <= 1);
       },
     });
