@@ -91,7 +91,8 @@ PS_API int ps_mem_info(uint64_t *free_bytes, uint64_t *total_bytes);
 
 /* ---- host memory --------------------------------------------------------------------- */
 
-/* Page-locked host memory (cudaHostAlloc; aligned malloc on cpu). */
+/* Page-locked host memory (cudaHostAlloc, portable; page-aligned malloc on cpu). Zero bytes
+ * allocate nothing: *out = NULL and PS_OK, like every allocator here; freeing NULL is PS_OK. */
 PS_API int ps_host_alloc(uint64_t bytes, void **out);
 PS_API int ps_host_free(void *ptr);
 /* Page-locks existing host memory, e.g. a SharedArrayBuffer that workers write
@@ -102,7 +103,12 @@ PS_API int ps_host_unregister(void *ptr);
 /* ---- device memory ------------------------------------------------------------------- */
 
 PS_API int ps_device_alloc(uint64_t bytes, void **out);
+/* cudaFree: waits for the device to finish work that may use the memory. */
 PS_API int ps_device_free(void *ptr);
+/* Copies and sets of 0 bytes are no-ops. Host memory that is not pinned (pageable) is copied
+ * synchronously with respect to the host by CUDA. The cpu backend checks that the device
+ * side lies inside one live allocation and fails with PS_ERR_INVALID_ARGUMENT otherwise;
+ * d2d ranges must not overlap. */
 PS_API int ps_memset_async(void *dst, int32_t value, uint64_t bytes, void *stream);
 PS_API int ps_memcpy_h2d_async(void *dst, const void *src, uint64_t bytes, void *stream);
 PS_API int ps_memcpy_d2h_async(void *dst, const void *src, uint64_t bytes, void *stream);
