@@ -662,3 +662,31 @@ testEachBackend(
     assert.deepStrictEqual(await scalerRun(dev, [0], 1, 3e38), [Math.fround(3e38), 0]);
   },
 );
+
+testEachBackend("the GEMM-based kernels give the same bits when run twice", async (dev) => {
+  const r = gen("determinism");
+  const g: Geo = { n: 9, c: 16, h: 12, w: 12, co: 24, kh: 3, kw: 3, s: 1, p: 1 };
+  const [oh, ow] = outSize(g);
+  using x = Tensor.fromHost(dev, randH(r, g.n * g.c * g.h * g.w), [g.n, g.c, g.h, g.w]);
+  using w = Tensor.fromHost(dev, randH(r, g.co * g.c * 9), [g.co, g.c, 3, 3]);
+  using dy = Tensor.fromHost(dev, randH(r, g.n * g.co * oh * ow), [g.n, g.co, oh, ow]);
+  using a = Tensor.fromHost(dev, randH(r, 150 * 333), [150, 333]);
+  const runs: number[][] = [];
+  for (let i = 0; i < 2; i++) {
+    using y = Tensor.empty(dev, [g.n, g.co, oh, ow], "f16");
+    using dx = Tensor.empty(dev, [g.n, g.c, g.h, g.w], "f16");
+    using dw = Tensor.empty(dev, [g.co, g.c, 3, 3], "f32");
+    using c = Tensor.empty(dev, [150, 150], "f32");
+    ops.conv2dForward(x, w, y, { padding: 1 });
+    ops.conv2dBackwardData(dy, w, dx, { padding: 1 });
+    ops.conv2dBackwardWeight(x, dy, dw, { padding: 1 });
+    ops.matmul(a, a, c, { transB: true });
+    runs.push([
+      ...await host(y),
+      ...await host(dx),
+      ...await host(dw),
+      ...await host(c),
+    ]);
+  }
+  assert.deepStrictEqual(runs[0], runs[1]);
+});
