@@ -5,7 +5,15 @@
 // main thread through the same code (gather or get + collate).
 
 import { Gatherer, type GatherSpec, SampleError } from "./_gather.ts";
-import type { FromWorker, InitMessage, ModuleRef } from "./_protocol.ts";
+import {
+  CTL_DOORBELL,
+  CTL_STOP,
+  ctlBase,
+  ctlInts,
+  type FromWorker,
+  type InitMessage,
+  type ModuleRef,
+} from "./_protocol.ts";
 import { CounterRandom, hash4, seedWords, STREAM_SAMPLE, STREAM_WORKER } from "./_rng.ts";
 import type { Dataset, SampleContext, WorkerSpec } from "./dataset.ts";
 import { defaultCollate } from "./collate.ts";
@@ -107,10 +115,24 @@ export class Engine {
   #wake: (() => void) | undefined;
   #gatherer: Gatherer | undefined;
   #mainCollate: ((s: unknown[]) => unknown) | undefined;
+  /** Milliseconds workers spent loading (summed over workers), for stats. */
+  busyMs = 0;
+  // Zero-copy control block (see _protocol.ts); undefined on the generic path.
+  #ctl: Int32Array | undefined;
+  #cap = 0;
+  #posted: number[] = [];
+  #seen: number[] = [];
 
   constructor(cfg: EngineConfig) {
     this.#cfg = cfg;
     if (cfg.numWorkers === 0 && cfg.gather) this.#gatherer = new Gatherer(cfg.gather);
+    if (cfg.numWorkers > 0 && cfg.gather) {
+      // A worker never has more tasks than there are slots.
+      this.#cap = cfg.slotState!.length;
+      this.#ctl = new Int32Array(new SharedArrayBuffer(ctlInts(cfg.numWorkers, this.#cap) * 4));
+      this.#posted = new Array(cfg.numWorkers).fill(0);
+      this.#seen = new Array(cfg.numWorkers).fill(0);
+    }
     for (let id = 0; id < cfg.numWorkers; id++) this.#startWorker(id);
   }
 
@@ -154,6 +176,8 @@ export class Engine {
       seed: cfg.seed,
       workerSeed: hash4(lo, hi, id, STREAM_WORKER),
       gather: cfg.gather,
+      control: this.#ctl?.buffer as SharedArrayBuffer | undefined,
+      cap: this.#cap,
       dataset: cfg.gather ? undefined : cfg.workerSpec,
       collate: cfg.collateMode === "main" ? "none" : cfg.collateMode,
       workerInit: cfg.workerInit,
@@ -213,40 +237,47 @@ export class Engine {
         return;
       }
       case "d":
-      case "b": {
-        const p = this.#pending.get(msg.seq);
-        if (!p) return;
-        this.#pending.delete(msg.seq);
-        w.outstanding--;
-        const size = p.plan.batches[p.batch].length;
-        if (p.plan.abandoned) {
-          this.#outstanding--;
-          if (p.slot >= 0) this.#cfg.slotState![p.slot] = SLOT_FREE;
-          this.pump();
-          return;
-        }
-        if (msg.t === "d") {
-          this.#results.set(msg.seq, {
-            kind: "slot",
-            seq: msg.seq,
-            slot: p.slot,
-            epoch: p.plan.epoch,
-            batch: p.batch,
-            size,
-          });
-        } else {
-          this.#results.set(msg.seq, {
-            kind: "value",
-            seq: msg.seq,
-            value: msg.value,
-            epoch: p.plan.epoch,
-            batch: p.batch,
-            size,
-          });
-        }
-        this.#wake?.();
+      case "b":
+        this.#complete(w, msg.seq, msg.busy, msg.t === "b" ? msg.value : undefined);
         return;
+    }
+  }
+
+  #complete(w: WorkerHandle, seq: number, busy: number, value: unknown): void {
+    const p = this.#pending.get(seq);
+    if (!p) return;
+    this.#pending.delete(seq);
+    w.outstanding--;
+    this.busyMs += busy;
+    const size = p.plan.batches[p.batch].length;
+    if (p.plan.abandoned) {
+      this.#outstanding--;
+      if (p.slot >= 0) this.#cfg.slotState![p.slot] = SLOT_FREE;
+      this.pump();
+      return;
+    }
+    const common = { seq, epoch: p.plan.epoch, batch: p.batch, size };
+    this.#results.set(
+      seq,
+      p.slot >= 0 ? { kind: "slot", slot: p.slot, ...common } : { kind: "value", value, ...common },
+    );
+    this.#wake?.();
+  }
+
+  /** Collects the completions workers wrote into the control block. */
+  #drain(): void {
+    const ctl = this.#ctl;
+    if (!ctl || this.#closed || this.#failure) return;
+    const cap = this.#cap;
+    for (const w of this.#workers) {
+      const base = ctlBase(w.id, cap);
+      const done = Atomics.load(ctl, base + 2);
+      const c0 = base + 4 + cap * 5;
+      for (let k = this.#seen[w.id]; k < done; k++) {
+        const c = c0 + (k % cap) * 2;
+        this.#complete(w, ctl[c], ctl[c + 1] / 1000, undefined);
       }
+      this.#seen[w.id] = done;
     }
   }
 
@@ -258,6 +289,14 @@ export class Engine {
   }
 
   #terminateWorkers(): void {
+    const ctl = this.#ctl;
+    if (ctl) {
+      // Ends the workers' Atomics.wait loops and any waitAsync of ours.
+      Atomics.store(ctl, CTL_STOP, 1);
+      Atomics.add(ctl, CTL_DOORBELL, 1);
+      Atomics.notify(ctl, CTL_DOORBELL);
+      for (const w of this.#workers) Atomics.notify(ctl, ctlBase(w.id, this.#cap));
+    }
     for (const w of this.#workers) {
       if (!w.alive) continue;
       w.alive = false;
@@ -390,7 +429,21 @@ export class Engine {
       w.outstanding++;
       this.#outstanding++;
       this.#pending.set(seq, { seq, plan, batch: b, worker: w.id, slot });
-      if (slot >= 0) {
+      if (slot >= 0 && this.#ctl) {
+        cfg.slotState![slot] = 1;
+        (cfg.ring!.view(slot, "indices", indices.length) as Int32Array).set(indices);
+        const ctl = this.#ctl;
+        const base = ctlBase(w.id, this.#cap);
+        const k = this.#posted[w.id]++;
+        const e = base + 4 + (k % this.#cap) * 5;
+        ctl[e] = seq;
+        ctl[e + 1] = slot;
+        ctl[e + 2] = indices.length;
+        ctl[e + 3] = plan.epoch;
+        ctl[e + 4] = plan.positions[b];
+        Atomics.store(ctl, base, k + 1);
+        Atomics.notify(ctl, base);
+      } else if (slot >= 0) {
         cfg.slotState![slot] = 1;
         (cfg.ring!.view(slot, "indices", indices.length) as Int32Array).set(indices);
         w.worker.postMessage({
@@ -424,6 +477,7 @@ export class Engine {
     let timer: ReturnType<typeof setTimeout> | undefined;
     try {
       while (true) {
+        this.#drain();
         if (this.#failure) throw this.#failure;
         if (this.#closed) throw new Error("Cannot get a batch: the DataLoader was disposed");
         if (depth < 0) depth = this.#readyCount(plan);
@@ -452,12 +506,29 @@ export class Engine {
             );
           }, this.#cfg.timeout * 1000);
         }
-        await new Promise<void>((resolve) => (this.#wake = resolve));
+        const woken = new Promise<void>((resolve) => (this.#wake = resolve));
+        if (this.#ctl) {
+          const ctl = this.#ctl;
+          const bell = Atomics.load(ctl, CTL_DOORBELL);
+          this.#drain();
+          if (this.#results.size === 0 || !this.#hasDue(plan)) {
+            const r = Atomics.waitAsync(ctl, CTL_DOORBELL, bell);
+            if (r.async) await Promise.race([woken, r.value]);
+          }
+        } else await woken;
         this.#wake = undefined;
       }
     } finally {
       if (timer !== undefined) clearTimeout(timer);
     }
+  }
+
+  #hasDue(plan: EpochPlan): boolean {
+    if (this.#cfg.inOrder) return this.#results.has(plan.startSeq + plan.yielded);
+    for (const seq of this.#results.keys()) {
+      if (seq >= plan.startSeq && seq < plan.startSeq + plan.batches.length) return true;
+    }
+    return false;
   }
 
   #readyCount(plan: EpochPlan): number {
@@ -566,7 +637,9 @@ export class Engine {
     }
     plan.dispatched = Math.max(plan.dispatched, b + 1);
     plan.yielded++;
-    cfg.onWait((performance.now() - t0) / 1000, 0);
+    const dt = performance.now() - t0;
+    this.busyMs += dt;
+    cfg.onWait(dt / 1000, 0);
     return result;
   }
 }

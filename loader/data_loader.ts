@@ -122,6 +122,11 @@ export interface EpochStats {
   samplesPerSecond: number;
   /** Mean number of ready batches found when the consumer asked for one. */
   meanQueueDepth: number;
+  /**
+   * Seconds spent loading batches, summed over workers (the main thread with numWorkers 0).
+   * `workerBusySeconds / (seconds * numWorkers)` near 1 means the workers are the limit.
+   */
+  workerBusySeconds: number;
 }
 
 const OPTION_NAMES = new Set([
@@ -687,6 +692,7 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
   #stats: EpochStats;
   #depthSum = 0;
   #requests = 0;
+  #busy0 = 0;
 
   constructor(loader: DataLoader<B>, epoch: number) {
     this.#loader = loader;
@@ -701,6 +707,7 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
       batchesPerSecond: 0,
       samplesPerSecond: 0,
       meanQueueDepth: 0,
+      workerBusySeconds: 0,
     };
   }
 
@@ -724,6 +731,7 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
       if (!this.#plan) {
         this.#t0 = performance.now();
         this.#engine = this.#loader._engine();
+        this.#busy0 = this.#engine.busyMs;
         this.#plan = this.#engine.startEpoch(this.#epoch);
       }
       const r = await this.#engine!.next(this.#plan);
@@ -752,6 +760,7 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
     s.batchesPerSecond = s.seconds > 0 ? s.batches / s.seconds : 0;
     s.samplesPerSecond = s.seconds > 0 ? s.samples / s.seconds : 0;
     s.meanQueueDepth = this.#requests > 0 ? this.#depthSum / this.#requests : 0;
+    if (this.#engine) s.workerBusySeconds = (this.#engine.busyMs - this.#busy0) / 1000;
     if (complete) this.#loader.history.push(s);
     this.#loader._finish(this, this.#plan, complete);
   }

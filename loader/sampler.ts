@@ -396,7 +396,7 @@ export class DistributedSampler implements Sampler, Iterable<number> {
     this.seed = options.seed === undefined ? 0 : checkSeed(options.seed);
     this.dropLast = options.dropLast ?? false;
     this.length = this.dropLast && this.size % this.worldSize !== 0
-      ? Math.ceil((this.size - this.worldSize) / this.worldSize)
+      ? Math.max(0, Math.ceil((this.size - this.worldSize) / this.worldSize))
       : Math.ceil(this.size / this.worldSize);
     this.totalSize = this.length * this.worldSize;
   }

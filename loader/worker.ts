@@ -9,13 +9,16 @@ import { Gatherer, SampleError } from "./_gather.ts";
 import { CounterRandom, STREAM_SAMPLE } from "./_rng.ts";
 import { defaultCollate } from "./collate.ts";
 import type { Dataset, SampleContext } from "./dataset.ts";
-import type {
-  CollateTask,
-  FromWorker,
-  GatherTask,
-  InitMessage,
-  ModuleRef,
-  ToWorker,
+import {
+  type CollateTask,
+  CTL_DOORBELL,
+  CTL_STOP,
+  ctlBase,
+  type FromWorker,
+  type GatherTask,
+  type InitMessage,
+  type ModuleRef,
+  type ToWorker,
 } from "./_protocol.ts";
 import { _setWorkerInfo } from "./worker_info.ts";
 
@@ -105,10 +108,49 @@ function transferables(value: unknown, out: Transferable[]): void {
   }
 }
 
+// The zero-copy loop: blocks in Atomics.wait for tasks and never returns to the event loop
+// while serving (nothing else arrives by message on this path). Timed waits let a stop flag
+// or terminate() end it even if a notify is missed.
+function serve(ctl: Int32Array, id: number, cap: number): void {
+  const base = ctlBase(id, cap);
+  const tasks = base + 4;
+  const done = base + 4 + cap * 5;
+  let head = 0;
+  while (Atomics.load(ctl, CTL_STOP) === 0) {
+    if (Atomics.load(ctl, base) === head) {
+      Atomics.wait(ctl, base, head, 100);
+      continue;
+    }
+    const e = tasks + (head % cap) * 5;
+    const seq = ctl[e];
+    const t0 = performance.now();
+    try {
+      gatherer!.gather(ctl[e + 1], ctl[e + 2], ctl[e + 3], ctl[e + 4]);
+    } catch (err) {
+      post({
+        t: "e",
+        seq,
+        index: err instanceof SampleError ? err.index : -1,
+        ...errorFields(err),
+      });
+      return;
+    }
+    const c = done + (head % cap) * 2;
+    ctl[c] = seq;
+    ctl[c + 1] = Math.round((performance.now() - t0) * 1000);
+    head++;
+    Atomics.store(ctl, base + 1, head);
+    Atomics.store(ctl, base + 2, head);
+    Atomics.add(ctl, CTL_DOORBELL, 1);
+    Atomics.notify(ctl, CTL_DOORBELL);
+  }
+}
+
 function runGather(task: GatherTask): void {
   try {
+    const t0 = performance.now();
     gatherer!.gather(task.slot, task.n, task.epoch, task.pos);
-    post({ t: "d", seq: task.seq });
+    post({ t: "d", seq: task.seq, busy: performance.now() - t0 });
   } catch (e) {
     post({
       t: "e",
@@ -122,6 +164,7 @@ function runGather(task: GatherTask): void {
 async function runCollate(task: CollateTask): Promise<void> {
   const samples: unknown[] = new Array(task.idx.length);
   let current = -1;
+  const t0 = performance.now();
   try {
     for (let k = 0; k < task.idx.length; k++) {
       current = task.idx[k];
@@ -138,13 +181,13 @@ async function runCollate(task: CollateTask): Promise<void> {
     }
     current = -1;
     if (init.collate === "none") {
-      post({ t: "b", seq: task.seq, value: samples });
+      post({ t: "b", seq: task.seq, value: samples, busy: performance.now() - t0 });
       return;
     }
     const value = collate!(samples);
     const transfer: Transferable[] = [];
     if (init.collate === "default") transferables(value, transfer);
-    post({ t: "b", seq: task.seq, value }, transfer);
+    post({ t: "b", seq: task.seq, value, busy: performance.now() - t0 }, transfer);
   } catch (e) {
     post({ t: "e", seq: task.seq, index: current, ...errorFields(e) });
   }
@@ -171,7 +214,8 @@ self.onmessage = (event: MessageEvent<ToWorker>) => {
       () => {
         ready = true;
         post({ t: "ready" });
-        pump();
+        if (msg.control && msg.cap) serve(new Int32Array(msg.control), msg.id, msg.cap);
+        else pump();
       },
       (e) => post({ t: "fatal", ...errorFields(e) }),
     );

@@ -1,0 +1,398 @@
+/**
+ * Loader benchmark: CIFAR-10-format data (50,000 generated samples, batch 128, shuffle,
+ * crop-with-padding-4 and flip parameters drawn per sample), side by side in one run:
+ *
+ * - the memory-copy bound: the same bytes gathered in the same shuffled order, one thread;
+ * - pinstream zero-copy path (ring slots + augment params), numWorkers 0, 1, 2;
+ * - pinstream generic path (`get(i, ctx)` drawing the params + defaultCollate), 0, 1, 2;
+ * - pinstream generic path doing the CPU crop/flip/normalize to float32 (like torchvision);
+ * - PyTorch's standard torchvision CIFAR pipeline (bench/loader_torch.py), 0, 1, 2 workers.
+ *
+ * Prints a table and writes bench/results/loader.json. Flags: `--epochs N` (pinstream
+ * epochs per config, first is warm-up; default 4), `--no-torch`, `--torch-epochs N`.
+ *
+ * @module
+ */
+
+import { join } from "node:path";
+import { DataLoader } from "../loader/data_loader.ts";
+import type { Dataset, SampleContext, WorkerSpec } from "../loader/dataset.ts";
+import { CIFAR10, type CIFAR10State } from "../loader/datasets/cifar10.ts";
+import type { RingBatch } from "../loader/ring.ts";
+import { RandomSampler } from "../loader/sampler.ts";
+import { writeCifar10Files } from "../tests/loader_fixtures.ts";
+
+const BATCH = 128;
+const PAD = 4;
+const SEED = 0;
+
+/** CIFAR-10 whose samples carry their crop/flip parameters (generic path). */
+export class AugCIFAR10
+  implements Dataset<{ image: Uint8Array; label: number; augment: Int32Array }> {
+  readonly length: number;
+  #inner: CIFAR10;
+  constructor(inner: CIFAR10) {
+    this.#inner = inner;
+    this.length = inner.length;
+  }
+  static fromState(state: CIFAR10State): AugCIFAR10 {
+    return new AugCIFAR10(CIFAR10.fromState(state));
+  }
+  get(i: number, ctx?: SampleContext): { image: Uint8Array; label: number; augment: Int32Array } {
+    const s = this.#inner.get(i);
+    const span = 2 * PAD + 1;
+    const augment = new Int32Array([ctx!.int(span), ctx!.int(span), ctx!.int(2)]);
+    return { image: s.image, label: s.label, augment };
+  }
+  workerSpec(): WorkerSpec {
+    return {
+      module: import.meta.url,
+      export: "AugCIFAR10.fromState",
+      state: this.#inner.workerSpec().state,
+    };
+  }
+}
+
+const MEAN = [0.4914, 0.4822, 0.4465];
+const STD = [0.2470, 0.2435, 0.2616];
+
+/** CIFAR-10 with torchvision's CPU transforms: crop(pad 4) + flip + ToTensor + Normalize. */
+export class CpuAugCIFAR10 implements Dataset<{ image: Float32Array; label: number }> {
+  readonly length: number;
+  #inner: CIFAR10;
+  constructor(inner: CIFAR10) {
+    this.#inner = inner;
+    this.length = inner.length;
+  }
+  static fromState(state: CIFAR10State): CpuAugCIFAR10 {
+    return new CpuAugCIFAR10(CIFAR10.fromState(state));
+  }
+  get(i: number, ctx?: SampleContext): { image: Float32Array; label: number } {
+    const s = this.#inner.get(i);
+    const span = 2 * PAD + 1;
+    const dy = ctx!.int(span), dx = ctx!.int(span), flip = ctx!.int(2);
+    const out = new Float32Array(3072);
+    for (let c = 0; c < 3; c++) {
+      const scale = 1 / (255 * STD[c]);
+      const shift = -MEAN[c] / STD[c];
+      for (let y = 0; y < 32; y++) {
+        const sy = y + dy - PAD;
+        const row = c * 1024 + y * 32;
+        if (sy < 0 || sy >= 32) {
+          out.fill(shift, row, row + 32);
+          continue;
+        }
+        const srow = c * 1024 + sy * 32;
+        for (let x = 0; x < 32; x++) {
+          const sx = (flip ? 31 - x : x) + dx - PAD;
+          out[row + x] = sx < 0 || sx >= 32 ? shift : s.image[srow + sx] * scale + shift;
+        }
+      }
+    }
+    return { image: out, label: s.label };
+  }
+  workerSpec(): WorkerSpec {
+    return {
+      module: import.meta.url,
+      export: "CpuAugCIFAR10.fromState",
+      state: this.#inner.workerSpec().state,
+    };
+  }
+}
+
+interface Row {
+  name: string;
+  impl: "bound" | "pinstream" | "pytorch";
+  path: string;
+  numWorkers: number | null;
+  samplesPerSecond: number | null;
+  epochs?: number[];
+  /** Seconds from asking for epoch 2's first batch to getting it. */
+  epoch2FirstBatchSeconds?: number;
+  /** Median seconds between batches in steady state. */
+  steadyBatchIntervalSeconds?: number;
+  note?: string;
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length ? s[Math.floor(s.length / 2)] : 0;
+}
+
+function gatherBound(ds: CIFAR10, epochs: number): Row {
+  const sampler = new RandomSampler(ds.length, { seed: SEED });
+  const dstImg = new Uint8Array(new SharedArrayBuffer(BATCH * 3072));
+  const dstLab = new Int32Array(new SharedArrayBuffer(BATCH * 4));
+  const rates: number[] = [];
+  for (let e = 0; e < epochs; e++) {
+    const order = sampler.indices(e);
+    const t0 = performance.now();
+    for (let b = 0; b < order.length; b += BATCH) {
+      const n = Math.min(BATCH, order.length - b);
+      for (let k = 0; k < n; k++) {
+        const i = order[b + k];
+        dstImg.set(ds.images.subarray(i * 3072, i * 3072 + 3072), k * 3072);
+        dstLab[k] = ds.labels[i];
+      }
+    }
+    rates.push(order.length / ((performance.now() - t0) / 1000));
+  }
+  return {
+    name: "memory-copy bound (1 thread)",
+    impl: "bound",
+    path: "gather",
+    numWorkers: null,
+    samplesPerSecond: Math.max(...rates.slice(1)),
+    epochs: rates,
+  };
+}
+
+async function runLoader(
+  name: string,
+  path: string,
+  make: () => DataLoader<unknown>,
+  epochs: number,
+): Promise<Row> {
+  await using loader = make();
+  const rates: number[] = [];
+  let first2 = 0;
+  const intervals: number[] = [];
+  let checksum = 0;
+  for (let e = 0; e < epochs; e++) {
+    const t0 = performance.now();
+    let last = t0;
+    let n = 0;
+    let b = 0;
+    for await (const batch of loader) {
+      const now = performance.now();
+      if (b === 0 && e === 1) first2 = (now - t0) / 1000;
+      if (b > 0 && e >= 1) intervals.push((now - last) / 1000);
+      last = now;
+      b++;
+      if (path === "zero-copy") {
+        const rb = batch as RingBatch;
+        n += rb.size;
+        checksum += rb.fields.label[0];
+      } else {
+        const lab = (batch as { label: Float64Array }).label;
+        n += lab.length;
+        checksum += lab[0];
+      }
+    }
+    rates.push(n / ((performance.now() - t0) / 1000));
+  }
+  const measured = rates.slice(1);
+  return {
+    name,
+    impl: "pinstream",
+    path,
+    numWorkers: loader.numWorkers,
+    samplesPerSecond: measured.reduce((a, b) => a + b, 0) / measured.length,
+    epochs: rates,
+    epoch2FirstBatchSeconds: first2,
+    steadyBatchIntervalSeconds: median(intervals),
+    note: checksum < 0 ? "impossible" : undefined,
+  };
+}
+
+async function runTorch(dir: string, workers: number[], epochs: number): Promise<Row[]> {
+  const python = Deno.env.get("PYTHON") ??
+    ((await Deno.stat("/usr/bin/python3").then(() => true, () => false))
+      ? "/usr/bin/python3"
+      : "python3");
+  const script = new URL("./loader_torch.py", import.meta.url).pathname;
+  const rows: Row[] = [];
+  let out: Deno.CommandOutput;
+  try {
+    out = await new Deno.Command(python, {
+      args: [script, "--data", dir, "--workers", workers.join(","), "--epochs", String(epochs)],
+      env: { OPENBLAS_NUM_THREADS: "1", OMP_NUM_THREADS: "1" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+  } catch (e) {
+    out = {
+      success: false,
+      stdout: new Uint8Array(),
+      stderr: new TextEncoder().encode(String(e)),
+    } as Deno.CommandOutput;
+  }
+  const lines = new TextDecoder().decode(out.stdout).split("\n").filter((l) => l.startsWith("{"));
+  for (const w of workers) {
+    const line = lines.map((l) => JSON.parse(l)).find((j) => j.workers === w);
+    rows.push({
+      name: `PyTorch torchvision pipeline, ${w} workers`,
+      impl: "pytorch",
+      path: "RandomCrop+Flip+ToTensor+Normalize",
+      numWorkers: w,
+      samplesPerSecond: line
+        ? line.samplesPerSecond.reduce((a: number, b: number) => a + b, 0) /
+          line.samplesPerSecond.length
+        : null,
+      epochs: line?.samplesPerSecond,
+      note: line
+        ? `torch ${line.torch}`
+        : `skipped: ${
+          new TextDecoder().decode(out.stderr).trim().split("\n").slice(-1)[0] ?? "no output"
+        }`,
+    });
+  }
+  return rows;
+}
+
+async function git(args: string[]): Promise<string> {
+  try {
+    const o = await new Deno.Command("git", { args, stdout: "piped", stderr: "null" }).output();
+    return new TextDecoder().decode(o.stdout).trim();
+  } catch {
+    return "";
+  }
+}
+
+async function machine(): Promise<string> {
+  let cpu = "unknown CPU";
+  try {
+    const info = await Deno.readTextFile("/proc/cpuinfo");
+    cpu = /model name\s*:\s*(.*)/.exec(info)?.[1] ?? cpu;
+  } catch { /* not Linux */ }
+  return `${cpu}, ${navigator.hardwareConcurrency} logical cores, ${Deno.build.os}, ` +
+    `deno ${Deno.version.deno}`;
+}
+
+function fmtRate(r: number | null): string {
+  return r === null ? "—" : Math.round(r).toLocaleString("en-US");
+}
+
+/** Runs the benchmark; see the module documentation. */
+export async function main(args: string[] = Deno.args): Promise<void> {
+  const flag = (name: string, dflt: number) => {
+    const i = args.indexOf(name);
+    return i >= 0 ? Number(args[i + 1]) : dflt;
+  };
+  const epochs = flag("--epochs", 4);
+  const torchEpochs = flag("--torch-epochs", 1);
+  const withTorch = !args.includes("--no-torch");
+  const workers = [0, 1, 2];
+  const dir = await Deno.makeTempDir({ prefix: "pinstream-cifar-" });
+  try {
+    console.log(`generating 50,000 CIFAR-10 records in ${dir} ...`);
+    await writeCifar10Files(dir, { test: false });
+    const ds = await CIFAR10.load({ root: dir });
+    const rows: Row[] = [];
+    rows.push(gatherBound(ds, 4));
+    for (const w of workers) {
+      rows.push(
+        await runLoader(`pinstream zero-copy, ${w} workers`, "zero-copy", () =>
+          new DataLoader(ds, {
+            batchSize: BATCH,
+            shuffle: true,
+            seed: SEED,
+            numWorkers: w,
+            persistentWorkers: w > 0,
+            augment: { padding: PAD, flip: true },
+          }), epochs),
+      );
+    }
+    const aug = new AugCIFAR10(ds);
+    for (const w of workers) {
+      rows.push(
+        await runLoader(
+          `pinstream generic get(i)+collate, ${w} workers`,
+          "generic",
+          () =>
+            new DataLoader(aug, {
+              batchSize: BATCH,
+              shuffle: true,
+              seed: SEED,
+              numWorkers: w,
+              persistentWorkers: w > 0,
+            }),
+          Math.min(epochs, 3),
+        ),
+      );
+    }
+    const cpuAug = new CpuAugCIFAR10(ds);
+    for (const w of workers) {
+      rows.push(
+        await runLoader(
+          `pinstream generic + CPU crop/flip/normalize f32, ${w} workers`,
+          "generic+cpu-transforms",
+          () =>
+            new DataLoader(cpuAug, {
+              batchSize: BATCH,
+              shuffle: true,
+              seed: SEED,
+              numWorkers: w,
+              persistentWorkers: w > 0,
+            }),
+          Math.min(epochs, 3),
+        ),
+      );
+    }
+    if (withTorch) {
+      console.log("running PyTorch (bench/loader_torch.py) ...");
+      rows.push(...await runTorch(dir, workers, torchEpochs));
+    }
+
+    const bound = rows[0].samplesPerSecond!;
+    const torchAt = (w: number) =>
+      rows.find((r) => r.impl === "pytorch" && r.numWorkers === w)?.samplesPerSecond ?? null;
+    console.log("");
+    console.log(
+      "| configuration | samples/s | % of bound | vs PyTorch same workers | epoch-2 first batch / interval |",
+    );
+    console.log("|---|---:|---:|---:|---:|");
+    for (const r of rows) {
+      const t = r.numWorkers !== null && r.impl === "pinstream" ? torchAt(r.numWorkers) : null;
+      const vs = t && r.samplesPerSecond ? `${(r.samplesPerSecond / t).toFixed(1)}x` : "";
+      const pct = r.samplesPerSecond ? `${((100 * r.samplesPerSecond) / bound).toFixed(0)}%` : "";
+      const first = r.epoch2FirstBatchSeconds !== undefined && r.steadyBatchIntervalSeconds
+        ? `${(r.epoch2FirstBatchSeconds * 1e3).toFixed(3)} ms / ${
+          (r.steadyBatchIntervalSeconds * 1e3).toFixed(3)
+        } ms`
+        : "";
+      console.log(
+        `| ${r.name}${r.note?.startsWith("skipped") ? ` (${r.note})` : ""} | ` +
+          `${fmtRate(r.samplesPerSecond)} | ${pct} | ${vs} | ${first} |`,
+      );
+    }
+    const zc2 = rows.find((r) => r.path === "zero-copy" && r.numWorkers === 2)!;
+    const targets = {
+      zeroCopy2WorkersAtLeast1_5M: zc2.samplesPerSecond! >= 1.5e6,
+      zeroCopy2WorkersAtLeast40PctOfBound: zc2.samplesPerSecond! >= 0.4 * bound,
+      genericAtLeast3xPyTorch: workers.map((w) => {
+        const g = rows.find((r) => r.path === "generic" && r.numWorkers === w)!;
+        const t = torchAt(w);
+        return { numWorkers: w, ratio: t ? g.samplesPerSecond! / t : null };
+      }),
+      epoch2FirstBatchWithin2xInterval: rows.filter((r) => r.epoch2FirstBatchSeconds !== undefined)
+        .map((r) => ({
+          name: r.name,
+          ratio: r.epoch2FirstBatchSeconds! / r.steadyBatchIntervalSeconds!,
+        })),
+    };
+    console.log("\ntargets:", JSON.stringify(targets, null, 1));
+    const commit = await git(["rev-parse", "--short", "HEAD"]);
+    const dirty = (await git(["status", "--porcelain", "loader", "bench/loader.ts"]))
+      ? "-dirty"
+      : "";
+    const result = {
+      benchmark: "loader",
+      date: new Date().toISOString(),
+      machine: await machine(),
+      commit: commit + dirty,
+      command: "deno run -A bench/loader.ts " + args.join(" "),
+      config: { samples: ds.length, batchSize: BATCH, shuffle: true, padding: PAD, flip: true },
+      rows,
+      targets,
+    };
+    const outPath = new URL("./results/loader.json", import.meta.url);
+    await Deno.mkdir(new URL("./results/", import.meta.url), { recursive: true });
+    await Deno.writeTextFile(outPath, JSON.stringify(result, null, 2) + "\n");
+    console.log(`wrote ${outPath.pathname}`);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+}
+
+if (import.meta.main) await main();

@@ -1,0 +1,436 @@
+import assert from "node:assert";
+import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
+import type { Dataset } from "../loader/dataset.ts";
+import { TensorDataset } from "../loader/datasets/tensor.ts";
+import type { RingBatch, StagingRing } from "../loader/ring.ts";
+import { DistributedSampler, SequentialSampler } from "../loader/sampler.ts";
+import { FaultyDataset, type FaultySample } from "./loader_fixtures.ts";
+
+const range = (n: number) => Array.from({ length: n }, (_, i) => i);
+
+/** n samples: image u8 [2,2] filled with i & 255, label i32 = i. */
+function imageDataset(n: number): TensorDataset {
+  const image = new Uint8Array(n * 4);
+  for (let i = 0; i < n; i++) image.fill(i & 255, i * 4, i * 4 + 4);
+  return new TensorDataset({
+    image: { data: image, shape: [1, 2, 2] },
+    label: Int32Array.from(range(n)),
+  });
+}
+
+async function collectRing(loader: DataLoader<RingBatch>) {
+  const out: { indices: number[]; labels: number[]; image0: number[]; augment: number[] }[] = [];
+  for await (const b of loader) {
+    out.push({
+      indices: [...b.indices],
+      labels: [...b.fields.label],
+      image0: range(b.size).map((k) => b.fields.image[k * 4]),
+      augment: b.augment ? [...b.augment] : [],
+    });
+  }
+  return out;
+}
+
+Deno.test("DataLoader yields the last partial batch unless dropLast (PyTorch batch counts)", async () => {
+  for (const n of [10, 12]) {
+    for (const dropLast of [false, true]) {
+      const ds = { length: n, get: (i: number) => i };
+      await using loader = new DataLoader<Float64Array>(ds, { batchSize: 4, dropLast });
+      const expected = dropLast ? Math.floor(n / 4) : Math.ceil(n / 4);
+      assert.strictEqual(loader.length, expected);
+      const batches: number[][] = [];
+      for await (const b of loader) batches.push([...b]);
+      assert.strictEqual(batches.length, expected, `n=${n} dropLast=${dropLast}`);
+      const flat = batches.flat();
+      assert.deepStrictEqual(flat, range(dropLast ? expected * 4 : n));
+      if (!dropLast && n % 4) assert.strictEqual(batches.at(-1)!.length, n % 4);
+    }
+  }
+});
+
+Deno.test("DataLoader default batchSize is 1 and batchSize null yields single samples", async () => {
+  const ds = { length: 3, get: (i: number) => ({ v: i }) };
+  await using one = new DataLoader<{ v: Float64Array }>(ds);
+  const b1: number[][] = [];
+  for await (const b of one) b1.push([...b.v]);
+  assert.deepStrictEqual(b1, [[0], [1], [2]]);
+  await using none = new DataLoader<{ v: number }>(ds, { batchSize: null });
+  const b2: unknown[] = [];
+  for await (const s of none) b2.push(s);
+  assert.deepStrictEqual(b2, [{ v: 0 }, { v: 1 }, { v: 2 }]);
+  assert.strictEqual(none.length, 3);
+});
+
+Deno.test("DataLoader zero-copy batches hold the samples' fields, indices and labels", async () => {
+  const ds = imageDataset(10);
+  await using loader = new DataLoader<RingBatch>(ds, { batchSize: 4 });
+  assert.ok(loader.zeroCopy);
+  const got = await collectRing(loader);
+  assert.deepStrictEqual(got.map((b) => b.indices), [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]);
+  assert.deepStrictEqual(got.map((b) => b.labels), got.map((b) => b.indices));
+  assert.deepStrictEqual(got.map((b) => b.image0), got.map((b) => b.indices));
+});
+
+Deno.test("DataLoader shuffle visits every sample once per epoch, differently each epoch", async () => {
+  const ds = imageDataset(50);
+  await using loader = new DataLoader<RingBatch>(ds, { batchSize: 8, shuffle: true, seed: 3 });
+  const e0 = (await collectRing(loader)).flatMap((b) => b.indices);
+  const e1 = (await collectRing(loader)).flatMap((b) => b.indices);
+  assert.deepStrictEqual([...e0].sort((a, b) => a - b), range(50));
+  assert.deepStrictEqual([...e1].sort((a, b) => a - b), range(50));
+  assert.notDeepStrictEqual(e0, e1);
+  assert.strictEqual(loader.epoch, 2);
+  loader.setEpoch(0);
+  assert.deepStrictEqual((await collectRing(loader)).flatMap((b) => b.indices), e0);
+});
+
+Deno.test("DataLoader batches are identical for numWorkers 0, 1, 2 and 4 (zero-copy, augment)", async () => {
+  const ds = imageDataset(103);
+  let reference: unknown;
+  for (const numWorkers of [0, 1, 2, 4]) {
+    await using loader = new DataLoader<RingBatch>(ds, {
+      batchSize: 8,
+      shuffle: true,
+      seed: 1234,
+      numWorkers,
+      augment: { padding: 4, flip: true },
+    });
+    const epochs = [await collectRing(loader), await collectRing(loader)];
+    if (reference === undefined) {
+      reference = epochs;
+      const aug = epochs[0].flatMap((b) => b.augment);
+      for (let k = 0; k < aug.length; k += 3) {
+        assert.ok(aug[k] >= 0 && aug[k] <= 8 && aug[k + 1] >= 0 && aug[k + 1] <= 8);
+        assert.ok(aug[k + 2] === 0 || aug[k + 2] === 1);
+      }
+      assert.ok(new Set(aug.filter((_, k) => k % 3 === 0)).size > 5, "crop offsets vary");
+    } else assert.deepStrictEqual(epochs, reference, `numWorkers ${numWorkers}`);
+  }
+  assert.strictEqual(DataLoader.liveWorkers, 0);
+});
+
+Deno.test("DataLoader generic path gives the same batches and random streams for numWorkers 0, 1, 2, 4", async () => {
+  const ds = new FaultyDataset({ length: 37, fault: "none", at: -1 });
+  let reference: unknown;
+  for (const numWorkers of [0, 1, 2, 4]) {
+    await using loader = new DataLoader<{ x: Float32Array; r: Float64Array }>(ds, {
+      batchSize: 5,
+      shuffle: true,
+      seed: 99,
+      numWorkers,
+    });
+    const got: number[][] = [];
+    for await (const b of loader) got.push([...b.x], [...b.r]);
+    if (reference === undefined) {
+      reference = got;
+      const draws = got.filter((_, k) => k % 2 === 1).flat();
+      assert.strictEqual(new Set(draws).size, 37, "every sample has its own stream");
+    } else assert.deepStrictEqual(got, reference, `numWorkers ${numWorkers}`);
+  }
+});
+
+Deno.test("DataLoader augment parameters match the sample's stream in get(i, ctx)", async () => {
+  // The zero-copy draws are the first three draws of the per-sample stream.
+  const ds = imageDataset(20);
+  await using zc = new DataLoader<RingBatch>(ds, {
+    batchSize: 6,
+    shuffle: true,
+    seed: 5,
+    augment: { padding: 2, flip: true },
+  });
+  const zAug = (await collectRing(zc)).flatMap((b) => b.augment);
+  const drawing: Dataset = {
+    length: 20,
+    get: (_i, ctx) => new Int32Array([ctx!.int(5), ctx!.int(5), ctx!.int(2)]),
+  };
+  await using gen = new DataLoader<Int32Array>(drawing, { batchSize: 6, shuffle: true, seed: 5 });
+  const gAug: number[] = [];
+  for await (const b of gen) gAug.push(...b);
+  assert.deepStrictEqual(zAug, gAug);
+});
+
+Deno.test("DataLoader inOrder false yields every batch of the epoch", async () => {
+  const ds = imageDataset(64);
+  await using loader = new DataLoader<RingBatch>(ds, {
+    batchSize: 4,
+    numWorkers: 2,
+    inOrder: false,
+  });
+  const got = (await collectRing(loader)).flatMap((b) => b.indices).sort((a, b) => a - b);
+  assert.deepStrictEqual(got, range(64));
+});
+
+Deno.test("DataLoader persistent workers keep running across epochs and prefetch the next one", async () => {
+  const ds = imageDataset(40);
+  const plain = new DataLoader<RingBatch>(ds, { batchSize: 4, shuffle: true, seed: 8 });
+  const want = [await collectRing(plain), await collectRing(plain), await collectRing(plain)];
+  plain.dispose();
+  await using loader = new DataLoader<RingBatch>(ds, {
+    batchSize: 4,
+    shuffle: true,
+    seed: 8,
+    numWorkers: 2,
+    persistentWorkers: true,
+    prefetchFactor: 3,
+  });
+  const got = [await collectRing(loader)];
+  assert.strictEqual(loader.workers, 2, "workers survive the end of the epoch");
+  got.push(await collectRing(loader));
+  // Break in the middle of epoch 2: the rest is dropped, epoch 3 still starts correctly.
+  for await (const _ of loader) break;
+  got.push(await collectRing(loader));
+  assert.deepStrictEqual(got[0], want[0]);
+  assert.deepStrictEqual(got[1], want[1]);
+  const plain2 = new DataLoader<RingBatch>(ds, { batchSize: 4, shuffle: true, seed: 8 });
+  plain2.setEpoch(3);
+  assert.deepStrictEqual(got[2], await collectRing(plain2));
+  plain2.dispose();
+  loader.dispose();
+  assert.strictEqual(loader.workers, 0);
+  assert.strictEqual(DataLoader.liveWorkers, 0);
+});
+
+Deno.test("DataLoader non-persistent workers stop at the end of each epoch", async () => {
+  const ds = imageDataset(20);
+  await using loader = new DataLoader<RingBatch>(ds, { batchSize: 4, numWorkers: 2 });
+  let during = 0;
+  for await (const _ of loader) during = DataLoader.liveWorkers;
+  assert.strictEqual(during, 2);
+  assert.strictEqual(DataLoader.liveWorkers, 0);
+});
+
+Deno.test("DataLoader.stream() gives one epoch as a ReadableStream", async () => {
+  const ds = { length: 7, get: (i: number) => i };
+  await using loader = new DataLoader<Float64Array>(ds, { batchSize: 3 });
+  const got: number[][] = [];
+  for await (const b of loader.stream()) got.push([...b]);
+  assert.deepStrictEqual(got, [[0, 1, 2], [3, 4, 5], [6]]);
+  const reader = loader.stream().getReader();
+  assert.deepStrictEqual([...(await reader.read()).value!], [0, 1, 2]);
+  await reader.cancel();
+});
+
+Deno.test("DataLoader with autoRelease false keeps batches until release()", async () => {
+  const ds = imageDataset(40);
+  await using loader = new DataLoader<RingBatch>(ds, {
+    batchSize: 4,
+    numWorkers: 1,
+    autoRelease: false,
+    heldBatches: 2,
+  });
+  const held: RingBatch[] = [];
+  for await (const b of loader) {
+    held.push(b);
+    if (held.length > 2) held.shift()!.release();
+    // Slots the consumer holds are never overwritten.
+    for (const h of held) assert.deepStrictEqual([...h.fields.label], [...h.indices]);
+  }
+  for (const h of held) h.release();
+  assert.ok(held.every((h) => h.released));
+});
+
+Deno.test("DataLoader fails clearly when the consumer holds every ring slot", async () => {
+  const ds = imageDataset(40);
+  await using loader = new DataLoader<RingBatch>(ds, {
+    batchSize: 4,
+    autoRelease: false,
+    heldBatches: 1,
+  });
+  await assert.rejects(async () => {
+    for await (const _ of loader) { /* never release */ }
+  }, /ring slots are held by the consumer/);
+});
+
+Deno.test("DataLoader pinMemory hook gets the ring once and its Disposable is disposed last", async () => {
+  const ds = imageDataset(8);
+  const events: string[] = [];
+  let ring: StagingRing | undefined;
+  const loader = new DataLoader<RingBatch>(ds, {
+    batchSize: 4,
+    numWorkers: 1,
+    pinMemory: (r) => {
+      ring = r;
+      events.push("pin");
+      return { [Symbol.dispose]: () => events.push(`unpin live=${DataLoader.liveWorkers}`) };
+    },
+  });
+  assert.strictEqual(loader.ring, ring);
+  assert.ok(ring!.buffer instanceof SharedArrayBuffer);
+  assert.strictEqual(ring!.slotOffset(1), ring!.slotBytes);
+  assert.strictEqual(ring!.field("image").sampleBytes, 4);
+  for await (const b of loader) assert.strictEqual(b.ring, ring);
+  await loader[Symbol.asyncDispose]();
+  loader.dispose();
+  assert.deepStrictEqual(events, ["pin", "unpin live=0"]);
+  assert.throws(() => loader[Symbol.asyncIterator](), /disposed/);
+});
+
+Deno.test("DataLoader records per-epoch stats", async () => {
+  const ds = imageDataset(30);
+  await using loader = new DataLoader<RingBatch>(ds, { batchSize: 4, numWorkers: 1 });
+  for await (const _ of loader) { /* drain */ }
+  const s = loader.stats!;
+  assert.strictEqual(s.epoch, 0);
+  assert.strictEqual(s.batches, 8);
+  assert.strictEqual(s.samples, 30);
+  assert.ok(s.seconds > 0 && s.samplesPerSecond > 0 && s.batchesPerSecond > 0);
+  assert.ok(s.waitSeconds >= 0 && s.waitSeconds <= s.seconds);
+  assert.ok(s.meanQueueDepth >= 0 && s.workerBusySeconds > 0);
+  assert.strictEqual(loader.history.length, 1);
+});
+
+Deno.test("DataLoader runs workerInit in every worker and exposes getWorkerInfo()", async () => {
+  const ds = new FaultyDataset({ length: 12, fault: "none", at: -1 });
+  await using loader = new DataLoader<FaultySample[]>(ds, {
+    batchSize: 3,
+    numWorkers: 2,
+    collate: { module: new URL("./loader_fixtures.ts", import.meta.url).href, export: "identity" },
+    workerInit: {
+      module: new URL("./loader_fixtures.ts", import.meta.url).href,
+      export: "recordWorkerId",
+    },
+  });
+  const seen = new Set<number>();
+  for await (const batch of loader) {
+    for (const s of batch) {
+      assert.strictEqual(s.init, s.w, "workerInit ran with the worker id");
+      seen.add(s.w);
+    }
+  }
+  assert.deepStrictEqual([...seen].sort(), [0, 1]);
+});
+
+Deno.test("DataLoader collate: a function runs on the main thread, a module reference in workers", async () => {
+  const ds = new FaultyDataset({ length: 10, fault: "none", at: -1 });
+  for (const numWorkers of [0, 2]) {
+    await using fn = new DataLoader<number>(ds, {
+      batchSize: 4,
+      numWorkers,
+      collate: (s) => (s as FaultySample[]).length,
+    });
+    const sizes: number[] = [];
+    for await (const n of fn) sizes.push(n);
+    assert.deepStrictEqual(sizes, [4, 4, 2]);
+    await using ref = new DataLoader<number>(ds, {
+      batchSize: 4,
+      numWorkers,
+      collate: {
+        module: new URL("./loader_fixtures.ts", import.meta.url).href,
+        export: "sumCollate",
+      },
+    });
+    const sums: number[] = [];
+    for await (const n of ref) sums.push(n);
+    assert.deepStrictEqual(sums, [6, 22, 17]);
+  }
+});
+
+Deno.test("DataLoader accepts custom samplers, plain iterables and batch samplers", async () => {
+  const ds = { length: 10, get: (i: number) => i };
+  await using a = new DataLoader<Float64Array>(ds, {
+    batchSize: 3,
+    sampler: { length: 4, indices: () => [9, 8, 7, 6] },
+  });
+  const got: number[][] = [];
+  for await (const b of a) got.push([...b]);
+  assert.deepStrictEqual(got, [[9, 8, 7], [6]]);
+  await using b = new DataLoader<Float64Array>(ds, {
+    batchSampler: { length: 2, batches: () => [[1, 2], [3]] },
+  });
+  const got2: number[][] = [];
+  for await (const x of b) got2.push([...x]);
+  assert.deepStrictEqual(got2, [[1, 2], [3]]);
+  const iterable = Object.assign([5, 4], { length: 2 });
+  await using c = new DataLoader<Float64Array>(ds, { sampler: iterable, batchSize: 2 });
+  for await (const x of c) assert.deepStrictEqual([...x], [5, 4]);
+});
+
+Deno.test("DataLoader with a DistributedSampler loads this rank's shard, reshuffled per epoch", async () => {
+  const ds = imageDataset(20);
+  const shard = (rank: number) =>
+    new DataLoader<RingBatch>(ds, {
+      batchSize: 5,
+      numWorkers: 1,
+      sampler: new DistributedSampler(ds, { worldSize: 2, rank, seed: 4 }),
+    });
+  await using r0 = shard(0);
+  await using r1 = shard(1);
+  const a = (await collectRing(r0)).flatMap((b) => b.indices);
+  const b = (await collectRing(r1)).flatMap((b) => b.indices);
+  assert.deepStrictEqual([...a, ...b].sort((x, y) => x - y), range(20));
+  const a1 = (await collectRing(r0)).flatMap((b) => b.indices);
+  assert.notDeepStrictEqual(a1, a);
+});
+
+Deno.test("DataLoader rejects invalid options, naming the option", () => {
+  const ds = imageDataset(8);
+  const generic = { length: 8, get: (i: number) => i };
+  const cases: [Dataset, DataLoaderOptions, RegExp][] = [
+    [ds, { numWorkers: -1 }, /numWorkers option should be a non-negative integer/],
+    [ds, { numWorkers: 1.5 }, /numWorkers/],
+    [ds, { timeout: -1 }, /timeout option/],
+    [ds, { prefetchFactor: 2 }, /prefetchFactor option could only be specified with workers/],
+    [ds, { numWorkers: 1, prefetchFactor: 0 }, /prefetchFactor option should be a positive/],
+    [ds, { persistentWorkers: true }, /persistentWorkers option requires numWorkers > 0/],
+    [
+      ds,
+      { sampler: new SequentialSampler(8), shuffle: true },
+      /sampler option is mutually exclusive with shuffle/,
+    ],
+    [
+      ds,
+      { batchSampler: { length: 1, batches: () => [[0]] }, batchSize: 2 },
+      /batchSampler option is mutually exclusive/,
+    ],
+    [
+      ds,
+      { batchSampler: { length: 1, batches: () => [[0]] }, shuffle: true },
+      /batchSampler option is mutually exclusive/,
+    ],
+    [
+      ds,
+      { batchSampler: { length: 1, batches: () => [[0]] }, dropLast: true },
+      /batchSampler option is mutually exclusive/,
+    ],
+    [
+      ds,
+      { batchSampler: { length: 1, batches: () => [[0]] }, sampler: new SequentialSampler(8) },
+      /batchSampler option is mutually exclusive/,
+    ],
+    [
+      ds,
+      { batchSize: null, dropLast: true },
+      /dropLast option is mutually exclusive with batchSize null/,
+    ],
+    [ds, { batchSize: 0 }, /batchSize option/],
+    [ds, { shuffle: "yes" as unknown as boolean }, /shuffle option should be a boolean/],
+    [ds, { seed: -3 }, /seed option/],
+    [ds, { sampler: 5 as unknown as SequentialSampler }, /sampler option/],
+    [ds, { collate: 3 as unknown as () => void }, /collate option/],
+    [
+      ds,
+      { workerInit: (() => {}) as unknown as { module: string; export: string } },
+      /workerInit option should be a \{module, export\}/,
+    ],
+    [ds, { pinMemory: "yes" as unknown as boolean }, /pinMemory option/],
+    [ds, { heldBatches: -1 }, /heldBatches option/],
+    [ds, { augment: { padding: -1 } }, /augment option/],
+    [generic, { augment: { padding: 4 } }, /augment option needs the zero-copy path/],
+    [generic, { zeroCopy: true }, /zeroCopy option needs a dataset with sharedFields/],
+    [
+      ds,
+      { zeroCopy: true, collate: (s: unknown[]) => s },
+      /zeroCopy option is mutually exclusive with collate/,
+    ],
+    [
+      generic,
+      { numWorkers: 2 },
+      /numWorkers option 2 needs a dataset that workers can rebuild: implement workerSpec\(\)/,
+    ],
+    [ds, { batch_size: 4 } as unknown as DataLoaderOptions, /batch_size option is unknown/],
+  ];
+  for (const [dataset, options, pattern] of cases) {
+    assert.throws(() => new DataLoader(dataset, options), pattern, JSON.stringify(options));
+  }
+  assert.throws(() => new DataLoader({} as Dataset), /dataset must have a numeric length/);
+});

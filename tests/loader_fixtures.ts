@@ -1,0 +1,226 @@
+/**
+ * Test and benchmark fixtures for the loader: data files generated in the official formats
+ * (never committed), a tar.gz writer for the download test, and a dataset whose workers
+ * fail on purpose.
+ *
+ * @module
+ */
+
+import { join } from "node:path";
+import { CIFAR10_RECORD_BYTES, CIFAR10_RECORDS_PER_FILE } from "../loader/datasets/cifar10.ts";
+import type { Dataset, SampleContext, WorkerSpec } from "../loader/dataset.ts";
+import { getWorkerInfo } from "../loader/worker_info.ts";
+
+/** Fills bytes with a deterministic pseudo-random stream (xorshift32, fast). */
+export function fillRandom(bytes: Uint8Array, seed: number): void {
+  const words = new Uint32Array(bytes.buffer, bytes.byteOffset, bytes.length >>> 2);
+  let x = (seed | 0) || 0x12345678;
+  for (let i = 0; i < words.length; i++) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    words[i] = x;
+  }
+  for (let i = words.length * 4; i < bytes.length; i++) bytes[i] = i * 31;
+}
+
+/**
+ * Writes CIFAR-10 binary files: `data_batch_1..5.bin` and/or `test_batch.bin`.
+ * Record r of file f has label `(f * 10000 + r) % 10` and pseudo-random pixels, except that
+ * pixel byte 0 of the image holds `(global index) & 255` and byte 1 `(global index >> 8) & 255`
+ * so tests can identify samples.
+ */
+export async function writeCifar10Files(
+  dir: string,
+  options: { train?: boolean; test?: boolean; seed?: number } = {},
+): Promise<void> {
+  await Deno.mkdir(dir, { recursive: true });
+  const names = [
+    ...(options.train ?? true ? [1, 2, 3, 4, 5].map((i) => `data_batch_${i}.bin`) : []),
+    ...(options.test ?? true ? ["test_batch.bin"] : []),
+  ];
+  for (let f = 0; f < names.length; f++) {
+    const bytes = new Uint8Array(CIFAR10_RECORDS_PER_FILE * CIFAR10_RECORD_BYTES);
+    fillRandom(bytes, (options.seed ?? 1) * 1000 + f + 1);
+    const base = names[f] === "test_batch.bin" ? 0 : f * CIFAR10_RECORDS_PER_FILE;
+    for (let r = 0; r < CIFAR10_RECORDS_PER_FILE; r++) {
+      const off = r * CIFAR10_RECORD_BYTES;
+      const g = base + r;
+      bytes[off] = g % 10;
+      bytes[off + 1] = g & 255;
+      bytes[off + 2] = (g >> 8) & 255;
+    }
+    await Deno.writeFile(join(dir, names[f]), bytes);
+  }
+}
+
+const be32 = (n: number) => [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255];
+
+/** Bytes of an IDX u8 file with the given dims and data. */
+export function idxBytes(dims: number[], data: Uint8Array): Uint8Array {
+  const header = [0, 0, 8, dims.length, ...dims.flatMap(be32)];
+  const out = new Uint8Array(header.length + data.length);
+  out.set(header);
+  out.set(data, header.length);
+  return out;
+}
+
+/** Gzips bytes. */
+export async function gzip(bytes: Uint8Array): Promise<Uint8Array> {
+  const stream = new Blob([bytes as Uint8Array<ArrayBuffer>]).stream()
+    .pipeThrough(new CompressionStream("gzip"));
+  return new Uint8Array(await new Response(stream).arrayBuffer());
+}
+
+/**
+ * Writes MNIST-format IDX files for `prefix` ("train" or "t10k"): n images 28x28 whose first
+ * byte is `i & 255`, labels `i % 10`.
+ */
+export async function writeIdxFiles(
+  dir: string,
+  options: { prefix?: string; n?: number; gzip?: boolean } = {},
+): Promise<void> {
+  const n = options.n ?? 100;
+  const prefix = options.prefix ?? "train";
+  const images = new Uint8Array(n * 784);
+  fillRandom(images, 7);
+  const labels = new Uint8Array(n);
+  for (let i = 0; i < n; i++) {
+    images[i * 784] = i & 255;
+    labels[i] = i % 10;
+  }
+  let img = idxBytes([n, 28, 28], images);
+  let lab = idxBytes([n], labels);
+  const ext = options.gzip ? ".gz" : "";
+  if (options.gzip) {
+    img = await gzip(img);
+    lab = await gzip(lab);
+  }
+  await Deno.mkdir(dir, { recursive: true });
+  await Deno.writeFile(join(dir, `${prefix}-images-idx3-ubyte${ext}`), img);
+  await Deno.writeFile(join(dir, `${prefix}-labels-idx1-ubyte${ext}`), lab);
+}
+
+/** A ustar archive of regular files. */
+export function tarBytes(entries: { name: string; data: Uint8Array }[]): Uint8Array {
+  const enc = new TextEncoder();
+  const blocks: Uint8Array[] = [];
+  for (const e of entries) {
+    const h = new Uint8Array(512);
+    h.set(enc.encode(e.name).subarray(0, 100), 0);
+    h.set(enc.encode("0000644\0"), 100);
+    h.set(enc.encode("0000000\0"), 108);
+    h.set(enc.encode("0000000\0"), 116);
+    h.set(enc.encode(e.data.length.toString(8).padStart(11, "0") + "\0"), 124);
+    h.set(enc.encode("00000000000\0"), 136);
+    h[156] = 48; // '0': regular file
+    h.set(enc.encode("ustar\0" + "00"), 257);
+    h.fill(32, 148, 156);
+    let sum = 0;
+    for (const b of h) sum += b;
+    h.set(enc.encode(sum.toString(8).padStart(6, "0") + "\0 "), 148);
+    blocks.push(h);
+    const body = new Uint8Array(Math.ceil(e.data.length / 512) * 512);
+    body.set(e.data);
+    blocks.push(body);
+  }
+  blocks.push(new Uint8Array(1024));
+  const out = new Uint8Array(blocks.reduce((a, b) => a + b.length, 0));
+  let off = 0;
+  for (const b of blocks) {
+    out.set(b, off);
+    off += b.length;
+  }
+  return out;
+}
+
+/** A sample of {@linkcode FaultyDataset}. */
+export interface FaultySample {
+  /** The index. */
+  x: Float32Array;
+  /** The first draw of the sample's random stream. */
+  r: number;
+  /** Worker id (-1 on the main thread). */
+  w: number;
+  /** What workerInit recorded (-1 when it did not run). */
+  init: number;
+}
+
+/** What {@linkcode FaultyDataset} does at its `at` index. */
+export type Fault = "none" | "throw" | "close" | "exit" | "hang" | "crash";
+
+/** State of a {@linkcode FaultyDataset}. */
+export interface FaultyState {
+  length: number;
+  fault: Fault;
+  at: number;
+}
+
+/**
+ * A dataset of `{ x: Float32Array([i]) , r: random draw }` that misbehaves at index `at`:
+ * throws, closes its worker, exits, hangs, or crashes the worker with an uncaught error.
+ * On the main thread only "throw" applies.
+ */
+export class FaultyDataset implements Dataset<FaultySample> {
+  readonly length: number;
+  readonly fault: Fault;
+  readonly at: number;
+  constructor(state: FaultyState) {
+    this.length = state.length;
+    this.fault = state.fault;
+    this.at = state.at;
+  }
+  static fromState(state: FaultyState): FaultyDataset {
+    return new FaultyDataset(state);
+  }
+  get(i: number, ctx?: SampleContext): FaultySample {
+    if (i === this.at) {
+      switch (this.fault) {
+        case "throw":
+          throw new Error(`injected failure at ${i}`);
+        case "close":
+          self.close();
+          break;
+        case "exit":
+          Deno.exit(3);
+          break;
+        case "hang": {
+          const end = Date.now() + 60_000;
+          while (Date.now() < end) { /* spin: a hung worker */ }
+          break;
+        }
+        case "crash":
+          setTimeout(() => {
+            throw new Error("uncaught in worker");
+          });
+          // Keep the task pending so only the crash can end it.
+          return new Promise<never>(() => {}) as never;
+      }
+    }
+    return {
+      x: new Float32Array([i]),
+      r: ctx ? ctx.random() : -1,
+      w: getWorkerInfo()?.id ?? -1,
+      init: (globalThis as { __workerId?: number }).__workerId ?? -1,
+    };
+  }
+  workerSpec(): WorkerSpec {
+    const state: FaultyState = { length: this.length, fault: this.fault, at: this.at };
+    return { module: import.meta.url, export: "FaultyDataset.fromState", state };
+  }
+}
+
+/** A workerInit function for tests: records the worker id in globalThis. */
+export function recordWorkerId(id: number): void {
+  (globalThis as { __workerId?: number }).__workerId = id;
+}
+
+/** A collate (module function, runs in workers): sums x per batch. */
+export function sumCollate(samples: { x: Float32Array }[]): number {
+  return samples.reduce((a, s) => a + s.x[0], 0);
+}
+
+/** A collate (module function, runs in workers) returning the samples as they are. */
+export function identity<T>(samples: T[]): T[] {
+  return samples;
+}
