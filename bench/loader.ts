@@ -14,7 +14,6 @@
  * @module
  */
 
-import { join } from "node:path";
 import { DataLoader } from "../loader/data_loader.ts";
 import type { Dataset, SampleContext, WorkerSpec } from "../loader/dataset.ts";
 import { CIFAR10, type CIFAR10State } from "../loader/datasets/cifar10.ts";
