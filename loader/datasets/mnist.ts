@@ -99,7 +99,7 @@ async function readFirst(paths: string[]): Promise<{ path: string; bytes: Uint8A
       }
     }
   }
-  throw new Error(`Cannot load dataset: none of ${paths.join(", ")} exists`);
+  throw new Error(`none of ${paths.join(", ")} exists`);
 }
 
 async function loadIdxPair(root: string, train: boolean, what: string) {

@@ -65,6 +65,12 @@ export class TensorDataset implements Dataset<Record<string, TypedArray | number
     const out: SharedField[] = [];
     let length = -1;
     for (const [name, f] of Object.entries(fields)) {
+      if (
+        !ArrayBuffer.isView(f) &&
+        !(f !== null && typeof f === "object" && ArrayBuffer.isView(f.data))
+      ) {
+        throw new TypeError(`Cannot create TensorDataset: field "${name}" is not a typed array`);
+      }
       const data = ArrayBuffer.isView(f) ? f : f.data;
       const shape = ArrayBuffer.isView(f) ? [] : [...f.shape];
       const dtype = dtypeOf(data);
