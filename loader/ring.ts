@@ -211,9 +211,10 @@ export class StagingRing {
  * ```ts
  * import { DataLoader } from "./data_loader.ts";
  * import { TensorDataset } from "./datasets/tensor.ts";
+ * import { RingBatch } from "./ring.ts";
  * import assert from "node:assert";
  * const ds = new TensorDataset({ x: { data: new Float32Array([1, 2, 3, 4]), shape: [2] } });
- * await using loader = new DataLoader(ds, { batchSize: 2 });
+ * await using loader = new DataLoader<RingBatch>(ds, { batchSize: 2 });
  * for await (const batch of loader) {
  *   assert.deepStrictEqual(batch.fields.x, new Float32Array([1, 2, 3, 4]));
  *   assert.deepStrictEqual(batch.indices, new Int32Array([0, 1]));
