@@ -13,12 +13,12 @@
  * Packing reads rows of 16 and transposes in registers where the operand runs the other way
  * (16x16 AVX-512 transposes), so no orientation is much dearer than another; these are
  * chosen so tile sizes fit the common shapes: MR = 14 divides P = 196 and 784 (28x28 and 14x14
- * feature maps), NR = 32 divides the usual channel counts. Convolutions run one image per
- * OpenMP thread (no synchronization inside a GEMM); plain matmul splits its output in two.
- * Loops whose iterations write disjoint outputs are scheduled dynamically, so a thread that
- * the OS preempts (two cores shared with data-loading workers) does not stall the other;
- * the weight gradient's per-thread partial sums keep a static split, so every result is
- * bit-for-bit reproducible from run to run (checkpoint/resume tests rely on it).
+ * feature maps), NR = 32 divides the usual channel counts. Parallelism comes from a small
+ * thread pool (par_for below): convolutions run one image per task, with no synchronization
+ * inside a GEMM; plain matmul splits its output into tile ranges; elementwise kernels split
+ * into ranges. Every task writes its own outputs, and the weight gradient sums fixed chunks
+ * of the batch in a fixed order, so results are bit-for-bit reproducible from run to run
+ * whatever the scheduling (checkpoint/resume tests rely on it).
  *
  * Workspaces are per-thread caches that grow to the largest size seen and are kept for the
  * life of the thread (they are not allocations of pinstream objects, so they are not counted
@@ -34,37 +34,191 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
-#if defined(_OPENMP)
-#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
 #if defined(__GLIBC__)
 #include <dlfcn.h>
-#endif
 #endif
 
 #include "../pinstream.h"
 #include "common.h"
 
-#if defined(_OPENMP)
-#define PS_OMP(directive) _Pragma(directive)
-static int nthreads(void) { return omp_get_max_threads(); }
-static int thread_id(void) { return omp_get_thread_num(); }
-#else
-#define PS_OMP(directive)
-static int nthreads(void) { return 1; }
-static int thread_id(void) { return 0; }
-#endif
+/* ---- thread pool --------------------------------------------------------------------- */
 
-#if defined(_OPENMP) && defined(__GLIBC__)
-/* Deno unloads this library when the last Device using it is disposed (dlclose). libgomp's
- * worker threads outlive their parallel regions, asleep inside libgomp: if the dlclose also
- * unmapped libgomp, they would crash the process on wake-up or at exit. Marking libgomp
- * NODELETE keeps it mapped for the life of the process. */
-__attribute__((constructor)) static void pin_openmp_runtime(void) {
-  Dl_info info;
-  if (dladdr((void *)&omp_get_max_threads, &info) && info.dli_fname)
-    (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
-}
+/*
+ * par_for(n, fn, ctx) runs fn(ctx, i) for i in [0, n) on the calling thread plus one helper
+ * per other CPU. Why not OpenMP: on this project's 2-core machines the kernels share the
+ * cores with data-loading workers and other processes, and libgomp's default barrier (spin
+ * ~300k iterations, then wait for every thread) made a training step up to 6x slower as soon
+ * as a third thread was runnable (measured: 700 vs 4,600 samples/s on the small CNN).
+ * Here indices are claimed one at a time from a shared counter, so whichever threads are
+ * actually running do the work; the caller waits only for indices already started; idle
+ * helpers spin ~20 us and then sleep on a condition variable.
+ *
+ * Protocol: `ticket` packs (job generation << 32 | next index) and `limit` packs
+ * (generation << 32 | n). A helper claims an index with a CAS that also checks the
+ * generation; a claimed index below n keeps the job incomplete (done < n), and the caller
+ * rewrites fn/ctx only after done == n, so a claimed index always reads its own job's
+ * fn/ctx. One caller at a time: a concurrent caller (another JS thread) runs its loop
+ * serially instead of waiting.
+ */
+typedef void (*ps_task)(void *ctx, int64_t i);
+
+static struct {
+  pthread_once_t once;
+  pthread_mutex_t call_mu, sleep_mu;
+  pthread_cond_t wake;
+  _Atomic uint64_t ticket, limit;
+  _Atomic int64_t done;
+  _Atomic uint32_t wake_gen;
+  ps_task fn;
+  void *ctx;
+  uint32_t gen;
+  int helpers;
+} pool = {PTHREAD_ONCE_INIT, PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER,
+          PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, NULL, NULL, 0, 0};
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
 #endif
+}
+
+static int64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* Claims and runs indices of job `gen` until none are left. */
+static void pool_work(uint32_t gen) {
+  uint64_t lim = atomic_load_explicit(&pool.limit, memory_order_acquire);
+  if ((uint32_t)(lim >> 32) != gen) return;
+  uint64_t n = lim & 0xffffffffu;
+  uint64_t t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
+  for (;;) {
+    if ((uint32_t)(t >> 32) != gen || (t & 0xffffffffu) >= n) return;
+    if (!atomic_compare_exchange_weak_explicit(&pool.ticket, &t, t + 1, memory_order_acq_rel,
+                                               memory_order_acquire))
+      continue;
+    pool.fn(pool.ctx, (int64_t)(t & 0xffffffffu));
+    atomic_fetch_add_explicit(&pool.done, 1, memory_order_release);
+    t = atomic_load_explicit(&pool.ticket, memory_order_acquire);
+  }
+}
+
+static void *pool_helper(void *arg) {
+  (void)arg;
+  uint32_t seen = 0;
+  for (;;) {
+    uint32_t g = atomic_load_explicit(&pool.wake_gen, memory_order_acquire);
+    if (g == seen) {
+      int64_t until = now_ns() + 20000;
+      for (int i = 0; g == seen; i++) {
+        cpu_relax();
+        g = atomic_load_explicit(&pool.wake_gen, memory_order_acquire);
+        if ((i & 63) == 63 && now_ns() > until) break;
+      }
+      if (g == seen) {
+        pthread_mutex_lock(&pool.sleep_mu);
+        while ((g = atomic_load_explicit(&pool.wake_gen, memory_order_acquire)) == seen)
+          pthread_cond_wait(&pool.wake, &pool.sleep_mu);
+        pthread_mutex_unlock(&pool.sleep_mu);
+      }
+    }
+    seen = g;
+    pool_work(g);
+  }
+  return NULL;
+}
+
+static void pool_start(void) {
+  const char *env = getenv("PINSTREAM_NUM_THREADS");
+  if (!env || !*env) env = getenv("OMP_NUM_THREADS");
+  long cpus = env && *env ? strtol(env, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+  if (cpus < 1) cpus = 1;
+  if (cpus > 64) cpus = 64;
+#if defined(__GLIBC__)
+  /* The helpers run this library's code for the life of the process: keep it mapped when
+   * Deno dlcloses it (disposing the last Device), or they would crash on their next wake. */
+  Dl_info info;
+  if (cpus > 1 && dladdr((void *)&pool_helper, &info) && info.dli_fname &&
+      dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE) == NULL)
+    cpus = 1;
+#endif
+  for (long i = 1; i < cpus; i++) {
+    pthread_t th;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &at, pool_helper, NULL) == 0) pool.helpers++;
+    pthread_attr_destroy(&at);
+  }
+}
+
+/* Threads that run a par_for (for sizing per-thread scratch). */
+static int nthreads(void) {
+  pthread_once(&pool.once, pool_start);
+  return pool.helpers + 1;
+}
+
+static void par_for(int64_t n, ps_task fn, void *ctx) {
+  if (n <= 0) return;
+  if (n == 1 || n > 0xffffffffLL || nthreads() == 1 || pthread_mutex_trylock(&pool.call_mu)) {
+    for (int64_t i = 0; i < n; i++) fn(ctx, i);
+    return;
+  }
+  uint32_t gen = ++pool.gen;
+  if (gen == 0) gen = ++pool.gen; /* 0 is the helpers' initial "seen" */
+  pool.fn = fn;
+  pool.ctx = ctx;
+  atomic_store_explicit(&pool.done, 0, memory_order_relaxed);
+  atomic_store_explicit(&pool.limit, ((uint64_t)gen << 32) | (uint64_t)n, memory_order_release);
+  atomic_store_explicit(&pool.ticket, (uint64_t)gen << 32, memory_order_release);
+  pthread_mutex_lock(&pool.sleep_mu);
+  atomic_store_explicit(&pool.wake_gen, gen, memory_order_release);
+  pthread_cond_broadcast(&pool.wake);
+  pthread_mutex_unlock(&pool.sleep_mu);
+  pool_work(gen);
+  /* Wait for indices that helpers started; yield so a preempted one can finish. */
+  for (int i = 0; atomic_load_explicit(&pool.done, memory_order_acquire) < n; i++) {
+    if (i < 4096)
+      cpu_relax();
+    else
+      sched_yield();
+  }
+  pthread_mutex_unlock(&pool.call_mu);
+}
+
+typedef void (*ps_range_fn)(void *ctx, int64_t begin, int64_t end);
+typedef struct {
+  ps_range_fn fn;
+  void *ctx;
+  int64_t total, grain;
+} range_ctx_t;
+
+static void range_task(void *vctx, int64_t i) {
+  range_ctx_t *r = vctx;
+  int64_t b = i * r->grain, e = b + r->grain < r->total ? b + r->grain : r->total;
+  r->fn(r->ctx, b, e);
+}
+
+/* fn(ctx, begin, end) over [0, total) in pieces of `grain`; serial when `work` (a rough
+ * count of elements touched) is too small to pay for waking a helper. */
+static void par_range(int64_t total, int64_t grain, int64_t work, ps_range_fn fn, void *ctx) {
+  if (total <= 0) return;
+  if (work < 65536 || total <= grain) {
+    fn(ctx, 0, total);
+    return;
+  }
+  range_ctx_t r = {fn, ctx, total, grain};
+  par_for((total + grain - 1) / grain, range_task, &r);
+}
 
 /* ---- fp16 ---------------------------------------------------------------------------- */
 
@@ -501,6 +655,34 @@ static int64_t dtsize(int32_t dt) { return dt == PS_NN_F16 ? 2 : 4; }
 
 /* ---- matmul -------------------------------------------------------------------------- */
 
+typedef struct {
+  const mat_t *A, *B;
+  const void *a, *b;
+  float *out;
+  int64_t m, n, k;
+  int acc, split_m;
+  int64_t tiles, parts;
+  _Atomic int failed;
+} mm_ctx_t;
+
+static void mm_task(void *vctx, int64_t p) {
+  mm_ctx_t *x = vctx;
+  int64_t t0 = x->tiles * p / x->parts, t1 = x->tiles * (p + 1) / x->parts;
+  int bad;
+  if (x->split_m) {
+    int64_t i0 = t0 * MR, i1 = t1 * MR < x->m ? t1 * MR : x->m;
+    mat_t Ap = *x->A;
+    Ap.p = (const half *)x->a + i0 * Ap.rs;
+    bad = gemm_serial(i1 - i0, x->n, x->k, &Ap, x->B, x->out + i0 * x->n, x->n, x->acc);
+  } else {
+    int64_t j0 = t0 * NR, j1 = t1 * NR < x->n ? t1 * NR : x->n;
+    mat_t Bp = *x->B;
+    Bp.p = (const half *)x->b + j0 * Bp.cs;
+    bad = gemm_serial(x->m, j1 - j0, x->k, x->A, &Bp, x->out + j0, x->n, x->acc);
+  }
+  if (bad) atomic_store(&x->failed, 1);
+}
+
 PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, int64_t m,
                         int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
                         int32_t accumulate, void *stream) {
@@ -524,28 +706,14 @@ PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, 
     out = tmp;
   }
   int acc = accumulate && c_dtype == PS_NN_F32;
-  /* Two threads: split the longer side (in tiles) in halves. */
-  int nt = nthreads();
-  int64_t mt = (m + MR - 1) / MR, nt_ = (n + NR - 1) / NR;
-  int split_m = mt >= nt_;
-  int64_t tiles = split_m ? mt : nt_;
-  int parts = (double)m * n * k < 1e5 || tiles < 2 ? 1 : (int)(tiles < nt ? tiles : nt);
-  int failed = 0;
-  PS_OMP("omp parallel for num_threads(parts) schedule(static, 1) reduction(|| : failed)")
-  for (int p = 0; p < parts; p++) {
-    int64_t t0 = tiles * p / parts, t1 = tiles * (p + 1) / parts;
-    if (split_m) {
-      int64_t i0 = t0 * MR, i1 = t1 * MR < m ? t1 * MR : m;
-      mat_t Ap = A;
-      Ap.p = (const half *)a + i0 * A.rs;
-      failed = gemm_serial(i1 - i0, n, k, &Ap, &B, out + i0 * n, n, acc) != 0;
-    } else {
-      int64_t j0 = t0 * NR, j1 = t1 * NR < n ? t1 * NR : n;
-      mat_t Bp = B;
-      Bp.p = (const half *)b + j0 * B.cs;
-      failed = gemm_serial(m, j1 - j0, k, &A, &Bp, out + j0, n, acc) != 0;
-    }
-  }
+  /* Split the longer side, in whole tiles, into about 2 parts per thread. */
+  int64_t mt = (m + MR - 1) / MR, ntl = (n + NR - 1) / NR;
+  int split_m = mt >= ntl;
+  int64_t tiles = split_m ? mt : ntl, want = 2 * (int64_t)nthreads();
+  int64_t parts = (double)m * n * k < 1e5 || tiles < 2 ? 1 : (tiles < want ? tiles : want);
+  mm_ctx_t mc = {&A, &B, a, b, out, m, n, k, acc, split_m, tiles, parts, 0};
+  par_for(parts, mm_task, &mc);
+  int failed = atomic_load(&mc.failed);
   if (!failed && tmp) {
     half *ch = (half *)c;
     int64_t total = m * n;
@@ -733,6 +901,45 @@ static void col2im(const conv_t *g, float *col, float *img) {
       }
 }
 
+typedef struct {
+  const conv_t *g;
+  const void *x, *w, *dy;
+  void *y;
+  const float *wt;
+  float *part;     /* weight gradient: one [K][Co] partial per chunk */
+  int64_t chunks;  /* weight gradient: images split into this many fixed chunks */
+  _Atomic int failed;
+} conv_ctx_t;
+
+static void conv_fwd_task(void *vctx, int64_t i) {
+  conv_ctx_t *x = vctx;
+  const conv_t *g = x->g;
+  int64_t K = g->c * g->kh * g->kw, P = g->oh * g->ow, co = g->co;
+  float *col = ws(WS_COL, (size_t)(K * P)), *yt = ws(WS_OUT, (size_t)(P * co));
+  if (!col || !yt) {
+    atomic_store(&x->failed, 1);
+    return;
+  }
+  im2col(g, (const half *)x->x + i * g->c * g->h * g->w, col);
+  if (K < 64) {
+    /* Short K (a first layer): the transposed store would cost more than the GEMM, so
+     * compute Y[Co, P] = W . col directly and store it contiguously. */
+    mat_t A = {x->w, 1, K, 1}, B = {col, 0, P, 1};
+    if (gemm_serial(co, P, K, &A, &B, yt, P, 0)) {
+      atomic_store(&x->failed, 1);
+      return;
+    }
+    f2h_row(yt, (half *)x->y + i * co * P, co * P);
+    return;
+  }
+  mat_t A = {col, 0, 1, P}, B = {x->wt, 0, co, 1};
+  if (gemm_serial(P, co, K, &A, &B, yt, co, 0)) {
+    atomic_store(&x->failed, 1);
+    return;
+  }
+  transpose_to_f16(yt, co, P, co, (half *)x->y + i * co * P, P);
+}
+
 PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n, int64_t c,
                                 int64_t h, int64_t w_, int64_t co, int32_t kh, int32_t kw,
                                 int32_t stride, int32_t pad, void *stream) {
@@ -750,36 +957,31 @@ PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n
   if (!wt) OOM();
   for (int64_t o = 0; o < co; o++)
     for (int64_t k = 0; k < K; k++) wt[k * co + o] = h2f(((const half *)w)[o * K + k]);
-  int failed = 0;
-  PS_OMP("omp parallel for schedule(dynamic, 1) reduction(|| : failed)")
-  for (int64_t i = 0; i < n; i++) {
-    float *col = ws(WS_COL, (size_t)(K * P)), *yt = ws(WS_OUT, (size_t)(P * co));
-    if (!col || !yt) {
-      failed = 1;
-      continue;
-    }
-    im2col(&g, (const half *)x + i * c * h * w_, col);
-    if (K < 64) {
-      /* Short K (a first layer): the transposed store would cost more than the GEMM, so
-       * compute Y[Co, P] = W . col directly and store it contiguously. */
-      mat_t A = {w, 1, K, 1}, B = {col, 0, P, 1};
-      if (gemm_serial(co, P, K, &A, &B, yt, P, 0)) {
-        failed = 1;
-        continue;
-      }
-      f2h_row(yt, (half *)y + i * co * P, co * P);
-      continue;
-    }
-    mat_t A = {col, 0, 1, P}, B = {wt, 0, co, 1};
-    if (gemm_serial(P, co, K, &A, &B, yt, co, 0)) {
-      failed = 1;
-      continue;
-    }
-    transpose_to_f16(yt, co, P, co, (half *)y + i * co * P, P);
-  }
+  conv_ctx_t cx = {&g, x, w, NULL, y, wt, NULL, 0, 0};
+  par_for(n, conv_fwd_task, &cx); /* one image per task */
   free(wt);
-  if (failed) OOM();
+  if (atomic_load(&cx.failed)) OOM();
   return PS_OK;
+}
+
+static void conv_bwd_data_task(void *vctx, int64_t i) {
+  conv_ctx_t *x = vctx;
+  const conv_t *g = x->g;
+  int64_t K = g->c * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w, co = g->co;
+  float *dcol = ws(WS_COL, (size_t)(K * P)), *img = ws(WS_IMG, (size_t)(g->c * HW));
+  if (!dcol || !img) {
+    atomic_store(&x->failed, 1);
+    return;
+  }
+  /* dcol[K][P] = W^T . dY: A(kk, o) = w[o*K + kk], B(o, p) = dy[o*P + p]. */
+  mat_t A = {x->w, 1, 1, K}, B = {(const half *)x->dy + i * co * P, 1, P, 1};
+  if (gemm_serial(K, P, co, &A, &B, dcol, P, 0)) {
+    atomic_store(&x->failed, 1);
+    return;
+  }
+  memset(img, 0, (size_t)(g->c * HW) * sizeof(float));
+  col2im(g, dcol, img);
+  f2h_row(img, (half *)x->y + i * g->c * HW, g->c * HW);
 }
 
 PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int64_t n,
@@ -795,26 +997,32 @@ PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, i
   CHECK_RANGE(dy, n * co * P * 2);
   CHECK_RANGE(w, co * K * 2);
   CHECK_RANGE(dx, n * c * HW * 2);
-  int failed = 0;
-  PS_OMP("omp parallel for schedule(dynamic, 1) reduction(|| : failed)")
-  for (int64_t i = 0; i < n; i++) {
-    float *dcol = ws(WS_COL, (size_t)(K * P)), *img = ws(WS_IMG, (size_t)(c * HW));
-    if (!dcol || !img) {
-      failed = 1;
-      continue;
-    }
-    /* dcol[K][P] = W^T . dY: A(kk, o) = w[o*K + kk], B(o, p) = dy[o*P + p]. */
-    mat_t A = {w, 1, 1, K}, B = {(const half *)dy + i * co * P, 1, P, 1};
-    if (gemm_serial(K, P, co, &A, &B, dcol, P, 0)) {
-      failed = 1;
-      continue;
-    }
-    memset(img, 0, (size_t)(c * HW) * sizeof(float));
-    col2im(&g, dcol, img);
-    f2h_row(img, (half *)dx + i * c * HW, c * HW);
-  }
-  if (failed) OOM();
+  conv_ctx_t cx = {&g, NULL, w, dy, dx, NULL, NULL, 0, 0};
+  par_for(n, conv_bwd_data_task, &cx); /* one image per task */
+  if (atomic_load(&cx.failed)) OOM();
   return PS_OK;
+}
+
+static void conv_bwd_weight_task(void *vctx, int64_t chunk) {
+  conv_ctx_t *x = vctx;
+  const conv_t *g = x->g;
+  int64_t K = g->c * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w, co = g->co;
+  float *mine = x->part + chunk * K * co;
+  float *col = ws(WS_COL, (size_t)(K * P));
+  if (!col) {
+    atomic_store(&x->failed, 1);
+    return;
+  }
+  int64_t i0 = g->n * chunk / x->chunks, i1 = g->n * (chunk + 1) / x->chunks;
+  for (int64_t i = i0; i < i1; i++) {
+    im2col(g, (const half *)x->x + i * g->c * HW, col);
+    /* dW^T[K][Co] (+)= col . dY^T: A(kk, p) = col[kk*P + p], B(p, o) = dy[o*P + p]. */
+    mat_t A = {col, 0, P, 1}, B = {(const half *)x->dy + i * co * P, 1, 1, P};
+    if (gemm_serial(K, co, P, &A, &B, mine, co, i > i0)) {
+      atomic_store(&x->failed, 1);
+      return;
+    }
+  }
 }
 
 PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
@@ -827,51 +1035,40 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
   conv_t g;
   int st = conv_shape(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
   if (st) return st;
-  int64_t K = c * kh * kw, P = g.oh * g.ow, HW = h * w_, KK = (int64_t)kh * kw;
+  int64_t K = c * kh * kw, P = g.oh * g.ow, HW = h * w_;
   CHECK_RANGE(x, n * c * HW * 2);
   CHECK_RANGE(dy, n * co * P * 2);
   CHECK_RANGE(dw, co * K * dtsize(dw_dtype));
-  int nt = nthreads();
-  if (nt > n) nt = n > 0 ? (int)n : 1;
-  /* Per-thread partial dW^T [K][Co], summed at the end. */
-  float *part = aligned_alloc(64, (((size_t)(nt * K * co) * 4 + 63) & ~(size_t)63));
+  /* The batch is cut into a fixed number of chunks, each summed into its own partial and the
+   * partials added in chunk order: the result does not depend on which thread ran what, so
+   * it is bit-for-bit reproducible. Several chunks per thread keep a preempted thread from
+   * holding the others up for long. */
+  int64_t chunks = 4 * (int64_t)nthreads();
+  if (chunks > n) chunks = n;
+  if (chunks < 1) chunks = 1;
+  float *part = aligned_alloc(64, (((size_t)(chunks * K * co) * 4 + 63) & ~(size_t)63));
   if (!part) OOM();
-  memset(part, 0, (size_t)(nt * K * co) * sizeof(float));
-  int failed = 0;
-  PS_OMP("omp parallel num_threads(nt) reduction(|| : failed)") {
-    int t = thread_id(), T = nt;
-#if defined(_OPENMP)
-    T = omp_get_num_threads();
-#endif
-    float *mine = part + (int64_t)t * K * co;
-    float *col = ws(WS_COL, (size_t)(K * P));
-    if (!col) failed = 1;
-    for (int64_t i = (int64_t)n * t / T; !failed && i < (int64_t)n * (t + 1) / T; i++) {
-      im2col(&g, (const half *)x + i * c * HW, col);
-      /* dW^T[K][Co] += col . dY^T: A(kk, p) = col[kk*P + p], B(p, o) = dy[o*P + p]. */
-      mat_t A = {col, 0, P, 1}, B = {(const half *)dy + i * co * P, 1, 1, P};
-      if (gemm_serial(K, co, P, &A, &B, mine, co, 1)) failed = 1;
-    }
-  }
-  if (failed) {
+  if (n == 0) memset(part, 0, (size_t)(K * co) * sizeof(float));
+  conv_ctx_t cx = {&g, x, NULL, dy, NULL, NULL, part, chunks, 0};
+  par_for(n > 0 ? chunks : 0, conv_bwd_weight_task, &cx);
+  if (atomic_load(&cx.failed)) {
     free(part);
     OOM();
   }
-  /* dw[o][ci][ky][kx] = sum_t part[t][(ci*kh + ky)*kw + kx][o] */
+  /* dw[o][ci][ky][kx] = sum over chunks of part[chunk][(ci*kh + ky)*kw + kx][o] */
   for (int64_t o = 0; o < co; o++)
-    for (int64_t ci = 0; ci < c; ci++)
-      for (int64_t kk = 0; kk < KK; kk++) {
-        float s = 0.0f;
-        for (int t = 0; t < nt; t++) s += part[(int64_t)t * K * co + (ci * KK + kk) * co + o];
-        int64_t di = (o * c + ci) * KK + kk;
-        if (dw_dtype == PS_NN_F32) {
-          float *d = (float *)dw + di;
-          *d = accumulate ? *d + s : s;
-        } else {
-          half *d = (half *)dw + di;
-          *d = f2h(accumulate ? h2f(*d) + s : s);
-        }
+    for (int64_t r = 0; r < K; r++) {
+      float s = 0.0f;
+      for (int64_t t = 0; t < chunks; t++) s += part[t * K * co + r * co + o];
+      int64_t di = o * K + r;
+      if (dw_dtype == PS_NN_F32) {
+        float *d = (float *)dw + di;
+        *d = accumulate ? *d + s : s;
+      } else {
+        half *d = (half *)dw + di;
+        *d = f2h(accumulate ? h2f(*d) + s : s);
       }
+    }
   free(part);
   return PS_OK;
 }
@@ -914,26 +1111,24 @@ static void maxpool_2x2_plane(const half *xp, half *yp, int32_t *ip, int64_t w, 
 }
 #endif
 
-PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n,
-                                   int64_t c, int64_t h, int64_t w_, int32_t kernel,
-                                   int32_t stride, void *stream) {
-  (void)stream;
-  if (n < 0 || c < 0 || h <= 0 || w_ <= 0 || kernel <= 0 || stride <= 0 || kernel > h ||
-      kernel > w_)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
-            "ps_nn_maxpool2d_forward: bad shape n=%lld c=%lld h=%lld w=%lld kernel=%d "
-            "stride=%d",
-            (long long)n, (long long)c, (long long)h, (long long)w_, kernel, stride);
-  int64_t oh = (h - kernel) / stride + 1, ow = (w_ - kernel) / stride + 1, planes = n * c;
-  if (planes == 0) return PS_OK;
-  CHECK_RANGE(x, planes * h * w_ * 2);
-  CHECK_RANGE(y, planes * oh * ow * 2);
-  if (indices) CHECK_RANGE(indices, planes * oh * ow * 4);
-  PS_OMP("omp parallel for schedule(dynamic, 8) if (planes * h * w_ > 65536)")
-  for (int64_t pl = 0; pl < planes; pl++) {
-    const half *xp = (const half *)x + pl * h * w_;
-    half *yp = (half *)y + pl * oh * ow;
-    int32_t *ip = indices ? indices + pl * oh * ow : NULL;
+typedef struct {
+  const void *x;
+  void *y;
+  int32_t *idx;
+  const int32_t *cidx;
+  int64_t h, w, oh, ow;
+  int32_t kernel, stride;
+  _Atomic int bad;
+} pool_ctx_t;
+
+static void pool_fwd_range(void *vctx, int64_t p0, int64_t p1) {
+  pool_ctx_t *c = vctx;
+  int64_t h = c->h, w_ = c->w, oh = c->oh, ow = c->ow;
+  int32_t kernel = c->kernel, stride = c->stride;
+  for (int64_t pl = p0; pl < p1; pl++) {
+    const half *xp = (const half *)c->x + pl * h * w_;
+    half *yp = (half *)c->y + pl * oh * ow;
+    int32_t *ip = c->idx ? c->idx + pl * oh * ow : NULL;
 #if defined(__AVX512F__)
     if (kernel == 2 && stride == 2 && ip) {
       maxpool_2x2_plane(xp, yp, ip, w_, oh, ow);
@@ -955,6 +1150,44 @@ PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int
         if (ip) ip[oy * ow + ox] = (int32_t)best;
       }
   }
+}
+
+static void pool_bwd_range(void *vctx, int64_t p0, int64_t p1) {
+  pool_ctx_t *c = vctx;
+  int64_t hw = c->h * c->w, ohw = c->oh * c->ow;
+  for (int64_t pl = p0; pl < p1; pl++) {
+    half *dxp = (half *)c->y + pl * hw;
+    const half *dyp = (const half *)c->x + pl * ohw;
+    const int32_t *ip = c->cidx + pl * ohw;
+    memset(dxp, 0, (size_t)hw * sizeof(half));
+    for (int64_t i = 0; i < ohw; i++) {
+      int32_t at = ip[i];
+      if (at < 0 || at >= hw) {
+        atomic_store(&c->bad, 1);
+        break;
+      }
+      dxp[at] = f2h(h2f(dxp[at]) + h2f(dyp[i]));
+    }
+  }
+}
+
+PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n,
+                                   int64_t c, int64_t h, int64_t w_, int32_t kernel,
+                                   int32_t stride, void *stream) {
+  (void)stream;
+  if (n < 0 || c < 0 || h <= 0 || w_ <= 0 || kernel <= 0 || stride <= 0 || kernel > h ||
+      kernel > w_)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+            "ps_nn_maxpool2d_forward: bad shape n=%lld c=%lld h=%lld w=%lld kernel=%d "
+            "stride=%d",
+            (long long)n, (long long)c, (long long)h, (long long)w_, kernel, stride);
+  int64_t oh = (h - kernel) / stride + 1, ow = (w_ - kernel) / stride + 1, planes = n * c;
+  if (planes == 0) return PS_OK;
+  CHECK_RANGE(x, planes * h * w_ * 2);
+  CHECK_RANGE(y, planes * oh * ow * 2);
+  if (indices) CHECK_RANGE(indices, planes * oh * ow * 4);
+  pool_ctx_t pc = {x, y, indices, NULL, h, w_, oh, ow, kernel, stride, 0};
+  par_range(planes, 8, planes * h * w_, pool_fwd_range, &pc);
   return PS_OK;
 }
 
@@ -969,49 +1202,33 @@ PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void
   CHECK_RANGE(dy, planes * ohw * 2);
   CHECK_RANGE(indices, planes * ohw * 4);
   CHECK_RANGE(dx, planes * hw * 2);
-  int bad = 0;
-  PS_OMP("omp parallel for schedule(dynamic, 8) if (planes * hw > 65536) reduction(|| : bad)")
-  for (int64_t pl = 0; pl < planes; pl++) {
-    half *dxp = (half *)dx + pl * hw;
-    const half *dyp = (const half *)dy + pl * ohw;
-    const int32_t *ip = indices + pl * ohw;
-    memset(dxp, 0, (size_t)hw * sizeof(half));
-    for (int64_t i = 0; i < ohw; i++) {
-      int32_t at = ip[i];
-      if (at < 0 || at >= hw) {
-        bad = 1;
-        break;
-      }
-      dxp[at] = f2h(h2f(dxp[at]) + h2f(dyp[i]));
-    }
-  }
+  pool_ctx_t pc = {dy, dx, NULL, indices, h, w_, oh, ow, 0, 0, 0};
+  par_range(planes, 8, planes * hw, pool_bwd_range, &pc);
+  int bad = atomic_load(&pc.bad);
   if (bad) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_maxpool2d_backward: index out of range");
   return PS_OK;
 }
 
 /* ---- batch normalization ------------------------------------------------------------- */
 
-PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta,
-                                         void *y, float *save_mean, float *save_invstd,
-                                         float *run_mean, float *run_var, int64_t n, int64_t c,
-                                         int64_t hw, float momentum, float eps, void *stream) {
-  (void)stream;
-  if (n <= 0 || c <= 0 || hw <= 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_forward_train: bad shape n=%lld c=%lld hw=%lld",
-            (long long)n, (long long)c, (long long)hw);
-  CHECK_RANGE(x, n * c * hw * 2);
-  CHECK_RANGE(y, n * c * hw * 2);
-  CHECK_RANGE(gamma, c * 4);
-  CHECK_RANGE(beta, c * 4);
-  CHECK_RANGE(save_mean, c * 4);
-  CHECK_RANGE(save_invstd, c * 4);
-  if (run_mean) CHECK_RANGE(run_mean, c * 4);
-  if (run_var) CHECK_RANGE(run_var, c * 4);
-  const half *xh = (const half *)x;
-  half *yh = (half *)y;
-  int64_t cnt = n * hw;
-  PS_OMP("omp parallel for schedule(static)")
-  for (int64_t ch = 0; ch < c; ch++) {
+typedef struct {
+  const void *x, *dy;
+  void *y;
+  const float *gamma, *beta, *save_mean, *save_invstd, *run_mean_c, *run_var_c;
+  float *save_mean_w, *save_invstd_w, *run_mean, *run_var, *dgamma, *dbeta;
+  int64_t n, c, hw;
+  float momentum, eps;
+} bn_ctx_t;
+
+static void bn_train_range(void *vctx, int64_t c0, int64_t c1) {
+  bn_ctx_t *k = vctx;
+  const half *xh = (const half *)k->x;
+  half *yh = (half *)k->y;
+  const float *gamma = k->gamma, *beta = k->beta;
+  float *save_mean = k->save_mean_w, *save_invstd = k->save_invstd_w;
+  float *run_mean = k->run_mean, *run_var = k->run_var, momentum = k->momentum, eps = k->eps;
+  int64_t n = k->n, c = k->c, hw = k->hw, cnt = n * hw;
+  for (int64_t ch = c0; ch < c1; ch++) {
     /* Two passes in double: exact enough for any batch, and cheap next to the convs. */
     double s = 0.0;
     for (int64_t i = 0; i < n; i++) {
@@ -1042,7 +1259,46 @@ PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, cons
       for (int64_t j = 0; j < hw; j++) q[j] = f2h(h2f(p[j]) * a + b);
     }
   }
+}
+
+PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta,
+                                         void *y, float *save_mean, float *save_invstd,
+                                         float *run_mean, float *run_var, int64_t n, int64_t c,
+                                         int64_t hw, float momentum, float eps, void *stream) {
+  (void)stream;
+  if (n <= 0 || c <= 0 || hw <= 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_forward_train: bad shape n=%lld c=%lld hw=%lld",
+            (long long)n, (long long)c, (long long)hw);
+  CHECK_RANGE(x, n * c * hw * 2);
+  CHECK_RANGE(y, n * c * hw * 2);
+  CHECK_RANGE(gamma, c * 4);
+  CHECK_RANGE(beta, c * 4);
+  CHECK_RANGE(save_mean, c * 4);
+  CHECK_RANGE(save_invstd, c * 4);
+  if (run_mean) CHECK_RANGE(run_mean, c * 4);
+  if (run_var) CHECK_RANGE(run_var, c * 4);
+  bn_ctx_t k = {x, NULL, y, gamma, beta, NULL, NULL, NULL, NULL, save_mean, save_invstd,
+                run_mean, run_var, NULL, NULL, n, c, hw, momentum, eps};
+  par_range(c, 1, n * c * hw, bn_train_range, &k);
   return PS_OK;
+}
+
+static void bn_eval_range(void *vctx, int64_t c0, int64_t c1) {
+  bn_ctx_t *k = vctx;
+  const void *x = k->x;
+  void *y = k->y;
+  const float *gamma = k->gamma, *beta = k->beta, *run_mean = k->run_mean_c,
+              *run_var = k->run_var_c;
+  float eps = k->eps;
+  int64_t n = k->n, c = k->c, hw = k->hw;
+  for (int64_t ch = c0; ch < c1; ch++) {
+    float a = gamma[ch] / sqrtf(run_var[ch] + eps), b = beta[ch] - run_mean[ch] * a;
+    for (int64_t i = 0; i < n; i++) {
+      const half *p = (const half *)x + (i * c + ch) * hw;
+      half *q = (half *)y + (i * c + ch) * hw;
+      for (int64_t j = 0; j < hw; j++) q[j] = f2h(h2f(p[j]) * a + b);
+    }
+  }
 }
 
 PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const float *beta,
@@ -1060,37 +1316,20 @@ PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const
   CHECK_RANGE(beta, c * 4);
   CHECK_RANGE(run_mean, c * 4);
   CHECK_RANGE(run_var, c * 4);
-  PS_OMP("omp parallel for schedule(static) if (n * c * hw > 65536)")
-  for (int64_t ch = 0; ch < c; ch++) {
-    float a = gamma[ch] / sqrtf(run_var[ch] + eps), b = beta[ch] - run_mean[ch] * a;
-    for (int64_t i = 0; i < n; i++) {
-      const half *p = (const half *)x + (i * c + ch) * hw;
-      half *q = (half *)y + (i * c + ch) * hw;
-      for (int64_t j = 0; j < hw; j++) q[j] = f2h(h2f(p[j]) * a + b);
-    }
-  }
+  bn_ctx_t k = {x, NULL, y, gamma, beta, NULL, NULL, run_mean, run_var, NULL, NULL,
+                NULL, NULL, NULL, NULL, n, c, hw, 0.0f, eps};
+  par_range(c, 1, n * c * hw, bn_eval_range, &k);
   return PS_OK;
 }
 
-PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
-                                    const float *save_mean, const float *save_invstd, void *dx,
-                                    float *dgamma, float *dbeta, int64_t n, int64_t c,
-                                    int64_t hw, void *stream) {
-  (void)stream;
-  if (n <= 0 || c <= 0 || hw <= 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_backward: bad shape n=%lld c=%lld hw=%lld",
-            (long long)n, (long long)c, (long long)hw);
-  CHECK_RANGE(dy, n * c * hw * 2);
-  CHECK_RANGE(x, n * c * hw * 2);
-  CHECK_RANGE(dx, n * c * hw * 2);
-  CHECK_RANGE(gamma, c * 4);
-  CHECK_RANGE(save_mean, c * 4);
-  CHECK_RANGE(save_invstd, c * 4);
-  CHECK_RANGE(dgamma, c * 4);
-  CHECK_RANGE(dbeta, c * 4);
-  int64_t cnt = n * hw;
-  PS_OMP("omp parallel for schedule(static)")
-  for (int64_t ch = 0; ch < c; ch++) {
+static void bn_bwd_range(void *vctx, int64_t c0, int64_t c1) {
+  bn_ctx_t *k = vctx;
+  const void *x = k->x, *dy = k->dy;
+  void *dx = k->y;
+  const float *gamma = k->gamma, *save_mean = k->save_mean, *save_invstd = k->save_invstd;
+  float *dgamma = k->dgamma, *dbeta = k->dbeta;
+  int64_t n = k->n, c = k->c, hw = k->hw, cnt = n * hw;
+  for (int64_t ch = c0; ch < c1; ch++) {
     float mean = save_mean[ch], is = save_invstd[ch];
     double sdy = 0.0, sdyx = 0.0; /* sum dy, sum dy * xhat */
     for (int64_t i = 0; i < n; i++) {
@@ -1116,24 +1355,48 @@ PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *
       }
     }
   }
+}
+
+PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
+                                    const float *save_mean, const float *save_invstd, void *dx,
+                                    float *dgamma, float *dbeta, int64_t n, int64_t c,
+                                    int64_t hw, void *stream) {
+  (void)stream;
+  if (n <= 0 || c <= 0 || hw <= 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_backward: bad shape n=%lld c=%lld hw=%lld",
+            (long long)n, (long long)c, (long long)hw);
+  CHECK_RANGE(dy, n * c * hw * 2);
+  CHECK_RANGE(x, n * c * hw * 2);
+  CHECK_RANGE(dx, n * c * hw * 2);
+  CHECK_RANGE(gamma, c * 4);
+  CHECK_RANGE(save_mean, c * 4);
+  CHECK_RANGE(save_invstd, c * 4);
+  CHECK_RANGE(dgamma, c * 4);
+  CHECK_RANGE(dbeta, c * 4);
+  bn_ctx_t k = {x, dy, dx, gamma, NULL, save_mean, save_invstd, NULL, NULL, NULL, NULL,
+                NULL, NULL, dgamma, dbeta, n, c, hw, 0.0f, 0.0f};
+  par_range(c, 1, n * c * hw, bn_bwd_range, &k);
   return PS_OK;
 }
 
 /* ---- bias, relu ---------------------------------------------------------------------- */
 
-PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t n, int64_t c,
-                          int64_t hw, void *stream) {
-  (void)stream;
-  CHECK_DTYPE(bias_dtype);
-  if (n < 0 || c <= 0 || hw <= 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_bias_add: bad shape n=%lld c=%lld hw=%lld",
-            (long long)n, (long long)c, (long long)hw);
-  if (n == 0) return PS_OK;
-  CHECK_RANGE(y, n * c * hw * 2);
-  CHECK_RANGE(bias, c * dtsize(bias_dtype));
-  int64_t rows = n * c;
-  PS_OMP("omp parallel for schedule(dynamic, 64) if (rows * hw > 65536)")
-  for (int64_t r = 0; r < rows; r++) {
+typedef struct {
+  const void *a, *b;
+  void *out, *out2;
+  float *f0, *f1;
+  int64_t n, c, hw;
+  int32_t dtype, flag;
+  float lr, momentum, dampening, weight_decay, inv;
+} ew_ctx_t;
+
+static void bias_add_range(void *vctx, int64_t r0, int64_t r1) {
+  ew_ctx_t *k = vctx;
+  void *y = k->out;
+  const void *bias = k->a;
+  int32_t bias_dtype = k->dtype;
+  int64_t c = k->c, hw = k->hw;
+  for (int64_t r = r0; r < r1; r++) {
     int64_t ch = r % c;
     half *q = (half *)y + r * hw;
     if (hw == 1) { /* [N,F]: one value per row of the loop */
@@ -1152,7 +1415,34 @@ PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t
 #endif
     for (; j < hw; j++) q[j] = f2h(h2f(q[j]) + b);
   }
+}
+
+PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t n, int64_t c,
+                          int64_t hw, void *stream) {
+  (void)stream;
+  CHECK_DTYPE(bias_dtype);
+  if (n < 0 || c <= 0 || hw <= 0)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_bias_add: bad shape n=%lld c=%lld hw=%lld",
+            (long long)n, (long long)c, (long long)hw);
+  if (n == 0) return PS_OK;
+  CHECK_RANGE(y, n * c * hw * 2);
+  CHECK_RANGE(bias, c * dtsize(bias_dtype));
+  int64_t rows = n * c;
+  ew_ctx_t k = {bias, NULL, y, NULL, NULL, NULL, n, c, hw, bias_dtype, 0, 0, 0, 0, 0, 0};
+  par_range(rows, 64, rows * hw, bias_add_range, &k);
   return PS_OK;
+}
+
+static void bias_grad_range(void *vctx, int64_t c0, int64_t c1) {
+  ew_ctx_t *k = vctx;
+  const void *dy = k->a;
+  float *sum = k->f0;
+  int64_t n = k->n, c = k->c, hw = k->hw;
+    for (int64_t ch = c0; ch < c1; ch++) {
+      float s = 0.0f;
+      for (int64_t i = 0; i < n; i++) s += sum_row((const half *)dy + (i * c + ch) * hw, hw);
+      sum[ch] = s;
+    }
 }
 
 PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int64_t n,
@@ -1172,12 +1462,8 @@ PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int
       for (int64_t ch = 0; ch < c; ch++) sum[ch] += h2f(g[ch]);
     }
   } else {
-    PS_OMP("omp parallel for schedule(static) if (n * c * hw > 65536)")
-    for (int64_t ch = 0; ch < c; ch++) {
-      float s = 0.0f;
-      for (int64_t i = 0; i < n; i++) s += sum_row((const half *)dy + (i * c + ch) * hw, hw);
-      sum[ch] = s;
-    }
+    ew_ctx_t k = {dy, NULL, NULL, NULL, sum, NULL, n, c, hw, 0, 0, 0, 0, 0, 0, 0};
+    par_range(c, 1, n * c * hw, bias_grad_range, &k);
   }
   for (int64_t ch = 0; ch < c; ch++) {
     if (dbias_dtype == PS_NN_F32) {
@@ -1192,20 +1478,10 @@ PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int
   return PS_OK;
 }
 
-PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *stream) {
-  (void)stream;
-  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_relu_forward: bad count %lld", (long long)count);
-  if (count == 0) return PS_OK;
-  CHECK_RANGE(x, count * 2);
-  CHECK_RANGE(y, count * 2);
-  /* On the bits: max(x, 0) keeps NaN like torch.relu does not guarantee either way; a
-   * negative-sign test maps -0 and negatives to +0 and leaves NaN payloads alone. */
-  const uint16_t *s = (const uint16_t *)x;
-  uint16_t *d = (uint16_t *)y;
-  int64_t blocks = (count + 4095) / 4096;
-  PS_OMP("omp parallel for schedule(dynamic, 8) if (count > 262144)")
-  for (int64_t bk = 0; bk < blocks; bk++) {
-    int64_t i = bk * 4096, end = i + 4096 < count ? i + 4096 : count;
+static void relu_fwd_range(void *vctx, int64_t i, int64_t end) {
+  ew_ctx_t *k = vctx;
+  const uint16_t *s = (const uint16_t *)k->a;
+  uint16_t *d = (uint16_t *)k->out;
 #if defined(__AVX512BW__)
     /* As int16, exactly the values to zero (-0, negatives, -inf; not negative NaNs) are
      * <= (int16)0xfc00 = -1024. */
@@ -1222,24 +1498,24 @@ PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *strea
       d[i] = ((v & 0x8000u) && (v & 0x7fffu) <= 0x7c00u) ? 0 : v;
     }
   }
+
+PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *stream) {
+  (void)stream;
+  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_relu_forward: bad count %lld", (long long)count);
+  if (count == 0) return PS_OK;
+  CHECK_RANGE(x, count * 2);
+  CHECK_RANGE(y, count * 2);
+  /* On the bits: max(x, 0) keeps NaN like torch.relu does not guarantee either way; a
+   * negative-sign test maps -0 and negatives to +0 and leaves NaN payloads alone. */
+  ew_ctx_t k = {x, NULL, y, NULL, NULL, NULL, count, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  par_range(count, 16384, count, relu_fwd_range, &k);
   return PS_OK;
 }
 
-PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t count,
-                               void *stream) {
-  (void)stream;
-  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_relu_backward: bad count %lld", (long long)count);
-  if (count == 0) return PS_OK;
-  CHECK_RANGE(dy, count * 2);
-  CHECK_RANGE(y, count * 2);
-  CHECK_RANGE(dx, count * 2);
-  const uint16_t *g = (const uint16_t *)dy, *o = (const uint16_t *)y;
-  uint16_t *d = (uint16_t *)dx;
-  /* dx = y > 0 ? dy : 0; y is relu's output, so y > 0 <=> positive sign and nonzero. */
-  int64_t blocks = (count + 4095) / 4096;
-  PS_OMP("omp parallel for schedule(dynamic, 8) if (count > 262144)")
-  for (int64_t bk = 0; bk < blocks; bk++) {
-    int64_t i = bk * 4096, end = i + 4096 < count ? i + 4096 : count;
+static void relu_bwd_range(void *vctx, int64_t i, int64_t end) {
+  ew_ctx_t *k = vctx;
+  const uint16_t *g = (const uint16_t *)k->a, *o = (const uint16_t *)k->b;
+  uint16_t *d = (uint16_t *)k->out;
 #if defined(__AVX512BW__)
     const __m512i zero = _mm512_setzero_si512(), inf = _mm512_set1_epi16(0x7c00);
     for (; i < end; i += 32) {
@@ -1254,6 +1530,18 @@ PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t 
       d[i] = (!(v & 0x8000u) && v != 0 && v <= 0x7c00u) ? g[i] : 0;
     }
   }
+
+PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t count,
+                               void *stream) {
+  (void)stream;
+  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_relu_backward: bad count %lld", (long long)count);
+  if (count == 0) return PS_OK;
+  CHECK_RANGE(dy, count * 2);
+  CHECK_RANGE(y, count * 2);
+  CHECK_RANGE(dx, count * 2);
+  /* dx = y > 0 ? dy : 0; y is relu's output, so y > 0 <=> positive sign and nonzero. */
+  ew_ctx_t k = {dy, y, dx, NULL, NULL, NULL, count, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  par_range(count, 16384, count, relu_bwd_range, &k);
   return PS_OK;
 }
 
@@ -1358,6 +1646,29 @@ PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
   return PS_OK;
 }
 
+static void sgd_range(void *vctx, int64_t i0, int64_t i1) {
+  ew_ctx_t *k = vctx;
+  const void *grad = k->a;
+  int32_t grad_dtype = k->dtype, nesterov = k->flag & 1, fresh = (k->flag >> 1) & 1;
+  float *param = k->f0, *momentum_buf = k->f1;
+  void *param_half = k->out;
+  float inv = k->inv, lr = k->lr, momentum = k->momentum, dampening = k->dampening,
+        weight_decay = k->weight_decay;
+  for (int64_t i = i0; i < i1; i++) {
+    float g = (grad_dtype == PS_NN_F16 ? h2f(((const half *)grad)[i]) : ((const float *)grad)[i]) * inv;
+    float p = param[i];
+    if (weight_decay != 0.0f) g += weight_decay * p;
+    if (momentum != 0.0f) {
+      float b = fresh ? g : momentum * momentum_buf[i] + (1.0f - dampening) * g;
+      momentum_buf[i] = b;
+      g = nesterov ? g + momentum * b : b;
+    }
+    p -= lr * g;
+    param[i] = p;
+    if (param_half) ((half *)param_half)[i] = f2h(p);
+  }
+}
+
 PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
                           float *momentum_buf, void *param_half, int64_t count, float lr,
                           float momentum, float dampening, float weight_decay,
@@ -1379,20 +1690,9 @@ PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
   if (found_inf && *found_inf) return PS_OK;
   float inv = scale ? 1.0f / *scale : 1.0f;
   int fresh = steps_done && *steps_done == 0;
-  PS_OMP("omp parallel for schedule(static) if (count > 65536)")
-  for (int64_t i = 0; i < count; i++) {
-    float g = (grad_dtype == PS_NN_F16 ? h2f(((const half *)grad)[i]) : ((const float *)grad)[i]) * inv;
-    float p = param[i];
-    if (weight_decay != 0.0f) g += weight_decay * p;
-    if (momentum != 0.0f) {
-      float b = fresh ? g : momentum * momentum_buf[i] + (1.0f - dampening) * g;
-      momentum_buf[i] = b;
-      g = nesterov ? g + momentum * b : b;
-    }
-    p -= lr * g;
-    param[i] = p;
-    if (param_half) ((half *)param_half)[i] = f2h(p);
-  }
+  ew_ctx_t k = {grad, NULL, param_half, NULL, param, momentum_buf, count, 0, 0, grad_dtype,
+                (nesterov ? 1 : 0) | (fresh ? 2 : 0), lr, momentum, dampening, weight_decay, inv};
+  par_range(count, 16384, count, sgd_range, &k);
   return PS_OK;
 }
 
