@@ -4,9 +4,12 @@
 // thing crossing threads per batch is a small control message.
 
 import { hash4, seedWords, STREAM_SAMPLE } from "./_rng.ts";
+import { type WasmGather, wasmGather } from "./_wasm_gather.ts";
 
 export interface GatherSource {
   buffer: SharedArrayBuffer;
+  /** The WebAssembly.Memory behind `buffer`, enabling the memory.copy gather. */
+  memory?: WebAssembly.Memory;
   byteOffset: number;
   recordBytes: number;
   slotFieldOffset: number;
@@ -14,6 +17,7 @@ export interface GatherSource {
 
 export interface GatherSpec {
   ring: SharedArrayBuffer;
+  ringMemory?: WebAssembly.Memory;
   slotBytes: number;
   sources: GatherSource[];
   indicesOffset: number;
@@ -39,7 +43,12 @@ export class Gatherer {
   #spec: GatherSpec;
   #ringU8: Uint8Array;
   #ringI32: Int32Array;
-  #src: { u8: Uint8Array; i32: Int32Array | undefined; s: GatherSource }[];
+  #src: {
+    u8: Uint8Array;
+    i32: Int32Array | undefined;
+    wasm: WasmGather | undefined;
+    s: GatherSource;
+  }[];
   #seedLo: number;
   #seedHi: number;
 
@@ -49,6 +58,9 @@ export class Gatherer {
     this.#ringI32 = new Int32Array(spec.ring, 0, spec.ring.byteLength >>> 2);
     this.#src = spec.sources.map((s) => ({
       s,
+      wasm: spec.ringMemory && s.memory && s.recordBytes > 4
+        ? wasmGather(spec.ringMemory, s.memory)
+        : undefined,
       u8: new Uint8Array(s.buffer),
       // Word-sized records (labels) are copied element-wise: a subarray per 4 bytes would
       // cost more than the copy.
@@ -76,10 +88,12 @@ export class Gatherer {
         );
       }
     }
-    for (const { s, u8, i32 } of this.#src) {
+    for (const { s, u8, i32, wasm } of this.#src) {
       const rb = s.recordBytes;
       const dst = base + s.slotFieldOffset;
-      if (i32 !== undefined) {
+      if (wasm !== undefined) {
+        wasm(base + spec.indicesOffset, count, s.byteOffset, rb, dst);
+      } else if (i32 !== undefined) {
         const d32 = dst >>> 2;
         const s32 = s.byteOffset >>> 2;
         for (let k = 0; k < count; k++) ring32[d32 + k] = i32[s32 + ring32[idxBase + k]];

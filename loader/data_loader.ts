@@ -27,6 +27,7 @@ import {
 import type { GatherSpec } from "./_gather.ts";
 import type { ModuleRef } from "./_protocol.ts";
 import { randomSeed } from "./_rng.ts";
+import { memoryOf } from "./_wasm_gather.ts";
 import type { CollateFn } from "./collate.ts";
 import type { Dataset, SharedField } from "./dataset.ts";
 import { RingBatch, StagingRing } from "./ring.ts";
@@ -492,11 +493,13 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
     this.#slotState = new Uint8Array(slots);
     this.#gather = {
       ring: ring.buffer,
+      ringMemory: ring.memory,
       slotBytes: ring.slotBytes,
       sources: fields.map((f) => {
         const rf = ring.field(f.name);
         return {
           buffer: f.buffer,
+          memory: memoryOf(f.buffer),
           byteOffset: f.byteOffset ?? 0,
           recordBytes: rf.sampleBytes,
           slotFieldOffset: rf.byteOffset,

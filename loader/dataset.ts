@@ -104,6 +104,8 @@ export interface Dataset<T = unknown> {
   sharedFields?(): readonly SharedField[];
 }
 
+import { allocShared } from "./_wasm_gather.ts";
+
 /**
  * Bytes of one record of a field.
  *
@@ -125,7 +127,9 @@ export function recordBytes(field: { dtype: DType; shape: readonly number[] }): 
  *
  * @param dtype element type
  * @param length number of elements
- * @returns the array; its buffer is shared by every worker it is sent to
+ * @returns the array; its buffer is shared by every worker it is sent to. The buffer is the
+ *   memory of a shared WebAssembly.Memory (up to 4 GiB, rounded up to 64 KiB), which lets
+ *   the zero-copy path gather it with `memory.copy`; datasets should allocate with this.
  * @example Shared labels
  * ```ts
  * import { sharedArray } from "./dataset.ts";
@@ -136,7 +140,7 @@ export function recordBytes(field: { dtype: DType; shape: readonly number[] }): 
  */
 export function sharedArray(dtype: DType, length: number): TypedArray {
   const { bytes, ctor } = DTYPES[dtype];
-  return new ctor(new SharedArrayBuffer(length * bytes), 0, length);
+  return new ctor(allocShared(length * bytes), 0, length);
 }
 
 /**

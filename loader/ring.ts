@@ -40,6 +40,7 @@
  */
 
 import { type DType, DTYPES, recordBytes, type TypedArray } from "./dataset.ts";
+import { allocShared, memoryOf } from "./_wasm_gather.ts";
 
 /** One field of a ring slot. */
 export interface RingField {
@@ -113,13 +114,18 @@ export function ringLayout(
  * import { StagingRing } from "./ring.ts";
  * import assert from "node:assert";
  * const ring = new StagingRing([{ name: "x", dtype: "f32", shape: [2] }], 4, 2);
- * assert.strictEqual(ring.buffer.byteLength, 2 * ring.slotBytes);
+ * assert.ok(ring.buffer.byteLength >= 2 * ring.slotBytes);
  * assert.strictEqual(ring.view(1, "x").length, 8);
  * ```
  */
 export class StagingRing {
-  /** The ring's memory: `slotCount * slotBytes` bytes. */
+  /**
+   * The ring's memory: at least `slotCount * slotBytes` bytes (rounded up to 64 KiB: it is
+   * the buffer of a shared WebAssembly.Memory, see `memory`). Pin this whole buffer.
+   */
   readonly buffer: SharedArrayBuffer;
+  /** The shared WebAssembly.Memory behind `buffer` (undefined if wasm is unavailable). */
+  readonly memory: WebAssembly.Memory | undefined;
   /** Number of slots. */
   readonly slotCount: number;
   /** Bytes per slot (multiple of 4096). */
@@ -158,7 +164,8 @@ export class StagingRing {
     this.slotBytes = layout.slotBytes;
     this.batchSize = batchSize;
     this.slotCount = slotCount;
-    this.buffer = new SharedArrayBuffer(this.slotBytes * slotCount);
+    this.buffer = allocShared(this.slotBytes * slotCount);
+    this.memory = memoryOf(this.buffer);
   }
 
   /**

@@ -7,7 +7,7 @@
  */
 
 import { join } from "node:path";
-import type { Dataset, SharedField, WorkerSpec } from "../dataset.ts";
+import { type Dataset, sharedArray, type SharedField, type WorkerSpec } from "../dataset.ts";
 import { downloadFile, extractTar, gunzip, readTar } from "./_files.ts";
 
 /** The official archive. */
@@ -136,8 +136,8 @@ export class CIFAR10 implements Dataset<{ image: Uint8Array; label: number }> {
       );
     }
     const n = names.length * CIFAR10_RECORDS_PER_FILE;
-    const images = new Uint8Array(new SharedArrayBuffer(n * 3072));
-    const labels = new Int32Array(new SharedArrayBuffer(n * 4));
+    const images = sharedArray("u8", n * 3072) as Uint8Array;
+    const labels = sharedArray("i32", n) as Int32Array;
     let r = 0;
     for (const name of names) {
       const path = join(dir, name);

@@ -9,7 +9,7 @@
  */
 
 import { join } from "node:path";
-import type { Dataset, SharedField, WorkerSpec } from "../dataset.ts";
+import { type Dataset, sharedArray, type SharedField, type WorkerSpec } from "../dataset.ts";
 import { gunzip, isGzip } from "./_files.ts";
 
 /** A parsed IDX file of unsigned bytes. */
@@ -133,9 +133,9 @@ async function loadIdxPair(root: string, train: boolean, what: string) {
     );
   }
   const n = images.dims[0];
-  const sImages = new Uint8Array(new SharedArrayBuffer(n * 784));
+  const sImages = sharedArray("u8", n * 784) as Uint8Array;
   sImages.set(images.data);
-  const sLabels = new Int32Array(new SharedArrayBuffer(n * 4));
+  const sLabels = sharedArray("i32", n) as Int32Array;
   for (let i = 0; i < n; i++) {
     const l = labels.data[i];
     if (l > 9) {

@@ -10,6 +10,7 @@ import {
   type DType,
   dtypeOf,
   DTYPES,
+  sharedArray,
   type SharedField,
   type TypedArray,
   type WorkerSpec,
@@ -88,8 +89,7 @@ export class TensorDataset implements Dataset<Record<string, TypedArray | number
       length = n;
       let shared = data;
       if (!(data.buffer instanceof SharedArrayBuffer)) {
-        const { ctor, bytes } = DTYPES[dtype];
-        shared = new ctor(new SharedArrayBuffer(data.length * bytes), 0, data.length);
+        shared = sharedArray(dtype, data.length);
         // deno-lint-ignore no-explicit-any
         (shared as any).set(data);
       }
@@ -105,16 +105,12 @@ export class TensorDataset implements Dataset<Record<string, TypedArray | number
     this.#fields = out;
     this.#views = out.map((f) => {
       const per = f.shape.reduce((a, b) => a * b, 1);
-      const { ctor, bytes } = DTYPES[f.dtype];
+      const { ctor } = DTYPES[f.dtype];
       return {
         name: f.name,
         per,
         scalar: f.shape.length === 0,
-        data: new ctor(
-          f.buffer,
-          f.byteOffset ?? 0,
-          (f.buffer.byteLength - (f.byteOffset ?? 0)) / bytes,
-        ),
+        data: new ctor(f.buffer, f.byteOffset ?? 0, this.length * per),
       };
     });
   }
