@@ -324,11 +324,11 @@ export abstract class Module {
   /** The device, once {@linkcode Module.to} was called. */
   device: Device | null = null;
   /** Parameters registered by this module, by local name. */
-  protected readonly params = new Map<string, Parameter>();
+  protected readonly params: Map<string, Parameter> = new Map();
   /** Buffers registered by this module, by local name. */
-  protected readonly buffers = new Map<string, BufferTensor>();
+  protected readonly buffers: Map<string, BufferTensor> = new Map();
   /** Child modules, by local name (PyTorch's names: "0", "1", ... in Sequential). */
-  protected readonly children = new Map<string, Module>();
+  protected readonly children: Map<string, Module> = new Map();
   #workspace = new Map<string, Tensor>();
 
   /**
