@@ -47,7 +47,7 @@ export interface GradScalerState {
 
 /**
  * The loss scaler. Per step: the loss kernel scales by {@linkcode GradScaler.lossScale} and
- * {@linkcode GradScaler.scaleGrad} corrects its output; after backward,
+ * {@linkcode GradScaler.scale} corrects its output; after backward,
  * {@linkcode GradScaler.step} checks the gradients and runs the optimizer (skipped on the device
  * on inf/NaN), and {@linkcode GradScaler.update} adjusts the scale.
  *
@@ -147,7 +147,7 @@ export class GradScaler {
 
   /**
    * The scale to hand the loss kernel: the last value the host has read (1 when disabled).
-   * Follow the loss kernel with {@linkcode GradScaler.scaleGrad}.
+   * Follow the loss kernel with {@linkcode GradScaler.scale}.
    *
    * @returns The host-side scale.
    * @example
@@ -166,12 +166,26 @@ export class GradScaler {
   }
 
   /**
-   * Rescales a loss gradient computed with {@linkcode GradScaler.lossScale} so it is scaled by
-   * the device's current scale: grad *= deviceScale / lossScale() (a no-op when disabled).
+   * PyTorch's `scale(loss)`, applied where backward starts: the loss kernel already multiplied
+   * its gradient by {@linkcode GradScaler.lossScale}; this makes it exactly the device's current
+   * scale: grad *= deviceScale / lossScale() (a no-op when disabled, and a multiplication by 1
+   * unless the scale changed since the host last read it). {@linkcode CrossEntropyLoss} calls it.
    *
    * @param grad The loss gradient (fp16 or f32), modified in place.
+   * @example
+   * ```ts
+   * import { Device } from "../ffi/device.ts";
+   * import { Tensor } from "../ffi/tensor.ts";
+   * import { GradScaler } from "./mod.ts";
+   * import assert from "node:assert";
+   * using device = Device.open("cpu");
+   * using scaler = new GradScaler(device, { initScale: 4 });
+   * using g = Tensor.fromHost(device, new Float16Array([0.5 * scaler.lossScale()]));
+   * scaler.scale(g); // host and device agree: unchanged
+   * assert.deepStrictEqual([...await g.toHost()], [2]);
+   * ```
    */
-  scaleGrad(grad: Tensor): void {
+  scale(grad: Tensor): void {
     this.#check();
     if (!this.enabled) return;
     // ratio = hostScale / deviceScale (the unscale kernel divides by *scale), then

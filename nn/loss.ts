@@ -96,7 +96,7 @@ export class CrossEntropyLoss {
     }
     const scale = scaler?.lossScale() ?? 1;
     ops.crossEntropyForwardBackward(logits, labels, this.#dlogits!, lossSum, correct, { scale });
-    scaler?.scaleGrad(this.#dlogits!);
+    scaler?.scale(this.#dlogits!);
     this.#samples += logits.shape[0];
     return this.#dlogits!;
   }
