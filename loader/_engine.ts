@@ -6,10 +6,12 @@
 
 import { Gatherer, type GatherSpec, SampleError } from "./_gather.ts";
 import {
-  CTL_DOORBELL,
-  CTL_STOP,
-  ctlBase,
-  ctlInts,
+  C_DOORBELL,
+  C_FREE_TAIL,
+  C_PUBLISHED,
+  C_SKIP_BELOW,
+  C_STOP,
+  controlLayout,
   type FromWorker,
   type InitMessage,
   type ModuleRef,
@@ -119,19 +121,20 @@ export class Engine {
   busyMs = 0;
   // Zero-copy control block (see _protocol.ts); undefined on the generic path.
   #ctl: Int32Array | undefined;
-  #cap = 0;
-  #posted: number[] = [];
-  #seen: number[] = [];
+  #layout: ReturnType<typeof controlLayout> | undefined;
+  #published = 0;
+  #freeTail = 0;
 
   constructor(cfg: EngineConfig) {
     this.#cfg = cfg;
     if (cfg.numWorkers === 0 && cfg.gather) this.#gatherer = new Gatherer(cfg.gather);
     if (cfg.numWorkers > 0 && cfg.gather) {
-      // A worker never has more tasks than there are slots.
-      this.#cap = cfg.slotState!.length;
-      this.#ctl = new Int32Array(new SharedArrayBuffer(ctlInts(cfg.numWorkers, this.#cap) * 4));
-      this.#posted = new Array(cfg.numWorkers).fill(0);
-      this.#seen = new Array(cfg.numWorkers).fill(0);
+      const slots = cfg.slotState!.length;
+      // Published-but-unyielded tasks never exceed the in-flight limit; the margin covers
+      // skipped tasks of an abandoned epoch still being read.
+      const tasks = 2 * (cfg.prefetchFactor * cfg.numWorkers + slots);
+      this.#layout = controlLayout(slots, tasks, cfg.ring!.batchSize);
+      this.#ctl = new Int32Array(new SharedArrayBuffer(this.#layout.ints * 4));
     }
     for (let id = 0; id < cfg.numWorkers; id++) this.#startWorker(id);
   }
@@ -177,7 +180,9 @@ export class Engine {
       workerSeed: hash4(lo, hi, id, STREAM_WORKER),
       gather: cfg.gather,
       control: this.#ctl?.buffer as SharedArrayBuffer | undefined,
-      cap: this.#cap,
+      slots: this.#layout?.ready !== undefined ? cfg.slotState!.length : undefined,
+      tasks: this.#layout?.tasks,
+      batch: cfg.ring?.batchSize,
       dataset: cfg.gather ? undefined : cfg.workerSpec,
       collate: cfg.collateMode === "main" ? "none" : cfg.collateMode,
       workerInit: cfg.workerInit,
@@ -220,6 +225,7 @@ export class Engine {
           msg.stack,
         );
         if (p.slot >= 0) this.#cfg.slotState![p.slot] = SLOT_FREE;
+        if (msg.slot !== undefined && msg.slot >= 0) this.#cfg.slotState![msg.slot] = SLOT_FREE;
         if (p.plan.abandoned) {
           this.#outstanding--;
           this.pump();
@@ -264,20 +270,57 @@ export class Engine {
     this.#wake?.();
   }
 
-  /** Collects the completions workers wrote into the control block. */
+  /** Collects the slots workers marked ready in the control block. */
   #drain(): void {
     const ctl = this.#ctl;
-    if (!ctl || this.#closed || this.#failure) return;
-    const cap = this.#cap;
-    for (const w of this.#workers) {
-      const base = ctlBase(w.id, cap);
-      const done = Atomics.load(ctl, base + 2);
-      const c0 = base + 4 + cap * 5;
-      for (let k = this.#seen[w.id]; k < done; k++) {
-        const c = c0 + (k % cap) * 2;
-        this.#complete(w, ctl[c], ctl[c + 1] / 1000, undefined);
+    const L = this.#layout;
+    if (!ctl || !L || this.#closed || this.#failure) return;
+    const state = this.#cfg.slotState!;
+    let freed = false;
+    for (let slot = 0; slot < state.length; slot++) {
+      const v = Atomics.load(ctl, L.ready + slot);
+      if (v === 0) continue;
+      ctl[L.ready + slot] = 0;
+      const seq = v - 1;
+      this.busyMs += ctl[L.busy + slot] / 1000;
+      const p = this.#pending.get(seq);
+      if (!p) {
+        // A task of an abandoned epoch finished after it was dropped: recycle its slot.
+        state[slot] = SLOT_FREE;
+        freed = true;
+        continue;
       }
-      this.#seen[w.id] = done;
+      this.#pending.delete(seq);
+      const size = p.plan.batches[p.batch].length;
+      this.#results.set(seq, {
+        kind: "slot",
+        seq,
+        slot,
+        epoch: p.plan.epoch,
+        batch: p.batch,
+        size,
+      });
+    }
+    if (freed) this.#pushFreeSlots();
+  }
+
+  /** Hands every free slot to the workers' free queue (pull mode). */
+  #pushFreeSlots(): void {
+    const ctl = this.#ctl;
+    const L = this.#layout;
+    if (!ctl || !L) return;
+    const state = this.#cfg.slotState!;
+    let pushed = false;
+    for (let slot = 0; slot < state.length; slot++) {
+      if (state[slot] !== SLOT_FREE) continue;
+      state[slot] = SLOT_LOADER;
+      ctl[L.freeQ + (this.#freeTail % L.freeCap)] = slot;
+      this.#freeTail++;
+      pushed = true;
+    }
+    if (pushed) {
+      Atomics.store(ctl, C_FREE_TAIL, this.#freeTail);
+      Atomics.notify(ctl, C_FREE_TAIL);
     }
   }
 
@@ -292,10 +335,14 @@ export class Engine {
     const ctl = this.#ctl;
     if (ctl) {
       // Ends the workers' Atomics.wait loops and any waitAsync of ours.
-      Atomics.store(ctl, CTL_STOP, 1);
-      Atomics.add(ctl, CTL_DOORBELL, 1);
-      Atomics.notify(ctl, CTL_DOORBELL);
-      for (const w of this.#workers) Atomics.notify(ctl, ctlBase(w.id, this.#cap));
+      Atomics.store(ctl, C_STOP, 1);
+      Atomics.add(ctl, C_DOORBELL, 1);
+      Atomics.notify(ctl, C_DOORBELL);
+      Atomics.notify(ctl, C_PUBLISHED);
+      Atomics.notify(ctl, C_FREE_TAIL);
+      // Slots in the free queue or being filled go back to the ring.
+      const state = this.#cfg.slotState!;
+      for (let s = 0; s < state.length; s++) if (state[s] === SLOT_LOADER) state[s] = SLOT_FREE;
     }
     for (const w of this.#workers) {
       if (!w.alive) continue;
@@ -379,6 +426,19 @@ export class Engine {
       if (r.kind === "slot" && state) state[r.slot] = SLOT_FREE;
     }
     if (this.#dispatchPlan === plan) this.#dispatchPlan = undefined;
+    if (this.#ctl) {
+      // Published tasks of this plan: workers skip the unclaimed ones; the ones being
+      // gathered come back as unknown seqs and their slots are recycled by #drain.
+      const end = plan.startSeq + plan.batches.length;
+      for (const [seq, p] of this.#pending) {
+        if (p.plan === plan) {
+          this.#pending.delete(seq);
+          this.#outstanding--;
+        }
+      }
+      if (Atomics.load(this.#ctl, C_SKIP_BELOW) < end) Atomics.store(this.#ctl, C_SKIP_BELOW, end);
+      this.#pushFreeSlots();
+    }
   }
 
   /** The next plan to dispatch from, planning the next epoch ahead when allowed. */
@@ -408,6 +468,7 @@ export class Engine {
     const cfg = this.#cfg;
     if (cfg.numWorkers === 0 || this.#failure || this.#closed) return;
     const limit = cfg.prefetchFactor * cfg.numWorkers;
+    if (this.#ctl) return this.#publish(limit);
     while (this.#outstanding < limit) {
       const plan = this.#nextDispatchPlan();
       if (!plan) return;
@@ -429,21 +490,7 @@ export class Engine {
       w.outstanding++;
       this.#outstanding++;
       this.#pending.set(seq, { seq, plan, batch: b, worker: w.id, slot });
-      if (slot >= 0 && this.#ctl) {
-        cfg.slotState![slot] = 1;
-        (cfg.ring!.view(slot, "indices", indices.length) as Int32Array).set(indices);
-        const ctl = this.#ctl;
-        const base = ctlBase(w.id, this.#cap);
-        const k = this.#posted[w.id]++;
-        const e = base + 4 + (k % this.#cap) * 5;
-        ctl[e] = seq;
-        ctl[e + 1] = slot;
-        ctl[e + 2] = indices.length;
-        ctl[e + 3] = plan.epoch;
-        ctl[e + 4] = plan.positions[b];
-        Atomics.store(ctl, base, k + 1);
-        Atomics.notify(ctl, base);
-      } else if (slot >= 0) {
+      if (slot >= 0) {
         cfg.slotState![slot] = 1;
         (cfg.ring!.view(slot, "indices", indices.length) as Int32Array).set(indices);
         w.worker.postMessage({
@@ -463,6 +510,35 @@ export class Engine {
           pos: plan.positions[b],
         });
       }
+    }
+  }
+
+  /** Pull mode: returns free slots to the workers and publishes tasks up to the limit. */
+  #publish(limit: number): void {
+    const ctl = this.#ctl!;
+    const L = this.#layout!;
+    this.#pushFreeSlots();
+    let published = false;
+    while (this.#outstanding < limit) {
+      const plan = this.#nextDispatchPlan();
+      if (!plan) break;
+      const b = plan.dispatched++;
+      const seq = plan.startSeq + b;
+      const indices = plan.batches[b];
+      const e = L.taskQ + (this.#published % L.tasks) * L.entry;
+      ctl[e] = seq;
+      ctl[e + 1] = plan.epoch;
+      ctl[e + 2] = plan.positions[b];
+      ctl[e + 3] = indices.length;
+      ctl.set(indices, e + 4);
+      this.#published++;
+      this.#outstanding++;
+      this.#pending.set(seq, { seq, plan, batch: b, worker: -1, slot: -1 });
+      published = true;
+    }
+    if (published) {
+      Atomics.store(ctl, C_PUBLISHED, this.#published);
+      Atomics.notify(ctl, C_PUBLISHED);
     }
   }
 
@@ -509,10 +585,10 @@ export class Engine {
         const woken = new Promise<void>((resolve) => (this.#wake = resolve));
         if (this.#ctl) {
           const ctl = this.#ctl;
-          const bell = Atomics.load(ctl, CTL_DOORBELL);
+          const bell = Atomics.load(ctl, C_DOORBELL);
           this.#drain();
           if (this.#results.size === 0 || !this.#hasDue(plan)) {
-            const r = Atomics.waitAsync(ctl, CTL_DOORBELL, bell);
+            const r = Atomics.waitAsync(ctl, C_DOORBELL, bell);
             if (r.async) await Promise.race([woken, r.value]);
           }
         } else await woken;
@@ -554,7 +630,19 @@ export class Engine {
   }
 
   #checkStarved(plan: EpochPlan): void {
-    if (!this.#cfg.ring || this.#pending.size > 0) return;
+    if (!this.#cfg.ring) return;
+    if (this.#ctl) {
+      const state = this.#cfg.slotState!;
+      if (state.every((s) => s === SLOT_CONSUMER) && !this.#hasDue(plan)) {
+        throw new Error(
+          `Cannot get batch ${plan.yielded} of epoch ${plan.epoch}: all ${state.length} ring ` +
+            `slots are held by the consumer (${state.length} unreleased batches); call ` +
+            "release() on batches you are done with, or raise the heldBatches option",
+        );
+      }
+      return;
+    }
+    if (this.#pending.size > 0) return;
     if (plan.dispatched >= plan.batches.length) return;
     if (this.#freeSlot() >= 0) return;
     const state = this.#cfg.slotState!;

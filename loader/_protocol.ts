@@ -10,18 +10,38 @@ export interface ModuleRef {
   export: string;
 }
 
-// Zero-copy control block (Int32Array over a SharedArrayBuffer), so that a batch costs no
-// message at all: the main thread appends tasks to each worker's ring and notifies it; the
-// worker, blocked in Atomics.wait, gathers, appends a completion and rings the doorbell the
-// main thread waits on with Atomics.waitAsync. postMessage remains for errors and start-up.
-export const CTL_DOORBELL = 0;
-export const CTL_STOP = 1;
-export const CTL_HEADER = 8;
-/** Per-worker block: [tail, head, done, spare, tasks cap x 5, completions cap x 2]. */
-export const ctlStride = (cap: number): number => 4 + cap * 7;
-export const ctlBase = (w: number, cap: number): number => CTL_HEADER + w * ctlStride(cap);
-export const ctlInts = (workers: number, cap: number): number =>
-  CTL_HEADER + workers * ctlStride(cap);
+// Zero-copy control block (an Int32Array over a SharedArrayBuffer). Workers pull work: each
+// claims a free ring slot, then the next published task, gathers into the slot and marks it
+// ready; the main thread only publishes tasks, returns released slots to the free queue and
+// collects ready slots. Tickets (Atomics.add on a counter) give every worker distinct
+// entries; a worker always holds its slot before it claims a task, so the task the consumer
+// waits for always has a slot and in-order delivery cannot deadlock on a full ring.
+// Workers block in Atomics.wait, the main thread in Atomics.waitAsync on the doorbell.
+// postMessage remains for start-up and errors only.
+export const C_DOORBELL = 0;
+export const C_STOP = 1;
+/** Task tickets taken by workers. */
+export const C_CLAIM = 2;
+/** Tasks published by the main thread. */
+export const C_PUBLISHED = 3;
+/** Free-slot tickets taken by workers. */
+export const C_FREE_HEAD = 4;
+/** Free slots pushed by the main thread. */
+export const C_FREE_TAIL = 5;
+/** Tasks with a smaller seq belong to an abandoned epoch: skip them. */
+export const C_SKIP_BELOW = 6;
+export const C_HEADER = 16;
+
+/** Offsets of the control block's arrays for `slots` ring slots, `tasks` task entries. */
+export function controlLayout(slots: number, tasks: number, batch: number) {
+  const ready = C_HEADER; // per slot: seq + 1 once filled, 0 otherwise
+  const busy = ready + slots; // per slot: microseconds spent gathering it
+  const freeQ = busy + slots; // free-slot queue, capacity 2 * slots
+  const freeCap = 2 * slots;
+  const taskQ = freeQ + freeCap; // task entries: seq, epoch, position, n, indices[batch]
+  const entry = 4 + batch;
+  return { ready, busy, freeQ, freeCap, taskQ, entry, tasks, ints: taskQ + tasks * entry };
+}
 
 export interface InitMessage {
   t: "init";
@@ -30,9 +50,11 @@ export interface InitMessage {
   seed: number;
   workerSeed: number;
   gather?: GatherSpec;
-  /** Control block of the zero-copy path, and its per-worker ring capacity. */
+  /** Control block of the zero-copy path: slots, task entries, entry batch size. */
   control?: SharedArrayBuffer;
-  cap?: number;
+  slots?: number;
+  tasks?: number;
+  batch?: number;
   dataset?: WorkerSpec;
   /** "default": defaultCollate; "none": send samples as they are; or a module function. */
   collate: "default" | "none" | ModuleRef;
@@ -64,6 +86,14 @@ export type FromWorker =
   | { t: "ready" }
   | { t: "d"; seq: number; busy: number }
   | { t: "b"; seq: number; value: unknown; busy: number }
-  | { t: "e"; seq: number; index: number; name: string; message: string; stack: string }
+  | {
+    t: "e";
+    seq: number;
+    index: number;
+    name: string;
+    message: string;
+    stack: string;
+    slot?: number;
+  }
   | { t: "fatal"; name: string; message: string; stack: string }
   | { t: "x"; reason: string };

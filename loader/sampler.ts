@@ -11,7 +11,7 @@
  * @module
  */
 
-import { CounterRandom, permutation, randomSeed, STREAM_SAMPLER } from "./_rng.ts";
+import { permutation, randomSeed, SequenceRandom, STREAM_SAMPLER } from "./_rng.ts";
 
 /**
  * What a DataLoader needs from a sampler: how many indices an epoch has, and the indices
@@ -146,7 +146,7 @@ export class RandomSampler implements Sampler {
    * @returns the indices of that epoch
    */
   indices(epoch = 0): Int32Array {
-    const rng = new CounterRandom(this.seed, epoch, STREAM_SAMPLER, 0);
+    const rng = new SequenceRandom(this.seed, epoch, STREAM_SAMPLER, 0);
     const out = new Int32Array(this.length);
     if (this.size === 0) return out;
     if (this.replacement) {
@@ -157,7 +157,7 @@ export class RandomSampler implements Sampler {
     for (let round = 0; filled < out.length; round++) {
       const perm = round === 0
         ? permutation(this.size, rng)
-        : permutation(this.size, new CounterRandom(this.seed, epoch, STREAM_SAMPLER, round));
+        : permutation(this.size, new SequenceRandom(this.seed, epoch, STREAM_SAMPLER, round));
       const take = Math.min(perm.length, out.length - filled);
       out.set(perm.subarray(0, take), filled);
       filled += take;
@@ -206,7 +206,7 @@ export class SubsetRandomSampler implements Sampler {
    * @returns the subset in this epoch's order
    */
   indices(epoch = 0): Int32Array {
-    const perm = permutation(this.length, new CounterRandom(this.seed, epoch, STREAM_SAMPLER, 0));
+    const perm = permutation(this.length, new SequenceRandom(this.seed, epoch, STREAM_SAMPLER, 0));
     const out = new Int32Array(this.length);
     for (let i = 0; i < out.length; i++) out[i] = this.#subset[perm[i]];
     return out;
@@ -290,7 +290,7 @@ export class WeightedRandomSampler implements Sampler {
    * @returns the drawn indices of that epoch
    */
   indices(epoch = 0): Int32Array {
-    const rng = new CounterRandom(this.seed, epoch, STREAM_SAMPLER, 0);
+    const rng = new SequenceRandom(this.seed, epoch, STREAM_SAMPLER, 0);
     const out = new Int32Array(this.length);
     const cdf = this.#cdf;
     const total = cdf[cdf.length - 1];
@@ -418,7 +418,7 @@ export class DistributedSampler implements Sampler, Iterable<number> {
     const n = this.size;
     let all: Int32Array;
     if (this.shuffle) {
-      all = permutation(n, new CounterRandom(this.seed, epoch, STREAM_SAMPLER, 0));
+      all = permutation(n, new SequenceRandom(this.seed, epoch, STREAM_SAMPLER, 0));
     } else {
       all = new Int32Array(n);
       for (let i = 0; i < n; i++) all[i] = i;

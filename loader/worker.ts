@@ -10,10 +10,15 @@ import { CounterRandom, STREAM_SAMPLE } from "./_rng.ts";
 import { defaultCollate } from "./collate.ts";
 import type { Dataset, SampleContext } from "./dataset.ts";
 import {
+  C_CLAIM,
+  C_DOORBELL,
+  C_FREE_HEAD,
+  C_FREE_TAIL,
+  C_PUBLISHED,
+  C_SKIP_BELOW,
+  C_STOP,
   type CollateTask,
-  CTL_DOORBELL,
-  CTL_STOP,
-  ctlBase,
+  controlLayout,
   type FromWorker,
   type GatherTask,
   type InitMessage,
@@ -108,41 +113,55 @@ function transferables(value: unknown, out: Transferable[]): void {
   }
 }
 
-// The zero-copy loop: blocks in Atomics.wait for tasks and never returns to the event loop
-// while serving (nothing else arrives by message on this path). Timed waits let a stop flag
-// or terminate() end it even if a notify is missed.
-function serve(ctl: Int32Array, id: number, cap: number): void {
-  const base = ctlBase(id, cap);
-  const tasks = base + 4;
-  const done = base + 4 + cap * 5;
-  let head = 0;
-  while (Atomics.load(ctl, CTL_STOP) === 0) {
-    if (Atomics.load(ctl, base) === head) {
-      Atomics.wait(ctl, base, head, 100);
-      continue;
+// The zero-copy loop (see _protocol.ts): claim a free slot, claim the next task, gather,
+// mark the slot ready. It never returns to the event loop while serving; timed waits let the
+// stop flag (or terminate()) end it even if a notify is missed.
+function waitAbove(ctl: Int32Array, at: number, ticket: number): boolean {
+  while (true) {
+    const v = Atomics.load(ctl, at);
+    if (v > ticket) return true;
+    if (Atomics.load(ctl, C_STOP) !== 0) return false;
+    Atomics.wait(ctl, at, v, 100);
+  }
+}
+
+function serve(ctl: Int32Array, slots: number, tasks: number, batch: number): void {
+  const L = controlLayout(slots, tasks, batch);
+  const spec = init.gather!;
+  const ring32 = new Int32Array(spec.ring, 0, spec.ring.byteLength >>> 2);
+  let slot = -1;
+  while (Atomics.load(ctl, C_STOP) === 0) {
+    if (slot < 0) {
+      const ticket = Atomics.add(ctl, C_FREE_HEAD, 1);
+      if (!waitAbove(ctl, C_FREE_TAIL, ticket)) return;
+      slot = ctl[L.freeQ + (ticket % L.freeCap)];
     }
-    const e = tasks + (head % cap) * 5;
+    const t = Atomics.add(ctl, C_CLAIM, 1);
+    if (!waitAbove(ctl, C_PUBLISHED, t)) return;
+    const e = L.taskQ + (t % L.tasks) * L.entry;
     const seq = ctl[e];
+    if (seq < Atomics.load(ctl, C_SKIP_BELOW)) continue; // abandoned epoch: keep the slot
+    const n = ctl[e + 3];
     const t0 = performance.now();
     try {
-      gatherer!.gather(ctl[e + 1], ctl[e + 2], ctl[e + 3], ctl[e + 4]);
+      const at = (slot * spec.slotBytes + spec.indicesOffset) >>> 2;
+      ring32.set(ctl.subarray(e + 4, e + 4 + n), at);
+      gatherer!.gather(slot, n, ctl[e + 1], ctl[e + 2]);
     } catch (err) {
       post({
         t: "e",
         seq,
+        slot,
         index: err instanceof SampleError ? err.index : -1,
         ...errorFields(err),
       });
       return;
     }
-    const c = done + (head % cap) * 2;
-    ctl[c] = seq;
-    ctl[c + 1] = Math.round((performance.now() - t0) * 1000);
-    head++;
-    Atomics.store(ctl, base + 1, head);
-    Atomics.store(ctl, base + 2, head);
-    Atomics.add(ctl, CTL_DOORBELL, 1);
-    Atomics.notify(ctl, CTL_DOORBELL);
+    ctl[L.busy + slot] = Math.round((performance.now() - t0) * 1000);
+    Atomics.store(ctl, L.ready + slot, seq + 1);
+    slot = -1;
+    Atomics.add(ctl, C_DOORBELL, 1);
+    Atomics.notify(ctl, C_DOORBELL);
   }
 }
 
@@ -214,7 +233,7 @@ self.onmessage = (event: MessageEvent<ToWorker>) => {
       () => {
         ready = true;
         post({ t: "ready" });
-        if (msg.control && msg.cap) serve(new Int32Array(msg.control), msg.id, msg.cap);
+        if (msg.control) serve(new Int32Array(msg.control), msg.slots!, msg.tasks!, msg.batch!);
         else pump();
       },
       (e) => post({ t: "fatal", ...errorFields(e) }),
