@@ -427,43 +427,47 @@ __global__ void cast_kernel(const void *src, int sf16, void *dst, int df16, int6
 
 /* ---- loss ------------------------------------------------------------------------------------ */
 
-/* One warp per sample. */
+/* One warp per sample, grid-stride over samples: blocks_for caps the grid at 65535 * 16
+ * blocks (8 rows each), so without the loop rows past ~8.4M would be skipped silently. The
+ * row is uniform across a warp (blockDim is a multiple of 32), so the full-mask shuffles
+ * below always run with all 32 lanes. */
 __global__ void cross_entropy(const __half *logits, const int32_t *labels, __half *dlogits,
                               float *loss_sum, int32_t *correct, int64_t n, int64_t k,
                               float g) {
   int lane = threadIdx.x % 32;
-  int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
-  if (row >= n) return;
-  const __half *l = logits + row * k;
-  int32_t label = labels[row];
-  float m = -INFINITY;
-  int64_t arg = k;
-  for (int64_t j = lane; j < k; j += 32) {
-    float v = __half2float(l[j]);
-    if (v > m || arg == k) m = v, arg = j;
-  }
-  /* first index of the maximum across the warp */
-  for (int o = 16; o > 0; o >>= 1) {
-    float om = __shfl_down_sync(0xffffffffu, m, o);
-    int64_t oa = __shfl_down_sync(0xffffffffu, arg, o);
-    if (om > m || (om == m && oa < arg)) m = om, arg = oa;
-  }
-  m = __shfl_sync(0xffffffffu, m, 0);
-  arg = __shfl_sync(0xffffffffu, arg, 0);
-  float s = 0.0f;
-  for (int64_t j = lane; j < k; j += 32) s += expf(__half2float(l[j]) - m);
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
-  s = __shfl_sync(0xffffffffu, s, 0);
-  bool ok = label >= 0 && label < k;
-  if (lane == 0 && ok) {
-    if (loss_sum) atomicAdd(loss_sum, m + logf(s) - __half2float(l[label]));
-    if (correct && arg == label) atomicAdd(correct, 1);
-  }
-  if (dlogits) {
-    float inv = 1.0f / s;
+  for (int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; row < n;
+       row += (int64_t)gridDim.x * blockDim.x / 32) {
+    const __half *l = logits + row * k;
+    int32_t label = labels[row];
+    float m = -INFINITY;
+    int64_t arg = k;
     for (int64_t j = lane; j < k; j += 32) {
-      float p = expf(__half2float(l[j]) - m) * inv;
-      dlogits[row * k + j] = __float2half_rn(ok ? g * (p - (j == label ? 1.0f : 0.0f)) : 0.0f);
+      float v = __half2float(l[j]);
+      if (v > m || arg == k) m = v, arg = j;
+    }
+    /* first index of the maximum across the warp */
+    for (int o = 16; o > 0; o >>= 1) {
+      float om = __shfl_down_sync(0xffffffffu, m, o);
+      int64_t oa = __shfl_down_sync(0xffffffffu, arg, o);
+      if (om > m || (om == m && oa < arg)) m = om, arg = oa;
+    }
+    m = __shfl_sync(0xffffffffu, m, 0);
+    arg = __shfl_sync(0xffffffffu, arg, 0);
+    float s = 0.0f;
+    for (int64_t j = lane; j < k; j += 32) s += expf(__half2float(l[j]) - m);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    s = __shfl_sync(0xffffffffu, s, 0);
+    bool ok = label >= 0 && label < k;
+    if (lane == 0 && ok) {
+      if (loss_sum) atomicAdd(loss_sum, m + logf(s) - __half2float(l[label]));
+      if (correct && arg == label) atomicAdd(correct, 1);
+    }
+    if (dlogits) {
+      float inv = 1.0f / s;
+      for (int64_t j = lane; j < k; j += 32) {
+        float p = expf(__half2float(l[j]) - m) * inv;
+        dlogits[row * k + j] = __float2half_rn(ok ? g * (p - (j == label ? 1.0f : 0.0f)) : 0.0f);
+      }
     }
   }
 }
@@ -576,7 +580,11 @@ PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, 
     PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_matmul: bad shape m=%lld n=%lld k=%lld",
             (long long)m, (long long)n, (long long)k);
   if (m == 0 || n == 0) return PS_OK;
-  NULL_CHECK(a, b, c);
+  /* k == 0: a and b are zero-byte tensors, whose pointers are NULL (zero-byte allocations
+   * allocate nothing); c is still written (zeros, or left as is when accumulating), as on
+   * the cpu backend. */
+  NULL_CHECK(c);
+  if (k > 0) NULL_CHECK(a, b);
   cudaStream_t st = (cudaStream_t)stream;
   Strided A{(const __half *)a, trans_a ? 1 : k, trans_a ? m : 1};
   Strided B{(const __half *)b, trans_b ? 1 : n, trans_b ? k : 1};
@@ -587,7 +595,7 @@ PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, 
 PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n, int64_t c,
                                 int64_t h, int64_t w_, int64_t co, int32_t kh, int32_t kw,
                                 int32_t stride, int32_t pad, void *stream) {
-  ConvGeo g;
+  ConvGeo g{}; /* {}: gcc cannot see that conv_geo fills it before any use */
   int s = conv_geo(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
   if (s) return s;
   if (n == 0) return PS_OK;
@@ -603,7 +611,7 @@ PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, i
                                       int64_t c, int64_t h, int64_t w_, int64_t co,
                                       int32_t kh, int32_t kw, int32_t stride, int32_t pad,
                                       void *stream) {
-  ConvGeo g;
+  ConvGeo g{}; /* {}: gcc cannot see that conv_geo fills it before any use */
   int s = conv_geo(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
   if (s) return s;
   if (n == 0) return PS_OK;
@@ -620,10 +628,13 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
                                         int32_t stride, int32_t pad, int32_t accumulate,
                                         void *stream) {
   DTYPE_CHECK(dw_dtype);
-  ConvGeo g;
+  ConvGeo g{}; /* {}: gcc cannot see that conv_geo fills it before any use */
   int s = conv_geo(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
   if (s) return s;
-  NULL_CHECK(x, dy, dw);
+  /* n == 0 still writes dw (zeros, or unchanged when accumulating), like the cpu backend;
+   * x and dy are then empty, NULL pointers, and the GEMM never reads them (T == 0). */
+  NULL_CHECK(dw);
+  if (n > 0) NULL_CHECK(x, dy);
   cudaStream_t st = (cudaStream_t)stream;
   int64_t K = c * kh * kw, P = g.oh * g.ow, T = n * P, mn = co * K;
   /* Split the long (n, p) reduction so the few output tiles still fill the GPU: about 2
