@@ -112,6 +112,7 @@ async function pinstreamRow(
   options: ToDeviceOptions,
   epochs: number,
 ): Promise<Row> {
+  console.error(`... ${name}`);
   await using loader = new DataLoader(ds, {
     batchSize: BATCH,
     shuffle: true,
