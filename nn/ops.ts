@@ -33,6 +33,11 @@
  * loss scale exists to keep them representable. The fused path (`sgdStep` with `scale`)
  * unscales in fp32 and is the one `GradScaler.step` should use.
  *
+ * On the CPU backend the kernels run synchronously on the calling thread plus one helper
+ * thread per other CPU (`PINSTREAM_NUM_THREADS`, else `OMP_NUM_THREADS`, caps the total),
+ * and every result is bit-for-bit reproducible from run to run on both backends, except the
+ * CUDA loss sum (atomics) and max-pool gradients where pooling windows overlap.
+ *
  * @module
  */
 
