@@ -68,7 +68,29 @@ export function liveWorkerCount(): number {
   return liveWorkers;
 }
 
-/** A failure inside a worker, rethrown in the consumer with the worker's stack. */
+/**
+ * A failure loading a sample, rethrown in the consumer when its batch is due, with the
+ * sample's dataset index and the original stack (from the worker, or the main thread).
+ *
+ * @example Catching a sample's failure
+ * ```ts
+ * import { DataLoader, WorkerError } from "./data_loader.ts";
+ * import assert from "node:assert";
+ * const ds = {
+ *   length: 4,
+ *   get: (i: number) => {
+ *     if (i === 2) throw new Error("bad sample");
+ *     return i;
+ *   },
+ * };
+ * await using loader = new DataLoader(ds, { batchSize: 2 });
+ * let batches = 0;
+ * await assert.rejects(async () => {
+ *   for await (const _ of loader) batches++;
+ * }, (e) => e instanceof WorkerError && e.index === 2);
+ * assert.strictEqual(batches, 1);
+ * ```
+ */
 export class WorkerError extends Error {
   /** Dataset index of the failing sample, or -1 when not tied to a sample. */
   readonly index: number;
@@ -76,6 +98,7 @@ export class WorkerError extends Error {
   readonly workerId: number;
   /** The original stack from the worker. */
   readonly workerStack: string;
+  /** Creates it; see the class documentation. */
   constructor(message: string, index: number, workerId: number, workerStack: string) {
     super(message);
     this.name = "WorkerError";

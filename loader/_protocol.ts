@@ -6,7 +6,9 @@ import type { WorkerSpec } from "./dataset.ts";
 
 /** A function in a module, resolved in the worker. */
 export interface ModuleRef {
+  /** Absolute URL of the module (e.g. `import.meta.url`). */
   module: string;
+  /** Dotted path of the function in that module (e.g. "MyDataset.fromState"). */
   export: string;
 }
 

@@ -242,6 +242,8 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
   #augment: Required<AugmentOptions> | undefined;
 
   /**
+   * Creates it; see the class documentation.
+   *
    * @param dataset a map-style dataset (`length`, `get`)
    * @param options PyTorch's options in TypeScript casing, plus zeroCopy/augment/
    *   autoRelease/heldBatches

@@ -21,7 +21,8 @@ export type TypedArray =
   | Float32Array
   | Float64Array;
 
-type TypedArrayCtor = {
+/** A constructor of one of the {@linkcode TypedArray}s. */
+export type TypedArrayCtor = {
   new (buffer: ArrayBufferLike, byteOffset?: number, length?: number): TypedArray;
   new (length: number): TypedArray;
   readonly BYTES_PER_ELEMENT: number;

@@ -38,6 +38,7 @@ export {
   sharedArray,
   type SharedField,
   type TypedArray,
+  type TypedArrayCtor,
   type WorkerSpec,
 } from "./dataset.ts";
 export { RingBatch, type RingField, ringLayout, StagingRing } from "./ring.ts";

@@ -137,6 +137,8 @@ export class StagingRing {
   #byName: Map<string, RingField>;
 
   /**
+   * Creates it; see the class documentation.
+   *
    * @param fields per-sample fields (name, dtype, shape)
    * @param batchSize records per slot
    * @param slotCount number of slots
@@ -169,6 +171,8 @@ export class StagingRing {
   }
 
   /**
+   * Byte offset of a slot in `buffer`.
+   *
    * @param slot slot number in [0, slotCount)
    * @returns the byte offset of the slot in `buffer`
    */
@@ -177,6 +181,8 @@ export class StagingRing {
   }
 
   /**
+   * A field by name.
+   *
    * @param name a field name
    * @returns the field
    * @throws {RangeError} for an unknown name

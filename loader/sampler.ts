@@ -68,6 +68,8 @@ export class SequentialSampler implements Sampler {
   readonly length: number;
 
   /**
+   * Creates it; see the class documentation.
+   *
    * @param length dataset size (or any object with a `length`)
    * @throws {RangeError} when the size is not a non-negative integer
    */
@@ -76,6 +78,8 @@ export class SequentialSampler implements Sampler {
   }
 
   /**
+   * The dataset indices of one epoch.
+   *
    * @param _epoch ignored: the order is the same every epoch
    * @returns 0..length-1
    */
@@ -121,6 +125,8 @@ export class RandomSampler implements Sampler {
   readonly seed: number;
 
   /**
+   * Creates it; see the class documentation.
+   *
    * @param size dataset size (or an object with a `length`)
    * @param options replacement, numSamples, seed
    * @throws {RangeError} for a negative size, numSamples < 1, or a bad seed
@@ -142,6 +148,8 @@ export class RandomSampler implements Sampler {
   }
 
   /**
+   * The dataset indices of one epoch.
+   *
    * @param epoch the epoch number (0-based)
    * @returns the indices of that epoch
    */
@@ -191,6 +199,8 @@ export class SubsetRandomSampler implements Sampler {
   #subset: Int32Array;
 
   /**
+   * Creates it; see the class documentation.
+   *
    * @param indices the subset of dataset indices
    * @param options seed
    * @throws {RangeError} for a negative or non-integer index
@@ -202,6 +212,8 @@ export class SubsetRandomSampler implements Sampler {
   }
 
   /**
+   * The dataset indices of one epoch.
+   *
    * @param epoch the epoch number
    * @returns the subset in this epoch's order
    */
@@ -245,6 +257,8 @@ export class WeightedRandomSampler implements Sampler {
   #weights: Float64Array;
 
   /**
+   * Creates it; see the class documentation.
+   *
    * @param weights non-negative, finite weights, at least one positive
    * @param numSamples indices per epoch
    * @param options replacement, seed
@@ -286,6 +300,8 @@ export class WeightedRandomSampler implements Sampler {
   }
 
   /**
+   * The dataset indices of one epoch.
+   *
    * @param epoch the epoch number
    * @returns the drawn indices of that epoch
    */
@@ -377,6 +393,8 @@ export class DistributedSampler implements Sampler, Iterable<number> {
   epoch = 0;
 
   /**
+   * Creates it; see the class documentation.
+   *
    * @param size dataset size (or an object with a `length`)
    * @param options worldSize, rank, shuffle, seed, dropLast
    * @throws {RangeError} for a rank outside [0, worldSize) or a bad worldSize
@@ -411,6 +429,8 @@ export class DistributedSampler implements Sampler, Iterable<number> {
   }
 
   /**
+   * The dataset indices of one epoch.
+   *
    * @param epoch the epoch number (a DataLoader passes its epoch count)
    * @returns this rank's indices of that epoch
    */
@@ -471,6 +491,8 @@ export class BatchSampler implements BatchSamplerLike {
   readonly dropLast: boolean;
 
   /**
+   * Creates it; see the class documentation.
+   *
    * @param sampler where the indices come from
    * @param options batchSize, dropLast
    * @throws {RangeError} for a batchSize that is not a positive integer
@@ -495,6 +517,8 @@ export class BatchSampler implements BatchSamplerLike {
   }
 
   /**
+   * The batches of one epoch.
+   *
    * @param epoch the epoch number
    * @returns the batches of that epoch
    */

@@ -20,6 +20,8 @@ export interface WorkerInfo {
 let current: WorkerInfo | null = null;
 
 /**
+ * The current DataLoader worker's facts (PyTorch's `get_worker_info`).
+ *
  * @returns the current worker's info inside a DataLoader worker, null elsewhere
  * @example On the main thread
  * ```ts

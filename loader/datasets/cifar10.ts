@@ -46,9 +46,13 @@ export interface CIFAR10Options {
 
 /** The serializable state a worker rebuilds a CIFAR10 from (shared memory, not copied). */
 export interface CIFAR10State {
+  /** Images in shared memory. */
   images: SharedArrayBuffer;
+  /** Labels (i32) in shared memory. */
   labels: SharedArrayBuffer;
+  /** Sample count. */
   length: number;
+  /** Whether this is the training set. */
   train: boolean;
 }
 
@@ -186,6 +190,8 @@ export class CIFAR10 implements Dataset<{ image: Uint8Array; label: number }> {
   }
 
   /**
+   * Sample `index`.
+   *
    * @param index sample index
    * @returns `{ image, label }`, image a 3072-byte CHW view into shared memory
    * @throws {RangeError} for an index out of range
@@ -202,7 +208,11 @@ export class CIFAR10 implements Dataset<{ image: Uint8Array; label: number }> {
     };
   }
 
-  /** @returns `image` u8 [3,32,32] and `label` i32 [] in shared memory */
+  /**
+   * The zero-copy layout: the fields in shared memory.
+   *
+   * @returns `image` u8 [3,32,32] and `label` i32 [] in shared memory
+   */
   sharedFields(): readonly SharedField[] {
     return [
       {
@@ -215,7 +225,11 @@ export class CIFAR10 implements Dataset<{ image: Uint8Array; label: number }> {
     ];
   }
 
-  /** @returns how workers rebuild this dataset */
+  /**
+   * How workers rebuild this dataset.
+   *
+   * @returns how workers rebuild this dataset
+   */
   workerSpec(): WorkerSpec {
     const state: CIFAR10State = {
       images: this.images.buffer as SharedArrayBuffer,

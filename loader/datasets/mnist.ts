@@ -83,9 +83,13 @@ export interface MNISTOptions {
 
 /** The serializable state a worker rebuilds the dataset from (shared memory). */
 export interface MNISTState {
+  /** Images in shared memory. */
   images: SharedArrayBuffer;
+  /** Labels (i32) in shared memory. */
   labels: SharedArrayBuffer;
+  /** Sample count. */
   length: number;
+  /** Whether this is the training set. */
   train: boolean;
 }
 
@@ -207,6 +211,8 @@ export class MNIST implements Dataset<{ image: Uint8Array; label: number }> {
   }
 
   /**
+   * Rebuilds the dataset from its worker state (the memory is shared, not copied).
+   *
    * @param state from `workerSpec().state`
    * @returns the dataset over the same shared memory
    */
@@ -215,6 +221,8 @@ export class MNIST implements Dataset<{ image: Uint8Array; label: number }> {
   }
 
   /**
+   * Sample `index`.
+   *
    * @param index sample index
    * @returns `{ image, label }`, image a 784-byte view into shared memory
    * @throws {RangeError} for an index out of range
@@ -231,7 +239,11 @@ export class MNIST implements Dataset<{ image: Uint8Array; label: number }> {
     };
   }
 
-  /** @returns `image` u8 [1,28,28] and `label` i32 [] in shared memory */
+  /**
+   * The zero-copy layout: the fields in shared memory.
+   *
+   * @returns `image` u8 [1,28,28] and `label` i32 [] in shared memory
+   */
   sharedFields(): readonly SharedField[] {
     return [
       {
@@ -244,7 +256,11 @@ export class MNIST implements Dataset<{ image: Uint8Array; label: number }> {
     ];
   }
 
-  /** @returns how workers rebuild this dataset */
+  /**
+   * How workers rebuild this dataset.
+   *
+   * @returns how workers rebuild this dataset
+   */
   workerSpec(): WorkerSpec {
     const state: MNISTState = {
       images: this.images.buffer as SharedArrayBuffer,
@@ -310,6 +326,8 @@ export class FashionMNIST extends MNIST {
   }
 
   /**
+   * Rebuilds the dataset from its worker state (the memory is shared, not copied).
+   *
    * @param state from `workerSpec().state`
    * @returns the dataset over the same shared memory
    */

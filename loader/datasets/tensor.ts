@@ -58,6 +58,8 @@ export class TensorDataset implements Dataset<Record<string, TypedArray | number
   #views: { name: string; data: TypedArray; per: number; scalar: boolean }[];
 
   /**
+   * Creates it; see the class documentation.
+   *
    * @param fields name -> typed array (scalar per sample) or {data, shape}
    * @throws {TypeError} for a value that is not a typed array
    * @throws {RangeError} when fields disagree on the sample count
@@ -134,6 +136,8 @@ export class TensorDataset implements Dataset<Record<string, TypedArray | number
   }
 
   /**
+   * Sample `index`.
+   *
    * @param index sample index in [0, length)
    * @returns `{ name: view | number }`
    * @throws {RangeError} for an index out of range
@@ -151,12 +155,20 @@ export class TensorDataset implements Dataset<Record<string, TypedArray | number
     return out;
   }
 
-  /** @returns the fields in shared memory (the zero-copy layout) */
+  /**
+   * The zero-copy layout: the fields in shared memory.
+   *
+   * @returns the fields in shared memory (the zero-copy layout)
+   */
   sharedFields(): readonly SharedField[] {
     return this.#fields;
   }
 
-  /** @returns how a worker rebuilds this dataset */
+  /**
+   * How workers rebuild this dataset.
+   *
+   * @returns how a worker rebuilds this dataset
+   */
   workerSpec(): WorkerSpec {
     const state: TensorDatasetState = {
       length: this.length,
