@@ -113,6 +113,29 @@ export class SequenceRandom {
   int(n: number): number {
     return Math.floor((this.nextU32() / 0x1_0000_0000) * n);
   }
+
+  /** Fisher-Yates shuffle of `out` in place, the generator inlined (the epoch-plan hot loop). */
+  shuffle(out: Int32Array): void {
+    let s0 = this.#s0, s1 = this.#s1, s2 = this.#s2, s3 = this.#s3;
+    for (let i = out.length - 1; i > 0; i--) {
+      const r = Math.imul(rotl(Math.imul(s1, 5), 7), 9) >>> 0;
+      const t = s1 << 9;
+      s2 ^= s0;
+      s3 ^= s1;
+      s1 ^= s2;
+      s0 ^= s3;
+      s2 ^= t;
+      s3 = (s3 << 11) | (s3 >>> 21);
+      const j = Math.floor((r / 0x1_0000_0000) * (i + 1));
+      const v = out[i];
+      out[i] = out[j];
+      out[j] = v;
+    }
+    this.#s0 = s0;
+    this.#s1 = s1;
+    this.#s2 = s2;
+    this.#s3 = s3;
+  }
 }
 
 function rotl(x: number, k: number): number {
@@ -120,9 +143,16 @@ function rotl(x: number, k: number): number {
 }
 
 /** A uniformly random permutation of 0..n-1 (Fisher-Yates), a pure function of the key. */
-export function permutation(n: number, rng: { int(n: number): number }): Int32Array {
+export function permutation(
+  n: number,
+  rng: { int(n: number): number; shuffle?(out: Int32Array): void },
+): Int32Array {
   const out = new Int32Array(n);
   for (let i = 0; i < n; i++) out[i] = i;
+  if (rng.shuffle) {
+    rng.shuffle(out);
+    return out;
+  }
   for (let i = n - 1; i > 0; i--) {
     const j = rng.int(i + 1);
     const t = out[i];

@@ -627,7 +627,8 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
     if (this.#active === it) this.#active = undefined;
     const engine = this.#engine;
     if (!engine) return;
-    if (!this.persistentWorkers || engine.failure) {
+    // Without workers the engine holds no thread: keep it (and its compiled gather).
+    if ((!this.persistentWorkers && this.numWorkers > 0) || engine.failure) {
       engine.close();
       this.#engine = undefined;
     } else if (plan && !complete) {
