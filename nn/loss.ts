@@ -46,7 +46,8 @@ export class CrossEntropyLoss {
   #lossSum: Tensor | null;
   #correct: Tensor | null;
   #samples = 0;
-  #dlogits: Tensor | null = null;
+  /** Gradient buffers by batch shape (full batches and the last partial one alternate). */
+  #dlogits = new Map<string, Tensor>();
 
   /**
    * Creates the loss with zeroed device accumulators.
@@ -89,16 +90,17 @@ export class CrossEntropyLoss {
   forwardBackward(logits: Tensor, labels: Tensor, scaler?: GradScaler | null): Tensor {
     const [lossSum, correct] = this.#live();
     this.#checkShapes(logits, labels);
-    const d = this.#dlogits;
-    if (!d || d.shape[0] !== logits.shape[0] || d.shape[1] !== logits.shape[1]) {
-      d?.dispose();
-      this.#dlogits = Tensor.empty(this.#device, [...logits.shape], "f16");
+    const key = logits.shape.join("x");
+    let d = this.#dlogits.get(key);
+    if (!d) {
+      d = Tensor.empty(this.#device, [...logits.shape], "f16");
+      this.#dlogits.set(key, d);
     }
     const scale = scaler?.lossScale() ?? 1;
-    ops.crossEntropyForwardBackward(logits, labels, this.#dlogits!, lossSum, correct, { scale });
-    scaler?.scale(this.#dlogits!);
+    ops.crossEntropyForwardBackward(logits, labels, d, lossSum, correct, { scale });
+    scaler?.scale(d);
     this.#samples += logits.shape[0];
-    return this.#dlogits!;
+    return d;
   }
 
   /**
@@ -138,8 +140,9 @@ export class CrossEntropyLoss {
   dispose(): void {
     this.#lossSum?.dispose();
     this.#correct?.dispose();
-    this.#dlogits?.dispose();
-    this.#lossSum = this.#correct = this.#dlogits = null;
+    for (const d of this.#dlogits.values()) d.dispose();
+    this.#dlogits.clear();
+    this.#lossSum = this.#correct = null;
   }
 
   /** Same as {@linkcode CrossEntropyLoss.dispose}. */
