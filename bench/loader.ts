@@ -370,9 +370,10 @@ export async function main(args: string[] = Deno.args): Promise<void> {
       rows.find((r) => r.impl === "pytorch" && r.numWorkers === w)?.samplesPerSecond ?? null;
     console.log("");
     console.log(
-      "| configuration | samples/s | % of bound | vs PyTorch same workers | epoch-2 first batch / interval |",
+      "| configuration | samples/s (mean) | best epoch | % of bound | vs PyTorch same workers | " +
+        "epoch-2 first batch / interval |",
     );
-    console.log("|---|---:|---:|---:|---:|");
+    console.log("|---|---:|---:|---:|---:|---:|");
     for (const r of rows) {
       const t = r.numWorkers !== null && r.impl === "pinstream" ? torchAt(r.numWorkers) : null;
       const vs = t && r.samplesPerSecond ? `${(r.samplesPerSecond / t).toFixed(1)}x` : "";
@@ -384,7 +385,9 @@ export async function main(args: string[] = Deno.args): Promise<void> {
         : "";
       console.log(
         `| ${r.name}${r.note?.startsWith("skipped") ? ` (${r.note})` : ""} | ` +
-          `${fmtRate(r.samplesPerSecond)} | ${pct} | ${vs} | ${first} |`,
+          `${fmtRate(r.samplesPerSecond)} | ${
+            r.bestSamplesPerSecond ? fmtRate(r.bestSamplesPerSecond) : ""
+          } | ${pct} | ${vs} | ${first} |`,
       );
     }
     const zc2 = rows.find((r) => r.path === "zero-copy" && r.numWorkers === 2)!;
