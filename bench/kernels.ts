@@ -220,11 +220,21 @@ export async function main(args: string[] = Deno.args): Promise<void> {
       batch,
       rows,
       epochSecondsKernelsOnly: stepMs * stepsPerEpoch / 1000,
+      // The machines are shared: other processes on the cores slow every row down.
+      loadAverageAtEnd: loadAverage(),
     };
     await Deno.mkdir(new URL("./results/", import.meta.url), { recursive: true });
     await Deno.writeTextFile(RESULTS_URL, JSON.stringify(result, null, 2) + "\n");
   } finally {
     for (const x of keep) x.dispose();
+  }
+}
+
+function loadAverage(): string | null {
+  try {
+    return Deno.readTextFileSync("/proc/loadavg").split(" ").slice(0, 3).join(" ");
+  } catch {
+    return null;
   }
 }
 
