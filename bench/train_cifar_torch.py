@@ -1,0 +1,99 @@
+"""PyTorch twin of examples/cifar.ts's network, for step-time comparisons on the same machine.
+
+Same layers (three conv3x3-BN-ReLU stages with max pooling, bias-free convs, linear 2048->10),
+batch size, SGD (momentum 0.9, weight decay 5e-4) and mixed precision (autocast fp16 +
+GradScaler on CUDA; float32 on the CPU), on generated CIFAR-shaped batches already on the
+device, so only the training step is timed. Prints one JSON line with the mean step time.
+
+Usage:
+    python3 bench/train_cifar_torch.py --device cuda --steps 300
+    OPENBLAS_NUM_THREADS=1 python3 bench/train_cifar_torch.py --device cpu --steps 20 --threads 2
+Compare with: deno run -A examples/cifar.ts --synthetic --limit 38400 --epochs 1 --device cuda
+(300 steps of 128; its epoch line gives samples/s and the input-wait share).
+"""
+import argparse
+import contextlib
+import json
+import time
+
+import torch
+from torch import nn
+
+
+def block(cin, cout):
+    return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+
+
+def cifar_model():
+    return nn.Sequential(
+        *block(3, 32), *block(32, 32), nn.MaxPool2d(2),
+        *block(32, 64), *block(64, 64), nn.MaxPool2d(2),
+        *block(64, 128), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(128 * 4 * 4, 10),
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--channels-last", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.backends.cudnn.benchmark = True
+    model = cifar_model().to(dev)
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = model.to(memory_format=fmt)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    scaler = torch.cuda.amp.GradScaler(enabled=cuda)
+    loss_fn = nn.CrossEntropyLoss()
+    n = 8
+    xs = torch.randn(n, args.batch_size, 3, 32, 32, device=dev).to(memory_format=fmt)
+    ys = torch.randint(0, 10, (n, args.batch_size), device=dev)
+    loss_sum = torch.zeros((), device=dev)
+
+    amp = (lambda: torch.autocast(device_type="cuda", dtype=torch.float16)) if cuda \
+        else contextlib.nullcontext
+
+    def step(i):
+        nonlocal loss_sum
+        with amp():
+            out = model(xs[i % n])
+            loss = loss_fn(out, ys[i % n])
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        loss_sum += loss.detach()
+
+    for i in range(args.warmup):
+        step(i)
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(args.steps):
+        step(i)
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    print(json.dumps({
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "amp": cuda,
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "step_ms": 1000 * seconds / args.steps,
+        "samples_per_s": args.steps * args.batch_size / seconds,
+        "mean_loss": float(loss_sum) / (args.steps + args.warmup),
+    }))
+
+
+if __name__ == "__main__":
+    main()
