@@ -772,6 +772,16 @@ typedef struct {
   int64_t off, q0, q1, qa, qb, lo, hi;
 } shift_t;
 
+/* Zeroes n floats inline: the runs here are a row or two, shorter than a memset call is
+ * worth (the calls were 6% of a 14x14 convolution's time). */
+static inline void zero_f(float *d, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i < n; i += 16) _mm512_mask_storeu_ps(d + i, mask16(n - i), _mm512_setzero_ps());
+#endif
+  for (; i < n; i++) d[i] = 0.0f;
+}
+
 static int is_same_s1(const conv_t *g) { return g->s == 1 && g->ow == g->w && g->oh == g->h; }
 
 static void shift_of(const conv_t *g, int64_t ky, int64_t kx, shift_t *t) {
@@ -797,9 +807,9 @@ static void im2col_same(const conv_t *g, const half *x, float *col) {
       shift_of(g, ky, kx, &t);
       for (int64_t c = 0; c < g->c; c++) {
         float *row = col + ((c * g->kh + ky) * g->kw + kx) * P;
-        memset(row, 0, (size_t)t.qa * sizeof(float));
+        zero_f(row, t.qa);
         h2f_row(x + c * HW + t.qa + t.off, row + t.qa, t.qb - t.qa);
-        memset(row + t.qb, 0, (size_t)(P - t.qb) * sizeof(float));
+        zero_f(row + t.qb, P - t.qb);
         if (t.lo > 0 || t.hi < g->ow)
           for (int64_t q = t.q0; q < t.q1; q += g->ow) {
             for (int64_t ox = 0; ox < t.lo; ox++) row[q + ox] = 0.0f;
