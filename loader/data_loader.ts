@@ -29,7 +29,7 @@ import type { ModuleRef } from "./_protocol.ts";
 import { randomSeed } from "./_rng.ts";
 import { memoryOf } from "./_wasm_gather.ts";
 import type { CollateFn } from "./collate.ts";
-import type { Dataset, SharedField } from "./dataset.ts";
+import { type Dataset, recordBytes, type SharedField } from "./dataset.ts";
 import { RingBatch, StagingRing } from "./ring.ts";
 import {
   BatchSampler,
@@ -474,6 +474,19 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
       if (f.name === "indices" || f.name === "augment") {
         throw new RangeError(
           `Cannot create DataLoader: dataset field name "${f.name}" is reserved for the ring`,
+        );
+      }
+      if (!(f.buffer instanceof SharedArrayBuffer)) {
+        throw new TypeError(
+          `Cannot create DataLoader: shared field "${f.name}" is not in a SharedArrayBuffer ` +
+            "(allocate it with sharedArray())",
+        );
+      }
+      const need = (f.byteOffset ?? 0) + this.dataset.length * recordBytes(f);
+      if (need > f.buffer.byteLength) {
+        throw new RangeError(
+          `Cannot create DataLoader: shared field "${f.name}" needs ${need} bytes for ` +
+            `${this.dataset.length} samples, its buffer has ${f.buffer.byteLength}`,
         );
       }
     }

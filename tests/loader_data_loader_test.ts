@@ -433,4 +433,18 @@ Deno.test("DataLoader rejects invalid options, naming the option", () => {
     assert.throws(() => new DataLoader(dataset, options), pattern, JSON.stringify(options));
   }
   assert.throws(() => new DataLoader({} as Dataset), /dataset must have a numeric length/);
+  const fields = (buffer: ArrayBufferLike) => ({
+    length: 4,
+    get: (i: number) => i,
+    sharedFields:
+      () => [{ name: "x", dtype: "f32" as const, shape: [2], buffer: buffer as SharedArrayBuffer }],
+  });
+  assert.throws(
+    () => new DataLoader(fields(new ArrayBuffer(32))),
+    /"x" is not in a SharedArrayBuffer/,
+  );
+  assert.throws(
+    () => new DataLoader(fields(new SharedArrayBuffer(16))),
+    /"x" needs 32 bytes for 4 samples, its buffer has 16/,
+  );
 });
