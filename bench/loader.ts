@@ -279,6 +279,35 @@ async function machine(): Promise<string> {
     `deno ${Deno.version.deno}`;
 }
 
+/**
+ * How many cores this process can actually use right now (other processes share the
+ * machine): the same integer loop in 1 and then 2 workers; returns the 2-worker speed-up.
+ */
+async function parallelismProbe(): Promise<number> {
+  const code = `self.onmessage = () => { let x = 0;
+    for (let i = 0; i < 60000000; i++) x = (x + Math.imul(i, 2654435761)) | 0;
+    self.postMessage(x); };`;
+  const url = URL.createObjectURL(new Blob([code], { type: "text/javascript" }));
+  const run = async (n: number) => {
+    const ws = Array.from({ length: n }, () => new Worker(url, { type: "module" }));
+    const t0 = performance.now();
+    await Promise.all(ws.map((w) =>
+      new Promise((resolve) => {
+        w.onmessage = resolve;
+        w.postMessage(0);
+      })
+    ));
+    const dt = performance.now() - t0;
+    ws.forEach((w) => w.terminate());
+    return dt;
+  };
+  await run(1);
+  const one = await run(1);
+  const two = await run(2);
+  URL.revokeObjectURL(url);
+  return (2 * one) / two;
+}
+
 async function loadAverage(): Promise<number | null> {
   try {
     return Number((await Deno.readTextFile("/proc/loadavg")).split(" ")[0]);
@@ -308,6 +337,8 @@ export async function main(args: string[] = Deno.args): Promise<void> {
     const ds = await CIFAR10.load({ root: dir });
     const rows: Row[] = [];
     const load0 = await loadAverage();
+    const parallelism0 = await parallelismProbe();
+    console.log(`2-worker CPU speed-up available now: ${parallelism0.toFixed(2)}x`);
     rows.push(...gatherBound(ds, 5));
     for (const w of workers) {
       rows.push(
@@ -438,6 +469,8 @@ export async function main(args: string[] = Deno.args): Promise<void> {
       config: { samples: ds.length, batchSize: BATCH, shuffle: true, padding: PAD, flip: true },
       // Other processes share this machine: the 1-minute load average before and after.
       loadAverage: { before: load0, after: await loadAverage() },
+      // Speed-up of the same CPU loop on 2 workers vs 1, before and after (2.0 = two free cores).
+      parallelism: { before: parallelism0, after: await parallelismProbe() },
       rows,
       targets,
     };
