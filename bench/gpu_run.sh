@@ -106,6 +106,10 @@ step cifar 90 deno run -A examples/cifar.ts --synthetic --device cuda --epochs 1
   --limit 38400 --batch-size 128 --quiet
 kill "$DMON" 2>/dev/null
 wait "$DMON" 2>/dev/null
+# Its PyTorch twin (same network, batch and optimizer, AMP), where PyTorch with CUDA exists.
+if [ -z "$TORCH_FLAG" ] && [ -f bench/train_cifar_torch.py ]; then
+  step cifar-torch 60 python3 bench/train_cifar_torch.py --device cuda --steps 300
+fi
 
 step bench-pipeline 120 deno run -A bench/pipeline.ts --epochs 3 $TORCH_FLAG
 
@@ -130,6 +134,7 @@ for t in sanitize-memcheck sanitize-racecheck; do
   [ -f "$LOGS/$t.log" ] && say "$t: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/$t.log" | tail -1)"
 done
 [ -f "$LOGS/cifar.log" ] && say "cifar: $(tail -3 "$LOGS/cifar.log" | tr '\n' ' ')"
+[ -f "$LOGS/cifar-torch.log" ] && say "cifar-torch: $(tail -1 "$LOGS/cifar-torch.log")"
 say ""
 say "logs in $LOGS: $(ls "$LOGS" | tr '\n' ' ')"
 # The failures, for the device tool's output tail.
