@@ -27,6 +27,8 @@ export interface TrainArgs {
   workers: number;
   lr: number;
   momentum: number;
+  /** Whether a one-cycle schedule may cycle the momentum (false when --momentum was given). */
+  cycleMomentum: boolean;
   weightDecay: number;
   fp16: boolean;
   checkpoint?: string;
@@ -42,21 +44,21 @@ export interface TrainArgs {
 /** Defaults an example may change. */
 export type TrainDefaults = Partial<TrainArgs>;
 
-const HELP = (name: string, d: TrainArgs) =>
+const HELP = (name: string, d: TrainArgs, extra: string) =>
   `Usage: deno run -A examples/${name} [options]
 
-  --data DIR          data set directory${d.data ? ` (default ${d.data})` : ""}
+  --data DIR          data set directory${d.data ? ` (default ${d.data})` : ""}${extra}
   --device KIND       auto | cpu | cuda (default ${d.device}; auto falls back to cpu)
   --epochs N          epochs (default ${d.epochs})
   --batch-size N      batch size (default ${d.batchSize})
   --workers N         DataLoader workers (default ${d.workers})
   --lr X              peak learning rate (default ${d.lr})
-  --momentum X        SGD momentum (default ${d.momentum})
+  --momentum X        SGD momentum (default: cycled 0.95 -> 0.85 -> 0.95 by the one-cycle
+                      schedule; a given value is kept constant)
   --weight-decay X    SGD weight decay (default ${d.weightDecay})
   --fp16 / --no-fp16  dynamic loss scaling on/off (default on). The kernels compute in fp16
                       with fp32 accumulation and fp32 master weights either way; --no-fp16
                       turns off the GradScaler (gradients are then not scaled)
-  --model NAME        model (default ${d.model})
   --checkpoint PATH   save weights (safetensors) + training state after every epoch
   --resume            continue from --checkpoint (same next step as an uninterrupted run)
   --limit N           use only the first N training samples (quick runs)
@@ -72,9 +74,15 @@ const HELP = (name: string, d: TrainArgs) =>
  * @param argv Command-line arguments.
  * @param name The example's file name, for --help.
  * @param defaults Example-specific defaults.
+ * @param extraHelp Lines added to --help after --data.
  * @returns The options; exits after printing help on --help.
  */
-export function parseTrainArgs(argv: string[], name: string, defaults: TrainDefaults): TrainArgs {
+export function parseTrainArgs(
+  argv: string[],
+  name: string,
+  defaults: TrainDefaults,
+  extraHelp = "",
+): TrainArgs {
   const d: TrainArgs = {
     device: "auto",
     epochs: 5,
@@ -82,6 +90,7 @@ export function parseTrainArgs(argv: string[], name: string, defaults: TrainDefa
     workers: 2,
     lr: 0.05,
     momentum: 0.9,
+    cycleMomentum: true,
     weightDecay: 0,
     fp16: true,
     resume: false,
@@ -137,6 +146,7 @@ export function parseTrainArgs(argv: string[], name: string, defaults: TrainDefa
     workers: num("workers", values.workers, d.workers),
     lr: num("lr", values.lr, d.lr, false),
     momentum: num("momentum", values.momentum, d.momentum, false),
+    cycleMomentum: values.momentum === undefined,
     weightDecay: num("weight-decay", values["weight-decay"], d.weightDecay, false),
     fp16: values["no-fp16"] ? false : (values.fp16 ?? d.fp16),
     model: values.model ?? d.model,
@@ -149,7 +159,7 @@ export function parseTrainArgs(argv: string[], name: string, defaults: TrainDefa
     help: values.help ?? false,
   };
   if (args.help) {
-    console.log(HELP(name, d));
+    console.log(HELP(name, d, extraHelp));
     Deno.exit(0);
   }
   if (args.batchSize < 1) throw new RangeError("Cannot parse --batch-size: must be >= 1");

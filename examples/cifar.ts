@@ -182,7 +182,11 @@ export async function trainCifar(args: TrainArgs, synthetic = false): Promise<Ep
       testLoader,
       spec: { mean: CIFAR_MEAN, std: CIFAR_STD, padding: 4 },
       scheduler: (opt, steps) =>
-        new OneCycleLR(opt, { maxLr: args.lr, totalSteps: args.epochs * steps }),
+        new OneCycleLR(opt, {
+          maxLr: args.lr,
+          totalSteps: args.epochs * steps,
+          cycleMomentum: args.cycleMomentum,
+        }),
     });
   } finally {
     model.dispose();
@@ -195,6 +199,9 @@ if (import.meta.main) {
     Deno.args.filter((a) => a !== "--synthetic"),
     "cifar.ts",
     { epochs: 10, batchSize: 128, lr: 0.1, weightDecay: 5e-4, model: "cnn" },
+    `
+                      (default: download the official archive into ${defaultCifarRoot()})
+  --synthetic         train on generated CIFAR-shaped data without looking for CIFAR-10`,
   );
   await trainCifar(args, synthetic);
 }

@@ -116,7 +116,11 @@ export async function trainFashion(args: TrainArgs): Promise<EpochReport[]> {
       testLoader,
       spec: { mean: [FASHION_MEAN], std: [FASHION_STD] },
       scheduler: (opt, steps) =>
-        new OneCycleLR(opt, { maxLr: args.lr, totalSteps: args.epochs * steps }),
+        new OneCycleLR(opt, {
+          maxLr: args.lr,
+          totalSteps: args.epochs * steps,
+          cycleMomentum: args.cycleMomentum,
+        }),
     });
   } finally {
     model.dispose();
@@ -134,6 +138,6 @@ if (import.meta.main) {
     epochs: model === "mlp" ? 5 : 3,
     batchSize: 128,
     lr: 0.1,
-  });
+  }, "\n  --model NAME        mlp (784-256-10) or cnn (default; 5 and 3 epochs by default)");
   await trainFashion(args);
 }

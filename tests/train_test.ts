@@ -74,6 +74,7 @@ async function train(
     workers: 1,
     lr,
     momentum: 0.9,
+    cycleMomentum: true,
     weightDecay: 0,
     fp16: true,
     resume: false,
