@@ -40,10 +40,17 @@ export const CIFAR_STD = [0.2470, 0.2435, 0.2616];
 
 /**
  * The example's network: three conv-BN-ReLU stages with max pooling, then a linear
- * classifier (about 0.29 M parameters).
+ * classifier (160,234 parameters).
  *
  * @param seed Seed of the initial weights.
  * @returns The model (on the host; call `to(device)`).
+ * @example
+ * ```ts
+ * import { cifarModel } from "./cifar.ts";
+ * import assert from "node:assert";
+ * const n = cifarModel().parameters().reduce((a, p) => a + p.numel, 0);
+ * assert.strictEqual(n, 160_234);
+ * ```
  */
 export function cifarModel(seed = 0): Module {
   const rng = new Xoshiro128(seed);
@@ -74,6 +81,12 @@ export function cifarModel(seed = 0): Module {
  * @param n Samples.
  * @param seed Seed (classes use seed 12345 so train and test share patterns).
  * @returns A dataset with `image` u8 [3,32,32] and `label` i32 fields.
+ * @example
+ * ```ts
+ * import { syntheticCifar } from "./cifar.ts";
+ * import assert from "node:assert";
+ * assert.strictEqual(syntheticCifar(16, 1).length, 16);
+ * ```
  */
 export function syntheticCifar(n: number, seed: number): TensorDataset {
   const proto = new Xoshiro128(12345);
@@ -107,7 +120,17 @@ export function syntheticCifar(n: number, seed: number): TensorDataset {
   return new TensorDataset({ image: { data: images, shape: [3, 32, 32] }, label: labels });
 }
 
-/** Where the example downloads CIFAR-10 when --data is not given. */
+/**
+ * Where the example downloads CIFAR-10 when --data is not given.
+ *
+ * @returns `$XDG_CACHE_HOME/pinstream/datasets`, else `~/.cache/pinstream/datasets`.
+ * @example
+ * ```ts
+ * import { defaultCifarRoot } from "./cifar.ts";
+ * import assert from "node:assert";
+ * assert.ok(defaultCifarRoot().endsWith("/pinstream/datasets"));
+ * ```
+ */
 export function defaultCifarRoot(): string {
   const home = Deno.env.get("HOME") ?? ".";
   return `${Deno.env.get("XDG_CACHE_HOME") ?? `${home}/.cache`}/pinstream/datasets`;
@@ -142,6 +165,19 @@ async function loadData(
  * @param args The options (see --help).
  * @param synthetic Use generated data without trying CIFAR-10.
  * @returns The per-epoch reports.
+ * @example One quick epoch on generated data
+ * ```ts
+ * import { trainCifar } from "./cifar.ts";
+ * import { parseTrainArgs } from "./_run.ts";
+ * import assert from "node:assert";
+ * const args = parseTrainArgs(
+ *   ["--device", "cpu", "--epochs", "1", "--limit", "64", "--batch-size", "32", "--workers", "0"],
+ *   "cifar.ts",
+ *   { quiet: true },
+ * );
+ * const [report] = await trainCifar(args, true);
+ * assert.ok(Number.isFinite(report.trainLoss));
+ * ```
  */
 export async function trainCifar(args: TrainArgs, synthetic = false): Promise<EpochReport[]> {
   let { train, test, source } = await loadData(args, synthetic);

@@ -41,6 +41,15 @@ export const FASHION_STD = 0.3530;
  * @param seed Seed of the initial weights.
  * @returns The model (on the host; call `to(device)`).
  * @throws {RangeError} For an unknown name.
+ * @example
+ * ```ts
+ * import { fashionModel } from "./fashion_mnist.ts";
+ * import assert from "node:assert";
+ * assert.deepStrictEqual(
+ *   fashionModel("mlp").namedParameters().map(([n, p]) => `${n} [${p.shape}]`),
+ *   ["1.weight [256,784]", "1.bias [256]", "3.weight [10,256]", "3.bias [10]"],
+ * );
+ * ```
  */
 export function fashionModel(name: string, seed = 0): Module {
   const rng = new Xoshiro128(seed);
@@ -72,6 +81,22 @@ export function fashionModel(name: string, seed = 0): Module {
  *
  * @param args The options (see --help).
  * @returns The per-epoch reports.
+ * @example One quick epoch on 2,048 samples (when Fashion-MNIST is installed)
+ * ```ts
+ * import { trainFashion } from "./fashion_mnist.ts";
+ * import { parseTrainArgs } from "./_run.ts";
+ * import assert from "node:assert";
+ * const args = parseTrainArgs(
+ *   ["--model", "mlp", "--device", "cpu", "--epochs", "1", "--limit", "2048", "--workers", "0"],
+ *   "fashion_mnist.ts",
+ *   { quiet: true },
+ * );
+ * const reports = await trainFashion(args).catch((e: Error) => {
+ *   assert.match(e.message, /Fashion-MNIST/); // the data is not installed
+ *   return [];
+ * });
+ * for (const r of reports) assert.ok(r.testAcc > 0.3, `test accuracy ${r.testAcc}`);
+ * ```
  */
 export async function trainFashion(args: TrainArgs): Promise<EpochReport[]> {
   const root = args.data ?? FASHION_MNIST_DEBIAN_ROOT;
