@@ -492,8 +492,12 @@ export class Engine {
    * boundary costs no planning (a 50,000-sample shuffle is about half a millisecond).
    */
   #planAhead(): void {
-    if (!this.#canPrefetch() || this.#plans.length !== 1 || this.#plans[0].abandoned) return;
-    this.#planEpoch(this.#plans[0].epoch + 1);
+    if (!this.#canPrefetch() || this.#plans.length !== 1) return;
+    const cur = this.#plans[0];
+    // Not at the start of an epoch: there the consumer's wait is for the boundary batch itself,
+    // and planning would delay it by the planning time. Mid-epoch it costs one late batch.
+    if (cur.abandoned || cur.yielded < cur.batches.length / 2) return;
+    this.#planEpoch(cur.epoch + 1);
   }
 
   #freeSlot(): number {

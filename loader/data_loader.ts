@@ -502,7 +502,10 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
         maxBatch = Math.max(maxBatch, toInt32(b).length);
       }
     }
-    const slots = this.prefetchFactor * Math.max(1, this.numWorkers) + Math.max(1, heldBatches);
+    // In flight + held by the consumer + one per worker: a worker takes its next slot before
+    // it takes its next task, so an idle worker holds one.
+    const slots = this.prefetchFactor * Math.max(1, this.numWorkers) + Math.max(1, heldBatches) +
+      this.numWorkers;
     const ring = new StagingRing(ringFields, Math.max(1, maxBatch), slots);
     this.#ring = ring;
     this.#slotState = new Uint8Array(slots);
