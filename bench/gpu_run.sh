@@ -85,7 +85,10 @@ step test-kernels 90 deno test -A tests/nn_kernels_test.ts tests/image_kernel_te
   tests/device_test.ts
 # ---- the CUDA kernel tests under compute-sanitizer memcheck (out-of-bounds, misaligned
 # accesses, API errors): the kernels were written without a GPU, so this comes early
-SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+SANITIZER=$(command -v compute-sanitizer ||
+  ls "$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")/compute-sanitizer" \
+    /usr/local/cuda*/bin/compute-sanitizer /usr/local/cuda*/compute-sanitizer/compute-sanitizer \
+    2>/dev/null | head -1)
 if [ -n "$SANITIZER" ]; then
   step sanitize-memcheck 100 "$SANITIZER" --tool memcheck --leak-check no \
     deno test -A --filter '[cuda]' tests/nn_kernels_test.ts tests/image_kernel_test.ts
