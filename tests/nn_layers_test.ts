@@ -964,3 +964,59 @@ Deno.test("loadStateDict refuses mismatched shapes and, strictly, missing or ext
   missing.delete("bias");
   assert.throws(() => new Linear(3, 2).loadStateDict(missing), /missing keys \[bias\]/);
 });
+
+Deno.test("a weights-only safetensors file (as PyTorch would export) loads into a model", async () => {
+  using device = Device.open("cpu");
+  const dir = await Deno.makeTempDir();
+  const path = `${dir}/w.safetensors`;
+  // Written by hand, fp16 and in another order than the module's, no state file next to it.
+  await Deno.writeFile(
+    path,
+    encodeSafetensors({
+      bias: { dtype: "F16", shape: [2], data: new Float16Array([0.5, -0.5]) },
+      weight: { dtype: "F32", shape: [2, 3], data: new Float32Array([1, 2, 3, 4, 5, 6]) },
+    }),
+  );
+  using fc = new Linear(3, 2).to(device);
+  assert.deepStrictEqual(await loadCheckpoint(path, { model: fc }), { epoch: 0, step: 0 });
+  assert.deepStrictEqual([...await fc.weight.read()], [1, 2, 3, 4, 5, 6]);
+  assert.deepStrictEqual([...await fc.bias!.read()], [0.5, -0.5]);
+  // The fp16 compute copy follows the loaded master weights.
+  assert.deepStrictEqual([...await fc.weight.half!.toHost()], [1, 2, 3, 4, 5, 6]);
+  // Restoring an optimizer needs the state file.
+  using opt = new SGD(fc.parameters(), { lr: 0.1 });
+  await assert.rejects(loadCheckpoint(path, { model: fc, optimizer: opt }), Deno.errors.NotFound);
+  await Deno.remove(dir, { recursive: true });
+});
+
+Deno.test("GradScaler state round-trips with PyTorch's keys", async () => {
+  using device = Device.open("cpu");
+  using a = new GradScaler(device, { initScale: 256, growthInterval: 5 });
+  a.loadStateDict({
+    scale: 1024,
+    growth_factor: 2,
+    backoff_factor: 0.5,
+    growth_interval: 5,
+    _growth_tracker: 3,
+  });
+  assert.strictEqual(a.lossScale(), 1024);
+  using b = new GradScaler(device, { growthInterval: 5 });
+  b.loadStateDict(await a.stateDict());
+  assert.deepStrictEqual(await b.stateDict(), await a.stateDict());
+});
+
+Deno.test("Trainer steps an epoch-interval scheduler only at endEpoch", async () => {
+  using device = Device.open("cpu");
+  using model = new Linear(2, 2).to(device);
+  using opt = new SGD(model.parameters(), { lr: 1 });
+  const scheduler = new StepLR(opt, { stepSize: 1, gamma: 0.5 });
+  using trainer = new Trainer(model, { optimizer: opt, scheduler, schedulerInterval: "epoch" });
+  using x = Tensor.fromHost(device, new Float16Array([1, 0, 0, 1]), [2, 2]);
+  using y = Tensor.fromHost(device, new Int32Array([0, 1]), [2]);
+  trainer.trainStep(x, y);
+  trainer.trainStep(x, y);
+  assert.strictEqual(opt.lr, 1);
+  trainer.endEpoch();
+  assert.strictEqual(opt.lr, 0.5);
+  assert.strictEqual((await trainer.readTrain()).samples, 4);
+});
