@@ -18,7 +18,7 @@ export type {
   MemInfo,
 } from "./ffi/device.ts";
 export { Event, Stream } from "./ffi/stream.ts";
-export type { EventOptions } from "./ffi/stream.ts";
+export type { EventOptions, StreamOptions } from "./ffi/stream.ts";
 export { DeviceBuffer, HostBuffer } from "./ffi/memory.ts";
 export type { CopyOptions, FillOptions, HostMemory } from "./ffi/memory.ts";
 export { DTYPE_BYTES, Tensor } from "./ffi/tensor.ts";
@@ -31,6 +31,7 @@ export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";
 
 // loader
 export {
+  augmentFromDraw,
   type AugmentOptions,
   BatchSampler,
   type BatchSamplerLike,

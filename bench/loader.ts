@@ -20,7 +20,7 @@
 import { DataLoader } from "../loader/data_loader.ts";
 import type { Dataset, SampleContext, WorkerSpec } from "../loader/dataset.ts";
 import { CIFAR10, type CIFAR10State } from "../loader/datasets/cifar10.ts";
-import type { RingBatch } from "../loader/ring.ts";
+import { augmentFromDraw, type RingBatch } from "../loader/ring.ts";
 import { RandomSampler } from "../loader/sampler.ts";
 import { memoryOf, wasmGather } from "../loader/_wasm_gather.ts";
 import { writeCifar10Files } from "../tests/loader_fixtures.ts";
@@ -45,8 +45,7 @@ export class AugCIFAR10
   }
   get(i: number, ctx?: SampleContext): { image: Uint8Array; label: number; augment: Int32Array } {
     const s = this.#inner.get(i);
-    const span = 2 * PAD + 1;
-    const augment = new Int32Array([ctx!.int(span), ctx!.int(span), ctx!.int(2)]);
+    const augment = new Int32Array(augmentFromDraw(ctx!.u32(), PAD, true));
     return { image: s.image, label: s.label, augment };
   }
   workerSpec(): WorkerSpec {
@@ -74,8 +73,7 @@ export class CpuAugCIFAR10 implements Dataset<{ image: Float32Array; label: numb
   }
   get(i: number, ctx?: SampleContext): { image: Float32Array; label: number } {
     const s = this.#inner.get(i);
-    const span = 2 * PAD + 1;
-    const dy = ctx!.int(span), dx = ctx!.int(span), flip = ctx!.int(2);
+    const [dy, dx, flip] = augmentFromDraw(ctx!.u32(), PAD, true);
     const out = new Float32Array(3072);
     for (let c = 0; c < 3; c++) {
       const scale = 1 / (255 * STD[c]);

@@ -743,6 +743,7 @@ export class Engine {
             workerId: -1,
             random: () => rng.random(),
             int: (n: number) => rng.int(n),
+            u32: () => rng.nextU32(),
           };
           const s = cfg.dataset.get(current, ctx);
           samples[k] = s instanceof Promise ? await s : s;

@@ -108,15 +108,14 @@ export class Gatherer {
       const a32 = (base + spec.augmentOffset) >>> 2;
       const span = 2 * spec.padding + 1;
       const k0 = hash4(this.#seedLo, this.#seedHi, epoch >>> 0, STREAM_SAMPLE);
+      const flip = spec.flip ? 1 : 0;
       for (let k = 0; k < count; k++) {
-        const id = (position + k) >>> 0;
-        // The first three draws of CounterRandom(seed, epoch, STREAM_SAMPLE, position).
-        const h0 = hash4(k0, id, 0, 0x243f6a88);
-        const h1 = hash4(k0, id, 1, 0x243f6a88);
-        const h2 = hash4(k0, id, 2, 0x243f6a88);
-        ring32[a32 + 3 * k] = Math.floor((h0 / 0x1_0000_0000) * span);
-        ring32[a32 + 3 * k + 1] = Math.floor((h1 / 0x1_0000_0000) * span);
-        ring32[a32 + 3 * k + 2] = spec.flip ? Math.floor((h2 / 0x1_0000_0000) * 2) : 0;
+        // The first draw of CounterRandom(seed, epoch, STREAM_SAMPLE, position), split as in
+        // augmentFromDraw (ring.ts).
+        const u = hash4(k0, (position + k) >>> 0, 0, 0x243f6a88);
+        ring32[a32 + 3 * k] = Math.floor(((u & 0xffff) / 65536) * span);
+        ring32[a32 + 3 * k + 1] = Math.floor((((u >>> 16) & 0x7fff) / 32768) * span);
+        ring32[a32 + 3 * k + 2] = (u >>> 31) & flip;
       }
     }
   }

@@ -88,6 +88,8 @@ export interface SampleContext {
   random(): number;
   /** An integer in [0, n) from the same stream. */
   int(n: number): number;
+  /** A uint32 from the same stream (the first one feeds the loader's augment parameters). */
+  u32(): number;
 }
 
 /**

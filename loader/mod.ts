@@ -41,7 +41,7 @@ export {
   type TypedArrayCtor,
   type WorkerSpec,
 } from "./dataset.ts";
-export { RingBatch, type RingField, ringLayout, StagingRing } from "./ring.ts";
+export { augmentFromDraw, RingBatch, type RingField, ringLayout, StagingRing } from "./ring.ts";
 export { getWorkerInfo, type WorkerInfo } from "./worker_info.ts";
 export { TensorDataset, type TensorDatasetState, type TensorField } from "./datasets/tensor.ts";
 export {

@@ -22,9 +22,9 @@
  * on every side (torchvision's `RandomCrop(size, padding=p)`), then mirrored left-right
  * when `flip` is 1 (`RandomHorizontalFlip`). Per output pixel (y, x):
  * `xs = flip ? W - 1 - x : x; src = (y + dy - p, xs + dx - p)`, value 0 when `src` is
- * outside the image. With `padding: 0`, `dy = dx = 0`. The values are the first three draws
- * of the sample's stream (seed, epoch, position in the epoch): `dy = int(2p+1)`,
- * `dx = int(2p+1)`, `flip = int(2)`, the same as `ctx.int(...)` in `get(index, ctx)`.
+ * outside the image. With `padding: 0`, `dy = dx = 0`. The three values come from the first
+ * 32-bit draw `u` of the sample's stream (seed, epoch, position in the epoch), the same as
+ * `ctx.u32()` in `get(index, ctx)`: see {@linkcode augmentFromDraw}.
  *
  * ## Ownership
  *
@@ -41,6 +41,37 @@
 
 import { type DType, DTYPES, recordBytes, type TypedArray } from "./dataset.ts";
 import { allocShared, memoryOf } from "./_wasm_gather.ts";
+
+/**
+ * The crop offsets and flip bit of one sample from one 32-bit draw `u`:
+ * `dy = floor((u & 0xffff) / 2^16 * (2p+1))`, `dx = floor(((u >>> 16) & 0x7fff) / 2^15 * (2p+1))`,
+ * `flip = u >>> 31` (0 when flips are off). One draw instead of three keeps the per-sample
+ * cost of the zero-copy gather low.
+ *
+ * @param u a uint32 draw (the first of the sample's stream)
+ * @param padding the crop padding p
+ * @param flip whether flips are drawn
+ * @returns `[dy, dx, flip]`
+ * @example
+ * ```ts
+ * import { augmentFromDraw } from "./ring.ts";
+ * import assert from "node:assert";
+ * assert.deepStrictEqual(augmentFromDraw(0xffffffff, 4, true), [8, 8, 1]);
+ * assert.deepStrictEqual(augmentFromDraw(0, 4, true), [0, 0, 0]);
+ * ```
+ */
+export function augmentFromDraw(
+  u: number,
+  padding: number,
+  flip: boolean,
+): [number, number, number] {
+  const span = 2 * padding + 1;
+  return [
+    Math.floor(((u & 0xffff) / 65536) * span),
+    Math.floor((((u >>> 16) & 0x7fff) / 32768) * span),
+    flip ? u >>> 31 : 0,
+  ];
+}
 
 /** One field of a ring slot. */
 export interface RingField {

@@ -194,6 +194,7 @@ async function runCollate(task: CollateTask): Promise<void> {
         workerId: init.id,
         random: () => rng.random(),
         int: (n: number) => rng.int(n),
+        u32: () => rng.nextU32(),
       };
       const s = dataset!.get(current, ctx);
       samples[k] = s instanceof Promise ? await s : s;

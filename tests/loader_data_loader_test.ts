@@ -2,7 +2,7 @@ import assert from "node:assert";
 import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
 import type { Dataset } from "../loader/dataset.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
-import type { RingBatch, StagingRing } from "../loader/ring.ts";
+import { augmentFromDraw, type RingBatch, type StagingRing } from "../loader/ring.ts";
 import { DistributedSampler, SequentialSampler } from "../loader/sampler.ts";
 import { FaultyDataset, type FaultySample } from "./loader_fixtures.ts";
 
@@ -141,7 +141,7 @@ Deno.test("DataLoader augment parameters match the sample's stream in get(i, ctx
   const zAug = (await collectRing(zc)).flatMap((b) => b.augment);
   const drawing: Dataset = {
     length: 20,
-    get: (_i, ctx) => new Int32Array([ctx!.int(5), ctx!.int(5), ctx!.int(2)]),
+    get: (_i, ctx) => new Int32Array(augmentFromDraw(ctx!.u32(), 2, true)),
   };
   await using gen = new DataLoader<Int32Array>(drawing, { batchSize: 6, shuffle: true, seed: 5 });
   const gAug: number[] = [];
