@@ -56,6 +56,12 @@ export function createDefaultStream(device: Device): Stream {
   }
 }
 
+/** Options of {@linkcode Stream}. */
+export interface StreamOptions {
+  /** Skip the implicit ordering with the default stream (`cudaStreamNonBlocking`). */
+  nonBlocking?: boolean;
+}
+
 /**
  * An ordered queue of device work (a CUDA stream; on cpu, work runs at once). Copies and
  * kernels take `{ stream }`; work on one stream runs in order, work on different streams may
@@ -82,18 +88,31 @@ export class Stream extends Resource {
   /** Whether this wraps the backend's default stream. */
   readonly isDefault: boolean;
 
+  /** Whether the stream skips the implicit ordering with the default stream. */
+  readonly nonBlocking: boolean;
+
   /**
    * Creates a stream on `device`.
    *
    * @param device The device the stream queues work for.
-   * @throws {TypeError} When `device` is not a Device.
+   * @param options `nonBlocking: true` gives a stream that does not wait for the default
+   *   stream nor make it wait (`cudaStreamNonBlocking`): what a copy stream needs to overlap
+   *   compute queued on the default stream. Order it with events.
+   * @throws {TypeError} When `device` is not a Device or an option has the wrong type.
    * @throws {Error} When the device is disposed.
    * @throws {PinstreamError} When the backend cannot create a stream.
    */
-  constructor(device: Device) {
+  constructor(device: Device, options: StreamOptions = {}) {
     assertDevice(device, "create a stream");
+    const nonBlocking = options.nonBlocking ?? false;
+    if (typeof nonBlocking !== "boolean") {
+      throw new TypeError(
+        `Cannot create a stream: nonBlocking must be a boolean, got ${String(nonBlocking)}`,
+      );
+    }
     super("Stream", device);
     this.device = device;
+    this.nonBlocking = nonBlocking;
     this.isDefault = constructingDefault;
     if (this.isDefault) {
       this.handle = null;
@@ -101,7 +120,10 @@ export class Stream extends Resource {
     }
     device.makeCurrent();
     const out = new BigUint64Array(1);
-    device.check(device.lib.symbols.ps_stream_create(out), `create a stream on ${device}`);
+    device.check(
+      device.lib.symbols.ps_stream_create(nonBlocking ? 1 : 0, out),
+      `create a stream on ${device}`,
+    );
     const handle = Deno.UnsafePointer.create(out[0])!;
     this.handle = handle;
     backstop.register(handle, { lib: device.lib, address: out[0], kind: "stream" }, this);

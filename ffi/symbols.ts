@@ -13,7 +13,7 @@
  */
 
 /** The ABI version this table matches (`PS_ABI_VERSION` in kernels/pinstream.h). */
-export const ABI_VERSION = 1;
+export const ABI_VERSION = 2;
 
 /** The dlopen symbol table of a pinstream backend library. */
 export const symbols = {
@@ -70,8 +70,8 @@ export const symbols = {
   ps_memcpy_d2d_async: { parameters: ["pointer", "pointer", "u64", "pointer"], result: "i32" },
 
   // ---- streams
-  // int ps_stream_create(void **out);
-  ps_stream_create: { parameters: ["buffer"], result: "i32" },
+  // int ps_stream_create(int32_t flags, void **out);
+  ps_stream_create: { parameters: ["i32", "buffer"], result: "i32" },
   // int ps_stream_destroy(void *stream);
   ps_stream_destroy: { parameters: ["pointer"], result: "i32" },
   // [wait] int ps_stream_synchronize(void *stream, char *msg, uint64_t msg_cap);

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct layout; ffi/ refuses a mismatch. */
-#define PS_ABI_VERSION 1
+#define PS_ABI_VERSION 2
 
 /* ---- status codes ------------------------------------------------------------------- */
 #define PS_OK 0
@@ -116,10 +116,14 @@ PS_API int ps_memcpy_d2d_async(void *dst, const void *src, uint64_t bytes, void 
 
 /* ---- streams ------------------------------------------------------------------------- */
 
-/* A stream that synchronizes with the legacy default (NULL) stream, as cudaStreamDefault:
- * work queued on NULL waits for it and vice versa, so NULL is a safe ordering point; streams
- * created here run concurrently with each other. */
-PS_API int ps_stream_create(void **out);
+/* Stream flags. PS_STREAM_DEFAULT: the stream synchronizes with the legacy default (NULL)
+ * stream, as cudaStreamDefault: work queued on NULL waits for it and vice versa, so NULL is a
+ * safe ordering point. PS_STREAM_NON_BLOCKING (cudaStreamNonBlocking): no implicit ordering
+ * with NULL, so a copy stream overlaps compute queued on the default stream; the user orders
+ * it with events. Streams created here always run concurrently with each other. */
+#define PS_STREAM_DEFAULT 0
+#define PS_STREAM_NON_BLOCKING 1
+PS_API int ps_stream_create(int32_t flags, void **out);
 PS_API int ps_stream_destroy(void *stream);
 /* [wait] */
 PS_API int ps_stream_synchronize(void *stream, char *msg, uint64_t msg_cap);

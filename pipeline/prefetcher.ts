@@ -505,7 +505,9 @@ class Resources {
     this.batchSize = ring.batchSize;
     const cleanup: Disposable[] = [];
     try {
-      this.copyStream = new Stream(device);
+      // Non-blocking: the step's kernels usually run on the default stream, and a blocking
+      // copy stream would serialize with them; the copy is ordered by events instead.
+      this.copyStream = new Stream(device, { nonBlocking: true });
       cleanup.push(this.copyStream);
       this.compute = o.userStream ?? device.defaultStream;
       this.ownsCompute = false;

@@ -11,6 +11,7 @@ import { LibraryError } from "../ffi/library.ts";
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import { Event, Stream } from "../ffi/stream.ts";
 import { Tensor } from "../ffi/tensor.ts";
+import { ABI_VERSION } from "../ffi/symbols.ts";
 import { buildLibrary, cudaDriverProblem, loadLibrary } from "../ffi/library.ts";
 import { Status } from "../ffi/errors.ts";
 import { CUDA, testEachBackend } from "./_backends.ts";
@@ -47,7 +48,7 @@ testEachBackend("every core ABI function answers through the raw symbols", async
   const s = dev.lib.symbols;
   const i32 = new Int32Array(1), u64a = new BigUint64Array(1), u64b = new BigUint64Array(1);
   assert.strictEqual(s.ps_abi_version(i32), 0);
-  assert.strictEqual(i32[0], 1);
+  assert.strictEqual(i32[0], ABI_VERSION);
   assert.strictEqual(s.ps_backend(i32), 0);
   assert.strictEqual(i32[0], dev.kind === "cuda" ? 1 : 0);
   assert.strictEqual(s.ps_device_count(i32), 0);
@@ -74,7 +75,7 @@ testEachBackend("every core ABI function answers through the raw symbols", async
   const devq = Deno.UnsafePointer.create(u64a[0])!;
   const js = new Uint8Array(n);
   assert.strictEqual(s.ps_host_register(Deno.UnsafePointer.of(js), BigInt(n)), 0);
-  assert.strictEqual(s.ps_stream_create(u64a), 0);
+  assert.strictEqual(s.ps_stream_create(0, u64a), 0);
   const stream = Deno.UnsafePointer.create(u64a[0])!;
   assert.strictEqual(s.ps_event_create(0, u64a), 0);
   const e0 = Deno.UnsafePointer.create(u64a[0])!;
@@ -748,4 +749,28 @@ Deno.test("wrappers lost without dispose are freed by the garbage-collection bac
   const got = JSON.parse(new TextDecoder().decode(out.stdout));
   assert.ok(got.during >= 150, JSON.stringify(got));
   assert.strictEqual(got.end, got.start);
+});
+
+testEachBackend("a non-blocking stream orders with events and refuses bad flags", async (dev) => {
+  const s = dev.lib.symbols;
+  const out = new BigUint64Array(1);
+  assert.strictEqual(s.ps_stream_create(7, out), Status.INVALID_ARGUMENT);
+  assert.throws(
+    () => new Stream(dev, { nonBlocking: "yes" as unknown as boolean }),
+    TypeError,
+  );
+  using copy = new Stream(dev, { nonBlocking: true });
+  assert.strictEqual(copy.nonBlocking, true);
+  using done = new Event(dev);
+  const n = 4099;
+  using src = HostBuffer.alloc(dev, n), back = HostBuffer.alloc(dev, n);
+  using dst = DeviceBuffer.alloc(dev, n);
+  crypto.getRandomValues(src.u8);
+  dst.copyFrom(src, { stream: copy });
+  done.record(copy);
+  // The default stream does not wait for a non-blocking stream by itself: it waits on the event.
+  dev.defaultStream.waitEvent(done);
+  dst.copyTo(back, { stream: dev.defaultStream });
+  await dev.defaultStream.synchronize();
+  assert.deepStrictEqual(back.u8, src.u8);
 });

@@ -88,7 +88,7 @@ Deno.test("a library built for another ABI version is refused", async () => {
     assert.ok(cc.success, new TextDecoder().decode(cc.stderr));
     const got = await loadInChild({ PINSTREAM_LIB_CPU: `${dir}/libstale.so` });
     assert.strictEqual(got.reason, "abi-mismatch");
-    assert.match(got.message!, /implements ABI 99, this pinstream needs ABI 1/);
+    assert.match(got.message!, /implements ABI 99, this pinstream needs ABI \d+/);
   } finally {
     await Deno.remove(dir, { recursive: true });
   }

@@ -379,8 +379,10 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-PS_API int ps_stream_create(void **out) {
+PS_API int ps_stream_create(int32_t flags, void **out) {
   PS_REQUIRE(out != NULL);
+  /* Work runs at once on cpu, so the flag only has to be valid. */
+  PS_REQUIRE(flags == PS_STREAM_DEFAULT || flags == PS_STREAM_NON_BLOCKING);
   *out = NULL;
   cpu_stream *s = calloc(1, sizeof *s);
   if (s == NULL) PS_FAIL(PS_ERR_OUT_OF_MEMORY, "no memory for a stream");

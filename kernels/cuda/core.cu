@@ -290,15 +290,18 @@ PS_API int ps_memcpy_d2d_async(void *dst, const void *src, uint64_t bytes, void 
 
 /* ---- streams -------------------------------------------------------------------------- */
 
-/* A blocking stream: work on the legacy default (NULL) stream waits for it and it waits for
- * the NULL stream, so the wrappers' default-stream conveniences (Tensor.fromHost, toHost, a
- * copy without { stream }) are ordered with every stream without explicit events. Hot paths
- * never touch the NULL stream, so they pay nothing for it. */
-PS_API int ps_stream_create(void **out) {
+/* By default a blocking stream: work on the legacy default (NULL) stream waits for it and it
+ * waits for the NULL stream, so the wrappers' default-stream conveniences (Tensor.fromHost,
+ * toHost, a copy without { stream }) are ordered with every stream without explicit events.
+ * A copy stream that must overlap compute on the NULL stream asks for PS_STREAM_NON_BLOCKING
+ * and orders itself with events. */
+PS_API int ps_stream_create(int32_t flags, void **out) {
   PS_REQUIRE(out != nullptr);
+  PS_REQUIRE(flags == PS_STREAM_DEFAULT || flags == PS_STREAM_NON_BLOCKING);
   *out = nullptr;
   cudaStream_t s = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamDefault));
+  CUDA_CHECK(cudaStreamCreateWithFlags(
+      &s, flags == PS_STREAM_NON_BLOCKING ? cudaStreamNonBlocking : cudaStreamDefault));
   ps_live_add(PS_LIVE_STREAM, 1);
   *out = (void *)s;
   return PS_OK;
