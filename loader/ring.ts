@@ -3,8 +3,9 @@
  *
  * ## Layout
  *
- * One `SharedArrayBuffer` (`ring.buffer`) holds `slotCount` slots of `slotBytes` bytes;
- * slot `s` starts at `ring.slotOffset(s) = s * slotBytes` (a multiple of 4096). Inside a slot,
+ * One `SharedArrayBuffer` (`ring.buffer`, the memory of a shared WebAssembly.Memory, so its
+ * length is rounded up to 64 KiB) holds `slotCount` slots of `slotBytes` bytes; slot `s`
+ * starts at `ring.slotOffset(s) = s * slotBytes` (a multiple of 4096). Inside a slot,
  * each field of `ring.fields` starts at its `byteOffset` (a multiple of 256) and holds
  * `batchSize` records of `sampleBytes` bytes, record k of the batch at
  * `byteOffset + k * sampleBytes`. Only the first `batch.size` records are valid (the last
