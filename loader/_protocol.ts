@@ -19,7 +19,9 @@ export interface ModuleRef {
 // entries; a worker always holds its slot before it claims a task, so the task the consumer
 // waits for always has a slot and in-order delivery cannot deadlock on a full ring.
 // Workers block in Atomics.wait, the main thread in Atomics.waitAsync on the doorbell.
-// postMessage remains for start-up and errors only.
+// postMessage remains for start-up and errors only. The counters are int32 and only grow
+// within one engine (one epoch without persistentWorkers): 2^31 batches, weeks at any
+// realistic training rate.
 export const C_DOORBELL = 0;
 export const C_STOP = 1;
 /** Task tickets taken by workers. */
