@@ -206,16 +206,17 @@ def main():
     rows = []
     all_batches = (args.samples + args.batch - 1) // args.batch
     if args.mode == "cpu":
-        n, s = standard(data, labels, args.batch, args.workers, args.standard_batches)
-        rows.append(row(f"torch standard (workers={args.workers}, f32)", n, s))
+        # With 2 OpenMP threads on a 2-core machine, any other busy process makes torch's
+        # threads spin at barriers: 2,000-3,600 samples/s under load against 90,000-136,000
+        # on a quiet machine. The 1-thread row shows the form without that effect.
         n, s = vectorized(data_nchw, args.batch, all_batches)
         rows.append(row(f"torch vectorized (threads={args.workers}, f32)", n, s))
-        # For reference: on a busy small machine, OpenMP threads that spin at barriers can
-        # make 2 threads far slower than 1.
         torch.set_num_threads(1)
         n, s = vectorized(data_nchw, args.batch, all_batches)
         rows.append(row("torch vectorized (threads=1, f32)", n, s))
         torch.set_num_threads(args.workers)
+        n, s = standard(data, labels, args.batch, args.workers, args.standard_batches)
+        rows.append(row(f"torch standard (workers={args.workers}, f32)", n, s))
     else:
         if not torch.cuda.is_available():
             print(json.dumps({"skipped": "torch.cuda.is_available() is False"}))
