@@ -161,6 +161,19 @@ static void pool_start(void) {
   }
 }
 
+#if defined(_OPENMP) && defined(__GLIBC__)
+#include <omp.h>
+/* image.c uses OpenMP. libgomp's worker threads outlive their parallel regions, asleep
+ * inside libgomp: if Deno's dlclose of this library (disposing the last Device) also
+ * unmapped libgomp, they would crash the process on wake-up or at exit. NODELETE keeps
+ * libgomp mapped for the life of the process. */
+__attribute__((constructor)) static void pin_openmp_runtime(void) {
+  Dl_info info;
+  if (dladdr((void *)&omp_get_max_threads, &info) && info.dli_fname)
+    (void)dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+}
+#endif
+
 /* Threads that run a par_for (for sizing per-thread scratch). */
 static int nthreads(void) {
   pthread_once(&pool.once, pool_start);
