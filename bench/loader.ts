@@ -24,6 +24,7 @@ import { augmentFromDraw, type RingBatch } from "../loader/ring.ts";
 import { RandomSampler } from "../loader/sampler.ts";
 import { memoryOf, wasmGather } from "../loader/_wasm_gather.ts";
 import { writeCifar10Files } from "../tests/loader_fixtures.ts";
+import { git, machine } from "./_results.ts";
 
 const BATCH = 128;
 const PAD = 4;
@@ -262,25 +263,6 @@ async function runTorch(dir: string, workers: number[], epochs: number): Promise
     });
   }
   return rows;
-}
-
-async function git(args: string[]): Promise<string> {
-  try {
-    const o = await new Deno.Command("git", { args, stdout: "piped", stderr: "null" }).output();
-    return new TextDecoder().decode(o.stdout).trim();
-  } catch {
-    return "";
-  }
-}
-
-async function machine(): Promise<string> {
-  let cpu = "unknown CPU";
-  try {
-    const info = await Deno.readTextFile("/proc/cpuinfo");
-    cpu = /model name\s*:\s*(.*)/.exec(info)?.[1] ?? cpu;
-  } catch { /* not Linux */ }
-  return `${cpu}, ${navigator.hardwareConcurrency} logical cores, ${Deno.build.os}, ` +
-    `deno ${Deno.version.deno}`;
 }
 
 /**

@@ -29,6 +29,7 @@ import { TensorDataset } from "../loader/datasets/tensor.ts";
 import { DevicePrefetcher } from "../pipeline/prefetcher.ts";
 import { GradScaler, SGD, Trainer, Xoshiro128 } from "../nn/mod.ts";
 import { FASHION_MEAN, FASHION_STD, fashionModel } from "../examples/fashion_mnist.ts";
+import { git, machine } from "./_results.ts";
 
 const LR = 0.05;
 const MOMENTUM = 0.9;
@@ -179,25 +180,6 @@ async function torchRow(batch: number, limit: number): Promise<Row> {
   } catch (e) {
     return { name, seconds: null, samplesPerSecond: null, note: `skipped: ${e}` };
   }
-}
-
-async function git(args: string[]): Promise<string> {
-  try {
-    const o = await new Deno.Command("git", { args, stdout: "piped", stderr: "null" }).output();
-    return new TextDecoder().decode(o.stdout).trim();
-  } catch {
-    return "";
-  }
-}
-
-async function machine(): Promise<string> {
-  let cpu = "unknown CPU";
-  try {
-    const info = await Deno.readTextFile("/proc/cpuinfo");
-    cpu = /model name\s*:\s*(.*)/.exec(info)?.[1] ?? cpu;
-  } catch { /* not Linux */ }
-  return `${cpu}, ${navigator.hardwareConcurrency} logical cores, ${Deno.build.os}, ` +
-    `deno ${Deno.version.deno}`;
 }
 
 /**
