@@ -218,6 +218,12 @@ export interface EventOptions {
    * timing is cheaper to record and to wait on, as in PyTorch's `enable_timing=False`).
    */
   timing?: boolean;
+  /**
+   * Make {@linkcode Event.synchronize} sleep until the event fires instead of spinning a CPU
+   * core (default false, as PyTorch's `blocking=False`). For host waits that run beside
+   * other host work (loader workers, the training loop); costs some wake-up latency.
+   */
+  blocking?: boolean;
 }
 
 /**
@@ -244,32 +250,40 @@ export class Event extends Resource {
   readonly handle: Deno.PointerObject;
   /** Whether the event records timestamps. */
   readonly timing: boolean;
+  /** Whether host waits on the event sleep rather than spin. */
+  readonly blocking: boolean;
 
   /**
    * Creates an event on `device`.
    *
    * @param device The device.
-   * @param options `timing`: record timestamps (default false).
-   * @throws {TypeError} When `device` is not a Device or `timing` not a boolean.
+   * @param options `timing`: record timestamps (default false); `blocking`: host waits
+   * sleep instead of spinning (default false).
+   * @throws {TypeError} When `device` is not a Device or `timing` or `blocking` is not a
+   * boolean.
    * @throws {Error} When the device is disposed.
    * @throws {PinstreamError} When the backend cannot create an event.
    */
   constructor(device: Device, options: EventOptions = {}) {
     assertDevice(device, "create an event");
     const timing = options.timing ?? false;
-    if (typeof timing !== "boolean") {
-      throw new TypeError(
-        `Cannot create an event: timing must be a boolean, got ${describe(timing)}`,
-      );
+    const blocking = options.blocking ?? false;
+    for (const [name, v] of [["timing", timing], ["blocking", blocking]] as const) {
+      if (typeof v !== "boolean") {
+        throw new TypeError(
+          `Cannot create an event: ${name} must be a boolean, got ${describe(v)}`,
+        );
+      }
     }
     super("Event", device);
     this.device = device;
     this.timing = timing;
+    this.blocking = blocking;
     device.makeCurrent();
     const out = new BigUint64Array(1);
-    // PS_EVENT_DISABLE_TIMING = 1
+    // PS_EVENT_DISABLE_TIMING = 1, PS_EVENT_BLOCKING_SYNC = 2
     device.check(
-      device.lib.symbols.ps_event_create(timing ? 0 : 1, out),
+      device.lib.symbols.ps_event_create((timing ? 0 : 1) | (blocking ? 2 : 0), out),
       `create an event on ${device}`,
     );
     this.handle = Deno.UnsafePointer.create(out[0])!;

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct layout; ffi/ refuses a mismatch. */
-#define PS_ABI_VERSION 2
+#define PS_ABI_VERSION 3
 
 /* ---- status codes ------------------------------------------------------------------- */
 #define PS_OK 0
@@ -134,8 +134,13 @@ PS_API int ps_stream_wait_event(void *stream, void *event);
 
 /* ---- events -------------------------------------------------------------------------- */
 
+/* Event flags, or-ed. PS_EVENT_DISABLE_TIMING (cudaEventDisableTiming): no timestamps, cheaper
+ * to record and wait on. PS_EVENT_BLOCKING_SYNC (cudaEventBlockingSync): ps_event_synchronize
+ * sleeps until the event fires instead of spinning a CPU core (the runtime spins by default
+ * while the process has fewer contexts than cores); for waits that overlap host work. */
 #define PS_EVENT_DEFAULT 0
 #define PS_EVENT_DISABLE_TIMING 1
+#define PS_EVENT_BLOCKING_SYNC 2
 PS_API int ps_event_create(int32_t flags, void **out);
 PS_API int ps_event_destroy(void *event);
 PS_API int ps_event_record(void *event, void *stream);

@@ -116,10 +116,19 @@ export interface PipelineStats {
   samples: number;
   /** Wall time from the first `next()` to the end of the epoch, ms. */
   wallMs: number;
-  /** Time the consumer spent inside `next()` (waiting for input), ms. */
+  /**
+   * Time the consumer spent inside `next()` waiting for input, ms: the loader's wait, the
+   * copies' and kernels' queuing. Excludes `deviceWaitMs`.
+   */
   waitMs: number;
   /** Of which: time the host waited for the loader to produce a batch, ms. */
   hostWaitMs: number;
+  /**
+   * Time `next()` waited for the device to finish earlier steps, ms: a host running ahead
+   * of the device keeps loader slots until their copies run, and once it holds as many as
+   * the loader's ring can spare it waits here (a device-bound step, not input wait).
+   */
+  deviceWaitMs: number;
   /**
    * Host-to-device copy time summed over `copiesTimed` batches, ms (from events on the copy
    * stream; a copy still running when its slot is reused is not waited for, only skipped).
@@ -129,7 +138,10 @@ export interface PipelineStats {
   copiesTimed: number;
   /** Bytes copied host to device. */
   copyBytes: number;
-  /** `waitMs / wallMs`: the share of step time spent waiting for input (0 = never). */
+  /**
+   * `waitMs / wallMs`: the share of step time spent waiting for input (0 = never). Time spent
+   * waiting for the device (`deviceWaitMs`) counts as step time, not as input wait.
+   */
   inputBoundFraction: number;
   /** Samples per second over `wallMs`. */
   samplesPerSecond: number;
@@ -543,7 +555,9 @@ class Resources {
         }
         const copyStart = new Event(device, { timing: true });
         cleanup.push(copyStart);
-        const copyDone = new Event(device, { timing: true });
+        // The host waits on copyDone off its thread (loader-slot releases, backpressure):
+        // sleeping there leaves the core to the loader's workers.
+        const copyDone = new Event(device, { timing: true, blocking: true });
         cleanup.push(copyDone);
         const free = new Event(device);
         cleanup.push(free);
@@ -613,13 +627,20 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
   #exhausted = false;
   #finished = false;
   #epoch = -1;
-  #pending = new Set<Promise<void>>();
+  /**
+   * Releases of loader slots whose copies have not fired yet, oldest first; each removes
+   * itself when done.
+   */
+  readonly #pending: Promise<void>[] = [];
+  /** Loader slots this epoch may keep waiting for copies; see `#submit`. */
+  readonly #maxHeld: number;
   // stats
   #t0 = -1;
   #batches = 0;
   #samples = 0;
   #waitMs = 0;
   #hostWaitMs = 0;
+  #deviceWaitMs = 0;
   #copyMs = 0;
   #copyBytes = 0;
   #copiesTimed = 0;
@@ -629,6 +650,12 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     this.#p = p;
     this.#r = r;
     this.#source = p.loader[Symbol.asyncIterator]();
+    // The loader makes progress while it has one free slot per batch it may have in
+    // flight (prefetchFactor per worker, plus the one an idle worker holds; one slot
+    // without workers); the rest of its ring is what a consumer may keep.
+    const l = p.loader;
+    const needed = Math.max(1, l.prefetchFactor * l.numWorkers + l.numWorkers);
+    this.#maxHeld = Math.max(1, l.ring!.slotCount - needed);
   }
 
   [Symbol.asyncIterator](): AsyncIterableIterator<DeviceBatch> {
@@ -644,6 +671,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
       wallMs,
       waitMs: this.#waitMs,
       hostWaitMs: this.#hostWaitMs,
+      deviceWaitMs: this.#deviceWaitMs,
       copyMs: this.#copyMs,
       copiesTimed: this.#copiesTimed,
       copyBytes: this.#copyBytes,
@@ -656,6 +684,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     if (this.#finished) return { done: true, value: undefined };
     const t = performance.now();
     if (this.#t0 < 0) this.#t0 = t;
+    const deviceWait0 = this.#deviceWaitMs;
     try {
       // The consumer is done queuing work on the batch it holds: mark the compute stream.
       const cur = this.#current;
@@ -674,7 +703,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
         return { done: true, value: undefined };
       }
       const value = this.#deliver(b);
-      this.#waitMs += performance.now() - t;
+      this.#waitMs += performance.now() - t - (this.#deviceWaitMs - deviceWait0);
       return { done: false, value };
     } catch (err) {
       this.#failure ??= err;
@@ -695,6 +724,16 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
 
   /** Pulls one loader batch and queues its copy; false when the loader's epoch ended. */
   async #submit(): Promise<boolean> {
+    // Each loader slot kept here waits for its copy, and the copy for the device to finish
+    // the step that last used its device slot. Nothing else stops a host that queues
+    // steps faster than the device runs them, so without this wait it would soon hold
+    // every slot of the loader's ring and starve the loader. Waiting on the oldest copy
+    // is the backpressure: the host stays a bounded number of steps ahead of the device.
+    while (this.#pending.length >= this.#maxHeld) {
+      const td = performance.now();
+      await this.#pending[0];
+      this.#deviceWaitMs += performance.now() - td;
+    }
     const th = performance.now();
     const r = await this.#source.next();
     this.#hostWaitMs += performance.now() - th;
@@ -810,7 +849,9 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
       if (this.#p.loader._autoRelease) {
         // The loader releases this slot when we ask for the next batch: the copy must be
         // done by then. (Build the loader with autoRelease: false to avoid this wait.)
+        const td = performance.now();
         await slot.copyDone.synchronize();
+        this.#deviceWaitMs += performance.now() - td;
         inflight.host = undefined;
       } else if (slot.copyDone.query()) {
         host.release();
@@ -820,8 +861,8 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
           host.release();
           inflight.host = undefined;
         });
-        this.#pending.add(p);
-        p.finally(() => this.#pending.delete(p)).catch(() => {});
+        this.#pending.push(p);
+        p.finally(() => this.#pending.splice(this.#pending.indexOf(p), 1)).catch(() => {});
       }
     }
     this.#queue.push(inflight);
@@ -846,10 +887,11 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
         slot.copyAccounted = true;
         return;
       }
-      // Host staging about to be rewritten: the host must wait (rare; counted as input wait).
-      const th = performance.now();
+      // Host staging about to be rewritten: the host must wait for the copy, which waits
+      // for the device to finish the step that last used the slot (device-bound time).
+      const td = performance.now();
       await slot.copyDone.synchronize();
-      this.#hostWaitMs += performance.now() - th;
+      this.#deviceWaitMs += performance.now() - td;
     }
     this.#copyMs += slot.copyStart.elapsedMs(slot.copyDone);
     this.#copiesTimed++;

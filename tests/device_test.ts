@@ -81,7 +81,7 @@ testEachBackend("every core ABI function answers through the raw symbols", async
   const e0 = Deno.UnsafePointer.create(u64a[0])!;
   assert.strictEqual(s.ps_event_create(1, u64a), 0);
   const e1 = Deno.UnsafePointer.create(u64a[0])!;
-  assert.strictEqual(s.ps_event_create(0, u64a), 0);
+  assert.strictEqual(s.ps_event_create(2, u64a), 0); // PS_EVENT_BLOCKING_SYNC
   const e2 = Deno.UnsafePointer.create(u64a[0])!;
   assert.strictEqual(s.ps_live_objects(a, st, ev), 0);
   assert.deepStrictEqual([a[0], st[0], ev[0]], [before[0] + 4n, before[1] + 1n, before[2] + 3n]);
@@ -466,7 +466,10 @@ testEachBackend("a stream waiting on an event runs after the recorded work", asy
 
 testEachBackend("events complete, synchronize and time the work between them", async (dev) => {
   using stream = new Stream(dev);
-  using start = new Event(dev, { timing: true }), end = new Event(dev, { timing: true });
+  using start = new Event(dev, { timing: true });
+  // A blocking event's host wait sleeps instead of spinning; it still times and orders.
+  using end = new Event(dev, { timing: true, blocking: true });
+  assert.strictEqual(end.blocking, true);
   using plain = new Event(dev);
   assert.strictEqual(plain.query(), true, "a never-recorded event is complete");
   using buf = DeviceBuffer.alloc(dev, 1 << 22);
@@ -497,6 +500,7 @@ testEachBackend("streams and events check what they are given", (dev) => {
   assert.throws(() => ev.record(foreign), TypeError);
   assert.throws(() => dev.defaultStream.waitEvent({} as Event), TypeError);
   assert.throws(() => new Event(dev, { timing: 1 as unknown as boolean }), TypeError);
+  assert.throws(() => new Event(dev, { blocking: "yes" as unknown as boolean }), /blocking/);
   assert.throws(() => new Stream({} as Device), TypeError);
 });
 

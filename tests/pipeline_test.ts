@@ -6,6 +6,7 @@
 
 import assert from "node:assert";
 import { Device } from "../ffi/device.ts";
+import { Event } from "../ffi/stream.ts";
 import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import { RingBatch } from "../loader/ring.ts";
@@ -463,4 +464,65 @@ Deno.test("[cpu] DevicePrefetcher rejects bad options and non-ring loaders", asy
   );
   assert.throws(() => toDevice(generic, device), /no staging ring/);
   await generic.dispose();
+});
+
+Deno.test("[cpu] a device that lags behind the host slows the host down instead of starving the loader", async () => {
+  // The CPU backend finishes every copy at once. Here every event reports "not yet" to
+  // query() and fires only a few milliseconds after synchronize() is asked, as on a GPU
+  // whose steps take longer than the host needs to queue them: the prefetcher keeps
+  // each loader slot until its copy fires, and must wait for the device rather than hold
+  // every slot of the loader's ring (the loader would fail: "all ring slots are held").
+  const query = Event.prototype.query, synchronize = Event.prototype.synchronize;
+  const release = RingBatch.prototype.release;
+  let held = 0, maxHeld = 0, yielded = 0;
+  Event.prototype.query = () => false;
+  Event.prototype.synchronize = function (this: Event) {
+    return new Promise<void>((r) => setTimeout(r, 3)).then(() => synchronize.call(this));
+  };
+  RingBatch.prototype.release = function (this: RingBatch) {
+    if (!this.released) held--;
+    release.call(this);
+  };
+  try {
+    using device = Device.open("cpu");
+    for (const numWorkers of [0, 2]) {
+      const d = makeData(16 * 24, [3, 32, 32], 9);
+      const expected = await plainBatches(d, {});
+      await using loader = makeLoader(d, { numWorkers });
+      const next = loader[Symbol.asyncIterator].bind(loader);
+      // Count the loader batches the prefetcher holds.
+      loader[Symbol.asyncIterator] = () => {
+        const it = next();
+        return Object.assign(Object.create(it), {
+          async next() {
+            const r = await it.next();
+            if (!r.done) maxHeld = Math.max(maxHeld, ++held), yielded++;
+            return r;
+          },
+        });
+      };
+      held = maxHeld = yielded = 0;
+      await using p = toDevice(loader, device, { ...PAD, mean: MEAN, std: STD, copy: "always" });
+      let k = 0;
+      for await (const b of p) {
+        const want = expectedBatch(d, expected[k].indices, expected[k].params, "nchw", "f16", 4);
+        assert.deepStrictEqual(bitDiff((await readBatch(b)).images, want.images), [], `batch ${k}`);
+        k++;
+      }
+      assert.strictEqual(k, 24);
+      assert.strictEqual(yielded, 24);
+      assert.strictEqual(held, 0, "every loader slot went back");
+      // The loader's ring minus what its workers need in flight: 8 - 6 with 2 workers and
+      // prefetchFactor 2, 2 - 1 without workers.
+      const bound = numWorkers === 2 ? 2 : 1;
+      assert.ok(maxHeld <= bound, `${numWorkers} workers: held ${maxHeld} loader slots`);
+      const s = p.stats!;
+      assert.ok(s.deviceWaitMs > 0, "the host waited for the device");
+      assert.ok(s.waitMs + s.deviceWaitMs <= s.wallMs + 1);
+    }
+  } finally {
+    Event.prototype.query = query;
+    Event.prototype.synchronize = synchronize;
+    RingBatch.prototype.release = release;
+  }
 });

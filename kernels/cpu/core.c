@@ -423,7 +423,8 @@ PS_API int ps_stream_wait_event(void *stream, void *event) {
 
 PS_API int ps_event_create(int32_t flags, void **out) {
   PS_REQUIRE(out != NULL);
-  PS_REQUIRE((flags & ~PS_EVENT_DISABLE_TIMING) == 0);
+  /* PS_EVENT_BLOCKING_SYNC changes nothing here: events fire when recorded. */
+  PS_REQUIRE((flags & ~(PS_EVENT_DISABLE_TIMING | PS_EVENT_BLOCKING_SYNC)) == 0);
   *out = NULL;
   cpu_event *e = calloc(1, sizeof *e);
   if (e == NULL) PS_FAIL(PS_ERR_OUT_OF_MEMORY, "no memory for an event");

@@ -336,11 +336,13 @@ PS_API int ps_stream_wait_event(void *stream, void *event) {
 
 PS_API int ps_event_create(int32_t flags, void **out) {
   PS_REQUIRE(out != nullptr);
-  PS_REQUIRE((flags & ~PS_EVENT_DISABLE_TIMING) == 0);
+  PS_REQUIRE((flags & ~(PS_EVENT_DISABLE_TIMING | PS_EVENT_BLOCKING_SYNC)) == 0);
   *out = nullptr;
   cudaEvent_t e = nullptr;
-  CUDA_CHECK(cudaEventCreateWithFlags(
-      &e, (flags & PS_EVENT_DISABLE_TIMING) ? cudaEventDisableTiming : cudaEventDefault));
+  unsigned cuda_flags = cudaEventDefault;
+  if (flags & PS_EVENT_DISABLE_TIMING) cuda_flags |= cudaEventDisableTiming;
+  if (flags & PS_EVENT_BLOCKING_SYNC) cuda_flags |= cudaEventBlockingSync;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cuda_flags));
   ps_live_add(PS_LIVE_EVENT, 1);
   *out = (void *)e;
   return PS_OK;
