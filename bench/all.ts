@@ -6,7 +6,7 @@
  * @module
  */
 
-const BENCHES: Record<string, () => Promise<{ main: () => Promise<void> }>> = {
+const BENCHES: Record<string, () => Promise<{ main: () => Promise<unknown> }>> = {
   transfer: () => import("./transfer.ts"),
   loader: () => import("./loader.ts"),
   pipeline: () => import("./pipeline.ts"),

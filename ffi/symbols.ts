@@ -369,7 +369,7 @@ export const symbols = {
   },
   // int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
   //                       float *loss_sum, int32_t *correct, int64_t n, int64_t k, float scale,
-  //                       void *stream);
+  //                       const float *device_scale, void *stream);
   ps_nn_cross_entropy: {
     parameters: [
       "pointer",
@@ -380,6 +380,7 @@ export const symbols = {
       "i64",
       "i64",
       "f32",
+      "pointer",
       "pointer",
     ],
     result: "i32",

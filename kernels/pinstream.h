@@ -277,12 +277,14 @@ PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t 
 
 /* Softmax cross-entropy over logits[n,k] fp16 with labels[n] int32 in [0,k):
  * *loss_sum += sum of per-sample losses (f32), *correct += count of argmax == label (int32),
- * and, when dlogits (fp16 [n,k]) is not NULL, dlogits = scale * (softmax - onehot) / n
- * (the gradient of scale * mean loss). A label out of range fails (cpu) / counts as wrong
- * with zero gradient (cuda, where it cannot fail without a host round trip). */
+ * and, when dlogits (fp16 [n,k]) is not NULL, dlogits = s * (softmax - onehot) / n (the
+ * gradient of s * mean loss) with s = scale * *device_scale, or s = scale when device_scale
+ * is NULL. device_scale (f32, device memory) is read by the kernel: a loss scale that the
+ * device updates (GradScaler) needs no host round trip. A label out of range fails (cpu) /
+ * counts as wrong with zero gradient (cuda, where it cannot fail without a host round trip). */
 PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
                                float *loss_sum, int32_t *correct, int64_t n, int64_t k,
-                               float scale, void *stream);
+                               float scale, const float *device_scale, void *stream);
 
 /* dst = (dst_dtype) src, count elements; f16 <-> f32 (and same-type copies). */
 PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype,

@@ -169,7 +169,8 @@ export class GradScaler {
    * PyTorch's `scale(loss)`, applied where backward starts: the loss kernel already multiplied
    * its gradient by {@linkcode GradScaler.lossScale}; this makes it exactly the device's current
    * scale: grad *= deviceScale / lossScale() (a no-op when disabled, and a multiplication by 1
-   * unless the scale changed since the host last read it). {@linkcode CrossEntropyLoss} calls it.
+   * unless the scale changed since the host last read it). For losses computed at
+   * {@linkcode GradScaler.lossScale}; {@linkcode CrossEntropyLoss} reads the device scale itself.
    *
    * @param grad The loss gradient (fp16 or f32), modified in place.
    * @example

@@ -96,9 +96,11 @@ export class CrossEntropyLoss {
       d = Tensor.empty(this.#device, [...logits.shape], "f16");
       this.#dlogits.set(key, d);
     }
-    const scale = scaler?.lossScale() ?? 1;
-    ops.crossEntropyForwardBackward(logits, labels, d, lossSum, correct, { scale });
-    scaler?.scale(d);
+    // The kernel reads the scaler's scale on the device: the host's copy may be stale (it is
+    // read once per log interval), and a gradient computed at a stale, larger scale could
+    // overflow fp16 where the device's would not.
+    const scaleTensor = scaler?.enabled ? scaler.scaleTensor : null;
+    ops.crossEntropyForwardBackward(logits, labels, d, lossSum, correct, { scaleTensor });
     this.#samples += logits.shape[0];
     return d;
   }

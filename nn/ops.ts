@@ -107,6 +107,11 @@ export interface BiasGradOptions extends OpOptions {
 export interface CrossEntropyOptions extends OpOptions {
   /** Multiplies the gradient (the loss scale; default 1). */
   scale?: number;
+  /**
+   * f32 [1] on the device that also multiplies the gradient, read by the kernel (a
+   * GradScaler's `scaleTensor`, which the device updates without the host knowing).
+   */
+  scaleTensor?: Tensor | null;
 }
 
 /** Options of {@linkcode unscaleAndCheck}. */
@@ -1083,7 +1088,21 @@ function crossEntropy(
   scalar(lossSum, "lossSum", action);
   scalar(correct, "correct", action);
   const scale = num(options.scale ?? 1, "scale", action);
-  const { device, stream } = launch(action, options, logits, labels, dlogits, lossSum, correct);
+  const scaleTensor = options.scaleTensor ?? null;
+  if (scaleTensor !== null) {
+    tensor(scaleTensor, "scaleTensor", ["f32"], action);
+    scalar(scaleTensor, "scaleTensor", action);
+  }
+  const { device, stream } = launch(
+    action,
+    options,
+    logits,
+    labels,
+    dlogits,
+    lossSum,
+    correct,
+    scaleTensor,
+  );
   device.check(
     device.lib.symbols.ps_nn_cross_entropy(
       logits.pointer,
@@ -1094,6 +1113,7 @@ function crossEntropy(
       BigInt(n),
       BigInt(k),
       scale,
+      ptr(scaleTensor),
       stream,
     ),
     `${action} logits [${logits.shape}]`,

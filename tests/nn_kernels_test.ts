@@ -481,7 +481,15 @@ testEachBackend(
   "crossEntropy sums the loss and correct count on the device and writes the scaled gradient",
   async (dev) => {
     const r = gen("ce");
-    for (const [n, k, scale] of [[5, 10, 1], [33, 7, 1024], [1, 3, 65536]]) {
+    // onDevice: half of the scale comes from an f32 on the device (a GradScaler's scale).
+    for (
+      const [n, k, scale, onDevice] of [
+        [5, 10, 1, false],
+        [33, 7, 1024, true],
+        [1, 3, 65536, true],
+        [2, 4, 8, false],
+      ] as const
+    ) {
       const logits = randH(r, n * k, -4, 4);
       const labels = Int32Array.from({ length: n }, () => Math.floor(r() * k));
       let loss = 0, hits = 0;
@@ -501,9 +509,17 @@ testEachBackend(
       using td = Tensor.empty(dev, [n, k], "f16");
       using tloss = Tensor.fromHost(dev, new Float32Array([0.25]));
       using thits = Tensor.fromHost(dev, new Int32Array([3]));
-      ops.crossEntropyForwardBackward(tl, tlab, td, tloss, thits, { scale });
+      using ts = Tensor.fromHost(dev, new Float32Array([scale / 2]));
+      ops.crossEntropyForwardBackward(
+        tl,
+        tlab,
+        td,
+        tloss,
+        thits,
+        onDevice ? { scale: 2, scaleTensor: ts } : { scale },
+      );
       ops.crossEntropyForward(tl, tlab, tloss, thits);
-      const what = `crossEntropy [${n},${k}] scale ${scale}`;
+      const what = `crossEntropy [${n},${k}] scale ${scale}${onDevice ? " (device)" : ""}`;
       assertClose(await host(tloss), [0.25 + 2 * loss], 1e-4 * n, 1e-5, `${what} loss`);
       assert.deepStrictEqual(await host(thits), [3 + 2 * hits], `${what} correct (seed ${SEED})`);
       assertClose(

@@ -841,6 +841,31 @@ Deno.test("the loss gradient follows the device's scale even when the host's cop
   p.dispose();
 });
 
+Deno.test("a scale the device backed off from is not used for the loss gradient (no fp16 overflow)", async () => {
+  // Two overflowing steps halve the device scale twice, 2^17 -> 2^15, while the host still
+  // holds 2^17. The gradient of one confident-but-wrong sample is about -1 per unit scale:
+  // at 2^17 it overflows fp16 (max 65504), at the device's 2^15 it does not.
+  using device = Device.open("cpu");
+  const p = new Parameter(new Float32Array([0]), [1], { gradDtype: "f32" }).to(device);
+  using opt = new SGD([p], { lr: 0 });
+  using scaler = new GradScaler(device, { initScale: 2 ** 17 });
+  using loss = new CrossEntropyLoss(device);
+  for (let i = 0; i < 2; i++) {
+    p.grad.buffer.copyFrom(new Float32Array([Infinity]));
+    scaler.step(opt);
+    scaler.update();
+  }
+  assert.strictEqual(scaler.lossScale(), 2 ** 17, "the host's copy is stale");
+  using logits = Tensor.fromHost(device, new Float16Array([0, 12]), [1, 2]);
+  using labels = Tensor.fromHost(device, new Int32Array([0]), [1]);
+  const d = [...await loss.forwardBackward(logits, labels, scaler).toHost()];
+  assert.ok(d.every(Number.isFinite), `gradient ${d}`);
+  const p0 = 1 / (1 + Math.exp(12));
+  assertClose(d[0], 2 ** 15 * (p0 - 1), 32, 0, "dlogits[0]");
+  assert.strictEqual(await scaler.getScale(), 2 ** 15);
+  p.dispose();
+});
+
 Deno.test("a disabled GradScaler is a pass-through", async () => {
   using device = Device.open("cpu");
   const p = new Parameter(new Float32Array([1]), [1], { gradDtype: "f32" }).to(device);

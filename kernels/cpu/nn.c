@@ -1635,7 +1635,7 @@ PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t 
 
 PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
                                float *loss_sum, int32_t *correct, int64_t n, int64_t k,
-                               float scale, void *stream) {
+                               float scale, const float *device_scale, void *stream) {
   (void)stream;
   if (n < 0 || k <= 0)
     PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cross_entropy: bad shape n=%lld k=%lld",
@@ -1646,6 +1646,7 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
   if (dlogits) CHECK_RANGE(dlogits, n * k * 2);
   if (loss_sum) CHECK_RANGE(loss_sum, 4);
   if (correct) CHECK_RANGE(correct, 4);
+  if (device_scale) CHECK_RANGE(device_scale, 4);
   for (int64_t i = 0; i < n; i++)
     if (labels[i] < 0 || labels[i] >= k)
       PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cross_entropy: label %d of sample %lld not in [0, %lld)",
@@ -1654,7 +1655,7 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
   int64_t hits = 0;
   float *row = malloc((size_t)k * sizeof(float));
   if (!row) OOM();
-  float g = scale / (float)n;
+  float g = (device_scale ? scale * *device_scale : scale) / (float)n;
   for (int64_t i = 0; i < n; i++) {
     const half *l = (const half *)logits + i * k;
     int64_t arg = 0;

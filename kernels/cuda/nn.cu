@@ -433,8 +433,10 @@ __global__ void cast_kernel(const void *src, int sf16, void *dst, int df16, int6
  * below always run with all 32 lanes. */
 __global__ void cross_entropy(const __half *logits, const int32_t *labels, __half *dlogits,
                               float *loss_sum, int32_t *correct, int64_t n, int64_t k,
-                              float g) {
+                              float scale, const float *device_scale) {
   int lane = threadIdx.x % 32;
+  /* The same expression, in the same order, as the cpu backend. */
+  float g = (device_scale ? scale * *device_scale : scale) / (float)n;
   for (int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; row < n;
        row += (int64_t)gridDim.x * blockDim.x / 32) {
     const __half *l = logits + row * k;
@@ -787,14 +789,14 @@ PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t 
 
 PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
                                float *loss_sum, int32_t *correct, int64_t n, int64_t k,
-                               float scale, void *stream) {
+                               float scale, const float *device_scale, void *stream) {
   if (n < 0 || k <= 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cross_entropy: bad shape");
   if (n == 0) return PS_OK;
   NULL_CHECK(logits, labels);
   const int per_block = EW / 32;
   cross_entropy<<<blocks_for(n, per_block), EW, 0, (cudaStream_t)stream>>>(
-      (const __half *)logits, labels, (__half *)dlogits, loss_sum, correct, n, k,
-      scale / (float)n);
+      (const __half *)logits, labels, (__half *)dlogits, loss_sum, correct, n, k, scale,
+      device_scale);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
