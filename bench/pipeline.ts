@@ -232,6 +232,7 @@ async function rawCopyRow(device: Device, bytesPerBatch: number, batches: number
   const ms = new Float32Array(1), msg = new Uint8Array(512);
   device.check(
     await device.lib.symbols.ps_bench_memcpy_loop(
+      device.index,
       dev.pointer,
       host.pointer,
       BigInt(bytesPerBatch),

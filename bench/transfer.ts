@@ -122,6 +122,7 @@ export async function main(args: string[] = []): Promise<TransferRow[]> {
       for (let r = 0; r < REPEATS; r++) {
         const ms = new Float32Array(1), msg = new Uint8Array(1024);
         const status = await dev.lib.symbols.ps_bench_memcpy_loop(
+          dev.index,
           dst,
           src,
           BigInt(bytes),

@@ -145,7 +145,7 @@ export class Stream extends Resource {
         waitCall(
           lib,
           action,
-          (msg, cap) => lib.symbols.ps_stream_synchronize(this.handle, msg, cap),
+          (msg, cap) => lib.symbols.ps_stream_synchronize(this.device.index, this.handle, msg, cap),
         ),
     );
   }

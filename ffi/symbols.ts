@@ -74,9 +74,9 @@ export const symbols = {
   ps_stream_create: { parameters: ["i32", "buffer"], result: "i32" },
   // int ps_stream_destroy(void *stream);
   ps_stream_destroy: { parameters: ["pointer"], result: "i32" },
-  // [wait] int ps_stream_synchronize(void *stream, char *msg, uint64_t msg_cap);
+  // [wait] int ps_stream_synchronize(int32_t device, void *stream, char *msg, uint64_t msg_cap);
   ps_stream_synchronize: {
-    parameters: ["pointer", "buffer", "u64"],
+    parameters: ["i32", "pointer", "buffer", "u64"],
     result: "i32",
     nonblocking: true,
   },
@@ -104,11 +104,22 @@ export const symbols = {
   ps_event_elapsed_ms: { parameters: ["pointer", "pointer", "buffer"], result: "i32" },
 
   // ---- benchmark helper
-  // [wait] int ps_bench_memcpy_loop(void *dst, const void *src, uint64_t bytes, int32_t kind,
-  //                                 int32_t iters, void *stream, float *out_ms, char *msg,
-  //                                 uint64_t msg_cap);
+  // [wait] int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint64_t bytes,
+  //                                 int32_t kind, int32_t iters, void *stream, float *out_ms,
+  //                                 char *msg, uint64_t msg_cap);
   ps_bench_memcpy_loop: {
-    parameters: ["pointer", "pointer", "u64", "i32", "i32", "pointer", "buffer", "buffer", "u64"],
+    parameters: [
+      "i32",
+      "pointer",
+      "pointer",
+      "u64",
+      "i32",
+      "i32",
+      "pointer",
+      "buffer",
+      "buffer",
+      "u64",
+    ],
     result: "i32",
     nonblocking: true,
   },

@@ -125,8 +125,9 @@ PS_API int ps_memcpy_d2d_async(void *dst, const void *src, uint64_t bytes, void 
 #define PS_STREAM_NON_BLOCKING 1
 PS_API int ps_stream_create(int32_t flags, void **out);
 PS_API int ps_stream_destroy(void *stream);
-/* [wait] */
-PS_API int ps_stream_synchronize(void *stream, char *msg, uint64_t msg_cap);
+/* [wait] `device` is the ordinal the stream belongs to: waits run on a thread of their own,
+ * whose current device is not the caller's, and the NULL stream means that device's. */
+PS_API int ps_stream_synchronize(int32_t device, void *stream, char *msg, uint64_t msg_cap);
 /* PS_OK when all work is done, PS_ERR_NOT_READY otherwise. */
 PS_API int ps_stream_query(void *stream);
 /* Work queued on `stream` after this call waits for `event` (device-side; the host does not). */
@@ -159,9 +160,9 @@ PS_API int ps_event_elapsed_ms(void *start, void *end, float *out_ms);
 /* [wait] The raw bound for bench/transfer.ts: `iters` back-to-back copies of `bytes` on
  * `stream` (cudaMemcpyAsync; memcpy on cpu), timed from the first enqueue to the end of the
  * last copy (CUDA events), after one untimed warm-up copy on cuda. */
-PS_API int ps_bench_memcpy_loop(void *dst, const void *src, uint64_t bytes, int32_t kind,
-                                int32_t iters, void *stream, float *out_ms, char *msg,
-                                uint64_t msg_cap);
+PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint64_t bytes,
+                                int32_t kind, int32_t iters, void *stream, float *out_ms,
+                                char *msg, uint64_t msg_cap);
 
 /* ---- image kernels (pipeline/) -------------------------------------------------------- */
 /* PS-SECTION image: declarations added by the pipeline work go here. */

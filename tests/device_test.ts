@@ -97,7 +97,7 @@ testEachBackend("every core ABI function answers through the raw symbols", async
   assert.strictEqual(s.ps_event_record(e2, stream), 0);
   assert.strictEqual(await s.ps_event_synchronize(e2, msg, BigInt(msg.length)), 0);
   assert.strictEqual(s.ps_event_query(e2), 0);
-  assert.strictEqual(await s.ps_stream_synchronize(stream, msg, BigInt(msg.length)), 0);
+  assert.strictEqual(await s.ps_stream_synchronize(dev.index, stream, msg, BigInt(msg.length)), 0);
   assert.strictEqual(s.ps_stream_query(stream), 0);
   const ms = new Float32Array(1);
   assert.strictEqual(s.ps_event_elapsed_ms(e0, e2, ms), 0);
@@ -107,7 +107,18 @@ testEachBackend("every core ABI function answers through the raw symbols", async
   assertBytesEqual(js, expected, "raw round trip");
 
   assert.strictEqual(
-    await s.ps_bench_memcpy_loop(devp, host, BigInt(n), 1, 3, stream, ms, msg, BigInt(msg.length)),
+    await s.ps_bench_memcpy_loop(
+      dev.index,
+      devp,
+      host,
+      BigInt(n),
+      1,
+      3,
+      stream,
+      ms,
+      msg,
+      BigInt(msg.length),
+    ),
     0,
   );
   assert.ok(ms[0] >= 0);
@@ -141,8 +152,24 @@ testEachBackend("[wait] calls deliver their failure message through the buffer",
   const status = await dev.lib.symbols.ps_device_synchronize(99, msg, BigInt(msg.length));
   assert.strictEqual(status, Status.INVALID_DEVICE);
   assert.match(new TextDecoder().decode(msg.subarray(0, msg.indexOf(0))), /\d+: .*/);
+  // A stream wait names its device (it runs on another thread): a bad one is refused.
+  assert.strictEqual(
+    await dev.lib.symbols.ps_stream_synchronize(99, null, msg, BigInt(msg.length)),
+    Status.INVALID_DEVICE,
+  );
   await assert.rejects(
-    dev.lib.symbols.ps_bench_memcpy_loop(null, null, 0n, 9, 1, null, new Float32Array(1), msg, 256n)
+    dev.lib.symbols.ps_bench_memcpy_loop(
+      0,
+      null,
+      null,
+      0n,
+      9,
+      1,
+      null,
+      new Float32Array(1),
+      msg,
+      256n,
+    )
       .then((st) => {
         if (st !== 0) throw new Error(String(st));
       }),

@@ -45,7 +45,7 @@ class Scratch {
       "download",
     );
     const msg = new Uint8Array(512);
-    unwrap(this.lib, await s.ps_stream_synchronize(NULL, msg, BigInt(msg.length)), "sync", msg);
+    unwrap(this.lib, await s.ps_stream_synchronize(0, NULL, msg, BigInt(msg.length)), "sync", msg);
     return out;
   }
 

@@ -402,8 +402,13 @@ PS_API int ps_stream_destroy(void *stream) {
   return PS_OK;
 }
 
-PS_API int ps_stream_synchronize(void *stream, char *msg, uint64_t msg_cap) {
-  return ps_export_error(check_stream(stream), msg, msg_cap);
+static int stream_synchronize(int32_t device, void *stream) {
+  TRY(device_synchronize(device));
+  return check_stream(stream);
+}
+
+PS_API int ps_stream_synchronize(int32_t device, void *stream, char *msg, uint64_t msg_cap) {
+  return ps_export_error(stream_synchronize(device, stream), msg, msg_cap);
 }
 
 PS_API int ps_stream_query(void *stream) { return check_stream(stream); }
@@ -496,9 +501,10 @@ static int bench_memcpy_loop(void *dst, const void *src, uint64_t bytes, int32_t
   return PS_OK;
 }
 
-PS_API int ps_bench_memcpy_loop(void *dst, const void *src, uint64_t bytes, int32_t kind,
-                                int32_t iters, void *stream, float *out_ms, char *msg,
-                                uint64_t msg_cap) {
-  return ps_export_error(bench_memcpy_loop(dst, src, bytes, kind, iters, stream, out_ms), msg,
-                         msg_cap);
+PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint64_t bytes,
+                                int32_t kind, int32_t iters, void *stream, float *out_ms,
+                                char *msg, uint64_t msg_cap) {
+  int st = device_synchronize(device);
+  if (st == PS_OK) st = bench_memcpy_loop(dst, src, bytes, kind, iters, stream, out_ms);
+  return ps_export_error(st, msg, msg_cap);
 }

@@ -314,12 +314,16 @@ PS_API int ps_stream_destroy(void *stream) {
   return PS_OK;
 }
 
-PS_API int ps_stream_synchronize(void *stream, char *msg, uint64_t msg_cap) {
-  cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
-  int st = e == cudaSuccess ? PS_OK
-                            : ps_record_cuda_error(e, "cudaStreamSynchronize(stream)", __FILE__,
-                                                   __LINE__);
-  return ps_export_error(st, msg, msg_cap);
+static int stream_synchronize(int32_t device, void *stream) {
+  /* This runs on a waiting thread whose current device is its own: select the stream's
+   * device first, or the NULL stream would be device 0's. */
+  CUDA_CHECK(cudaSetDevice(device));
+  CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
+  return PS_OK;
+}
+
+PS_API int ps_stream_synchronize(int32_t device, void *stream, char *msg, uint64_t msg_cap) {
+  return ps_export_error(stream_synchronize(device, stream), msg, msg_cap);
 }
 
 PS_API int ps_stream_query(void *stream) {
@@ -388,11 +392,17 @@ PS_API int ps_event_elapsed_ms(void *start, void *end, float *out_ms) {
 
 /* ---- benchmark helper ----------------------------------------------------------------- */
 
-PS_API int ps_bench_memcpy_loop(void *dst, const void *src, uint64_t bytes, int32_t kind,
-                                int32_t iters, void *stream, float *out_ms, char *msg,
-                                uint64_t msg_cap) {
-  return ps_export_error(bench_memcpy_loop(dst, src, bytes, kind, iters, stream, out_ms), msg,
-                         msg_cap);
+static int bench_memcpy_loop_on(int32_t device, void *dst, const void *src, uint64_t bytes,
+                                int32_t kind, int32_t iters, void *stream, float *out_ms) {
+  CUDA_CHECK(cudaSetDevice(device)); /* a waiting thread: see stream_synchronize */
+  return bench_memcpy_loop(dst, src, bytes, kind, iters, stream, out_ms);
+}
+
+PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint64_t bytes,
+                                int32_t kind, int32_t iters, void *stream, float *out_ms,
+                                char *msg, uint64_t msg_cap) {
+  return ps_export_error(
+      bench_memcpy_loop_on(device, dst, src, bytes, kind, iters, stream, out_ms), msg, msg_cap);
 }
 
 }  // extern "C"
