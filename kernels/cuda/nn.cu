@@ -26,6 +26,8 @@
 #include <mma.h>
 #include <stdint.h>
 
+#include <atomic>
+
 #include "../pinstream.h"
 #include "common.cuh"
 
@@ -624,6 +626,23 @@ PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, i
   return gemm(c, n * h * w_, co * kh * kw, 1, A, B, ep, (cudaStream_t)stream);
 }
 
+/* The per-call workspace of the weight gradient comes from the device's default memory pool,
+ * whose release threshold is 0: every synchronize would hand its memory back to the OS and the
+ * next step would map it again. Keep up to 256 MiB cached in the pool (once per device). */
+static int keep_pool_memory() {
+  static std::atomic<uint64_t> done{0};
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  uint64_t bit = dev < 64 ? 1ull << dev : 0;
+  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit)) return PS_OK;
+  cudaMemPool_t pool;
+  CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  uint64_t threshold = 256ull << 20;
+  CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  done.fetch_or(bit, std::memory_order_relaxed);
+  return PS_OK;
+}
+
 PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
                                         int32_t dw_dtype, int64_t n, int64_t c, int64_t h,
                                         int64_t w_, int64_t co, int32_t kh, int32_t kw,
@@ -648,6 +667,8 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
   if (splits < 1) splits = 1;
   if (splits > 256) splits = 256;
   float *part = nullptr;
+  s = keep_pool_memory();
+  if (s) return s;
   CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)(splits * mn) * sizeof(float), st));
   DyRows A{(const __half *)dy, co, P};
   Im2colT B{Im2col{(const __half *)x, g}};
