@@ -244,7 +244,14 @@ export class Engine {
       case "e": {
         // Errors travel as values: rethrown when that batch is due, like PyTorch.
         const p = this.#pending.get(msg.seq);
-        if (!p) return;
+        if (!p) {
+          // A task of an abandoned epoch: nobody will see the error, but its slot goes back.
+          if (msg.slot !== undefined && msg.slot >= 0) {
+            this.#cfg.slotState![msg.slot] = SLOT_FREE;
+            this.pump();
+          }
+          return;
+        }
         this.#pending.delete(msg.seq);
         w.outstanding--;
         const where = `batch ${p.batch} of epoch ${p.plan.epoch}`;
@@ -427,7 +434,9 @@ export class Engine {
   /** Makes `epoch` the consumer's epoch, reusing a prefetched plan when it matches. */
   startEpoch(epoch: number): EpochPlan {
     if (this.#failure) throw this.#failure;
-    let plan = this.#plans.find((p) => p.epoch === epoch && !p.abandoned);
+    // Only a plan nothing was taken from: one the consumer already went through (an epoch
+    // run again after setEpoch) starts over.
+    let plan = this.#plans.find((p) => p.epoch === epoch && !p.abandoned && p.yielded === 0);
     for (const p of this.#plans) if (p !== plan) this.#abandon(p);
     if (!plan) {
       plan = this.#planEpoch(epoch);

@@ -155,7 +155,10 @@ function serve(ctl: Int32Array, slots: number, tasks: number, batch: number): vo
         index: err instanceof SampleError ? err.index : -1,
         ...errorFields(err),
       });
-      return;
+      // The error travels as a value (the engine frees the slot); keep serving: the batch
+      // may belong to an epoch the consumer abandons, and later epochs need this worker.
+      slot = -1;
+      continue;
     }
     ctl[L.busy + slot] = Math.round((performance.now() - t0) * 1000);
     Atomics.store(ctl, L.ready + slot, seq + 1);

@@ -84,6 +84,30 @@ Deno.test("DataLoader shuffle visits every sample once per epoch, differently ea
   assert.deepStrictEqual((await collectRing(loader)).flatMap((b) => b.indices), e0);
 });
 
+for (const [numWorkers, persistentWorkers] of [[0, false], [2, true], [2, false]] as const) {
+  Deno.test(`DataLoader runs the same epoch again after setEpoch (numWorkers ${numWorkers}, persistent ${persistentWorkers})`, async () => {
+    for (const zeroCopy of [true, false]) {
+      await using loader = new DataLoader<RingBatch | { x: Float32Array }>(imageDataset(10), {
+        batchSize: 2,
+        shuffle: true,
+        seed: 1,
+        numWorkers,
+        persistentWorkers,
+        zeroCopy,
+      });
+      const first = await drainCount(loader);
+      loader.setEpoch(0);
+      assert.deepStrictEqual([first, await drainCount(loader)], [5, 5], `zeroCopy ${zeroCopy}`);
+    }
+  });
+}
+
+async function drainCount(loader: DataLoader<unknown>): Promise<number> {
+  let n = 0;
+  for await (const _ of loader) n++;
+  return n;
+}
+
 Deno.test("DataLoader batches are identical for numWorkers 0, 1, 2 and 4 (zero-copy, augment)", async () => {
   const ds = imageDataset(103);
   let reference: unknown;

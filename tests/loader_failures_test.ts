@@ -112,6 +112,30 @@ Deno.test("DataLoader zero-copy path names an out-of-range index from the sample
   assert.strictEqual(DataLoader.liveWorkers, 0);
 });
 
+Deno.test("a persistent zero-copy worker keeps serving after a sample error in an epoch left early", async () => {
+  const ds = new TensorDataset({ label: Int32Array.from({ length: 16 }, (_, i) => i) });
+  // Epoch 0's batch 1 has an out-of-range index; the consumer leaves after batch 0, so
+  // nobody sees that error. Epoch 1 is clean and must not wait for a worker that quit.
+  const sampler = {
+    length: 16,
+    indices: (e: number) => Array.from({ length: 16 }, (_, i) => (e === 0 && i === 2 ? 99 : i)),
+  };
+  await using loader = new DataLoader<RingBatch>(ds, {
+    batchSize: 2,
+    numWorkers: 1,
+    persistentWorkers: true,
+    sampler,
+    timeout: 20,
+  });
+  for await (const _ of loader) {
+    await new Promise((r) => setTimeout(r, 100)); // the worker reaches the bad batch
+    break;
+  }
+  const labels: number[] = [];
+  for await (const b of loader) labels.push(...(b.fields.label as Int32Array));
+  assert.deepStrictEqual(labels, Array.from({ length: 16 }, (_, i) => i));
+});
+
 for (const path of ["zero-copy", "generic"]) {
   Deno.test(`DataLoader break mid-epoch terminates every worker and frees the ring (${path})`, async () => {
     const ds = new TensorDataset({ x: { data: new Float32Array(400), shape: [4] } });
