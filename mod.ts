@@ -19,7 +19,7 @@ export type {
 } from "./ffi/device.ts";
 export { Event, Stream } from "./ffi/stream.ts";
 export type { EventOptions, StreamOptions } from "./ffi/stream.ts";
-export { DeviceBuffer, HostBuffer } from "./ffi/memory.ts";
+export { DeviceBuffer, HostBuffer, isPinnedMemory } from "./ffi/memory.ts";
 export type { CopyOptions, FillOptions, HostMemory } from "./ffi/memory.ts";
 export { DTYPE_BYTES, Tensor } from "./ffi/tensor.ts";
 export type { DType, HostArray, ToHostOptions } from "./ffi/tensor.ts";

@@ -9,6 +9,9 @@
  * - Plain (pageable) JS memory is copied synchronously with respect to the host by CUDA, so
  *   it may be reused as soon as the call returns; on CUDA, a device-to-pageable copy also
  *   waits for the work queued before it on the stream, blocking the JS thread meanwhile.
+ * - A view of pinned memory (a HostBuffer's `u8` or `arrayBuffer`, or a buffer registered
+ *   with `HostBuffer.register`) is pinned memory to CUDA: copies to and from it are
+ *   asynchronous, exactly as with the HostBuffer itself ({@linkcode isPinnedMemory} tells).
  * - Disposing a HostBuffer made by `alloc` detaches its ArrayBuffer: freed memory is never
  *   reachable from JS.
  *
@@ -99,6 +102,7 @@ export class HostBuffer extends Resource {
   readonly origin: "alloc" | "register";
   #arrayBuffer: ArrayBuffer | SharedArrayBuffer;
   #u8: Uint8Array;
+  #pinnedCounted = false;
 
   private constructor(
     device: Device,
@@ -115,6 +119,10 @@ export class HostBuffer extends Resource {
     this.origin = origin;
     this.#arrayBuffer = arrayBuffer;
     this.#u8 = u8;
+    if (pointer !== null) {
+      PINNED.set(arrayBuffer, (PINNED.get(arrayBuffer) ?? 0) + 1);
+      this.#pinnedCounted = true;
+    }
   }
 
   /**
@@ -236,6 +244,12 @@ export class HostBuffer extends Resource {
   /** Frees (alloc) or unpins (register) the memory; an alloc'd buffer's views detach. */
   protected release(): void {
     if (this.pointer === null) return;
+    if (this.#pinnedCounted) {
+      const n = (PINNED.get(this.#arrayBuffer) ?? 1) - 1;
+      if (n > 0) PINNED.set(this.#arrayBuffer, n);
+      else PINNED.delete(this.#arrayBuffer);
+      this.#pinnedCounted = false;
+    }
     const { lib } = this.device;
     if (this.origin === "alloc") {
       // Detach before freeing: every view of the memory becomes length 0, so no JS code can
@@ -336,7 +350,6 @@ export class DeviceBuffer extends Resource {
     this.assertLive(action);
     const stream = options.stream ?? this.device.defaultStream;
     assertStream(stream, this.device, action);
-    this.device.makeCurrent(); // a stream must be used with its device current
     const s = operand(src, this.device, action);
     const { srcOffset, dstOffset, bytes } = span(options, s.length, this.bytes, action);
     const lib = this.device.lib;
@@ -347,6 +360,7 @@ export class DeviceBuffer extends Resource {
         `Cannot ${action}: source ${srcOffset}+${bytes} and destination ${dstOffset}+${bytes} overlap`,
       );
     }
+    this.device.makeCurrent(); // a stream must be used with its device current
     const dst = offsetPointer(this.pointer, dstOffset);
     const from = offsetPointer(s.base, srcOffset);
     const status = s.device
@@ -373,11 +387,11 @@ export class DeviceBuffer extends Resource {
     this.assertLive(action);
     const stream = options.stream ?? this.device.defaultStream;
     assertStream(stream, this.device, action);
-    this.device.makeCurrent(); // a stream must be used with its device current
     const d = operand(dst, this.device, action);
     const { srcOffset, dstOffset, bytes } = span(options, this.bytes, d.length, action, true);
     const lib = this.device.lib;
     if (bytes === 0) return;
+    this.device.makeCurrent(); // a stream must be used with its device current
     const src = offsetPointer(this.pointer, srcOffset);
     const to = offsetPointer(d.base, dstOffset);
     const status = d.device
@@ -403,7 +417,6 @@ export class DeviceBuffer extends Resource {
     if (byte > 255) throw new RangeError(`Cannot ${action}: byte must be 0..255, got ${byte}`);
     const stream = options.stream ?? this.device.defaultStream;
     assertStream(stream, this.device, action);
-    this.device.makeCurrent(); // a stream must be used with its device current
     const offset = checkCount(options.offset ?? 0, "offset", action);
     if (offset > this.bytes) {
       throw new RangeError(
@@ -417,6 +430,7 @@ export class DeviceBuffer extends Resource {
       );
     }
     if (bytes === 0) return;
+    this.device.makeCurrent(); // a stream must be used with its device current
     this.device.check(
       this.device.lib.symbols.ps_memset_async(
         offsetPointer(this.pointer, offset),
@@ -451,6 +465,31 @@ export class DeviceBuffer extends Resource {
     backstop.unregister(this);
     this.device.check(this.device.lib.symbols.ps_device_free(this.pointer), "free device memory");
   }
+}
+
+/** JS buffers holding pinned memory -> live HostBuffers over them. */
+const PINNED = new WeakMap<ArrayBuffer | SharedArrayBuffer, number>();
+
+/**
+ * Whether `buffer` holds pinned memory: it backs a live HostBuffer (allocated, or registered
+ * over it). Copies to and from views of such memory are asynchronous on CUDA, like the
+ * HostBuffer's own: the bytes may be read or written until the stream reaches the copy.
+ *
+ * @param buffer A JS buffer.
+ * @returns true while a HostBuffer pins (some of) it.
+ * @example
+ * ```ts
+ * import { Device, HostBuffer, isPinnedMemory } from "../mod.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * const host = HostBuffer.alloc(dev, 64);
+ * assert.ok(isPinnedMemory(host.arrayBuffer));
+ * assert.ok(!isPinnedMemory(new ArrayBuffer(64)));
+ * host.dispose();
+ * ```
+ */
+export function isPinnedMemory(buffer: ArrayBuffer | SharedArrayBuffer): boolean {
+  return PINNED.has(buffer);
 }
 
 /** A resolved copy operand: its size, whether it is device memory, its first byte. */

@@ -174,6 +174,7 @@ export class Stream extends Resource {
     this.assertLive("wait for an event");
     assertSameLib(event, this.device, "wait for an event");
     event.assertUsable("wait for an event");
+    this.device.makeCurrent(); // the default stream is the current device's
     this.device.check(
       this.device.lib.symbols.ps_stream_wait_event(this.handle, event.handle),
       "make a stream wait for an event",
@@ -189,6 +190,7 @@ export class Stream extends Resource {
    */
   query(): boolean {
     this.assertLive("query a stream");
+    this.device.makeCurrent(); // the default stream is the current device's
     const status = this.device.lib.symbols.ps_stream_query(this.handle);
     if (status === Status.NOT_READY) return false;
     this.device.check(status, "query a stream");

@@ -7,7 +7,7 @@
 
 import { checkCount, describe } from "./_checks.ts";
 import type { Device } from "./device.ts";
-import { DeviceBuffer } from "./memory.ts";
+import { DeviceBuffer, isPinnedMemory } from "./memory.ts";
 import type { Stream } from "./stream.ts";
 
 /** Element types: uint8 images, int32 labels, fp16 activations, fp32 master weights. */
@@ -169,7 +169,9 @@ export class Tensor implements Disposable {
     }
     const t = Tensor.empty(device, s.shape, dtype);
     try {
-      t.buffer.copyFrom(data);
+      // A view of pinned memory would be copied asynchronously: copy it out first, so that
+      // the caller may reuse `data` at once, as with any other array.
+      t.buffer.copyFrom(isPinnedMemory(data.buffer) ? data.slice() : data);
     } catch (err) {
       t.dispose();
       throw err;

@@ -8,7 +8,7 @@ import assert from "node:assert";
 import { Device } from "../ffi/device.ts";
 import { PinstreamError } from "../ffi/errors.ts";
 import { LibraryError } from "../ffi/library.ts";
-import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
+import { DeviceBuffer, HostBuffer, isPinnedMemory } from "../ffi/memory.ts";
 import { Event, Stream } from "../ffi/stream.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import { ABI_VERSION } from "../ffi/symbols.ts";
@@ -645,6 +645,31 @@ testEachBackend("freed pinned memory is unreachable from JS", (dev) => {
   assert.strictEqual(ab.byteLength, 0);
   assert.strictEqual((ab as ArrayBuffer).detached, true);
 });
+
+testEachBackend(
+  "views of pinned memory are known as pinned while a HostBuffer pins them",
+  async (dev) => {
+    const host = HostBuffer.alloc(dev, 256);
+    const sab = new SharedArrayBuffer(512);
+    const reg1 = HostBuffer.register(dev, new Uint8Array(sab, 0, 256));
+    const reg2 = HostBuffer.register(dev, new Uint8Array(sab, 256, 256));
+    assert.ok(isPinnedMemory(host.arrayBuffer));
+    assert.ok(isPinnedMemory(sab));
+    assert.ok(!isPinnedMemory(new ArrayBuffer(8)));
+    // Tensor.fromHost copies a pinned view out first: the caller may refill it at once.
+    host.u8.fill(7);
+    using t = Tensor.fromHost(dev, host.u8.subarray(0, 16));
+    host.u8.fill(9);
+    assert.deepStrictEqual([...await t.toHost()], new Array(16).fill(7));
+    reg1.dispose();
+    assert.ok(isPinnedMemory(sab), "still pinned by the second registration");
+    reg2.dispose();
+    assert.ok(!isPinnedMemory(sab));
+    const ab = host.arrayBuffer;
+    host.dispose();
+    assert.ok(!isPinnedMemory(ab));
+  },
+);
 
 Deno.test("disposing a device disposes everything still alive on it", async () => {
   const dev = Device.open("cpu");

@@ -130,9 +130,13 @@ int bench_memcpy_loop(void *dst, const void *src, uint64_t bytes, int32_t kind, 
     st = ps_record_cuda_error(e, "cudaEventCreate(&end)", __FILE__, __LINE__);
   } else {
     st = bench_loop(dst, src, bytes, k, iters, (cudaStream_t)stream, start, end, out_ms);
-    cudaEventDestroy(end);
+    e = cudaEventDestroy(end);
+    if (e != cudaSuccess && st == PS_OK)
+      st = ps_record_cuda_error(e, "cudaEventDestroy(end)", __FILE__, __LINE__);
   }
-  cudaEventDestroy(start);
+  e = cudaEventDestroy(start);
+  if (e != cudaSuccess && st == PS_OK)
+    st = ps_record_cuda_error(e, "cudaEventDestroy(start)", __FILE__, __LINE__);
   return st;
 }
 
