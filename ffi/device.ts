@@ -10,6 +10,7 @@ import { Resource } from "./resource.ts";
 import { lastError, PinstreamError, Status, unwrap } from "./errors.ts";
 import {
   type Backend,
+  cudaArchProblem,
   cudaDriverProblem,
   type Library,
   LibraryError,
@@ -218,7 +219,16 @@ export class Device extends Resource {
     }
     unwrap(lib, lib.symbols.ps_device_set(index), action);
     current.set(lib, index);
-    return new Device(kind, index, lib);
+    const device = new Device(kind, index, lib);
+    if (kind === "cuda" && !hasOverride("cuda")) {
+      // Copies would work on a GPU the kernels were not built for; every launch would not.
+      const why = cudaArchProblem(device.props.major, device.props.minor);
+      if (why !== undefined) {
+        device.dispose();
+        throw new PinstreamError("UNSUPPORTED", action, `${device.props.name}: ${why}`);
+      }
+    }
+    return device;
   }
 
   /**

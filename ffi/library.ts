@@ -58,8 +58,12 @@ export const CPU_FLAGS: readonly string[] = [
   "-fvisibility=hidden",
 ];
 
-/** CUDA architectures built by default: A100 (sm_80), H100/H200 (sm_90), + compute_90 PTX. */
-export const CUDA_ARCHS: readonly string[] = ["80", "90"];
+/**
+ * CUDA architectures built by default: T4 and RTX 20xx (sm_75), A100 and the 30xx/40xx
+ * generations (sm_80, which runs on sm_86 and sm_89 too), H100/H200 (sm_90), plus compute_90
+ * PTX that newer GPUs compile at load time.
+ */
+export const CUDA_ARCHS: readonly string[] = ["75", "80", "90"];
 
 /** Why a backend library is not available. */
 export type LibraryFailure =
@@ -411,6 +415,32 @@ function hostCpuFlags(): string {
   } catch {
     return Deno.build.arch;
   }
+}
+
+/**
+ * Why a GPU of compute capability `major.minor` cannot run a library built for `archs`, or
+ * undefined when it can: a cubin for sm_XY runs on X.Y and later minors of X; the PTX of the
+ * newest arch runs on that capability and every later one.
+ *
+ * @param major Compute capability major version.
+ * @param minor Compute capability minor version.
+ * @param archs The built architectures (default: the ones a first-use build uses now).
+ * @returns The reason, or undefined.
+ */
+export function cudaArchProblem(
+  major: number,
+  minor: number,
+  archs: readonly string[] = cudaArchs(),
+): string | undefined {
+  const cc = major * 10 + minor;
+  const plain = archs.filter((a) => !a.endsWith("a")).map(Number);
+  const runs = plain.some((a) => Math.floor(a / 10) === major && a % 10 <= minor) ||
+    archs.some((a) => Number(a.replace("a", "")) === cc) ||
+    (plain.length > 0 && cc >= Math.max(...plain));
+  if (runs) return undefined;
+  return `the GPU is sm_${cc} and the library is built for ${
+    archs.map((a) => `sm_${a}`).join(", ")
+  }: set PINSTREAM_CUDA_ARCHS=${cc} (or add it to the list) to build for it`;
 }
 
 function cudaArchs(): string[] {

@@ -5,7 +5,7 @@
  */
 
 import assert from "node:assert";
-import { libraryPath, loadLibrary } from "../ffi/library.ts";
+import { cudaArchProblem, libraryPath, loadLibrary } from "../ffi/library.ts";
 
 const LIBRARY_URL = new URL("../ffi/library.ts", import.meta.url).href;
 
@@ -126,3 +126,17 @@ async function copyTree(from: URL, to: string): Promise<void> {
     else if (entry.isFile) await Deno.copyFile(new URL(entry.name, from), `${to}/${entry.name}`);
   }
 }
+
+Deno.test("a GPU the CUDA library was not built for is named with the setting that fixes it", () => {
+  const archs = ["75", "80", "90"];
+  assert.strictEqual(cudaArchProblem(7, 5, archs), undefined); // T4: its own cubin
+  assert.strictEqual(cudaArchProblem(8, 6, archs), undefined); // RTX 30xx: sm_80's cubin
+  assert.strictEqual(cudaArchProblem(8, 9, archs), undefined); // RTX 40xx / L4
+  assert.strictEqual(cudaArchProblem(9, 0, archs), undefined); // H100
+  assert.strictEqual(cudaArchProblem(10, 0, archs), undefined); // newer: compute_90 PTX
+  const why = cudaArchProblem(7, 0, archs); // V100
+  assert.match(why!, /sm_70 .*sm_75, sm_80, sm_90.*PINSTREAM_CUDA_ARCHS=70/);
+  assert.match(cudaArchProblem(8, 0, ["90"])!, /sm_80/); // an H100-only build on an A100
+  assert.strictEqual(cudaArchProblem(9, 0, ["90a"]), undefined);
+  assert.match(cudaArchProblem(10, 0, ["90a"])!, /sm_100/); // arch-specific code is not forward-compatible
+});
