@@ -577,15 +577,16 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
   }
 
   /**
-   * Starts the next epoch. A second iterator stops the first (as PyTorch resets it).
+   * Starts the next epoch. A second iterator stops the first, whose next `next()` then throws
+   * (iterate one epoch at a time; PyTorch resets its single iterator likewise).
    *
    * @returns an async iterator over the epoch's batches
    * @throws {Error} when the loader was disposed
    */
   [Symbol.asyncIterator](): AsyncIterableIterator<B> {
     if (this.#disposed) throw new Error("Cannot iterate: the DataLoader was disposed");
-    this.#active?.stop();
     const epoch = this.#epoch++;
+    this.#active?.stop(epoch);
     const it = new EpochIterator<B>(this, epoch);
     this.#active = it;
     return it;
@@ -709,6 +710,8 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
   #plan: EpochPlan | undefined;
   #engine: Engine | undefined;
   #done = false;
+  /** Set when a newer iterator took over: continuing this one is a mistake, not an end. */
+  #supersededBy: number | undefined;
   #last: B | undefined;
   #t0 = 0;
   #stats: EpochStats;
@@ -746,7 +749,15 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
     if (last instanceof RingBatch && this.#loader._autoRelease) last.release();
   }
 
+  #superseded(): Error {
+    return new Error(
+      `Cannot continue epoch ${this.#epoch}: a newer iterator of this DataLoader started epoch ` +
+        `${this.#supersededBy} and stopped it (iterate one epoch at a time)`,
+    );
+  }
+
   async next(): Promise<IteratorResult<B>> {
+    if (this.#supersededBy !== undefined) throw this.#superseded();
     if (this.#done) return { done: true, value: undefined };
     this.#releaseLast();
     try {
@@ -757,6 +768,7 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
         this.#plan = this.#engine.startEpoch(this.#epoch);
       }
       const r = await this.#engine!.next(this.#plan);
+      if (this.#supersededBy !== undefined) throw this.#superseded();
       if (this.#done) return { done: true, value: undefined };
       if (!r) {
         this.#end(true);
@@ -787,8 +799,12 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
     this.#loader._finish(this, this.#plan, complete);
   }
 
-  /** Stops the epoch early (break, another iterator, dispose). */
-  stop(): void {
+  /**
+   * Stops the epoch early: dispose (`next()` then reports the end), or a newer iterator
+   * (`next()` then throws, naming it).
+   */
+  stop(newerEpoch?: number): void {
+    if (newerEpoch !== undefined && !this.#done) this.#supersededBy = newerEpoch;
     this.#end(false);
   }
 

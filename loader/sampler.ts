@@ -144,6 +144,12 @@ export class RandomSampler implements Sampler {
     this.length = options.numSamples === undefined
       ? this.size
       : checkInt("numSamples", options.numSamples, 1);
+    if (this.size === 0 && this.length > 0) {
+      // torch.multinomial / randperm raise on an empty population too.
+      throw new RangeError(
+        `Cannot create RandomSampler: numSamples ${this.length} drawn from an empty dataset`,
+      );
+    }
     this.seed = checkSeed(options.seed);
   }
 

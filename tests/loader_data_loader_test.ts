@@ -102,6 +102,17 @@ for (const [numWorkers, persistentWorkers] of [[0, false], [2, true], [2, false]
   });
 }
 
+Deno.test("a DataLoader iterator stopped by a newer one throws instead of ending quietly", async () => {
+  await using loader = new DataLoader<unknown>(imageDataset(10), { batchSize: 2 });
+  const first = loader[Symbol.asyncIterator]();
+  assert.strictEqual((await first.next()).done, false);
+  const second = loader[Symbol.asyncIterator]();
+  await assert.rejects(first.next(), /Cannot continue epoch 0: a newer iterator .* epoch 1/);
+  let n = 0;
+  for await (const _ of second) n++;
+  assert.strictEqual(n, 5);
+});
+
 async function drainCount(loader: DataLoader<unknown>): Promise<number> {
   let n = 0;
   for await (const _ of loader) n++;

@@ -56,6 +56,7 @@ Deno.test("RandomSampler refuses bad numSamples, replacement and seed", () => {
   );
   assert.throws(() => new RandomSampler(10, { seed: -1 }), /seed/);
   assert.throws(() => new RandomSampler(-1), /size/);
+  assert.throws(() => new RandomSampler(0, { numSamples: 3 }), /empty dataset/);
 });
 
 Deno.test("SubsetRandomSampler shuffles exactly the subset", () => {
