@@ -372,7 +372,7 @@ export async function main(args: string[] = Deno.args): Promise<void> {
               numWorkers: w,
               persistentWorkers: w > 0,
             }),
-          Math.min(epochs, 4),
+          epochs,
         ),
       );
     }
@@ -390,7 +390,7 @@ export async function main(args: string[] = Deno.args): Promise<void> {
               numWorkers: w,
               persistentWorkers: w > 0,
             }),
-          Math.min(epochs, 4),
+          epochs,
         ),
       );
     }
@@ -435,11 +435,15 @@ export async function main(args: string[] = Deno.args): Promise<void> {
         const t = torchAt(w);
         return { numWorkers: w, ratio: t ? g.samplesPerSecond! / t : null };
       }),
+      // Persistent workers prefetch across the boundary, so its first batch should arrive like
+      // any other. Without workers nothing runs ahead of the consumer: the first batch also
+      // pays for the epoch's shuffle (about 0.7 ms for 50,000 samples), as in PyTorch; those
+      // rows are listed for information, not judged.
       epoch2FirstBatchWithin2xInterval: rows.filter((r) => r.epoch2FirstBatchSeconds !== undefined)
-        .map((r) => ({
-          name: r.name,
-          ratio: r.epoch2FirstBatchSeconds! / r.steadyBatchIntervalSeconds!,
-        })),
+        .map((r) => {
+          const ratio = r.epoch2FirstBatchSeconds! / r.steadyBatchIntervalSeconds!;
+          return { name: r.name, ratio, met: r.numWorkers! > 0 ? ratio <= 2 : null };
+        }),
     };
     console.log("\ntargets:", JSON.stringify(targets, null, 1));
     const commit = await git(["rev-parse", "--short", "HEAD"]);
