@@ -9,7 +9,7 @@
  * - PyTorch's standard torchvision CIFAR pipeline (bench/loader_torch.py), 0, 1, 2 workers.
  *
  * Prints a table and writes bench/results/loader.json. Flags: `--epochs N` (pinstream
- * epochs per zero-copy config, the first two are warm-up; default 6), `--no-torch`,
+ * epochs per config, the first two are warm-up; default 10), `--no-torch`,
  * `--torch-epochs N`. "epoch boundary: first batch" is the wait for an epoch's first batch
  * (median over the measured epochs, each an epoch boundary crossed with workers running),
  * next to the mean interval between batches.
@@ -312,7 +312,7 @@ export async function main(args: string[] = Deno.args): Promise<void> {
     const i = args.indexOf(name);
     return i >= 0 ? Number(args[i + 1]) : dflt;
   };
-  const epochs = flag("--epochs", 6);
+  const epochs = flag("--epochs", 10);
   const torchEpochs = flag("--torch-epochs", 1);
   const withTorch = !args.includes("--no-torch");
   const workers = [0, 1, 2];

@@ -437,7 +437,10 @@ export class Engine {
     // Only a plan nothing was taken from: one the consumer already went through (an epoch
     // run again after setEpoch) starts over.
     let plan = this.#plans.find((p) => p.epoch === epoch && !p.abandoned && p.yielded === 0);
-    for (const p of this.#plans) if (p !== plan) this.#abandon(p);
+    // A finished plan needs nothing undone (abandoning one would also wake the workers).
+    for (const p of this.#plans) {
+      if (p !== plan && p.yielded < p.batches.length) this.#abandon(p);
+    }
     if (!plan) {
       plan = this.#planEpoch(epoch);
       this.#dispatchPlan = plan;
