@@ -45,6 +45,8 @@ export type Result =
 
 export interface EngineConfig {
   dataset: Dataset;
+  /** The epoch the engine is started for (seeds the workers unless they persist). */
+  firstEpoch: number;
   numWorkers: number;
   prefetchFactor: number;
   inOrder: boolean;
@@ -208,7 +210,14 @@ export class Engine {
       id,
       numWorkers: cfg.numWorkers,
       seed: cfg.seed,
-      workerSeed: hash4(lo, hi, id, STREAM_WORKER),
+      // PyTorch draws a new base seed for each iterator: workers started for one epoch get
+      // seeds of their own, persistent workers keep theirs (their generators go on).
+      workerSeed: hash4(
+        lo,
+        hi,
+        id,
+        cfg.persistent ? STREAM_WORKER : hash4(STREAM_WORKER, cfg.firstEpoch, 0, 0),
+      ),
       gather: cfg.gather,
       control: this.#ctl?.buffer as SharedArrayBuffer | undefined,
       slots: this.#layout?.ready !== undefined ? cfg.slotState!.length : undefined,

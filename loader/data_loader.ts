@@ -616,10 +616,11 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
   }
 
   /** @internal */
-  _engine(): Engine {
+  _engine(epoch: number): Engine {
     if (this.#engine && !this.#engine.closed && !this.#engine.failure) return this.#engine;
     this.#engine = new Engine({
       dataset: this.dataset,
+      firstEpoch: epoch,
       numWorkers: this.numWorkers,
       prefetchFactor: this.prefetchFactor,
       inOrder: this.inOrder,
@@ -763,7 +764,7 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
     try {
       if (!this.#plan) {
         this.#t0 = performance.now();
-        this.#engine = this.#loader._engine();
+        this.#engine = this.#loader._engine(this.#epoch);
         this.#busy0 = this.#engine.busyMs;
         this.#plan = this.#engine.startEpoch(this.#epoch);
       }

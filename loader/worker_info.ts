@@ -11,7 +11,10 @@ export interface WorkerInfo {
   readonly id: number;
   /** Number of workers of the loader. */
   readonly numWorkers: number;
-  /** This worker's seed: a hash of (loader seed, id), distinct per worker. */
+  /**
+   * This worker's seed, distinct per worker: a hash of (loader seed, id), and of the epoch
+   * the worker was started for unless workers persist (as PyTorch's `base_seed + id`).
+   */
   readonly seed: number;
   /** The dataset as rebuilt in this worker (undefined on the zero-copy path). */
   readonly dataset: unknown;

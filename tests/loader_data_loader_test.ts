@@ -335,6 +335,33 @@ Deno.test("DataLoader runs workerInit in every worker and exposes getWorkerInfo(
   assert.deepStrictEqual([...seen].sort(), [0, 1]);
 });
 
+Deno.test("worker seeds differ per worker, and per epoch unless the workers persist", async () => {
+  const ds = new FaultyDataset({ length: 8, fault: "none", at: -1 });
+  const collate = {
+    module: new URL("./loader_fixtures.ts", import.meta.url).href,
+    export: "identity",
+  };
+  for (const persistentWorkers of [false, true]) {
+    await using loader = new DataLoader<FaultySample[]>(ds, {
+      batchSize: 2,
+      numWorkers: 2,
+      seed: 5,
+      persistentWorkers,
+      collate,
+    });
+    const epochs: Map<number, number>[] = [];
+    for (let e = 0; e < 2; e++) {
+      const byWorker = new Map<number, number>();
+      for await (const batch of loader) for (const s of batch) byWorker.set(s.w, s.seed);
+      assert.strictEqual(byWorker.size, 2);
+      assert.notStrictEqual(byWorker.get(0), byWorker.get(1));
+      epochs.push(byWorker);
+    }
+    const same = epochs[0].get(0) === epochs[1].get(0) && epochs[0].get(1) === epochs[1].get(1);
+    assert.strictEqual(same, persistentWorkers, `persistentWorkers ${persistentWorkers}`);
+  }
+});
+
 Deno.test("DataLoader collate: a function runs on the main thread, a module reference in workers", async () => {
   const ds = new FaultyDataset({ length: 10, fault: "none", at: -1 });
   for (const numWorkers of [0, 2]) {

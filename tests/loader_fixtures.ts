@@ -144,6 +144,8 @@ export interface FaultySample {
   w: number;
   /** What workerInit recorded (-1 when it did not run). */
   init: number;
+  /** getWorkerInfo().seed (-1 on the main thread). */
+  seed: number;
 }
 
 /** What {@linkcode FaultyDataset} does at its `at` index. */
@@ -202,6 +204,7 @@ export class FaultyDataset implements Dataset<FaultySample> {
       r: ctx ? ctx.random() : -1,
       w: getWorkerInfo()?.id ?? -1,
       init: (globalThis as { __workerId?: number }).__workerId ?? -1,
+      seed: getWorkerInfo()?.seed ?? -1,
     };
   }
   workerSpec(): WorkerSpec {
