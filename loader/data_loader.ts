@@ -34,6 +34,7 @@ import { RingBatch, StagingRing } from "./ring.ts";
 import {
   BatchSampler,
   type BatchSamplerLike,
+  DistributedSampler,
   RandomSampler,
   type Sampler,
   SequentialSampler,
@@ -585,6 +586,10 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
    */
   [Symbol.asyncIterator](): AsyncIterableIterator<B> {
     if (this.#disposed) throw new Error("Cannot iterate: the DataLoader was disposed");
+    // PyTorch's `sampler.set_epoch(e)` before each epoch (or once, to resume) picks the epoch.
+    const source = this.sampler ?? (this.batchSampler as { sampler?: unknown }).sampler;
+    const set = source instanceof DistributedSampler ? source._takeSetEpoch() : undefined;
+    if (set !== undefined) this.#epoch = set;
     const epoch = this.#epoch++;
     this.#active?.stop(epoch);
     const it = new EpochIterator<B>(this, epoch);

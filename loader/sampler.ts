@@ -365,8 +365,9 @@ export interface DistributedSamplerOptions {
  * with the same permutation of `(seed, epoch)` so their shards are disjoint.
  *
  * Driven by a DataLoader, the epoch is the loader's epoch count (what PyTorch users get by
- * calling `set_epoch(epoch)` every epoch); `setEpoch` sets the epoch used when iterating the
- * sampler directly.
+ * calling `set_epoch(epoch)` every epoch), so calling `setEpoch` is optional; when it is
+ * called (PyTorch's habit, or to resume at epoch e), the loader's next epoch is that one.
+ * `setEpoch` also sets the epoch used when iterating the sampler directly.
  *
  * @example Two ranks cover the dataset once
  * ```ts
@@ -397,6 +398,7 @@ export class DistributedSampler implements Sampler, Iterable<number> {
   readonly dropLast: boolean;
   /** The epoch used by direct iteration; see {@linkcode DistributedSampler.setEpoch}. */
   epoch = 0;
+  #epochSet = false;
 
   /**
    * Creates it; see the class documentation.
@@ -426,12 +428,21 @@ export class DistributedSampler implements Sampler, Iterable<number> {
   }
 
   /**
-   * Sets the epoch used by `[Symbol.iterator]` (PyTorch's `set_epoch`).
+   * Sets the epoch (PyTorch's `set_epoch`): used by `[Symbol.iterator]`, and by the next
+   * epoch of a DataLoader that draws from this sampler.
    *
    * @param epoch the epoch number
    */
   setEpoch(epoch: number): void {
     this.epoch = checkInt("epoch", epoch, 0);
+    this.#epochSet = true;
+  }
+
+  /** @internal The epoch given to setEpoch since the last call, if any (DataLoader). */
+  _takeSetEpoch(): number | undefined {
+    if (!this.#epochSet) return undefined;
+    this.#epochSet = false;
+    return this.epoch;
   }
 
   /**

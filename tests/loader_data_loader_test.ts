@@ -407,6 +407,21 @@ Deno.test("DataLoader accepts custom samplers, plain iterables and batch sampler
   for await (const x of c) assert.deepStrictEqual([...x], [5, 4]);
 });
 
+Deno.test("DistributedSampler.setEpoch picks the DataLoader's next epoch (PyTorch's set_epoch, resuming)", async () => {
+  const ds = imageDataset(40);
+  const sampler = new DistributedSampler(ds, { worldSize: 2, rank: 1, seed: 9 });
+  await using loader = new DataLoader<RingBatch>(ds, { batchSize: 5, sampler });
+  const order = async () => (await collectRing(loader)).flatMap((b) => b.indices);
+  sampler.setEpoch(5); // resume at epoch 5
+  assert.deepStrictEqual(await order(), [...sampler.indices(5)]);
+  assert.deepStrictEqual(await order(), [...sampler.indices(6)], "then it counts on");
+  for (const e of [2, 2]) {
+    sampler.setEpoch(e); // the habit of calling it every epoch
+    assert.deepStrictEqual(await order(), [...sampler.indices(e)]);
+  }
+  assert.notDeepStrictEqual([...sampler.indices(5)], [...sampler.indices(6)]);
+});
+
 Deno.test("DataLoader with a DistributedSampler loads this rank's shard, reshuffled per epoch", async () => {
   const ds = imageDataset(20);
   const shard = (rank: number) =>
