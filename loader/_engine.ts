@@ -63,6 +63,8 @@ export interface EngineConfig {
   slotState?: Uint8Array;
   // Generic path:
   collateMode: "default" | "none" | "main" | ModuleRef;
+  /** batchSize null: each task is one sample, collated (converted) on its own. */
+  unbatched: boolean;
   workerSpec?: WorkerSpec;
   workerInit?: ModuleRef;
   onWait: (seconds: number, depth: number) => void;
@@ -225,6 +227,7 @@ export class Engine {
       batch: cfg.ring?.batchSize,
       dataset: cfg.gather ? undefined : cfg.workerSpec,
       collate: cfg.collateMode === "main" ? "none" : cfg.collateMode,
+      unbatched: cfg.unbatched,
       workerInit: cfg.workerInit,
     };
     worker.postMessage(init);

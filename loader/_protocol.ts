@@ -62,6 +62,8 @@ export interface InitMessage {
   dataset?: WorkerSpec;
   /** "default": defaultCollate; "none": send samples as they are; or a module function. */
   collate: "default" | "none" | ModuleRef;
+  /** Batching is off (batchSize null): a module collate gets each sample, not a list of one. */
+  unbatched: boolean;
   workerInit?: ModuleRef;
 }
 

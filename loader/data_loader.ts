@@ -638,6 +638,7 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
       gather: this.#gather,
       slotState: this.#slotState,
       collateMode: this.#collateMode,
+      unbatched: this.batchSize === null && this.sampler !== undefined,
       workerSpec: this.zeroCopy ? undefined : this.dataset.workerSpec?.(),
       workerInit: this.#workerInit,
       onWait: (s, d) => this.#active?._onWait(s, d),

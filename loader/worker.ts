@@ -207,7 +207,10 @@ async function runCollate(task: CollateTask): Promise<void> {
       post({ t: "b", seq: task.seq, value: samples, busy: performance.now() - t0 });
       return;
     }
-    const value = collate!(samples);
+    // Without batching a collate gets the sample itself, as PyTorch's with batch_size=None.
+    const value = init.unbatched
+      ? (collate as (s: unknown) => unknown)(samples[0])
+      : collate!(samples);
     const transfer: Transferable[] = [];
     if (init.collate === "default") transferables(value, transfer);
     post({ t: "b", seq: task.seq, value, busy: performance.now() - t0 }, transfer);

@@ -335,6 +335,24 @@ Deno.test("DataLoader runs workerInit in every worker and exposes getWorkerInfo(
   assert.deepStrictEqual([...seen].sort(), [0, 1]);
 });
 
+Deno.test("without batching, a collate gets each sample itself in workers and on the main thread", async () => {
+  const ds = new FaultyDataset({ length: 3, fault: "none", at: -1 });
+  const identity = {
+    module: new URL("./loader_fixtures.ts", import.meta.url).href,
+    export: "identity",
+  };
+  for (const collate of [identity, (s: unknown) => s]) {
+    await using loader = new DataLoader<FaultySample>(ds, {
+      batchSize: null,
+      numWorkers: typeof collate === "function" ? 0 : 1,
+      collate: collate as DataLoaderOptions<FaultySample>["collate"],
+    });
+    const got: number[] = [];
+    for await (const s of loader) got.push(s.x[0]);
+    assert.deepStrictEqual(got, [0, 1, 2]);
+  }
+});
+
 Deno.test("worker seeds differ per worker, and per epoch unless the workers persist", async () => {
   const ds = new FaultyDataset({ length: 8, fault: "none", at: -1 });
   const collate = {
