@@ -763,7 +763,16 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
     );
   }
 
-  async next(): Promise<IteratorResult<B>> {
+  /** The previous next() call: calls run one after another, as an async generator's do. */
+  #queue: Promise<unknown> = Promise.resolve();
+
+  next(): Promise<IteratorResult<B>> {
+    const r = this.#queue.then(() => this.#next());
+    this.#queue = r.catch(() => {});
+    return r;
+  }
+
+  async #next(): Promise<IteratorResult<B>> {
     if (this.#supersededBy !== undefined) throw this.#superseded();
     if (this.#done) return { done: true, value: undefined };
     this.#releaseLast();

@@ -353,6 +353,35 @@ Deno.test("without batching, a collate gets each sample itself in workers and on
   }
 });
 
+for (const numWorkers of [0, 2]) {
+  Deno.test(`overlapping next() calls get successive batches, as from an async generator (numWorkers ${numWorkers})`, async () => {
+    await using loader = new DataLoader<RingBatch>(imageDataset(10), {
+      batchSize: 2,
+      numWorkers,
+      autoRelease: false,
+      heldBatches: 5, // the test holds every batch of the epoch at once
+    });
+    const it = loader[Symbol.asyncIterator]();
+    const rs = await Promise.all([
+      it.next(),
+      it.next(),
+      it.next(),
+      it.next(),
+      it.next(),
+      it.next(),
+    ]);
+    assert.deepStrictEqual(rs.map((r) => r.done), [false, false, false, false, false, true]);
+    assert.deepStrictEqual(rs.slice(0, 5).map((r) => (r.value as RingBatch).index), [
+      0,
+      1,
+      2,
+      3,
+      4,
+    ]);
+    for (const r of rs.slice(0, 5)) (r.value as RingBatch).release();
+  });
+}
+
 Deno.test("worker seeds differ per worker, and per epoch unless the workers persist", async () => {
   const ds = new FaultyDataset({ length: 8, fault: "none", at: -1 });
   const collate = {
