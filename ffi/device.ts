@@ -205,7 +205,12 @@ export class Device extends Resource {
       throw new PinstreamError(
         "NO_DRIVER",
         action,
-        why === undefined ? detail : `${why}; ${detail}`,
+        why !== undefined
+          ? `${why}; ${detail}`
+          : /insufficient/i.test(detail)
+          ? `the NVIDIA driver is too old for the CUDA runtime this library was built with ` +
+            `(update the driver, or build with an older CUDA toolkit); ${detail}`
+          : detail,
       );
     }
     unwrap(lib, status, action);
@@ -361,7 +366,7 @@ function fallbackReason(err: PinstreamError): string {
   }
   switch (err.code) {
     case "NO_DRIVER":
-      return err.detail.startsWith("no CUDA driver")
+      return /^(no CUDA driver|the NVIDIA driver is too old)/.test(err.detail)
         ? err.detail
         : `no CUDA driver (${err.detail})`;
     case "NO_DEVICE":

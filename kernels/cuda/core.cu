@@ -47,7 +47,10 @@ int ps_status_of(cudaError_t err) {
     case cudaErrorInvalidDevice: return PS_ERR_INVALID_DEVICE;
     case cudaErrorMemoryAllocation: return PS_ERR_OUT_OF_MEMORY;
     case cudaErrorNotReady: return PS_ERR_NOT_READY;
-    case cudaErrorInvalidValue: return PS_ERR_INVALID_ARGUMENT;
+    case cudaErrorInvalidValue:
+    /* The cpu backend's registry refuses these as invalid arguments too. */
+    case cudaErrorHostMemoryAlreadyRegistered:
+    case cudaErrorHostMemoryNotRegistered: return PS_ERR_INVALID_ARGUMENT;
     case cudaErrorNotSupported: return PS_ERR_UNSUPPORTED;
     default: return PS_ERR_BACKEND;
   }
