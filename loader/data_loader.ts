@@ -180,7 +180,10 @@ function toInt32(batch: Int32Array | Iterable<number> | ArrayLike<number>): Int3
  * epoch. Workers are Deno Web Workers; with `persistentWorkers` they live across epochs
  * and start on the next epoch while the consumer finishes the current one. Leaving a loop
  * early stops the epoch (and, without persistentWorkers, terminates the workers); dispose
- * the loader (`await using`) to terminate everything.
+ * the loader (`await using`) to terminate everything. Running workers keep the process alive
+ * (a Web Worker cannot be unref'd): a loader with persistent workers, or one whose iterator
+ * was left without finishing or `break` (PyTorch's `next(iter(loader))` peek), must be
+ * disposed for the program to exit.
  *
  * @typeParam B the batch type: `RingBatch` on the zero-copy path, the collated value else
  * @example Generic path with the default collate
