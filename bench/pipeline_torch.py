@@ -137,6 +137,7 @@ def vectorized(data_nchw, batch, max_batches, seed=0, device=None, half=False):
     scale = 1.0 / (255.0 * std)
     bias = -mean / std
     ar = torch.arange(32, device=dev)
+    ch = torch.arange(3, device=dev).view(1, 3, 1, 1)
     pinned = data_nchw.pin_memory() if device is not None else data_nchw
     n, count = 0, 0
     t0 = None
@@ -153,16 +154,16 @@ def vectorized(data_nchw, batch, max_batches, seed=0, device=None, half=False):
         dy = torch.randint(0, 9, (b,), generator=g).to(dev)
         dx = torch.randint(0, 9, (b,), generator=g).to(dev)
         flip = (torch.rand(b, generator=g) < 0.5).to(dev)
-        # Crop and flip as two gathers on the padded uint8 batch: rows (dy + 0..31), then
-        # columns (dx + 0..31, reversed for flipped samples). Of the forms tried (one
-        # 4-index advanced index, torch.take with a flat index, unfold + index, these two
-        # gathers), the gathers were fastest.
-        x = torch.nn.functional.pad(x, (4, 4, 4, 4))
-        iy = (dy[:, None] + ar).view(b, 1, 32, 1).expand(b, 3, 32, 40)
-        x = torch.gather(x, 2, iy)
-        ix = dx[:, None] + ar
-        ix = torch.where(flip[:, None], ix.flip(1), ix).view(b, 1, 1, 32).expand(b, 3, 32, 32)
-        x = torch.gather(x, 3, ix)
+        # Crop and flip as one gather on the padded uint8 batch, flattened per sample: element
+        # (c, y, x) reads c * 1600 + (dy + y) * 40 + dx + x (x reversed for flipped samples).
+        # Of the forms tried (one 4-index advanced index, torch.take, unfold + index, a
+        # gather per axis, this one), this was fastest: 24% over a gather per axis
+        # (2026-11-23, 2 threads, 119,709 vs 96,625 samples/s, identical output).
+        x = torch.nn.functional.pad(x, (4, 4, 4, 4)).reshape(b, -1)
+        cols = dx[:, None] + torch.where(flip[:, None], ar.flip(0), ar)
+        rows = dy[:, None] + ar
+        flat = (ch * 1600 + rows.view(b, 1, 32, 1) * 40 + cols.view(b, 1, 1, 32)).reshape(b, -1)
+        x = torch.gather(x, 1, flat).view(b, 3, 32, 32)
         out = x.float().mul_(scale).add_(bias)
         if half:
             out = out.half()
