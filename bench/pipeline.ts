@@ -270,7 +270,15 @@ async function commit(): Promise<string> {
         .output();
     const head = new TextDecoder().decode((await git(["rev-parse", "--short", "HEAD"])).stdout)
       .trim();
-    const dirty = (await git(["status", "--porcelain", "--untracked-files=no"])).stdout.length > 0;
+    // The results files themselves do not make a run dirty.
+    const dirty = (await git([
+      "status",
+      "--porcelain",
+      "--untracked-files=no",
+      "--",
+      ".",
+      ":(exclude)bench/results",
+    ])).stdout.length > 0;
     return head + (dirty ? "-dirty" : "");
   } catch {
     return "unknown";

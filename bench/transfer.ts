@@ -238,7 +238,17 @@ function gitCommit(): string {
   const cwd = new URL("..", import.meta.url).pathname;
   const head = text("git", ["-C", cwd, "rev-parse", "HEAD"]);
   if (head === undefined) return "unknown";
-  const dirty = text("git", ["-C", cwd, "status", "--porcelain", "--untracked-files=no"]);
+  // The results files themselves do not make a run dirty.
+  const dirty = text("git", [
+    "-C",
+    cwd,
+    "status",
+    "--porcelain",
+    "--untracked-files=no",
+    "--",
+    ".",
+    ":(exclude)bench/results",
+  ]);
   return dirty ? `${head}-dirty` : head;
 }
 
