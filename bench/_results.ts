@@ -5,14 +5,38 @@
  * @module
  */
 
-/** Runs `git <args>` and returns its trimmed stdout, or "" when git is missing or fails. */
+const ROOT = new URL("..", import.meta.url).pathname;
+
+/**
+ * Runs `git <args>` in the repository root and returns its trimmed stdout, or "" when git is
+ * missing or fails.
+ */
 export async function git(args: string[]): Promise<string> {
   try {
-    const o = await new Deno.Command("git", { args, stdout: "piped", stderr: "null" }).output();
+    const o = await new Deno.Command("git", { args, cwd: ROOT, stdout: "piped", stderr: "null" })
+      .output();
     return new TextDecoder().decode(o.stdout).trim();
   } catch {
     return "";
   }
+}
+
+/**
+ * The checked-out commit (short hash), "-dirty" when tracked files under `paths` differ from
+ * it (the results files never count), "unknown" without git.
+ */
+export async function commitStamp(paths: string[] = ["."]): Promise<string> {
+  const head = await git(["rev-parse", "--short", "HEAD"]);
+  if (head === "") return "unknown";
+  const changed = await git([
+    "status",
+    "--porcelain",
+    "--untracked-files=no",
+    "--",
+    ...paths,
+    ":(exclude)bench/results",
+  ]);
+  return changed ? `${head}-dirty` : head;
 }
 
 /** A one-line description of this machine: CPU model, logical cores, OS and Deno version. */

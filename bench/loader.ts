@@ -24,7 +24,7 @@ import { augmentFromDraw, type RingBatch } from "../loader/ring.ts";
 import { RandomSampler } from "../loader/sampler.ts";
 import { memoryOf, wasmGather } from "../loader/_wasm_gather.ts";
 import { writeCifar10Files } from "../tests/loader_fixtures.ts";
-import { git, machine } from "./_results.ts";
+import { commitStamp, machine } from "./_results.ts";
 
 const BATCH = 128;
 const PAD = 4;
@@ -446,15 +446,12 @@ export async function main(args: string[] = Deno.args): Promise<void> {
         }),
     };
     console.log("\ntargets:", JSON.stringify(targets, null, 1));
-    const commit = await git(["rev-parse", "--short", "HEAD"]);
-    const dirty = (await git(["status", "--porcelain", "loader", "bench/loader.ts"]))
-      ? "-dirty"
-      : "";
+    const commit = await commitStamp(["loader", "bench/loader.ts"]);
     const result = {
       benchmark: "loader",
       date: new Date().toISOString(),
       machine: await machine(),
-      commit: commit + dirty,
+      commit,
       command: "deno run -A bench/loader.ts " + args.join(" "),
       config: { samples: ds.length, batchSize: BATCH, shuffle: true, padding: PAD, flip: true },
       // Other processes share this machine: the 1-minute load average before and after.

@@ -27,6 +27,7 @@
  */
 
 import { join } from "node:path";
+import { commitStamp } from "./_results.ts";
 import { Device } from "../ffi/device.ts";
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import { DataLoader } from "../loader/data_loader.ts";
@@ -263,28 +264,6 @@ async function machine(): Promise<string> {
     `deno ${Deno.version.deno}`;
 }
 
-async function commit(): Promise<string> {
-  try {
-    const git = (args: string[]) =>
-      new Deno.Command("git", { args, cwd: join(import.meta.dirname!, ".."), stdout: "piped" })
-        .output();
-    const head = new TextDecoder().decode((await git(["rev-parse", "--short", "HEAD"])).stdout)
-      .trim();
-    // The results files themselves do not make a run dirty.
-    const dirty = (await git([
-      "status",
-      "--porcelain",
-      "--untracked-files=no",
-      "--",
-      ".",
-      ":(exclude)bench/results",
-    ])).stdout.length > 0;
-    return head + (dirty ? "-dirty" : "");
-  } catch {
-    return "unknown";
-  }
-}
-
 function table(rows: Row[], ref: number): string {
   const lines = [
     `${"pipeline".padEnd(88)} ${"samples/s".padStart(12)} ${"median".padStart(12)} ${
@@ -487,7 +466,7 @@ export async function main(args: string[] = Deno.args): Promise<void> {
     date: new Date().toISOString(),
     machine: await machine(),
     loadAverage: { before: loadBefore, after: Deno.loadavg() },
-    commit: await commit(),
+    commit: await commitStamp(),
     command: `deno run -A bench/pipeline.ts ${args.join(" ")}`.trim(),
     config: {
       samples,

@@ -29,7 +29,7 @@ import { TensorDataset } from "../loader/datasets/tensor.ts";
 import { DevicePrefetcher } from "../pipeline/prefetcher.ts";
 import { GradScaler, SGD, Trainer, Xoshiro128 } from "../nn/mod.ts";
 import { FASHION_MEAN, FASHION_STD, fashionModel } from "../examples/fashion_mnist.ts";
-import { git, machine } from "./_results.ts";
+import { commitStamp, machine } from "./_results.ts";
 
 const LR = 0.05;
 const MOMENTUM = 0.9;
@@ -236,15 +236,12 @@ export async function main(args: string[] = Deno.args): Promise<void> {
       `\npinstream / PyTorch time per epoch: ${ratio.toFixed(2)}x (target: <= 1.5x)`,
     );
   }
-  const commit = await git(["rev-parse", "--short", "HEAD"]);
-  const dirty = (await git(["status", "--porcelain", "nn", "kernels", "bench/train.ts"]))
-    ? "-dirty"
-    : "";
+  const commit = await commitStamp(["nn", "kernels", "bench/train.ts"]);
   const result = {
     benchmark: "train",
     date: new Date().toISOString(),
     machine: await machine(),
-    commit: commit + dirty,
+    commit,
     command: "deno run -A bench/train.ts " + args.join(" "),
     config: {
       model: "conv3x3(1,32)-ReLU-maxpool2-conv3x3(32,64)-ReLU-maxpool2-linear(3136,10)",

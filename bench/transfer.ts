@@ -14,6 +14,7 @@
 
 import { Device, DeviceBuffer, type DeviceKind, Event, HostBuffer, Stream } from "../mod.ts";
 import { unwrap } from "../ffi/errors.ts";
+import { commitStamp } from "./_results.ts";
 
 const KiB = 1024, MiB = 1024 * KiB;
 const REPEATS = 3;
@@ -178,7 +179,7 @@ export async function main(args: string[] = []): Promise<TransferRow[]> {
     backend: dev.kind,
     device: dev.props.name,
     deno: Deno.version.deno,
-    commit: gitCommit(),
+    commit: await commitStamp(),
     unit: "GB/s (1e9 bytes per second), best of 3, timed between device events",
     notes: dev.kind === "cpu"
       ? "cpu backend: every copy is a memcpy on the calling thread (pinned and pageable are the same path)"
@@ -232,24 +233,6 @@ async function machine(dev: Device) {
     gpu: dev.kind === "cuda" ? dev.props.name : null,
     gpuDriver: smi?.split("\n")[0]?.split(",")[1]?.trim() ?? null,
   };
-}
-
-function gitCommit(): string {
-  const cwd = new URL("..", import.meta.url).pathname;
-  const head = text("git", ["-C", cwd, "rev-parse", "HEAD"]);
-  if (head === undefined) return "unknown";
-  // The results files themselves do not make a run dirty.
-  const dirty = text("git", [
-    "-C",
-    cwd,
-    "status",
-    "--porcelain",
-    "--untracked-files=no",
-    "--",
-    ".",
-    ":(exclude)bench/results",
-  ]);
-  return dirty ? `${head}-dirty` : head;
 }
 
 if (import.meta.main) await main(Deno.args);
