@@ -126,7 +126,8 @@ PS_API int ps_memcpy_d2d_async(void *dst, const void *src, uint64_t bytes, void 
 PS_API int ps_stream_create(int32_t flags, void **out);
 PS_API int ps_stream_destroy(void *stream);
 /* [wait] `device` is the ordinal the stream belongs to: waits run on a thread of their own,
- * whose current device is not the caller's, and the NULL stream means that device's. */
+ * whose current device is not the caller's, and the NULL stream means that device's. The
+ * waiting thread sleeps (a blocking-sync event), it does not spin. */
 PS_API int ps_stream_synchronize(int32_t device, void *stream, char *msg, uint64_t msg_cap);
 /* PS_OK when all work is done, PS_ERR_NOT_READY otherwise. */
 PS_API int ps_stream_query(void *stream);

@@ -325,7 +325,21 @@ static int stream_synchronize(int32_t device, void *stream) {
   /* This runs on a waiting thread whose current device is its own: select the stream's
    * device first, or the NULL stream would be device 0's. */
   CUDA_CHECK(cudaSetDevice(device));
-  CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
+  /* cudaStreamSynchronize spins a CPU core for as long as the wait lasts (the runtime's
+   * default schedule while the process has fewer contexts than cores), taking it from the
+   * loader's workers. An event recorded after the stream's work and waited on with blocking
+   * sync waits for the same work, sleeping; it reports the same asynchronous errors. */
+  cudaEvent_t done = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventBlockingSync | cudaEventDisableTiming));
+  cudaError_t e = cudaEventRecord(done, (cudaStream_t)stream);
+  const char *expr = "cudaEventRecord(done, stream)";
+  if (e == cudaSuccess) {
+    e = cudaEventSynchronize(done);
+    expr = "cudaEventSynchronize(done)";
+  }
+  cudaError_t de = cudaEventDestroy(done);
+  if (e != cudaSuccess) return ps_record_cuda_error(e, expr, __FILE__, __LINE__);
+  CUDA_CHECK(de);
   return PS_OK;
 }
 
