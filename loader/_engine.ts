@@ -22,6 +22,7 @@ import {
   type FromWorker,
   type InitMessage,
   type ModuleRef,
+  resolveRef,
 } from "./_protocol.ts";
 import { CounterRandom, hash4, seedWords, STREAM_SAMPLE, STREAM_WORKER } from "./_rng.ts";
 import type { Dataset, SampleContext, WorkerSpec } from "./dataset.ts";
@@ -785,7 +786,7 @@ export class Engine {
         const mode = cfg.collateMode;
         if (mode === "default") value = defaultCollate(samples);
         else if (typeof mode === "object") {
-          this.#mainCollate ??= await resolveRef(mode);
+          this.#mainCollate ??= (await resolveRef(mode)) as (s: unknown[]) => unknown;
           value = this.#mainCollate(samples);
         }
         result = { kind: "value", seq, value, epoch: plan.epoch, batch: b, size: indices.length };
@@ -807,18 +808,4 @@ export class Engine {
     cfg.onWait(dt / 1000, 0);
     return result;
   }
-}
-
-async function resolveRef(ref: ModuleRef): Promise<(s: unknown[]) => unknown> {
-  const mod = await import(ref.module);
-  let parent: unknown = undefined;
-  let value: unknown = mod;
-  for (const part of ref.export.split(".")) {
-    parent = value;
-    value = (value as Record<string, unknown>)?.[part];
-  }
-  if (typeof value !== "function") {
-    throw new TypeError(`Cannot resolve ${ref.export} in ${ref.module}: not a function`);
-  }
-  return (value as (s: unknown[]) => unknown).bind(parent);
 }

@@ -12,6 +12,28 @@ export interface ModuleRef {
   export: string;
 }
 
+/**
+ * Imports `ref.module` and returns the function at the dotted path `ref.export`, bound to its
+ * parent (so `"MyDataset.fromState"` keeps its `this`).
+ *
+ * @throws {TypeError} When the path does not name a function.
+ */
+export async function resolveRef(ref: ModuleRef): Promise<(arg: unknown) => unknown> {
+  const mod = await import(ref.module);
+  let parent: unknown = undefined;
+  let value: unknown = mod;
+  for (const part of ref.export.split(".")) {
+    parent = value;
+    value = (value as Record<string, unknown>)?.[part];
+  }
+  if (typeof value !== "function") {
+    throw new TypeError(
+      `Cannot resolve ${ref.export} in ${ref.module}: expected a function, found ${typeof value}`,
+    );
+  }
+  return (value as (arg: unknown) => unknown).bind(parent);
+}
+
 // Zero-copy control block (an Int32Array over a SharedArrayBuffer). Workers pull work: each
 // claims a free ring slot, then the next published task, gathers into the slot and marks it
 // ready; the main thread only publishes tasks, returns released slots to the free queue and

@@ -22,7 +22,7 @@ import {
   type FromWorker,
   type GatherTask,
   type InitMessage,
-  type ModuleRef,
+  resolveRef,
   type ToWorker,
 } from "./_protocol.ts";
 import { _setWorkerInfo } from "./worker_info.ts";
@@ -40,22 +40,6 @@ Deno.exit = ((code?: number) => {
   post({ t: "x", reason: `the worker called Deno.exit(${code ?? 0})` });
   return originalExit(code);
 }) as typeof Deno.exit;
-
-async function resolveRef(ref: ModuleRef): Promise<(arg: unknown) => unknown> {
-  const mod = await import(ref.module);
-  let parent: unknown = undefined;
-  let value: unknown = mod;
-  for (const part of ref.export.split(".")) {
-    parent = value;
-    value = (value as Record<string, unknown>)?.[part];
-  }
-  if (typeof value !== "function") {
-    throw new TypeError(
-      `Cannot resolve ${ref.export} in ${ref.module}: expected a function, found ${typeof value}`,
-    );
-  }
-  return (value as (arg: unknown) => unknown).bind(parent);
-}
 
 let init: InitMessage;
 let gatherer: Gatherer | undefined;
