@@ -240,6 +240,10 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
   #disposed = false;
   #collateFn: CollateFn<unknown, B> | undefined;
   #collateMode: EngineConfig["collateMode"];
+  /** Zero-copy: record of each sample (a Subset), or undefined when sample i is record i. */
+  #recordMap: Int32Array | undefined;
+  /** Zero-copy: records the shared fields hold. */
+  #recordCount = 0;
   #workerInit: ModuleRef | undefined;
   #canPlanAhead: boolean;
   #autoRelease: boolean;
@@ -465,6 +469,25 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
 
     if (this.zeroCopy) {
       const fields = dataset.sharedFields!();
+      const records = dataset.records?.();
+      if (records !== undefined) {
+        if (!(records.indices instanceof Int32Array) || records.indices.length !== dataset.length) {
+          throw new TypeError(
+            `Cannot create DataLoader: dataset.records() should map each of the ${dataset.length} ` +
+              "samples to a record (an Int32Array of that length)",
+          );
+        }
+        for (const r of records.indices) {
+          if (!(r >= 0 && r < records.count)) {
+            throw new RangeError(
+              `Cannot create DataLoader: dataset.records() maps a sample to record ${r}, ` +
+                `outside the ${records.count} records of its shared fields`,
+            );
+          }
+        }
+      }
+      this.#recordMap = records?.indices;
+      this.#recordCount = records?.count ?? dataset.length;
       this.#setupRing(fields, heldBatches);
       if (typeof pin === "function") {
         const d = pin(this.#ring!);
@@ -486,11 +509,11 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
             "(allocate it with sharedArray())",
         );
       }
-      const need = (f.byteOffset ?? 0) + this.dataset.length * recordBytes(f);
+      const need = (f.byteOffset ?? 0) + this.#recordCount * recordBytes(f);
       if (need > f.buffer.byteLength) {
         throw new RangeError(
           `Cannot create DataLoader: shared field "${f.name}" needs ${need} bytes for ` +
-            `${this.dataset.length} samples, its buffer has ${f.buffer.byteLength}`,
+            `${this.#recordCount} records, its buffer has ${f.buffer.byteLength}`,
         );
       }
     }
@@ -531,7 +554,7 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
       augmentOffset: this.#augment ? ring.field("augment").byteOffset : -1,
       padding: this.#augment?.padding ?? 0,
       flip: this.#augment?.flip ?? false,
-      length: this.dataset.length,
+      length: this.#recordCount,
       seed: this.seed,
     };
   }
@@ -634,7 +657,14 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
       inOrder: this.inOrder,
       timeout: this.timeout,
       seed: this.seed,
-      plan: (epoch) => Array.from(this.batchSampler.batches(epoch), toInt32),
+      plan: (epoch) => {
+        const batches = Array.from(this.batchSampler.batches(epoch), toInt32);
+        const map = this.#recordMap;
+        if (map === undefined) return batches;
+        // Sample -> record; an index outside the dataset becomes -1, which the gather
+        // reports as out of range.
+        return batches.map((b) => b.map((i) => (i >= 0 && i < map.length ? map[i] : -1)));
+      },
       canPlanAhead: this.#canPlanAhead,
       persistent: this.persistentWorkers,
       ring: this.#ring,

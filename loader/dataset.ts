@@ -105,6 +105,20 @@ export interface Dataset<T = unknown> {
   workerSpec?(): WorkerSpec;
   /** The fixed-size shared layout enabling the zero-copy path. */
   sharedFields?(): readonly SharedField[];
+  /**
+   * For a dataset whose samples are records of `sharedFields()` at other positions (a
+   * {@linkcode Subset}): sample i is record `indices[i]`, and the fields hold `count` records.
+   * Absent: sample i is record i, and the fields hold `length` records.
+   */
+  records?(): RecordMap;
+}
+
+/** Where a dataset's samples are among the records of its shared fields. */
+export interface RecordMap {
+  /** Record of each sample. */
+  readonly indices: Int32Array;
+  /** Records the shared fields hold. */
+  readonly count: number;
 }
 
 import { allocShared } from "./_wasm_gather.ts";

@@ -34,6 +34,7 @@ export {
   dtypeOf,
   DTYPES,
   recordBytes,
+  type RecordMap,
   type SampleContext,
   sharedArray,
   type SharedField,
@@ -44,6 +45,14 @@ export {
 export { augmentFromDraw, RingBatch, type RingField, ringLayout, StagingRing } from "./ring.ts";
 export { getWorkerInfo, type WorkerInfo } from "./worker_info.ts";
 export { TensorDataset, type TensorDatasetState, type TensorField } from "./datasets/tensor.ts";
+export {
+  ConcatDataset,
+  type ConcatDatasetState,
+  randomSplit,
+  type RandomSplitOptions,
+  Subset,
+  type SubsetState,
+} from "./datasets/subset.ts";
 export {
   CIFAR10,
   CIFAR10_MD5,
