@@ -513,7 +513,8 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
       if (need > f.buffer.byteLength) {
         throw new RangeError(
           `Cannot create DataLoader: shared field "${f.name}" needs ${need} bytes for ` +
-            `${this.#recordCount} records, its buffer has ${f.buffer.byteLength}`,
+            `${this.#recordCount} ${this.#recordMap ? "records" : "samples"}, its buffer has ` +
+            `${f.buffer.byteLength}`,
         );
       }
     }
