@@ -102,7 +102,6 @@ export class HostBuffer extends Resource {
   readonly origin: "alloc" | "register";
   #arrayBuffer: ArrayBuffer | SharedArrayBuffer;
   #u8: Uint8Array;
-  #pinnedCounted = false;
 
   private constructor(
     device: Device,
@@ -119,10 +118,8 @@ export class HostBuffer extends Resource {
     this.origin = origin;
     this.#arrayBuffer = arrayBuffer;
     this.#u8 = u8;
-    if (pointer !== null) {
-      PINNED.set(arrayBuffer, (PINNED.get(arrayBuffer) ?? 0) + 1);
-      this.#pinnedCounted = true;
-    }
+    // Counted while pinned: from here to release(), which Resource runs once.
+    if (pointer !== null) PINNED.set(arrayBuffer, (PINNED.get(arrayBuffer) ?? 0) + 1);
   }
 
   /**
@@ -244,12 +241,9 @@ export class HostBuffer extends Resource {
   /** Frees (alloc) or unpins (register) the memory; an alloc'd buffer's views detach. */
   protected release(): void {
     if (this.pointer === null) return;
-    if (this.#pinnedCounted) {
-      const n = (PINNED.get(this.#arrayBuffer) ?? 1) - 1;
-      if (n > 0) PINNED.set(this.#arrayBuffer, n);
-      else PINNED.delete(this.#arrayBuffer);
-      this.#pinnedCounted = false;
-    }
+    const n = (PINNED.get(this.#arrayBuffer) ?? 1) - 1;
+    if (n > 0) PINNED.set(this.#arrayBuffer, n);
+    else PINNED.delete(this.#arrayBuffer);
     const { lib } = this.device;
     if (this.origin === "alloc") {
       // Detach before freeing: every view of the memory becomes length 0, so no JS code can
