@@ -223,6 +223,7 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
   readonly zeroCopy: boolean;
   /** Whether the ring is pinned (or meant to be pinned) for the device. */
   readonly pinMemory: boolean;
+  #maxHeldBatches = 0;
   /** The sampler (undefined when a batchSampler was given). */
   readonly sampler: Sampler | undefined;
   /** The batch sampler. */
@@ -535,6 +536,11 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
     const slots = this.prefetchFactor * Math.max(1, this.numWorkers) + Math.max(1, heldBatches) +
       this.numWorkers;
     const ring = new StagingRing(ringFields, Math.max(1, maxBatch), slots);
+    // Loading needs a free slot per batch in flight and per idle worker (one without workers).
+    this.#maxHeldBatches = Math.max(
+      1,
+      slots - Math.max(1, this.prefetchFactor * this.numWorkers + this.numWorkers),
+    );
     this.#ring = ring;
     this.#slotState = new Uint8Array(slots);
     this.#gather = {
@@ -587,6 +593,14 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
       throw new RangeError(`Cannot set epoch: expected a non-negative integer, got ${epoch}`);
     }
     this.#epoch = epoch;
+  }
+
+  /**
+   * Zero-copy path: ring batches a consumer may keep unreleased without starving the loader
+   * (the ring less the slots its loading needs); 0 on the generic path.
+   */
+  get maxHeldBatches(): number {
+    return this.#maxHeldBatches;
   }
 
   /** The last finished epoch's stats (or undefined before the first one finishes). */

@@ -632,8 +632,6 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
    * itself when done.
    */
   readonly #pending: Promise<void>[] = [];
-  /** Loader slots this epoch may keep waiting for copies; see `#submit`. */
-  readonly #maxHeld: number;
   // stats
   #t0 = -1;
   #batches = 0;
@@ -650,12 +648,6 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     this.#p = p;
     this.#r = r;
     this.#source = p.loader[Symbol.asyncIterator]();
-    // The loader makes progress while it has one free slot per batch it may have in
-    // flight (prefetchFactor per worker, plus the one an idle worker holds; one slot
-    // without workers); the rest of its ring is what a consumer may keep.
-    const l = p.loader;
-    const needed = Math.max(1, l.prefetchFactor * l.numWorkers + l.numWorkers);
-    this.#maxHeld = Math.max(1, l.ring!.slotCount - needed);
   }
 
   [Symbol.asyncIterator](): AsyncIterableIterator<DeviceBatch> {
@@ -729,7 +721,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     // steps faster than the device runs them, so without this wait it would soon hold
     // every slot of the loader's ring and starve the loader. Waiting on the oldest copy
     // is the backpressure: the host stays a bounded number of steps ahead of the device.
-    while (this.#pending.length >= this.#maxHeld) {
+    while (this.#pending.length >= this.#p.loader.maxHeldBatches) {
       const td = performance.now();
       await this.#pending[0];
       this.#deviceWaitMs += performance.now() - td;
