@@ -248,7 +248,7 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
   #workerInit: ModuleRef | undefined;
   #canPlanAhead: boolean;
   #autoRelease: boolean;
-  #augment: Required<AugmentOptions> | undefined;
+  #augment: Readonly<Required<AugmentOptions>> | undefined;
 
   /**
    * Creates it; see the class documentation.
@@ -430,7 +430,11 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
       if (!Number.isInteger(padding) || padding < 0) {
         fail("augment", `padding should be a non-negative integer, got ${String(padding)}`);
       }
-      this.#augment = { padding, flip: checkBool("augment.flip", o.augment.flip, false) };
+      // Frozen: the public `augment` getter hands out this very object.
+      this.#augment = Object.freeze({
+        padding,
+        flip: checkBool("augment.flip", o.augment.flip, false),
+      });
     }
     if (o.workerInit !== undefined && !isModuleRef(o.workerInit)) {
       fail(
@@ -574,6 +578,30 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
   /** The staging ring (zero-copy path), or undefined on the generic path. */
   get ring(): StagingRing | undefined {
     return this.#ring;
+  }
+
+  /**
+   * The per-sample augmentation this loader draws (zero-copy path), with defaults filled in
+   * and frozen; undefined when it draws none. Each batch's `augment` field holds crop offsets
+   * `dy, dx` in [0, 2 * padding] and a flip bit: whoever applies them (the DevicePrefetcher
+   * takes its crop padding from here) must crop with this padding.
+   *
+   * @example The configuration, with defaults filled in
+   * ```ts
+   * import { DataLoader, TensorDataset } from "../mod.ts";
+   * import assert from "node:assert";
+   *
+   * const ds = new TensorDataset({
+   *   image: { data: new Uint8Array(4 * 3 * 8 * 8), shape: [3, 8, 8] },
+   *   label: { data: new Uint8Array(4), shape: [] },
+   * });
+   * await using loader = new DataLoader(ds, { batchSize: 2, augment: { padding: 2 } });
+   * assert.deepStrictEqual(loader.augment, { padding: 2, flip: false });
+   * assert.ok(Object.isFrozen(loader.augment));
+   * ```
+   */
+  get augment(): Readonly<Required<AugmentOptions>> | undefined {
+    return this.#augment;
   }
 
   /** The epoch the next iteration will load (0-based). */
