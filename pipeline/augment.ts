@@ -11,6 +11,8 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "./_options.ts";
+
 /** Memory order of the uint8 source images: channels last or channels first. */
 export type ImageLayout = "nhwc" | "nchw";
 
@@ -42,6 +44,19 @@ export interface AugmentHostOptions {
   /** From {@linkcode normalizeAffine}. */
   affine: NormalizeAffine;
 }
+
+// Every key of AugmentHostOptions, checked by the compiler against the interface.
+const AUGMENT_HOST_KEYS = Object.keys(
+  {
+    n: true,
+    channels: true,
+    height: true,
+    width: true,
+    layout: true,
+    pad: true,
+    affine: true,
+  } satisfies Record<keyof AugmentHostOptions, true>,
+);
 
 /** Most channels the kernels accept (`PS_IMAGE_MAX_CHANNELS`). */
 export const MAX_CHANNELS = 16;
@@ -105,7 +120,9 @@ export function normalizeAffine(
  * @param out `n x channels x height x width` elements; Float16Array for f16, Float32Array
  * for f32.
  * @param options Shape, layout, padding and normalization.
- * @throws {RangeError} When an array is shorter than the shape needs.
+ * @throws {RangeError} When an array is shorter than the shape needs, or `affine` has fewer
+ * constants than `channels` (the missing ones would make NaN).
+ * @throws {TypeError} When `options` has a key not in {@linkcode AugmentHostOptions}.
  *
  * @example A flipped 1x1x2 image, identity normalization
  * ```ts
@@ -126,7 +143,14 @@ export function augmentHost(
   out: Float16Array | Float32Array,
   options: AugmentHostOptions,
 ): void {
+  refuseUnknownKeys(options, AUGMENT_HOST_KEYS, "augment");
   const { n, channels: c, height: h, width: w, layout, pad, affine } = options;
+  if (affine.scale.length < c || affine.bias.length < c) {
+    throw new RangeError(
+      `Cannot augment: ${c} channels need ${c} scale and bias values, got ` +
+        `${affine.scale.length} and ${affine.bias.length}`,
+    );
+  }
   const plane = h * w, img = plane * c;
   if (src.length < n * img || out.length < n * img || (params && params.length < 3 * n)) {
     throw new RangeError(

@@ -34,6 +34,7 @@ import { Event, Stream } from "../ffi/stream.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import type { DataLoader } from "../loader/data_loader.ts";
 import { RingBatch, type RingField, type StagingRing } from "../loader/ring.ts";
+import { refuseUnknownKeys } from "./_options.ts";
 import {
   augmentHost,
   type ImageDtype,
@@ -54,14 +55,20 @@ export interface ToDeviceOptions {
   augmentOn?: "device" | "host";
   /** Output element type of `images` (default "f16"). */
   dtype?: ImageDtype;
-  /** Per-channel mean in [0, 1] units (default 0 for every channel). */
+  /**
+   * Per-channel mean in [0, 1] units, one finite number per image channel (default 0 for
+   * every channel).
+   */
   mean?: ArrayLike<number>;
-  /** Per-channel std in [0, 1] units (default 1 for every channel). */
+  /**
+   * Per-channel std in [0, 1] units, one finite number > 0 per image channel (default 1 for
+   * every channel).
+   */
   std?: ArrayLike<number>;
   /**
-   * Crop padding the loader's `augment` parameters were drawn with. Default: the loader's
-   * own `augment.padding` when it exposes it (required otherwise when the loader draws
-   * crop parameters), else 0.
+   * Crop padding of the loader's `augment` parameters. Default and only accepted value: the
+   * loader's own `loader.augment.padding` (0 when the loader draws no parameters); any other
+   * value is refused, since the crop offsets were drawn for that padding.
    */
   padding?: number;
   /** Ring field holding the uint8 images (default "image"). */
@@ -189,6 +196,39 @@ interface InFlight {
 
 const DEFAULT_DEPTH = 2;
 
+// Every key of ToDeviceOptions, checked by the compiler against the interface.
+const OPTION_KEYS: Record<keyof ToDeviceOptions, true> = {
+  depth: true,
+  augmentOn: true,
+  dtype: true,
+  mean: true,
+  std: true,
+  padding: true,
+  imageField: true,
+  labelField: true,
+  layout: true,
+  stream: true,
+  pin: true,
+  persistent: true,
+  copy: true,
+};
+const OPTION_NAMES = Object.keys(OPTION_KEYS);
+
+// Keys people bring from other libraries' prefetchers, and where that setting lives here.
+const OPTION_HINTS: Record<string, string> = {
+  augment: "crop and flip parameters are drawn by the loader (the DataLoader's augment " +
+    "option) and applied here with its padding",
+  normalize: "pass the mean and std options",
+};
+
+/**
+ * The prefetcher each loader's staging ring feeds. The ring can be pinned
+ * (cudaHostRegister) only once, and a second iteration of the loader stops the first's
+ * epoch: two prefetchers on one loader cannot work, so the second is refused up front
+ * instead of failing later in CUDA with "memory already registered".
+ */
+const attached = new WeakMap<StagingRing, DevicePrefetcher>();
+
 /**
  * Turns a DataLoader's batches (zero-copy path) into batches on a device, `depth` ahead.
  * Iterate it once per epoch (`for await`); each iteration starts a new epoch of the loader.
@@ -212,8 +252,9 @@ const DEFAULT_DEPTH = 2;
  * await using loader = new DataLoader(ds, {
  *   batchSize: 4, augment: { padding: 4, flip: true }, autoRelease: false, seed: 1,
  * });
+ * // The crop padding comes from the loader (loader.augment.padding).
  * await using prefetcher = new DevicePrefetcher(loader, device, {
- *   padding: 4, mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5],
+ *   mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5],
  * });
  * let seen = 0;
  * for await (const batch of prefetcher) {
@@ -223,6 +264,7 @@ const DEFAULT_DEPTH = 2;
  * }
  * assert.strictEqual(seen, n);
  * assert.strictEqual(prefetcher.stats?.samples, n);
+ * assert.strictEqual(prefetcher.padding, 4);
  * ```
  */
 export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDisposable {
@@ -248,8 +290,6 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
   #layout: ImageLayout;
   #imageField: string;
   #labelField: string;
-  #mean: ArrayLike<number> | undefined;
-  #std: ArrayLike<number> | undefined;
   #affine: NormalizeAffine | undefined;
   #userStream: Stream | undefined;
   #persistent: boolean;
@@ -264,13 +304,20 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
    * @param loader A DataLoader on the zero-copy path (its dataset has shared fields).
    * @param device The target device.
    * @param options See {@linkcode ToDeviceOptions}.
-   * @throws {TypeError} When the loader has no staging ring (not zero-copy) or an option
-   * has the wrong type.
-   * @throws {RangeError} When an option is out of range, or a ring field is missing or has
-   * an unusable type or shape.
+   * @throws {TypeError} When the loader has no staging ring (not zero-copy), an option key
+   * is unknown or an option has the wrong type.
+   * @throws {RangeError} When an option is out of range, `mean`/`std` do not hold one valid
+   * value per image channel, `padding` differs from the loader's `augment.padding`, or a
+   * ring field is missing or has an unusable type or shape.
+   * @throws {Error} When another DevicePrefetcher, not yet disposed, is attached to the
+   * loader.
    */
   constructor(loader: DataLoader<unknown>, device: Device, options: ToDeviceOptions = {}) {
     const action = "create a DevicePrefetcher";
+    if (options === null || typeof options !== "object") {
+      throw new TypeError(`Cannot ${action}: options must be an object, got ${String(options)}`);
+    }
+    refuseUnknownKeys(options, OPTION_NAMES, action, OPTION_HINTS);
     if (loader.ring === undefined) {
       throw new TypeError(
         `Cannot ${action}: the loader has no staging ring (zero-copy path); use a dataset ` +
@@ -289,33 +336,36 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
     this.pin = oneOf(options.pin ?? "register", ["register", "alloc", "none"], "pin");
     this.copy = oneOf(options.copy ?? "auto", ["auto", "always"], "copy");
     this.#layout = oneOf(options.layout ?? "nchw", ["nchw", "nhwc"], "layout");
-    this.#imageField = options.imageField ?? "image";
-    this.#labelField = options.labelField ?? "label";
-    const loaderPadding = (loader as unknown as { augment?: { padding?: number } }).augment
-      ?.padding;
-    const drawsCrops = loader.ring.fields.some((f) => f.name === "augment");
-    if (options.padding === undefined && loaderPadding === undefined && drawsCrops) {
-      // The crop offsets only mean something with the padding they were drawn for.
-      throw new RangeError(
-        `Cannot ${action}: the loader draws crop parameters but does not expose their ` +
-          `padding; pass the loader's augment.padding as the padding option`,
+    this.#imageField = fieldName(options.imageField ?? "image", "imageField");
+    this.#labelField = fieldName(options.labelField ?? "label", "labelField");
+    this.padding = cropPadding(options.padding, loader.augment);
+    if (options.stream !== undefined && !(options.stream instanceof Stream)) {
+      throw new TypeError(
+        `Cannot ${action}: stream must be a Stream, got ${describe(options.stream)}`,
       );
     }
-    const padding = options.padding ?? loaderPadding ?? 0;
-    if (!Number.isInteger(padding) || padding < 0) {
-      throw new RangeError(`Cannot ${action}: padding must be an integer >= 0, got ${padding}`);
-    }
-    this.padding = padding;
-    this.#mean = options.mean;
-    this.#std = options.std;
     this.#userStream = options.stream;
+    if (options.persistent !== undefined && typeof options.persistent !== "boolean") {
+      throw new TypeError(
+        `Cannot ${action}: persistent must be a boolean, got ${describe(options.persistent)}`,
+      );
+    }
     this.#persistent = options.persistent ?? false;
     // Validate the ring now, so a wrong field name fails at construction.
     const g = geometry(loader.ring, this.#imageField, this.#labelField, this.#layout);
+    // One value per channel, checked here: the kernel reads `c` constants from the arrays
+    // (past the end of shorter ones) and the host path would make NaN of the missing ones.
     this.#affine = normalizeAffine(
-      this.#mean ?? new Array(g.c).fill(0),
-      this.#std ?? new Array(g.c).fill(1),
+      perChannel(options.mean, "mean", g.c, 0),
+      perChannel(options.std, "std", g.c, 1),
     );
+    if (attached.has(loader.ring)) {
+      throw new Error(
+        `Cannot ${action}: the DataLoader's staging ring is already attached to another ` +
+          `DevicePrefetcher; dispose that one first (a loader feeds one prefetcher at a time)`,
+      );
+    }
+    attached.set(loader.ring, this);
   }
 
   /** The epoch in progress, else the last finished one (undefined before any). */
@@ -327,6 +377,8 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
    * Starts an epoch of the loader and yields its batches on the device. Leaving the loop
    * early (break, throw) stops the loader's epoch and frees the pipeline's native
    * resources once the copies in flight have completed.
+   *
+   * Overlapping `next()` calls run one after another, in call order.
    *
    * @returns An async iterator over device batches.
    * @throws {Error} When disposed, or when another epoch of this prefetcher is running.
@@ -343,13 +395,19 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
 
   /**
    * Frees every native resource (after the copies in flight have completed) and stops a
-   * running epoch. Idempotent. Does not dispose the loader.
+   * running epoch. Idempotent. Does not dispose the loader, which can then feed a new
+   * prefetcher.
    */
   async dispose(): Promise<void> {
     if (this.#disposed) return;
     this.#disposed = true;
-    await this.#active?.return();
-    await this._freeResources();
+    try {
+      await this.#active?.return();
+      await this._freeResources();
+    } finally {
+      const ring = this.loader.ring!;
+      if (attached.get(ring) === this) attached.delete(ring);
+    }
   }
 
   /** Same as `dispose()`. */
@@ -421,6 +479,90 @@ export function toDevice(
   options: ToDeviceOptions = {},
 ): DevicePrefetcher {
   return new DevicePrefetcher(loader, device, options);
+}
+
+/** A value as an error message shows it: strings quoted, so "1" and 1 differ. */
+function describe(v: unknown): string {
+  return typeof v === "string" ? `the string ${JSON.stringify(v)}` : String(v);
+}
+
+function fieldName(v: unknown, name: string): string {
+  if (typeof v !== "string") {
+    throw new TypeError(
+      `Cannot create a DevicePrefetcher: ${name} must be a ring field name, got ${describe(v)}`,
+    );
+  }
+  return v;
+}
+
+/**
+ * The crop padding: the loader's, which its offsets were drawn for. An explicit `padding`
+ * may only repeat it: any other value would crop with offsets that mean something else
+ * (or, without parameters, promise a crop that never happens).
+ */
+function cropPadding(
+  requested: unknown,
+  drawn: Readonly<{ padding: number }> | undefined,
+): number {
+  const action = "create a DevicePrefetcher";
+  if (requested === undefined) return drawn?.padding ?? 0;
+  if (typeof requested !== "number" || !Number.isInteger(requested) || requested < 0) {
+    throw new RangeError(
+      `Cannot ${action}: padding must be an integer >= 0, got ${describe(requested)}`,
+    );
+  }
+  if (drawn === undefined && requested !== 0) {
+    throw new RangeError(
+      `Cannot ${action}: padding ${requested} contradicts the loader, which draws no crop ` +
+        `offsets (no augment option), so nothing would be cropped; leave padding out, or ` +
+        `build the loader with augment: { padding: ${requested} }`,
+    );
+  }
+  if (drawn !== undefined && requested !== drawn.padding) {
+    throw new RangeError(
+      `Cannot ${action}: padding ${requested} contradicts the loader's augment.padding ` +
+        `${drawn.padding}, which its crop offsets were drawn for; leave padding out`,
+    );
+  }
+  return requested;
+}
+
+/** `mean` or `std` as one checked number per channel (`fill` for each when undefined). */
+function perChannel(
+  v: ArrayLike<number> | undefined,
+  name: "mean" | "std",
+  channels: number,
+  fill: number,
+): number[] {
+  const action = "create a DevicePrefetcher";
+  if (v === undefined) return new Array(channels).fill(fill);
+  if (v === null || typeof v !== "object" || typeof v.length !== "number") {
+    throw new TypeError(
+      `Cannot ${action}: ${name} must be an array of numbers, one per channel, got ${describe(v)}`,
+    );
+  }
+  if (v.length !== channels) {
+    throw new RangeError(
+      `Cannot ${action}: ${name} has ${v.length} value${v.length === 1 ? "" : "s"}, the images ` +
+        `have ${channels} channel${channels === 1 ? "" : "s"}; give one per channel`,
+    );
+  }
+  const out: number[] = [];
+  for (let c = 0; c < channels; c++) {
+    const x: unknown = v[c];
+    const need = name === "std" ? "a finite number > 0" : "a finite number";
+    if (typeof x !== "number") {
+      throw new TypeError(`Cannot ${action}: ${name}[${c}] is ${describe(x)}, need ${need}`);
+    }
+    // The kernels compute in fp32: the value must survive the rounding (1e-50 becomes 0).
+    const f = Math.fround(x);
+    if (!Number.isFinite(f) || (name === "std" && !(f > 0))) {
+      const rounded = Number.isFinite(x) && f !== x ? ` (${f} in fp32)` : "";
+      throw new RangeError(`Cannot ${action}: ${name}[${c}] is ${x}${rounded}, need ${need}`);
+    }
+    out.push(x);
+  }
+  return out;
 }
 
 function oneOf<T extends string>(value: unknown, allowed: readonly T[], name: string): T {
@@ -672,7 +814,21 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     };
   }
 
-  async next(): Promise<IteratorResult<DeviceBatch>> {
+  /**
+   * The previous next() call. Each call awaits the loader and the device several times while
+   * it moves batches between the loader, the in-flight queue and the consumer; a call that
+   * started in one of those gaps took batches out of order (even "done" before the last
+   * batch). Calls therefore run one after another, as an async generator's do.
+   */
+  #serial: Promise<unknown> = Promise.resolve();
+
+  next(): Promise<IteratorResult<DeviceBatch>> {
+    const r = this.#serial.then(() => this.#step());
+    this.#serial = r.catch(() => {});
+    return r;
+  }
+
+  async #step(): Promise<IteratorResult<DeviceBatch>> {
     if (this.#finished) return { done: true, value: undefined };
     const t = performance.now();
     if (this.#t0 < 0) this.#t0 = t;

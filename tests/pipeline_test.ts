@@ -7,105 +7,22 @@
 import assert from "node:assert";
 import { Device } from "../ffi/device.ts";
 import { Event } from "../ffi/stream.ts";
-import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
-import { TensorDataset } from "../loader/datasets/tensor.ts";
+import { DataLoader } from "../loader/data_loader.ts";
+import type { TensorDataset } from "../loader/datasets/tensor.ts";
 import { RingBatch } from "../loader/ring.ts";
 import { augmentHost, normalizeAffine } from "../pipeline/augment.ts";
-import {
-  type DeviceBatch,
-  DevicePrefetcher,
-  toDevice,
-  type ToDeviceOptions,
-} from "../pipeline/prefetcher.ts";
+import { DevicePrefetcher, toDevice, type ToDeviceOptions } from "../pipeline/prefetcher.ts";
 import { bitDiff, referenceAugment, rng } from "./_image_reference.ts";
 import { BACKENDS } from "./_backends.ts";
-
-const MEAN = [0.4914, 0.4822, 0.4465];
-const STD = [0.247, 0.2435, 0.2616];
-
-interface Data {
-  images: Uint8Array;
-  labels: Uint8Array;
-  n: number;
-  shape: [number, number, number];
-}
-
-function makeData(n: number, shape: [number, number, number], seed: number): Data {
-  const r = rng(seed);
-  const [a, b, c] = shape;
-  const images = new Uint8Array(new SharedArrayBuffer(n * a * b * c));
-  for (let i = 0; i < images.length; i++) images[i] = (r() * 256) | 0;
-  const labels = new Uint8Array(new SharedArrayBuffer(n));
-  for (let i = 0; i < n; i++) labels[i] = (r() * 10) | 0;
-  return { images, labels, n, shape };
-}
-
-// The loader does not expose its augment.padding (yet): pass it to the pipeline.
-const PAD = { padding: 4 } as const;
-
-function makeLoader(d: Data, options: DataLoaderOptions = {}): DataLoader<unknown> {
-  const ds = new TensorDataset({
-    image: { data: d.images, shape: d.shape },
-    label: { data: d.labels, shape: [] },
-  });
-  return new DataLoader(ds, {
-    batchSize: 16,
-    shuffle: true,
-    seed: 1234,
-    augment: { padding: 4, flip: true },
-    autoRelease: false,
-    ...options,
-  });
-}
-
-/** What the plain loader yields for (seed, epoch): indices and params of every batch. */
-async function plainBatches(
-  d: Data,
-  options: DataLoaderOptions,
-): Promise<{ indices: Int32Array; params: Int32Array | null }[]> {
-  await using loader = makeLoader(d, { ...options, numWorkers: 0, autoRelease: true });
-  const out = [];
-  for await (const b of loader) {
-    const rb = b as RingBatch;
-    out.push({ indices: rb.indices.slice(), params: rb.augment?.slice() ?? null });
-  }
-  return out;
-}
-
-/** The reference batch for given sample indices and params. */
-function expectedBatch(
-  d: Data,
-  indices: Int32Array,
-  params: Int32Array | null,
-  layout: "nchw" | "nhwc",
-  dtype: "f16" | "f32",
-  pad: number,
-): { images: number[]; labels: number[] } {
-  const per = d.shape[0] * d.shape[1] * d.shape[2];
-  const src = new Uint8Array(indices.length * per);
-  indices.forEach((s, k) => src.set(d.images.subarray(s * per, (s + 1) * per), k * per));
-  const [c, h, w] = layout === "nchw" ? d.shape : [d.shape[2], d.shape[0], d.shape[1]];
-  const images = referenceAugment({
-    src,
-    params,
-    n: indices.length,
-    c,
-    h,
-    w,
-    pad,
-    layout,
-    mean: MEAN.slice(0, c),
-    std: STD.slice(0, c),
-    dtype,
-  });
-  return { images, labels: [...indices].map((s) => d.labels[s]) };
-}
-
-async function readBatch(b: DeviceBatch): Promise<{ images: number[]; labels: number[] }> {
-  const images = await b.images.toHost();
-  const labels = await b.labels.toHost();
-  return { images: [...images], labels: [...labels] };
-}
+import {
+  expectedBatch,
+  makeData,
+  makeLoader,
+  MEAN,
+  plainBatches,
+  readBatch,
+  STD,
+} from "./pipeline_fixtures.ts";
 
 for (const { kind, ignore } of BACKENDS) {
   for (
@@ -132,7 +49,6 @@ for (const { kind, ignore } of BACKENDS) {
         const expected = await plainBatches(d, {});
         await using loader = makeLoader(d, { numWorkers: opts.numWorkers });
         await using p = toDevice(loader, device, {
-          ...PAD,
           augmentOn: opts.augmentOn,
           dtype: opts.dtype,
           pin: opts.pin,
@@ -184,7 +100,6 @@ for (const { kind, ignore } of BACKENDS) {
         await using loader = makeLoader(d);
         const c = layout === "nhwc" ? shape[2] : shape[0];
         await using p = toDevice(loader, device, {
-          ...PAD,
           layout,
           mean: MEAN.slice(0, c),
           std: STD.slice(0, c),
@@ -212,7 +127,6 @@ for (const { kind, ignore } of BACKENDS) {
       const expected = await plainBatches(d, { batchSize: 5 });
       await using loader = makeLoader(d, { batchSize: 5 });
       await using p = toDevice(loader, device, {
-        ...PAD,
         augmentOn: "host",
         mean: MEAN.slice(0, 1),
         std: STD.slice(0, 1),
@@ -255,7 +169,6 @@ for (const { kind, ignore } of BACKENDS) {
           const expected = await plainBatches(d, {});
           await using loader = makeLoader(d, { numWorkers: 2, prefetchFactor: 2 });
           await using p = toDevice(loader, device, {
-            ...PAD,
             mean: MEAN,
             std: STD,
             depth: 3,
@@ -298,7 +211,6 @@ for (const { kind, ignore } of BACKENDS) {
       const expected = await plainBatches(d, {});
       await using loader = makeLoader(d, { numWorkers: 2 });
       await using p = toDevice(loader, device, {
-        ...PAD,
         mean: MEAN,
         std: STD,
         depth: 1,
@@ -328,7 +240,6 @@ for (const { kind, ignore } of BACKENDS) {
         await using loader = makeLoader(d, { numWorkers: 2 });
         for (const augmentOn of ["device", "host"] as const) {
           const p = new DevicePrefetcher(loader, device, {
-            ...PAD,
             augmentOn,
             depth: 3,
             copy: "always",
@@ -370,7 +281,7 @@ for (const { kind, ignore } of BACKENDS) {
       const before = device.liveObjects();
       const d = makeData(40, [3, 32, 32], 2);
       await using loader = makeLoader(d);
-      const p = toDevice(loader, device, { ...PAD, persistent: true });
+      const p = toDevice(loader, device, { persistent: true });
       for (let e = 0; e < 2; e++) {
         let n = 0;
         for await (const b of p) n += b.size;
@@ -389,7 +300,7 @@ Deno.test("[cpu] pipeline works with the loader's autoRelease: true (waits on ea
   const d = makeData(48, [3, 32, 32], 4);
   const expected = await plainBatches(d, {});
   await using loader = makeLoader(d, { autoRelease: true, numWorkers: 2 });
-  await using p = toDevice(loader, device, { ...PAD, mean: MEAN, std: STD, copy: "always" });
+  await using p = toDevice(loader, device, { mean: MEAN, std: STD, copy: "always" });
   let k = 0;
   for await (const b of p) {
     const want = expectedBatch(d, expected[k].indices, expected[k].params, "nchw", "f16", 4);
@@ -451,13 +362,12 @@ Deno.test("[cpu] DevicePrefetcher rejects bad options and non-ring loaders", asy
     [{ copy: "never" as "auto" }, /copy must be one of auto, always/],
     [{ padding: -1 }, /padding must be an integer >= 0, got -1/],
     [{ imageField: "pixels" }, /need "pixels" and "label"/],
-    [{ mean: [0, 0], std: [1, 1, 1] }, /mean has 2 channels and std 3/],
-    [{ std: [1, 0, 1] }, /channel 1 has mean 0 and std 0/],
+    [{ mean: [0, 0], std: [1, 1, 1] }, /mean has 2 values, the images have 3 channels/],
+    [{ std: [1, 0, 1] }, /std\[1\] is 0, need a finite number > 0/],
   ];
   for (const [o, re] of bad) {
-    assert.throws(() => new DevicePrefetcher(loader, device, { ...PAD, ...o }), re);
+    assert.throws(() => new DevicePrefetcher(loader, device, { ...o }), re);
   }
-  assert.throws(() => new DevicePrefetcher(loader, device), /pass the loader's augment\.padding/);
   const generic = new DataLoader(
     { length: 4, get: (i: number) => i } as unknown as TensorDataset,
     { batchSize: 2 },
@@ -502,7 +412,7 @@ Deno.test("[cpu] a device that lags behind the host slows the host down instead 
         });
       };
       held = maxHeld = yielded = 0;
-      await using p = toDevice(loader, device, { ...PAD, mean: MEAN, std: STD, copy: "always" });
+      await using p = toDevice(loader, device, { mean: MEAN, std: STD, copy: "always" });
       let k = 0;
       for await (const b of p) {
         const want = expectedBatch(d, expected[k].indices, expected[k].params, "nchw", "f16", 4);
