@@ -294,11 +294,21 @@ export class GradScaler {
    *
    * @param state A state from {@linkcode GradScaler.stateDict} (or PyTorch's `state_dict()`).
    * @throws {TypeError} When the state is malformed.
+   * @throws {RangeError} When the scale is not a positive finite number or the tracker not a
+   *   non-negative integer (nothing is changed then).
    */
   loadStateDict(state: GradScalerState): void {
     this.#check();
     if (typeof state?.scale !== "number" || typeof state._growth_tracker !== "number") {
       throw new TypeError("Cannot load GradScaler state: scale or _growth_tracker missing");
+    }
+    if (!(state.scale > 0 && Number.isFinite(state.scale))) {
+      throw new RangeError(`Cannot load GradScaler state: scale ${state.scale} is invalid`);
+    }
+    if (!Number.isInteger(state._growth_tracker) || state._growth_tracker < 0) {
+      throw new RangeError(
+        `Cannot load GradScaler state: _growth_tracker ${state._growth_tracker} is invalid`,
+      );
     }
     if (!this.enabled) return;
     this.#scale!.buffer.copyFrom(new Float32Array([state.scale]));

@@ -15,7 +15,13 @@
 import type { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import { kaimingUniform, uniform, Xoshiro128 } from "./init.ts";
-import { type BackwardOptions, BufferTensor, Module, Parameter } from "./module.ts";
+import {
+  type BackwardOptions,
+  BufferTensor,
+  type ExtraStateLoad,
+  Module,
+  Parameter,
+} from "./module.ts";
 import type { HostTensor } from "./safetensors.ts";
 
 /** The generator layers draw their initial weights from when none is given. */
@@ -354,12 +360,23 @@ export class BatchNorm2d extends Module {
     }]]);
   }
 
-  /** Restores `num_batches_tracked`. */
-  protected override loadExtraState(state: Map<string, HostTensor>, prefix: string): string[] {
-    const t = state.get(prefix + "num_batches_tracked");
-    if (!t) return [];
-    this.numBatchesTracked = Number(t.data[0]);
-    return [prefix + "num_batches_tracked"];
+  /** Validates `num_batches_tracked` (an integer scalar, as PyTorch saves it) for restoring. */
+  protected override loadExtraState(
+    state: Map<string, HostTensor>,
+    prefix: string,
+    source: string,
+  ): ExtraStateLoad {
+    const key = prefix + "num_batches_tracked";
+    const t = state.get(key);
+    if (!t) return { keys: [], apply: () => {} };
+    const n = t.data.length === 1 ? Number(t.data[0]) : NaN;
+    if (t.shape.length > 1 || !Number.isSafeInteger(n) || n < 0) {
+      throw new RangeError(
+        `Cannot load "${key}" from ${source}: expected a non-negative integer scalar, got ` +
+          `${t.dtype} [${t.shape}]`,
+      );
+    }
+    return { keys: [key], apply: () => void (this.numBatchesTracked = n) };
   }
 
   /**

@@ -298,6 +298,19 @@ export interface BackwardOptions {
 export interface LoadStateDictOptions {
   /** Refuse missing and unexpected keys (default true), as PyTorch does. */
   strict?: boolean;
+  /** Where the state came from (a file path), named in every error (default "the state dict"). */
+  source?: string;
+}
+
+/**
+ * What a layer's {@linkcode Module.loadExtraState} found: the keys it will consume and the
+ * function that applies them, called only once every key of the whole state was validated.
+ */
+export interface ExtraStateLoad {
+  /** The state keys this layer consumes. */
+  keys: string[];
+  /** Applies the validated values (must not throw). */
+  apply: () => void;
 }
 
 /**
@@ -436,9 +449,16 @@ export abstract class Module {
     return new Map();
   }
 
-  /** Restores {@linkcode Module.extraState}; returns the keys it consumed. */
-  protected loadExtraState(_state: Map<string, HostTensor>, _prefix: string): string[] {
-    return [];
+  /**
+   * Validates this layer's part of {@linkcode Module.extraState} in `state` (throwing a
+   * RangeError that names `source` and the key) and returns how to apply it; changes nothing.
+   */
+  protected loadExtraState(
+    _state: Map<string, HostTensor>,
+    _prefix: string,
+    _source: string,
+  ): ExtraStateLoad {
+    return { keys: [], apply: () => {} };
   }
 
   /**
@@ -466,16 +486,32 @@ export abstract class Module {
 
   /**
    * Loads weights and buffers saved by {@linkcode Module.stateDict} (or by PyTorch, through
-   * safetensors). fp16/fp64 values are converted to fp32.
+   * safetensors). fp16/fp64 values are converted to fp32. Every key is validated before
+   * anything is written, so a state that is refused leaves the module unchanged.
    *
    * @param state Name to tensor.
-   * @param options `strict` (default true) refuses missing and unexpected keys.
-   * @throws {RangeError} On a shape mismatch, or in strict mode on missing/unexpected keys.
+   * @param options `strict` (default true) refuses missing and unexpected keys; `source`
+   *   names the state's origin in errors.
+   * @throws {RangeError} On a shape mismatch or a non-float tensor (naming the tensor and the
+   *   source), or in strict mode on missing/unexpected keys.
+   * @example A refused state changes nothing
+   * ```ts
+   * import { Linear } from "./layers.ts";
+   * import assert from "node:assert";
+   * const fc = new Linear(2, 1);
+   * const state = await fc.stateDict();
+   * state.set("weight", { dtype: "F32", shape: [1, 2], data: new Float32Array([7, 7]) });
+   * state.delete("bias");
+   * assert.throws(() => fc.loadStateDict(state, { source: "fc.safetensors" }), /missing keys \[bias\]/);
+   * assert.notDeepStrictEqual([...await fc.weight.read()], [7, 7]);
+   * ```
    */
   loadStateDict(state: Map<string, HostTensor>, options: LoadStateDictOptions = {}): void {
     const strict = options.strict ?? true;
+    const source = options.source ?? "the state dict";
     const used = new Set<string>();
     const missing: string[] = [];
+    const writes: [Parameter | BufferTensor, Float32Array][] = [];
     const entries: [string, Parameter | BufferTensor][] = [
       ...this.namedParameters(),
       ...this.namedBuffers(),
@@ -488,24 +524,32 @@ export abstract class Module {
       }
       if (t.shape.join() !== target.shape.join()) {
         throw new RangeError(
-          `Cannot load "${name}": shape [${t.shape}] does not match the module's [${target.shape}]`,
+          `Cannot load "${name}" from ${source}: shape [${t.shape}] does not match the ` +
+            `module's [${target.shape}]`,
         );
       }
-      target.write(toF32(t, name));
+      writes.push([target, toF32(t, name, source)]);
       used.add(name);
     }
+    const extra: ExtraStateLoad[] = [];
     for (const [prefix, m] of this.namedModules()) {
-      for (const k of m.loadExtraState(state, prefix ? prefix + "." : "")) used.add(k);
+      const e = m.loadExtraState(state, prefix ? prefix + "." : "", source);
+      for (const k of e.keys) used.add(k);
+      extra.push(e);
     }
     if (strict) {
       const unexpected = [...state.keys()].filter((k) => !used.has(k));
       if (missing.length || unexpected.length) {
         throw new RangeError(
-          `Cannot load the state dict: missing keys [${missing.join(", ")}], ` +
+          `Cannot load ${source}: missing keys [${missing.join(", ")}], ` +
             `unexpected keys [${unexpected.join(", ")}]`,
         );
       }
     }
+    // Everything was checked: from here on nothing throws, so the module is never left half
+    // loaded.
+    for (const [target, values] of writes) target.write(values);
+    for (const e of extra) e.apply();
   }
 
   /**
@@ -543,9 +587,11 @@ export abstract class Module {
   }
 }
 
-function toF32(t: HostTensor, name: string): Float32Array {
+function toF32(t: HostTensor, name: string, source: string): Float32Array {
   const d: HostData = t.data;
   if (d instanceof Float32Array) return d;
   if (d instanceof Float16Array || d instanceof Float64Array) return Float32Array.from(d);
-  throw new TypeError(`Cannot load "${name}": dtype ${t.dtype} is not a float type`);
+  throw new RangeError(
+    `Cannot load "${name}" from ${source}: dtype ${t.dtype} is not a float type`,
+  );
 }

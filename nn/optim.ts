@@ -223,7 +223,8 @@ export class SGD {
    * Restores {@linkcode SGD.stateDict}'s result.
    *
    * @param state The saved state.
-   * @throws {RangeError} When the buffers do not match the parameters.
+   * @throws {RangeError} When the state is malformed or its buffers do not match the
+   *   parameters; nothing is changed then.
    * @example
    * ```ts
    * import { Device } from "../ffi/device.ts";
@@ -242,23 +243,52 @@ export class SGD {
    * ```
    */
   loadStateDict(state: SGDState): void {
+    // Everything is checked before anything is written: a refused state leaves the optimizer
+    // as it was.
+    const hyper = state?.hyper;
+    if (hyper === null || typeof hyper !== "object") {
+      throw new RangeError(`Cannot load SGD state: hyper is ${JSON.stringify(hyper)}`);
+    }
+    for (const k of ["lr", "momentum", "dampening", "weightDecay"] as const) {
+      const v = hyper[k];
+      if (typeof v !== "number" || !Number.isFinite(v) || (k !== "dampening" && v < 0)) {
+        throw new RangeError(`Cannot load SGD state: hyper.${k} is ${JSON.stringify(v)}`);
+      }
+    }
+    if (typeof hyper.nesterov !== "boolean") {
+      throw new RangeError(
+        `Cannot load SGD state: hyper.nesterov is ${JSON.stringify(hyper.nesterov)}`,
+      );
+    }
+    const steps = state.stepsDone;
+    if (!Number.isInteger(steps) || steps < 0 || steps > 0x7fffffff) {
+      // The device counter is an int32.
+      throw new RangeError(`Cannot load SGD state: stepsDone is ${JSON.stringify(steps)}`);
+    }
     const bufs = state.momentumBuffers;
+    if (!Array.isArray(bufs)) {
+      throw new RangeError("Cannot load SGD state: momentumBuffers is not an array");
+    }
     if (bufs.length !== 0 && bufs.length !== this.params.length) {
       throw new RangeError(
         `Cannot load SGD state: ${bufs.length} momentum buffers for ${this.params.length} parameters`,
       );
     }
     bufs.forEach((b, i) => {
-      if (b.length !== this.params[i].numel) {
+      if (!(b instanceof Float32Array) || b.length !== this.params[i].numel) {
         throw new RangeError(
-          `Cannot load SGD state: momentum buffer ${i} has ${b.length} values, parameter ` +
-            `has ${this.params[i].numel}`,
+          `Cannot load SGD state: momentum buffer ${i} has ${describe(b)}, parameter ` +
+            `${i} needs ${this.params[i].numel} f32 values`,
         );
       }
-      this.#buffer(i).buffer.copyFrom(b);
     });
-    Object.assign(this, state.hyper);
-    this.stepsDone.buffer.copyFrom(new Int32Array([state.stepsDone]));
+    bufs.forEach((b, i) => this.#buffer(i).buffer.copyFrom(b));
+    this.lr = hyper.lr;
+    this.momentum = hyper.momentum;
+    this.dampening = hyper.dampening;
+    this.nesterov = hyper.nesterov;
+    this.weightDecay = hyper.weightDecay;
+    this.stepsDone.buffer.copyFrom(new Int32Array([steps]));
   }
 
   /** Frees the momentum buffers and the step counter (idempotent). */
@@ -274,4 +304,9 @@ export class SGD {
   [Symbol.dispose](): void {
     this.dispose();
   }
+}
+
+function describe(b: unknown): string {
+  if (ArrayBuffer.isView(b)) return `${(b as Float32Array).length} ${b.constructor.name} values`;
+  return JSON.stringify(b) ?? String(b);
 }
