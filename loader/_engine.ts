@@ -13,16 +13,24 @@
 
 import { Gatherer, type GatherSpec, SampleError } from "./_gather.ts";
 import {
+  C_CLAIM,
   C_DOORBELL,
+  C_FREE_HEAD,
   C_FREE_TAIL,
+  C_HEADER,
   C_PUBLISHED,
   C_SKIP_BELOW,
   C_STOP,
   controlLayout,
   type FromWorker,
+  initControl,
   type InitMessage,
   type ModuleRef,
   resolveRef,
+  W_STOPPED,
+  W_WAIT_SLOT,
+  W_WAIT_TASK,
+  WORKER_STATES,
 } from "./_protocol.ts";
 import { CounterRandom, hash4, seedWords, STREAM_SAMPLE, STREAM_WORKER } from "./_rng.ts";
 import type { Dataset, SampleContext, WorkerSpec } from "./dataset.ts";
@@ -52,6 +60,8 @@ export interface EngineConfig {
   prefetchFactor: number;
   inOrder: boolean;
   timeout: number;
+  /** Seconds without progress, every worker idle, before a stall is reported (0: never). */
+  watchdog: number;
   seed: number;
   /** The batches of an epoch. */
   plan: (epoch: number) => Int32Array[];
@@ -169,14 +179,20 @@ export class Engine {
       // Published-but-unyielded tasks never exceed the in-flight limit; the margin covers
       // skipped tasks of an abandoned epoch still being read.
       const tasks = 2 * (cfg.prefetchFactor * cfg.numWorkers + slots);
-      this.#layout = controlLayout(slots, tasks, cfg.ring!.batchSize);
+      this.#layout = controlLayout(slots, tasks, cfg.ring!.batchSize, cfg.numWorkers);
       this.#ctl = new Int32Array(new SharedArrayBuffer(this.#layout.ints * 4));
+      initControl(this.#ctl, this.#layout);
     }
     for (let id = 0; id < cfg.numWorkers; id++) this.#startWorker(id);
   }
 
   get closed(): boolean {
     return this.#closed;
+  }
+
+  /** @internal The zero-copy control block, for fault-injection tests only. */
+  get _control(): Int32Array | undefined {
+    return this.#ctl;
   }
 
   get failure(): Error | undefined {
@@ -364,8 +380,13 @@ export class Engine {
     let pushed = false;
     for (let slot = 0; slot < state.length; slot++) {
       if (state[slot] !== SLOT_FREE) continue;
+      const cell = L.freeQ + 2 * (this.#freeTail % L.freeCap);
+      // Not yet read by the worker holding position freeTail - freeCap: the queue is full
+      // for now; the slot stays free and goes out at the next pump (see _protocol.ts).
+      if (Atomics.load(ctl, cell) !== this.#freeTail) break;
       state[slot] = SLOT_LOADER;
-      ctl[L.freeQ + (this.#freeTail % L.freeCap)] = slot;
+      ctl[cell + 1] = slot;
+      Atomics.store(ctl, cell, this.#freeTail + 1);
       this.#freeTail++;
       pushed = true;
     }
@@ -598,15 +619,19 @@ export class Engine {
     while (this.#outstanding < limit) {
       const plan = this.#nextDispatchPlan();
       if (!plan) break;
+      const e = L.taskQ + (this.#published % L.tasks) * L.entry;
+      // The entry's last reader has not copied it out yet: publish at the next pump (that
+      // reader rings the doorbell when it has gathered or skipped its task, so it comes).
+      if (Atomics.load(ctl, e) !== this.#published) break;
       const b = plan.dispatched++;
       const seq = plan.startSeq + b;
       const indices = plan.batches[b];
-      const e = L.taskQ + (this.#published % L.tasks) * L.entry;
-      ctl[e] = seq;
-      ctl[e + 1] = plan.epoch;
-      ctl[e + 2] = plan.positions[b];
-      ctl[e + 3] = indices.length;
-      ctl.set(indices, e + 4);
+      ctl[e + 1] = seq;
+      ctl[e + 2] = plan.epoch;
+      ctl[e + 3] = plan.positions[b];
+      ctl[e + 4] = indices.length;
+      ctl.set(indices, e + 5);
+      Atomics.store(ctl, e, this.#published + 1);
       this.#published++;
       this.#outstanding++;
       this.#pending.set(seq, { seq, plan, batch: b, worker: -1, slot: -1 });
@@ -627,6 +652,7 @@ export class Engine {
     const t0 = performance.now();
     let depth = -1;
     let timer: ReturnType<typeof setTimeout> | undefined;
+    let watchdog: ReturnType<typeof setInterval> | undefined;
     try {
       while (true) {
         this.#drain();
@@ -648,6 +674,9 @@ export class Engine {
         this.pump();
         this.#checkStarved(plan);
         this.#planAhead();
+        if (watchdog === undefined && this.#cfg.watchdog > 0) {
+          watchdog = this.#watch(plan);
+        }
         if (timer === undefined && this.#cfg.timeout > 0) {
           const b = plan.yielded;
           timer = setTimeout(() => {
@@ -673,7 +702,104 @@ export class Engine {
       }
     } finally {
       if (timer !== undefined) clearTimeout(timer);
+      if (watchdog !== undefined) clearInterval(watchdog);
     }
+  }
+
+  /**
+   * The stall watchdog of one wait: every quarter of the watchdog period it looks again
+   * (drain, pump: a lost wake-up heals here), and when nothing moved for the whole period
+   * while every worker sat idle, the loader cannot make progress on its own: that is a bug
+   * in the loader, reported with its state instead of waiting forever.
+   */
+  #watch(plan: EpochPlan): ReturnType<typeof setInterval> {
+    const period = this.#cfg.watchdog * 1000;
+    let last = "";
+    let since = performance.now();
+    return setInterval(() => {
+      if (this.#failure || this.#closed) return;
+      this.#wake?.();
+      const idle = this.#workersIdle();
+      const now = performance.now();
+      const sig = idle ? this.#progressSignature() : "";
+      if (!idle || sig !== last) {
+        last = sig;
+        since = now;
+        return;
+      }
+      if (now - since < period) return;
+      this.#fail(
+        new Error(
+          `Cannot get batch ${plan.yielded} of epoch ${plan.epoch}: the DataLoader made no ` +
+            `progress for ${((now - since) / 1000).toFixed(1)} s while every worker was idle. ` +
+            "This is a bug in the loader, not in your dataset; please report it with this " +
+            `state: ${JSON.stringify(this.debugState(plan))}`,
+        ),
+      );
+    }, Math.max(10, period / 4));
+  }
+
+  /** Whether no worker is loading anything (every live one waits for work). */
+  #workersIdle(): boolean {
+    const ctl = this.#ctl;
+    const L = this.#layout;
+    if (ctl && L) {
+      for (let w = 0; w < this.#cfg.numWorkers; w++) {
+        const st = Atomics.load(ctl, L.worker + 2 * w);
+        if (st !== W_WAIT_SLOT && st !== W_WAIT_TASK && st !== W_STOPPED) return false;
+      }
+      return true;
+    }
+    return this.#pending.size === 0;
+  }
+
+  #progressSignature(): string {
+    const c = this.#ctl;
+    const head = c ? Array.from(c.subarray(0, C_HEADER)).join(",") : "";
+    return `${head}|${this.#pending.size}|${this.#results.size}|${this.#outstanding}`;
+  }
+
+  /**
+   * The engine's bookkeeping, for stall reports: counters of the control block, what each
+   * worker is doing, slot states, pending and ready batches of the consumer's epoch.
+   */
+  debugState(plan?: EpochPlan): Record<string, unknown> {
+    const ctl = this.#ctl;
+    const L = this.#layout;
+    const out: Record<string, unknown> = {
+      numWorkers: this.#cfg.numWorkers,
+      outstanding: this.#outstanding,
+      pending: [...this.#pending.keys()].slice(0, 32),
+      ready: [...this.#results.keys()].slice(0, 32),
+      slots: this.#cfg.slotState ? Array.from(this.#cfg.slotState) : undefined,
+      plans: this.#plans.map((p) => ({
+        epoch: p.epoch,
+        startSeq: p.startSeq,
+        batches: p.batches.length,
+        dispatched: p.dispatched,
+        yielded: p.yielded,
+        abandoned: p.abandoned,
+      })),
+    };
+    if (plan) out.due = plan.startSeq + plan.yielded;
+    if (ctl && L) {
+      out.control = {
+        doorbell: ctl[C_DOORBELL],
+        stop: ctl[C_STOP],
+        claimed: ctl[C_CLAIM],
+        published: ctl[C_PUBLISHED],
+        freeHead: ctl[C_FREE_HEAD],
+        freeTail: ctl[C_FREE_TAIL],
+        skipBelow: ctl[C_SKIP_BELOW],
+      };
+      out.workers = Array.from({ length: this.#cfg.numWorkers }, (_, w) => ({
+        state: WORKER_STATES[ctl[L.worker + 2 * w]] ?? ctl[L.worker + 2 * w],
+        done: ctl[L.worker + 2 * w + 1],
+      }));
+    } else {
+      out.workers = this.#workers.map((w) => ({ alive: w.alive, outstanding: w.outstanding }));
+    }
+    return out;
   }
 
   #hasDue(plan: EpochPlan): boolean {

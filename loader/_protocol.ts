@@ -44,6 +44,14 @@ export async function resolveRef(ref: ModuleRef): Promise<(arg: unknown) => unkn
 // postMessage remains for start-up and errors only. The counters are int32 and only grow
 // within one engine (one epoch without persistentWorkers): 2^31 batches, weeks at any
 // realistic training rate.
+//
+// Both queues (free slots, tasks) are bounded MPMC rings whose cells carry a stamp, as in
+// Vyukov's bounded queue: cell `p % cap` may be written for position p only once its stamp
+// equals p, and the worker that read position p - cap sets the stamp to p once it has copied
+// the cell out. Without the stamp the main thread overwrote cells whose ticket holder had
+// been woken but not yet scheduled (common with more threads than cores): that worker then
+// read a slot another worker also held, two batches were gathered into one slot, one of them
+// was lost and the in-order consumer waited for it forever with every worker idle.
 export const C_DOORBELL = 0;
 export const C_STOP = 1;
 /** Task tickets taken by workers. */
@@ -58,15 +66,41 @@ export const C_FREE_TAIL = 5;
 export const C_SKIP_BELOW = 6;
 export const C_HEADER = 16;
 
-/** Offsets of the control block's arrays for `slots` ring slots, `tasks` task entries. */
-export function controlLayout(slots: number, tasks: number, batch: number) {
+/** What a zero-copy worker is doing (its `state` word), for the loader's stall watchdog. */
+export const W_STARTING = 0;
+export const W_WAIT_SLOT = 1;
+export const W_WAIT_TASK = 2;
+export const W_GATHER = 3;
+export const W_STOPPED = 4;
+/** Names of the worker states, indexed by state. */
+export const WORKER_STATES = [
+  "starting",
+  "waiting for a slot",
+  "waiting for a task",
+  "gathering",
+  "stopped",
+];
+
+/**
+ * Offsets of the control block's arrays for `slots` ring slots, `tasks` task entries of
+ * `batch` indices and `workers` workers. A free-queue cell is `[stamp, slot]`; a task entry is
+ * `[stamp, seq, epoch, position, n, indices[batch]]`; a worker has `[state, tasks done]`.
+ */
+export function controlLayout(slots: number, tasks: number, batch: number, workers: number) {
   const ready = C_HEADER; // per slot: seq + 1 once filled, 0 otherwise
   const busy = ready + slots; // per slot: microseconds spent gathering it
-  const freeQ = busy + slots; // free-slot queue, capacity 2 * slots
+  const worker = busy + slots; // per worker: state, tasks done
+  const freeQ = worker + 2 * workers; // free-slot queue cells
   const freeCap = 2 * slots;
-  const taskQ = freeQ + freeCap; // task entries: seq, epoch, position, n, indices[batch]
-  const entry = 4 + batch;
-  return { ready, busy, freeQ, freeCap, taskQ, entry, tasks, ints: taskQ + tasks * entry };
+  const taskQ = freeQ + 2 * freeCap; // task entries
+  const entry = 5 + batch;
+  return { ready, busy, worker, freeQ, freeCap, taskQ, entry, tasks, ints: taskQ + tasks * entry };
+}
+
+/** Sets every queue cell's stamp to its index (the first position it may hold). */
+export function initControl(ctl: Int32Array, L: ReturnType<typeof controlLayout>): void {
+  for (let i = 0; i < L.freeCap; i++) ctl[L.freeQ + 2 * i] = i;
+  for (let i = 0; i < L.tasks; i++) ctl[L.taskQ + i * L.entry] = i;
 }
 
 export interface InitMessage {

@@ -79,8 +79,19 @@ export interface DataLoaderOptions<B = unknown> {
   pinMemory?: boolean | ((ring: StagingRing) => Disposable | void);
   /** Drop the last incomplete batch (default false). */
   dropLast?: boolean;
-  /** Seconds to wait for a batch before failing (default 0: forever). */
+  /**
+   * Seconds to wait for a batch before failing (default 0: no limit). With workers it bounds
+   * a `get()` that hangs; with `numWorkers: 0` the main thread runs `get()` itself and can
+   * only stop waiting for a `get()` that returns a promise (see the README's "Failure
+   * behaviour").
+   */
   timeout?: number;
+  /**
+   * Seconds without any progress while every worker is idle before the loader reports a
+   * stall with its internal state (default 10; 0 turns the watchdog off). Such a stall is a
+   * loader bug, never a slow dataset: a busy worker is never idle. Independent of `timeout`.
+   */
+  watchdog?: number;
   /**
    * Runs in each worker before it loads anything: `{module, export}` of a function called
    * with the worker id (PyTorch's worker_init_fn; workers cannot receive functions).
@@ -141,6 +152,7 @@ const OPTION_NAMES = new Set([
   "pinMemory",
   "dropLast",
   "timeout",
+  "watchdog",
   "workerInit",
   "seed",
   "prefetchFactor",
@@ -217,6 +229,8 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
   readonly dropLast: boolean;
   /** Seconds to wait for a batch (0: forever). */
   readonly timeout: number;
+  /** Stall watchdog period in seconds (0: off). */
+  readonly watchdog: number;
   /** The seed of every random draw. */
   readonly seed: number;
   /** Whether batches are RingBatches in the staging ring. */
@@ -287,6 +301,11 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
       fail("timeout", `should be a non-negative number of seconds, got ${String(timeout)}`);
     }
     this.timeout = timeout;
+    const watchdog = o.watchdog ?? 10;
+    if (typeof watchdog !== "number" || !(watchdog >= 0) || !Number.isFinite(watchdog)) {
+      fail("watchdog", `should be a non-negative number of seconds, got ${String(watchdog)}`);
+    }
+    this.watchdog = watchdog;
     if (o.prefetchFactor !== undefined) {
       if (numWorkers === 0) {
         fail(
@@ -699,6 +718,7 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
       prefetchFactor: this.prefetchFactor,
       inOrder: this.inOrder,
       timeout: this.timeout,
+      watchdog: this.watchdog,
       seed: this.seed,
       plan: (epoch) => {
         const batches = Array.from(this.batchSampler.batches(epoch), toInt32);

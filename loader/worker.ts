@@ -24,6 +24,10 @@ import {
   type InitMessage,
   resolveRef,
   type ToWorker,
+  W_GATHER,
+  W_STOPPED,
+  W_WAIT_SLOT,
+  W_WAIT_TASK,
 } from "./_protocol.ts";
 import { _setWorkerInfo } from "./worker_info.ts";
 
@@ -110,45 +114,74 @@ function waitAbove(ctl: Int32Array, at: number, ticket: number): boolean {
 }
 
 function serve(ctl: Int32Array, slots: number, tasks: number, batch: number): void {
-  const L = controlLayout(slots, tasks, batch);
+  const L = controlLayout(slots, tasks, batch, init.numWorkers);
   const spec = init.gather!;
   const ring32 = new Int32Array(spec.ring, 0, spec.ring.byteLength >>> 2);
-  let slot = -1;
-  while (Atomics.load(ctl, C_STOP) === 0) {
-    if (slot < 0) {
-      const ticket = Atomics.add(ctl, C_FREE_HEAD, 1);
-      if (!waitAbove(ctl, C_FREE_TAIL, ticket)) return;
-      slot = ctl[L.freeQ + (ticket % L.freeCap)];
-    }
-    const t = Atomics.add(ctl, C_CLAIM, 1);
-    if (!waitAbove(ctl, C_PUBLISHED, t)) return;
-    const e = L.taskQ + (t % L.tasks) * L.entry;
-    const seq = ctl[e];
-    if (seq < Atomics.load(ctl, C_SKIP_BELOW)) continue; // abandoned epoch: keep the slot
-    const n = ctl[e + 3];
-    const t0 = performance.now();
-    try {
-      const at = (slot * spec.slotBytes + spec.indicesOffset) >>> 2;
-      ring32.set(ctl.subarray(e + 4, e + 4 + n), at);
-      gatherer!.gather(slot, n, ctl[e + 1], ctl[e + 2]);
-    } catch (err) {
-      post({
-        t: "e",
-        seq,
-        slot,
-        index: err instanceof SampleError ? err.index : -1,
-        ...errorFields(err),
-      });
-      // The error travels as a value (the engine frees the slot); keep serving: the batch
-      // may belong to an epoch the consumer abandons, and later epochs need this worker.
-      slot = -1;
-      continue;
-    }
-    ctl[L.busy + slot] = Math.round((performance.now() - t0) * 1000);
-    Atomics.store(ctl, L.ready + slot, seq + 1);
-    slot = -1;
+  const me = L.worker + 2 * init.id;
+  const ring = () => {
     Atomics.add(ctl, C_DOORBELL, 1);
     Atomics.notify(ctl, C_DOORBELL);
+  };
+  let slot = -1;
+  try {
+    while (Atomics.load(ctl, C_STOP) === 0) {
+      if (slot < 0) {
+        Atomics.store(ctl, me, W_WAIT_SLOT);
+        const ticket = Atomics.add(ctl, C_FREE_HEAD, 1);
+        if (!waitAbove(ctl, C_FREE_TAIL, ticket)) return;
+        const cell = L.freeQ + 2 * (ticket % L.freeCap);
+        slot = ctl[cell + 1];
+        // The cell may now hold position ticket + freeCap (see _protocol.ts).
+        Atomics.store(ctl, cell, ticket + L.freeCap);
+      }
+      Atomics.store(ctl, me, W_WAIT_TASK);
+      const t = Atomics.add(ctl, C_CLAIM, 1);
+      if (!waitAbove(ctl, C_PUBLISHED, t)) return;
+      Atomics.store(ctl, me, W_GATHER);
+      const e = L.taskQ + (t % L.tasks) * L.entry;
+      const seq = ctl[e + 1];
+      const epoch = ctl[e + 2];
+      const pos = ctl[e + 3];
+      const n = ctl[e + 4];
+      const skip = seq < Atomics.load(ctl, C_SKIP_BELOW);
+      // The gather reads the indices from the slot: copy them before the entry is released.
+      if (!skip) {
+        ring32.set(
+          ctl.subarray(e + 5, e + 5 + n),
+          (slot * spec.slotBytes + spec.indicesOffset) >>> 2,
+        );
+      }
+      Atomics.store(ctl, e, t + L.tasks);
+      if (skip) {
+        // An abandoned epoch's task: keep the slot. The main thread may be waiting to publish
+        // into the entry just released: ring so that it looks again.
+        ring();
+        continue;
+      }
+      const t0 = performance.now();
+      try {
+        gatherer!.gather(slot, n, epoch, pos);
+      } catch (err) {
+        post({
+          t: "e",
+          seq,
+          slot,
+          index: err instanceof SampleError ? err.index : -1,
+          ...errorFields(err),
+        });
+        // The error travels as a value (the engine frees the slot); keep serving: the batch
+        // may belong to an epoch the consumer abandons, and later epochs need this worker.
+        slot = -1;
+        continue;
+      }
+      ctl[L.busy + slot] = Math.round((performance.now() - t0) * 1000);
+      Atomics.store(ctl, L.ready + slot, seq + 1);
+      slot = -1;
+      Atomics.add(ctl, me + 1, 1);
+      ring();
+    }
+  } finally {
+    Atomics.store(ctl, me, W_STOPPED);
   }
 }
 

@@ -177,3 +177,41 @@ Deno.test("DataLoader dispose mid-epoch stops persistent workers and ends the it
   // `it` was stopped by the for-await's newer iterator, not by dispose: that is an error.
   await assert.rejects(it.next(), /a newer iterator/);
 });
+
+Deno.test("DataLoader reports a stall with its state when every worker idles and nothing arrives (watchdog)", async () => {
+  const ds = new TensorDataset({ x: new Int32Array(4096) });
+  await using loader = new DataLoader<RingBatch>(ds, {
+    batchSize: 8,
+    numWorkers: 2,
+    watchdog: 0.5,
+  });
+  const it = loader[Symbol.asyncIterator]();
+  (await it.next()).value!.release();
+  // Inject a lost-task fault: workers skip every task from now on (as for an abandoned
+  // epoch), so they sit idle holding slots while the consumer waits for its batch.
+  const ctl = loader._engine(loader.epoch)._control!;
+  Atomics.store(ctl, 6, /* C_SKIP_BELOW */ 2 ** 31 - 1);
+  const err = await (async () => {
+    for (let k = 0; k < 512; k++) {
+      const r = await it.next();
+      if (r.done) return undefined;
+      r.value.release();
+    }
+  })().then(() => undefined, (e) => e);
+  assert.ok(err instanceof Error, `expected a stall error, got ${err}`);
+  assert.match(err.message, /made no progress for \d+\.\d s while every worker was idle/);
+  assert.match(err.message, /"state":"waiting for a (task|slot)"/);
+  assert.match(err.message, /"due":\d+/);
+  await loader.dispose();
+  assert.strictEqual(DataLoader.liveWorkers, 0);
+});
+
+Deno.test("DataLoader refuses a watchdog that is not a non-negative number of seconds", () => {
+  const ds = new TensorDataset({ x: new Int32Array(8) });
+  for (const watchdog of [-1, Number.NaN, Infinity, "5" as unknown as number]) {
+    assert.throws(
+      () => new DataLoader(ds, { watchdog }),
+      /Cannot create DataLoader: watchdog option should be a non-negative number of seconds/,
+    );
+  }
+});
