@@ -455,6 +455,9 @@ export const symbols = {
     ],
     result: "i32",
   },
+  // int ps_nn_copy_if(float *dst, const float *src, int64_t count, const int32_t *flag,
+  //                   void *stream);
+  ps_nn_copy_if: { parameters: ["pointer", "pointer", "i64", "pointer", "pointer"], result: "i32" },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 /** A loaded pinstream backend library. */

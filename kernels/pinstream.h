@@ -325,6 +325,15 @@ PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int3
                                float growth_factor, float backoff_factor,
                                int32_t growth_interval, void *stream);
 
+/* ---- skipped-step rollback ------------------------------------------------------------ */
+
+/* dst = src (count f32 elements) when *flag != 0, else nothing; flag (int32) is read on the
+ * device. Undoes a step's side effects without a host round trip when the GradScaler skips
+ * the step (flag = found_inf): batch norm restores its running statistics from a copy taken
+ * before the forward. */
+PS_API int ps_nn_copy_if(float *dst, const float *src, int64_t count, const int32_t *flag,
+                         void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -16,6 +16,7 @@ import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import type { SGD } from "./optim.ts";
+import type { Module } from "./module.ts";
 
 /** Options of {@linkcode GradScaler} (PyTorch's names and defaults). */
 export interface GradScalerOptions {
@@ -29,6 +30,17 @@ export interface GradScalerOptions {
   growthInterval?: number;
   /** When false every method is a pass-through and the scale is 1 (default true). */
   enabled?: boolean;
+}
+
+/** Options of {@linkcode GradScaler.step}. */
+export interface GradScalerStepOptions {
+  /**
+   * The model whose forward produced this step's gradients. When the step is skipped (inf/NaN
+   * gradients), its batch-norm running statistics are put back to their values before that
+   * forward, on the device ({@linkcode Module.revertRunningStats}). Without it, as in PyTorch,
+   * one NaN batch leaves NaN running statistics for good. {@linkcode Trainer} passes its model.
+   */
+  model?: Module | null;
 }
 
 /** The scaler's checkpoint state, with PyTorch's keys. */
@@ -219,11 +231,30 @@ export class GradScaler {
   /**
    * PyTorch's `step(optimizer)`: checks the gradients for inf/NaN (unless `unscale_` already
    * did) and runs the optimizer, which skips the update on the device when any was found. The
-   * unscale is fused into the optimizer's kernel.
+   * unscale is fused into the optimizer's kernel. With `model`, a skipped step also undoes the
+   * model's batch-norm running-statistics update (still on the device: no host read).
    *
    * @param optimizer The optimizer.
+   * @param options The model whose running statistics a skipped step restores.
+   * @example A NaN batch leaves the weights and the running statistics as they were
+   * ```ts
+   * import { Device } from "../ffi/device.ts";
+   * import { Tensor } from "../ffi/tensor.ts";
+   * import { BatchNorm2d, GradScaler, SGD } from "./mod.ts";
+   * import assert from "node:assert";
+   * using device = Device.open("cpu");
+   * using bn = new BatchNorm2d(1).to(device);
+   * using opt = new SGD(bn.parameters(), { lr: 0.1 });
+   * using scaler = new GradScaler(device);
+   * using x = Tensor.fromHost(device, new Float16Array([NaN, 1]), [2, 1, 1, 1]);
+   * bn.backward(bn.forward(x));
+   * scaler.step(opt, { model: bn });
+   * scaler.update();
+   * assert.deepStrictEqual([...await bn.runningMean.read()], [0]);
+   * assert.deepStrictEqual([...await bn.weight.read()], [1]);
+   * ```
    */
-  step(optimizer: SGD): void {
+  step(optimizer: SGD, options: GradScalerStepOptions = {}): void {
     this.#check();
     if (!this.enabled) {
       optimizer.step();
@@ -231,12 +262,13 @@ export class GradScaler {
     }
     if (this.#unscaled.has(optimizer)) {
       optimizer.step({ foundInf: this.#foundInf });
-      return;
+    } else {
+      for (const p of optimizer.params) {
+        ops.unscaleAndCheck(p.grad, this.#foundInf!, { scale: null, inPlace: false });
+      }
+      optimizer.step({ scale: this.#scale, foundInf: this.#foundInf });
     }
-    for (const p of optimizer.params) {
-      ops.unscaleAndCheck(p.grad, this.#foundInf!, { scale: null, inPlace: false });
-    }
-    optimizer.step({ scale: this.#scale, foundInf: this.#foundInf });
+    options.model?.revertRunningStats(this.#foundInf!);
   }
 
   /**

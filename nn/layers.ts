@@ -294,7 +294,10 @@ export interface BatchNorm2dOptions {
 /**
  * `nn.BatchNorm2d` (affine, tracking running statistics): gamma = 1, beta = 0, running mean 0,
  * running variance 1. Training normalizes with the batch statistics and updates the running
- * ones (unbiased variance, as PyTorch); evaluation uses the running ones.
+ * ones (unbiased variance, as PyTorch); evaluation uses the running ones. Unlike PyTorch, a
+ * step that the {@linkcode GradScaler} skips for inf/NaN gradients also undoes that batch's
+ * running-statistics update (see {@linkcode Module.revertRunningStats}); `numBatchesTracked`
+ * still counts every training forward.
  *
  * @example
  * ```ts
@@ -325,6 +328,7 @@ export class BatchNorm2d extends Module {
   /** Training forwards run (PyTorch's `num_batches_tracked`). */
   numBatchesTracked = 0;
   #x: Tensor | null = null;
+  #statsSaved = false;
 
   /**
    * Creates the layer: gamma 1, beta 0, running mean 0, running variance 1.
@@ -395,6 +399,11 @@ export class BatchNorm2d extends Module {
     const y = this.workspace("y", shapeOf(x), "f16");
     if (this.training) {
       const c = this.numFeatures;
+      // The running statistics before this batch, for revertRunningStats: whether the step
+      // is skipped is known only on the device, after backward. Two copies of C floats.
+      ops.cast(this.runningMean.tensor, this.workspace("prevMean", [c], "f32"));
+      ops.cast(this.runningVar.tensor, this.workspace("prevVar", [c], "f32"));
+      this.#statsSaved = true;
       ops.batchNormForwardTrain(
         x,
         this.weight.value,
@@ -421,6 +430,16 @@ export class BatchNorm2d extends Module {
       this.#x = null;
     }
     return y;
+  }
+
+  /** Restores the running statistics saved by the last training forward when `flag` is set. */
+  protected override revertOwnRunningStats(flag: Tensor): void {
+    if (!this.#statsSaved) return;
+    const c = this.numFeatures;
+    ops.copyIf(this.workspace("prevMean", [c], "f32"), this.runningMean.tensor, flag);
+    ops.copyIf(this.workspace("prevVar", [c], "f32"), this.runningVar.tensor, flag);
+    // Once per forward: a second call must not restore statistics a later step has built on.
+    this.#statsSaved = false;
   }
 
   /**

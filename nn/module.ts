@@ -444,6 +444,36 @@ export abstract class Module {
     return this;
   }
 
+  /**
+   * Undoes the running-statistics update of each layer's last training forward (batch norm's
+   * running mean and variance) when the device flag is non-zero, on the device: the decision
+   * is the kernel's, so nothing is read back. {@linkcode GradScaler.step} calls it with its
+   * found-inf flag for a step it skips, so that a batch with inf/NaN, which leaves the weights
+   * alone, does not leave NaN in the running statistics for good either.
+   *
+   * @param flag i32 [1] on the model's device (a GradScaler's `foundInf`).
+   * @example A skipped step keeps the statistics from before its forward
+   * ```ts
+   * import { Device } from "../ffi/device.ts";
+   * import { Tensor } from "../ffi/tensor.ts";
+   * import { BatchNorm2d } from "./mod.ts";
+   * import assert from "node:assert";
+   * using device = Device.open("cpu");
+   * using bn = new BatchNorm2d(1).to(device);
+   * using x = Tensor.fromHost(device, new Float16Array([NaN, 1]), [2, 1, 1, 1]);
+   * using skipped = Tensor.fromHost(device, new Int32Array([1]));
+   * bn.forward(x);
+   * bn.revertRunningStats(skipped);
+   * assert.deepStrictEqual([...await bn.runningMean.read()], [0]);
+   * ```
+   */
+  revertRunningStats(flag: Tensor): void {
+    for (const [, m] of this.namedModules()) m.revertOwnRunningStats(flag);
+  }
+
+  /** This layer's part of {@linkcode Module.revertRunningStats} (none by default). */
+  protected revertOwnRunningStats(_flag: Tensor): void {}
+
   /** Extra state tensors a layer keeps on the host (batch norm's `num_batches_tracked`). */
   protected extraState(): Map<string, HostTensor> {
     return new Map();

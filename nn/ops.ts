@@ -28,6 +28,7 @@
  * | `sgdStep(param, grad, momentumBuf, paramHalf, {lr, momentum, dampening, nesterov, weightDecay, scale, foundInf, stepsDone})` | param, momentumBuf f32; grad f16/f32; paramHalf f16 or null | torch.optim.SGD; grad unscaled by 1/scale in fp32; skipped on the device when foundInf != 0; stepsDone i32 [1] == 0 selects PyTorch's first-step buffer init |
  * | `stepCount(stepsDone, foundInf)` | i32 [1] | stepsDone += 1 unless foundInf != 0; call after the step's sgdSteps |
  * | `scalerUpdate(scale, growthTracker, foundInf, {growthFactor, backoffFactor, growthInterval})` | f32 [1], i32 [1], i32 [1] | torch._amp_update_scale_; foundInf is read, not cleared |
+ * | `copyIf(src, dst, flag)` | src, dst f32, same numel; flag i32 [1] | dst = src when flag != 0 (read on the device): undoes a step the scaler skipped |
  *
  * Unscaling fp16 gradients in place (`inPlace: true`) can flush small values to zero: the
  * loss scale exists to keep them representable. The fused path (`sgdStep` with `scale`)
@@ -1506,5 +1507,53 @@ export function scalerUpdate(
       stream,
     ),
     action,
+  );
+}
+
+/**
+ * Copies `src` into `dst` when the device flag is non-zero, and does nothing otherwise; the
+ * flag is read by the kernel, so no host round trip decides it. With a GradScaler's found-inf
+ * flag it undoes a side effect of a step the scaler skips (batch norm's running statistics).
+ *
+ * @param src f32, the values to restore.
+ * @param dst f32, same number of elements.
+ * @param flag i32 [1].
+ * @param options stream.
+ * @throws {TypeError} On a wrong dtype or tensors on different devices.
+ * @throws {RangeError} When the sizes differ or the flag is not one element.
+ * @example
+ * ```ts
+ * import { Device } from "../ffi/device.ts";
+ * import { Tensor } from "../ffi/tensor.ts";
+ * import { copyIf } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using saved = Tensor.fromHost(dev, new Float32Array([1, 2]));
+ * using x = Tensor.fromHost(dev, new Float32Array([NaN, NaN]));
+ * using clear = Tensor.fromHost(dev, new Int32Array([0]));
+ * using set = Tensor.fromHost(dev, new Int32Array([1]));
+ * copyIf(saved, x, clear);
+ * assert.ok((await x.toHost()).every(Number.isNaN));
+ * copyIf(saved, x, set);
+ * assert.deepStrictEqual([...await x.toHost()], [1, 2]);
+ * ```
+ */
+export function copyIf(src: Tensor, dst: Tensor, flag: Tensor, options: OpOptions = {}): void {
+  const action = "run copyIf";
+  tensor(src, "src", ["f32"], action);
+  tensor(dst, "dst", ["f32"], action);
+  tensor(flag, "flag", ["i32"], action);
+  sameNumel(src, dst, "src and dst", action);
+  scalar(flag, "flag", action);
+  const { device, stream } = launch(action, options, src, dst, flag);
+  device.check(
+    device.lib.symbols.ps_nn_copy_if(
+      dst.pointer,
+      src.pointer,
+      BigInt(dst.numel),
+      flag.pointer,
+      stream,
+    ),
+    `${action} [${dst.shape}]`,
   );
 }

@@ -24,6 +24,12 @@ export interface TrainerOptions {
   scheduler?: LRScheduler | null;
   /** When the scheduler steps: after every batch (default) or on {@linkcode Trainer.endEpoch}. */
   schedulerInterval?: "batch" | "epoch";
+  /**
+   * On a step the scaler skips (inf/NaN gradients), put the model's batch-norm running
+   * statistics back to their values before the step's forward, on the device (default true).
+   * false keeps PyTorch's behaviour, where one NaN batch leaves NaN running statistics for good.
+   */
+  revertStatsOnSkip?: boolean;
 }
 
 /**
@@ -57,6 +63,8 @@ export class Trainer {
   readonly scheduler: LRScheduler | null;
   /** When the scheduler steps. */
   readonly schedulerInterval: "batch" | "epoch";
+  /** Whether a skipped step undoes the batch-norm running-statistics update. */
+  readonly revertStatsOnSkip: boolean;
   /** Completed training steps (queued), including steps the scaler skipped. */
   steps = 0;
   #trainLoss: CrossEntropyLoss;
@@ -76,6 +84,7 @@ export class Trainer {
     this.scaler = options.scaler ?? null;
     this.scheduler = options.scheduler ?? null;
     this.schedulerInterval = options.schedulerInterval ?? "batch";
+    this.revertStatsOnSkip = options.revertStatsOnSkip ?? true;
     this.#trainLoss = new CrossEntropyLoss(model.device);
     this.#evalLoss = new CrossEntropyLoss(model.device);
   }
@@ -92,7 +101,7 @@ export class Trainer {
     const dlogits = this.#trainLoss.forwardBackward(logits, labels, this.scaler);
     this.model.backward(dlogits, { inputGrad: false });
     if (this.scaler) {
-      this.scaler.step(this.optimizer);
+      this.scaler.step(this.optimizer, { model: this.revertStatsOnSkip ? this.model : null });
       this.scaler.update();
     } else {
       this.optimizer.step();

@@ -1816,3 +1816,18 @@ PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int3
   }
   return PS_OK;
 }
+
+/* ---- skipped-step rollback ------------------------------------------------------------ */
+
+PS_API int ps_nn_copy_if(float *dst, const float *src, int64_t count, const int32_t *flag,
+                         void *stream) {
+  (void)stream;
+  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_copy_if: bad count %lld", (long long)count);
+  CHECK_RANGE(flag, 4);
+  if (count == 0) return PS_OK;
+  /* Checked whatever the flag says, so a bad call fails on every step, not on a skipped one. */
+  CHECK_RANGE(dst, count * 4);
+  CHECK_RANGE(src, count * 4);
+  if (*flag) memmove(dst, src, (size_t)count * 4);
+  return PS_OK;
+}

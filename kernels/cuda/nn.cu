@@ -896,3 +896,32 @@ PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int3
 }
 
 }  // extern "C"
+
+/* ---- skipped-step rollback ------------------------------------------------------------ */
+
+namespace {
+
+/* Every thread reads the flag: a skipped step costs one read, a taken one a copy. */
+__global__ void copy_if_kernel(float *dst, const float *src, int64_t n, const int32_t *flag) {
+  if (!*flag) return;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+
+}  // namespace
+
+extern "C" {
+
+PS_API int ps_nn_copy_if(float *dst, const float *src, int64_t count, const int32_t *flag,
+                         void *stream) {
+  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_copy_if: bad count");
+  NULL_CHECK(flag);
+  if (count == 0) return PS_OK;
+  NULL_CHECK(dst, src);
+  copy_if_kernel<<<blocks_for(count, EW), EW, 0, (cudaStream_t)stream>>>(dst, src, count, flag);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+}  // extern "C"
