@@ -11,6 +11,7 @@
 //   workers no longer wait for the main thread to be scheduled between batches;
 // - generic ("push"): one postMessage per batch each way, the batch transferred back.
 
+import { Worker as NodeWorker } from "node:worker_threads";
 import { Gatherer, type GatherSpec, SampleError } from "./_gather.ts";
 import {
   C_CLAIM,
@@ -22,6 +23,7 @@ import {
   C_SKIP_BELOW,
   C_STOP,
   controlLayout,
+  errorFields,
   type FromWorker,
   initControl,
   type InitMessage,
@@ -74,11 +76,23 @@ export interface EngineConfig {
   slotState?: Uint8Array;
   // Generic path:
   collateMode: "default" | "none" | "main" | ModuleRef;
+  /** V8 heap limits of each worker (node:worker_threads resourceLimits). */
+  resourceLimits: WorkerResourceLimits;
   /** batchSize null: each task is one sample, collated (converted) on its own. */
   unbatched: boolean;
   workerSpec?: WorkerSpec;
   workerInit?: ModuleRef;
   onWait: (seconds: number, depth: number) => void;
+}
+
+/** Heap limits of a worker, as node:worker_threads' `resourceLimits`. */
+export interface WorkerResourceLimits {
+  /** Old-generation heap, MB: past it the worker is stopped with an out-of-memory error. */
+  maxOldGenerationSizeMb: number;
+  /** Young-generation heap, MB (default: V8's). */
+  maxYoungGenerationSizeMb?: number;
+  /** Stack, MB (default: V8's, 4). */
+  stackSizeMb?: number;
 }
 
 export const SLOT_FREE = 0;
@@ -133,9 +147,47 @@ export class WorkerError extends Error {
   }
 }
 
+/** A `timeout` expiry: PyTorch's "DataLoader timed out after N seconds". */
+export class TimeoutError extends Error {
+  /** Creates it; see the class documentation. */
+  constructor(message: string) {
+    super(message);
+    this.name = "TimeoutError";
+  }
+}
+
+function timeoutError(b: number, epoch: number, seconds: number, what: string): TimeoutError {
+  return new TimeoutError(
+    `Cannot get batch ${b} of epoch ${epoch}: DataLoader timed out after ${seconds} s ` +
+      `(timeout option; ${what})`,
+  );
+}
+
+/**
+ * The error for a sample that failed to load, worded the same on every path: the value
+ * thrown is kept as it was (an Error's name and message, or the thrown string, null, ...).
+ */
+function sampleError(
+  index: number,
+  b: number,
+  epoch: number,
+  workerId: number,
+  f: { name: string; message: string; stack: string },
+): WorkerError {
+  const sample = index >= 0 ? `sample ${index}` : "a sample";
+  const where = workerId >= 0 ? `DataLoader worker ${workerId}` : "the main thread";
+  return new WorkerError(
+    `Cannot load ${sample} (batch ${b} of epoch ${epoch}): caught ${f.name} in ${where}: ` +
+      f.message,
+    index,
+    workerId,
+    f.stack,
+  );
+}
+
 interface WorkerHandle {
   id: number;
-  worker: Worker;
+  worker: NodeWorker;
   outstanding: number;
   alive: boolean;
 }
@@ -201,28 +253,49 @@ export class Engine {
 
   #startWorker(id: number): void {
     const cfg = this.#cfg;
-    const worker = new Worker(new URL("./worker.ts", import.meta.url), { type: "module" });
+    // node:worker_threads, not Web Workers: in Deno 2.9 a Web Worker's terminate() does not
+    // stop a worker stuck in a JavaScript loop, and the process then never exits
+    // (denoland/deno#35657); a node worker's does. And a Web Worker that runs out of heap
+    // aborts the whole process, where a node worker with resourceLimits dies alone with
+    // ERR_WORKER_OUT_OF_MEMORY. A node worker takes file: and data: URLs only, so a module
+    // loaded from the network (a JSR import) starts through a one-line bootstrap.
+    const url = new URL("./worker.ts", import.meta.url);
+    const worker = url.protocol === "file:"
+      ? new NodeWorker(url, { resourceLimits: cfg.resourceLimits })
+      : new NodeWorker(`import(${JSON.stringify(url.href)});`, {
+        eval: true,
+        resourceLimits: cfg.resourceLimits,
+      });
     liveWorkers++;
     const handle: WorkerHandle = { id, worker, outstanding: 0, alive: true };
     this.#workers.push(handle);
-    worker.onmessage = (e: MessageEvent<FromWorker>) => this.#onMessage(handle, e.data);
-    worker.onerror = (e: ErrorEvent) => {
-      // Keep a worker crash from propagating to the main isolate: it becomes a loader error.
-      e.preventDefault();
+    worker.on("message", (m: FromWorker) => this.#onMessage(handle, m));
+    worker.on("error", (e: Error & { code?: string }) => {
+      if (!handle.alive) return;
+      if (e?.code === "ERR_WORKER_OUT_OF_MEMORY") return this.#fail(this.#oomError(id, ""));
       this.#fail(
         new Error(
-          `Cannot load batches: DataLoader worker ${id} crashed: ${e.message}` +
-            (e.filename ? ` (${e.filename}:${e.lineno}:${e.colno})` : ""),
+          `Cannot load batches: DataLoader worker ${id} crashed: ${e?.message ?? String(e)}`,
         ),
       );
-    };
-    worker.onmessageerror = () => {
+    });
+    worker.on("messageerror", () => {
       this.#fail(
         new Error(
           `Cannot load batches: a message from DataLoader worker ${id} failed to deserialize`,
         ),
       );
-    };
+    });
+    worker.on("exit", (code: number) => {
+      // A stop we asked for sets alive = false first; anything else is unexpected. An exit
+      // the worker announced ("x" message) was reported already (#fail keeps the first).
+      if (!handle.alive) return;
+      this.#fail(
+        new Error(
+          `Cannot load batches: DataLoader worker ${id} exited unexpectedly (exit code ${code})`,
+        ),
+      );
+    });
     const [lo, hi] = seedWords(cfg.seed);
     const init: InitMessage = {
       t: "init",
@@ -246,8 +319,19 @@ export class Engine {
       collate: cfg.collateMode === "main" ? "none" : cfg.collateMode,
       unbatched: cfg.unbatched,
       workerInit: cfg.workerInit,
+      heapLimitMb: cfg.resourceLimits.maxOldGenerationSizeMb,
     };
     worker.postMessage(init);
+  }
+
+  #oomError(id: number, detail: string): Error {
+    const mb = this.#cfg.resourceLimits.maxOldGenerationSizeMb;
+    return new Error(
+      `Cannot load batches: DataLoader worker ${id} ran out of memory${detail} (its ` +
+        `old-generation heap is limited to ${mb} MB by ` +
+        "workerResourceLimits.maxOldGenerationSizeMb); the worker was stopped, the process " +
+        "goes on. Raise the limit, or keep samples in shared memory (a zero-copy dataset)",
+    );
   }
 
   #onMessage(w: WorkerHandle, msg: FromWorker): void {
@@ -255,6 +339,10 @@ export class Engine {
     switch (msg.t) {
       case "ready":
         return;
+      case "oom":
+        return this.#fail(
+          this.#oomError(w.id, `: ${msg.usedMb} MB of its heap in use`),
+        );
       case "fatal":
         return this.#fail(
           new WorkerError(
@@ -283,14 +371,7 @@ export class Engine {
         }
         this.#pending.delete(msg.seq);
         w.outstanding--;
-        const where = `batch ${p.batch} of epoch ${p.plan.epoch}`;
-        const sample = msg.index >= 0 ? `sample ${msg.index}` : "a sample";
-        const error = new WorkerError(
-          `Cannot load ${sample} (${where}): caught ${msg.name} in DataLoader worker ${w.id}: ${msg.message}`,
-          msg.index,
-          w.id,
-          msg.stack,
-        );
+        const error = sampleError(msg.index, p.batch, p.plan.epoch, w.id, msg);
         if (p.slot >= 0) this.#cfg.slotState![p.slot] = SLOT_FREE;
         if (msg.slot !== undefined && msg.slot >= 0) this.#cfg.slotState![msg.slot] = SLOT_FREE;
         if (p.plan.abandoned) {
@@ -419,10 +500,11 @@ export class Engine {
     for (const w of this.#workers) {
       if (!w.alive) continue;
       w.alive = false;
-      w.worker.onmessage = null;
-      w.worker.onerror = null;
-      w.worker.onmessageerror = null;
-      w.worker.terminate();
+      w.worker.removeAllListeners();
+      // An 'error' event with no listener would be thrown on the main thread.
+      w.worker.on("error", () => {});
+      // Stops the worker's thread even inside a JavaScript loop (see #startWorker).
+      w.worker.terminate().catch(() => {});
       liveWorkers--;
     }
     // Slots the workers were filling go back to the ring; results nobody will take, too.
@@ -445,6 +527,18 @@ export class Engine {
 
   #planEpoch(epoch: number): EpochPlan {
     const batches = this.#cfg.plan(epoch);
+    const cap = this.#cfg.ring?.batchSize;
+    if (cap !== undefined) {
+      for (let b = 0; b < batches.length; b++) {
+        if (batches[b].length > cap) {
+          throw new RangeError(
+            `Cannot plan batch ${b} of epoch ${epoch}: it has ${batches[b].length} indices, ` +
+              `the staging ring holds ${cap} per batch (sized from the sampler's length, or ` +
+              "a batchSampler's largest batch of epoch 0)",
+          );
+        }
+      }
+    }
     const positions = new Array<number>(batches.length);
     let pos = 0;
     for (let b = 0; b < batches.length; b++) {
@@ -532,7 +626,8 @@ export class Engine {
     }
     if (this.#plans.length >= 2) return undefined;
     if (last.dispatched < last.batches.length && !last.abandoned) return undefined;
-    const next = this.#planEpoch(last.epoch + 1);
+    const next = this.#tryPlan(last.epoch + 1);
+    if (!next) return undefined;
     this.#dispatchPlan = next;
     return next.batches.length > 0 ? next : undefined;
   }
@@ -551,7 +646,20 @@ export class Engine {
     // Not at the start of an epoch: there the consumer's wait is for the boundary batch itself,
     // and planning would delay it by the planning time. Mid-epoch it costs one late batch.
     if (cur.abandoned || cur.yielded < cur.batches.length / 2) return;
-    this.#planEpoch(cur.epoch + 1);
+    this.#tryPlan(cur.epoch + 1);
+  }
+
+  /**
+   * Plans an epoch ahead of the consumer. A sampler that fails doing so (bad indices) fails
+   * the loader; the consumer gets the error at its next batch, not the caller of release().
+   */
+  #tryPlan(epoch: number): EpochPlan | undefined {
+    try {
+      return this.#planEpoch(epoch);
+    } catch (e) {
+      this.#fail(e as Error);
+      return undefined;
+    }
   }
 
   #freeSlot(): number {
@@ -681,9 +789,11 @@ export class Engine {
           const b = plan.yielded;
           timer = setTimeout(() => {
             this.#fail(
-              new Error(
-                `Cannot get batch ${b} of epoch ${plan.epoch}: DataLoader timed out after ` +
-                  `${this.#cfg.timeout} s (timeout option)`,
+              timeoutError(
+                b,
+                plan.epoch,
+                this.#cfg.timeout,
+                "every worker was stopped, including one stuck in a JavaScript loop",
               ),
             );
           }, this.#cfg.timeout * 1000);
@@ -860,6 +970,31 @@ export class Engine {
     }
   }
 
+  /** Waits for a promise from get() at most until the `timeout` deadline of this batch. */
+  async #withDeadline<T>(p: Promise<T>, t0: number, b: number, plan: EpochPlan): Promise<T> {
+    const limit = this.#cfg.timeout;
+    if (!(limit > 0)) return await p;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const expired = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(timeoutError(b, plan.epoch, limit, "numWorkers 0: get() did not settle")),
+        Math.max(0, t0 + limit * 1000 - performance.now()),
+      );
+    });
+    try {
+      return await Promise.race([p, expired]);
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  #checkDeadline(t0: number, b: number, plan: EpochPlan): void {
+    const limit = this.#cfg.timeout;
+    if (limit > 0 && performance.now() - t0 > limit * 1000) {
+      throw timeoutError(b, plan.epoch, limit, "numWorkers 0: get() returned after the deadline");
+    }
+  }
+
   async #loadInline(plan: EpochPlan): Promise<Result> {
     const cfg = this.#cfg;
     const b = plan.yielded;
@@ -878,14 +1013,12 @@ export class Engine {
       try {
         this.#gatherer!.gather(slot, indices.length, plan.epoch, pos);
       } catch (e) {
-        const index = e instanceof SampleError ? e.index : -1;
-        throw new WorkerError(
-          `Cannot load sample ${index} (batch ${b} of epoch ${plan.epoch}): ${
-            (e as Error).message
-          }`,
-          index,
+        throw sampleError(
+          e instanceof SampleError ? e.index : -1,
+          b,
+          plan.epoch,
           -1,
-          (e as Error).stack ?? "",
+          errorFields(e),
         );
       }
       result = { kind: "slot", seq, slot, epoch: plan.epoch, batch: b, size: indices.length };
@@ -905,7 +1038,10 @@ export class Engine {
             u32: () => rng.nextU32(),
           };
           const s = cfg.dataset.get(current, ctx);
-          samples[k] = s instanceof Promise ? await s : s;
+          samples[k] = s instanceof Promise ? await this.#withDeadline(s, t0, b, plan) : s;
+          // A synchronous get() cannot be interrupted on the main thread; one that returned
+          // after the deadline still fails the batch, as with workers.
+          this.#checkDeadline(t0, b, plan);
         }
         current = -1;
         let value: unknown = samples;
@@ -917,14 +1053,8 @@ export class Engine {
         }
         result = { kind: "value", seq, value, epoch: plan.epoch, batch: b, size: indices.length };
       } catch (e) {
-        if (current < 0) throw e;
-        const err = e as Error;
-        throw new WorkerError(
-          `Cannot load sample ${current} (batch ${b} of epoch ${plan.epoch}): ${err?.name}: ${err?.message}`,
-          current,
-          -1,
-          err?.stack ?? String(e),
-        );
+        if (current < 0 || e instanceof TimeoutError) throw e;
+        throw sampleError(current, b, plan.epoch, -1, errorFields(e));
       }
     }
     plan.dispatched = Math.max(plan.dispatched, b + 1);

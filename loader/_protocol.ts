@@ -34,6 +34,24 @@ export async function resolveRef(ref: ModuleRef): Promise<(arg: unknown) => unkn
   return (value as (arg: unknown) => unknown).bind(parent);
 }
 
+/**
+ * What a thrown value says, the same on the main thread and in workers: an Error's name,
+ * message and stack; anything else (a string, null, a plain object) as "Error" with the value
+ * itself as the message, never "undefined".
+ */
+export function errorFields(e: unknown): { name: string; message: string; stack: string } {
+  if (e instanceof Error) return { name: e.name, message: e.message, stack: e.stack ?? "" };
+  let message = String(e);
+  if (e !== null && typeof e === "object") {
+    try {
+      message = JSON.stringify(e) ?? message;
+    } catch {
+      // Cyclic or with a BigInt: String() it is.
+    }
+  }
+  return { name: "Error", message, stack: "" };
+}
+
 // Zero-copy control block (an Int32Array over a SharedArrayBuffer). Workers pull work: each
 // claims a free ring slot, then the next published task, gathers into the slot and marks it
 // ready; the main thread only publishes tasks, returns released slots to the free queue and
@@ -121,6 +139,8 @@ export interface InitMessage {
   /** Batching is off (batchSize null): a module collate gets each sample, not a list of one. */
   unbatched: boolean;
   workerInit?: ModuleRef;
+  /** The worker's old-generation heap limit, MB (its heap guard's reference). */
+  heapLimitMb: number;
 }
 
 /** Zero-copy task: gather `n` samples into `slot` (indices are already in the slot). */
@@ -158,4 +178,5 @@ export type FromWorker =
     slot?: number;
   }
   | { t: "fatal"; name: string; message: string; stack: string }
+  | { t: "oom"; usedMb: number; limitMb: number }
   | { t: "x"; reason: string };

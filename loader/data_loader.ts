@@ -15,6 +15,7 @@
  * @module
  */
 
+import v8 from "node:v8";
 import {
   Engine,
   type EngineConfig,
@@ -23,6 +24,7 @@ import {
   type Result,
   SLOT_CONSUMER,
   SLOT_FREE,
+  type WorkerResourceLimits,
 } from "./_engine.ts";
 import type { GatherSpec } from "./_gather.ts";
 import type { ModuleRef } from "./_protocol.ts";
@@ -38,6 +40,7 @@ import {
   RandomSampler,
   type Sampler,
   SequentialSampler,
+  toIndices,
 } from "./sampler.ts";
 
 export { WorkerError } from "./_engine.ts";
@@ -113,6 +116,17 @@ export interface DataLoaderOptions<B = unknown> {
   autoRelease?: boolean;
   /** Ring slots beyond the in-flight ones for batches the consumer holds (default 2). */
   heldBatches?: number;
+  /**
+   * V8 heap limits of each worker, as node:worker_threads' `resourceLimits`. A worker that
+   * exceeds `maxOldGenerationSizeMb` is stopped and the loader fails with an out-of-memory
+   * error; the process goes on. Default: the main thread's own heap limit (`--v8-flags=
+   * --max-old-space-size` raises both).
+   */
+  workerResourceLimits?: {
+    maxOldGenerationSizeMb?: number;
+    maxYoungGenerationSizeMb?: number;
+    stackSizeMb?: number;
+  };
 }
 
 /** What an epoch looked like from the consumer's side. */
@@ -162,7 +176,55 @@ const OPTION_NAMES = new Set([
   "augment",
   "autoRelease",
   "heldBatches",
+  "workerResourceLimits",
 ]);
+
+const AUGMENT_KEYS = ["padding", "flip"];
+const LIMIT_KEYS = ["maxOldGenerationSizeMb", "maxYoungGenerationSizeMb", "stackSizeMb"];
+
+/** A near miss among `names` for an unknown key (edit distance at most 2), for "did you mean". */
+function didYouMean(key: string, names: Iterable<string>): string {
+  let best = "";
+  let bestD = 3;
+  for (const name of names) {
+    const a = key.toLowerCase();
+    const b = name.toLowerCase();
+    const d: number[] = Array.from({ length: b.length + 1 }, (_, j) => j);
+    for (let i = 1; i <= a.length; i++) {
+      let prev = d[0];
+      d[0] = i;
+      for (let j = 1; j <= b.length; j++) {
+        const cur = d[j];
+        d[j] = Math.min(d[j] + 1, d[j - 1] + 1, prev + (a[i - 1] === b[j - 1] ? 0 : 1));
+        prev = cur;
+      }
+    }
+    if (d[b.length] < bestD) [best, bestD] = [name, d[b.length]];
+  }
+  return best ? ` (did you mean ${best}?)` : "";
+}
+
+/** Refuses keys of `value` outside `allowed`, naming the option path and the key. */
+function checkKeys(option: string, value: object, allowed: readonly string[]): void {
+  for (const key of Object.keys(value)) {
+    if (!allowed.includes(key)) {
+      fail(
+        `${option}.${key}`,
+        `is unknown${didYouMean(key, allowed)}; ${option} takes ${allowed.join(", ")}`,
+        "type",
+      );
+    }
+  }
+}
+
+/** The main thread's V8 heap limit in MB: the default heap limit of each worker. */
+function mainHeapLimitMb(): number {
+  try {
+    return Math.floor(v8.getHeapStatistics().heap_size_limit / 2 ** 20);
+  } catch {
+    return 4096;
+  }
+}
 
 function fail(option: string, message: string, type: "type" | "range" = "range"): never {
   const text = `Cannot create DataLoader: ${option} option ${message}`;
@@ -178,11 +240,6 @@ function checkBool(name: string, v: unknown, dflt: boolean): boolean {
 function isModuleRef(v: unknown): v is ModuleRef {
   return v !== null && typeof v === "object" &&
     typeof (v as ModuleRef).module === "string" && typeof (v as ModuleRef).export === "string";
-}
-
-function toInt32(batch: Int32Array | Iterable<number> | ArrayLike<number>): Int32Array {
-  if (batch instanceof Int32Array) return batch;
-  return Int32Array.from(batch as ArrayLike<number>);
 }
 
 /**
@@ -247,6 +304,7 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
 
   #ring: StagingRing | undefined;
   #slotState: Uint8Array | undefined;
+  #resourceLimits!: WorkerResourceLimits;
   #gather: GatherSpec | undefined;
   #pinned: Disposable | undefined;
   #engine: Engine | undefined;
@@ -286,7 +344,11 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
     }
     for (const key of Object.keys(options)) {
       if (!OPTION_NAMES.has(key)) {
-        fail(key, `is unknown; options are ${[...OPTION_NAMES].join(", ")}`, "type");
+        fail(
+          key,
+          `is unknown${didYouMean(key, OPTION_NAMES)}; options are ${[...OPTION_NAMES].join(", ")}`,
+          "type",
+        );
       }
     }
     this.dataset = dataset;
@@ -336,6 +398,21 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
     if (!Number.isInteger(heldBatches) || heldBatches < 0) {
       fail("heldBatches", `should be a non-negative integer, got ${String(heldBatches)}`);
     }
+    const limits = o.workerResourceLimits ?? {};
+    if (typeof limits !== "object" || limits === null) {
+      fail("workerResourceLimits", "should be an object", "type");
+    }
+    checkKeys("workerResourceLimits", limits, LIMIT_KEYS);
+    for (const key of LIMIT_KEYS) {
+      const v = (limits as Record<string, unknown>)[key];
+      if (v !== undefined && (typeof v !== "number" || !Number.isInteger(v) || v < 1)) {
+        fail(`workerResourceLimits.${key}`, `should be a positive integer (MB), got ${String(v)}`);
+      }
+    }
+    this.#resourceLimits = {
+      ...limits,
+      maxOldGenerationSizeMb: limits.maxOldGenerationSizeMb ?? mainHeapLimitMb(),
+    };
 
     // Batching: the same checks, in the same order, as torch.utils.data.DataLoader.
     const batchSize = o.batchSize === undefined ? 1 : o.batchSize;
@@ -445,6 +522,10 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
           "type",
         );
       }
+      if (typeof o.augment !== "object" || o.augment === null) {
+        fail("augment", "should be an object such as { padding: 4, flip: true }", "type");
+      }
+      checkKeys("augment", o.augment, AUGMENT_KEYS);
       const padding = o.augment.padding ?? 0;
       if (!Number.isInteger(padding) || padding < 0) {
         fail("augment", `padding should be a non-negative integer, got ${String(padding)}`);
@@ -548,17 +629,36 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
       ...(this.#augment ? [{ name: "augment", dtype: "i32" as const, shape: [3] }] : []),
     ];
     let maxBatch = this.batchSize ?? 0;
+    if (this.batchSize !== null && this.sampler !== undefined) {
+      // A batch never holds more indices than an epoch has: batchSize 1e6 on 10 samples
+      // needs slots of 10 records, not of a million (a sampler that yields more than its
+      // length is refused when the epoch is planned).
+      maxBatch = Math.min(maxBatch, Math.max(1, this.sampler.length));
+    }
     if (this.batchSize === null) {
       // A batchSampler: size slots for its largest batch of epoch 0.
+      let k = 0;
       for (const b of this.batchSampler.batches(0)) {
-        maxBatch = Math.max(maxBatch, toInt32(b).length);
+        maxBatch = Math.max(maxBatch, toIndices(b, 0, Infinity, k++).length);
       }
     }
     // In flight + held by the consumer + one per worker: a worker takes its next slot before
     // it takes its next task, so an idle worker holds one.
     const slots = this.prefetchFactor * Math.max(1, this.numWorkers) + Math.max(1, heldBatches) +
       this.numWorkers;
-    const ring = new StagingRing(ringFields, Math.max(1, maxBatch), slots);
+    let ring: StagingRing;
+    try {
+      ring = new StagingRing(ringFields, Math.max(1, maxBatch), slots);
+    } catch (e) {
+      const perSample = ringFields.reduce((n, f) => n + recordBytes(f), 0);
+      throw new RangeError(
+        `Cannot create DataLoader: the staging ring needs about ${
+          ((slots * Math.max(1, maxBatch) * perSample) / 2 ** 20).toFixed(0)
+        } MiB (${slots} slots of ${maxBatch} samples of ${perSample} bytes) and could not be ` +
+          `allocated (${(e as Error)?.message ?? e}); lower batchSize, prefetchFactor, ` +
+          "numWorkers or heldBatches",
+      );
+    }
     // Loading needs a free slot per batch in flight and per idle worker (one without workers).
     this.#maxHeldBatches = Math.max(
       1,
@@ -721,7 +821,10 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
       watchdog: this.watchdog,
       seed: this.seed,
       plan: (epoch) => {
-        const batches = Array.from(this.batchSampler.batches(epoch), toInt32);
+        const batches = Array.from(
+          this.batchSampler.batches(epoch),
+          (b, k) => toIndices(b, epoch, Infinity, k),
+        );
         const map = this.#recordMap;
         if (map === undefined) return batches;
         // Sample -> record; an index outside the dataset becomes -1, which the gather
@@ -737,6 +840,7 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
       unbatched: this.batchSize === null && this.sampler !== undefined,
       workerSpec: this.zeroCopy ? undefined : this.dataset.workerSpec?.(),
       workerInit: this.#workerInit,
+      resourceLimits: this.#resourceLimits,
       onWait: (s, d) => this.#active?._onWait(s, d),
     });
     return this.#engine;

@@ -541,7 +541,7 @@ export class BatchSampler implements BatchSamplerLike {
    */
   batches(epoch = 0): Int32Array[] {
     const raw = this.sampler.indices(epoch);
-    const all = raw instanceof Int32Array ? raw : Int32Array.from(raw);
+    const all = toIndices(raw, epoch, this.batchSize);
     const out: Int32Array[] = [];
     for (let i = 0; i < all.length; i += this.batchSize) {
       if (this.dropLast && i + this.batchSize > all.length) break;
@@ -549,4 +549,61 @@ export class BatchSampler implements BatchSamplerLike {
     }
     return out;
   }
+}
+
+/**
+ * Sampler indices as an Int32Array, refusing what an Int32Array would silently turn into
+ * another sample: fractions, NaN, negative values, 2^31 and beyond, and non-numbers. Errors
+ * name the value, its batch (position / `batchSize`) and its position in that batch.
+ *
+ * @param values the indices of an epoch (or of one batch, with `batchSize` its length)
+ * @param epoch the epoch, for the message
+ * @param batchSize indices per batch, to name the batch; `firstBatch` numbers the first one
+ * @param firstBatch the batch number of `values[0]`
+ * @returns the indices
+ * @throws {RangeError} for a number that is not an integer in [0, 2^31)
+ * @throws {TypeError} for a value that is not a number
+ * @example
+ * ```ts
+ * import { toIndices } from "./sampler.ts";
+ * import assert from "node:assert";
+ * assert.deepStrictEqual(toIndices([3, 1], 0, 2), new Int32Array([3, 1]));
+ * assert.throws(() => toIndices([0, 1, 2, 1.5], 0, 2), /batch 1 of epoch 0.*index 1\.5/);
+ * ```
+ */
+export function toIndices(
+  values: Int32Array | Iterable<number> | ArrayLike<number>,
+  epoch: number,
+  batchSize: number,
+  firstBatch = 0,
+): Int32Array {
+  const bad = (v: unknown, at: number): never => {
+    const shown = typeof v === "string" ? JSON.stringify(v) : String(v);
+    const text =
+      `Cannot plan batch ${firstBatch + Math.floor(at / batchSize)} of epoch ${epoch}: ` +
+      `the sampler gave index ${shown} (${typeof v}) at position ${at % batchSize}; indices ` +
+      "must be integers in [0, 2^31)";
+    throw typeof v === "number" ? new RangeError(text) : new TypeError(text);
+  };
+  if (values instanceof Int32Array) {
+    for (let k = 0; k < values.length; k++) if (values[k] < 0) bad(values[k], k);
+    return values;
+  }
+  if (values === null || typeof values !== "object") {
+    throw new TypeError(
+      `Cannot plan batch ${firstBatch} of epoch ${epoch}: the sampler gave ${
+        String(values)
+      } instead of a list of indices`,
+    );
+  }
+  const list: ArrayLike<unknown> = Symbol.iterator in values
+    ? Array.from(values as Iterable<unknown>)
+    : values;
+  const out = new Int32Array(list.length);
+  for (let k = 0; k < list.length; k++) {
+    const v = list[k];
+    if (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v > 0x7fffffff) bad(v, k);
+    out[k] = v as number;
+  }
+  return out;
 }

@@ -1,10 +1,11 @@
-/// <reference lib="deno.worker" />
-// Entry point of a DataLoader worker (a Deno Web Worker). It rebuilds the dataset once from
-// its WorkerSpec (or only maps the shared fields on the zero-copy path), then serves tasks in
-// the order they arrive. Errors travel back as values naming the sample index; an explicit
-// self.close() or Deno.exit() is reported before the worker goes, so the loader never waits
-// on a worker that is gone.
+// Entry point of a DataLoader worker (a node:worker_threads worker: see _engine.ts for why
+// not a Web Worker). It rebuilds the dataset once from its WorkerSpec (or only maps the shared
+// fields on the zero-copy path), then serves tasks in the order they arrive. Errors travel
+// back as values naming the sample index; an explicit self.close() or Deno.exit() is
+// reported before the worker goes, so the loader never waits on a worker that is gone.
 
+import v8 from "node:v8";
+import { parentPort } from "node:worker_threads";
 import { Gatherer, SampleError } from "./_gather.ts";
 import { CounterRandom, STREAM_SAMPLE } from "./_rng.ts";
 import { defaultCollate } from "./collate.ts";
@@ -19,6 +20,7 @@ import {
   C_STOP,
   type CollateTask,
   controlLayout,
+  errorFields,
   type FromWorker,
   type GatherTask,
   type InitMessage,
@@ -31,19 +33,40 @@ import {
 } from "./_protocol.ts";
 import { _setWorkerInfo } from "./worker_info.ts";
 
+const port = parentPort!;
 const post = (m: FromWorker, transfer?: Transferable[]) =>
-  self.postMessage(m, { transfer: transfer ?? [] });
+  port.postMessage(m, (transfer ?? []) as never[]);
 
-const originalClose = self.close.bind(self);
-self.close = () => {
+// Dataset code written for Web Workers may use `self` (self.close(), self.name): a
+// node:worker_threads worker has no `self`, so give it the global, as a Web Worker has.
+const g = globalThis as unknown as { self?: unknown; close?: () => void };
+g.self ??= globalThis;
+const originalClose = g.close?.bind(globalThis);
+g.close = () => {
   post({ t: "x", reason: "the worker called self.close()" });
-  originalClose();
+  if (originalClose) originalClose();
+  else Deno.exit(0);
 };
 const originalExit = Deno.exit;
 Deno.exit = ((code?: number) => {
   post({ t: "x", reason: `the worker called Deno.exit(${code ?? 0})` });
   return originalExit(code);
 }) as typeof Deno.exit;
+
+// Heap guard (generic path). A worker that exceeds its heap limit inside a task is stopped
+// by V8, but Deno 2.9 then reports nothing (no 'error', no 'exit'): the loader would wait
+// for its batch until `timeout`. Heap that grows across batches (a cache, a leak) is caught
+// here first: over 85% of the old-generation limit after two batches in a row (one could be
+// garbage not yet collected), the worker reports it and the loader fails with an
+// out-of-memory error. 0.4 us per batch.
+let heapHigh = 0;
+function heapExhausted(): boolean {
+  const used = v8.getHeapStatistics().used_heap_size;
+  heapHigh = used > 0.85 * init.heapLimitMb * 2 ** 20 ? heapHigh + 1 : 0;
+  if (heapHigh < 2) return false;
+  post({ t: "oom", usedMb: Math.round(used / 2 ** 20), limitMb: init.heapLimitMb });
+  return true;
+}
 
 let init: InitMessage;
 let gatherer: Gatherer | undefined;
@@ -52,11 +75,8 @@ let collate: ((samples: unknown[]) => unknown) | undefined;
 const queue: ToWorker[] = [];
 let running = false;
 let ready = false;
-
-function errorFields(e: unknown): { name: string; message: string; stack: string } {
-  if (e instanceof Error) return { name: e.name, message: e.message, stack: e.stack ?? "" };
-  return { name: "Error", message: String(e), stack: "" };
-}
+/** Set once the heap guard reported: take no more tasks (the loader stops this worker). */
+let stopped = false;
 
 async function setup(msg: InitMessage): Promise<void> {
   init = msg;
@@ -222,6 +242,7 @@ async function runCollate(task: CollateTask): Promise<void> {
     current = -1;
     if (init.collate === "none") {
       post({ t: "b", seq: task.seq, value: samples, busy: performance.now() - t0 });
+      if (heapExhausted()) stopped = true;
       return;
     }
     // Without batching a collate gets the sample itself, as PyTorch's with batch_size=None.
@@ -231,6 +252,7 @@ async function runCollate(task: CollateTask): Promise<void> {
     const transfer: Transferable[] = [];
     if (init.collate === "default") transferables(value, transfer);
     post({ t: "b", seq: task.seq, value, busy: performance.now() - t0 }, transfer);
+    if (heapExhausted()) stopped = true;
   } catch (e) {
     post({ t: "e", seq: task.seq, index: current, ...errorFields(e) });
   }
@@ -240,7 +262,7 @@ async function pump(): Promise<void> {
   if (running) return;
   running = true;
   try {
-    while (ready && queue.length > 0) {
+    while (ready && !stopped && queue.length > 0) {
       const task = queue.shift()!;
       if (task.t === "g") runGather(task);
       else if (task.t === "c") await runCollate(task);
@@ -250,8 +272,7 @@ async function pump(): Promise<void> {
   }
 }
 
-self.onmessage = (event: MessageEvent<ToWorker>) => {
-  const msg = event.data;
+port.on("message", (msg: ToWorker) => {
   if (msg.t === "init") {
     setup(msg).then(
       () => {
@@ -271,4 +292,4 @@ self.onmessage = (event: MessageEvent<ToWorker>) => {
   }
   queue.push(msg);
   pump();
-};
+});

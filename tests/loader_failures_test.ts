@@ -215,3 +215,139 @@ Deno.test("DataLoader refuses a watchdog that is not a non-negative number of se
     );
   }
 });
+
+/** Runs tests/_loader_fault_child.ts; kills it (and fails) if it does not end within 60 s. */
+async function runChild(fault: string): Promise<{ code: number; out: string }> {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", new URL("./_loader_fault_child.ts", import.meta.url).pathname, fault],
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  let killed = false;
+  const timer = setTimeout(() => {
+    killed = true;
+    child.kill("SIGKILL");
+  }, 60_000);
+  const r = await child.output();
+  clearTimeout(timer);
+  const out = new TextDecoder().decode(r.stdout) + new TextDecoder().decode(r.stderr);
+  assert.ok(!killed, `the process did not end on its own after dispose():\n${out}`);
+  return { code: r.code, out };
+}
+
+Deno.test("a worker stuck in a JavaScript loop is stopped at the timeout and the process can end", async () => {
+  const { code, out } = await runChild("spin");
+  assert.match(out, /error: Cannot get batch 1 of epoch 0: DataLoader timed out after 0\.5 s/);
+  assert.match(out, /disposed, live workers 0/);
+  assert.strictEqual(code, 0, out);
+});
+
+Deno.test("a worker that runs out of heap fails the loader, not the process", async () => {
+  const { code, out } = await runChild("oom");
+  assert.match(out, /error: Cannot load batches: DataLoader worker \d ran out of memory/);
+  assert.match(out, /maxOldGenerationSizeMb/);
+  assert.match(out, /disposed, live workers 0/);
+  assert.strictEqual(code, 0, out);
+});
+
+Deno.test("timeout applies with numWorkers 0: a get() promise that never settles fails the batch", async () => {
+  await using loader = new DataLoader(faulty("never", 6), { batchSize: 4, timeout: 0.2 });
+  let batches = 0;
+  const err = await (async () => {
+    for await (const _ of loader) batches++;
+  })().then(() => undefined, (e) => e);
+  assert.ok(err instanceof Error && err.name === "TimeoutError", String(err));
+  assert.match(err.message, /Cannot get batch 1 of epoch 0: DataLoader timed out after 0\.2 s/);
+  assert.strictEqual(batches, 1);
+});
+
+Deno.test("timeout applies with numWorkers 0: a synchronous get() that overruns fails the batch", async () => {
+  await using loader = new DataLoader(faulty("slow", 6), { batchSize: 4, timeout: 0.1 });
+  await assert.rejects(
+    drain(loader),
+    /batch 1 of epoch 0: DataLoader timed out after 0\.1 s.*returned after the deadline/,
+  );
+});
+
+for (const [fault, shown] of [["throwString", "injected string at 17"], ["throwNull", "null"]]) {
+  Deno.test(`a get() that throws a non-Error (${fault}) is reported with the value, with and without workers`, async () => {
+    const messages: string[] = [];
+    for (const numWorkers of [0, 2]) {
+      await using loader = new DataLoader(faulty(fault as Fault, 17), { batchSize: 4, numWorkers });
+      const err = await drain(loader).then(() => undefined, (e) => e);
+      assert.ok(err instanceof WorkerError, String(err));
+      assert.strictEqual(err.index, 17);
+      messages.push(err.message.replace(/DataLoader worker \d|the main thread/, "<where>"));
+    }
+    const want = `Cannot load sample 17 (batch 4 of epoch 0): caught Error in <where>: ${shown}`;
+    assert.deepStrictEqual(messages, [want, want]);
+  });
+}
+
+Deno.test("DataLoader refuses unknown augment keys, naming the key", () => {
+  const ds = new TensorDataset({ x: new Int32Array(8) });
+  assert.throws(
+    () => new DataLoader(ds, { batchSize: 2, augment: { padding: 1, vflip: true } as never }),
+    /Cannot create DataLoader: augment\.vflip option is unknown.*augment takes padding, flip/,
+  );
+  assert.throws(
+    () => new DataLoader(ds, { batchSize: 2, augment: { paddng: 1 } as never }),
+    /augment\.paddng option is unknown \(did you mean padding\?\)/,
+  );
+  assert.throws(
+    () => new DataLoader(ds, { batchSize: 2, numWorker: 2 } as never),
+    /numWorker option is unknown \(did you mean numWorkers\?\)/,
+  );
+});
+
+for (
+  const [bad, pattern] of [
+    [1.5, /index 1\.5 \(number\) at position 1/],
+    [Number.NaN, /index NaN \(number\)/],
+    [-1, /index -1 \(number\)/],
+    [2 ** 32 + 1, /index 4294967297 \(number\)/],
+    ["3", /index "3" \(string\)/],
+  ] as const
+) {
+  for (const numWorkers of [0, 2]) {
+    Deno.test(`DataLoader refuses sampler index ${String(bad)} naming it and its batch (numWorkers ${numWorkers})`, async () => {
+      const ds = new TensorDataset({ x: new Int32Array(8) });
+      for (const zeroCopy of [true, false]) {
+        await using loader = new DataLoader(ds, {
+          batchSize: 2,
+          numWorkers,
+          zeroCopy,
+          sampler: { length: 4, indices: () => [0, 1, 2, bad as number] },
+        });
+        await assert.rejects(drain(loader), (e: Error) => {
+          assert.match(e.message, /Cannot plan batch 1 of epoch 0: the sampler gave/);
+          assert.match(e.message, pattern);
+          return true;
+        });
+      }
+    });
+  }
+}
+
+Deno.test("DataLoader sizes its staging ring by what a batch can hold, not by batchSize", async () => {
+  const ds = new TensorDataset({ x: new Int32Array(10) });
+  for (const batchSize of [1e6, 1e8]) {
+    await using loader = new DataLoader<RingBatch>(ds, { batchSize, numWorkers: 2 });
+    assert.strictEqual(loader.ring!.batchSize, 10);
+    const sizes = [];
+    for await (const b of loader) sizes.push(b.size);
+    assert.deepStrictEqual(sizes, [10]);
+  }
+});
+
+Deno.test("DataLoader refuses a sampler that yields more indices than its length says", async () => {
+  const ds = new TensorDataset({ x: new Int32Array(8) });
+  await using loader = new DataLoader(ds, {
+    batchSize: 100,
+    sampler: { length: 2, indices: () => [0, 1, 2, 3] },
+  });
+  await assert.rejects(
+    drain(loader),
+    /Cannot plan batch 0 of epoch 0: it has 4 indices, the staging ring holds 2 per batch/,
+  );
+});

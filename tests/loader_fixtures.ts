@@ -134,6 +134,9 @@ export function tarBytes(entries: { name: string; data: Uint8Array }[]): Uint8Ar
   return out;
 }
 
+/** What the "oom" fault keeps alive: from `at` on, every sample leaks 4 MB (a cache gone wrong). */
+const hoard: number[][] = [];
+
 /** A sample of {@linkcode FaultyDataset}. */
 export interface FaultySample {
   /** The index. */
@@ -149,7 +152,19 @@ export interface FaultySample {
 }
 
 /** What {@linkcode FaultyDataset} does at its `at` index. */
-export type Fault = "none" | "throw" | "close" | "exit" | "hang" | "crash";
+export type Fault =
+  | "none"
+  | "throw"
+  | "throwString"
+  | "throwNull"
+  | "close"
+  | "exit"
+  | "hang"
+  | "spin"
+  | "never"
+  | "slow"
+  | "oom"
+  | "crash";
 
 /** State of a {@linkcode FaultyDataset}. */
 export interface FaultyState {
@@ -160,8 +175,10 @@ export interface FaultyState {
 
 /**
  * A dataset of `{ x: Float32Array([i]) , r: random draw }` that misbehaves at index `at`:
- * throws, closes its worker, exits, hangs, or crashes the worker with an uncaught error.
- * On the main thread only "throw" applies.
+ * throws (an Error, a string, null), closes its worker, exits, hangs (spinning for 60 s or
+ * forever, or a promise that never settles), takes 300 ms, leaks 4 MB per sample from `at` on
+ * ("oom"), or crashes the worker with an uncaught error. On the main thread only the throws,
+ * "never" and "slow" apply.
  */
 export class FaultyDataset implements Dataset<FaultySample> {
   readonly length: number;
@@ -176,10 +193,25 @@ export class FaultyDataset implements Dataset<FaultySample> {
     return new FaultyDataset(state);
   }
   get(i: number, ctx?: SampleContext): FaultySample {
-    if (i === this.at) {
+    if (this.fault === "oom" && i >= this.at) hoard.push(new Array(5e5).fill(i + 0.5));
+    else if (i === this.at) {
       switch (this.fault) {
         case "throw":
           throw new Error(`injected failure at ${i}`);
+        case "throwString":
+          throw `injected string at ${i}`;
+        case "throwNull":
+          throw null;
+        case "spin":
+          while (true) { /* a worker stuck in a JavaScript loop */ }
+        case "never":
+          return new Promise<never>(() => {}) as never;
+        case "slow": {
+          const end = Date.now() + 300;
+          while (Date.now() < end) { /* a slow synchronous get() */ }
+          break;
+        }
+
         case "close":
           self.close();
           break;
