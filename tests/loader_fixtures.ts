@@ -203,7 +203,10 @@ export class FaultyDataset implements Dataset<FaultySample> {
         case "throwNull":
           throw null;
         case "spin":
-          while (true) { /* a worker stuck in a JavaScript loop */ }
+          // A worker stuck in a JavaScript loop (the condition keeps lint from calling the
+          // case a fall-through).
+          while (this.at >= 0) { /* spin */ }
+          break;
         case "never":
           return new Promise<never>(() => {}) as never;
         case "slow": {
