@@ -12,6 +12,7 @@ import {
   type Backend,
   cudaArchProblem,
   cudaDriverProblem,
+  cudaEmulated,
   type Library,
   LibraryError,
   loadLibrary,
@@ -43,6 +44,11 @@ export interface DeviceProps {
   asyncEngines: number;
   /** Whether host and device share one address space. */
   unifiedAddressing: boolean;
+  /**
+   * Whether this is the CUDA emulator (`PINSTREAM_CUDA_EMULATOR=1`): the CUDA backend's code,
+   * run on CPU cores by kernels/emu. Correct, slow, and never a measure of GPU speed.
+   */
+  emulated: boolean;
 }
 
 /** Free and total device memory in bytes. */
@@ -63,13 +69,14 @@ export interface LiveObjects {
   events: number;
 }
 
-/** Bytes of `ps_device_props` in kernels/pinstream.h: name[256], u64, 7 x i32, reserved[9]. */
+/** Bytes of `ps_device_props` in kernels/pinstream.h: name[256], u64, 8 x i32, reserved[8]. */
 const PROPS_BYTES = 256 + 8 + 4 * 16;
 
 /** The device current on the JS thread, per library, to skip redundant `ps_device_set`. */
 const current = new Map<Library, number>();
 
 let fallbackReported = false;
+let emulatorReported = false;
 
 /**
  * One device of a backend. Open it with {@linkcode Device.open}; dispose it (or `using`) to
@@ -114,6 +121,7 @@ export class Device extends Resource {
       multiprocessors: view.getInt32(272, true),
       asyncEngines: view.getInt32(276, true),
       unifiedAddressing: view.getInt32(280, true) !== 0,
+      emulated: view.getInt32(284, true) !== 0,
     });
     this.defaultStream = createDefaultStream(this);
   }
@@ -121,7 +129,8 @@ export class Device extends Resource {
   /**
    * Opens a device. "auto" opens CUDA device `index` when the driver, nvcc (or a prebuilt
    * library) and a device are all there, else the CPU backend, printing one line on stderr
-   * (once per process) saying why.
+   * (once per process) saying why. With `PINSTREAM_CUDA_EMULATOR=1`, "cuda" (and so "auto")
+   * is the CUDA emulator, which needs only a C++ compiler (`props.emulated` is true).
    *
    * @param kind "auto" (default), "cuda" or "cpu".
    * @param options `index`: the device ordinal (default 0).
@@ -179,7 +188,12 @@ export class Device extends Resource {
    */
   static count(kind: Backend): number {
     try {
-      if (kind === "cuda" && !hasOverride("cuda") && cudaDriverProblem() !== undefined) return 0;
+      if (
+        kind === "cuda" && !hasOverride("cuda") && !cudaEmulated() &&
+        cudaDriverProblem() !== undefined
+      ) {
+        return 0;
+      }
       const lib = loadLibrary(kind);
       const out = new Int32Array(1);
       return lib.symbols.ps_device_count(out) === 0 ? out[0] : 0;
@@ -191,7 +205,7 @@ export class Device extends Resource {
 
   static #openBackend(kind: Backend, index: number): Device {
     const action = `open ${kind} device ${index}`;
-    if (kind === "cuda" && !hasOverride("cuda")) {
+    if (kind === "cuda" && !hasOverride("cuda") && !cudaEmulated()) {
       const why = cudaDriverProblem();
       if (why !== undefined) throw new PinstreamError("NO_DRIVER", action, why);
     }
@@ -225,7 +239,13 @@ export class Device extends Resource {
     unwrap(lib, lib.symbols.ps_device_set(index), action);
     current.set(lib, index);
     const device = new Device(kind, index, lib);
-    if (kind === "cuda" && !hasOverride("cuda")) {
+    if (device.props.emulated && !emulatorReported) {
+      emulatorReported = true;
+      console.error(
+        `pinstream: cuda is the CUDA emulator (${device.props.name}): correct, not fast`,
+      );
+    }
+    if (kind === "cuda" && !hasOverride("cuda") && !device.props.emulated) {
       // Copies would work on a GPU the kernels were not built for; every launch would not.
       const why = cudaArchProblem(device.props.major, device.props.minor);
       if (why !== undefined) {
@@ -357,7 +377,9 @@ function fallbackReason(err: PinstreamError): string {
   if (err instanceof LibraryError) {
     switch (err.reason) {
       case "no-compiler":
-        return "nvcc not found, so the CUDA library cannot be built (install the CUDA toolkit, set NVCC or CUDA_HOME, or point PINSTREAM_LIB_CUDA at a prebuilt library)";
+        return cudaEmulated()
+          ? "no C++ compiler, so the CUDA emulator cannot be built (install g++ or set CXX)"
+          : "nvcc not found, so the CUDA library cannot be built (install the CUDA toolkit, set NVCC or CUDA_HOME, or point PINSTREAM_LIB_CUDA at a prebuilt library)";
       case "build-failed":
         return 'the CUDA library failed to build (run "deno task build --require cuda" to see the compiler\'s output)';
       default:

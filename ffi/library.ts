@@ -11,6 +11,11 @@
  *    The file name carries a hash of the sources, flags, compiler version and host CPU, so
  *    editing a kernel or switching compilers rebuilds and stale builds are never loaded.
  *
+ * With `PINSTREAM_CUDA_EMULATOR=1`, "cuda" is the CUDA emulator instead (kernels/emu): the same
+ * CUDA sources built by the host C++ compiler (`$CXX`, else `c++`, `g++` or `clang++`) against
+ * an emulation of the CUDA runtime and execution model, so every CUDA path runs on a machine
+ * without a GPU (slowly: each CUDA thread is a fiber on a CPU core).
+ *
  * Each backend is loaded once per process; a failure is remembered too, so "auto" does not
  * retry a failed build on every `Device.open`.
  *
@@ -18,6 +23,7 @@
  */
 
 import { createHash } from "node:crypto";
+import { rewriteForEmulator } from "./_cuda_emu.ts";
 import { PinstreamError } from "./errors.ts";
 import { ABI_VERSION, type Library, symbols } from "./symbols.ts";
 
@@ -27,10 +33,14 @@ export type { Library } from "./symbols.ts";
 export type Backend = "cpu" | "cuda";
 
 /**
- * The kernel sources of each backend, relative to kernels/. Files ending in .h/.cuh are
- * copied next to the others (and hashed) but not compiled.
+ * The kernel sources of each backend and of the CUDA emulator, relative to kernels/. Files
+ * ending in .h/.cuh are copied next to the others (and hashed) but not compiled.
  */
-export const SOURCES: { readonly cpu: string[]; readonly cuda: string[] } = {
+export const SOURCES: {
+  readonly cpu: string[];
+  readonly cuda: string[];
+  readonly emulator: string[];
+} = {
   cpu: [
     "pinstream.h",
     "cpu/common.h",
@@ -45,6 +55,20 @@ export const SOURCES: { readonly cpu: string[]; readonly cuda: string[] } = {
     "cuda/image.cu",
     "cuda/nn.cu",
   ],
+  emulator: [
+    "pinstream.h",
+    "cuda/common.cuh",
+    "cuda/core.cu",
+    "cuda/image.cu",
+    "cuda/nn.cu",
+    "emu/include/ps_emu.h",
+    "emu/include/cuda_runtime.h",
+    "emu/include/cuda_fp16.h",
+    "emu/include/mma.h",
+    "emu/internal.h",
+    "emu/runtime.cc",
+    "emu/exec.cc",
+  ],
 };
 
 /** Compiler flags of the CPU build (`-fopenmp` is dropped when the compiler lacks OpenMP). */
@@ -57,6 +81,42 @@ export const CPU_FLAGS: readonly string[] = [
   "-std=gnu11",
   "-fvisibility=hidden",
 ];
+
+/**
+ * Host C++ compiler flags of the CUDA emulator. No contraction into FMAs (`__fmul_rn` and
+ * `__fadd_rn` promise separate roundings); the emulator's headers stand in for CUDA's, and are
+ * included first as nvcc includes cuda_runtime.h.
+ */
+export const EMULATOR_FLAGS: readonly string[] = [
+  "-std=c++17",
+  "-O2",
+  "-fPIC",
+  "-shared",
+  "-fvisibility=hidden",
+  "-ffp-contract=off",
+  "-pthread",
+  "-DPS_CUDA_EMULATOR=1",
+  "-Iemu/include",
+  "-include",
+  "cuda_runtime.h",
+];
+
+/**
+ * Whether "cuda" means the CUDA emulator in this process: `PINSTREAM_CUDA_EMULATOR` is set to
+ * `1` (or `true`, `yes`, `on`).
+ *
+ * @returns true when the cuda backend is built from kernels/emu.
+ *
+ * @example
+ * ```ts
+ * import { cudaEmulated } from "./library.ts";
+ * import assert from "node:assert";
+ * assert.strictEqual(cudaEmulated(), /^(1|true|yes|on)$/i.test(Deno.env.get("PINSTREAM_CUDA_EMULATOR") ?? ""));
+ * ```
+ */
+export function cudaEmulated(): boolean {
+  return /^(1|true|yes|on)$/i.test(env("PINSTREAM_CUDA_EMULATOR") ?? "");
+}
 
 /**
  * CUDA architectures built by default: T4 and RTX 20xx (sm_75), A100 and the 30xx/40xx
@@ -225,7 +285,14 @@ function locate(backend: Backend): { lib: Library; path: string } {
     return { lib: open(backend, generic, "$PINSTREAM_LIB"), path: generic };
   }
   const path = buildLibrary(backend);
-  return { lib: open(backend, path, "the build cache"), path };
+  return {
+    lib: open(
+      backend,
+      path,
+      backend === "cuda" && cudaEmulated() ? "the CUDA emulator build" : "the build cache",
+    ),
+    path,
+  };
 }
 
 const PROBE = {
@@ -317,9 +384,17 @@ function run(cmd: string, args: string[], cwd?: string): Deno.CommandOutput {
   return new Deno.Command(cmd, { args, cwd, stdout: "piped", stderr: "piped" }).outputSync();
 }
 
-function findCompiler(backend: Backend): Compiler {
+/** What is built: a backend, or the cuda backend against the CUDA emulator. */
+type Target = Backend | "emulator";
+
+function findCompiler(target: Target): Compiler {
+  const backend: Backend = target === "emulator" ? "cuda" : target;
   const candidates: string[] = [];
-  if (backend === "cpu") {
+  if (target === "emulator") {
+    const cxx = env("CXX");
+    if (cxx !== undefined) candidates.push(cxx);
+    candidates.push("c++", "g++", "clang++");
+  } else if (backend === "cpu") {
     const cc = env("CC");
     if (cc !== undefined) candidates.push(cc);
     candidates.push("cc", "gcc", "clang");
@@ -349,26 +424,29 @@ function findCompiler(backend: Backend): Compiler {
       tried.push(`${path} (${why})`);
     }
   }
-  const install = backend === "cpu"
+  const install = target === "emulator"
+    ? "install a C++17 compiler (Debian/Ubuntu: apt-get install g++) or set CXX"
+    : backend === "cpu"
     ? "install a C compiler (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install gcc) or set CC"
     : "install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads) or set NVCC / CUDA_HOME";
   const override = backend === "cpu" ? "PINSTREAM_LIB_CPU" : "PINSTREAM_LIB_CUDA";
+  const what = target === "emulator" ? "C++ compiler" : backend === "cpu" ? "C compiler" : "nvcc";
   throw new LibraryError(
     "no-compiler",
     backend,
-    `no ${backend === "cpu" ? "C compiler" : "nvcc"} found (tried ${
+    `no ${what} found (tried ${
       tried.join(", ")
     }); ${install}, or point ${override} at a prebuilt library`,
   );
 }
 
-/** The sources of `backend`: their texts, and the identity that goes into the cache key. */
-function readSources(backend: Backend): { files: Map<string, string>; identity: string[] } {
+/** The sources of `target`: their texts, and the identity that goes into the cache key. */
+function readSources(target: Target): { files: Map<string, string>; identity: string[] } {
   const files = new Map<string, string>();
-  const urls = SOURCES[backend].map((rel) => new URL(rel, KERNELS));
+  const urls = SOURCES[target].map((rel) => new URL(rel, KERNELS));
   if (KERNELS.protocol === "file:") {
     for (const [i, url] of urls.entries()) {
-      files.set(SOURCES[backend][i], Deno.readTextFileSync(url));
+      files.set(SOURCES[target][i], Deno.readTextFileSync(url));
     }
     return { files, identity: [...files].map(([p, text]) => `${p}\0${text}`) };
   }
@@ -378,8 +456,9 @@ function readSources(backend: Backend): { files: Map<string, string>; identity: 
   return { files, identity: urls.map((u) => u.href) };
 }
 
-function fetchRemote(backend: Backend): Map<string, string> {
-  const rels = SOURCES[backend];
+function fetchRemote(target: Target): Map<string, string> {
+  const backend: Backend = target === "emulator" ? "cuda" : target;
+  const rels = SOURCES[target];
   const urls = rels.map((rel) => new URL(rel, KERNELS).href);
   const script = `const out = [];
 for (const u of JSON.parse(Deno.env.get("PINSTREAM_FETCH"))) {
@@ -466,12 +545,22 @@ function cudaFlags(archs: string[]): string[] {
 
 const LIB_EXT = Deno.build.os === "windows" ? "dll" : Deno.build.os === "darwin" ? "dylib" : "so";
 
+/** Options of {@linkcode buildLibrary}. */
+export interface BuildOptions {
+  /**
+   * Build the cuda backend against the CUDA emulator (kernels/emu) with the host C++ compiler
+   * instead of nvcc. Default: {@linkcode cudaEmulated}() for "cuda".
+   */
+  emulator?: boolean;
+}
+
 /**
  * Builds the backend library from the kernel sources into the cache (unless an up-to-date
  * build is there) and returns its path, ignoring the PINSTREAM_LIB* overrides. Does not load
  * it.
  *
  * @param backend `"cpu"` or `"cuda"`.
+ * @param options `emulator`: build "cuda" against the CUDA emulator.
  * @returns The path of the built library.
  * @throws {LibraryError} When the compiler is missing or the build fails.
  *
@@ -482,16 +571,24 @@ const LIB_EXT = Deno.build.os === "windows" ? "dll" : Deno.build.os === "darwin"
  * assert.match(buildLibrary("cpu"), /libpinstream_cpu_/);
  * ```
  */
-export function buildLibrary(backend: Backend): string {
-  const compiler = findCompiler(backend);
-  const flags = backend === "cpu" ? [...CPU_FLAGS] : cudaFlags(cudaArchs());
-  const { files, identity } = readSources(backend);
+export function buildLibrary(backend: Backend, options: BuildOptions = {}): string {
+  const target: Target = backend === "cuda" && (options.emulator ?? cudaEmulated())
+    ? "emulator"
+    : backend;
+  const compiler = findCompiler(target);
+  const flags = target === "cpu"
+    ? [...CPU_FLAGS]
+    : target === "emulator"
+    ? [...EMULATOR_FLAGS]
+    : cudaFlags(cudaArchs());
+  const { files, identity } = readSources(target);
   const hash = createHash("sha256");
-  for (const part of [backend, compiler.version, flags.join(" "), hostCpuFlags(), ...identity]) {
+  for (const part of [target, compiler.version, flags.join(" "), hostCpuFlags(), ...identity]) {
     hash.update(part).update("\0");
   }
   const dir = cacheDir();
-  const name = `libpinstream_${backend}_${hash.digest("hex").slice(0, 20)}`;
+  const tag = target === "emulator" ? "cuda_emulator" : target;
+  const name = `libpinstream_${tag}_${hash.digest("hex").slice(0, 20)}`;
   const final = `${dir}/${name}.${LIB_EXT}`;
   if (exists(final)) return final;
   Deno.mkdirSync(dir, { recursive: true });
@@ -502,8 +599,9 @@ export function buildLibrary(backend: Backend): string {
     lock.lockSync(true);
     if (exists(final)) return final; // built by the process we waited for
     // A first build takes seconds (cc) to a minute (nvcc): say so rather than look hung.
-    console.error(`pinstream: building the ${backend} backend with ${compiler.path} into ${dir}`);
-    compile(backend, compiler, flags, files, dir, final);
+    const what = target === "emulator" ? "cuda backend on the CUDA emulator" : `${backend} backend`;
+    console.error(`pinstream: building the ${what} with ${compiler.path} into ${dir}`);
+    compile(target, compiler, flags, files, dir, final);
   } finally {
     lock.close();
   }
@@ -521,32 +619,47 @@ function exists(path: string): boolean {
 }
 
 function compile(
-  backend: Backend,
+  target: Target,
   compiler: Compiler,
   flags: string[],
   files: Map<string, string>,
   dir: string,
   final: string,
 ): void {
-  const sources = files.size > 0 ? files : fetchRemote(backend);
+  const backend: Backend = target === "emulator" ? "cuda" : target;
+  const sources = files.size > 0 ? files : fetchRemote(target);
   // Each build gets its own temporary directory in the cache (same filesystem, so the final
   // rename is atomic): concurrent first uses (parallel test files) never see a partial file.
-  const tmp = Deno.makeTempDirSync({ dir, prefix: `.build-${backend}-` });
+  const tmp = Deno.makeTempDirSync({ dir, prefix: `.build-${target}-` });
   try {
     for (const [rel, text] of sources) {
       const path = `${tmp}/src/${rel}`;
       Deno.mkdirSync(path.slice(0, path.lastIndexOf("/")), { recursive: true });
-      Deno.writeTextFileSync(path, text);
+      const cuda = target === "emulator" && /\.(cu|cuh)$/.test(rel);
+      Deno.writeTextFileSync(path, cuda ? rewriteForEmulator(text) : text);
     }
     const compiled = [...sources.keys()].filter((p) => !/\.(h|cuh)$/.test(p));
     const out = `${tmp}/lib.${LIB_EXT}`;
     let used = flags;
-    if (backend === "cpu" && !hasOpenMP(compiler, tmp)) {
+    if (target === "cpu" && !hasOpenMP(compiler, tmp)) {
       used = flags.filter((f) => f !== "-fopenmp");
     }
     // Relative paths from src/, so messages recorded with __FILE__ read "cpu/core.c:123".
-    const args = [...used, ...compiled, "-o", out];
-    if (backend === "cpu") args.push("-lm");
+    // The emulator compiles the .cu files as C++ ("-x none" ends that for its own .cc files).
+    const args = target === "emulator"
+      ? [
+        ...used,
+        "-x",
+        "c++",
+        ...compiled.filter((p) => p.endsWith(".cu")),
+        "-x",
+        "none",
+        ...compiled.filter((p) => !p.endsWith(".cu")),
+        "-o",
+        out,
+      ]
+      : [...used, ...compiled, "-o", out];
+    if (target === "cpu") args.push("-lm");
     const result = run(compiler.path, args, `${tmp}/src`);
     if (!result.success) {
       const log = new TextDecoder().decode(result.stderr).trim();

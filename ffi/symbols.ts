@@ -13,7 +13,7 @@
  */
 
 /** The ABI version this table matches (`PS_ABI_VERSION` in kernels/pinstream.h). */
-export const ABI_VERSION = 3;
+export const ABI_VERSION = 4;
 
 /** The dlopen symbol table of a pinstream backend library. */
 export const symbols = {

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct layout; ffi/ refuses a mismatch. */
-#define PS_ABI_VERSION 3
+#define PS_ABI_VERSION 4
 
 /* ---- status codes ------------------------------------------------------------------- */
 #define PS_OK 0
@@ -76,7 +76,8 @@ typedef struct ps_device_props {
   int32_t multiprocessors;   /* SMs (logical CPUs on cpu) */
   int32_t async_engines;     /* copy engines (0 on cpu) */
   int32_t unified_addressing;
-  int32_t reserved[9];
+  int32_t emulated;          /* 1: the CUDA backend built against the emulator (kernels/emu) */
+  int32_t reserved[8];
 } ps_device_props;
 
 PS_API int ps_device_count(int32_t *out);

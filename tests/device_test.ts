@@ -286,7 +286,7 @@ Deno.test({
   // Needs nvcc; meaningful only where the driver is absent (elsewhere the GPU suite runs).
   ignore: cudaDriverProblem() === undefined || !hasNvcc(),
   fn() {
-    const path = buildLibrary("cuda");
+    const path = buildLibrary("cuda", { emulator: false });
     // Only the symbols this test needs: the check does not depend on the kernel files.
     const lib = Deno.dlopen(path, {
       ps_device_count: { parameters: ["buffer"], result: "i32" },
@@ -318,7 +318,7 @@ Deno.test({
       console.log(Device.open("auto").kind);`;
     const out = await new Deno.Command(Deno.execPath(), {
       args: ["eval", script],
-      env: { PINSTREAM_LIB_CUDA: buildLibrary("cuda"), NO_COLOR: "1" },
+      env: { PINSTREAM_LIB_CUDA: buildLibrary("cuda", { emulator: false }), NO_COLOR: "1" },
       stdout: "piped",
       stderr: "piped",
     }).output();

@@ -25,6 +25,12 @@
 
 #define PS_INTERNAL __attribute__((visibility("hidden")))
 
+/* 1 when these sources are built by the host compiler against kernels/emu (the build defines
+ * it); nothing else may depend on it: the emulator runs the same code as a GPU. */
+#ifndef PS_CUDA_EMULATOR
+#define PS_CUDA_EMULATOR 0
+#endif
+
 /* Records "file:line: <formatted message>" as the thread's last error and returns `status`. */
 PS_INTERNAL int ps_record_error(int status, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

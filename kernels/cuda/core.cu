@@ -191,6 +191,7 @@ PS_API int ps_device_props_get(int32_t device, ps_device_props *out) {
   out->multiprocessors = p.multiProcessorCount;
   out->async_engines = p.asyncEngineCount;
   out->unified_addressing = p.unifiedAddressing;
+  out->emulated = PS_CUDA_EMULATOR;
   return PS_OK;
 }
 

@@ -1,0 +1,59 @@
+/*
+ * internal.h — what runtime.cc (memory, streams, events, errors) and exec.cc (grids, blocks,
+ * fibers) of the CUDA emulator share. Not seen by kernel code.
+ */
+#ifndef PS_EMU_INTERNAL_H
+#define PS_EMU_INTERNAL_H
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <string>
+
+namespace ps_emu {
+
+/* How threads within a block, blocks within a grid and wmma fragment elements are ordered. */
+enum class Order { forward, reverse, random };
+
+/* Read once from the environment:
+ *   PINSTREAM_EMU_ORDER    forward | reverse | random (default)
+ *   PINSTREAM_EMU_SEED     seed of the random order (default 1); each launch derives its own
+ *   PINSTREAM_EMU_WORKERS  host threads running blocks (default: CPUs - 1, at least 1)
+ *   PINSTREAM_EMU_DELAY_US each stream operation starts after a random delay up to this many
+ *                          microseconds (default 0): widens the windows in which host code
+ *                          that forgot to wait for the device reads stale results
+ *   PINSTREAM_EMU_MEMORY_MB device memory (default: half the host's, at most 80 GiB) */
+struct EmuConfig {
+  Order order;
+  uint64_t seed;
+  int workers;
+  unsigned delay_us;
+  uint64_t memory_bytes;
+};
+PS_EMU_INTERNAL const EmuConfig &config();
+PS_EMU_INTERNAL const char *order_name(Order order);
+
+/* splitmix64: the emulator's only random source, so a seed reproduces a run's orders. */
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* One launched grid, from enqueue to completion. */
+struct Grid;
+PS_EMU_INTERNAL std::shared_ptr<Grid> make_grid(const Site &site, const Config &cfg,
+                                                KernelBody *body, const void *const *pointers,
+                                                int count);
+/* Runs every block (on the calling thread and the worker pool); on a kernel fault returns the
+ * error and sets *message to what happened, where. */
+PS_EMU_INTERNAL cudaError_t run_grid(Grid &grid, std::string *message);
+
+/* Whether [p, p + bytes) lies inside one live allocation the device may touch: device memory
+ * (cudaMalloc, cudaMallocAsync), pinned (cudaHostAlloc) or registered host memory. */
+PS_EMU_INTERNAL bool device_accessible(const void *p, size_t bytes);
+
+}  // namespace ps_emu
+
+#endif /* PS_EMU_INTERNAL_H */

@@ -1,0 +1,873 @@
+/*
+ * runtime.cc — the CUDA emulator's runtime API: one device (sm_90), its memory, streams,
+ * events and errors.
+ *
+ * Streams are asynchronous for real: each has a host thread that runs its operations in
+ * order, each operation waiting for what CUDA makes it wait for (the previous operation on
+ * its stream; with the legacy default stream, the last operation of every blocking stream or
+ * of the default stream; cudaStreamWaitEvent's event). So the host returns from a launch or a
+ * copy before the device has done it, and host code that reads results without waiting reads
+ * stale bytes here too (PINSTREAM_EMU_DELAY_US widens that window).
+ *
+ * Memory follows CUDA's rules where they bite on a GPU: copies to or from pinned memory
+ * (cudaHostAlloc, cudaHostRegister) happen when the stream gets to them; a copy from pageable
+ * memory is staged at the call, a copy to pageable memory returns when it is done; cudaFree,
+ * cudaFreeHost and cudaHostUnregister wait for the device; cudaFreeAsync frees in stream order.
+ * Device and pinned allocations are their own mappings, each ending at a guard page, and are
+ * filled with 0xff bytes (NaN as fp16 or fp32) when allocated: code that reads memory it never
+ * wrote sees NaN, and code that runs past the end or uses freed memory faults.
+ *
+ * A fault in a kernel (see exec.cc) becomes the sticky error of the context: every later call
+ * returns it, as on a GPU, and cudaGetErrorString says what the emulator found.
+ */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "internal.h"
+
+struct ps_emu_stream;
+struct ps_emu_event;
+struct ps_emu_mem_pool {
+  uint64_t release_threshold = 0;
+};
+
+namespace ps_emu {
+
+namespace {
+
+/* ---- configuration -------------------------------------------------------------------------- */
+
+uint64_t env_u64(const char *name, uint64_t fallback) {
+  const char *v = getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char *end = nullptr;
+  unsigned long long x = strtoull(v, &end, 0);
+  if (end == v || *end != '\0') {
+    fprintf(stderr, "pinstream CUDA emulator: ignoring %s=%s (not a number)\n", name, v);
+    return fallback;
+  }
+  return x;
+}
+
+EmuConfig read_config() {
+  EmuConfig c;
+  c.order = Order::random;
+  if (const char *o = getenv("PINSTREAM_EMU_ORDER"); o != nullptr && *o != '\0') {
+    if (strcmp(o, "forward") == 0) {
+      c.order = Order::forward;
+    } else if (strcmp(o, "reverse") == 0) {
+      c.order = Order::reverse;
+    } else if (strcmp(o, "random") != 0) {
+      fprintf(stderr,
+              "pinstream CUDA emulator: ignoring PINSTREAM_EMU_ORDER=%s (forward, reverse or "
+              "random)\n",
+              o);
+    }
+  }
+  c.seed = env_u64("PINSTREAM_EMU_SEED", 1);
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  c.workers = (int)env_u64("PINSTREAM_EMU_WORKERS", cpus > 1 ? (uint64_t)cpus - 1 : 1);
+  c.delay_us = (unsigned)env_u64("PINSTREAM_EMU_DELAY_US", 0);
+  long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  uint64_t half = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 4ull << 30;
+  if (half > 80ull << 30) half = 80ull << 30;
+  c.memory_bytes = env_u64("PINSTREAM_EMU_MEMORY_MB", half >> 20) << 20;
+  return c;
+}
+
+}  // namespace
+
+const EmuConfig &config() {
+  static const EmuConfig c = read_config();
+  return c;
+}
+
+const char *order_name(Order order) {
+  return order == Order::forward ? "forward" : order == Order::reverse ? "reverse" : "random";
+}
+
+namespace {
+
+double now_ms() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* ---- errors ----------------------------------------------------------------------------------- */
+
+__thread cudaError_t tl_last_error = cudaSuccess;
+
+std::atomic<int> sticky{cudaSuccess};
+char sticky_message[1024];
+
+cudaError_t fail(cudaError_t err) {
+  tl_last_error = err;
+  return err;
+}
+
+const char *error_text(cudaError_t err);
+
+/* The first fault of a kernel poisons the context for good; later faults are only printed. */
+void raise_sticky(cudaError_t err, const std::string &message) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lk(mu);
+  fprintf(stderr, "pinstream CUDA emulator: %s\n", message.c_str());
+  if (sticky.load() != cudaSuccess) return;
+  snprintf(sticky_message, sizeof sticky_message, "%s (CUDA emulator: %s)",
+           error_text(err), message.c_str());
+  sticky.store(err);
+}
+
+/* Entry of every call that touches the device: a sticky error answers for it. */
+#define PS_EMU_STICKY()                                     \
+  do {                                                      \
+    int s_ = sticky.load(std::memory_order_acquire);        \
+    if (s_ != cudaSuccess) return fail((cudaError_t)s_);    \
+  } while (0)
+
+/* ---- memory ------------------------------------------------------------------------------------ */
+
+enum class Kind { device, pool, pinned, registered };
+
+struct Alloc {
+  size_t bytes;
+  Kind kind;
+  void *map;
+  size_t map_bytes;
+};
+
+struct Memory {
+  std::mutex mu;
+  std::map<uintptr_t, Alloc> allocs;
+  uint64_t device_bytes = 0;
+};
+
+Memory &memory() {
+  static Memory *m = new Memory();
+  return *m;
+}
+
+size_t page() {
+  static const size_t p = (size_t)sysconf(_SC_PAGESIZE);
+  return p;
+}
+
+/* The allocation containing [p, p + bytes), or null. Caller holds memory().mu. */
+const Alloc *find_locked(uintptr_t p, size_t bytes, uintptr_t *start) {
+  auto &a = memory().allocs;
+  auto it = a.upper_bound(p);
+  if (it == a.begin()) return nullptr;
+  --it;
+  if (p + bytes < p || p + bytes > it->first + it->second.bytes) return nullptr;
+  if (start) *start = it->first;
+  return &it->second;
+}
+
+bool is_pinned(const void *p, size_t bytes) {
+  std::lock_guard<std::mutex> lk(memory().mu);
+  const Alloc *a = find_locked((uintptr_t)p, bytes, nullptr);
+  return a != nullptr && (a->kind == Kind::pinned || a->kind == Kind::registered);
+}
+
+/* Maps `bytes` so that they end at a guard page, filled with poison. Device memory is
+ * 256-byte aligned (as cudaMalloc's) and ends within 255 bytes of the guard; pinned memory
+ * is page aligned (as cudaHostAlloc's). */
+cudaError_t map_alloc(size_t bytes, Kind kind, void **out) {
+  const size_t align = kind == Kind::pinned ? page() : 256;
+  const size_t data = (bytes + align - 1) & ~(align - 1);
+  const size_t len = ((data + page() - 1) & ~(page() - 1)) + page();
+  if (data < bytes || len < data) return cudaErrorMemoryAllocation;
+  if (kind != Kind::pinned) {
+    std::lock_guard<std::mutex> lk(memory().mu);
+    if (memory().device_bytes + data > config().memory_bytes) return cudaErrorMemoryAllocation;
+    memory().device_bytes += data;
+  }
+  void *map = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                   -1, 0);
+  if (map == MAP_FAILED) {
+    if (kind != Kind::pinned) {
+      std::lock_guard<std::mutex> lk(memory().mu);
+      memory().device_bytes -= data;
+    }
+    return cudaErrorMemoryAllocation;
+  }
+  mprotect((char *)map + len - page(), page(), PROT_NONE);
+  char *p = (char *)map + len - page() - data;
+  memset(p, 0xff, data);
+  std::lock_guard<std::mutex> lk(memory().mu);
+  memory().allocs[(uintptr_t)p] = Alloc{bytes, kind, map, len};
+  *out = p;
+  return cudaSuccess;
+}
+
+/* Unmaps an allocation of `kind` starting exactly at p. */
+cudaError_t unmap_alloc(void *p, Kind kind, cudaError_t not_found) {
+  Alloc a;
+  {
+    std::lock_guard<std::mutex> lk(memory().mu);
+    auto it = memory().allocs.find((uintptr_t)p);
+    if (it == memory().allocs.end() || it->second.kind != kind) return not_found;
+    a = it->second;
+    memory().allocs.erase(it);
+    if (kind == Kind::device || kind == Kind::pool) memory().device_bytes -= (a.bytes + 255) & ~(size_t)255;
+  }
+  if (a.map != nullptr) munmap(a.map, a.map_bytes);
+  return cudaSuccess;
+}
+
+}  // namespace
+
+bool device_accessible(const void *p, size_t bytes) {
+  std::lock_guard<std::mutex> lk(memory().mu);
+  return find_locked((uintptr_t)p, bytes, nullptr) != nullptr;
+}
+
+namespace {
+
+/* ---- streams ----------------------------------------------------------------------------------- */
+
+struct Op {
+  std::function<void()> run; /* empty for markers (event records, waits) */
+  std::vector<std::shared_ptr<Op>> deps;
+  bool done = false;
+  double done_ms = 0.0;
+};
+
+}  // namespace
+}  // namespace ps_emu
+
+struct ps_emu_stream {
+  unsigned flags = 0;
+  bool legacy = false;
+  bool destroyed = false;
+  std::deque<std::shared_ptr<ps_emu::Op>> queue;
+  std::shared_ptr<ps_emu::Op> last;
+};
+
+struct ps_emu_event {
+  unsigned flags = 0;
+  std::shared_ptr<ps_emu::Op> last; /* the most recent record, or null */
+};
+
+namespace ps_emu {
+namespace {
+
+struct Streams {
+  std::mutex mu;
+  std::condition_variable changed; /* any operation completed, or a queue grew */
+  std::unordered_set<ps_emu_stream *> live; /* user streams the host may name */
+  std::vector<ps_emu_stream *> all;         /* user streams with a thread, destroyed included */
+  ps_emu_stream *legacy = nullptr;
+  std::unordered_set<ps_emu_event *> events;
+};
+
+Streams &streams() {
+  static Streams *s = new Streams();
+  return *s;
+}
+
+bool ready(const Op &op) {
+  for (const auto &d : op.deps)
+    if (!d->done) return false;
+  return true;
+}
+
+void stream_main(ps_emu_stream *s) {
+  Streams &S = streams();
+  uint64_t rng = mix64((uint64_t)(uintptr_t)s ^ config().seed);
+  std::unique_lock<std::mutex> lk(S.mu);
+  for (;;) {
+    S.changed.wait(lk, [&] {
+      return (!s->queue.empty() && ready(*s->queue.front())) || (s->destroyed && s->queue.empty());
+    });
+    if (s->queue.empty()) break;
+    std::shared_ptr<Op> op = s->queue.front();
+    lk.unlock();
+    if (config().delay_us > 0) {
+      rng = mix64(rng);
+      std::this_thread::sleep_for(std::chrono::microseconds(rng % (config().delay_us + 1)));
+    }
+    if (op->run && sticky.load(std::memory_order_acquire) == cudaSuccess) op->run();
+    const double t = now_ms();
+    lk.lock();
+    op->run = nullptr; /* drops staging buffers and kernel parameters now */
+    op->deps.clear();
+    op->done_ms = t;
+    op->done = true;
+    s->queue.pop_front();
+    S.changed.notify_all();
+  }
+  S.all.erase(std::find(S.all.begin(), S.all.end(), s));
+  lk.unlock();
+  delete s;
+}
+
+ps_emu_stream *new_stream(unsigned flags, bool legacy) {
+  auto *s = new ps_emu_stream();
+  s->flags = flags;
+  s->legacy = legacy;
+  std::thread(stream_main, s).detach();
+  return s;
+}
+
+/* The stream a handle names, or null when it names none. Caller holds streams().mu. */
+ps_emu_stream *resolve_locked(cudaStream_t st) {
+  Streams &S = streams();
+  if (st == nullptr || st == cudaStreamLegacy) {
+    if (S.legacy == nullptr) S.legacy = new_stream(cudaStreamDefault, true);
+    return S.legacy;
+  }
+  return S.live.count(st) ? st : nullptr;
+}
+
+/* Queues `run` on `st` behind what CUDA orders it after; `extra` is one more dependency. */
+cudaError_t enqueue(cudaStream_t st, std::function<void()> run, std::shared_ptr<Op> *out = nullptr,
+                    std::shared_ptr<Op> extra = nullptr) {
+  Streams &S = streams();
+  std::lock_guard<std::mutex> lk(S.mu);
+  ps_emu_stream *s = resolve_locked(st);
+  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  auto op = std::make_shared<Op>();
+  op->run = std::move(run);
+  auto need = [&](const std::shared_ptr<Op> &d) {
+    if (d && !d->done) op->deps.push_back(d);
+  };
+  if (s->legacy) {
+    for (ps_emu_stream *o : S.all)
+      if (!(o->flags & cudaStreamNonBlocking)) need(o->last);
+  } else if (!(s->flags & cudaStreamNonBlocking) && S.legacy != nullptr) {
+    need(S.legacy->last);
+  }
+  need(extra);
+  s->queue.push_back(op);
+  s->last = op;
+  S.changed.notify_all();
+  if (out) *out = op;
+  return cudaSuccess;
+}
+
+void wait_done(const std::shared_ptr<Op> &op) {
+  if (!op) return;
+  Streams &S = streams();
+  std::unique_lock<std::mutex> lk(S.mu);
+  S.changed.wait(lk, [&] { return op->done; });
+}
+
+cudaError_t synchronize_all() {
+  Streams &S = streams();
+  std::unique_lock<std::mutex> lk(S.mu);
+  S.changed.wait(lk, [&] {
+    if (S.legacy && S.legacy->last && !S.legacy->last->done) return false;
+    for (ps_emu_stream *s : S.all)
+      if (s->last && !s->last->done) return false;
+    return true;
+  });
+  return cudaSuccess;
+}
+
+bool live_event(cudaEvent_t e) {
+  std::lock_guard<std::mutex> lk(streams().mu);
+  return e != nullptr && streams().events.count(e) != 0;
+}
+
+struct ErrorName {
+  cudaError_t err;
+  const char *name, *text;
+};
+
+const ErrorName kErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
+     "invalid copy direction for memcpy"},
+    {cudaErrorStubLibrary, "cudaErrorStubLibrary", "CUDA driver is a stub library"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
+     "CUDA driver version is insufficient for CUDA runtime version"},
+    {cudaErrorDevicesUnavailable, "cudaErrorDevicesUnavailable",
+     "CUDA-capable device(s) is/are busy or unavailable"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
+     "an illegal memory access was encountered"},
+    {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources",
+     "too many resources requested for launch"},
+    {cudaErrorAssert, "cudaErrorAssert", "device-side assert triggered"},
+    {cudaErrorHostMemoryAlreadyRegistered, "cudaErrorHostMemoryAlreadyRegistered",
+     "part or all of the requested memory range is already mapped"},
+    {cudaErrorHostMemoryNotRegistered, "cudaErrorHostMemoryNotRegistered",
+     "pointer does not correspond to a registered memory region"},
+    {cudaErrorIllegalInstruction, "cudaErrorIllegalInstruction",
+     "an illegal instruction was encountered"},
+    {cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+    {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorSystemDriverMismatch, "cudaErrorSystemDriverMismatch",
+     "system has unsupported display driver / cuda driver combination"},
+    {cudaErrorCompatNotSupportedOnDevice, "cudaErrorCompatNotSupportedOnDevice",
+     "forward compatibility was attempted on non supported HW"},
+    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
+};
+
+const ErrorName *error_entry(cudaError_t err) {
+  for (const ErrorName &e : kErrors)
+    if (e.err == err) return &e;
+  return nullptr;
+}
+
+const char *error_text(cudaError_t err) {
+  const ErrorName *e = error_entry(err);
+  return e ? e->text : "unrecognized error code";
+}
+
+__thread int tl_device = 0;
+
+}  // namespace
+
+cudaError_t enqueue_launch(const Site &site, const Config &cfg, KernelBody *body,
+                           const void *const *pointers, int count) {
+  std::unique_ptr<KernelBody> owned(body);
+  PS_EMU_STICKY();
+  const dim3 g = cfg.grid, b = cfg.block;
+  if (b.x == 0 || b.y == 0 || b.z == 0 || b.x > 1024 || b.y > 1024 || b.z > 64 ||
+      (uint64_t)b.x * b.y * b.z > 1024 || g.x == 0 || g.y == 0 || g.z == 0 ||
+      g.x > 2147483647u || g.y > 65535 || g.z > 65535) {
+    return fail(cudaErrorInvalidConfiguration);
+  }
+  if (cfg.smem > (48u << 10)) return fail(cudaErrorInvalidValue);
+  std::shared_ptr<Grid> grid = make_grid(site, cfg, owned.release(), pointers, count);
+  return enqueue(cfg.stream, [grid] {
+    std::string message;
+    cudaError_t err = run_grid(*grid, &message);
+    if (err != cudaSuccess) raise_sticky(err, message);
+  });
+}
+
+}  // namespace ps_emu
+
+using namespace ps_emu;
+
+/* ---- errors --------------------------------------------------------------------------------------- */
+
+cudaError_t cudaGetLastError(void) {
+  int s = sticky.load(std::memory_order_acquire);
+  if (s != cudaSuccess) return (cudaError_t)s;
+  cudaError_t e = tl_last_error;
+  tl_last_error = cudaSuccess;
+  return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) {
+  int s = sticky.load(std::memory_order_acquire);
+  return s != cudaSuccess ? (cudaError_t)s : tl_last_error;
+}
+
+const char *cudaGetErrorName(cudaError_t err) {
+  const ErrorName *e = error_entry(err);
+  return e ? e->name : "cudaErrorUnknown";
+}
+
+const char *cudaGetErrorString(cudaError_t err) {
+  /* The sticky message is written once, before `sticky` is stored. */
+  if (err != cudaSuccess && err == sticky.load(std::memory_order_acquire)) return sticky_message;
+  return error_text(err);
+}
+
+/* ---- devices ---------------------------------------------------------------------------------------- */
+
+cudaError_t cudaGetDeviceCount(int *count) {
+  if (count == nullptr) return fail(cudaErrorInvalidValue);
+  *count = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
+  if (p == nullptr) return fail(cudaErrorInvalidValue);
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "pinstream CUDA emulator (sm_90, %s order, %d workers)",
+           order_name(config().order), config().workers + 1);
+  p->totalGlobalMem = config().memory_bytes;
+  p->sharedMemPerBlock = 48 << 10;
+  p->sharedMemPerBlockOptin = 227 << 10;
+  p->regsPerBlock = 65536;
+  p->warpSize = 32;
+  p->maxThreadsPerBlock = 1024;
+  p->maxThreadsDim[0] = 1024, p->maxThreadsDim[1] = 1024, p->maxThreadsDim[2] = 64;
+  p->maxGridSize[0] = 2147483647, p->maxGridSize[1] = 65535, p->maxGridSize[2] = 65535;
+  p->major = 9;
+  p->minor = 0;
+  p->multiProcessorCount = config().workers + 1;
+  p->asyncEngineCount = 2;
+  p->unifiedAddressing = 1;
+  p->canMapHostMemory = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  tl_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device) {
+  if (device == nullptr) return fail(cudaErrorInvalidValue);
+  *device = tl_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  PS_EMU_STICKY();
+  synchronize_all();
+  PS_EMU_STICKY();
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
+  PS_EMU_STICKY();
+  if (free_bytes == nullptr || total == nullptr) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lk(memory().mu);
+  *total = config().memory_bytes;
+  *free_bytes = config().memory_bytes - memory().device_bytes;
+  return cudaSuccess;
+}
+
+/* ---- memory ------------------------------------------------------------------------------------------- */
+
+cudaError_t cudaMalloc(void **ptr, size_t size) {
+  PS_EMU_STICKY();
+  if (ptr == nullptr) return fail(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  cudaError_t e = map_alloc(size, Kind::device, ptr);
+  return e == cudaSuccess ? e : fail(e);
+}
+
+cudaError_t cudaFree(void *ptr) {
+  PS_EMU_STICKY();
+  if (ptr == nullptr) return cudaSuccess;
+  synchronize_all(); /* cudaFree waits for the device */
+  cudaError_t e = unmap_alloc(ptr, Kind::device, cudaErrorInvalidValue);
+  return e == cudaSuccess ? e : fail(e);
+}
+
+cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags) {
+  PS_EMU_STICKY();
+  if (ptr == nullptr || (flags & ~0x7u)) return fail(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  if (size == 0) return cudaSuccess;
+  cudaError_t e = map_alloc(size, Kind::pinned, ptr);
+  return e == cudaSuccess ? e : fail(e);
+}
+
+cudaError_t cudaMallocHost(void **ptr, size_t size) { return cudaHostAlloc(ptr, size, 0); }
+
+cudaError_t cudaFreeHost(void *ptr) {
+  PS_EMU_STICKY();
+  if (ptr == nullptr) return cudaSuccess;
+  synchronize_all();
+  cudaError_t e = unmap_alloc(ptr, Kind::pinned, cudaErrorInvalidValue);
+  return e == cudaSuccess ? e : fail(e);
+}
+
+cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags) {
+  PS_EMU_STICKY();
+  if (ptr == nullptr || size == 0 || (flags & ~0xfu)) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lk(memory().mu);
+  auto &a = memory().allocs;
+  const uintptr_t p = (uintptr_t)ptr;
+  auto it = a.upper_bound(p);
+  bool overlaps = (it != a.end() && it->first < p + size);
+  if (it != a.begin()) {
+    auto prev = std::prev(it);
+    overlaps = overlaps || prev->first + prev->second.bytes > p;
+  }
+  if (overlaps) return fail(cudaErrorHostMemoryAlreadyRegistered);
+  a[p] = Alloc{size, Kind::registered, nullptr, 0};
+  return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void *ptr) {
+  PS_EMU_STICKY();
+  if (ptr == nullptr) return fail(cudaErrorInvalidValue);
+  /* Copies still queued from or to the range must finish while it is pinned. */
+  synchronize_all();
+  cudaError_t e = unmap_alloc(ptr, Kind::registered, cudaErrorHostMemoryNotRegistered);
+  return e == cudaSuccess ? e : fail(e);
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  PS_EMU_STICKY();
+  if (count == 0) {
+    std::lock_guard<std::mutex> lk(streams().mu);
+    return resolve_locked(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+  }
+  if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue);
+  if (kind == cudaMemcpyDefault) {
+    const bool d = device_accessible(dst, count) && !is_pinned(dst, count);
+    const bool s = device_accessible(src, count) && !is_pinned(src, count);
+    kind = d && s ? cudaMemcpyDeviceToDevice
+           : d    ? cudaMemcpyHostToDevice
+           : s    ? cudaMemcpyDeviceToHost
+                  : cudaMemcpyHostToHost;
+  }
+  const bool dev_dst = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool dev_src = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  if ((int)kind < 0 || (int)kind > 3) return fail(cudaErrorInvalidMemcpyDirection);
+  if ((dev_dst && !device_accessible(dst, count)) || (dev_src && !device_accessible(src, count))) {
+    return fail(cudaErrorInvalidValue);
+  }
+  if (!dev_src && !is_pinned(src, count)) {
+    /* Pageable source: staged now, so the caller may reuse it when this returns. */
+    auto staged = std::make_shared<std::vector<unsigned char>>((const unsigned char *)src,
+                                                               (const unsigned char *)src + count);
+    return enqueue(stream, [dst, staged] { memcpy(dst, staged->data(), staged->size()); });
+  }
+  std::shared_ptr<Op> op;
+  cudaError_t e = enqueue(stream, [dst, src, count] { memmove(dst, src, count); }, &op);
+  if (e != cudaSuccess || dev_dst || is_pinned(dst, count)) return e;
+  /* Pageable destination: the call returns when the bytes are there. */
+  wait_done(op);
+  PS_EMU_STICKY();
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, cudaMemcpyKind kind) {
+  cudaError_t e = cudaMemcpyAsync(dst, src, count, kind, 0);
+  if (e != cudaSuccess) return e;
+  return cudaStreamSynchronize(0);
+}
+
+cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t stream) {
+  PS_EMU_STICKY();
+  if (count == 0) {
+    std::lock_guard<std::mutex> lk(streams().mu);
+    return resolve_locked(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+  }
+  if (!device_accessible(ptr, count)) return fail(cudaErrorInvalidValue);
+  return enqueue(stream, [ptr, value, count] { memset(ptr, value, count); });
+}
+
+cudaError_t cudaMemset(void *ptr, int value, size_t count) {
+  cudaError_t e = cudaMemsetAsync(ptr, value, count, 0);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(0);
+}
+
+cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream) {
+  PS_EMU_STICKY();
+  if (ptr == nullptr) return fail(cudaErrorInvalidValue);
+  *ptr = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(streams().mu);
+    if (resolve_locked(stream) == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  }
+  if (size == 0) return cudaSuccess;
+  /* Usable by work queued on `stream` after this call; the memory exists from now on. */
+  cudaError_t e = map_alloc(size, Kind::pool, ptr);
+  return e == cudaSuccess ? e : fail(e);
+}
+
+cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream) {
+  PS_EMU_STICKY();
+  if (ptr == nullptr) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lk(memory().mu);
+    auto it = memory().allocs.find((uintptr_t)ptr);
+    if (it == memory().allocs.end() || it->second.kind != Kind::pool) {
+      return fail(cudaErrorInvalidValue);
+    }
+  }
+  /* Freed when the stream gets there: later work on other streams that still uses it faults. */
+  return enqueue(stream, [ptr] { (void)unmap_alloc(ptr, Kind::pool, cudaErrorInvalidValue); });
+}
+
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device) {
+  static ps_emu_mem_pool the_pool;
+  if (pool == nullptr) return fail(cudaErrorInvalidValue);
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  *pool = &the_pool;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void *value) {
+  if (pool == nullptr || value == nullptr) return fail(cudaErrorInvalidValue);
+  if (attr == cudaMemPoolAttrReleaseThreshold) {
+    pool->release_threshold = *(const uint64_t *)value;
+  }
+  return cudaSuccess;
+}
+
+/* ---- streams ------------------------------------------------------------------------------------------ */
+
+cudaError_t cudaStreamCreate(cudaStream_t *stream) {
+  return cudaStreamCreateWithFlags(stream, cudaStreamDefault);
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned int flags) {
+  PS_EMU_STICKY();
+  if (stream == nullptr || (flags & ~(unsigned)cudaStreamNonBlocking)) {
+    return fail(cudaErrorInvalidValue);
+  }
+  ps_emu_stream *s = new_stream(flags, false);
+  Streams &S = streams();
+  std::lock_guard<std::mutex> lk(S.mu);
+  S.live.insert(s);
+  S.all.push_back(s);
+  *stream = s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  PS_EMU_STICKY();
+  Streams &S = streams();
+  std::lock_guard<std::mutex> lk(S.mu);
+  if (stream == nullptr || !S.live.erase(stream)) return fail(cudaErrorInvalidResourceHandle);
+  /* Returns at once; queued work still runs, then the stream's thread ends. */
+  stream->destroyed = true;
+  S.changed.notify_all();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  PS_EMU_STICKY();
+  std::shared_ptr<Op> last;
+  {
+    std::lock_guard<std::mutex> lk(streams().mu);
+    ps_emu_stream *s = resolve_locked(stream);
+    if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+    last = s->last;
+  }
+  wait_done(last);
+  PS_EMU_STICKY();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  PS_EMU_STICKY();
+  std::lock_guard<std::mutex> lk(streams().mu);
+  ps_emu_stream *s = resolve_locked(stream);
+  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  return !s->last || s->last->done ? cudaSuccess : fail(cudaErrorNotReady);
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  PS_EMU_STICKY();
+  if (flags != 0) return fail(cudaErrorInvalidValue);
+  std::shared_ptr<Op> last;
+  {
+    std::lock_guard<std::mutex> lk(streams().mu);
+    if (event == nullptr || !streams().events.count(event)) {
+      return fail(cudaErrorInvalidResourceHandle);
+    }
+    last = event->last; /* the record current at this call, as CUDA captures it */
+  }
+  return enqueue(stream, nullptr, nullptr, last);
+}
+
+/* ---- events -------------------------------------------------------------------------------------------- */
+
+cudaError_t cudaEventCreate(cudaEvent_t *event) {
+  return cudaEventCreateWithFlags(event, cudaEventDefault);
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags) {
+  PS_EMU_STICKY();
+  if (event == nullptr || (flags & ~0x7u)) return fail(cudaErrorInvalidValue);
+  if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming)) {
+    return fail(cudaErrorInvalidValue);
+  }
+  auto *e = new ps_emu_event();
+  e->flags = flags;
+  std::lock_guard<std::mutex> lk(streams().mu);
+  streams().events.insert(e);
+  *event = e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  PS_EMU_STICKY();
+  {
+    std::lock_guard<std::mutex> lk(streams().mu);
+    if (event == nullptr || !streams().events.erase(event)) {
+      return fail(cudaErrorInvalidResourceHandle);
+    }
+  }
+  /* Queued records hold the operation, not the event: freeing it now is safe. */
+  delete event;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  PS_EMU_STICKY();
+  if (!live_event(event)) return fail(cudaErrorInvalidResourceHandle);
+  std::shared_ptr<Op> op;
+  cudaError_t e = enqueue(stream, nullptr, &op);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lk(streams().mu);
+  if (streams().events.count(event)) event->last = op;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  PS_EMU_STICKY();
+  std::lock_guard<std::mutex> lk(streams().mu);
+  if (event == nullptr || !streams().events.count(event)) {
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  return !event->last || event->last->done ? cudaSuccess : fail(cudaErrorNotReady);
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  PS_EMU_STICKY();
+  std::shared_ptr<Op> last;
+  {
+    std::lock_guard<std::mutex> lk(streams().mu);
+    if (event == nullptr || !streams().events.count(event)) {
+      return fail(cudaErrorInvalidResourceHandle);
+    }
+    last = event->last;
+  }
+  /* Sleeps on a condition variable whether or not cudaEventBlockingSync was asked for. */
+  wait_done(last);
+  PS_EMU_STICKY();
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+  PS_EMU_STICKY();
+  if (ms == nullptr) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lk(streams().mu);
+  auto &ev = streams().events;
+  if (start == nullptr || end == nullptr || !ev.count(start) || !ev.count(end)) {
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  if ((start->flags | end->flags) & cudaEventDisableTiming) {
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  if (!start->last || !end->last) return fail(cudaErrorInvalidResourceHandle);
+  if (!start->last->done || !end->last->done) return fail(cudaErrorNotReady);
+  *ms = (float)(end->last->done_ms - start->last->done_ms);
+  return cudaSuccess;
+}

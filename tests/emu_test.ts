@@ -1,0 +1,315 @@
+// The CUDA emulator (kernels/emu) against its own promises: tests/emu/selftest.cu breaks
+// CUDA's rules on purpose (missing barriers, divergent barriers and shuffles, misaligned
+// wmma pointers, host pointers, out-of-bounds writes, stream-ordered use after free) and
+// keeps them elsewhere (warp reductions, wmma, atomics, streams and events); each case runs in
+// its own process because a kernel fault poisons the CUDA context for good, as on a GPU.
+// Cases run in the three thread orders where the order matters.
+
+import assert from "node:assert";
+import { createHash } from "node:crypto";
+import { rewriteForEmulator } from "../ffi/_cuda_emu.ts";
+import { cacheDir, EMULATOR_FLAGS, SOURCES } from "../ffi/library.ts";
+
+const KERNELS = new URL("../kernels/", import.meta.url);
+const SELFTEST = new URL("./emu/selftest.cu", import.meta.url);
+
+function cxx(): string | undefined {
+  for (const c of [Deno.env.get("CXX"), "c++", "g++", "clang++"]) {
+    if (!c) continue;
+    try {
+      if (
+        new Deno.Command(c, { args: ["--version"], stdout: "null", stderr: "null" }).outputSync()
+          .success
+      ) return c;
+    } catch {
+      // not installed: try the next one
+    }
+  }
+  return undefined;
+}
+
+const COMPILER = cxx();
+
+let built: Promise<string> | undefined;
+
+/** Builds the self-test program once per source version (cached next to the libraries). */
+function selftest(): Promise<string> {
+  built ??= (async () => {
+    const files = new Map<string, string>();
+    for (const rel of SOURCES.emulator.filter((p) => p.startsWith("emu/"))) {
+      files.set(rel, await Deno.readTextFile(new URL(rel, KERNELS)));
+    }
+    files.set("selftest.cu", rewriteForEmulator(await Deno.readTextFile(SELFTEST)));
+    const hash = createHash("sha256").update(COMPILER!).update(EMULATOR_FLAGS.join(" "));
+    for (const [rel, text] of files) hash.update(rel).update("\0").update(text).update("\0");
+    const dir = `${cacheDir()}/emu-selftest-${hash.digest("hex").slice(0, 16)}`;
+    const exe = `${dir}/selftest`;
+    try {
+      await Deno.stat(exe);
+      return exe;
+    } catch {
+      // not built yet
+    }
+    const tmp = `${dir}.tmp-${Deno.pid}`;
+    for (const [rel, text] of files) {
+      await Deno.mkdir(`${tmp}/${rel.slice(0, rel.lastIndexOf("/") + 1)}`, { recursive: true });
+      await Deno.writeTextFile(`${tmp}/${rel}`, text);
+    }
+    const flags = EMULATOR_FLAGS.filter((f) => f !== "-shared");
+    const args = [
+      ...flags,
+      "-x",
+      "c++",
+      "selftest.cu",
+      "-x",
+      "none",
+      ...[...files.keys()].filter((p) => p.endsWith(".cc")),
+      "-o",
+      "selftest",
+    ];
+    const out = await new Deno.Command(COMPILER!, { args, cwd: tmp, stderr: "piped" }).output();
+    assert.ok(out.success, new TextDecoder().decode(out.stderr));
+    await Deno.rename(tmp, dir).catch(async () => await Deno.remove(tmp, { recursive: true }));
+    return exe;
+  })();
+  return built;
+}
+
+interface Run {
+  code: number;
+  out: Record<string, string>;
+  stdout: string;
+  stderr: string;
+}
+
+type Order = "forward" | "reverse" | "random";
+
+async function run(name: string, env: Record<string, string> = {}): Promise<Run> {
+  const exe = await selftest();
+  const res = await new Deno.Command(exe, {
+    args: [name],
+    env: { PINSTREAM_EMU_ORDER: "random", ...env },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const stdout = new TextDecoder().decode(res.stdout),
+    stderr = new TextDecoder().decode(res.stderr);
+  const out: Record<string, string> = {};
+  for (const line of stdout.split("\n")) {
+    for (const m of line.matchAll(/(\w+)=(\S+)/g)) out[m[1]] ??= m[2];
+    const msg = line.match(/^message=(.*)$/);
+    if (msg) out.message = msg[1];
+  }
+  assert.ok(!("unexpected" in out), stdout + stderr);
+  return { code: res.code, out, stdout, stderr };
+}
+
+const ORDERS: Order[] = ["forward", "reverse", "random"];
+
+function emuTest(name: string, fn: () => Promise<void>) {
+  Deno.test({ name: `[emulator] ${name}`, ignore: COMPILER === undefined, fn });
+}
+
+/** Asserts a kernel fault: the sync error, the sticky error after it, and the message. */
+function assertFault(r: Run, error: string, message: RegExp) {
+  assert.strictEqual(r.code, 0, r.stdout + r.stderr);
+  assert.strictEqual(r.out.sync, error, r.stdout);
+  assert.strictEqual(r.out.after, error, "the error is sticky: later calls return it");
+  assert.strictEqual(r.out.last, error);
+  assert.strictEqual(r.out.last_again, error, "cudaGetLastError does not clear a sticky error");
+  assert.match(r.out.message, message);
+  assert.match(r.stderr, /^pinstream CUDA emulator: kernel /m, "the fault is printed once");
+}
+
+emuTest("a missing __syncthreads() reads poisoned shared memory in every order", async () => {
+  for (const order of ORDERS) {
+    const bad = await run("race", { PINSTREAM_EMU_ORDER: order });
+    assert.ok(Number(bad.out.wrong) > 0, `${order}: the race went unnoticed`);
+    const good = await run("race_fixed", { PINSTREAM_EMU_ORDER: order });
+    assert.strictEqual(good.out.wrong, "0", `${order}: with the barrier`);
+  }
+});
+
+emuTest(
+  "__syncthreads() that some threads skip stops the kernel with who waits where",
+  async () => {
+    const r = await run("divergent_barrier");
+    assertFault(
+      r,
+      "cudaErrorLaunchFailure",
+      /divergent_barrier .*block \(\d,0,0\): no thread of the block can run: 32 thread\(s\) .*wait at __syncthreads\(\) at selftest\.cu:\d+; 32 of 64 exited/,
+    );
+  },
+);
+
+emuTest("threads at two different __syncthreads() calls are refused", async () => {
+  assertFault(
+    await run("different_barriers"),
+    "cudaErrorLaunchFailure",
+    /thread \(\d+,0,0\) at selftest\.cu:\d+: __syncthreads\(\) here while \d+ thread\(s\) wait at __syncthreads\(\) at selftest\.cu:\d+/,
+  );
+});
+
+emuTest("__syncthreads_count/and/or reduce the predicate over the block", async () => {
+  for (const order of ORDERS) {
+    const r = await run("barrier_counts", { PINSTREAM_EMU_ORDER: order });
+    assert.strictEqual(r.out.counts, "34,1,1,0", order);
+  }
+});
+
+emuTest("more than 48 KiB of __shared__ variables is refused", async () => {
+  assertFault(
+    await run("too_much_shared"),
+    "cudaErrorLaunchOutOfResources",
+    /__shared__ variables need 53248 bytes; a block has 49152 bytes/,
+  );
+});
+
+emuTest("extern __shared__ is the launch's dynamic shared memory", async () => {
+  for (const order of ORDERS) {
+    assert.strictEqual(
+      (await run("dynamic_shared", { PINSTREAM_EMU_ORDER: order })).out.wrong,
+      "0",
+    );
+  }
+});
+
+emuTest("a shuffle mask that leaves out the calling lane is refused", async () => {
+  assertFault(
+    await run("shfl_mask_lane"),
+    "cudaErrorIllegalInstruction",
+    /__shfl_down_sync: mask 0x0000ffff does not name the calling lane (1[6-9]|2\d|3[01])/,
+  );
+});
+
+emuTest("a full-warp shuffle in a block of 48 threads names lanes that do not exist", async () => {
+  assertFault(
+    await run("shfl_partial_warp"),
+    "cudaErrorIllegalInstruction",
+    /mask 0xffffffff names lanes that do not exist \(warp 1 has 16 lanes/,
+  );
+});
+
+emuTest("a shuffle waiting for a lane that exited is a deadlock, reported", async () => {
+  assertFault(
+    await run("shfl_exited_lane"),
+    "cudaErrorLaunchFailure",
+    /31 thread\(s\) \(first: \d+, warp 0\) wait in __shfl_sync\(mask 0xffffffff\) at selftest\.cu:\d+; 1 of 32 exited/,
+  );
+});
+
+emuTest("warp shuffles and votes compute what CUDA defines, in every order", async () => {
+  for (const order of ORDERS) {
+    const r = await run("warp_reduce", { PINSTREAM_EMU_ORDER: order });
+    assert.deepStrictEqual(
+      [r.out.sum, r.out.xor_sum, r.out.long, r.out.ballot, r.out.up, r.out.grouped],
+      ["496", "496", String(31n << 33n), "aaaaaaaa", "8", "10"],
+      order,
+    );
+  }
+});
+
+emuTest("wmma computes C + A.B exactly for small integers, in every fragment layout", async () => {
+  for (const order of ORDERS) {
+    assert.strictEqual((await run("wmma_gemm", { PINSTREAM_EMU_ORDER: order })).out.max_error, "0");
+  }
+});
+
+emuTest("a wmma pointer that is not 256-bit aligned is refused", async () => {
+  assertFault(
+    await run("wmma_misaligned"),
+    "cudaErrorMisalignedAddress",
+    /wmma::load_matrix_sync: pointer 0x[0-9a-f]+ is not 256-bit aligned/,
+  );
+});
+
+emuTest("code that assumes a wmma fragment layout sees it change between orders", async () => {
+  const seen = new Set<string>();
+  for (const order of ORDERS) {
+    seen.add((await run("wmma_layout", { PINSTREAM_EMU_ORDER: order })).out.x0);
+  }
+  assert.strictEqual(seen.size, 3);
+});
+
+emuTest("blocks and threads run in the configured order", async () => {
+  const one = { PINSTREAM_EMU_WORKERS: "0" }; // one host thread: the order is exact
+  for (const what of ["block_order", "thread_order"]) {
+    assert.strictEqual(
+      (await run(what, { ...one, PINSTREAM_EMU_ORDER: "forward" })).out.order,
+      "01234567",
+    );
+    assert.strictEqual(
+      (await run(what, { ...one, PINSTREAM_EMU_ORDER: "reverse" })).out.order,
+      "76543210",
+    );
+    const a = (await run(what, { ...one, PINSTREAM_EMU_SEED: "1" })).out.order;
+    const b = (await run(what, { ...one, PINSTREAM_EMU_SEED: "1" })).out.order;
+    assert.strictEqual(a, b, "a seed reproduces the random order");
+    assert.deepStrictEqual([...a].sort().join(""), "01234567");
+  }
+});
+
+emuTest("atomics from blocks running in parallel lose nothing", async () => {
+  const r = await run("atomics", { PINSTREAM_EMU_WORKERS: "3" });
+  assert.deepStrictEqual([r.out.float, r.out.int, r.out.max, r.out.half], [
+    "16384",
+    "32768",
+    "16383",
+    "512",
+  ]);
+});
+
+emuTest("fresh device memory reads as 0xff bytes", async () => {
+  assert.strictEqual((await run("uninitialized")).out.poisoned, "64");
+});
+
+emuTest("a kernel given a host pointer faults with an illegal address", async () => {
+  assertFault(
+    await run("host_pointer"),
+    "cudaErrorIllegalAddress",
+    /copy_words .*parameter 1 is 0x[0-9a-f]+, which is not inside any live device, pinned or registered allocation/,
+  );
+});
+
+emuTest("a write past the end of an allocation faults and names the thread", async () => {
+  const r = await run("out_of_bounds");
+  assert.notStrictEqual(r.code, 0, "the process dies, as under compute-sanitizer");
+  assert.match(
+    r.stderr,
+    /pinstream CUDA emulator: kernel write_at .*block \(0,0,0\) thread \(0,0,0\): illegal address 0x[0-9a-f]+ \(SIGSEGV\)/,
+  );
+});
+
+emuTest("memory freed with cudaFreeAsync is gone for work queued after the free", async () => {
+  assertFault(
+    await run("use_after_free_async"),
+    "cudaErrorIllegalAddress",
+    /set_value .*parameter 1 is 0x[0-9a-f]+, which is not inside any live/,
+  );
+});
+
+emuTest("a bad launch configuration is the launch's error, not a sticky one", async () => {
+  const r = await run("bad_config");
+  assert.deepStrictEqual(
+    [r.out.launch, r.out.cleared, r.out.sync],
+    ["cudaErrorInvalidConfiguration", "cudaSuccess", "cudaSuccess"],
+  );
+});
+
+emuTest(
+  "copies to pinned memory happen when the stream gets there, to pageable at once",
+  async () => {
+    const r = await run("async", { PINSTREAM_EMU_DELAY_US: "50000" });
+    assert.deepStrictEqual(
+      [r.out.pinned_before, r.out.query, r.out.pinned_after, r.out.pageable],
+      ["0", "cudaErrorNotReady", "42", "7"],
+    );
+  },
+);
+
+emuTest("the legacy default stream and events order work across streams", async () => {
+  for (const delay of ["0", "20000"]) {
+    const r = await run("stream_order", { PINSTREAM_EMU_DELAY_US: delay });
+    assert.deepStrictEqual([r.out.legacy, r.out.event], ["5", "9"], `delay ${delay}`);
+  }
+});
