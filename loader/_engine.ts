@@ -29,6 +29,7 @@ import {
   type InitMessage,
   type ModuleRef,
   resolveRef,
+  type ToWorker,
   W_STOPPED,
   W_WAIT_SLOT,
   W_WAIT_TASK,
@@ -190,6 +191,12 @@ interface WorkerHandle {
   worker: NodeWorker;
   outstanding: number;
   alive: boolean;
+  /**
+   * Messages held until the worker says "hello". A node worker drops messages that arrive
+   * before it listens, and one started through the network bootstrap listens only once its
+   * module has been fetched.
+   */
+  backlog: { m: ToWorker; transfer?: Transferable[] }[] | undefined;
 }
 
 interface Pending {
@@ -267,7 +274,7 @@ export class Engine {
         resourceLimits: cfg.resourceLimits,
       });
     liveWorkers++;
-    const handle: WorkerHandle = { id, worker, outstanding: 0, alive: true };
+    const handle: WorkerHandle = { id, worker, outstanding: 0, alive: true, backlog: [] };
     this.#workers.push(handle);
     worker.on("message", (m: FromWorker) => this.#onMessage(handle, m));
     worker.on("error", (e: Error & { code?: string }) => {
@@ -321,7 +328,7 @@ export class Engine {
       workerInit: cfg.workerInit,
       heapLimitMb: cfg.resourceLimits.maxOldGenerationSizeMb,
     };
-    worker.postMessage(init);
+    this.#send(handle, init);
   }
 
   #oomError(id: number, detail: string): Error {
@@ -334,9 +341,20 @@ export class Engine {
     );
   }
 
+  #send(w: WorkerHandle, m: ToWorker, transfer?: Transferable[]): void {
+    if (w.backlog) w.backlog.push({ m, transfer });
+    else w.worker.postMessage(m, transfer as never[]);
+  }
+
   #onMessage(w: WorkerHandle, msg: FromWorker): void {
     if (this.#closed) return;
     switch (msg.t) {
+      case "hello": {
+        const backlog = w.backlog ?? [];
+        w.backlog = undefined;
+        for (const { m, transfer } of backlog) w.worker.postMessage(m, transfer as never[]);
+        return;
+      }
       case "ready":
         return;
       case "oom":
@@ -698,7 +716,7 @@ export class Engine {
       if (slot >= 0) {
         cfg.slotState![slot] = 1;
         (cfg.ring!.view(slot, "indices", indices.length) as Int32Array).set(indices);
-        w.worker.postMessage({
+        this.#send(w, {
           t: "g",
           seq,
           slot,
@@ -707,7 +725,7 @@ export class Engine {
           pos: plan.positions[b],
         });
       } else {
-        w.worker.postMessage({
+        this.#send(w, {
           t: "c",
           seq,
           idx: indices,

@@ -165,6 +165,7 @@ export interface CollateTask {
 export type ToWorker = InitMessage | GatherTask | CollateTask;
 
 export type FromWorker =
+  | { t: "hello" }
   | { t: "ready" }
   | { t: "d"; seq: number; busy: number }
   | { t: "b"; seq: number; value: unknown; busy: number }

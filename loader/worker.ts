@@ -293,3 +293,6 @@ port.on("message", (msg: ToWorker) => {
   queue.push(msg);
   pump();
 });
+
+// Listening now: the loader holds every message until it hears this (see _engine.ts).
+post({ t: "hello" });
