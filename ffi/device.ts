@@ -5,6 +5,7 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "./_options.ts";
 import { checkCount, describe } from "./_checks.ts";
 import { Resource } from "./resource.ts";
 import { lastError, PinstreamError, Status, unwrap } from "./errors.ts";
@@ -153,6 +154,7 @@ export class Device extends Resource {
    * ```
    */
   static open(kind: DeviceKind = "auto", options: DeviceOpenOptions = {}): Device {
+    refuseUnknownKeys(options ?? {}, ["index"], "open a device");
     if (kind !== "auto" && kind !== "cuda" && kind !== "cpu") {
       throw new TypeError(
         `Cannot open a device: kind must be "auto", "cuda" or "cpu", got ${describe(kind)}`,

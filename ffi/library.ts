@@ -22,6 +22,7 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "./_options.ts";
 import { createHash } from "node:crypto";
 import { rewriteForEmulator } from "./_cuda_emu.ts";
 import { PinstreamError } from "./errors.ts";
@@ -572,6 +573,7 @@ export interface BuildOptions {
  * ```
  */
 export function buildLibrary(backend: Backend, options: BuildOptions = {}): string {
+  refuseUnknownKeys(options ?? {}, ["emulator"], "build the library");
   const target: Target = backend === "cuda" && (options.emulator ?? cudaEmulated())
     ? "emulator"
     : backend;

@@ -18,6 +18,7 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "./_options.ts";
 import { checkCount, describe, offsetPointer } from "./_checks.ts";
 import { Resource } from "./resource.ts";
 import type { Device } from "./device.ts";
@@ -340,6 +341,11 @@ export class DeviceBuffer extends Resource {
    * @throws {PinstreamError} On a backend failure.
    */
   copyFrom(src: HostMemory | DeviceBuffer, options: CopyOptions = {}): void {
+    refuseUnknownKeys(
+      options ?? {},
+      ["stream", "srcOffset", "dstOffset", "bytes"],
+      "copy into a device buffer",
+    );
     const action = "copy into a device buffer";
     this.assertLive(action);
     const stream = options.stream ?? this.device.defaultStream;
@@ -377,6 +383,11 @@ export class DeviceBuffer extends Resource {
    * @throws {PinstreamError} On a backend failure.
    */
   copyTo(dst: HostMemory | DeviceBuffer, options: CopyOptions = {}): void {
+    refuseUnknownKeys(
+      options ?? {},
+      ["stream", "srcOffset", "dstOffset", "bytes"],
+      "copy out of a device buffer",
+    );
     const action = "copy from a device buffer";
     this.assertLive(action);
     const stream = options.stream ?? this.device.defaultStream;
@@ -405,6 +416,7 @@ export class DeviceBuffer extends Resource {
    * @throws {PinstreamError} On a backend failure.
    */
   fill(byte: number, options: FillOptions = {}): void {
+    refuseUnknownKeys(options ?? {}, ["stream", "offset", "bytes"], "fill a device buffer");
     const action = "fill a device buffer";
     this.assertLive(action);
     checkCount(byte, "byte", action);

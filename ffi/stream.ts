@@ -5,6 +5,7 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "./_options.ts";
 import { describe } from "./_checks.ts";
 import { Resource } from "./resource.ts";
 import type { Device } from "./device.ts";
@@ -103,6 +104,7 @@ export class Stream extends Resource {
    * @throws {PinstreamError} When the backend cannot create a stream.
    */
   constructor(device: Device, options: StreamOptions = {}) {
+    refuseUnknownKeys(options ?? {}, ["nonBlocking"], "create Stream");
     assertDevice(device, "create a stream");
     const nonBlocking = options.nonBlocking ?? false;
     if (typeof nonBlocking !== "boolean") {
@@ -267,6 +269,7 @@ export class Event extends Resource {
    * @throws {PinstreamError} When the backend cannot create an event.
    */
   constructor(device: Device, options: EventOptions = {}) {
+    refuseUnknownKeys(options ?? {}, ["timing", "blocking"], "create Event");
     assertDevice(device, "create an event");
     const timing = options.timing ?? false;
     const blocking = options.blocking ?? false;

@@ -5,6 +5,7 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "./_options.ts";
 import { checkCount, describe } from "./_checks.ts";
 import type { Device } from "./device.ts";
 import { DeviceBuffer, isPinnedMemory } from "./memory.ts";
@@ -199,6 +200,7 @@ export class Tensor implements Disposable {
    * @throws {PinstreamError} When queued work failed.
    */
   async toHost(options: ToHostOptions = {}): Promise<HostArray> {
+    refuseUnknownKeys(options ?? {}, ["stream"], "copy a tensor to the host");
     const stream = options.stream ?? this.device.defaultStream;
     this.buffer.pointerAt(0, "copy a tensor to the host");
     // Wait first (off-thread), so the copy below never blocks the JS thread behind queued

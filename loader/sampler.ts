@@ -11,6 +11,7 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "../ffi/_options.ts";
 import { permutation, randomSeed, SequenceRandom, STREAM_SAMPLER } from "./_rng.ts";
 
 /**
@@ -132,6 +133,7 @@ export class RandomSampler implements Sampler {
    * @throws {RangeError} for a negative size, numSamples < 1, or a bad seed
    */
   constructor(size: number | { readonly length: number }, options: RandomSamplerOptions = {}) {
+    refuseUnknownKeys(options ?? {}, ["replacement", "numSamples", "seed"], "create RandomSampler");
     this.size = checkInt("size", typeof size === "number" ? size : size.length, 0);
     this.replacement = options.replacement ?? false;
     if (typeof this.replacement !== "boolean") {
@@ -212,6 +214,7 @@ export class SubsetRandomSampler implements Sampler {
    * @throws {RangeError} for a negative or non-integer index
    */
   constructor(indices: ArrayLike<number>, options: SubsetRandomSamplerOptions = {}) {
+    refuseUnknownKeys(options ?? {}, ["seed"], "create SubsetRandomSampler");
     this.#subset = Int32Array.from(indices as ArrayLike<number>, (v) => checkInt("index", v, 0));
     this.length = this.#subset.length;
     this.seed = checkSeed(options.seed);
@@ -276,6 +279,7 @@ export class WeightedRandomSampler implements Sampler {
     numSamples: number,
     options: WeightedRandomSamplerOptions = {},
   ) {
+    refuseUnknownKeys(options ?? {}, ["replacement", "seed"], "create WeightedRandomSampler");
     this.length = checkInt("numSamples", numSamples, 1);
     this.replacement = options.replacement ?? true;
     this.seed = checkSeed(options.seed);
@@ -408,6 +412,11 @@ export class DistributedSampler implements Sampler, Iterable<number> {
    * @throws {RangeError} for a rank outside [0, worldSize) or a bad worldSize
    */
   constructor(size: number | { readonly length: number }, options: DistributedSamplerOptions) {
+    refuseUnknownKeys(
+      options ?? {},
+      ["worldSize", "rank", "shuffle", "seed", "dropLast"],
+      "create DistributedSampler",
+    );
     this.size = checkInt("size", typeof size === "number" ? size : size.length, 0);
     this.worldSize = checkInt("worldSize", options.worldSize, 1);
     const rank = options.rank;
@@ -515,6 +524,7 @@ export class BatchSampler implements BatchSamplerLike {
    * @throws {RangeError} for a batchSize that is not a positive integer
    */
   constructor(sampler: Sampler, options: BatchSamplerOptions) {
+    refuseUnknownKeys(options ?? {}, ["batchSize", "dropLast"], "create BatchSampler");
     this.sampler = sampler;
     this.batchSize = checkInt("batchSize", options.batchSize, 1);
     this.dropLast = options.dropLast ?? false;

@@ -12,6 +12,7 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "../ffi/_options.ts";
 import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
@@ -108,6 +109,13 @@ export class GradScaler {
    * @throws {RangeError} For invalid factors, as PyTorch checks.
    */
   constructor(device: Device, options: GradScalerOptions = {}) {
+    refuseUnknownKeys(options ?? {}, [
+      "initScale",
+      "growthFactor",
+      "backoffFactor",
+      "growthInterval",
+      "enabled",
+    ], "create GradScaler");
     this.enabled = options.enabled ?? true;
     this.growthFactor = options.growthFactor ?? 2;
     this.backoffFactor = options.backoffFactor ?? 0.5;
@@ -255,6 +263,7 @@ export class GradScaler {
    * ```
    */
   step(optimizer: SGD, options: GradScalerStepOptions = {}): void {
+    refuseUnknownKeys(options ?? {}, ["model"], "step the GradScaler");
     this.#check();
     if (!this.enabled) {
       optimizer.step();

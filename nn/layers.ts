@@ -12,6 +12,7 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "../ffi/_options.ts";
 import type { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import { kaimingUniform, uniform, Xoshiro128 } from "./init.ts";
@@ -83,6 +84,7 @@ export class Linear extends Module {
    * @throws {RangeError} When a size is not a positive integer.
    */
   constructor(inFeatures: number, outFeatures: number, options: LinearOptions = {}) {
+    refuseUnknownKeys(options ?? {}, ["bias", "rng"], "create Linear");
     super();
     checkPositiveInt("inFeatures", inFeatures);
     checkPositiveInt("outFeatures", outFeatures);

@@ -10,6 +10,8 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "../ffi/_options.ts";
+
 /** What a scheduler drives: an optimizer with a settable learning rate (and momentum). */
 export interface ScheduledOptimizer {
   /** The learning rate used by the next `step()`. */
@@ -223,6 +225,7 @@ export class StepLR extends LRScheduler {
    * @throws {RangeError} When `stepSize` is not a positive integer.
    */
   constructor(optimizer: ScheduledOptimizer, options: StepLROptions) {
+    refuseUnknownKeys(options ?? {}, ["stepSize", "gamma"], "create StepLR");
     super(optimizer);
     if (!Number.isInteger(options.stepSize) || options.stepSize <= 0) {
       throw new RangeError(`Cannot create StepLR: stepSize ${options.stepSize} must be >= 1`);
@@ -277,6 +280,7 @@ export class CosineAnnealingLR extends LRScheduler {
    * @throws {RangeError} When `tMax` is not a positive integer.
    */
   constructor(optimizer: ScheduledOptimizer, options: CosineAnnealingLROptions) {
+    refuseUnknownKeys(options ?? {}, ["tMax", "etaMin"], "create CosineAnnealingLR");
     super(optimizer);
     if (!Number.isInteger(options.tMax) || options.tMax <= 0) {
       throw new RangeError(`Cannot create CosineAnnealingLR: tMax ${options.tMax} must be >= 1`);
@@ -337,6 +341,7 @@ export class LinearLR extends LRScheduler {
    * @throws {RangeError} When a factor is out of range, as PyTorch checks.
    */
   constructor(optimizer: ScheduledOptimizer, options: LinearLROptions = {}) {
+    refuseUnknownKeys(options ?? {}, ["startFactor", "endFactor", "totalIters"], "create LinearLR");
     super(optimizer);
     this.startFactor = options.startFactor ?? 1 / 3;
     this.endFactor = options.endFactor ?? 1;
@@ -431,6 +436,20 @@ export class OneCycleLR extends LRScheduler {
    * @throws {TypeError} When `cycleMomentum` is set and the optimizer has no momentum.
    */
   constructor(optimizer: ScheduledOptimizer, options: OneCycleLROptions) {
+    refuseUnknownKeys(options ?? {}, [
+      "maxLr",
+      "totalSteps",
+      "epochs",
+      "stepsPerEpoch",
+      "pctStart",
+      "annealStrategy",
+      "cycleMomentum",
+      "baseMomentum",
+      "maxMomentum",
+      "divFactor",
+      "finalDivFactor",
+      "threePhase",
+    ], "create OneCycleLR");
     const divFactor = options.divFactor ?? 25;
     const initialLr = options.maxLr / divFactor;
     super(optimizer, initialLr);

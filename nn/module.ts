@@ -10,6 +10,7 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "../ffi/_options.ts";
 import type { Device } from "../ffi/device.ts";
 import { type DType, Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
@@ -537,6 +538,7 @@ export abstract class Module {
    * ```
    */
   loadStateDict(state: Map<string, HostTensor>, options: LoadStateDictOptions = {}): void {
+    refuseUnknownKeys(options ?? {}, ["strict", "source"], "load a state dict");
     const strict = options.strict ?? true;
     const source = options.source ?? "the state dict";
     const used = new Set<string>();

@@ -10,6 +10,7 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "../ffi/_options.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import type { Parameter } from "./module.ts";
@@ -97,6 +98,11 @@ export class SGD {
    * @throws {TypeError} When `params` is empty or a parameter is not on a device.
    */
   constructor(params: Parameter[], options: SGDOptions) {
+    refuseUnknownKeys(
+      options ?? {},
+      ["lr", "momentum", "dampening", "nesterov", "weightDecay"],
+      "create SGD",
+    );
     const { lr, momentum = 0, dampening = 0, nesterov = false, weightDecay = 0 } = options;
     if (!(lr >= 0)) throw new RangeError(`Cannot create SGD: invalid learning rate ${lr}`);
     if (!(momentum >= 0)) throw new RangeError(`Cannot create SGD: invalid momentum ${momentum}`);

@@ -7,6 +7,7 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "../ffi/_options.ts";
 import type { Tensor } from "../ffi/tensor.ts";
 import { CrossEntropyLoss, type LossStats } from "./loss.ts";
 import type { GradScaler } from "./grad_scaler.ts";
@@ -78,6 +79,13 @@ export class Trainer {
    * @throws {TypeError} When the model is not on a device.
    */
   constructor(model: Module, options: TrainerOptions) {
+    refuseUnknownKeys(options ?? {}, [
+      "optimizer",
+      "scaler",
+      "scheduler",
+      "schedulerInterval",
+      "revertStatsOnSkip",
+    ], "create Trainer");
     if (!model.device) throw new TypeError("Cannot create a Trainer: the model is not on a device");
     this.model = model;
     this.optimizer = options.optimizer;

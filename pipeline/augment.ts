@@ -11,7 +11,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "./_options.ts";
+import { refuseUnknownKeys } from "../ffi/_options.ts";
 
 /** Memory order of the uint8 source images: channels last or channels first. */
 export type ImageLayout = "nhwc" | "nchw";

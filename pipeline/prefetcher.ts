@@ -34,7 +34,7 @@ import { Event, Stream } from "../ffi/stream.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import type { DataLoader } from "../loader/data_loader.ts";
 import { RingBatch, type RingField, type StagingRing } from "../loader/ring.ts";
-import { refuseUnknownKeys } from "./_options.ts";
+import { refuseUnknownKeys } from "../ffi/_options.ts";
 import {
   augmentHost,
   type ImageDtype,

@@ -351,3 +351,31 @@ Deno.test("DataLoader refuses a sampler that yields more indices than its length
     /Cannot plan batch 0 of epoch 0: it has 4 indices, the staging ring holds 2 per batch/,
   );
 });
+
+Deno.test("unknown option keys are refused across the public API, naming the key", async () => {
+  const { RandomSampler, BatchSampler, SequentialSampler } = await import("../loader/sampler.ts");
+  const { SGD } = await import("../nn/optim.ts");
+  const { StepLR } = await import("../nn/lr_scheduler.ts");
+  const { Device } = await import("../ffi/device.ts");
+  assert.throws(
+    () => new RandomSampler(10, { replacment: true } as never),
+    /Cannot create RandomSampler: unknown option "replacment" \(did you mean "replacement"\?\)/,
+  );
+  assert.throws(
+    () => new BatchSampler(new SequentialSampler(4), { batchSize: 2, drop_last: true } as never),
+    /Cannot create BatchSampler: unknown option "drop_last"/,
+  );
+  assert.throws(
+    () => new SGD([], { lr: 0.1, weight_decay: 1e-4 } as never),
+    /Cannot create SGD: unknown option "weight_decay"/,
+  );
+  const opt = { lr: 0.1 };
+  assert.throws(
+    () => new StepLR(opt, { stepSize: 1, step_size: 2 } as never),
+    /Cannot create StepLR: unknown option "step_size"/,
+  );
+  assert.throws(
+    () => Device.open("cpu", { indx: 1 } as never),
+    /Cannot open a device: unknown option "indx" \(did you mean "index"\?\)/,
+  );
+});

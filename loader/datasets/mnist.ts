@@ -8,6 +8,7 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "../../ffi/_options.ts";
 import { join } from "node:path";
 import { type Dataset, sharedArray, type SharedField, type WorkerSpec } from "../dataset.ts";
 import { gunzip, isGzip } from "./_files.ts";
@@ -204,6 +205,7 @@ export class MNIST implements Dataset<{ image: Uint8Array; label: number }> {
    *   malformed file, or listing the paths tried when files are missing
    */
   static async load(options: MNISTOptions = {}): Promise<MNIST> {
+    refuseUnknownKeys(options ?? {}, ["root", "train"], "load MNIST");
     if (options.root === undefined) {
       throw new TypeError("Cannot load MNIST: pass root, the directory of the IDX files");
     }
@@ -311,6 +313,7 @@ export class FashionMNIST extends MNIST {
    *   how to install the data when missing
    */
   static override async load(options: MNISTOptions = {}): Promise<FashionMNIST> {
+    refuseUnknownKeys(options ?? {}, ["root", "train"], "load FashionMNIST");
     const root = options.root ?? FASHION_MNIST_DEBIAN_ROOT;
     try {
       return new FashionMNIST(await loadIdxPair(root, options.train ?? true, "Fashion-MNIST"));

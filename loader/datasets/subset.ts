@@ -7,6 +7,7 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "../../ffi/_options.ts";
 import { resolveRef } from "../_protocol.ts";
 import { permutation, randomSeed, SequenceRandom } from "../_rng.ts";
 import type { Dataset, RecordMap, SampleContext, SharedField, WorkerSpec } from "../dataset.ts";
@@ -266,6 +267,7 @@ export function randomSplit<T>(
   lengths: readonly number[],
   options: RandomSplitOptions = {},
 ): Subset<T>[] {
+  refuseUnknownKeys(options ?? {}, ["seed"], "split a dataset");
   const n = checkLength(dataset, "split a dataset");
   if (!Array.isArray(lengths) || lengths.length === 0) {
     throw new RangeError("Cannot split a dataset: lengths should be a non-empty array");

@@ -1,0 +1,73 @@
+/**
+ * Refusing unknown keys in an options object, with a suggestion for a near miss. A
+ * misspelt option is otherwise ignored and its default silently used.
+ *
+ * @module
+ */
+
+/**
+ * Throws a TypeError naming the first key of `options` that is not in `known`, with the
+ * closest known name when one is near (a typo or a case slip), else the list of names.
+ *
+ * @param options The object the caller passed.
+ * @param known Every accepted key.
+ * @param action What the caller was doing, for "Cannot <action>: ...".
+ * @param hints Extra advice for keys users reach for that belong elsewhere.
+ * @throws {TypeError} On the first unknown key.
+ *
+ * @example A typo is refused with the name it was meant to be
+ * ```ts
+ * import { refuseUnknownKeys } from "./_options.ts";
+ * import assert from "node:assert";
+ *
+ * assert.throws(
+ *   () => refuseUnknownKeys({ dept: 2 }, ["depth", "dtype"], "create it"),
+ *   /Cannot create it: unknown option "dept" \(did you mean "depth"\?\)/,
+ * );
+ * refuseUnknownKeys({ depth: 2 }, ["depth", "dtype"], "create it");
+ * ```
+ */
+export function refuseUnknownKeys(
+  options: object,
+  known: readonly string[],
+  action: string,
+  hints: Readonly<Record<string, string>> = {},
+): void {
+  for (const key of Object.keys(options)) {
+    if (known.includes(key)) continue;
+    const near = closest(key, known);
+    const advice = Object.hasOwn(hints, key)
+      ? `: ${hints[key]}`
+      : near !== undefined
+      ? ` (did you mean "${near}"?)`
+      : "";
+    throw new TypeError(
+      `Cannot ${action}: unknown option "${key}"${advice}; options are ${known.join(", ")}`,
+    );
+  }
+}
+
+/** The known name within a small edit distance of `key` (case ignored), if any. */
+function closest(key: string, known: readonly string[]): string | undefined {
+  const k = key.toLowerCase();
+  // One edit per three characters: "paddding" finds "padding", "vflip" finds nothing.
+  let best: string | undefined, bestD = Math.max(1, Math.floor(k.length / 3)) + 1;
+  for (const name of known) {
+    const d = distance(k, name.toLowerCase());
+    if (d < bestD) [best, bestD] = [name, d];
+  }
+  return best;
+}
+
+/** Levenshtein distance. */
+function distance(a: string, b: string): number {
+  let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const row = [i];
+    for (let j = 1; j <= b.length; j++) {
+      row[j] = Math.min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1));
+    }
+    prev = row;
+  }
+  return prev[b.length];
+}
