@@ -140,7 +140,7 @@ done
 [ -f "$LOGS/cifar-torch.log" ] && say "cifar-torch: $(tail -1 "$LOGS/cifar-torch.log")"
 say ""
 say "logs in $LOGS: $(ls "$LOGS" | tr '\n' ' ')"
-# The failures, for the device tool's output tail.
+# The failures, at the end of the output where a remote runner's tail shows them.
 if [ -f "$LOGS/test-all.log" ]; then
   echo "---- failures (test-all) ----"
   sed -n '/^ERRORS/,$p' "$LOGS/test-all.log" | head -120
