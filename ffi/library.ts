@@ -44,6 +44,7 @@ export const SOURCES: {
 } = {
   cpu: [
     "pinstream.h",
+    "rules.h",
     "cpu/common.h",
     "cpu/core.c",
     "cpu/image.c",
@@ -51,6 +52,7 @@ export const SOURCES: {
   ],
   cuda: [
     "pinstream.h",
+    "rules.h",
     "cuda/common.cuh",
     "cuda/core.cu",
     "cuda/image.cu",
@@ -58,6 +60,7 @@ export const SOURCES: {
   ],
   emulator: [
     "pinstream.h",
+    "rules.h",
     "cuda/common.cuh",
     "cuda/core.cu",
     "cuda/image.cu",

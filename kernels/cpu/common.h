@@ -25,8 +25,19 @@
 PS_INTERNAL int ps_record_error(int status, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* What both backends refuse and compute per element (kernels/rules.h). */
+#include "../rules.h"
+
 /* Record a failure and return `status` from the enclosing function. */
 #define PS_FAIL(status, ...) return ps_record_error((status), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Return the status of `expr` from the enclosing function unless it is PS_OK (a shared check
+ * of kernels/rules.h, or a helper that recorded its own failure). */
+#define TRY(expr)                       \
+  do {                                  \
+    int ps_st_ = (expr);                \
+    if (ps_st_ != PS_OK) return ps_st_; \
+  } while (0)
 
 /* Return PS_ERR_INVALID_ARGUMENT, with the failed condition as the message, unless `cond`. */
 #define PS_REQUIRE(cond)                                                                     \

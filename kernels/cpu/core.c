@@ -319,12 +319,6 @@ static int check_device_range(const void *ptr, uint64_t bytes, const char *role)
   return PS_OK;
 }
 
-#define TRY(expr)                      \
-  do {                                 \
-    int ps_st_ = (expr);               \
-    if (ps_st_ != PS_OK) return ps_st_; \
-  } while (0)
-
 PS_API int ps_memset_async(void *dst, int32_t value, uint64_t bytes, void *stream) {
   TRY(check_stream(stream));
   if (bytes == 0) return PS_OK;

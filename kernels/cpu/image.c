@@ -3,7 +3,7 @@
  * kernels/cuda/image.cu: both must give the same bits).
  *
  * Numerics: the normalize is a fp32 multiply then a fp32 add, each rounded, never a fused
- * multiply-add (CUDA uses __fmul_rn/__fadd_rn for the same reason). GCC contracts a*b+c
+ * multiply-add (ps_image_value in kernels/rules.h; the vector paths below spell it out). GCC contracts a*b+c
  * into an FMA across statements under its default -ffp-contract=fast (also through
  * _mm512_mul_ps/_mm512_add_ps, which are plain vector arithmetic in its headers), so this
  * file turns contraction off for itself; clang's default (contract within one expression
@@ -82,21 +82,11 @@ static void plane_to_f16(const uint8_t *t, int64_t len, float s, float b, ps_hal
                      _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 #endif
-  for (; i < len; i++) {
-    float f = (float)t[i];
-    float p = f * s;
-    float r = p + b;
-    o[i] = PS_TO_HALF(r);
-  }
+  for (; i < len; i++) o[i] = PS_TO_HALF(ps_image_value(t[i], s, b));
 }
 
 static void plane_to_f32(const uint8_t *t, int64_t len, float s, float b, float *o) {
-  for (int64_t i = 0; i < len; i++) {
-    float f = (float)t[i];
-    float p = f * s;
-    float r = p + b;
-    o[i] = r;
-  }
+  for (int64_t i = 0; i < len; i++) o[i] = ps_image_value(t[i], s, b);
 }
 
 /* Gathers channel `ch` of one sample, cropped and flipped, into the h x w plane `t`. */
@@ -205,25 +195,12 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
                             int32_t w, int32_t pad, const void *params, const float *scale,
                             const float *bias, void *out, int32_t out_dtype, void *stream) {
   (void)stream; /* the cpu backend is synchronous */
-  if (n < 0 || c <= 0 || c > PS_IMAGE_MAX_CHANNELS || h <= 0 || w <= 0 || pad < 0) {
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
-            "ps_image_augment: bad shape n=%d c=%d h=%d w=%d pad=%d (c <= %d)", n, c, h, w, pad,
-            PS_IMAGE_MAX_CHANNELS);
-  }
-  if (layout != PS_IMAGE_NHWC && layout != PS_IMAGE_NCHW) {
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: bad layout %d", layout);
-  }
-  if (out_dtype != PS_IMAGE_F16 && out_dtype != PS_IMAGE_F32) {
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: bad out_dtype %d", out_dtype);
-  }
+  TRY(ps_check_image_augment(layout, n, c, h, w, pad, out_dtype));
   if (n == 0) return PS_OK;
   if (src == NULL || out == NULL || scale == NULL || bias == NULL) {
     PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: null src, out, scale or bias");
   }
   const int64_t plane = (int64_t)h * w, img_bytes = plane * c;
-  if (plane > (int64_t)1 << 24) {
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: image %dx%d too large", h, w);
-  }
   /* Catches stale or short device buffers here, where CUDA would fault mid-kernel. */
   if (!ps_is_live_range(src, (uint64_t)(n * img_bytes)) ||
       !ps_is_live_range(out, (uint64_t)(n * img_bytes) * (out_dtype == PS_IMAGE_F16 ? 2u : 4u)) ||
@@ -301,10 +278,7 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
 PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, void *out,
                                void *stream) {
   (void)stream;
-  if (n < 0 || (src_bytes != 1 && src_bytes != 2 && src_bytes != 4)) {
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_labels_i32: bad n=%d or src_bytes=%d", n,
-            src_bytes);
-  }
+  TRY(ps_check_image_labels(src_bytes, n));
   if (n == 0) return PS_OK;
   if (src == NULL || out == NULL) {
     PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_labels_i32: null src or out");

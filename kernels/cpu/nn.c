@@ -657,11 +657,7 @@ static int gemm_serial(int64_t M, int64_t N, int64_t K, const mat_t *A, const ma
               "%s: %s (%p, %llu bytes) is not inside one live device allocation",         \
               __func__, #ptr, (const void *)(ptr), (unsigned long long)(bytes));           \
   } while (0)
-#define CHECK_DTYPE(dt)                                                                    \
-  do {                                                                                     \
-    if ((dt) != PS_NN_F32 && (dt) != PS_NN_F16)                                            \
-      PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad %s %d", __func__, #dt, (int)(dt));          \
-  } while (0)
+#define CHECK_DTYPE(dt) TRY(ps_check_dtype(__func__, #dt, (dt)))
 #define OOM() PS_FAIL(PS_ERR_OUT_OF_MEMORY, "%s: no memory for a workspace", __func__)
 
 static int64_t dtsize(int32_t dt) { return dt == PS_NN_F16 ? 2 : 4; }
@@ -701,9 +697,7 @@ PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, 
                         int32_t accumulate, void *stream) {
   (void)stream;
   CHECK_DTYPE(c_dtype);
-  if (m < 0 || n < 0 || k < 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_matmul: bad shape m=%lld n=%lld k=%lld",
-            (long long)m, (long long)n, (long long)k);
+  TRY(ps_check_matmul(m, n, k));
   if (m == 0 || n == 0) return PS_OK;
   CHECK_RANGE(a, m * k * 2);
   CHECK_RANGE(b, k * n * 2);
@@ -743,26 +737,7 @@ PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, 
 
 /* ---- convolution --------------------------------------------------------------------- */
 
-typedef struct {
-  int64_t n, c, h, w, co, oh, ow;
-  int32_t kh, kw, s, pad;
-} conv_t;
-
-static int conv_shape(conv_t *g, const char *fn, int64_t n, int64_t c, int64_t h, int64_t w,
-                      int64_t co, int32_t kh, int32_t kw, int32_t stride, int32_t pad) {
-  if (n < 0 || c <= 0 || h <= 0 || w <= 0 || co <= 0 || kh <= 0 || kw <= 0 || stride <= 0 ||
-      pad < 0 || h + 2 * pad < kh || w + 2 * pad < kw)
-    return ps_record_error(PS_ERR_INVALID_ARGUMENT, __FILE__, __LINE__,
-                           "%s: bad shape n=%lld c=%lld h=%lld w=%lld co=%lld k=%dx%d "
-                           "stride=%d pad=%d",
-                           fn, (long long)n, (long long)c, (long long)h, (long long)w,
-                           (long long)co, kh, kw, stride, pad);
-  g->n = n, g->c = c, g->h = h, g->w = w, g->co = co, g->kh = kh, g->kw = kw, g->s = stride;
-  g->pad = pad;
-  g->oh = (h + 2 * pad - kh) / stride + 1;
-  g->ow = (w + 2 * pad - kw) / stride + 1;
-  return PS_OK;
-}
+typedef ps_conv_geo conv_t;
 
 /* Output columns ox whose input column ox*s + kx - pad lies in [0, w): [lo, hi). */
 static void ox_range(const conv_t *g, int64_t kx, int64_t *lo, int64_t *hi) {
@@ -968,7 +943,7 @@ PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n
                                 int32_t stride, int32_t pad, void *stream) {
   (void)stream;
   conv_t g;
-  int st = conv_shape(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
+  int st = ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
   if (st) return st;
   if (n == 0) return PS_OK;
   int64_t K = c * kh * kw, P = g.oh * g.ow;
@@ -1013,7 +988,7 @@ PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, i
                                       void *stream) {
   (void)stream;
   conv_t g;
-  int st = conv_shape(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
+  int st = ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
   if (st) return st;
   if (n == 0) return PS_OK;
   int64_t K = c * kh * kw, P = g.oh * g.ow, HW = h * w_;
@@ -1056,7 +1031,7 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
   (void)stream;
   CHECK_DTYPE(dw_dtype);
   conv_t g;
-  int st = conv_shape(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
+  int st = ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
   if (st) return st;
   int64_t K = c * kh * kw, P = g.oh * g.ow, HW = h * w_;
   CHECK_RANGE(x, n * c * HW * 2);
@@ -1166,8 +1141,7 @@ static void pool_fwd_range(void *vctx, int64_t p0, int64_t p1) {
           for (int64_t kx = 0; kx < kernel; kx++) {
             int64_t at = (y0 + ky) * w_ + x0 + kx;
             float v = h2f(xp[at]);
-            /* NaN propagates (PyTorch): once m is NaN nothing replaces it. */
-            if (v > m || (v != v && m == m)) m = v, best = at;
+            if (ps_pool_takes(v, m)) m = v, best = at;
           }
         yp[oy * ow + ox] = f2h(m);
         if (ip) ip[oy * ow + ox] = (int32_t)best;
@@ -1198,12 +1172,7 @@ PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int
                                    int64_t c, int64_t h, int64_t w_, int32_t kernel,
                                    int32_t stride, void *stream) {
   (void)stream;
-  if (n < 0 || c < 0 || h <= 0 || w_ <= 0 || kernel <= 0 || stride <= 0 || kernel > h ||
-      kernel > w_)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
-            "ps_nn_maxpool2d_forward: bad shape n=%lld c=%lld h=%lld w=%lld kernel=%d "
-            "stride=%d",
-            (long long)n, (long long)c, (long long)h, (long long)w_, kernel, stride);
+  TRY(ps_check_maxpool_forward(n, c, h, w_, kernel, stride));
   int64_t oh = (h - kernel) / stride + 1, ow = (w_ - kernel) / stride + 1, planes = n * c;
   if (planes == 0) return PS_OK;
   CHECK_RANGE(x, planes * h * w_ * 2);
@@ -1218,8 +1187,7 @@ PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void
                                     int64_t n, int64_t c, int64_t h, int64_t w_, int64_t oh,
                                     int64_t ow, void *stream) {
   (void)stream;
-  if (n < 0 || c < 0 || h <= 0 || w_ <= 0 || oh < 0 || ow < 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_maxpool2d_backward: bad shape");
+  TRY(ps_check_maxpool_backward(n, c, h, w_, oh, ow));
   int64_t planes = n * c, hw = h * w_, ohw = oh * ow;
   if (planes == 0) return PS_OK;
   CHECK_RANGE(dy, planes * ohw * 2);
@@ -1338,9 +1306,7 @@ PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, cons
                                          float *run_mean, float *run_var, int64_t n, int64_t c,
                                          int64_t hw, float momentum, float eps, void *stream) {
   (void)stream;
-  if (n <= 0 || c <= 0 || hw <= 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_forward_train: bad shape n=%lld c=%lld hw=%lld",
-            (long long)n, (long long)c, (long long)hw);
+  TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   CHECK_RANGE(x, n * c * hw * 2);
   CHECK_RANGE(y, n * c * hw * 2);
   CHECK_RANGE(gamma, c * 4);
@@ -1375,9 +1341,7 @@ PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const
                                         int64_t n, int64_t c, int64_t hw, float eps,
                                         void *stream) {
   (void)stream;
-  if (n < 0 || c <= 0 || hw <= 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_forward_eval: bad shape n=%lld c=%lld hw=%lld",
-            (long long)n, (long long)c, (long long)hw);
+  TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   if (n == 0) return PS_OK;
   CHECK_RANGE(x, n * c * hw * 2);
   CHECK_RANGE(y, n * c * hw * 2);
@@ -1448,9 +1412,7 @@ PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *
                                     float *dgamma, float *dbeta, int64_t n, int64_t c,
                                     int64_t hw, void *stream) {
   (void)stream;
-  if (n <= 0 || c <= 0 || hw <= 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_backward: bad shape n=%lld c=%lld hw=%lld",
-            (long long)n, (long long)c, (long long)hw);
+  TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   CHECK_RANGE(dy, n * c * hw * 2);
   CHECK_RANGE(x, n * c * hw * 2);
   CHECK_RANGE(dx, n * c * hw * 2);
@@ -1507,9 +1469,7 @@ PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t
                           int64_t hw, void *stream) {
   (void)stream;
   CHECK_DTYPE(bias_dtype);
-  if (n < 0 || c <= 0 || hw <= 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_bias_add: bad shape n=%lld c=%lld hw=%lld",
-            (long long)n, (long long)c, (long long)hw);
+  TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   if (n == 0) return PS_OK;
   CHECK_RANGE(y, n * c * hw * 2);
   CHECK_RANGE(bias, c * dtsize(bias_dtype));
@@ -1535,9 +1495,7 @@ PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int
                            int64_t c, int64_t hw, int32_t accumulate, void *stream) {
   (void)stream;
   CHECK_DTYPE(dbias_dtype);
-  if (n < 0 || c <= 0 || hw <= 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_bias_grad: bad shape n=%lld c=%lld hw=%lld",
-            (long long)n, (long long)c, (long long)hw);
+  TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   CHECK_RANGE(dy, n * c * hw * 2);
   CHECK_RANGE(dbias, c * dtsize(dbias_dtype));
   float *sum = calloc((size_t)c, sizeof(float));
@@ -1580,14 +1538,13 @@ static void relu_fwd_range(void *vctx, int64_t i, int64_t end) {
     }
 #endif
     for (; i < end; i++) {
-      uint16_t v = s[i];
-      d[i] = ((v & 0x8000u) && (v & 0x7fffu) <= 0x7c00u) ? 0 : v;
+      d[i] = ps_relu_f16(s[i]);
     }
   }
 
 PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *stream) {
   (void)stream;
-  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_relu_forward: bad count %lld", (long long)count);
+  TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
   CHECK_RANGE(x, count * 2);
   CHECK_RANGE(y, count * 2);
@@ -1612,15 +1569,14 @@ static void relu_bwd_range(void *vctx, int64_t i, int64_t end) {
     }
 #endif
     for (; i < end; i++) {
-      uint16_t v = o[i];
-      d[i] = (!(v & 0x8000u) && v != 0 && v <= 0x7c00u) ? g[i] : 0;
+      d[i] = ps_relu_grad_f16(o[i], g[i]);
     }
   }
 
 PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t count,
                                void *stream) {
   (void)stream;
-  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_relu_backward: bad count %lld", (long long)count);
+  TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
   CHECK_RANGE(dy, count * 2);
   CHECK_RANGE(y, count * 2);
@@ -1637,9 +1593,7 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
                                float *loss_sum, int32_t *correct, int64_t n, int64_t k,
                                float scale, const float *device_scale, void *stream) {
   (void)stream;
-  if (n < 0 || k <= 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cross_entropy: bad shape n=%lld k=%lld",
-            (long long)n, (long long)k);
+  TRY(ps_check_cross_entropy(n, k));
   if (n == 0) return PS_OK;
   CHECK_RANGE(logits, n * k * 2);
   CHECK_RANGE(labels, n * 4);
@@ -1655,7 +1609,7 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
   int64_t hits = 0;
   float *row = malloc((size_t)k * sizeof(float));
   if (!row) OOM();
-  float g = (device_scale ? scale * *device_scale : scale) / (float)n;
+  float g = ps_ce_grad_scale(scale, device_scale, n);
   for (int64_t i = 0; i < n; i++) {
     const half *l = (const half *)logits + i * k;
     int64_t arg = 0;
@@ -1691,7 +1645,7 @@ PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst
   (void)stream;
   CHECK_DTYPE(src_dtype);
   CHECK_DTYPE(dst_dtype);
-  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cast: bad count %lld", (long long)count);
+  TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
   CHECK_RANGE(src, count * dtsize(src_dtype));
   CHECK_RANGE(dst, count * dtsize(dst_dtype));
@@ -1709,7 +1663,7 @@ PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
                                int32_t *found_inf, void *stream) {
   (void)stream;
   CHECK_DTYPE(grad_dtype);
-  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_unscale_check: bad count %lld", (long long)count);
+  TRY(ps_check_count(__func__, count));
   CHECK_RANGE(found_inf, 4);
   if (scale) CHECK_RANGE(scale, 4);
   if (count == 0) return PS_OK;
@@ -1717,9 +1671,8 @@ PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
   float inv = scale ? 1.0f / *scale : inv_scale;
   int bad = 0;
   if (grad_dtype == PS_NN_F16) {
-    /* Non-finite fp16: exponent bits all ones. */
     uint16_t *g = (uint16_t *)grad;
-    for (int64_t i = 0; i < count; i++) bad |= (g[i] & 0x7c00u) == 0x7c00u;
+    for (int64_t i = 0; i < count; i++) bad |= ps_f16_nonfinite(g[i]);
     if (in_place)
       for (int64_t i = 0; i < count; i++) ((half *)grad)[i] = f2h(h2f(((half *)grad)[i]) * inv);
   } else {
@@ -1743,14 +1696,8 @@ static void sgd_range(void *vctx, int64_t i0, int64_t i1) {
         weight_decay = k->weight_decay;
   for (int64_t i = i0; i < i1; i++) {
     float g = (grad_dtype == PS_NN_F16 ? h2f(((const half *)grad)[i]) : ((const float *)grad)[i]) * inv;
-    float p = param[i];
-    if (weight_decay != 0.0f) g += weight_decay * p;
-    if (momentum != 0.0f) {
-      float b = fresh ? g : momentum * momentum_buf[i] + (1.0f - dampening) * g;
-      momentum_buf[i] = b;
-      g = nesterov ? g + momentum * b : b;
-    }
-    p -= lr * g;
+    float p = ps_sgd_element(param[i], g, momentum != 0.0f ? momentum_buf + i : NULL, lr,
+                             momentum, dampening, weight_decay, nesterov, fresh);
     param[i] = p;
     if (param_half) ((half *)param_half)[i] = f2h(p);
   }
@@ -1763,9 +1710,7 @@ PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
                           const int32_t *steps_done, void *stream) {
   (void)stream;
   CHECK_DTYPE(grad_dtype);
-  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_sgd_step: bad count %lld", (long long)count);
-  if (momentum != 0.0f && !momentum_buf)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_sgd_step: momentum %g needs a momentum buffer", momentum);
+  TRY(ps_check_sgd(count, momentum, momentum_buf));
   if (found_inf) CHECK_RANGE(found_inf, 4);
   if (scale) CHECK_RANGE(scale, 4);
   if (steps_done) CHECK_RANGE(steps_done, 4);
@@ -1798,22 +1743,9 @@ PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int3
   CHECK_RANGE(scale, 4);
   CHECK_RANGE(growth_tracker, 4);
   CHECK_RANGE(found_inf, 4);
-  if (growth_interval <= 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_scaler_update: bad growth_interval %d", growth_interval);
-  /* torch._amp_update_scale_ (aten/src/ATen/native/cuda/AmpKernels.cu). */
-  if (*found_inf) {
-    *scale *= backoff_factor;
-    *growth_tracker = 0;
-  } else {
-    int32_t successful = *growth_tracker + 1;
-    if (successful == growth_interval) {
-      float grown = *scale * growth_factor;
-      if (isfinite(grown)) *scale = grown;
-      *growth_tracker = 0;
-    } else {
-      *growth_tracker = successful;
-    }
-  }
+  TRY(ps_check_scaler_update(growth_interval));
+  ps_scaler_step(scale, growth_tracker, *found_inf, growth_factor, backoff_factor,
+                 growth_interval);
   return PS_OK;
 }
 
@@ -1822,7 +1754,7 @@ PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int3
 PS_API int ps_nn_copy_if(float *dst, const float *src, int64_t count, const int32_t *flag,
                          void *stream) {
   (void)stream;
-  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_copy_if: bad count %lld", (long long)count);
+  TRY(ps_check_count(__func__, count));
   CHECK_RANGE(flag, 4);
   if (count == 0) return PS_OK;
   /* Checked whatever the flag says, so a bad call fails on every step, not on a skipped one. */

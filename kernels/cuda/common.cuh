@@ -49,6 +49,18 @@ PS_INTERNAL int ps_status_of(cudaError_t err);
  * caller reads the message from another thread) and returns `status` unchanged. */
 PS_INTERNAL int ps_export_error(int status, char *msg, uint64_t msg_cap);
 
+/* What both backends refuse and compute per element; the element rules run on the device. */
+#define PS_RULE static __host__ __device__ __forceinline__
+#include "../rules.h"
+
+/* Return the status of `expr` from the enclosing function unless it is PS_OK (a shared check
+ * of kernels/rules.h, or a helper that recorded its own failure). */
+#define TRY(expr)                       \
+  do {                                  \
+    int ps_st_ = (expr);                \
+    if (ps_st_ != PS_OK) return ps_st_; \
+  } while (0)
+
 /* Record a failure and return `status` from the enclosing function. */
 #define PS_FAIL(status, ...) return ps_record_error((status), __FILE__, __LINE__, __VA_ARGS__)
 

@@ -2,10 +2,10 @@
  * image.cu — CUDA backend of the PS-SECTION image kernels. kernels/cpu/image.c is the
  * reference: for the same inputs both give the same bits.
  *
- * Numerics: float(v) is exact for a byte; then __fmul_rn and __fadd_rn, two fp32 roundings
- * that nvcc never contracts into an FMA (a plain `v * s + b` would be fused by default,
- * -fmad=true, and differ from the CPU in the last bit); __float2half_rn rounds to nearest
- * even like the CPU's vcvtps2ph / _Float16 cast.
+ * Numerics: ps_image_value (kernels/rules.h): float(v) is exact for a byte; then __fmul_rn
+ * and __fadd_rn, two fp32 roundings that nvcc never contracts into an FMA (a plain
+ * `v * s + b` would be fused by default, -fmad=true, and differ from the CPU in the last
+ * bit); __float2half_rn rounds to nearest even like the CPU's vcvtps2ph / _Float16 cast.
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -58,7 +58,7 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
         v = Layout == PS_IMAGE_NCHW ? __ldg(img + (int64_t)ch * plane + sy * w + sx)
                                     : __ldg(img + ((int64_t)sy * w + sx) * c + ch);
       }
-      store(o, i, __fadd_rn(__fmul_rn((float)v, scale), bias));
+      store(o, i, ps_image_value(v, scale, bias));
     }
   }
 }
@@ -100,24 +100,10 @@ extern "C" {
 PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t c, int32_t h,
                             int32_t w, int32_t pad, const void *params, const float *scale,
                             const float *bias, void *out, int32_t out_dtype, void *stream) {
-  if (n < 0 || c <= 0 || c > PS_IMAGE_MAX_CHANNELS || h <= 0 || w <= 0 || pad < 0) {
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
-            "ps_image_augment: bad shape n=%d c=%d h=%d w=%d pad=%d (c <= %d)", n, c, h, w, pad,
-            PS_IMAGE_MAX_CHANNELS);
-  }
-  if (layout != PS_IMAGE_NHWC && layout != PS_IMAGE_NCHW) {
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: bad layout %d", layout);
-  }
-  if (out_dtype != PS_IMAGE_F16 && out_dtype != PS_IMAGE_F32) {
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: bad out_dtype %d", out_dtype);
-  }
+  TRY(ps_check_image_augment(layout, n, c, h, w, pad, out_dtype));
   if (n == 0) return PS_OK;
   if (src == nullptr || out == nullptr || scale == nullptr || bias == nullptr) {
     PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: null src, out, scale or bias");
-  }
-  if ((int64_t)h * w > (int64_t)1 << 24) {
-    /* Same limit as the cpu backend; keeps the per-plane index math in 32 bits. */
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: image %dx%d too large", h, w);
   }
   Affine aff;
   for (int32_t i = 0; i < PS_IMAGE_MAX_CHANNELS; i++) {
@@ -138,10 +124,7 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
 
 PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, void *out,
                                void *stream) {
-  if (n < 0 || (src_bytes != 1 && src_bytes != 2 && src_bytes != 4)) {
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_labels_i32: bad n=%d or src_bytes=%d", n,
-            src_bytes);
-  }
+  TRY(ps_check_image_labels(src_bytes, n));
   if (n == 0) return PS_OK;
   if (src == nullptr || out == nullptr) {
     PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_labels_i32: null src or out");

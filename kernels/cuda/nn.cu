@@ -50,10 +50,7 @@ struct Strided { /* A(i, k) = p[i*rs + k*cs] */
   __device__ __half operator()(int64_t i, int64_t k) const { return p[i * rs + k * cs]; }
 };
 
-struct ConvGeo {
-  int64_t n, c, h, w, co, oh, ow;
-  int kh, kw, s, pad;
-};
+using ConvGeo = ps_conv_geo;
 
 /* col(x)[kk, col]: kk = (c, ky, kx), col = (n, oy, ox). */
 struct Im2col {
@@ -275,7 +272,7 @@ __global__ void maxpool_fwd(const __half *x, __half *y, int32_t *idx, int64_t pl
       for (int kx = 0; kx < k; kx++) {
         int64_t at = (oy * s + ky) * w + ox * s + kx;
         float v = __half2float(xp[at]);
-        if (v > m || (v != v && m == m)) m = v, best = at;
+        if (ps_pool_takes(v, m)) m = v, best = at;
       }
     y[t] = __float2half_rn(m);
     if (idx) idx[t] = (int32_t)best;
@@ -403,16 +400,14 @@ __global__ void bias_grad(const __half *dy, void *dbias, int f16, int64_t n, int
 __global__ void relu_fwd(const uint16_t *x, uint16_t *y, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    uint16_t v = x[i];
-    y[i] = ((v & 0x8000u) && (v & 0x7fffu) <= 0x7c00u) ? 0 : v;
+    y[i] = ps_relu_f16(x[i]);
   }
 }
 
 __global__ void relu_bwd(const uint16_t *dy, const uint16_t *y, uint16_t *dx, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    uint16_t v = y[i];
-    dx[i] = (!(v & 0x8000u) && v != 0 && v <= 0x7c00u) ? dy[i] : 0;
+    dx[i] = ps_relu_grad_f16(y[i], dy[i]);
   }
 }
 
@@ -437,8 +432,7 @@ __global__ void cross_entropy(const __half *logits, const int32_t *labels, __hal
                               float *loss_sum, int32_t *correct, int64_t n, int64_t k,
                               float scale, const float *device_scale) {
   int lane = threadIdx.x % 32;
-  /* The same expression, in the same order, as the cpu backend. */
-  float g = (device_scale ? scale * *device_scale : scale) / (float)n;
+  float g = ps_ce_grad_scale(scale, device_scale, n);
   for (int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; row < n;
        row += (int64_t)gridDim.x * blockDim.x / 32) {
     const __half *l = logits + row * k;
@@ -486,7 +480,7 @@ __global__ void unscale_check(void *grad, int f16, int64_t n, const float *scale
        i += (int64_t)gridDim.x * blockDim.x) {
     if (f16) {
       __half *p = (__half *)grad + i;
-      bad |= (__half_as_ushort(*p) & 0x7c00u) == 0x7c00u;
+      bad |= ps_f16_nonfinite(__half_as_ushort(*p)) != 0;
       if (in_place) *p = __float2half_rn(__half2float(*p) * inv);
     } else {
       float *p = (float *)grad + i;
@@ -507,14 +501,8 @@ __global__ void sgd_kernel(float *param, const void *grad, int f16, float *buf, 
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
     float g = (f16 ? __half2float(((const __half *)grad)[i]) : ((const float *)grad)[i]) * inv;
-    float p = param[i];
-    if (wd != 0.0f) g += wd * p;
-    if (momentum != 0.0f) {
-      float b = fresh ? g : momentum * buf[i] + (1.0f - dampening) * g;
-      buf[i] = b;
-      g = nesterov ? g + momentum * b : b;
-    }
-    p -= lr * g;
+    float p = ps_sgd_element(param[i], g, momentum != 0.0f ? buf + i : nullptr, lr, momentum,
+                             dampening, wd, nesterov, fresh);
     param[i] = p;
     if (half_out) half_out[i] = __float2half_rn(p);
   }
@@ -526,35 +514,7 @@ __global__ void step_count_kernel(int32_t *steps_done, const int32_t *found_inf)
 
 __global__ void scaler_update_kernel(float *scale, int32_t *tracker, const int32_t *found_inf,
                                      float growth, float backoff, int32_t interval) {
-  if (*found_inf) {
-    *scale *= backoff;
-    *tracker = 0;
-  } else {
-    int32_t successful = *tracker + 1;
-    if (successful == interval) {
-      float grown = *scale * growth;
-      if (isfinite(grown)) *scale = grown;
-      *tracker = 0;
-    } else {
-      *tracker = successful;
-    }
-  }
-}
-
-int conv_geo(ConvGeo *g, const char *fn, int64_t n, int64_t c, int64_t h, int64_t w, int64_t co,
-             int32_t kh, int32_t kw, int32_t stride, int32_t pad) {
-  if (n < 0 || c <= 0 || h <= 0 || w <= 0 || co <= 0 || kh <= 0 || kw <= 0 || stride <= 0 ||
-      pad < 0 || h + 2 * pad < kh || w + 2 * pad < kw)
-    return ps_record_error(PS_ERR_INVALID_ARGUMENT, __FILE__, __LINE__,
-                           "%s: bad shape n=%lld c=%lld h=%lld w=%lld co=%lld k=%dx%d "
-                           "stride=%d pad=%d",
-                           fn, (long long)n, (long long)c, (long long)h, (long long)w,
-                           (long long)co, kh, kw, stride, pad);
-  g->n = n, g->c = c, g->h = h, g->w = w, g->co = co, g->kh = kh, g->kw = kw, g->s = stride;
-  g->pad = pad;
-  g->oh = (h + 2 * pad - kh) / stride + 1;
-  g->ow = (w + 2 * pad - kw) / stride + 1;
-  return PS_OK;
+  ps_scaler_step(scale, tracker, *found_inf, growth, backoff, interval);
 }
 
 #define NULL_CHECK(...)                                                                   \
@@ -564,11 +524,7 @@ int conv_geo(ConvGeo *g, const char *fn, int64_t n, int64_t c, int64_t h, int64_
       if (!ps_p_) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: null pointer among (%s)", __func__, \
                           #__VA_ARGS__);                                                  \
   } while (0)
-#define DTYPE_CHECK(dt)                                                                   \
-  do {                                                                                    \
-    if ((dt) != PS_NN_F32 && (dt) != PS_NN_F16)                                           \
-      PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad %s %d", __func__, #dt, (int)(dt));         \
-  } while (0)
+#define DTYPE_CHECK(dt) TRY(ps_check_dtype(__func__, #dt, (dt)))
 
 constexpr int EW = 256; /* threads of elementwise and per-channel kernels */
 
@@ -580,9 +536,7 @@ PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, 
                         int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
                         int32_t accumulate, void *stream) {
   DTYPE_CHECK(c_dtype);
-  if (m < 0 || n < 0 || k < 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_matmul: bad shape m=%lld n=%lld k=%lld",
-            (long long)m, (long long)n, (long long)k);
+  TRY(ps_check_matmul(m, n, k));
   if (m == 0 || n == 0) return PS_OK;
   /* k == 0: a and b are zero-byte tensors, whose pointers are NULL (zero-byte allocations
    * allocate nothing); c is still written (zeros, or left as is when accumulating), as on
@@ -599,9 +553,8 @@ PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, 
 PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n, int64_t c,
                                 int64_t h, int64_t w_, int64_t co, int32_t kh, int32_t kw,
                                 int32_t stride, int32_t pad, void *stream) {
-  ConvGeo g{}; /* {}: gcc cannot see that conv_geo fills it before any use */
-  int s = conv_geo(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
-  if (s) return s;
+  ConvGeo g{}; /* {}: gcc cannot see that ps_conv_geometry fills it before any use */
+  TRY(ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad));
   if (n == 0) return PS_OK;
   NULL_CHECK(x, w, y);
   int64_t K = c * kh * kw, P = g.oh * g.ow;
@@ -615,9 +568,8 @@ PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, i
                                       int64_t c, int64_t h, int64_t w_, int64_t co,
                                       int32_t kh, int32_t kw, int32_t stride, int32_t pad,
                                       void *stream) {
-  ConvGeo g{}; /* {}: gcc cannot see that conv_geo fills it before any use */
-  int s = conv_geo(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
-  if (s) return s;
+  ConvGeo g{}; /* {}: gcc cannot see that ps_conv_geometry fills it before any use */
+  TRY(ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad));
   if (n == 0) return PS_OK;
   NULL_CHECK(dy, w, dx);
   WeightT A{(const __half *)w, g};
@@ -649,9 +601,8 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
                                         int32_t stride, int32_t pad, int32_t accumulate,
                                         void *stream) {
   DTYPE_CHECK(dw_dtype);
-  ConvGeo g{}; /* {}: gcc cannot see that conv_geo fills it before any use */
-  int s = conv_geo(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
-  if (s) return s;
+  ConvGeo g{}; /* {}: gcc cannot see that ps_conv_geometry fills it before any use */
+  TRY(ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad));
   /* n == 0 still writes dw (zeros, or unchanged when accumulating), like the cpu backend;
    * x and dy are then empty, NULL pointers, and the GEMM never reads them (T == 0). */
   NULL_CHECK(dw);
@@ -667,8 +618,7 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
   if (splits < 1) splits = 1;
   if (splits > 256) splits = 256;
   float *part = nullptr;
-  s = keep_pool_memory();
-  if (s) return s;
+  TRY(keep_pool_memory());
   CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)(splits * mn) * sizeof(float), st));
   DyRows A{(const __half *)dy, co, P};
   Im2colT B{Im2col{(const __half *)x, g}};
@@ -689,12 +639,7 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
 PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n,
                                    int64_t c, int64_t h, int64_t w_, int32_t kernel,
                                    int32_t stride, void *stream) {
-  if (n < 0 || c < 0 || h <= 0 || w_ <= 0 || kernel <= 0 || stride <= 0 || kernel > h ||
-      kernel > w_)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
-            "ps_nn_maxpool2d_forward: bad shape n=%lld c=%lld h=%lld w=%lld kernel=%d "
-            "stride=%d",
-            (long long)n, (long long)c, (long long)h, (long long)w_, kernel, stride);
+  TRY(ps_check_maxpool_forward(n, c, h, w_, kernel, stride));
   int64_t oh = (h - kernel) / stride + 1, ow = (w_ - kernel) / stride + 1, planes = n * c;
   if (planes == 0) return PS_OK;
   NULL_CHECK(x, y);
@@ -707,8 +652,7 @@ PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int
 PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx,
                                     int64_t n, int64_t c, int64_t h, int64_t w_, int64_t oh,
                                     int64_t ow, void *stream) {
-  if (n < 0 || c < 0 || h <= 0 || w_ <= 0 || oh < 0 || ow < 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_maxpool2d_backward: bad shape");
+  TRY(ps_check_maxpool_backward(n, c, h, w_, oh, ow));
   int64_t planes = n * c;
   if (planes == 0) return PS_OK;
   NULL_CHECK(dy, indices, dx);
@@ -724,8 +668,7 @@ PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, cons
                                          void *y, float *save_mean, float *save_invstd,
                                          float *run_mean, float *run_var, int64_t n, int64_t c,
                                          int64_t hw, float momentum, float eps, void *stream) {
-  if (n <= 0 || c <= 0 || hw <= 0 || c > 2147483647)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_forward_train: bad shape");
+  TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   NULL_CHECK(x, gamma, beta, y, save_mean, save_invstd);
   bn_train<<<(unsigned)c, EW, 0, (cudaStream_t)stream>>>(
       (const __half *)x, gamma, beta, (__half *)y, save_mean, save_invstd, run_mean, run_var, n,
@@ -738,8 +681,7 @@ PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const
                                         const float *run_mean, const float *run_var, void *y,
                                         int64_t n, int64_t c, int64_t hw, float eps,
                                         void *stream) {
-  if (n < 0 || c <= 0 || hw <= 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_forward_eval: bad shape");
+  TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   if (n == 0) return PS_OK;
   NULL_CHECK(x, gamma, beta, run_mean, run_var, y);
   bn_eval<<<blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream>>>(
@@ -752,8 +694,7 @@ PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *
                                     const float *save_mean, const float *save_invstd, void *dx,
                                     float *dgamma, float *dbeta, int64_t n, int64_t c,
                                     int64_t hw, void *stream) {
-  if (n <= 0 || c <= 0 || hw <= 0 || c > 2147483647)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_batchnorm_backward: bad shape");
+  TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   NULL_CHECK(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
   bn_bwd<<<(unsigned)c, EW, 0, (cudaStream_t)stream>>>((const __half *)dy, (const __half *)x,
                                                        gamma, save_mean, save_invstd,
@@ -765,7 +706,7 @@ PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *
 PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t n, int64_t c,
                           int64_t hw, void *stream) {
   DTYPE_CHECK(bias_dtype);
-  if (n < 0 || c <= 0 || hw <= 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_bias_add: bad shape");
+  TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   if (n == 0) return PS_OK;
   NULL_CHECK(y, bias);
   bias_add<<<blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream>>>(
@@ -777,8 +718,7 @@ PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t
 PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int64_t n,
                            int64_t c, int64_t hw, int32_t accumulate, void *stream) {
   DTYPE_CHECK(dbias_dtype);
-  if (n < 0 || c <= 0 || hw <= 0 || c > 2147483647)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_bias_grad: bad shape");
+  TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   NULL_CHECK(dbias);
   if (n > 0) NULL_CHECK(dy);
   bias_grad<<<(unsigned)c, EW, 0, (cudaStream_t)stream>>>(
@@ -788,7 +728,7 @@ PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int
 }
 
 PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *stream) {
-  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_relu_forward: bad count");
+  TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
   NULL_CHECK(x, y);
   relu_fwd<<<blocks_for(count, EW), EW, 0, (cudaStream_t)stream>>>((const uint16_t *)x,
@@ -799,7 +739,7 @@ PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *strea
 
 PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t count,
                                void *stream) {
-  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_relu_backward: bad count");
+  TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
   NULL_CHECK(dy, y, dx);
   relu_bwd<<<blocks_for(count, EW), EW, 0, (cudaStream_t)stream>>>(
@@ -811,7 +751,7 @@ PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t 
 PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
                                float *loss_sum, int32_t *correct, int64_t n, int64_t k,
                                float scale, const float *device_scale, void *stream) {
-  if (n < 0 || k <= 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cross_entropy: bad shape");
+  TRY(ps_check_cross_entropy(n, k));
   if (n == 0) return PS_OK;
   NULL_CHECK(logits, labels);
   const int per_block = EW / 32;
@@ -826,7 +766,7 @@ PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst
                       int64_t count, void *stream) {
   DTYPE_CHECK(src_dtype);
   DTYPE_CHECK(dst_dtype);
-  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cast: bad count");
+  TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
   NULL_CHECK(src, dst);
   cudaStream_t st = (cudaStream_t)stream;
@@ -845,7 +785,7 @@ PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
                                const float *scale, float inv_scale, int32_t in_place,
                                int32_t *found_inf, void *stream) {
   DTYPE_CHECK(grad_dtype);
-  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_unscale_check: bad count");
+  TRY(ps_check_count(__func__, count));
   NULL_CHECK(found_inf);
   if (count == 0) return PS_OK;
   NULL_CHECK(grad);
@@ -861,10 +801,7 @@ PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
                           int32_t nesterov, const float *scale, const int32_t *found_inf,
                           const int32_t *steps_done, void *stream) {
   DTYPE_CHECK(grad_dtype);
-  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_sgd_step: bad count");
-  if (momentum != 0.0f && !momentum_buf)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_sgd_step: momentum %g needs a momentum buffer",
-            momentum);
+  TRY(ps_check_sgd(count, momentum, momentum_buf));
   if (count == 0) return PS_OK;
   NULL_CHECK(param, grad);
   sgd_kernel<<<blocks_for(count, EW), EW, 0, (cudaStream_t)stream>>>(
@@ -885,9 +822,7 @@ PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int3
                                float growth_factor, float backoff_factor,
                                int32_t growth_interval, void *stream) {
   NULL_CHECK(scale, growth_tracker, found_inf);
-  if (growth_interval <= 0)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_scaler_update: bad growth_interval %d",
-            growth_interval);
+  TRY(ps_check_scaler_update(growth_interval));
   scaler_update_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(scale, growth_tracker, found_inf,
                                                           growth_factor, backoff_factor,
                                                           growth_interval);
@@ -915,7 +850,7 @@ extern "C" {
 
 PS_API int ps_nn_copy_if(float *dst, const float *src, int64_t count, const int32_t *flag,
                          void *stream) {
-  if (count < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_copy_if: bad count");
+  TRY(ps_check_count(__func__, count));
   NULL_CHECK(flag);
   if (count == 0) return PS_OK;
   NULL_CHECK(dst, src);

@@ -1,0 +1,231 @@
+/*
+ * rules.h — what the two backends must agree on, written once: which arguments a kernel
+ * refuses (and what it says), and what one element of a kernel's output is. The CPU backend
+ * (kernels/cpu) includes it as C; the CUDA backend (kernels/cuda) as CUDA C++, where the
+ * element rules run on the device (and, through kernels/emu, in the CUDA emulator). Each backend keeps its own loops, vector paths and
+ * launch shapes; a vector path that cannot call a rule says which rule it spells out.
+ *
+ * The including backend first declares ps_record_error() (its common header does); CUDA
+ * defines PS_RULE as host-and-device inline.
+ */
+#ifndef PINSTREAM_RULES_H
+#define PINSTREAM_RULES_H
+
+#include <math.h>
+#include <stdint.h>
+
+#include "pinstream.h"
+
+#ifndef PS_RULE
+#define PS_RULE static inline
+#endif
+/* Checks run on the host only. */
+#define PS_CHECK static inline
+
+/* Records the failure at the rule that refused it and returns `status`. */
+#define PS_RULE_FAIL(status, ...) return ps_record_error((status), "rules.h", __LINE__, __VA_ARGS__)
+
+/* ---- argument checks: 0 or the PS_ERR_* that the call returns ---------------------------- */
+
+PS_CHECK int ps_check_dtype(const char *fn, const char *what, int32_t dtype) {
+  if (dtype != PS_NN_F32 && dtype != PS_NN_F16) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad %s %d (PS_NN_F32 or PS_NN_F16)", fn, what,
+                 (int)dtype);
+  }
+  return PS_OK;
+}
+
+PS_CHECK int ps_check_count(const char *fn, int64_t count) {
+  if (count < 0) PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad count %lld", fn, (long long)count);
+  return PS_OK;
+}
+
+PS_CHECK int ps_check_image_augment(int32_t layout, int32_t n, int32_t c, int32_t h, int32_t w,
+                                    int32_t pad, int32_t out_dtype) {
+  if (n < 0 || c <= 0 || c > PS_IMAGE_MAX_CHANNELS || h <= 0 || w <= 0 || pad < 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
+                 "ps_image_augment: bad shape n=%d c=%d h=%d w=%d pad=%d (c <= %d)", n, c, h, w,
+                 pad, PS_IMAGE_MAX_CHANNELS);
+  }
+  if (layout != PS_IMAGE_NHWC && layout != PS_IMAGE_NCHW) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: bad layout %d", layout);
+  }
+  if (out_dtype != PS_IMAGE_F16 && out_dtype != PS_IMAGE_F32) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: bad out_dtype %d", out_dtype);
+  }
+  /* Keeps the per-plane index math in 32 bits on both backends. */
+  if ((int64_t)h * w > (int64_t)1 << 24) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: image %dx%d too large", h, w);
+  }
+  return PS_OK;
+}
+
+PS_CHECK int ps_check_image_labels(int32_t src_bytes, int32_t n) {
+  if (n < 0 || (src_bytes != 1 && src_bytes != 2 && src_bytes != 4)) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_labels_i32: bad n=%d or src_bytes=%d", n,
+                 src_bytes);
+  }
+  return PS_OK;
+}
+
+PS_CHECK int ps_check_matmul(int64_t m, int64_t n, int64_t k) {
+  if (m < 0 || n < 0 || k < 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_matmul: bad shape m=%lld n=%lld k=%lld",
+                 (long long)m, (long long)n, (long long)k);
+  }
+  return PS_OK;
+}
+
+/* A convolution's geometry: OH = (H + 2*pad - kh) / stride + 1 (floor), likewise OW. */
+typedef struct ps_conv_geo {
+  int64_t n, c, h, w, co, oh, ow;
+  int32_t kh, kw, s, pad;
+} ps_conv_geo;
+
+PS_CHECK int ps_conv_geometry(ps_conv_geo *g, const char *fn, int64_t n, int64_t c, int64_t h,
+                              int64_t w, int64_t co, int32_t kh, int32_t kw, int32_t stride,
+                              int32_t pad) {
+  if (n < 0 || c <= 0 || h <= 0 || w <= 0 || co <= 0 || kh <= 0 || kw <= 0 || stride <= 0 ||
+      pad < 0 || h + 2 * (int64_t)pad < kh || w + 2 * (int64_t)pad < kw) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
+                 "%s: bad shape n=%lld c=%lld h=%lld w=%lld co=%lld k=%dx%d stride=%d pad=%d",
+                 fn, (long long)n, (long long)c, (long long)h, (long long)w, (long long)co, kh,
+                 kw, stride, pad);
+  }
+  g->n = n, g->c = c, g->h = h, g->w = w, g->co = co;
+  g->kh = kh, g->kw = kw, g->s = stride, g->pad = pad;
+  g->oh = (h + 2 * (int64_t)pad - kh) / stride + 1;
+  g->ow = (w + 2 * (int64_t)pad - kw) / stride + 1;
+  return PS_OK;
+}
+
+PS_CHECK int ps_check_maxpool_forward(int64_t n, int64_t c, int64_t h, int64_t w,
+                                      int32_t kernel, int32_t stride) {
+  if (n < 0 || c < 0 || h <= 0 || w <= 0 || kernel <= 0 || stride <= 0 || kernel > h ||
+      kernel > w) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
+                 "ps_nn_maxpool2d_forward: bad shape n=%lld c=%lld h=%lld w=%lld kernel=%d "
+                 "stride=%d",
+                 (long long)n, (long long)c, (long long)h, (long long)w, kernel, stride);
+  }
+  return PS_OK;
+}
+
+PS_CHECK int ps_check_maxpool_backward(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh,
+                                       int64_t ow) {
+  if (n < 0 || c < 0 || h <= 0 || w <= 0 || oh < 0 || ow < 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
+                 "ps_nn_maxpool2d_backward: bad shape n=%lld c=%lld h=%lld w=%lld oh=%lld "
+                 "ow=%lld",
+                 (long long)n, (long long)c, (long long)h, (long long)w, (long long)oh,
+                 (long long)ow);
+  }
+  return PS_OK;
+}
+
+/* Per-channel [n, c, hw] kernels (batch norm, bias). `min_n` is 1 where batch statistics need
+ * a sample. c fits an int32: CUDA runs one block per channel. */
+PS_CHECK int ps_check_per_channel(const char *fn, int64_t n, int64_t c, int64_t hw,
+                                  int64_t min_n) {
+  if (n < min_n || c <= 0 || hw <= 0 || c > INT32_MAX) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad shape n=%lld c=%lld hw=%lld", fn,
+                 (long long)n, (long long)c, (long long)hw);
+  }
+  return PS_OK;
+}
+
+PS_CHECK int ps_check_cross_entropy(int64_t n, int64_t k) {
+  if (n < 0 || k <= 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cross_entropy: bad shape n=%lld k=%lld",
+                 (long long)n, (long long)k);
+  }
+  return PS_OK;
+}
+
+PS_CHECK int ps_check_sgd(int64_t count, float momentum, const float *momentum_buf) {
+  if (count < 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_sgd_step: bad count %lld", (long long)count);
+  }
+  if (momentum != 0.0f && momentum_buf == 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_sgd_step: momentum %g needs a momentum buffer",
+                 (double)momentum);
+  }
+  return PS_OK;
+}
+
+PS_CHECK int ps_check_scaler_update(int32_t growth_interval) {
+  if (growth_interval <= 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_scaler_update: bad growth_interval %d",
+                 growth_interval);
+  }
+  return PS_OK;
+}
+
+/* ---- element rules ----------------------------------------------------------------------- */
+
+/* ps_image_augment: two fp32 roundings, never a fused multiply-add. On the GPU the _rn
+ * intrinsics, which nvcc never fuses; on the host (cpu/image.c, the CUDA emulator) plain
+ * operations in code built without contraction. */
+PS_RULE float ps_image_value(uint32_t byte, float scale, float bias) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(__fmul_rn((float)byte, scale), bias);
+#else
+  const float scaled = (float)byte * scale;
+  return scaled + bias;
+#endif
+}
+
+/* ReLU on fp16 bits: -0, negatives and -inf become +0; NaN payloads pass unchanged. */
+PS_RULE uint16_t ps_relu_f16(uint16_t x) {
+  return ((x & 0x8000u) && (x & 0x7fffu) <= 0x7c00u) ? (uint16_t)0 : x;
+}
+
+/* ReLU's gradient from its output y: dy where y > 0 (positive sign, nonzero, not NaN). */
+PS_RULE uint16_t ps_relu_grad_f16(uint16_t y, uint16_t dy) {
+  return (!(y & 0x8000u) && y != 0 && y <= 0x7c00u) ? dy : (uint16_t)0;
+}
+
+/* An fp16 value that is inf or NaN (exponent bits all ones). */
+PS_RULE int ps_f16_nonfinite(uint16_t x) { return (x & 0x7c00u) == 0x7c00u; }
+
+/* Max pooling: does v replace the running maximum m? Strictly greater wins, and NaN wins
+ * over numbers (it propagates, as in PyTorch), so the first NaN of a window stays. */
+PS_RULE int ps_pool_takes(float v, float m) { return v > m || (v != v && m == m); }
+
+/* The cross-entropy gradient's factor, s / n with s = scale * *device_scale (or scale). */
+PS_RULE float ps_ce_grad_scale(float scale, const float *device_scale, int64_t n) {
+  return (device_scale ? scale * *device_scale : scale) / (float)n;
+}
+
+/* torch.optim.SGD on one element (see ps_nn_sgd_step): returns the new parameter. `g` is the
+ * unscaled gradient; `fresh` is true on the step that creates the momentum buffer. */
+PS_RULE float ps_sgd_element(float p, float g, float *buf, float lr, float momentum,
+                             float dampening, float weight_decay, int nesterov, int fresh) {
+  if (weight_decay != 0.0f) g += weight_decay * p;
+  if (momentum != 0.0f) {
+    const float b = fresh ? g : momentum * *buf + (1.0f - dampening) * g;
+    *buf = b;
+    g = nesterov ? g + momentum * b : b;
+  }
+  return p - lr * g;
+}
+
+/* torch._amp_update_scale_ (ps_nn_scaler_update). */
+PS_RULE void ps_scaler_step(float *scale, int32_t *tracker, int found_inf, float growth,
+                            float backoff, int32_t interval) {
+  if (found_inf) {
+    *scale *= backoff;
+    *tracker = 0;
+  } else {
+    const int32_t successful = *tracker + 1;
+    if (successful == interval) {
+      const float grown = *scale * growth;
+      if (isfinite(grown)) *scale = grown;
+      *tracker = 0;
+    } else {
+      *tracker = successful;
+    }
+  }
+}
+
+#endif /* PINSTREAM_RULES_H */
