@@ -1,0 +1,97 @@
+/**
+ * `deno task test:emulator`: the CUDA backend's tests on the CUDA emulator (kernels/emu), as CI
+ * runs them on machines without a GPU.
+ *
+ * Every `[cuda]` test runs once per thread order, because no one order exposes every race
+ * ("forward" keeps warps in step and misses a missing barrier that "reverse" finds), then with
+ * random delays before each stream operation (host code that reads device results without
+ * waiting for them reads stale bytes), and the README's example, whose `Device.open("auto")`
+ * trains on the emulated GPU.
+ *
+ *     deno task test:emulator                          # the passes above, random seed 1
+ *     deno task test:emulator --seed 0x5eed --rounds 5 # five random-order rounds from a seed
+ *
+ * A failing pass prints the environment that reproduces it.
+ *
+ * @module
+ */
+
+interface Pass {
+  what: string;
+  env: Record<string, string>;
+  args: string[];
+}
+
+function parse(args: string[]): { seed: bigint; rounds: number } {
+  let seed = 1n, rounds = 1;
+  for (let i = 0; i < args.length; i++) {
+    const [flag, inline] = args[i].split("=", 2);
+    const value = inline ?? args[++i];
+    if (flag === "--seed") seed = BigInt(value);
+    else if (flag === "--rounds") rounds = Number(value);
+    else throw new TypeError(`Cannot run: unknown argument ${args[i]} (use --seed N, --rounds N)`);
+    if (!(rounds >= 1 && Number.isInteger(rounds))) {
+      throw new RangeError(`Cannot run: --rounds must be a positive integer, got ${value}`);
+    }
+  }
+  return { seed, rounds };
+}
+
+/** The passes, in order. */
+function passes(seed: bigint, rounds: number): Pass[] {
+  const cuda = ["test", "-A", "--filter", "[cuda]", "tests/"];
+  const out: Pass[] = [
+    { what: "forward order", env: { PINSTREAM_EMU_ORDER: "forward" }, args: cuda },
+    { what: "reverse order", env: { PINSTREAM_EMU_ORDER: "reverse" }, args: cuda },
+  ];
+  for (let r = 0; r < rounds; r++) {
+    const s = `0x${(seed + BigInt(r)).toString(16)}`;
+    out.push({
+      what: `random order, seed ${s}`,
+      env: { PINSTREAM_EMU_ORDER: "random", PINSTREAM_EMU_SEED: s },
+      args: cuda,
+    });
+  }
+  const s = `0x${seed.toString(16)}`;
+  out.push({
+    what: `random order and stream delays up to 1 ms, seed ${s}`,
+    env: { PINSTREAM_EMU_ORDER: "random", PINSTREAM_EMU_SEED: s, PINSTREAM_EMU_DELAY_US: "1000" },
+    args: cuda,
+  });
+  out.push({
+    what: "the README's example on the emulated GPU",
+    env: { PINSTREAM_EMU_ORDER: "random", PINSTREAM_EMU_SEED: s },
+    args: ["test", "-A", "--doc", "README.md"],
+  });
+  return out;
+}
+
+async function main(argv: string[]): Promise<number> {
+  const { seed, rounds } = parse(argv);
+  const list = passes(seed, rounds);
+  for (const [i, pass] of list.entries()) {
+    const env = { PINSTREAM_CUDA_EMULATOR: "1", ...pass.env };
+    console.log(`\n== emulator pass ${i + 1}/${list.length}: ${pass.what}`);
+    const t0 = performance.now();
+    const { code } = await new Deno.Command(Deno.execPath(), {
+      args: pass.args,
+      env,
+      stdout: "inherit",
+      stderr: "inherit",
+    }).output();
+    const secs = ((performance.now() - t0) / 1000).toFixed(1);
+    if (code !== 0) {
+      const vars = Object.entries(env).map(([k, v]) => `${k}=${v}`).join(" ");
+      console.error(
+        `\n== emulator pass failed (${secs} s); reproduce with:\n${vars} deno ${
+          pass.args.join(" ")
+        }`,
+      );
+      return code;
+    }
+    console.log(`== emulator pass ${i + 1}/${list.length} passed (${secs} s)`);
+  }
+  return 0;
+}
+
+if (import.meta.main) Deno.exit(await main(Deno.args));
