@@ -79,10 +79,14 @@ function kernelStart(text: string, end: number): number {
   let i = end;
   while (i > 0 && /\s/.test(text[i - 1])) i--;
   if (text[i - 1] === ">") {
-    let depth = 0;
+    // Template arguments: angle brackets outside parentheses ("(A > B)" is an argument).
+    let depth = 0, parens = 0;
     for (i--; i >= 0; i--) {
-      if (text[i] === ">") depth++;
-      else if (text[i] === "<" && --depth === 0) break;
+      const c = text[i];
+      if (c === ")") parens++;
+      else if (c === "(") parens--;
+      else if (parens === 0 && c === ">") depth++;
+      else if (parens === 0 && c === "<" && --depth === 0) break;
     }
     while (i > 0 && /\s/.test(text[i - 1])) i--;
   }
@@ -127,10 +131,12 @@ function rewriteLaunches(text: string): string {
   return out + text.slice(copied);
 }
 
+// One declarator, no initializer, a type without commas: anything else is left to fail at the
+// emulator's __shared__ macro, at compile time.
 const EXTERN_SHARED =
-  /extern\s+__shared__\s+(?:__align__\s*\(\s*(\w+)\s*\)\s+)?([^;={}]*?)\s*\b([A-Za-z_]\w*)\s*\[\s*\]\s*;/g;
+  /extern\s+__shared__\s+(?:__align__\s*\(\s*(\w+)\s*\)\s+)?([^;={},]*?)\s*\b([A-Za-z_]\w*)\s*\[\s*\]\s*;/g;
 const SHARED =
-  /__shared__\s+(?:__align__\s*\(\s*(\w+)\s*\)\s+)?([^;={}]*?)\s*\b([A-Za-z_]\w*)\s*((?:\[[^\];]*\]\s*)*);/g;
+  /__shared__\s+(?:__align__\s*\(\s*(\w+)\s*\)\s+)?([^;={},]*?)\s*\b([A-Za-z_]\w*)\s*((?:\[[^\];]*\]\s*)*);/g;
 
 function rewriteShared(text: string): string {
   const replace = (pattern: RegExp, make: (m: RegExpExecArray) => string) => {

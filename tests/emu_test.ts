@@ -8,7 +8,8 @@
 import assert from "node:assert";
 import { createHash } from "node:crypto";
 import { rewriteForEmulator } from "../ffi/_cuda_emu.ts";
-import { cacheDir, EMULATOR_FLAGS, SOURCES } from "../ffi/library.ts";
+import { buildLibrary, cacheDir, EMULATOR_FLAGS, SOURCES } from "../ffi/library.ts";
+import { ABI_VERSION } from "../ffi/symbols.ts";
 
 const KERNELS = new URL("../kernels/", import.meta.url);
 const SELFTEST = new URL("./emu/selftest.cu", import.meta.url);
@@ -106,7 +107,7 @@ async function run(name: string, env: Record<string, string> = {}): Promise<Run>
 
 const ORDERS: Order[] = ["forward", "reverse", "random"];
 
-function emuTest(name: string, fn: () => Promise<void>) {
+function emuTest(name: string, fn: () => void | Promise<void>) {
   Deno.test({ name: `[emulator] ${name}`, ignore: COMPILER === undefined, fn });
 }
 
@@ -120,6 +121,38 @@ function assertFault(r: Run, error: string, message: RegExp) {
   assert.match(r.out.message, message);
   assert.match(r.stderr, /^pinstream CUDA emulator: kernel /m, "the fault is printed once");
 }
+
+emuTest("the cuda backend builds against the emulator with the host C++ compiler", () => {
+  const path = buildLibrary("cuda", { emulator: true });
+  assert.match(path, /libpinstream_cuda_emulator_[0-9a-f]{20}\.so$/);
+  assert.notStrictEqual(path, buildLibrary("cpu"));
+  const lib = Deno.dlopen(path, {
+    ps_abi_version: { parameters: ["buffer"], result: "i32" },
+    ps_backend: { parameters: ["buffer"], result: "i32" },
+    ps_device_count: { parameters: ["buffer"], result: "i32" },
+    ps_device_props_get: { parameters: ["i32", "buffer"], result: "i32" },
+  });
+  try {
+    const i32 = new Int32Array(1);
+    assert.strictEqual(lib.symbols.ps_abi_version(i32), 0);
+    assert.strictEqual(i32[0], ABI_VERSION);
+    assert.strictEqual(lib.symbols.ps_backend(i32), 0);
+    assert.strictEqual(i32[0], 1, "the emulator runs the cuda backend");
+    assert.strictEqual(lib.symbols.ps_device_count(i32), 0);
+    assert.strictEqual(i32[0], 1);
+    const props = new Uint8Array(328);
+    assert.strictEqual(lib.symbols.ps_device_props_get(0, props), 0);
+    const view = new DataView(props.buffer);
+    assert.deepStrictEqual([view.getInt32(264, true), view.getInt32(268, true)], [9, 0]);
+    assert.strictEqual(view.getInt32(284, true), 1, "props.emulated");
+    assert.match(
+      new TextDecoder().decode(props.subarray(0, props.indexOf(0))),
+      /^pinstream CUDA emulator \(sm_90/,
+    );
+  } finally {
+    lib.close();
+  }
+});
 
 emuTest("a missing __syncthreads() reads poisoned shared memory in every order", async () => {
   for (const order of ORDERS) {
