@@ -650,19 +650,8 @@ function compile(
       used = flags.filter((f) => f !== "-fopenmp");
     }
     // Relative paths from src/, so messages recorded with __FILE__ read "cpu/core.c:123".
-    // The emulator compiles the .cu files as C++ ("-x none" ends that for its own .cc files).
     const args = target === "emulator"
-      ? [
-        ...used,
-        "-x",
-        "c++",
-        ...compiled.filter((p) => p.endsWith(".cu")),
-        "-x",
-        "none",
-        ...compiled.filter((p) => !p.endsWith(".cu")),
-        "-o",
-        out,
-      ]
+      ? emulatorArgs(compiled, out, false)
       : [...used, ...compiled, "-o", out];
     if (target === "cpu") args.push("-lm");
     const result = run(compiler.path, args, `${tmp}/src`);
@@ -682,6 +671,53 @@ function compile(
       // best effort: a leftover .build-* directory is harmless
     }
   }
+}
+
+/** The emulator's compile line: .cu files as C++ ("-x none" ends that for its .cc files). */
+function emulatorArgs(compiled: readonly string[], out: string, program: boolean): string[] {
+  return [
+    ...EMULATOR_FLAGS.filter((f) => !program || f !== "-shared"),
+    "-x",
+    "c++",
+    ...compiled.filter((p) => p.endsWith(".cu")),
+    "-x",
+    "none",
+    ...compiled.filter((p) => !p.endsWith(".cu")),
+    "-o",
+    out,
+  ];
+}
+
+/**
+ * The host C++ compiler and arguments that build sources for the CUDA emulator, to run in the
+ * directory that holds them: `.cu` files already passed through the emulator's source rewrite
+ * (ffi/_cuda_emu.ts), next to kernels/emu's files under `emu/`. Builds a shared library like
+ * the cuda backend's, or with `program` an executable (a test program with its own `main`).
+ *
+ * @param sources Paths of the files to compile (`.cu`, `.cc`), relative to that directory.
+ * @param out The output path.
+ * @param options `program`: link an executable instead of a shared library.
+ * @returns The compiler and its arguments.
+ * @throws {LibraryError} When no C++ compiler is found (reason "no-compiler").
+ *
+ * @example
+ * ```ts
+ * import { emulatorCommand } from "./library.ts";
+ * import assert from "node:assert";
+ * const { args } = emulatorCommand(["t.cu", "emu/exec.cc"], "t", { program: true });
+ * assert.deepStrictEqual(args.slice(-8), ["-x", "c++", "t.cu", "-x", "none", "emu/exec.cc", "-o", "t"]);
+ * assert.ok(!args.includes("-shared"));
+ * ```
+ */
+export function emulatorCommand(
+  sources: readonly string[],
+  out: string,
+  options: { program?: boolean } = {},
+): { compiler: string; args: string[] } {
+  return {
+    compiler: findCompiler("emulator").path,
+    args: emulatorArgs(sources, out, options.program ?? false),
+  };
 }
 
 function hasOpenMP(compiler: Compiler, tmp: string): boolean {

@@ -8,28 +8,27 @@
 import assert from "node:assert";
 import { createHash } from "node:crypto";
 import { rewriteForEmulator } from "../ffi/_cuda_emu.ts";
-import { buildLibrary, cacheDir, EMULATOR_FLAGS, SOURCES } from "../ffi/library.ts";
+import { buildLibrary, cacheDir, emulatorCommand, LibraryError, SOURCES } from "../ffi/library.ts";
 import { ABI_VERSION } from "../ffi/symbols.ts";
 
 const KERNELS = new URL("../kernels/", import.meta.url);
 const SELFTEST = new URL("./emu/selftest.cu", import.meta.url);
 
-function cxx(): string | undefined {
-  for (const c of [Deno.env.get("CXX"), "c++", "g++", "clang++"]) {
-    if (!c) continue;
-    try {
-      if (
-        new Deno.Command(c, { args: ["--version"], stdout: "null", stderr: "null" }).outputSync()
-          .success
-      ) return c;
-    } catch {
-      // not installed: try the next one
-    }
+/** The emulator's compile line for the self-test, or undefined without a C++ compiler. */
+function command(): { compiler: string; args: string[] } | undefined {
+  try {
+    return emulatorCommand(
+      ["selftest.cu", ...SOURCES.emulator.filter((p) => p.startsWith("emu/") && p.endsWith(".cc"))],
+      "selftest",
+      { program: true },
+    );
+  } catch (err) {
+    if (err instanceof LibraryError) return undefined;
+    throw err;
   }
-  return undefined;
 }
 
-const COMPILER = cxx();
+const COMMAND = command();
 
 let built: Promise<string> | undefined;
 
@@ -41,7 +40,8 @@ function selftest(): Promise<string> {
       files.set(rel, await Deno.readTextFile(new URL(rel, KERNELS)));
     }
     files.set("selftest.cu", rewriteForEmulator(await Deno.readTextFile(SELFTEST)));
-    const hash = createHash("sha256").update(COMPILER!).update(EMULATOR_FLAGS.join(" "));
+    const { compiler, args } = COMMAND!;
+    const hash = createHash("sha256").update(compiler).update(args.join(" "));
     for (const [rel, text] of files) hash.update(rel).update("\0").update(text).update("\0");
     const dir = `${cacheDir()}/emu-selftest-${hash.digest("hex").slice(0, 16)}`;
     const exe = `${dir}/selftest`;
@@ -56,19 +56,7 @@ function selftest(): Promise<string> {
       await Deno.mkdir(`${tmp}/${rel.slice(0, rel.lastIndexOf("/") + 1)}`, { recursive: true });
       await Deno.writeTextFile(`${tmp}/${rel}`, text);
     }
-    const flags = EMULATOR_FLAGS.filter((f) => f !== "-shared");
-    const args = [
-      ...flags,
-      "-x",
-      "c++",
-      "selftest.cu",
-      "-x",
-      "none",
-      ...[...files.keys()].filter((p) => p.endsWith(".cc")),
-      "-o",
-      "selftest",
-    ];
-    const out = await new Deno.Command(COMPILER!, { args, cwd: tmp, stderr: "piped" }).output();
+    const out = await new Deno.Command(compiler, { args, cwd: tmp, stderr: "piped" }).output();
     assert.ok(out.success, new TextDecoder().decode(out.stderr));
     await Deno.rename(tmp, dir).catch(async () => await Deno.remove(tmp, { recursive: true }));
     return exe;
@@ -108,7 +96,7 @@ async function run(name: string, env: Record<string, string> = {}): Promise<Run>
 const ORDERS: Order[] = ["forward", "reverse", "random"];
 
 function emuTest(name: string, fn: () => void | Promise<void>) {
-  Deno.test({ name: `[emulator] ${name}`, ignore: COMPILER === undefined, fn });
+  Deno.test({ name: `[emulator] ${name}`, ignore: COMMAND === undefined, fn });
 }
 
 /** Asserts a kernel fault: the sync error, the sticky error after it, and the message. */
