@@ -301,6 +301,15 @@ emuTest("a write past the end of an allocation faults and names the thread", asy
   );
 });
 
+emuTest("a CUDA thread that outgrows its stack is named, not taken for a bad pointer", async () => {
+  const r = await run("stack_overflow");
+  assert.notStrictEqual(r.code, 0);
+  assert.match(
+    r.stderr,
+    /kernel big_locals .*thread \(\d+,0,0\): stack overflow \(a CUDA thread has 128 KiB/,
+  );
+});
+
 emuTest("memory freed with cudaFreeAsync is gone for work queued after the free", async () => {
   assertFault(
     await run("use_after_free_async"),

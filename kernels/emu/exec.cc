@@ -255,15 +255,21 @@ void grid_fail(Grid &g, cudaError_t err, const std::string &message) {
   g.failed.store(true, std::memory_order_release);
 }
 
-std::string where(const Executor &ex, const Thread *t) {
+/* "kernel K (launched at F:L) block (x,y,z)[ thread (x,y,z)]" into buf; no allocation, so the
+ * fault handler may call it. */
+void where(char *buf, size_t cap, const Executor &ex, const Thread *t) {
   const Grid &g = *ex.grid;
-  char buf[512];
-  int n = snprintf(buf, sizeof buf, "kernel %s (launched at %s:%d) block (%u,%u,%u)",
-                   g.site.kernel, g.site.file, g.site.line, ex.block.x, ex.block.y, ex.block.z);
-  if (t != nullptr && n > 0 && n < (int)sizeof buf) {
-    snprintf(buf + n, sizeof buf - (size_t)n, " thread (%u,%u,%u)", t->regs.thread_idx.x,
+  int n = snprintf(buf, cap, "kernel %s (launched at %s:%d) block (%u,%u,%u)", g.site.kernel,
+                   g.site.file, g.site.line, ex.block.x, ex.block.y, ex.block.z);
+  if (t != nullptr && n > 0 && (size_t)n < cap) {
+    snprintf(buf + n, cap - (size_t)n, " thread (%u,%u,%u)", t->regs.thread_idx.x,
              t->regs.thread_idx.y, t->regs.thread_idx.z);
   }
+}
+
+std::string where(const Executor &ex, const Thread *t) {
+  char buf[512];
+  where(buf, sizeof buf, ex, t);
   return buf;
 }
 
@@ -542,12 +548,22 @@ struct sigaction old_segv, old_bus;
 void on_fault(int sig, siginfo_t *info, void *uctx) {
   Executor *ex = tl_exec;
   if (ex != nullptr && ex->current != nullptr && ex->grid != nullptr) {
-    char buf[768];
-    int n = snprintf(buf, sizeof buf,
-                     "pinstream CUDA emulator: %s: illegal address %p (%s): out of bounds of "
-                     "its allocation, freed, or host memory the device cannot see\n",
-                     where(*ex, ex->current).c_str(), info->si_addr,
-                     sig == SIGSEGV ? "SIGSEGV" : "SIGBUS");
+    char at[512], buf[1024];
+    where(at, sizeof at, *ex, ex->current);
+    const uintptr_t a = (uintptr_t)info->si_addr, stacks = (uintptr_t)ex->stacks;
+    const size_t slot = kStackBytes + page_size();
+    /* The guard page below a fiber's stack: the thread used more than its stack. */
+    const bool overflow = ex->stacks != nullptr && a >= stacks && a < stacks + slot * kMaxThreads &&
+                          (a - stacks) % slot < page_size();
+    int n = overflow
+                ? snprintf(buf, sizeof buf,
+                           "pinstream CUDA emulator: %s: stack overflow (a CUDA thread has %zu KiB "
+                           "of stack here: large local arrays, or deep recursion)\n",
+                           at, kStackBytes >> 10)
+                : snprintf(buf, sizeof buf,
+                           "pinstream CUDA emulator: %s: illegal address %p (%s): out of bounds "
+                           "of its allocation, freed, or host memory the device cannot see\n",
+                           at, info->si_addr, sig == SIGSEGV ? "SIGSEGV" : "SIGBUS");
     if (n > 0) (void)!write(2, buf, (size_t)(n < (int)sizeof buf ? n : (int)sizeof buf - 1));
   }
   const struct sigaction &old = sig == SIGSEGV ? old_segv : old_bus;

@@ -181,6 +181,13 @@ __global__ void write_at(float *p, long offset) { p[offset] = 1.0f; }
 
 __global__ void set_value(int *p, int v) { *p = v; }
 
+/* Wrong on purpose: 1 MiB of locals per thread. */
+__global__ void big_locals(int *out, int n) {
+  volatile char local[1 << 20];
+  for (int i = 0; i < n; i += 4096) local[i] = (char)i;
+  out[threadIdx.x] = local[n / 2];
+}
+
 /* ---- cases ------------------------------------------------------------------------------------------ */
 
 static int run(const std::string &c) {
@@ -344,6 +351,13 @@ static int run(const std::string &c) {
     CHECK(cudaMalloc(&p, 1000 * sizeof(float)));
     write_at<<<1, 1>>>(p, 1000 + 1024);
     report_fault(); /* not reached: the fault kills the process */
+    return 0;
+  }
+  if (c == "stack_overflow") {
+    int *d;
+    CHECK(cudaMalloc(&d, 32 * sizeof(int)));
+    big_locals<<<1, 32>>>(d, 1 << 20);
+    report_fault(); /* not reached */
     return 0;
   }
   if (c == "use_after_free_async") {
