@@ -1,7 +1,9 @@
 /**
  * The backends the backend-parameterized suites run on: always "cpu", and "cuda" where
- * `Device.open("cuda")` succeeds. Elsewhere the cuda cases are registered with `ignore`, so
- * `deno test` lists them as skipped instead of silently dropping them.
+ * `Device.open("cuda")` succeeds: on a GPU, or on the CUDA emulator when
+ * `PINSTREAM_CUDA_EMULATOR=1` (`deno task test:emulator`). Elsewhere the cuda cases are
+ * registered with `ignore`, so `deno test` lists them as skipped instead of silently dropping
+ * them.
  *
  * @module
  */

@@ -12,7 +12,7 @@ import { DeviceBuffer, HostBuffer, isPinnedMemory } from "../ffi/memory.ts";
 import { Event, Stream } from "../ffi/stream.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import { ABI_VERSION } from "../ffi/symbols.ts";
-import { buildLibrary, cudaDriverProblem, loadLibrary } from "../ffi/library.ts";
+import { buildLibrary, cudaDriverProblem, cudaEmulated, loadLibrary } from "../ffi/library.ts";
 import { Status } from "../ffi/errors.ts";
 import { CUDA, testEachBackend } from "./_backends.ts";
 
@@ -209,6 +209,9 @@ testEachBackend("Device reports its properties, memory and live objects", async 
   assert.ok(dev.props.totalMemory > 0);
   assert.ok(dev.props.multiprocessors >= 1);
   if (dev.kind === "cuda") assert.ok(dev.props.major >= 7);
+  // Only the cuda backend built against kernels/emu says it is the emulator.
+  assert.strictEqual(dev.props.emulated, dev.kind === "cuda" && cudaEmulated());
+  if (dev.props.emulated) assert.match(dev.props.name, /^pinstream CUDA emulator \(sm_90/);
   const { free, total } = dev.memInfo();
   assert.ok(free > 0 && free <= total);
   const live = dev.liveObjects();
