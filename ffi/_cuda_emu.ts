@@ -107,7 +107,15 @@ function keepLines(original: string, replacement: string): string {
   return replacement + "\n".repeat(missing);
 }
 
-function rewriteLaunches(text: string): string {
+/** A kernel launch in a CUDA source: its 1-based line and the kernel as written. */
+export interface LaunchSite {
+  /** The line of the kernel's name. */
+  line: number;
+  /** The kernel expression, e.g. `augment_kernel<Out, PS_IMAGE_NCHW>`. */
+  kernel: string;
+}
+
+function rewriteLaunches(text: string, sites: LaunchSite[] = []): string {
   const code = codeMask(text);
   let out = "", copied = 0;
   for (let at = text.indexOf("<<<"); at >= 0; at = text.indexOf("<<<", at + 3)) {
@@ -120,6 +128,7 @@ function rewriteLaunches(text: string): string {
     const start = kernelStart(text, at);
     const kernel = text.slice(start, at).replace(/\s+/g, " ").trim();
     if (!/^[\w:]/.test(kernel)) throw new SyntaxError(`no kernel name before the <<< at ${at}`);
+    sites.push({ line: lines(text.slice(0, start)) + 1, kernel });
     const config = text.slice(at + 3, cfgEnd);
     const args = text.slice(open + 1, close - 1);
     const launch = `::ps_emu::launch(::ps_emu::Site{${JSON.stringify(kernel)}, __FILE__, ` +
@@ -177,4 +186,26 @@ function rewriteShared(text: string): string {
  */
 export function rewriteForEmulator(text: string): string {
   return rewriteShared(rewriteLaunches(text));
+}
+
+/**
+ * The kernel launches of a CUDA source, as the emulator reports them when it records which
+ * ran (`PINSTREAM_EMU_LAUNCHES`): what "every kernel runs in CI" is checked against.
+ *
+ * @param text The text of a .cu file.
+ * @returns Every `<<<>>>` launch outside comments and strings, in order.
+ *
+ * @example
+ * ```ts
+ * import { launchSites } from "./_cuda_emu.ts";
+ * import assert from "node:assert";
+ * assert.deepStrictEqual(launchSites("// k<<<1, 1>>>();\n  k<T><<<1, 1>>>(x);"), [
+ *   { line: 2, kernel: "k<T>" },
+ * ]);
+ * ```
+ */
+export function launchSites(text: string): LaunchSite[] {
+  const sites: LaunchSite[] = [];
+  rewriteLaunches(text, sites);
+  return sites;
 }

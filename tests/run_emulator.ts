@@ -11,10 +11,15 @@
  *     deno task test:emulator                          # the passes above, random seed 1
  *     deno task test:emulator --seed 0x5eed --rounds 5 # five random-order rounds from a seed
  *
- * A failing pass prints the environment that reproduces it.
+ * A failing pass prints the environment that reproduces it. At the end, every kernel launch in
+ * the CUDA sources must have run in some pass (the emulator records the launch sites that ran,
+ * `PINSTREAM_EMU_LAUNCHES`): a kernel no test reaches fails the run, naming it.
  *
  * @module
  */
+
+import { launchSites } from "../ffi/_cuda_emu.ts";
+import { SOURCES } from "../ffi/library.ts";
 
 interface Pass {
   what: string;
@@ -66,11 +71,42 @@ function passes(seed: bigint, rounds: number): Pass[] {
   return out;
 }
 
+/** Launch sites ("cuda/nn.cu:218 gemm_kernel") of the CUDA sources that no pass ran. */
+async function notRun(ran: string): Promise<string[]> {
+  const seen = new Set((await Deno.readTextFile(ran)).split("\n").filter((l) => l !== ""));
+  const missing: string[] = [];
+  for (const rel of SOURCES.cuda.filter((p) => p.endsWith(".cu"))) {
+    const text = await Deno.readTextFile(new URL(`../kernels/${rel}`, import.meta.url));
+    for (const { line, kernel } of launchSites(text)) {
+      const site = `${rel}:${line} ${kernel}`;
+      if (!seen.has(site)) missing.push(site);
+    }
+  }
+  return missing;
+}
+
 async function main(argv: string[]): Promise<number> {
   const { seed, rounds } = parse(argv);
   const list = passes(seed, rounds);
+  const ran = await Deno.makeTempFile({ prefix: "pinstream-emu-launches-" });
+  try {
+    const code = await runPasses(list, ran);
+    if (code !== 0) return code;
+    const missing = await notRun(ran);
+    if (missing.length > 0) {
+      console.error(`\n== kernel launches no emulated test ran:\n${missing.join("\n")}`);
+      return 1;
+    }
+    console.log("\n== every kernel launch of the CUDA backend ran on the emulator");
+    return 0;
+  } finally {
+    await Deno.remove(ran);
+  }
+}
+
+async function runPasses(list: Pass[], ran: string): Promise<number> {
   for (const [i, pass] of list.entries()) {
-    const env = { PINSTREAM_CUDA_EMULATOR: "1", ...pass.env };
+    const env = { PINSTREAM_CUDA_EMULATOR: "1", PINSTREAM_EMU_LAUNCHES: ran, ...pass.env };
     console.log(`\n== emulator pass ${i + 1}/${list.length}: ${pass.what}`);
     const t0 = performance.now();
     const { code } = await new Deno.Command(Deno.execPath(), {
@@ -81,7 +117,8 @@ async function main(argv: string[]): Promise<number> {
     }).output();
     const secs = ((performance.now() - t0) / 1000).toFixed(1);
     if (code !== 0) {
-      const vars = Object.entries(env).map(([k, v]) => `${k}=${v}`).join(" ");
+      const vars = Object.entries(env).filter(([k]) => k !== "PINSTREAM_EMU_LAUNCHES")
+        .map(([k, v]) => `${k}=${v}`).join(" ");
       console.error(
         `\n== emulator pass failed (${secs} s); reproduce with:\n${vars} deno ${
           pass.args.join(" ")

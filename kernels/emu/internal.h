@@ -22,13 +22,17 @@ enum class Order { forward, reverse, random };
  *   PINSTREAM_EMU_DELAY_US each stream operation starts after a random delay up to this many
  *                          microseconds (default 0): widens the windows in which host code
  *                          that forgot to wait for the device reads stale results
- *   PINSTREAM_EMU_MEMORY_MB device memory (default: half the host's, at most 80 GiB) */
+ *   PINSTREAM_EMU_MEMORY_MB device memory (default: half the host's, at most 80 GiB)
+ *   PINSTREAM_EMU_LAUNCHES  a file to which the process appends, when it exits, one line per
+ *                           launch site that ran ("file:line kernel"): how CI checks that every
+ *                           kernel of the CUDA backend ran */
 struct EmuConfig {
   Order order;
   uint64_t seed;
   int workers;
   unsigned delay_us;
   uint64_t memory_bytes;
+  const char *launches;
 };
 PS_EMU_INTERNAL const EmuConfig &config();
 PS_EMU_INTERNAL const char *order_name(Order order);

@@ -33,6 +33,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_set>
 #include <vector>
@@ -86,7 +87,44 @@ EmuConfig read_config() {
   uint64_t half = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 4ull << 30;
   if (half > 80ull << 30) half = 80ull << 30;
   c.memory_bytes = env_u64("PINSTREAM_EMU_MEMORY_MB", half >> 20) << 20;
+  const char *launches = getenv("PINSTREAM_EMU_LAUNCHES");
+  c.launches = launches != nullptr && *launches != '\0' ? strdup(launches) : nullptr;
   return c;
+}
+
+/* ---- launch sites that ran (PINSTREAM_EMU_LAUNCHES) ------------------------------------------ */
+
+struct Launches {
+  std::mutex mu;
+  std::set<std::string> seen;
+};
+
+Launches &launches() {
+  static Launches *l = new Launches();
+  return *l;
+}
+
+void write_launches() {
+  Launches &l = launches();
+  std::lock_guard<std::mutex> lk(l.mu);
+  FILE *f = fopen(config().launches, "a");
+  if (f == nullptr) return;
+  for (const std::string &s : l.seen) fprintf(f, "%s\n", s.c_str());
+  fclose(f);
+}
+
+void note_launch(const Site &site) {
+  if (config().launches == nullptr) return;
+  Launches &l = launches();
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s:%d %s", site.file, site.line, site.kernel);
+  std::lock_guard<std::mutex> lk(l.mu);
+  static bool registered = false;
+  if (!registered) {
+    registered = true;
+    atexit(write_launches);
+  }
+  l.seen.insert(buf);
 }
 
 }  // namespace
@@ -456,6 +494,7 @@ cudaError_t enqueue_launch(const Site &site, const Config &cfg, KernelBody *body
     return fail(cudaErrorInvalidConfiguration);
   }
   if (cfg.smem > (48u << 10)) return fail(cudaErrorInvalidValue);
+  note_launch(site);
   std::shared_ptr<Grid> grid = make_grid(site, cfg, owned.release(), pointers, count);
   return enqueue(cfg.stream, [grid] {
     std::string message;
