@@ -185,8 +185,9 @@ enum class Kind { device, pool, pinned, registered };
 struct Alloc {
   size_t bytes;
   Kind kind;
-  void *map;
+  void *map;        /* the mapping, or null for registered host memory */
   size_t map_bytes;
+  size_t charged;   /* device memory it counts against (cudaMemGetInfo) */
 };
 
 struct Memory {
@@ -248,7 +249,7 @@ cudaError_t map_alloc(size_t bytes, Kind kind, void **out) {
   char *p = (char *)map + len - page() - data;
   memset(p, 0xff, data);
   std::lock_guard<std::mutex> lk(memory().mu);
-  memory().allocs[(uintptr_t)p] = Alloc{bytes, kind, map, len};
+  memory().allocs[(uintptr_t)p] = Alloc{bytes, kind, map, len, kind == Kind::pinned ? 0 : data};
   *out = p;
   return cudaSuccess;
 }
@@ -262,7 +263,7 @@ cudaError_t unmap_alloc(void *p, Kind kind, cudaError_t not_found) {
     if (it == memory().allocs.end() || it->second.kind != kind) return not_found;
     a = it->second;
     memory().allocs.erase(it);
-    if (kind == Kind::device || kind == Kind::pool) memory().device_bytes -= (a.bytes + 255) & ~(size_t)255;
+    memory().device_bytes -= a.charged;
   }
   if (a.map != nullptr) munmap(a.map, a.map_bytes);
   return cudaSuccess;
@@ -643,7 +644,7 @@ cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags) {
     overlaps = overlaps || prev->first + prev->second.bytes > p;
   }
   if (overlaps) return fail(cudaErrorHostMemoryAlreadyRegistered);
-  a[p] = Alloc{size, Kind::registered, nullptr, 0};
+  a[p] = Alloc{size, Kind::registered, nullptr, 0, 0};
   return cudaSuccess;
 }
 
