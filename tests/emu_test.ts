@@ -30,38 +30,45 @@ function command(): { compiler: string; args: string[] } | undefined {
 
 const COMMAND = command();
 
-let built: Promise<string> | undefined;
+const built = new Map<string, Promise<string>>();
 
-/** Builds the self-test program once per source version (cached next to the libraries). */
-function selftest(): Promise<string> {
-  built ??= (async () => {
-    const files = new Map<string, string>();
-    for (const rel of SOURCES.emulator.filter((p) => p.startsWith("emu/"))) {
-      files.set(rel, await Deno.readTextFile(new URL(rel, KERNELS)));
-    }
-    files.set("selftest.cu", rewriteForEmulator(await Deno.readTextFile(SELFTEST)));
-    const { compiler, args } = COMMAND!;
-    const hash = createHash("sha256").update(compiler).update(args.join(" "));
-    for (const [rel, text] of files) hash.update(rel).update("\0").update(text).update("\0");
-    const dir = `${cacheDir()}/emu-selftest-${hash.digest("hex").slice(0, 16)}`;
-    const exe = `${dir}/selftest`;
-    try {
-      await Deno.stat(exe);
-      return exe;
-    } catch {
-      // not built yet
-    }
-    const tmp = `${dir}.tmp-${Deno.pid}`;
-    for (const [rel, text] of files) {
-      await Deno.mkdir(`${tmp}/${rel.slice(0, rel.lastIndexOf("/") + 1)}`, { recursive: true });
-      await Deno.writeTextFile(`${tmp}/${rel}`, text);
-    }
-    const out = await new Deno.Command(compiler, { args, cwd: tmp, stderr: "piped" }).output();
-    assert.ok(out.success, new TextDecoder().decode(out.stderr));
-    await Deno.rename(tmp, dir).catch(async () => await Deno.remove(tmp, { recursive: true }));
+/**
+ * Builds the self-test program once per source version and extra flags (cached next to the
+ * libraries).
+ */
+function selftest(extra: string[] = []): Promise<string> {
+  const key = extra.join(" ");
+  if (!built.has(key)) built.set(key, build(extra));
+  return built.get(key)!;
+}
+
+async function build(extra: string[]): Promise<string> {
+  const files = new Map<string, string>();
+  for (const rel of SOURCES.emulator.filter((p) => p.startsWith("emu/"))) {
+    files.set(rel, await Deno.readTextFile(new URL(rel, KERNELS)));
+  }
+  files.set("selftest.cu", rewriteForEmulator(await Deno.readTextFile(SELFTEST)));
+  const { compiler } = COMMAND!;
+  const args = [...extra, ...COMMAND!.args];
+  const hash = createHash("sha256").update(compiler).update(args.join(" "));
+  for (const [rel, text] of files) hash.update(rel).update("\0").update(text).update("\0");
+  const dir = `${cacheDir()}/emu-selftest-${hash.digest("hex").slice(0, 16)}`;
+  const exe = `${dir}/selftest`;
+  try {
+    await Deno.stat(exe);
     return exe;
-  })();
-  return built;
+  } catch {
+    // not built yet
+  }
+  const tmp = `${dir}.tmp-${Deno.pid}`;
+  for (const [rel, text] of files) {
+    await Deno.mkdir(`${tmp}/${rel.slice(0, rel.lastIndexOf("/") + 1)}`, { recursive: true });
+    await Deno.writeTextFile(`${tmp}/${rel}`, text);
+  }
+  const out = await new Deno.Command(compiler, { args, cwd: tmp, stderr: "piped" }).output();
+  assert.ok(out.success, new TextDecoder().decode(out.stderr));
+  await Deno.rename(tmp, dir).catch(async () => await Deno.remove(tmp, { recursive: true }));
+  return exe;
 }
 
 interface Run {
@@ -73,8 +80,12 @@ interface Run {
 
 type Order = "forward" | "reverse" | "random";
 
-async function run(name: string, env: Record<string, string> = {}): Promise<Run> {
-  const exe = await selftest();
+async function run(
+  name: string,
+  env: Record<string, string> = {},
+  flags: string[] = [],
+): Promise<Run> {
+  const exe = await selftest(flags);
   const res = await new Deno.Command(exe, {
     args: [name],
     env: { PINSTREAM_EMU_ORDER: "random", ...env },
@@ -343,3 +354,21 @@ emuTest("the legacy default stream and events order work across streams", async 
     assert.deepStrictEqual([r.out.legacy, r.out.event], ["5", "9"], `delay ${delay}`);
   }
 });
+
+emuTest(
+  "the portable context switch (ucontext, for hosts other than x86-64) runs the same",
+  async () => {
+    const flags = ["-DPS_EMU_UCONTEXT"];
+    for (const order of ORDERS) {
+      const env = { PINSTREAM_EMU_ORDER: order };
+      assert.strictEqual((await run("race_fixed", env, flags)).out.wrong, "0", order);
+      assert.strictEqual((await run("wmma_gemm", env, flags)).out.max_error, "0", order);
+      assert.strictEqual((await run("barrier_counts", env, flags)).out.counts, "34,1,1,0", order);
+    }
+    assertFault(
+      await run("shfl_exited_lane", {}, flags),
+      "cudaErrorLaunchFailure",
+      /31 thread\(s\) .*wait in __shfl_sync/,
+    );
+  },
+);

@@ -44,7 +44,7 @@
 #include <thread>
 #include <vector>
 
-#if !defined(__x86_64__)
+#if !defined(__x86_64__) || defined(PS_EMU_UCONTEXT)
 #include <ucontext.h>
 #endif
 
@@ -70,7 +70,7 @@ size_t page_size() {
 
 /* ---- context switching ------------------------------------------------------------------ */
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(PS_EMU_UCONTEXT)
 /* ps_emu_switch(&save, next): pushes the callee-saved registers (and MXCSR / x87 control
  * word), stores the stack pointer in *save, loads `next` and pops the same frame from it. A
  * new fiber's frame "returns" into ps_emu_trampoline, which calls r13(r12). */
