@@ -5,7 +5,22 @@
  * @module
  */
 
+import type { Device } from "../ffi/device.ts";
+
 const ROOT = new URL("..", import.meta.url).pathname;
+
+/**
+ * Throws for a device whose timings would be the CUDA emulator's: it runs the CUDA backend to
+ * check correctness (PINSTREAM_CUDA_EMULATOR=1), and its speed says nothing about a GPU.
+ */
+export function assertMeasurable(dev: Device): void {
+  if (dev.props.emulated) {
+    throw new Error(
+      `Cannot benchmark ${dev} (${dev.props.name}): the CUDA emulator checks correctness and ` +
+        "its timings say nothing about a GPU; unset PINSTREAM_CUDA_EMULATOR",
+    );
+  }
+}
 
 /**
  * Runs `git <args>` in the repository root and returns its trimmed stdout, or "" when git is

@@ -12,6 +12,7 @@
 
 import { Device, Tensor } from "../mod.ts";
 import * as ops from "../nn/ops.ts";
+import { assertMeasurable } from "./_results.ts";
 
 const RESULTS_URL = new URL("./results/kernels.json", import.meta.url);
 
@@ -73,6 +74,7 @@ export async function main(args: string[] = Deno.args): Promise<void> {
   const batch = Number(arg(args, "batch", "128"));
   const reps = Number(arg(args, "reps", "20"));
   using dev = Device.open(kind);
+  assertMeasurable(dev);
   const rows: Row[] = [];
   const add = (name: string, ms: number, flop: number | null) => {
     const gflops = flop === null ? null : flop / ms / 1e6;

@@ -27,7 +27,7 @@
  */
 
 import { join } from "node:path";
-import { commitStamp } from "./_results.ts";
+import { assertMeasurable, commitStamp } from "./_results.ts";
 import { Device } from "../ffi/device.ts";
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import { DataLoader } from "../loader/data_loader.ts";
@@ -286,7 +286,14 @@ function table(rows: Row[], ref: number): string {
 
 function cudaDevice(): Device | string {
   try {
-    return Device.open("cuda");
+    const dev = Device.open("cuda");
+    try {
+      assertMeasurable(dev);
+    } catch (err) {
+      dev.dispose();
+      return (err as Error).message;
+    }
+    return dev;
   } catch (err) {
     return (err as Error).message;
   }

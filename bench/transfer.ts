@@ -14,7 +14,7 @@
 
 import { Device, DeviceBuffer, type DeviceKind, Event, HostBuffer, Stream } from "../mod.ts";
 import { unwrap } from "../ffi/errors.ts";
-import { commitStamp } from "./_results.ts";
+import { assertMeasurable, commitStamp } from "./_results.ts";
 
 const KiB = 1024, MiB = 1024 * KiB;
 const REPEATS = 3;
@@ -63,6 +63,7 @@ export async function main(args: string[] = []): Promise<TransferRow[]> {
     else throw new TypeError(`Cannot run the transfer benchmark: unknown argument ${args[i]}`);
   }
   using dev = Device.open(kind);
+  assertMeasurable(dev);
   const sizes: number[] = [];
   for (let s = 64 * KiB; s <= maxBytes; s *= 4) sizes.push(s);
 
