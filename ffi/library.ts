@@ -33,6 +33,15 @@ export type { Library } from "./symbols.ts";
 /** A backend: the synchronous CPU reference or CUDA. */
 export type Backend = "cpu" | "cuda";
 
+const CUDA_SOURCES = [
+  "pinstream.h",
+  "rules.h",
+  "cuda/common.cuh",
+  "cuda/core.cu",
+  "cuda/image.cu",
+  "cuda/nn.cu",
+];
+
 /**
  * The kernel sources of each backend and of the CUDA emulator, relative to kernels/. Files
  * ending in .h/.cuh are copied next to the others (and hashed) but not compiled.
@@ -50,21 +59,10 @@ export const SOURCES: {
     "cpu/image.c",
     "cpu/nn.c",
   ],
-  cuda: [
-    "pinstream.h",
-    "rules.h",
-    "cuda/common.cuh",
-    "cuda/core.cu",
-    "cuda/image.cu",
-    "cuda/nn.cu",
-  ],
+  cuda: CUDA_SOURCES,
+  // The CUDA backend's own sources, and what stands in for CUDA's headers and runtime.
   emulator: [
-    "pinstream.h",
-    "rules.h",
-    "cuda/common.cuh",
-    "cuda/core.cu",
-    "cuda/image.cu",
-    "cuda/nn.cu",
+    ...CUDA_SOURCES,
     "emu/include/ps_emu.h",
     "emu/include/cuda_runtime.h",
     "emu/include/cuda_fp16.h",
