@@ -47,8 +47,22 @@ export function refuseUnknownKeys(
   }
 }
 
-/** The known name within a small edit distance of `key` (case ignored), if any. */
-function closest(key: string, known: readonly string[]): string | undefined {
+/**
+ * The known name within a small edit distance of `key` (case ignored), if any: one edit per
+ * three characters.
+ *
+ * @param key the unknown key
+ * @param known every accepted name
+ * @returns the nearest accepted name, or undefined when none is near
+ * @example
+ * ```ts
+ * import { closest } from "./_options.ts";
+ * import assert from "node:assert";
+ * assert.strictEqual(closest("numWorker", ["numWorkers", "seed"]), "numWorkers");
+ * assert.strictEqual(closest("vflip", ["padding", "flip"]), "flip");
+ * ```
+ */
+export function closest(key: string, known: readonly string[]): string | undefined {
   const k = key.toLowerCase();
   // One edit per three characters: "paddding" finds "padding", "vflip" finds nothing.
   let best: string | undefined, bestD = Math.max(1, Math.floor(k.length / 3)) + 1;

@@ -16,6 +16,7 @@
  */
 
 import v8 from "node:v8";
+import { closest } from "../ffi/_options.ts";
 import {
   Engine,
   type EngineConfig,
@@ -182,26 +183,10 @@ const OPTION_NAMES = new Set([
 const AUGMENT_KEYS = ["padding", "flip"];
 const LIMIT_KEYS = ["maxOldGenerationSizeMb", "maxYoungGenerationSizeMb", "stackSizeMb"];
 
-/** A near miss among `names` for an unknown key (edit distance at most 2), for "did you mean". */
+/** " (did you mean X?)" for a near miss among `names`, else "" (the shared rule of ffi/_options.ts). */
 function didYouMean(key: string, names: Iterable<string>): string {
-  let best = "";
-  let bestD = 3;
-  for (const name of names) {
-    const a = key.toLowerCase();
-    const b = name.toLowerCase();
-    const d: number[] = Array.from({ length: b.length + 1 }, (_, j) => j);
-    for (let i = 1; i <= a.length; i++) {
-      let prev = d[0];
-      d[0] = i;
-      for (let j = 1; j <= b.length; j++) {
-        const cur = d[j];
-        d[j] = Math.min(d[j] + 1, d[j - 1] + 1, prev + (a[i - 1] === b[j - 1] ? 0 : 1));
-        prev = cur;
-      }
-    }
-    if (d[b.length] < bestD) [best, bestD] = [name, d[b.length]];
-  }
-  return best ? ` (did you mean ${best}?)` : "";
+  const near = closest(key, [...names]);
+  return near === undefined ? "" : ` (did you mean ${near}?)`;
 }
 
 /** Refuses keys of `value` outside `allowed`, naming the option path and the key. */
