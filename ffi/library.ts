@@ -24,7 +24,6 @@
 
 import { refuseUnknownKeys } from "./_options.ts";
 import { createHash } from "node:crypto";
-import { rewriteForEmulator } from "./_cuda_emu.ts";
 import { PinstreamError } from "./errors.ts";
 import { ABI_VERSION, type Library, symbols } from "./symbols.ts";
 
@@ -37,6 +36,7 @@ const CUDA_SOURCES = [
   "pinstream.h",
   "rules.h",
   "cuda/common.cuh",
+  "cuda/launch.cuh",
   "cuda/core.cu",
   "cuda/image.cu",
   "cuda/nn.cu",
@@ -638,8 +638,7 @@ function compile(
     for (const [rel, text] of sources) {
       const path = `${tmp}/src/${rel}`;
       Deno.mkdirSync(path.slice(0, path.lastIndexOf("/")), { recursive: true });
-      const cuda = target === "emulator" && /\.(cu|cuh)$/.test(rel);
-      Deno.writeTextFileSync(path, cuda ? rewriteForEmulator(text) : text);
+      Deno.writeTextFileSync(path, text);
     }
     const compiled = [...sources.keys()].filter((p) => !/\.(h|cuh)$/.test(p));
     const out = `${tmp}/lib.${LIB_EXT}`;
@@ -688,8 +687,8 @@ function emulatorArgs(compiled: readonly string[], out: string, program: boolean
 
 /**
  * The host C++ compiler and arguments that build sources for the CUDA emulator, to run in the
- * directory that holds them: `.cu` files already passed through the emulator's source rewrite
- * (ffi/_cuda_emu.ts), next to kernels/emu's files under `emu/`. Builds a shared library like
+ * directory that holds them: `.cu` files (launches and shared memory written with the macros
+ * of kernels/cuda/launch.cuh), next to kernels/emu's files under `emu/`. Builds a shared library like
  * the cuda backend's, or with `program` an executable (a test program with its own `main`).
  *
  * @param sources Paths of the files to compile (`.cu`, `.cc`), relative to that directory.

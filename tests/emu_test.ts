@@ -7,7 +7,6 @@
 
 import assert from "node:assert";
 import { createHash } from "node:crypto";
-import { rewriteForEmulator } from "../ffi/_cuda_emu.ts";
 import { buildLibrary, cacheDir, emulatorCommand, LibraryError, SOURCES } from "../ffi/library.ts";
 import { ABI_VERSION } from "../ffi/symbols.ts";
 
@@ -47,7 +46,8 @@ async function build(extra: string[]): Promise<string> {
   for (const rel of SOURCES.emulator.filter((p) => p.startsWith("emu/"))) {
     files.set(rel, await Deno.readTextFile(new URL(rel, KERNELS)));
   }
-  files.set("selftest.cu", rewriteForEmulator(await Deno.readTextFile(SELFTEST)));
+  files.set("cuda/launch.cuh", await Deno.readTextFile(new URL("cuda/launch.cuh", KERNELS)));
+  files.set("selftest.cu", await Deno.readTextFile(SELFTEST));
   const { compiler } = COMMAND!;
   const args = [...extra, ...COMMAND!.args];
   const hash = createHash("sha256").update(compiler).update(args.join(" "));

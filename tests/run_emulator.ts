@@ -18,7 +18,7 @@
  * @module
  */
 
-import { launchSites } from "../ffi/_cuda_emu.ts";
+import { launchSites } from "./_emu_sources.ts";
 import { SOURCES } from "../ffi/library.ts";
 
 interface Pass {

@@ -1,11 +1,11 @@
 /*
  * common.cuh — error recording shared by the CUDA backend's translation units.
  *
- * Every CUDA runtime call goes through CUDA_CHECK, and every kernel launch is followed by
- * CUDA_CHECK(cudaGetLastError()):
+ * Every CUDA runtime call goes through CUDA_CHECK, and every kernel launch (PS_LAUNCH, see
+ * launch.cuh) is followed by CUDA_CHECK(cudaGetLastError()):
  *
  *   CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, st));
- *   my_kernel<<<grid, block, 0, st>>>(...);
+ *   PS_LAUNCH(my_kernel, grid, block, 0, st, ...);
  *   CUDA_CHECK(cudaGetLastError());
  *
  * On failure CUDA_CHECK records "file:line: <expression> failed: <cudaErrorName>: <CUDA's
@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "../pinstream.h"
+#include "launch.cuh"
 
 #define PS_INTERNAL __attribute__((visibility("hidden")))
 

@@ -85,11 +85,11 @@ void launch_augment(const uint8_t *src, int32_t layout, const int32_t *params, c
   const dim3 grid((unsigned)((plane + block - 1) / block < 1024 ? (plane + block - 1) / block : 1024),
                   (unsigned)(planes < 65535 ? planes : 65535));
   if (layout == PS_IMAGE_NCHW) {
-    augment_kernel<Out, PS_IMAGE_NCHW><<<grid, block, 0, st>>>(src, params, aff, out, n, c, h, w,
-                                                                pad);
+    PS_LAUNCH((augment_kernel<Out, PS_IMAGE_NCHW>), grid, block, 0, st, src, params, aff, out, n,
+              c, h, w, pad);
   } else {
-    augment_kernel<Out, PS_IMAGE_NHWC><<<grid, block, 0, st>>>(src, params, aff, out, n, c, h, w,
-                                                                pad);
+    PS_LAUNCH((augment_kernel<Out, PS_IMAGE_NHWC>), grid, block, 0, st, src, params, aff, out, n,
+              c, h, w, pad);
   }
 }
 
@@ -136,9 +136,9 @@ PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, vo
   }
   const int block = 256, grid = grid_for(n, block);
   if (src_bytes == 1) {
-    labels_kernel<<<grid, block, 0, st>>>((const uint8_t *)src, n, (int32_t *)out);
+    PS_LAUNCH(labels_kernel, grid, block, 0, st, (const uint8_t *)src, n, (int32_t *)out);
   } else {
-    labels_kernel<<<grid, block, 0, st>>>((const uint16_t *)src, n, (int32_t *)out);
+    PS_LAUNCH(labels_kernel, grid, block, 0, st, (const uint16_t *)src, n, (int32_t *)out);
   }
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;

@@ -154,9 +154,9 @@ struct StorePartial { /* part[z][i][j] (split-K partials, reduced later) */
 template <class LA, class LB, class EP>
 __global__ void __launch_bounds__(THREADS)
     gemm_kernel(int64_t M, int64_t N, int64_t K, int64_t kchunk, LA la, LB lb, EP ep) {
-  __shared__ __align__(32) __half As[BM][BK + 8];
-  __shared__ __align__(32) __half Bs[BK][BN + 8];
-  __shared__ __align__(32) float Cs[BM][BN + 4];
+  PS_SHARED_ALIGNED(32, __half, As, [BM][BK + 8]);
+  PS_SHARED_ALIGNED(32, __half, Bs, [BK][BN + 8]);
+  PS_SHARED_ALIGNED(32, float, Cs, [BM][BN + 4]);
   const int tid = threadIdx.x, warp = tid / 32;
   const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
   const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * BN;
@@ -212,7 +212,7 @@ int gemm(int64_t M, int64_t N, int64_t K, int splits, LA la, LB lb, EP ep, cudaS
   int64_t kchunk = splits > 1 ? ((K + splits - 1) / splits + BK - 1) / BK * BK : K;
   if (kchunk <= 0) kchunk = 1;
   dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)splits);
-  gemm_kernel<<<grid, THREADS, 0, st>>>(M, N, K, kchunk, la, lb, ep);
+  PS_LAUNCH(gemm_kernel, grid, THREADS, 0, st, M, N, K, kchunk, la, lb, ep);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -299,7 +299,7 @@ __global__ void maxpool_bwd(const __half *dy, const int32_t *idx, __half *dx, in
 __global__ void bn_train(const __half *x, const float *gamma, const float *beta, __half *y,
                          float *save_mean, float *save_invstd, float *run_mean, float *run_var,
                          int64_t n, int64_t c, int64_t hw, float momentum, float eps) {
-  __shared__ float sh[32][1];
+  PS_SHARED(float, sh, [32][1]);
   int64_t ch = blockIdx.x, cnt = n * hw;
   float v[1] = {0.0f};
   for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x)
@@ -343,7 +343,7 @@ __global__ void bn_eval(const __half *x, const float *gamma, const float *beta,
 __global__ void bn_bwd(const __half *dy, const __half *x, const float *gamma,
                        const float *save_mean, const float *save_invstd, __half *dx,
                        float *dgamma, float *dbeta, int64_t n, int64_t c, int64_t hw) {
-  __shared__ float sh[32][2];
+  PS_SHARED(float, sh, [32][2]);
   int64_t ch = blockIdx.x, cnt = n * hw;
   float mean = save_mean[ch], is = save_invstd[ch];
   float v[2] = {0.0f, 0.0f};
@@ -380,7 +380,7 @@ __global__ void bias_add(__half *y, const void *bias, int f16, int64_t total, in
 
 __global__ void bias_grad(const __half *dy, void *dbias, int f16, int64_t n, int64_t c,
                           int64_t hw, int acc) {
-  __shared__ float sh[32][1];
+  PS_SHARED(float, sh, [32][1]);
   int64_t ch = blockIdx.x, cnt = n * hw;
   float v[1] = {0.0f};
   for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x)
@@ -625,8 +625,8 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
   StorePartial ep{part, co, K};
   int r = gemm(co, K, T, (int)splits, A, B, ep, st);
   if (r == PS_OK) {
-    reduce_partials<<<blocks_for(mn, EW), EW, 0, st>>>(part, (int)splits, mn, dw,
-                                                        dw_dtype == PS_NN_F16, accumulate != 0);
+    PS_LAUNCH(reduce_partials, blocks_for(mn, EW), EW, 0, st, part, (int)splits, mn, dw,
+              dw_dtype == PS_NN_F16, accumulate != 0);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) r = ps_record_cuda_error(e, "reduce_partials<<<>>>", __FILE__, __LINE__);
   }
@@ -643,7 +643,7 @@ PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int
   int64_t oh = (h - kernel) / stride + 1, ow = (w_ - kernel) / stride + 1, planes = n * c;
   if (planes == 0) return PS_OK;
   NULL_CHECK(x, y);
-  maxpool_fwd<<<blocks_for(planes * oh * ow, EW), EW, 0, (cudaStream_t)stream>>>(
+  PS_LAUNCH(maxpool_fwd, blocks_for(planes * oh * ow, EW), EW, 0, (cudaStream_t)stream,
       (const __half *)x, (__half *)y, indices, planes, h, w_, oh, ow, kernel, stride);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
@@ -658,7 +658,7 @@ PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void
   NULL_CHECK(dy, indices, dx);
   cudaStream_t st = (cudaStream_t)stream;
   CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)(planes * h * w_) * 2, st));
-  maxpool_bwd<<<blocks_for(planes * oh * ow, EW), EW, 0, st>>>(
+  PS_LAUNCH(maxpool_bwd, blocks_for(planes * oh * ow, EW), EW, 0, st,
       (const __half *)dy, indices, (__half *)dx, planes, h * w_, oh * ow);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
@@ -670,7 +670,7 @@ PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, cons
                                          int64_t hw, float momentum, float eps, void *stream) {
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   NULL_CHECK(x, gamma, beta, y, save_mean, save_invstd);
-  bn_train<<<(unsigned)c, EW, 0, (cudaStream_t)stream>>>(
+  PS_LAUNCH(bn_train, (unsigned)c, EW, 0, (cudaStream_t)stream,
       (const __half *)x, gamma, beta, (__half *)y, save_mean, save_invstd, run_mean, run_var, n,
       c, hw, momentum, eps);
   CUDA_CHECK(cudaGetLastError());
@@ -684,7 +684,7 @@ PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   if (n == 0) return PS_OK;
   NULL_CHECK(x, gamma, beta, run_mean, run_var, y);
-  bn_eval<<<blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream>>>(
+  PS_LAUNCH(bn_eval, blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream,
       (const __half *)x, gamma, beta, run_mean, run_var, (__half *)y, n * c * hw, c, hw, eps);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
@@ -696,9 +696,9 @@ PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *
                                     int64_t hw, void *stream) {
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   NULL_CHECK(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
-  bn_bwd<<<(unsigned)c, EW, 0, (cudaStream_t)stream>>>((const __half *)dy, (const __half *)x,
-                                                       gamma, save_mean, save_invstd,
-                                                       (__half *)dx, dgamma, dbeta, n, c, hw);
+  PS_LAUNCH(bn_bwd, (unsigned)c, EW, 0, (cudaStream_t)stream, (const __half *)dy, (const __half *)x,
+            gamma, save_mean, save_invstd,
+            (__half *)dx, dgamma, dbeta, n, c, hw);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -709,7 +709,7 @@ PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   if (n == 0) return PS_OK;
   NULL_CHECK(y, bias);
-  bias_add<<<blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream>>>(
+  PS_LAUNCH(bias_add, blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream,
       (__half *)y, bias, bias_dtype == PS_NN_F16, n * c * hw, c, hw);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
@@ -721,7 +721,7 @@ PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   NULL_CHECK(dbias);
   if (n > 0) NULL_CHECK(dy);
-  bias_grad<<<(unsigned)c, EW, 0, (cudaStream_t)stream>>>(
+  PS_LAUNCH(bias_grad, (unsigned)c, EW, 0, (cudaStream_t)stream,
       (const __half *)dy, dbias, dbias_dtype == PS_NN_F16, n, c, hw, accumulate != 0);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
@@ -731,8 +731,8 @@ PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *strea
   TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
   NULL_CHECK(x, y);
-  relu_fwd<<<blocks_for(count, EW), EW, 0, (cudaStream_t)stream>>>((const uint16_t *)x,
-                                                                    (uint16_t *)y, count);
+  PS_LAUNCH(relu_fwd, blocks_for(count, EW), EW, 0, (cudaStream_t)stream, (const uint16_t *)x,
+            (uint16_t *)y, count);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -742,7 +742,7 @@ PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t 
   TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
   NULL_CHECK(dy, y, dx);
-  relu_bwd<<<blocks_for(count, EW), EW, 0, (cudaStream_t)stream>>>(
+  PS_LAUNCH(relu_bwd, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
       (const uint16_t *)dy, (const uint16_t *)y, (uint16_t *)dx, count);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
@@ -755,7 +755,7 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
   if (n == 0) return PS_OK;
   NULL_CHECK(logits, labels);
   const int per_block = EW / 32;
-  cross_entropy<<<blocks_for(n, per_block), EW, 0, (cudaStream_t)stream>>>(
+  PS_LAUNCH(cross_entropy, blocks_for(n, per_block), EW, 0, (cudaStream_t)stream,
       (const __half *)logits, labels, (__half *)dlogits, loss_sum, correct, n, k, scale,
       device_scale);
   CUDA_CHECK(cudaGetLastError());
@@ -775,8 +775,8 @@ PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst
                                cudaMemcpyDeviceToDevice, st));
     return PS_OK;
   }
-  cast_kernel<<<blocks_for(count, EW), EW, 0, st>>>(src, src_dtype == PS_NN_F16, dst,
-                                                    dst_dtype == PS_NN_F16, count);
+  PS_LAUNCH(cast_kernel, blocks_for(count, EW), EW, 0, st, src, src_dtype == PS_NN_F16, dst,
+            dst_dtype == PS_NN_F16, count);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -789,7 +789,7 @@ PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
   NULL_CHECK(found_inf);
   if (count == 0) return PS_OK;
   NULL_CHECK(grad);
-  unscale_check<<<blocks_for(count, EW), EW, 0, (cudaStream_t)stream>>>(
+  PS_LAUNCH(unscale_check, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
       grad, grad_dtype == PS_NN_F16, count, scale, inv_scale, in_place, found_inf);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
@@ -804,7 +804,7 @@ PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
   TRY(ps_check_sgd(count, momentum, momentum_buf));
   if (count == 0) return PS_OK;
   NULL_CHECK(param, grad);
-  sgd_kernel<<<blocks_for(count, EW), EW, 0, (cudaStream_t)stream>>>(
+  PS_LAUNCH(sgd_kernel, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
       param, grad, grad_dtype == PS_NN_F16, momentum_buf, (__half *)param_half, count, lr,
       momentum, dampening, weight_decay, nesterov, scale, found_inf, steps_done);
   CUDA_CHECK(cudaGetLastError());
@@ -813,7 +813,7 @@ PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
 
 PS_API int ps_nn_step_count(int32_t *steps_done, const int32_t *found_inf, void *stream) {
   NULL_CHECK(steps_done);
-  step_count_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(steps_done, found_inf);
+  PS_LAUNCH(step_count_kernel, 1, 1, 0, (cudaStream_t)stream, steps_done, found_inf);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -823,9 +823,9 @@ PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int3
                                int32_t growth_interval, void *stream) {
   NULL_CHECK(scale, growth_tracker, found_inf);
   TRY(ps_check_scaler_update(growth_interval));
-  scaler_update_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(scale, growth_tracker, found_inf,
-                                                          growth_factor, backoff_factor,
-                                                          growth_interval);
+  PS_LAUNCH(scaler_update_kernel, 1, 1, 0, (cudaStream_t)stream, scale, growth_tracker, found_inf,
+            growth_factor, backoff_factor,
+            growth_interval);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -854,7 +854,8 @@ PS_API int ps_nn_copy_if(float *dst, const float *src, int64_t count, const int3
   NULL_CHECK(flag);
   if (count == 0) return PS_OK;
   NULL_CHECK(dst, src);
-  copy_if_kernel<<<blocks_for(count, EW), EW, 0, (cudaStream_t)stream>>>(dst, src, count, flag);
+  PS_LAUNCH(copy_if_kernel, blocks_for(count, EW), EW, 0, (cudaStream_t)stream, dst, src, count,
+            flag);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }

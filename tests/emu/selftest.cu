@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "cuda/launch.cuh"
+
 using namespace nvcuda;
 
 #define CHECK(expr)                                                                      \
@@ -47,7 +49,7 @@ static std::vector<T> download(const T *d, size_t n) {
 /* ---- barriers and shared memory ------------------------------------------------------------ */
 
 __global__ void neighbour(int *out, bool barrier) {
-  __shared__ int s[64];
+  PS_SHARED(int, s, [64]);
   int t = threadIdx.x;
   s[t] = t;
   if (barrier) __syncthreads();
@@ -57,7 +59,7 @@ __global__ void neighbour(int *out, bool barrier) {
 static int run_neighbour(bool barrier) {
   int *d;
   CHECK(cudaMalloc(&d, 64 * sizeof(int)));
-  neighbour<<<1, 64>>>(d, barrier);
+  PS_LAUNCH(neighbour, 1, 64, 0, 0, d, barrier);
   CHECK(cudaGetLastError());
   std::vector<int> h = download(d, 64);
   int wrong = 0;
@@ -87,13 +89,13 @@ __global__ void counts(int *out) {
 }
 
 __global__ void too_much_shared(float *out) {
-  __shared__ float big[13 * 1024];
+  PS_SHARED(float, big, [13 * 1024]);
   big[threadIdx.x] = 1.0f;
   out[0] = big[0];
 }
 
 __global__ void dynamic_shared(int *out) {
-  extern __shared__ int dyn[];
+  PS_EXTERN_SHARED(int, dyn);
   dyn[threadIdx.x] = (int)threadIdx.x * 2;
   __syncthreads();
   out[threadIdx.x] = dyn[blockDim.x - 1 - threadIdx.x];
@@ -138,7 +140,7 @@ __global__ void warp_reduce(int *out, float *fout, long long *lout) {
 /* ---- wmma ------------------------------------------------------------------------------------- */
 
 __global__ void wmma_gemm(const __half *a, const __half *b, float *c, int offset) {
-  __shared__ __align__(32) __half sa[16 * 16 + 16];
+  PS_SHARED_ALIGNED(32, __half, sa, [16 * 16 + 16]);
   for (int i = threadIdx.x; i < 256; i += 32) sa[i + offset] = a[i];
   __syncwarp();
   wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
@@ -194,21 +196,21 @@ static int run(const std::string &c) {
   if (c == "race") return run_neighbour(false);
   if (c == "race_fixed") return run_neighbour(true);
   if (c == "divergent_barrier") {
-    divergent_barrier<<<2, 64>>>();
+    PS_LAUNCH(divergent_barrier, 2, 64, 0, 0);
     /* No cudaGetLastError() check here: the launch is asynchronous, so the fault may already
        be sticky by then, as on a GPU; report_fault() reads it like the other cases. */
     report_fault();
     return 0;
   }
   if (c == "different_barriers") {
-    different_barriers<<<1, 64>>>();
+    PS_LAUNCH(different_barriers, 1, 64, 0, 0);
     report_fault();
     return 0;
   }
   if (c == "barrier_counts") {
     int *d;
     CHECK(cudaMalloc(&d, 4 * sizeof(int)));
-    counts<<<1, 100>>>(d);
+    PS_LAUNCH(counts, 1, 100, 0, 0, d);
     std::vector<int> h = download(d, 4);
     printf("counts=%d,%d,%d,%d\n", h[0], h[1], h[2], h[3]);
     return 0;
@@ -216,14 +218,14 @@ static int run(const std::string &c) {
   if (c == "too_much_shared") {
     float *d;
     CHECK(cudaMalloc(&d, 4));
-    too_much_shared<<<1, 32>>>(d);
+    PS_LAUNCH(too_much_shared, 1, 32, 0, 0, d);
     report_fault();
     return 0;
   }
   if (c == "dynamic_shared") {
     int *d;
     CHECK(cudaMalloc(&d, 40 * sizeof(int)));
-    dynamic_shared<<<1, 40, 40 * sizeof(int)>>>(d);
+    PS_LAUNCH(dynamic_shared, 1, 40, 40 * sizeof(int), 0, d);
     std::vector<int> h = download(d, 40);
     int wrong = 0;
     for (int t = 0; t < 40; t++) wrong += h[t] != (39 - t) * 2;
@@ -233,9 +235,9 @@ static int run(const std::string &c) {
   if (c == "shfl_mask_lane" || c == "shfl_partial_warp" || c == "shfl_exited_lane") {
     int *d;
     CHECK(cudaMalloc(&d, 64 * sizeof(int)));
-    if (c == "shfl_mask_lane") shfl_mask_lane<<<1, 32>>>(d);
-    if (c == "shfl_partial_warp") shfl_full_mask<<<1, 48>>>(d);
-    if (c == "shfl_exited_lane") shfl_exited_lane<<<1, 32>>>(d);
+    if (c == "shfl_mask_lane") PS_LAUNCH(shfl_mask_lane, 1, 32, 0, 0, d);
+    if (c == "shfl_partial_warp") PS_LAUNCH(shfl_full_mask, 1, 48, 0, 0, d);
+    if (c == "shfl_exited_lane") PS_LAUNCH(shfl_exited_lane, 1, 32, 0, 0, d);
     report_fault();
     return 0;
   }
@@ -246,7 +248,7 @@ static int run(const std::string &c) {
     CHECK(cudaMalloc(&d, 4 * sizeof(int)));
     CHECK(cudaMalloc(&f, sizeof(float)));
     CHECK(cudaMalloc(&l, sizeof(long long)));
-    warp_reduce<<<1, 32>>>(d, f, l);
+    PS_LAUNCH(warp_reduce, 1, 32, 0, 0, d, f, l);
     std::vector<int> h = download(d, 4);
     printf("sum=%d xor_sum=%g long=%lld ballot=%08x up=%d grouped=%d\n", h[0], download(f, 1)[0],
            download(l, 1)[0], (unsigned)h[1], h[2], h[3]);
@@ -265,7 +267,7 @@ static int run(const std::string &c) {
     CHECK(cudaMalloc(&d, 256 * sizeof(float)));
     CHECK(cudaMemcpy(a, ha, sizeof ha, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(b, hb, sizeof hb, cudaMemcpyHostToDevice));
-    wmma_gemm<<<1, 32>>>(a, b, d, c == "wmma_misaligned" ? 8 : 16);
+    PS_LAUNCH(wmma_gemm, 1, 32, 0, 0, a, b, d, c == "wmma_misaligned" ? 8 : 16);
     if (c == "wmma_misaligned") {
       report_fault();
       return 0;
@@ -291,7 +293,7 @@ static int run(const std::string &c) {
     CHECK(cudaMalloc(&m, sizeof hm));
     CHECK(cudaMalloc(&out, 32 * sizeof(float)));
     CHECK(cudaMemcpy(m, hm, sizeof hm, cudaMemcpyHostToDevice));
-    wmma_layout_assumed<<<1, 32>>>(m, out);
+    PS_LAUNCH(wmma_layout_assumed, 1, 32, 0, 0, m, out);
     std::vector<float> h = download(out, 32);
     std::string s;
     for (float v : h) s += std::to_string((int)v) + ",";
@@ -303,8 +305,8 @@ static int run(const std::string &c) {
     CHECK(cudaMalloc(&counter, sizeof(int)));
     CHECK(cudaMalloc(&order, 8 * sizeof(int)));
     CHECK(cudaMemset(counter, 0, sizeof(int)));
-    if (c == "block_order") record_order<<<8, 1>>>(counter, order);
-    else record_order<<<1, 8>>>(counter, order);
+    if (c == "block_order") PS_LAUNCH(record_order, 8, 1, 0, 0, counter, order);
+    else PS_LAUNCH(record_order, 1, 8, 0, 0, counter, order);
     std::vector<int> h = download(order, 8);
     std::string s;
     for (int v : h) s += std::to_string(v);
@@ -321,7 +323,7 @@ static int run(const std::string &c) {
     CHECK(cudaMemset(f, 0, sizeof(float)));
     CHECK(cudaMemset(i, 0, 2 * sizeof(int)));
     CHECK(cudaMemset(h, 0, sizeof(__half)));
-    atomics<<<64, 256>>>(f, i, h);
+    PS_LAUNCH(atomics, 64, 256, 0, 0, f, i, h);
     std::vector<int> hi = download(i, 2);
     printf("float=%g int=%d max=%d half=%g\n", download(f, 1)[0], hi[0], hi[1],
            __half2float(download(h, 1)[0]));
@@ -331,7 +333,7 @@ static int run(const std::string &c) {
     unsigned *src, *dst;
     CHECK(cudaMalloc(&src, 64 * 4));
     CHECK(cudaMalloc(&dst, 64 * 4));
-    copy_words<<<2, 32>>>(src, dst, 64);
+    PS_LAUNCH(copy_words, 2, 32, 0, 0, src, dst, 64);
     std::vector<unsigned> h = download(dst, 64);
     int poisoned = 0;
     for (unsigned v : h) poisoned += v == 0xffffffffu;
@@ -342,21 +344,21 @@ static int run(const std::string &c) {
     std::vector<unsigned> host(64, 7);
     unsigned *dst;
     CHECK(cudaMalloc(&dst, 64 * 4));
-    copy_words<<<1, 64>>>(host.data(), dst, 64);
+    PS_LAUNCH(copy_words, 1, 64, 0, 0, host.data(), dst, 64);
     report_fault();
     return 0;
   }
   if (c == "out_of_bounds") {
     float *p;
     CHECK(cudaMalloc(&p, 1000 * sizeof(float)));
-    write_at<<<1, 1>>>(p, 1000 + 1024);
+    PS_LAUNCH(write_at, 1, 1, 0, 0, p, 1000 + 1024);
     report_fault(); /* not reached: the fault kills the process */
     return 0;
   }
   if (c == "stack_overflow") {
     int *d;
     CHECK(cudaMalloc(&d, 32 * sizeof(int)));
-    big_locals<<<1, 32>>>(d, 1 << 20);
+    PS_LAUNCH(big_locals, 1, 32, 0, 0, d, 1 << 20);
     report_fault(); /* not reached */
     return 0;
   }
@@ -365,14 +367,14 @@ static int run(const std::string &c) {
     CHECK(cudaStreamCreate(&s));
     int *p;
     CHECK(cudaMallocAsync((void **)&p, 64, s));
-    set_value<<<1, 1, 0, s>>>(p, 1);
+    PS_LAUNCH(set_value, 1, 1, 0, s, p, 1);
     CHECK(cudaFreeAsync(p, s));
-    set_value<<<1, 1, 0, s>>>(p, 2);
+    PS_LAUNCH(set_value, 1, 1, 0, s, p, 2);
     report_fault();
     return 0;
   }
   if (c == "bad_config") {
-    set_value<<<1, 2048>>>(nullptr, 0);
+    PS_LAUNCH(set_value, 1, 2048, 0, 0, nullptr, 0);
     printf("launch=%s\n", cudaGetErrorName(cudaGetLastError()));
     printf("cleared=%s\n", cudaGetErrorName(cudaGetLastError()));
     printf("sync=%s\n", cudaGetErrorName(cudaDeviceSynchronize()));
@@ -387,13 +389,13 @@ static int run(const std::string &c) {
     *pinned = 0;
     cudaStream_t s;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    set_value<<<1, 1, 0, s>>>(d, 42);
+    PS_LAUNCH(set_value, 1, 1, 0, s, d, 42);
     CHECK(cudaMemcpyAsync(pinned, d, sizeof(int), cudaMemcpyDeviceToHost, s));
     printf("pinned_before=%d query=%s\n", *pinned, cudaGetErrorName(cudaStreamQuery(s)));
     (void)cudaGetLastError(); /* the query's cudaErrorNotReady */
     CHECK(cudaStreamSynchronize(s));
     printf("pinned_after=%d\n", *pinned);
-    set_value<<<1, 1, 0, s>>>(d, 7);
+    PS_LAUNCH(set_value, 1, 1, 0, s, d, 7);
     CHECK(cudaMemcpyAsync(&pageable, d, sizeof(int), cudaMemcpyDeviceToHost, s));
     printf("pageable=%d\n", pageable);
     return 0;
@@ -408,10 +410,10 @@ static int run(const std::string &c) {
     CHECK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
     cudaEvent_t ev;
     CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-    set_value<<<1, 1, 0, a>>>(d, 5);
+    PS_LAUNCH(set_value, 1, 1, 0, a, d, 5);
     int legacy = 0;
     CHECK(cudaMemcpyAsync(&legacy, d, sizeof(int), cudaMemcpyDeviceToHost, 0));
-    set_value<<<1, 1, 0, a>>>(e, 9);
+    PS_LAUNCH(set_value, 1, 1, 0, a, e, 9);
     CHECK(cudaEventRecord(ev, a));
     CHECK(cudaStreamWaitEvent(b, ev, 0));
     int waited = 0;

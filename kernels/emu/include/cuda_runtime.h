@@ -29,10 +29,9 @@
 #define __forceinline__ inline __attribute__((always_inline))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
-/* ffi/_cuda_emu.ts rewrites every __shared__ declaration; one it could not parse (several
- * declarators, an initializer) fails to compile here rather than becoming a per-thread
- * variable. */
-#define __shared__ ps_emu_unsupported_shared_declaration_see_ffi__cuda_emu_ts
+/* Shared memory is declared through PS_SHARED & co (kernels/cuda/launch.cuh); a bare
+ * __shared__ fails to compile here rather than becoming a per-thread variable. */
+#define __shared__ ps_emu_bare_shared_declaration_use_PS_SHARED_of_kernels_cuda_launch_cuh
 
 #define threadIdx (ps_emu_regs->thread_idx)
 #define blockIdx (ps_emu_regs->block_idx)

@@ -4,12 +4,13 @@
  * names it.
  *
  * The emulator builds the real CUDA sources (kernels/cuda/) with the host C++ compiler. The
- * build (ffi/_cuda_emu.ts) rewrites the two constructs that are not C++:
+ * two constructs that are not C++ are written with the macros of kernels/cuda/launch.cuh,
+ * which under the emulator become
  *
- *   kernel<<<grid, block, smem, stream>>>(args...)
+ *   PS_LAUNCH(kernel, grid, block, smem, stream, args...)
  *     -> ::ps_emu::launch(Site{"kernel", file, line}, Config(grid, block, smem, stream),
  *                         [](auto... a) { kernel(a...); }, args...)
- *   __shared__ __align__(32) T name[N][M];
+ *   PS_SHARED_ALIGNED(32, T, name, [N][M]);
  *     -> auto &name = ::ps_emu::shared_var<T[N][M], 32>([] {});
  *
  * and everything else is the headers: every CUDA thread is a fiber on the stack of a host
