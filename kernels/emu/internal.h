@@ -23,6 +23,9 @@ enum class Order { forward, reverse, random };
  *                          microseconds (default 0): widens the windows in which host code
  *                          that forgot to wait for the device reads stale results
  *   PINSTREAM_EMU_MEMORY_MB device memory (default: half the host's, at most 80 GiB)
+ *   PINSTREAM_EMU_MEMORY_POOLS 0: the device has no stream-ordered allocator, as on some
+ *                          virtualized GPUs and older drivers (cudaDevAttrMemoryPoolsSupported
+ *                          is 0 and cudaMallocAsync & co return cudaErrorNotSupported)
  *   PINSTREAM_EMU_LAUNCHES  a file to which the process appends, when it exits, one line per
  *                           launch site that ran ("file:line kernel"): how CI checks that every
  *                           kernel of the CUDA backend ran */
@@ -32,6 +35,7 @@ struct EmuConfig {
   int workers;
   unsigned delay_us;
   uint64_t memory_bytes;
+  bool memory_pools;
   const char *launches;
 };
 PS_EMU_INTERNAL const EmuConfig &config();

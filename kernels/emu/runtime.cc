@@ -87,6 +87,7 @@ EmuConfig read_config() {
   uint64_t half = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 4ull << 30;
   if (half > 80ull << 30) half = 80ull << 30;
   c.memory_bytes = env_u64("PINSTREAM_EMU_MEMORY_MB", half >> 20) << 20;
+  c.memory_pools = env_u64("PINSTREAM_EMU_MEMORY_POOLS", 1) != 0;
   const char *launches = getenv("PINSTREAM_EMU_LAUNCHES");
   c.launches = launches != nullptr && *launches != '\0' ? strdup(launches) : nullptr;
   return c;
@@ -542,6 +543,25 @@ cudaError_t cudaGetDeviceCount(int *count) {
   return cudaSuccess;
 }
 
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device) {
+  if (value == nullptr) return fail(cudaErrorInvalidValue);
+  if (device != 0) return fail(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
+    case cudaDevAttrMaxGridDimX: *value = 2147483647; break;
+    case cudaDevAttrMaxGridDimY: *value = 65535; break;
+    case cudaDevAttrMaxGridDimZ: *value = 65535; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 << 10; break;
+    case cudaDevAttrWarpSize: *value = 32; break;
+    case cudaDevAttrMultiProcessorCount: *value = config().workers + 1; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+    case cudaDevAttrMemoryPoolsSupported: *value = config().memory_pools ? 1 : 0; break;
+    default: return fail(cudaErrorInvalidValue);
+  }
+  return cudaSuccess;
+}
+
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int device) {
   if (p == nullptr) return fail(cudaErrorInvalidValue);
   if (device != 0) return fail(cudaErrorInvalidDevice);
@@ -717,6 +737,7 @@ cudaError_t cudaMemset(void *ptr, int value, size_t count) {
 
 cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream) {
   PS_EMU_STICKY();
+  if (!config().memory_pools) return fail(cudaErrorNotSupported);
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   *ptr = nullptr;
   {
@@ -731,6 +752,7 @@ cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream) {
 
 cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream) {
   PS_EMU_STICKY();
+  if (!config().memory_pools) return fail(cudaErrorNotSupported);
   if (ptr == nullptr) return cudaSuccess;
   {
     std::lock_guard<std::mutex> lk(memory().mu);
@@ -747,6 +769,7 @@ cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device) {
   static ps_emu_mem_pool the_pool;
   if (pool == nullptr) return fail(cudaErrorInvalidValue);
   if (device != 0) return fail(cudaErrorInvalidDevice);
+  if (!config().memory_pools) return fail(cudaErrorNotSupported);
   *pool = &the_pool;
   return cudaSuccess;
 }
