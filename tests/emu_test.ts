@@ -78,7 +78,7 @@ interface Run {
   stderr: string;
 }
 
-type Order = "forward" | "reverse" | "random";
+type Order = "forward" | "reverse" | "random" | "greedy" | "greedy-reverse";
 
 async function run(
   name: string,
@@ -104,7 +104,7 @@ async function run(
   return { code: res.code, out, stdout, stderr };
 }
 
-const ORDERS: Order[] = ["forward", "reverse", "random"];
+const ORDERS: Order[] = ["forward", "reverse", "random", "greedy", "greedy-reverse"];
 
 function emuTest(name: string, fn: () => void | Promise<void>) {
   Deno.test({ name: `[emulator] ${name}`, ignore: COMMAND === undefined, fn });
@@ -161,6 +161,24 @@ emuTest("a missing __syncthreads() reads poisoned shared memory in every order",
     assert.strictEqual(good.out.wrong, "0", `${order}: with the barrier`);
   }
 });
+
+emuTest(
+  "a warp that reads a later warp's writes after a shuffle: greedy finds what round-robin hides",
+  async () => {
+    // The round-robin orders both miss this race (see warp_ahead in selftest.cu): that is why CI
+    // runs the greedy order too.
+    for (const order of ["forward", "reverse"] as const) {
+      const r = await run("warp_ahead", { PINSTREAM_EMU_ORDER: order });
+      assert.strictEqual(r.out.wrong, "0", `${order} was expected to miss this race`);
+    }
+    const bad = await run("warp_ahead", { PINSTREAM_EMU_ORDER: "greedy" });
+    assert.strictEqual(bad.out.wrong, "32", "greedy: warp 0 reads poison for every lane");
+    for (const order of ORDERS) {
+      const good = await run("warp_ahead_fixed", { PINSTREAM_EMU_ORDER: order });
+      assert.strictEqual(good.out.wrong, "0", `${order}: with the barrier`);
+    }
+  },
+);
 
 emuTest(
   "__syncthreads() that some threads skip stops the kernel with who waits where",

@@ -9,11 +9,14 @@
  * the block's scheduler then picks the next runnable thread. Threads become runnable in index
  * order (at the block's start, after a barrier); "forward" runs the one waiting longest (so
  * warps advance together, close to lockstep), "reverse" the newest (the highest index first,
- * so one warp runs far ahead of the others), "random" any (seeded per launch and block, and
- * atomics may yield). Code that is correct for every order of its threads between
- * synchronization points passes in all three; a missing __syncthreads() shows up as poisoned
- * (0xff) shared memory or a wrong result in at least one of them, and no one order catches
- * every race: CI runs all three.
+ * so the last warp runs ahead of the others), "random" any (seeded per launch and block, and
+ * atomics may yield), "greedy" always the lowest runnable index (warp 0 runs as far as it can,
+ * through every warp collective, before warp 1 starts: it reads what later warps have not yet
+ * written) and "greedy-reverse" the highest. Code that is correct for every order of its
+ * threads between synchronization points passes in all of them; a missing __syncthreads()
+ * shows up as poisoned (0xff) shared memory or a wrong result in at least one, and no one order
+ * catches every race (forward and reverse both miss a warp that reads a later warp's writes
+ * after a shuffle; greedy finds it): CI runs several.
  *
  * What the emulator refuses (the grid stops, the error becomes the context's sticky error, as
  * a GPU fault does, and one line on stderr says what, where and in which thread):
@@ -200,9 +203,12 @@ struct Executor {
   bool failed = false;
   uint64_t rng = 0;
   /* Runnable threads, in the order they became runnable (by index at a block's start and
-   * after a barrier); "forward" takes the oldest, "reverse" the newest, "random" any. */
+   * after a barrier); "forward" takes the oldest, "reverse" the newest, "random" any. The
+   * greedy orders keep them as a bit set instead and take the lowest or highest index. */
   std::vector<unsigned> runnable;
   size_t runnable_head = 0;
+  uint64_t runnable_bits[kMaxThreads / 64] = {};
+  unsigned runnable_count = 0;
   /* barrier */
   unsigned bar_arrived = 0;
   const char *bar_file = nullptr;
@@ -288,16 +294,42 @@ void suspend(Executor &ex) {
   context_switch(&t->ctx, &ex.sched);
 }
 
+bool greedy_order() {
+  return config().order == Order::greedy || config().order == Order::greedy_reverse;
+}
+
 void make_runnable(Executor &ex, Thread &t) {
   t.state = State::runnable;
   t.what = nullptr;
-  ex.runnable.push_back(t.index);
+  if (greedy_order()) {
+    ex.runnable_bits[t.index / 64] |= 1ull << (t.index % 64);
+    ex.runnable_count++;
+  } else {
+    ex.runnable.push_back(t.index);
+  }
 }
 
-bool has_runnable(const Executor &ex) { return ex.runnable_head < ex.runnable.size(); }
+bool has_runnable(const Executor &ex) {
+  return ex.runnable_head < ex.runnable.size() || ex.runnable_count > 0;
+}
 
 unsigned pick_runnable(Executor &ex) {
   unsigned idx;
+  if (greedy_order()) {
+    const unsigned words = kMaxThreads / 64;
+    unsigned w = 0;
+    if (config().order == Order::greedy) {
+      while (ex.runnable_bits[w] == 0) w++;
+      idx = w * 64 + (unsigned)__builtin_ctzll(ex.runnable_bits[w]);
+    } else {
+      w = words - 1;
+      while (ex.runnable_bits[w] == 0) w--;
+      idx = w * 64 + 63 - (unsigned)__builtin_clzll(ex.runnable_bits[w]);
+    }
+    ex.runnable_bits[idx / 64] &= ~(1ull << (idx % 64));
+    ex.runnable_count--;
+    return idx;
+  }
   switch (config().order) {
     case Order::forward:
       idx = ex.runnable[ex.runnable_head++];
@@ -437,6 +469,8 @@ void run_block(Executor &ex, Grid &g, uint64_t linear) {
   ex.bar_arrived = 0;
   ex.runnable.clear();
   ex.runnable_head = 0;
+  memset(ex.runnable_bits, 0, sizeof ex.runnable_bits);
+  ex.runnable_count = 0;
   /* Shared memory of the previous block reads as poison in this one. */
   memset(ex.shared, kPoison, ex.shared_poisoned);
   ex.shared_dynamic = (g.cfg.smem + 127) & ~(size_t)127;
@@ -609,8 +643,10 @@ std::shared_ptr<Grid> make_grid(const Site &site, const Config &cfg, KernelBody 
   g->seed = mix64(config().seed ^ mix64(g->launch_id));
   g->total = (uint64_t)cfg.grid.x * cfg.grid.y * cfg.grid.z;
   switch (config().order) {
-    case Order::forward: g->stride = 1, g->offset = 0; break;
-    case Order::reverse: g->stride = g->total - 1, g->offset = g->total - 1; break;
+    case Order::forward:
+    case Order::greedy: g->stride = 1, g->offset = 0; break;
+    case Order::reverse:
+    case Order::greedy_reverse: g->stride = g->total - 1, g->offset = g->total - 1; break;
     case Order::random: {
       /* A stride coprime with the block count visits every block once, in scattered order. */
       uint64_t s = g->total > 1 ? mix64(g->seed) % g->total : 1;
@@ -800,22 +836,23 @@ uint64_t warp_collective(const char *what, unsigned mask, uint64_t key, const La
   }
   ws.lanes[lane] = in;
   ws.arrived |= 1u << lane;
-  if (ws.arrived == mask) {
-    ws.active = false;
-    ws.complete(ws.lanes, mask, ws.out, ws.ctx);
-    for (unsigned l = 0; l < 32; l++) {
-      if (l == lane || !(mask >> l & 1u)) continue;
-      Thread &o = ex.threads[w * 32 + l];
-      o.result = ws.out[l];
-      make_runnable(ex, o);
-    }
-    return ws.out[lane];
-  }
   t.state = State::warp;
   t.what = what;
   t.file = file;
   t.line = line;
   t.mask = mask;
+  if (ws.arrived == mask) {
+    ws.active = false;
+    ws.complete(ws.lanes, mask, ws.out, ws.ctx);
+    for (unsigned l = 0; l < 32; l++) {
+      if (!(mask >> l & 1u)) continue;
+      Thread &o = ex.threads[w * 32 + l];
+      o.result = ws.out[l];
+      make_runnable(ex, o);
+    }
+  }
+  /* Even the last lane to arrive goes back to the scheduler: who runs on after a collective
+   * follows the configured order, not arrival. */
   suspend(ex);
   return t.result;
 }
@@ -834,7 +871,7 @@ const uint16_t *fragment_layout(unsigned n) {
   if (perm.empty()) {
     perm.resize(n);
     for (unsigned i = 0; i < n; i++) perm[i] = (uint16_t)i;
-    if (config().order == Order::reverse) {
+    if (config().order == Order::reverse || config().order == Order::greedy_reverse) {
       std::reverse(perm.begin(), perm.end());
     } else if (config().order == Order::random) {
       uint64_t r = g.seed ^ n;

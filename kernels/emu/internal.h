@@ -13,10 +13,10 @@
 namespace ps_emu {
 
 /* How threads within a block, blocks within a grid and wmma fragment elements are ordered. */
-enum class Order { forward, reverse, random };
+enum class Order { forward, reverse, random, greedy, greedy_reverse };
 
 /* Read once from the environment:
- *   PINSTREAM_EMU_ORDER    forward | reverse | random (default)
+ *   PINSTREAM_EMU_ORDER    forward | reverse | random (default) | greedy | greedy-reverse
  *   PINSTREAM_EMU_SEED     seed of the random order (default 1); each launch derives its own
  *   PINSTREAM_EMU_WORKERS  host threads running blocks (default: CPUs - 1, at least 1)
  *   PINSTREAM_EMU_DELAY_US each stream operation starts after a random delay up to this many

@@ -72,10 +72,14 @@ EmuConfig read_config() {
       c.order = Order::forward;
     } else if (strcmp(o, "reverse") == 0) {
       c.order = Order::reverse;
+    } else if (strcmp(o, "greedy") == 0) {
+      c.order = Order::greedy;
+    } else if (strcmp(o, "greedy-reverse") == 0) {
+      c.order = Order::greedy_reverse;
     } else if (strcmp(o, "random") != 0) {
       fprintf(stderr,
-              "pinstream CUDA emulator: ignoring PINSTREAM_EMU_ORDER=%s (forward, reverse or "
-              "random)\n",
+              "pinstream CUDA emulator: ignoring PINSTREAM_EMU_ORDER=%s (forward, reverse, "
+              "random, greedy or greedy-reverse)\n",
               o);
     }
   }
@@ -136,7 +140,13 @@ const EmuConfig &config() {
 }
 
 const char *order_name(Order order) {
-  return order == Order::forward ? "forward" : order == Order::reverse ? "reverse" : "random";
+  switch (order) {
+    case Order::forward: return "forward";
+    case Order::reverse: return "reverse";
+    case Order::greedy: return "greedy";
+    case Order::greedy_reverse: return "greedy-reverse";
+    default: return "random";
+  }
 }
 
 namespace {

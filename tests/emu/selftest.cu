@@ -68,6 +68,31 @@ static int run_neighbour(bool barrier) {
   return 0;
 }
 
+/* Wrong on purpose without the barrier: warp 0 reads what warp 1 wrote, after a shuffle. The
+ * shuffle is a scheduling point, and every thread writes before it, so the round-robin orders
+ * (forward: every thread reaches the shuffle before any passes it; reverse: warp 1 runs first)
+ * never see the race; greedy runs warp 0 through the shuffle before warp 1 has written. */
+__global__ void warp_ahead(int *out, bool barrier) {
+  PS_SHARED(int, s, [64]);
+  const int t = threadIdx.x;
+  s[t] = t;
+  const int lane0 = __shfl_sync(0xffffffffu, t, 0);
+  if (barrier) __syncthreads();
+  if (t < 32) out[t] = s[t + 32] + lane0;
+}
+
+static int run_warp_ahead(bool barrier) {
+  int *d;
+  CHECK(cudaMalloc(&d, 32 * sizeof(int)));
+  PS_LAUNCH(warp_ahead, 1, 64, 0, 0, d, barrier);
+  CHECK(cudaGetLastError());
+  std::vector<int> h = download(d, 32);
+  int wrong = 0;
+  for (int t = 0; t < 32; t++) wrong += h[t] != t + 32;
+  printf("wrong=%d\n", wrong);
+  return 0;
+}
+
 __global__ void divergent_barrier() {
   if (threadIdx.x < 32) __syncthreads();
 }
@@ -195,6 +220,8 @@ __global__ void big_locals(int *out, int n) {
 static int run(const std::string &c) {
   if (c == "race") return run_neighbour(false);
   if (c == "race_fixed") return run_neighbour(true);
+  if (c == "warp_ahead") return run_warp_ahead(false);
+  if (c == "warp_ahead_fixed") return run_warp_ahead(true);
   if (c == "divergent_barrier") {
     PS_LAUNCH(divergent_barrier, 2, 64, 0, 0);
     /* No cudaGetLastError() check here: the launch is asynchronous, so the fault may already
