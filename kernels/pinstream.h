@@ -192,8 +192,9 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
  *
  * src:    device, n images, uint8, contiguous; `layout` PS_IMAGE_NHWC or PS_IMAGE_NCHW.
  * params: device, n x 3 int32 (dy, dx, flip): the crop window's top-left corner in the padded
- *         image (0..2*pad for a window inside it; any value is memory-safe, pixels outside
- *         the image read as 0) and flip != 0 to mirror. NULL: dy = dx = pad, no flip.
+ *         image (0..2*pad for a window inside it; any int32 value is memory-safe and exact,
+ *         dy - pad computed without overflow: pixels outside the image read as 0) and
+ *         flip != 0 to mirror. NULL: dy = dx = pad, no flip.
  * scale, bias: HOST, c floats each (copied into the launch; c <= PS_IMAGE_MAX_CHANNELS).
  * out:    device, n x c x h x w, fp16 (out_dtype PS_IMAGE_F16) or fp32 (PS_IMAGE_F32).
  * n == 0 is a no-op. src and out must not overlap. */

@@ -175,6 +175,16 @@ PS_RULE float ps_image_value(uint32_t byte, float scale, float bias) {
 #endif
 }
 
+/* ps_image_augment: the offset of the crop in the source along an axis of `extent` pixels,
+ * d - pad, clamped to [-extent, extent]. d and pad are any int32 (pad >= 0), so d - pad needs
+ * 33 bits; every offset at or beyond +-extent puts the whole window outside the image (all
+ * zeros), so the clamp changes no pixel, and with extent <= 2^24 (ps_check_image_augment)
+ * each backend's `y + offset`, `w - 1 - x + offset` and the like stay far inside int32. */
+PS_RULE int32_t ps_image_offset(int32_t d, int32_t pad, int32_t extent) {
+  const int64_t o = (int64_t)d - pad;
+  return o < -extent ? -extent : o > extent ? extent : (int32_t)o;
+}
+
 /* ReLU on fp16 bits: -0, negatives and -inf become +0; NaN payloads pass unchanged. */
 PS_RULE uint16_t ps_relu_f16(uint16_t x) {
   return ((x & 0x8000u) && (x & 0x7fffu) <= 0x7c00u) ? (uint16_t)0 : x;

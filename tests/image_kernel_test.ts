@@ -10,50 +10,9 @@ import { unwrap } from "../ffi/errors.ts";
 import { normalizeAffine } from "../pipeline/augment.ts";
 import { bitDiff, referenceAugment, rng } from "./_image_reference.ts";
 import { BACKENDS } from "./_backends.ts";
+import { Scratch } from "./_scratch.ts";
 
 const NULL = null;
-
-/** Device memory owned by the test, freed in `free()`. */
-class Scratch {
-  #ptrs: Deno.PointerValue[] = [];
-  constructor(readonly lib: Library) {}
-
-  alloc(bytes: number): Deno.PointerValue {
-    const out = new BigUint64Array(1);
-    unwrap(this.lib, this.lib.symbols.ps_device_alloc(BigInt(Math.max(bytes, 1)), out), "alloc");
-    const p = Deno.UnsafePointer.create(out[0]);
-    this.#ptrs.push(p);
-    return p;
-  }
-
-  upload(data: ArrayBufferView): Deno.PointerValue {
-    const p = this.alloc(data.byteLength);
-    const src = Deno.UnsafePointer.of(data as ArrayBufferView<ArrayBuffer>);
-    unwrap(
-      this.lib,
-      this.lib.symbols.ps_memcpy_h2d_async(p, src, BigInt(data.byteLength), NULL),
-      "upload",
-    );
-    return p;
-  }
-
-  async download<T extends ArrayBufferView<ArrayBuffer>>(p: Deno.PointerValue, out: T): Promise<T> {
-    const s = this.lib.symbols;
-    unwrap(
-      this.lib,
-      s.ps_memcpy_d2h_async(Deno.UnsafePointer.of(out), p, BigInt(out.byteLength), NULL),
-      "download",
-    );
-    const msg = new Uint8Array(512);
-    unwrap(this.lib, await s.ps_stream_synchronize(0, NULL, msg, BigInt(msg.length)), "sync", msg);
-    return out;
-  }
-
-  free(): void {
-    for (const p of this.#ptrs) this.lib.symbols.ps_device_free(p);
-    this.#ptrs = [];
-  }
-}
 
 interface Case {
   n: number;
@@ -63,7 +22,31 @@ interface Case {
   pad: number;
   layout: "nhwc" | "nchw";
   dtype: "f16" | "f32";
-  params: "random" | "wild" | "none";
+  params: "random" | "wild" | "extreme" | "none";
+}
+
+const INT32_MIN = -(2 ** 31), INT32_MAX = 2 ** 31 - 1;
+
+/**
+ * Crop offsets for "extreme" cases: the ends of int32, where `dy - pad` and `y + dy - pad`
+ * overflow 32 bits, mixed with offsets near `pad` so that some windows still see the image.
+ */
+function extremeOffsets(pad: number, extent: number): number[] {
+  const near = [-extent - 1, -extent, -2, -1, 0, 1, 2, extent - 1, extent, extent + 1];
+  const all = [
+    INT32_MIN,
+    INT32_MIN + 1,
+    INT32_MIN + extent,
+    -(2 ** 30),
+    2 ** 30,
+    INT32_MAX - extent,
+    INT32_MAX - 1,
+    INT32_MAX,
+    ...near,
+    ...near.map((d) => pad + d),
+    2 * pad,
+  ];
+  return all.filter((d) => d >= INT32_MIN && d <= INT32_MAX);
 }
 
 async function runCase(lib: Library, k: Case, seed: number): Promise<void> {
@@ -74,7 +57,14 @@ async function runCase(lib: Library, k: Case, seed: number): Promise<void> {
   let params: Int32Array | null = null;
   if (k.params !== "none") {
     params = new Int32Array(3 * n);
+    const ys = extremeOffsets(pad, h), xs = extremeOffsets(pad, w);
     for (let i = 0; i < n; i++) {
+      if (k.params === "extreme") {
+        params[3 * i] = ys[Math.floor(r() * ys.length)];
+        params[3 * i + 1] = xs[Math.floor(r() * xs.length)];
+        params[3 * i + 2] = r() < 0.5 ? 1 : 0;
+        continue;
+      }
       // "wild": windows partly or wholly outside the padded image must read zeros, safely.
       const span = k.params === "wild" ? 2 * pad + 2 * Math.max(h, w) + 5 : 2 * pad + 1;
       const lo = k.params === "wild" ? -Math.max(h, w) - 2 : 0;
@@ -141,6 +131,14 @@ const CASES: Case[] = [
   { n: 9, c: 4, h: 6, w: 17, pad: 1, layout: "nhwc", dtype: "f16", params: "wild" },
   { n: 2, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f16", params: "none" },
   { n: 1, c: 16, h: 1, w: 1, pad: 0, layout: "nhwc", dtype: "f32", params: "random" },
+  // Offsets at the ends of int32: exactly the zero-padded crop, never a wrapped index.
+  { n: 24, c: 2, h: 5, w: 7, pad: INT32_MAX, layout: "nchw", dtype: "f16", params: "extreme" },
+  { n: 24, c: 3, h: 6, w: 3, pad: INT32_MAX, layout: "nhwc", dtype: "f32", params: "extreme" },
+  { n: 24, c: 1, h: 4, w: 9, pad: 0, layout: "nchw", dtype: "f32", params: "extreme" },
+  { n: 24, c: 2, h: 3, w: 5, pad: 0, layout: "nhwc", dtype: "f16", params: "extreme" },
+  { n: 24, c: 2, h: 7, w: 4, pad: 2 ** 30 + 3, layout: "nchw", dtype: "f16", params: "extreme" },
+  { n: 24, c: 3, h: 9, w: 40, pad: INT32_MAX - 5, layout: "nchw", dtype: "f32", params: "extreme" },
+  { n: 3, c: 3, h: 5, w: 6, pad: INT32_MAX, layout: "nhwc", dtype: "f16", params: "none" },
 ];
 
 for (const { kind: backend, ignore } of BACKENDS) {

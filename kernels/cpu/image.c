@@ -89,7 +89,8 @@ static void plane_to_f32(const uint8_t *t, int64_t len, float s, float b, float 
   for (int64_t i = 0; i < len; i++) o[i] = ps_image_value(t[i], s, b);
 }
 
-/* Gathers channel `ch` of one sample, cropped and flipped, into the h x w plane `t`. */
+/* Gathers channel `ch` of one sample, cropped and flipped, into the h x w plane `t`. The
+ * offsets come from ps_image_offset (|oy| <= h, |ox| <= w), so no sum below overflows. */
 static void gather_plane(const uint8_t *img, int32_t layout, int32_t c, int32_t h, int32_t w,
                          int32_t ch, int32_t oy, int32_t ox, int32_t flip, uint8_t *t) {
   /* Output column x reads source column sx = xs + ox (xs = flip ? w-1-x : x); the source
@@ -238,13 +239,14 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
           flip = prm[3 * (int64_t)i + 2] != 0;
         }
         const uint8_t *img = s8 + (int64_t)i * img_bytes;
+        /* dy - pad can overflow int32: ps_image_offset computes it in 64 bits and clamps. */
+        const int32_t oy = ps_image_offset(dy, pad, h), ox = ps_image_offset(dx, pad, w);
 #if defined(PS_IMAGE_ROW_AVX512)
         if (layout == PS_IMAGE_NCHW && w <= 16 * PS_ROW_CHUNKS) {
           const int64_t o = (int64_t)i * img_bytes * (out_dtype == PS_IMAGE_F16 ? 2 : 4);
           /* Constant flip and dtype per call: the compiler drops both branches from the
            * inner loop. */
           char *so = (char *)out + o;
-          const int32_t oy = dy - pad, ox = dx - pad;
           if (out_dtype == PS_IMAGE_F16 && flip) {
             sample_nchw_avx512(img, c, h, w, oy, ox, 1, sc, bi, PS_IMAGE_F16, so);
           } else if (out_dtype == PS_IMAGE_F16) {
@@ -258,7 +260,7 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
         }
 #endif
         for (int32_t ch = 0; ch < c; ch++) {
-          gather_plane(img, layout, c, h, w, ch, dy - pad, dx - pad, flip, t);
+          gather_plane(img, layout, c, h, w, ch, oy, ox, flip, t);
           int64_t o = ((int64_t)i * c + ch) * plane;
           if (out_dtype == PS_IMAGE_F16) {
             plane_to_f16(t, plane, sc[ch], bi[ch], (ps_half *)out + o);

@@ -45,14 +45,19 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
       dx = __ldg(params + 3 * s + 1);
       flip = __ldg(params + 3 * s + 2) != 0;
     }
+    /* dy - pad can overflow int32: ps_image_offset computes it in 64 bits and clamps it to
+     * [-h, h] (resp. [-w, w]), which keeps sy and sx below within int32. */
+    const int32_t oy = ps_image_offset(dy, pad, h), ox = ps_image_offset(dx, pad, w);
     const uint8_t *img = src + s * ((int64_t)c * plane);
     const float scale = aff.scale[ch], bias = aff.bias[ch];
     Out *o = out + pl * plane;
+    /* int32 is enough: plane <= 2^24 (ps_check_image_augment) and launch_augment's grid.x
+     * <= 1024 blocks of 256, so i + the stride stays below 2^25. */
     for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < plane;
          i += gridDim.x * blockDim.x) {
       const int32_t y = i / w, x = i - y * w;
-      const int32_t sy = y + dy - pad;
-      const int32_t sx = (flip ? w - 1 - x : x) + dx - pad;
+      const int32_t sy = y + oy;
+      const int32_t sx = (flip ? w - 1 - x : x) + ox;
       uint32_t v = 0;
       if (sy >= 0 && sy < h && sx >= 0 && sx < w) {
         v = Layout == PS_IMAGE_NCHW ? __ldg(img + (int64_t)ch * plane + sy * w + sx)
@@ -63,9 +68,12 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
   }
 }
 
+/* The index is 64-bit: n goes up to INT32_MAX, and an int32 i within one stride (65535 x
+ * 256) of it would wrap negative on the last step instead of ending the loop. */
 template <typename In>
 __global__ void labels_kernel(const In *__restrict__ src, int32_t n, int32_t *__restrict__ out) {
-  for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
     out[i] = (int32_t)src[i];
   }
 }
