@@ -202,7 +202,8 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
                             int32_t w, int32_t pad, const void *params, const float *scale,
                             const float *bias, void *out, int32_t out_dtype, void *stream);
 
-/* Widens n labels to int32 on the device (src_bytes = 1: uint8, 2: uint16, 4: int32 copy). */
+/* Widens n labels to int32 on the device (src_bytes = 1: uint8, 2: uint16, 4: int32 copy;
+ * the copy is a memmove: src and out may overlap). */
 PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, void *out,
                                void *stream);
 
@@ -290,7 +291,8 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
                                float *loss_sum, int32_t *correct, int64_t n, int64_t k,
                                float scale, const float *device_scale, void *stream);
 
-/* dst = (dst_dtype) src, count elements; f16 <-> f32 (and same-type copies). */
+/* dst = (dst_dtype) src, count elements; f16 <-> f32 (and same-type copies, with memmove's
+ * semantics: src and dst may overlap). */
 PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype,
                       int64_t count, void *stream);
 

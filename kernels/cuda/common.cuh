@@ -87,4 +87,17 @@ enum ps_live_kind { PS_LIVE_ALLOCATION = 0, PS_LIVE_STREAM = 1, PS_LIVE_EVENT = 
  * allocations of its own (workspaces) counts them here so leak tests see them. */
 PS_INTERNAL void ps_live_add(ps_live_kind kind, int64_t delta);
 
+/* Device scratch memory for one call's work on stream `st`, returned with ps_scratch_free on
+ * the same stream once that work is queued. Stream-ordered (cudaMallocAsync / cudaFreeAsync
+ * from the device's default pool) where the device supports memory pools; elsewhere
+ * cudaMalloc, and ps_scratch_free waits for `st` before cudaFree. Not counted by
+ * ps_live_objects: it never outlives the call. Both record their own failures. */
+PS_INTERNAL int ps_scratch_alloc(void **out, size_t bytes, cudaStream_t st);
+PS_INTERNAL int ps_scratch_free(void *p, cudaStream_t st);
+
+/* A device-to-device copy queued on `st` with memmove's semantics: cudaMemcpyAsync leaves
+ * overlapping ranges undefined, so an overlapping copy goes through scratch memory. dst ==
+ * src (or 0 bytes) is a no-op. */
+PS_INTERNAL int ps_copy_d2d(void *dst, const void *src, size_t bytes, cudaStream_t st);
+
 #endif /* PINSTREAM_CUDA_COMMON_CUH */

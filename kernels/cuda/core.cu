@@ -145,6 +145,95 @@ int bench_memcpy_loop(void *dst, const void *src, uint64_t bytes, int32_t kind, 
 
 }  // namespace
 
+/* ---- scratch memory and overlapping copies (common.cuh) ---------------------------------- */
+
+namespace {
+
+/* Per device ordinal below 64: pool_known has its bit once pool_supported is settled for it,
+ * pool_ok once it is known to have memory pools (higher ordinals ask every time). */
+std::atomic<uint64_t> pool_known{0}, pool_ok{0};
+
+/* Whether the current device has the stream-ordered allocator (cudaDevAttrMemoryPoolsSupported:
+ * 0 on some vGPU, MIG and older-driver setups, where cudaMallocAsync fails with
+ * cudaErrorNotSupported). The first call per device that finds pools also sets the default
+ * pool's release threshold: at 0, every synchronize would hand the pool's memory back to the
+ * OS and the next step would map it again, so keep up to 256 MiB cached. */
+int pool_supported(bool *out) {
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  const uint64_t bit = dev >= 0 && dev < 64 ? 1ull << dev : 0;
+  if (bit != 0 && (pool_known.load(std::memory_order_acquire) & bit)) {
+    *out = (pool_ok.load(std::memory_order_relaxed) & bit) != 0;
+    return PS_OK;
+  }
+  int supported = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, dev));
+  if (supported) {
+    cudaMemPool_t pool;
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+    uint64_t threshold = 256ull << 20;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    pool_ok.fetch_or(bit, std::memory_order_relaxed);
+  }
+  pool_known.fetch_or(bit, std::memory_order_release);
+  *out = supported != 0;
+  return PS_OK;
+}
+
+}  // namespace
+
+int ps_scratch_alloc(void **out, size_t bytes, cudaStream_t st) {
+  *out = nullptr;
+  bool pools = false;
+  TRY(pool_supported(&pools));
+  if (pools) {
+    CUDA_CHECK(cudaMallocAsync(out, bytes, st));
+  } else {
+    CUDA_CHECK(cudaMalloc(out, bytes));
+  }
+  return PS_OK;
+}
+
+int ps_scratch_free(void *p, cudaStream_t st) {
+  if (p == nullptr) return PS_OK;
+  bool pools = false;
+  TRY(pool_supported(&pools));
+  if (pools) {
+    CUDA_CHECK(cudaFreeAsync(p, st));
+    return PS_OK;
+  }
+  /* Without a pool nothing frees in stream order: wait for the work queued on `st` that uses
+   * p (cudaFree may not wait for a non-blocking stream), then free it even if that work
+   * failed, so an error does not leak the memory. Correct, not fast. */
+  cudaError_t se = cudaStreamSynchronize(st);
+  cudaError_t fe = cudaFree(p);
+  if (se != cudaSuccess) {
+    return ps_record_cuda_error(se, "cudaStreamSynchronize(st)", __FILE__, __LINE__);
+  }
+  CUDA_CHECK(fe);
+  return PS_OK;
+}
+
+int ps_copy_d2d(void *dst, const void *src, size_t bytes, cudaStream_t st) {
+  if (bytes == 0 || dst == src) return PS_OK;
+  const uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+  if (d + bytes <= s || s + bytes <= d) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st));
+    return PS_OK;
+  }
+  void *tmp = nullptr;
+  TRY(ps_scratch_alloc(&tmp, bytes, st));
+  cudaError_t e = cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, st);
+  const char *what = "cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, st)";
+  if (e == cudaSuccess) {
+    e = cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, st);
+    what = "cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, st)";
+  }
+  const int r = e == cudaSuccess ? PS_OK : ps_record_cuda_error(e, what, __FILE__, __LINE__);
+  const int fr = ps_scratch_free(tmp, st);
+  return r != PS_OK ? r : fr;
+}
+
 extern "C" {
 
 PS_API const char *ps_last_error(void) { return tls_error; }

@@ -139,8 +139,8 @@ PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, vo
   }
   cudaStream_t st = (cudaStream_t)stream;
   if (src_bytes == 4) {
-    CUDA_CHECK(cudaMemcpyAsync(out, src, (size_t)n * 4, cudaMemcpyDeviceToDevice, st));
-    return PS_OK;
+    /* memmove, as on the cpu backend: src and out may overlap. */
+    return ps_copy_d2d(out, src, (size_t)n * 4, st);
   }
   const int block = 256, grid = grid_for(n, block);
   if (src_bytes == 1) {

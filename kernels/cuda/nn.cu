@@ -26,8 +26,6 @@
 #include <mma.h>
 #include <stdint.h>
 
-#include <atomic>
-
 #include "../pinstream.h"
 #include "common.cuh"
 
@@ -578,23 +576,6 @@ PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, i
   return gemm(c, n * h * w_, co * kh * kw, 1, A, B, ep, (cudaStream_t)stream);
 }
 
-/* The per-call workspace of the weight gradient comes from the device's default memory pool,
- * whose release threshold is 0: every synchronize would hand its memory back to the OS and the
- * next step would map it again. Keep up to 256 MiB cached in the pool (once per device). */
-static int keep_pool_memory() {
-  static std::atomic<uint64_t> done{0};
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  uint64_t bit = dev < 64 ? 1ull << dev : 0;
-  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit)) return PS_OK;
-  cudaMemPool_t pool;
-  CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
-  uint64_t threshold = 256ull << 20;
-  CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
-  done.fetch_or(bit, std::memory_order_relaxed);
-  return PS_OK;
-}
-
 PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
                                         int32_t dw_dtype, int64_t n, int64_t c, int64_t h,
                                         int64_t w_, int64_t co, int32_t kh, int32_t kw,
@@ -617,9 +598,10 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
   if (splits > max_splits) splits = max_splits;
   if (splits < 1) splits = 1;
   if (splits > 256) splits = 256;
+  /* The partial sums live for this call only: ps_scratch_alloc takes them from the device's
+   * default memory pool in stream order, or from cudaMalloc on a device without pools. */
   float *part = nullptr;
-  TRY(keep_pool_memory());
-  CUDA_CHECK(cudaMallocAsync((void **)&part, (size_t)(splits * mn) * sizeof(float), st));
+  TRY(ps_scratch_alloc((void **)&part, (size_t)(splits * mn) * sizeof(float), st));
   DyRows A{(const __half *)dy, co, P};
   Im2colT B{Im2col{(const __half *)x, g}};
   StorePartial ep{part, co, K};
@@ -630,10 +612,8 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) r = ps_record_cuda_error(e, "reduce_partials<<<>>>", __FILE__, __LINE__);
   }
-  cudaError_t fe = cudaFreeAsync(part, st);
-  if (r != PS_OK) return r;
-  CUDA_CHECK(fe);
-  return PS_OK;
+  const int fr = ps_scratch_free(part, st);
+  return r != PS_OK ? r : fr;
 }
 
 PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n,
@@ -771,9 +751,8 @@ PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst
   NULL_CHECK(src, dst);
   cudaStream_t st = (cudaStream_t)stream;
   if (src_dtype == dst_dtype) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)count * (src_dtype == PS_NN_F16 ? 2 : 4),
-                               cudaMemcpyDeviceToDevice, st));
-    return PS_OK;
+    /* memmove, as on the cpu backend: src and dst may overlap. */
+    return ps_copy_d2d(dst, src, (size_t)count * (src_dtype == PS_NN_F16 ? 2 : 4), st);
   }
   PS_LAUNCH(cast_kernel, blocks_for(count, EW), EW, 0, st, src, src_dtype == PS_NN_F16, dst,
             dst_dtype == PS_NN_F16, count);
