@@ -1,0 +1,133 @@
+// ps_image_augment past the CUDA launch's grid limits: launch_augment (kernels/cuda/image.cu)
+// caps grid.x at 1024 blocks of 256 pixels and grid.y at 65535 (sample, channel) planes, and
+// the kernel grid-strides over the rest. A plane of more than 1024 x 256 pixels and a batch
+// of more than 65535 planes, in odd shapes, both layouts and both output types: the CPU
+// backend equals the TypeScript reference bit for bit, and CUDA (a GPU, or the emulator with
+// PINSTREAM_CUDA_EMULATOR=1) equals the CPU backend byte for byte.
+
+import assert from "node:assert";
+import { type Library, loadLibrary } from "../ffi/library.ts";
+import { unwrap } from "../ffi/errors.ts";
+import { normalizeAffine } from "../pipeline/augment.ts";
+import { bitDiff, referenceAugment, rng } from "./_image_reference.ts";
+import { CUDA } from "./_backends.ts";
+import { Scratch } from "./_scratch.ts";
+
+interface Shape {
+  what: string;
+  n: number;
+  c: number;
+  h: number;
+  w: number;
+  pad: number;
+}
+
+const SHAPES: Shape[] = [
+  // 269,357 pixels: more than 1024 blocks x 256 threads, so threads take a second pixel.
+  { what: "one 521x517 plane", n: 1, c: 1, h: 521, w: 517, pad: 9 },
+  // 65,553 planes: more than grid.y's 65535, so blocks take a second plane.
+  { what: "21851 x 3 planes of 3x5", n: 21851, c: 3, h: 3, w: 5, pad: 2 },
+];
+const LAYOUTS = ["nchw", "nhwc"] as const;
+const DTYPES = ["f16", "f32"] as const;
+
+interface Batch {
+  src: Uint8Array;
+  params: Int32Array;
+  mean: number[];
+  std: number[];
+}
+
+/** Random pixels and crop/flip parameters; windows reach up to 2 pixels past the padding. */
+function batch(s: Shape, seed: number): Batch {
+  const r = rng(seed);
+  const src = new Uint8Array(s.n * s.c * s.h * s.w);
+  for (let i = 0; i < src.length; i++) src[i] = (r() * 256) | 0;
+  const params = new Int32Array(3 * s.n);
+  for (let i = 0; i < s.n; i++) {
+    params[3 * i] = Math.floor(r() * (2 * s.pad + 5)) - 2;
+    params[3 * i + 1] = Math.floor(r() * (2 * s.pad + 5)) - 2;
+    params[3 * i + 2] = r() < 0.5 ? 1 : 0;
+  }
+  const mean = Array.from({ length: s.c }, () => r());
+  const std = Array.from({ length: s.c }, () => 0.05 + r());
+  return { src, params, mean, std };
+}
+
+/** Runs ps_image_augment on `lib` and returns the output's bytes. */
+async function augment(
+  lib: Library,
+  s: Shape,
+  b: Batch,
+  layout: "nchw" | "nhwc",
+  dtype: "f16" | "f32",
+): Promise<Uint8Array> {
+  const { scale, bias } = normalizeAffine(b.mean, b.std);
+  const mem = new Scratch(lib);
+  try {
+    const bytes = b.src.length * (dtype === "f16" ? 2 : 4);
+    const out = mem.alloc(bytes);
+    unwrap(
+      lib,
+      lib.symbols.ps_image_augment(
+        mem.upload(b.src),
+        layout === "nhwc" ? 0 : 1,
+        s.n,
+        s.c,
+        s.h,
+        s.w,
+        s.pad,
+        mem.upload(b.params),
+        scale,
+        bias,
+        out,
+        dtype === "f16" ? 0 : 1,
+        null,
+      ),
+      "ps_image_augment",
+    );
+    return await mem.download(out, new Uint8Array(bytes));
+  } finally {
+    mem.free();
+  }
+}
+
+for (const s of SHAPES) {
+  Deno.test(`[cpu] ps_image_augment on ${s.what} equals the TypeScript reference`, async () => {
+    const lib = loadLibrary("cpu");
+    const b = batch(s, s.n + s.h);
+    for (const layout of LAYOUTS) {
+      for (const dtype of DTYPES) {
+        const bytes = await augment(lib, s, b, layout, dtype);
+        const got = dtype === "f16"
+          ? new Float16Array(bytes.buffer)
+          : new Float32Array(bytes.buffer);
+        const expected = referenceAugment({ ...b, ...s, layout, dtype });
+        assert.deepStrictEqual(bitDiff(got, expected), [], `${s.what} ${layout} ${dtype}`);
+      }
+    }
+  });
+
+  Deno.test({
+    name: `[cuda] ps_image_augment on ${s.what} equals the cpu backend byte for byte`,
+    ignore: CUDA.ignore,
+    async fn() {
+      const cuda = loadLibrary("cuda"), cpu = loadLibrary("cpu");
+      const b = batch(s, s.n + s.h);
+      for (const layout of LAYOUTS) {
+        for (const dtype of DTYPES) {
+          const got = await augment(cuda, s, b, layout, dtype);
+          const expected = await augment(cpu, s, b, layout, dtype);
+          const bad = got.findIndex((v, i) => v !== expected[i]);
+          const size = dtype === "f16" ? 2 : 4;
+          assert.strictEqual(
+            bad,
+            -1,
+            `${s.what} ${layout} ${dtype}: output element ${Math.floor(bad / size)} ` +
+              `(byte ${bad}) is ${got[bad]}, expected the cpu backend's ${expected[bad]}`,
+          );
+        }
+      }
+    },
+  });
+}
