@@ -14,7 +14,10 @@
  * With `PINSTREAM_CUDA_EMULATOR=1`, "cuda" is the CUDA emulator instead (kernels/emu): the same
  * CUDA sources built by the host C++ compiler (`$CXX`, else `c++`, `g++` or `clang++`) against
  * an emulation of the CUDA runtime and execution model, so every CUDA path runs on a machine
- * without a GPU (slowly: each CUDA thread is a fiber on a CPU core).
+ * without a GPU (slowly: each CUDA thread is a fiber on a CPU core). With
+ * `PINSTREAM_EMU_SANITIZE=1` as well, the emulator is built with AddressSanitizer and UBSan
+ * ({@linkcode EMULATOR_SANITIZE_FLAGS}, a cache entry of its own), whose runtime must be
+ * preloaded into the process: `deno task test:asan` (tests/run_asan.ts) does both.
  *
  * Each backend is loaded once per process; a failure is remembered too, so "auto" does not
  * retry a failed build on every `Device.open`.
@@ -102,6 +105,29 @@ export const EMULATOR_FLAGS: readonly string[] = [
   "-include",
   "cuda_runtime.h",
 ];
+
+/**
+ * What `PINSTREAM_EMU_SANITIZE=1` puts in place of the emulator's `-O2`: AddressSanitizer and
+ * UBSan (any UB report is fatal), with frame pointers and debug lines for the reports.
+ */
+export const EMULATOR_SANITIZE_FLAGS: readonly string[] = [
+  "-O1",
+  "-g",
+  "-fsanitize=address,undefined",
+  "-fno-omit-frame-pointer",
+  "-fno-sanitize-recover=undefined",
+];
+
+/** Whether the emulator is built with the sanitizers: `PINSTREAM_EMU_SANITIZE=1`. */
+function emulatorSanitized(): boolean {
+  return /^(1|true|yes|on)$/i.test(env("PINSTREAM_EMU_SANITIZE") ?? "");
+}
+
+/** The emulator's flags in this process: {@linkcode EMULATOR_FLAGS}, or the sanitized build's. */
+function emulatorFlags(sanitize = emulatorSanitized()): string[] {
+  if (!sanitize) return [...EMULATOR_FLAGS];
+  return EMULATOR_FLAGS.flatMap((f) => f === "-O2" ? [...EMULATOR_SANITIZE_FLAGS] : [f]);
+}
 
 /**
  * Whether "cuda" means the CUDA emulator in this process: `PINSTREAM_CUDA_EMULATOR` is set to
@@ -285,6 +311,17 @@ function locate(backend: Backend): { lib: Library; path: string } {
   // A prebuilt library of the other backend is skipped: this one is built instead.
   if (generic !== undefined && inspect(backend, generic, "$PINSTREAM_LIB").kind === backend) {
     return { lib: open(backend, generic, "$PINSTREAM_LIB"), path: generic };
+  }
+  if (
+    backend === "cuda" && cudaEmulated() && emulatorSanitized() &&
+    !/asan/.test(env("LD_PRELOAD") ?? "")
+  ) {
+    // Loading it would end the process ("ASan runtime does not come first").
+    throw new LibraryError(
+      "load-failed",
+      backend,
+      "PINSTREAM_EMU_SANITIZE=1 builds the emulator with AddressSanitizer, whose runtime must be loaded first: run with LD_PRELOAD=$(c++ -print-file-name=libasan.so), as deno task test:asan does",
+    );
   }
   const path = buildLibrary(backend);
   return {
@@ -582,7 +619,7 @@ export function buildLibrary(backend: Backend, options: BuildOptions = {}): stri
   const flags = target === "cpu"
     ? [...CPU_FLAGS]
     : target === "emulator"
-    ? [...EMULATOR_FLAGS]
+    ? emulatorFlags()
     : cudaFlags(cudaArchs());
   const { files, identity } = readSources(target);
   const hash = createHash("sha256");
@@ -602,7 +639,9 @@ export function buildLibrary(backend: Backend, options: BuildOptions = {}): stri
     lock.lockSync(true);
     if (exists(final)) return final; // built by the process we waited for
     // A first build takes seconds (cc) to a minute (nvcc): say so rather than look hung.
-    const what = target === "emulator" ? "cuda backend on the CUDA emulator" : `${backend} backend`;
+    const what = target === "emulator"
+      ? `cuda backend on the CUDA emulator${emulatorSanitized() ? " (ASan + UBSan)" : ""}`
+      : `${backend} backend`;
     console.error(`pinstream: building the ${what} with ${compiler.path} into ${dir}`);
     compile(target, compiler, flags, files, dir, final);
   } finally {
@@ -648,7 +687,7 @@ function compile(
     }
     // Relative paths from src/, so messages recorded with __FILE__ read "cpu/core.c:123".
     const args = target === "emulator"
-      ? emulatorArgs(compiled, out, false)
+      ? emulatorArgs(compiled, out, false, flags)
       : [...used, ...compiled, "-o", out];
     if (target === "cpu") args.push("-lm");
     const result = run(compiler.path, args, `${tmp}/src`);
@@ -671,9 +710,14 @@ function compile(
 }
 
 /** The emulator's compile line: .cu files as C++ ("-x none" ends that for its .cc files). */
-function emulatorArgs(compiled: readonly string[], out: string, program: boolean): string[] {
+function emulatorArgs(
+  compiled: readonly string[],
+  out: string,
+  program: boolean,
+  flags: readonly string[] = emulatorFlags(),
+): string[] {
   return [
-    ...EMULATOR_FLAGS.filter((f) => !program || f !== "-shared"),
+    ...flags.filter((f) => !program || f !== "-shared"),
     "-x",
     "c++",
     ...compiled.filter((p) => p.endsWith(".cu")),
@@ -690,10 +734,13 @@ function emulatorArgs(compiled: readonly string[], out: string, program: boolean
  * directory that holds them: `.cu` files (launches and shared memory written with the macros
  * of kernels/cuda/launch.cuh), next to kernels/emu's files under `emu/`. Builds a shared library like
  * the cuda backend's, or with `program` an executable (a test program with its own `main`).
+ * With `sanitize` (default: `PINSTREAM_EMU_SANITIZE=1`), {@linkcode EMULATOR_SANITIZE_FLAGS}
+ * replace `-O2`, as in the library's sanitized build.
  *
  * @param sources Paths of the files to compile (`.cu`, `.cc`), relative to that directory.
  * @param out The output path.
- * @param options `program`: link an executable instead of a shared library.
+ * @param options `program`: link an executable instead of a shared library; `sanitize`: build
+ * with AddressSanitizer and UBSan.
  * @returns The compiler and its arguments.
  * @throws {LibraryError} When no C++ compiler is found (reason "no-compiler").
  *
@@ -709,11 +756,11 @@ function emulatorArgs(compiled: readonly string[], out: string, program: boolean
 export function emulatorCommand(
   sources: readonly string[],
   out: string,
-  options: { program?: boolean } = {},
+  options: { program?: boolean; sanitize?: boolean } = {},
 ): { compiler: string; args: string[] } {
   return {
     compiler: findCompiler("emulator").path,
-    args: emulatorArgs(sources, out, options.program ?? false),
+    args: emulatorArgs(sources, out, options.program ?? false, emulatorFlags(options.sanitize)),
   };
 }
 

@@ -51,6 +51,17 @@
 #include <ucontext.h>
 #endif
 
+#if defined(__SANITIZE_ADDRESS__)
+#define PS_EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PS_EMU_ASAN 1
+#endif
+#endif
+#if PS_EMU_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
 #include "internal.h"
 
 PS_EMU_INTERNAL __thread ps_emu::Regs *ps_emu_regs __attribute__((tls_model("initial-exec"))) =
@@ -154,6 +165,28 @@ void context_make(Context *c, char *stack, size_t bytes, void (*fn)(void *), voi
 inline void context_switch(Context *from, Context *to) { swapcontext(&from->uc, &to->uc); }
 #endif
 
+/* A stack that control moves to: a fiber's, or the scheduler's (the host thread's own). */
+struct Stack {
+  const void *bottom = nullptr;
+  size_t size = 0;
+};
+
+/* context_switch, told to AddressSanitizer in a sanitized build (PINSTREAM_EMU_SANITIZE=1),
+ * which would otherwise take a fiber's frames for overflows of the host thread's stack.
+ * `last`: `from` is never resumed (its fake stack is released). */
+inline void switch_to(Context *from, Context *to, const Stack &dest, bool last = false) {
+#if PS_EMU_ASAN
+  void *fake = nullptr;
+  __sanitizer_start_switch_fiber(last ? nullptr : &fake, dest.bottom, dest.size);
+  context_switch(from, to);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  (void)dest;
+  (void)last;
+  context_switch(from, to);
+#endif
+}
+
 /* ---- blocks ------------------------------------------------------------------------------- */
 
 enum class State : uint8_t { runnable, running, barrier, warp, done };
@@ -196,6 +229,7 @@ struct Executor {
   char *stacks = nullptr;
   size_t stacks_ready = 0;
   Context sched;
+  Stack sched_stack; /* learned when a fiber first starts */
   Thread *current = nullptr;
   Grid *grid = nullptr;
   uint3 block{0, 0, 0};
@@ -291,7 +325,7 @@ Executor &executor(const char *what) {
 /* Back to the scheduler; returns when the scheduler runs this thread again. */
 void suspend(Executor &ex) {
   Thread *t = ex.current;
-  context_switch(&t->ctx, &ex.sched);
+  switch_to(&t->ctx, &ex.sched, ex.sched_stack);
 }
 
 bool greedy_order() {
@@ -356,11 +390,14 @@ unsigned pick_runnable(Executor &ex) {
 
 void fiber_main(void *) {
   Executor &ex = *tl_exec;
+#if PS_EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &ex.sched_stack.bottom, &ex.sched_stack.size);
+#endif
   Thread *t = ex.current;
   ex.grid->body->run();
   t->state = State::done;
   ex.done++;
-  context_switch(&t->ctx, &ex.sched);
+  switch_to(&t->ctx, &ex.sched, ex.sched_stack, true);
   __builtin_trap(); /* a finished fiber is never resumed */
 }
 
@@ -497,11 +534,16 @@ void run_block(Executor &ex, Grid &g, uint64_t linear) {
     t.state = State::running;
     ex.current = &t;
     ps_emu_regs = &t.regs;
+    char *stack = stack_of(ex, t.index);
     if (!t.started) {
       t.started = true;
-      context_make(&t.ctx, stack_of(ex, t.index), kStackBytes, fiber_main, &ex);
+#if PS_EMU_ASAN
+      /* A fiber that ended in kernel_fault left its frames' redzones poisoned here. */
+      ASAN_UNPOISON_MEMORY_REGION(stack, kStackBytes);
+#endif
+      context_make(&t.ctx, stack, kStackBytes, fiber_main, &ex);
     }
-    context_switch(&ex.sched, &t.ctx);
+    switch_to(&ex.sched, &t.ctx, Stack{stack, kStackBytes});
   }
   ex.current = nullptr;
   ps_emu_regs = nullptr;
@@ -717,7 +759,7 @@ void kernel_fault(cudaError_t err, const char *file, int line, const char *fmt, 
   ex.failed = true;
   Thread *t = ex.current;
   t->state = State::done;
-  context_switch(&t->ctx, &ex.sched);
+  switch_to(&t->ctx, &ex.sched, ex.sched_stack, true);
   __builtin_trap(); /* a failed block's fibers are never resumed */
 }
 
