@@ -1,0 +1,113 @@
+// The sanitized build of the CUDA emulator (PINSTREAM_EMU_SANITIZE=1) finds what it is for:
+// tests/emu/sanitize.cu, built with AddressSanitizer and UBSan as the library is, reads past a
+// host heap buffer in a kernel and overflows a signed int in a kernel, and each is reported
+// with the kernel's source line; a clean kernel that switches fibers a lot is not.
+//
+// The build takes several seconds, so these run in `deno task test:asan` (which sets
+// PINSTREAM_EMU_SANITIZE=1) and are ignored otherwise, and where the compiler has no sanitizer
+// runtime.
+
+import assert from "node:assert";
+import { createHash } from "node:crypto";
+import { cacheDir, emulatorCommand, SOURCES } from "../ffi/library.ts";
+import { ASAN_OPTIONS, asanRuntime, SANITIZER_EXIT, UBSAN_OPTIONS } from "./_asan.ts";
+
+const KERNELS = new URL("../kernels/", import.meta.url);
+const PROGRAM = new URL("./emu/sanitize.cu", import.meta.url);
+
+const runtime = asanRuntime();
+const asked = /^(1|true|yes|on)$/i.test(Deno.env.get("PINSTREAM_EMU_SANITIZE") ?? "");
+
+let built: Promise<string> | undefined;
+
+/** Builds tests/emu/sanitize.cu with the sanitizers, once per source version. */
+async function build(): Promise<string> {
+  const files = new Map<string, string>();
+  for (const rel of SOURCES.emulator.filter((p) => p.startsWith("emu/"))) {
+    files.set(rel, await Deno.readTextFile(new URL(rel, KERNELS)));
+  }
+  files.set("cuda/launch.cuh", await Deno.readTextFile(new URL("cuda/launch.cuh", KERNELS)));
+  files.set("sanitize.cu", await Deno.readTextFile(PROGRAM));
+  const sources = ["sanitize.cu", ...[...files.keys()].filter((p) => p.endsWith(".cc"))];
+  const { compiler, args } = emulatorCommand(sources, "sanitize", {
+    program: true,
+    sanitize: true,
+  });
+  const hash = createHash("sha256").update(compiler).update(args.join(" "));
+  for (const [rel, text] of files) hash.update(rel).update("\0").update(text).update("\0");
+  const dir = `${cacheDir()}/emu-sanitize-${hash.digest("hex").slice(0, 16)}`;
+  const exe = `${dir}/sanitize`;
+  try {
+    await Deno.stat(exe);
+    return exe;
+  } catch {
+    // not built yet
+  }
+  const tmp = `${dir}.tmp-${Deno.pid}`;
+  for (const [rel, text] of files) {
+    await Deno.mkdir(`${tmp}/${rel.slice(0, rel.lastIndexOf("/") + 1)}`, { recursive: true });
+    await Deno.writeTextFile(`${tmp}/${rel}`, text);
+  }
+  const out = await new Deno.Command(compiler, { args, cwd: tmp, stderr: "piped" }).output();
+  assert.ok(out.success, new TextDecoder().decode(out.stderr));
+  await Deno.rename(tmp, dir).catch(async () => await Deno.remove(tmp, { recursive: true }));
+  return exe;
+}
+
+async function run(name: string, order = "random") {
+  built ??= build();
+  const exe = await built;
+  const res = await new Deno.Command(exe, {
+    args: [name],
+    // The program links the runtime itself: nothing to preload.
+    env: { PINSTREAM_EMU_ORDER: order, ASAN_OPTIONS, UBSAN_OPTIONS, LD_PRELOAD: "" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const stdout = new TextDecoder().decode(res.stdout);
+  const stderr = new TextDecoder().decode(res.stderr);
+  assert.doesNotMatch(stdout, /unexpected=/, stdout + stderr);
+  return { code: res.code, stdout, stderr };
+}
+
+function asanTest(name: string, fn: () => Promise<void>) {
+  Deno.test({ name: `[emulator, sanitized] ${name}`, ignore: !asked || "missing" in runtime, fn });
+}
+
+if ("missing" in runtime && asked) {
+  console.error(`emu_asan_test: no sanitizer runtime, tests ignored: ${runtime.missing}`);
+}
+
+asanTest("fiber switches give no false reports, in every thread order", async () => {
+  for (const order of ["forward", "reverse", "random", "greedy", "greedy-reverse"]) {
+    const r = await run("clean", order);
+    assert.strictEqual(r.code, 0, `${order}:\n${r.stdout}${r.stderr}`);
+    assert.match(r.stdout, /ok=1/);
+  }
+});
+
+asanTest(
+  "a kernel that reads past a host heap buffer is an ASan heap-buffer-overflow",
+  async () => {
+    const r = await run("host_heap_overflow");
+    assert.strictEqual(r.code, SANITIZER_EXIT, r.stdout + r.stderr);
+    assert.doesNotMatch(r.stdout, /survived/);
+    assert.match(r.stderr, /ERROR: AddressSanitizer: heap-buffer-overflow/);
+    assert.match(
+      r.stderr,
+      /READ of size 4 .*\n\s+#0 0x[0-9a-f]+ in sum_host\(.*\) .*sanitize\.cu:\d+/,
+    );
+    assert.match(r.stderr, /0 bytes to the right of 64-byte region/);
+  },
+);
+
+asanTest("a signed int overflow in a kernel is a UBSan runtime error", async () => {
+  const r = await run("signed_overflow");
+  assert.strictEqual(r.code, SANITIZER_EXIT, r.stdout + r.stderr);
+  assert.doesNotMatch(r.stdout, /survived/);
+  assert.match(
+    r.stderr,
+    /sanitize\.cu:\d+:\d+: runtime error: signed integer overflow: \d+ \* 1073741824 cannot be represented in type 'int'/,
+  );
+  assert.match(r.stderr, /in scaled_index\(int, long long\*\)/);
+});
