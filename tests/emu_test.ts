@@ -3,7 +3,7 @@
 // wmma pointers, host pointers, out-of-bounds writes, stream-ordered use after free) and
 // keeps them elsewhere (warp reductions, wmma, atomics, streams and events); each case runs in
 // its own process because a kernel fault poisons the CUDA context for good, as on a GPU.
-// Cases run in the three thread orders where the order matters.
+// Cases run in every thread order where the order matters.
 
 import assert from "node:assert";
 import { createHash } from "node:crypto";

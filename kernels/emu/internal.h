@@ -19,9 +19,19 @@ enum class Order { forward, reverse, random, greedy, greedy_reverse };
  *   PINSTREAM_EMU_ORDER    forward | reverse | random (default) | greedy | greedy-reverse
  *   PINSTREAM_EMU_SEED     seed of the random order (default 1); each launch derives its own
  *   PINSTREAM_EMU_WORKERS  host threads running blocks (default: CPUs - 1, at least 1)
- *   PINSTREAM_EMU_DELAY_US each stream operation starts after a random delay up to this many
- *                          microseconds (default 0): widens the windows in which host code
- *                          that forgot to wait for the device reads stale results
+ *   PINSTREAM_EMU_STREAMS  async (default): an operation runs as soon as what it waits for is
+ *                          done; deferred: it runs at the latest legal moment, when the host
+ *                          waits for it (a synchronize, a query, a blocking copy, a free), one
+ *                          operation at a time, the most recently queued runnable one first
+ *                          (so work on another stream that lacks a cudaStreamWaitEvent runs
+ *                          before what it should have waited for)
+ *   PINSTREAM_EMU_DELAY_US async streams: each operation starts after a random delay up to this
+ *                          many microseconds (default 0), widening the windows in which host
+ *                          code that forgot to wait for the device reads stale results;
+ *                          deferred streams: how long the host must have queued and waited
+ *                          for nothing new before released work runs (default 2000)
+ *   PINSTREAM_EMU_TRACE    1: one line on stderr per stream operation as it runs (#queue order,
+ *                          kernel or call, stream), to see the order the streams ran in
  *   PINSTREAM_EMU_MEMORY_MB device memory (default: half the host's, at most 80 GiB)
  *   PINSTREAM_EMU_MEMORY_POOLS 0: the device has no stream-ordered allocator, as on some
  *                          virtualized GPUs and older drivers (cudaDevAttrMemoryPoolsSupported
@@ -34,6 +44,8 @@ struct EmuConfig {
   uint64_t seed;
   int workers;
   unsigned delay_us;
+  bool deferred;
+  bool trace;
   uint64_t memory_bytes;
   bool memory_pools;
   const char *launches;

@@ -9,6 +9,17 @@
  * copy before the device has done it, and host code that reads results without waiting reads
  * stale bytes here too (PINSTREAM_EMU_DELAY_US widens that window).
  *
+ * In deferred mode (PINSTREAM_EMU_STREAMS=deferred) nothing runs until the host waits for it:
+ * cudaStreamSynchronize, cudaEventSynchronize, cudaDeviceSynchronize, a query (which answers
+ * cudaErrorNotReady and lets the work run), a blocking copy or a free release what the waited-
+ * for operation depends on (the earlier operations of its stream, the events it waits for),
+ * and released operations run one at a time, the most recently queued runnable one first.
+ * That is a legal schedule of the program, and the one most likely to break a program that
+ * relies on timing: a kernel on a compute stream that lacks its cudaStreamWaitEvent runs
+ * before the copy it should wait for; a copy out of a pinned buffer runs only after the host
+ * has had every chance to overwrite the buffer; results read before a synchronize are not
+ * there yet.
+ *
  * Memory follows CUDA's rules where they bite on a GPU: copies to or from pinned memory
  * (cudaHostAlloc, cudaHostRegister) happen when the stream gets to them; a copy from pageable
  * memory is staged at the call, a copy to pageable memory returns when it is done; cudaFree,
@@ -87,6 +98,17 @@ EmuConfig read_config() {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   c.workers = (int)env_u64("PINSTREAM_EMU_WORKERS", cpus > 1 ? (uint64_t)cpus - 1 : 1);
   c.delay_us = (unsigned)env_u64("PINSTREAM_EMU_DELAY_US", 0);
+  c.trace = env_u64("PINSTREAM_EMU_TRACE", 0) != 0;
+  c.deferred = false;
+  if (const char *s = getenv("PINSTREAM_EMU_STREAMS"); s != nullptr && *s != '\0') {
+    if (strcmp(s, "deferred") == 0) {
+      c.deferred = true;
+    } else if (strcmp(s, "async") != 0) {
+      fprintf(stderr,
+              "pinstream CUDA emulator: ignoring PINSTREAM_EMU_STREAMS=%s (async or deferred)\n",
+              s);
+    }
+  }
   long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   uint64_t half = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 4ull << 30;
   if (half > 80ull << 30) half = 80ull << 30;
@@ -294,6 +316,12 @@ namespace {
 struct Op {
   std::function<void()> run; /* empty for markers (event records, waits) */
   std::vector<std::shared_ptr<Op>> deps;
+  std::shared_ptr<Op> prev; /* the operation before it on its stream, until done */
+  ps_emu_stream *stream = nullptr;
+  const char *what = nullptr; /* for PINSTREAM_EMU_TRACE */
+  uint64_t seq = 0;         /* queue order across all streams */
+  bool released = true;     /* deferred mode: the host has waited for it (or for a later op) */
+  uint64_t gen = 0;         /* deferred mode: the latest wait of the host that needs it */
   bool done = false;
   double done_ms = 0.0;
 };
@@ -324,6 +352,10 @@ struct Streams {
   std::vector<ps_emu_stream *> all;         /* user streams with a thread, destroyed included */
   ps_emu_stream *legacy = nullptr;
   std::unordered_set<ps_emu_event *> events;
+  uint64_t seq = 0;
+  bool running = false;     /* deferred mode: an operation is running */
+  double host_call = 0.0;   /* deferred mode: when the host last queued or asked for work */
+  uint64_t gen = 0;         /* deferred mode: waits of the host so far */
 };
 
 Streams &streams() {
@@ -337,29 +369,101 @@ bool ready(const Op &op) {
   return true;
 }
 
+/* Deferred mode: whether `op`, the head of stream `s`, is the one to run next: released, ready,
+ * nothing else running, and of all such stream heads the one needed by the host's most recent
+ * wait (the compute stream it has just synchronized before the copy stream whose event it
+ * queried a while ago), the most recently queued first. Caller holds S.mu. */
+bool chosen_locked(const ps_emu_stream *s, const Op &op) {
+  Streams &S = streams();
+  if (S.running || !op.released || !ready(op)) return false;
+  auto later = [&](const ps_emu_stream *o) {
+    if (o == nullptr || o == s || o->queue.empty()) return false;
+    const Op &h = *o->queue.front();
+    return h.released && ready(h) && (h.gen > op.gen || (h.gen == op.gen && h.seq > op.seq));
+  };
+  if (later(S.legacy)) return false;
+  for (const ps_emu_stream *o : S.all)
+    if (later(o)) return false;
+  return true;
+}
+
+/* Deferred mode: the host waits for `ops` (one wait, even for several streams): they and
+ * everything they depend on may run, as the needs of this newest wait. Caller holds S.mu. */
+void release_locked(std::vector<Op *> todo) {
+  Streams &S = streams();
+  if (!config().deferred) return;
+  const uint64_t gen = ++S.gen;
+  while (!todo.empty()) {
+    Op *x = todo.back();
+    todo.pop_back();
+    if (x == nullptr || x->done || x->gen == gen) continue;
+    x->released = true;
+    x->gen = gen;
+    todo.push_back(x->prev.get());
+    for (const auto &d : x->deps) todo.push_back(d.get());
+  }
+  S.host_call = now_ms();
+  S.changed.notify_all();
+}
+
+void release_locked(const std::shared_ptr<Op> &op) { release_locked(std::vector<Op *>{op.get()}); }
+
+/* Deferred mode: how long the host must have left the device alone (queued nothing, waited for
+ * nothing new) before released work runs: a host that is still busy may yet queue and wait
+ * for more (the next batch's kernels, a synchronize of the compute stream), and the most
+ * recent of it then runs first. What only an older wait needs (a copy whose event the host
+ * queried, then went on) waits 25 times as long: until the host has nothing else to do, or a
+ * newer wait needs it too. A host blocked in a synchronize is quiet, so it waits that long at
+ * most. */
+double settle_ms(bool newest) {
+  const double ms = config().delay_us > 0 ? config().delay_us / 1000.0 : 2.0;
+  return newest ? ms : 25 * ms;
+}
+
 void stream_main(ps_emu_stream *s) {
   Streams &S = streams();
+  const bool deferred = config().deferred;
   uint64_t rng = mix64((uint64_t)(uintptr_t)s ^ config().seed);
   std::unique_lock<std::mutex> lk(S.mu);
   for (;;) {
-    S.changed.wait(lk, [&] {
-      return (!s->queue.empty() && ready(*s->queue.front())) || (s->destroyed && s->queue.empty());
-    });
-    if (s->queue.empty()) break;
+    if (s->queue.empty()) {
+      if (s->destroyed) break;
+      S.changed.wait(lk);
+      continue;
+    }
+    const Op &head = *s->queue.front();
+    if (!(deferred ? chosen_locked(s, head) : ready(head))) {
+      S.changed.wait(lk);
+      continue;
+    }
+    if (deferred) {
+      const double left = S.host_call + settle_ms(head.gen == S.gen) - now_ms();
+      if (left > 0) {
+        S.changed.wait_for(lk, std::chrono::microseconds((int64_t)(left * 1000) + 1));
+        continue;
+      }
+    }
     std::shared_ptr<Op> op = s->queue.front();
+    if (deferred) S.running = true;
     lk.unlock();
-    if (config().delay_us > 0) {
+    if (!deferred && config().delay_us > 0) {
       rng = mix64(rng);
       std::this_thread::sleep_for(std::chrono::microseconds(rng % (config().delay_us + 1)));
+    }
+    if (config().trace) {
+      fprintf(stderr, "pinstream CUDA emulator: run #%llu %s on stream %p\n",
+              (unsigned long long)op->seq, op->what, (void *)s);
     }
     if (op->run && sticky.load(std::memory_order_acquire) == cudaSuccess) op->run();
     const double t = now_ms();
     lk.lock();
     op->run = nullptr; /* drops staging buffers and kernel parameters now */
     op->deps.clear();
+    op->prev = nullptr;
     op->done_ms = t;
     op->done = true;
     s->queue.pop_front();
+    if (deferred) S.running = false;
     S.changed.notify_all();
   }
   S.all.erase(std::find(S.all.begin(), S.all.end(), s));
@@ -386,7 +490,8 @@ ps_emu_stream *resolve_locked(cudaStream_t st) {
 }
 
 /* Queues `run` on `st` behind what CUDA orders it after; `extra` is one more dependency. */
-cudaError_t enqueue(cudaStream_t st, std::function<void()> run, std::shared_ptr<Op> *out = nullptr,
+cudaError_t enqueue(const char *what, cudaStream_t st, std::function<void()> run,
+                    std::shared_ptr<Op> *out = nullptr,
                     std::shared_ptr<Op> extra = nullptr) {
   Streams &S = streams();
   std::lock_guard<std::mutex> lk(S.mu);
@@ -394,6 +499,12 @@ cudaError_t enqueue(cudaStream_t st, std::function<void()> run, std::shared_ptr<
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
   auto op = std::make_shared<Op>();
   op->run = std::move(run);
+  op->seq = ++S.seq;
+  op->stream = s;
+  op->what = what;
+  op->released = !config().deferred;
+  S.host_call = now_ms();
+  if (s->last && !s->last->done) op->prev = s->last;
   auto need = [&](const std::shared_ptr<Op> &d) {
     if (d && !d->done) op->deps.push_back(d);
   };
@@ -415,12 +526,19 @@ void wait_done(const std::shared_ptr<Op> &op) {
   if (!op) return;
   Streams &S = streams();
   std::unique_lock<std::mutex> lk(S.mu);
+  release_locked(op);
   S.changed.wait(lk, [&] { return op->done; });
 }
 
 cudaError_t synchronize_all() {
   Streams &S = streams();
   std::unique_lock<std::mutex> lk(S.mu);
+  {
+    std::vector<Op *> lasts;
+    if (S.legacy) lasts.push_back(S.legacy->last.get());
+    for (ps_emu_stream *s : S.all) lasts.push_back(s->last.get());
+    release_locked(std::move(lasts));
+  }
   S.changed.wait(lk, [&] {
     if (S.legacy && S.legacy->last && !S.legacy->last->done) return false;
     for (ps_emu_stream *s : S.all)
@@ -508,7 +626,7 @@ cudaError_t enqueue_launch(const Site &site, const Config &cfg, KernelBody *body
   if (cfg.smem > (48u << 10)) return fail(cudaErrorInvalidValue);
   note_launch(site);
   std::shared_ptr<Grid> grid = make_grid(site, cfg, owned.release(), pointers, count);
-  return enqueue(cfg.stream, [grid] {
+  return enqueue(site.kernel, cfg.stream, [grid] {
     std::string message;
     cudaError_t err = run_grid(*grid, &message);
     if (err != cudaSuccess) raise_sticky(err, message);
@@ -713,10 +831,11 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, cudaMemcpy
     /* Pageable source: staged now, so the caller may reuse it when this returns. */
     auto staged = std::make_shared<std::vector<unsigned char>>((const unsigned char *)src,
                                                                (const unsigned char *)src + count);
-    return enqueue(stream, [dst, staged] { memcpy(dst, staged->data(), staged->size()); });
+    return enqueue("cudaMemcpyAsync", stream, [dst, staged] { memcpy(dst, staged->data(), staged->size()); });
   }
   std::shared_ptr<Op> op;
-  cudaError_t e = enqueue(stream, [dst, src, count] { memmove(dst, src, count); }, &op);
+  cudaError_t e =
+      enqueue("cudaMemcpyAsync", stream, [dst, src, count] { memmove(dst, src, count); }, &op);
   if (e != cudaSuccess || dev_dst || is_pinned(dst, count)) return e;
   /* Pageable destination: the call returns when the bytes are there. */
   wait_done(op);
@@ -737,7 +856,7 @@ cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t str
     return resolve_locked(stream) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
   }
   if (!device_accessible(ptr, count)) return fail(cudaErrorInvalidValue);
-  return enqueue(stream, [ptr, value, count] { memset(ptr, value, count); });
+  return enqueue("cudaMemsetAsync", stream, [ptr, value, count] { memset(ptr, value, count); });
 }
 
 cudaError_t cudaMemset(void *ptr, int value, size_t count) {
@@ -772,7 +891,7 @@ cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream) {
     }
   }
   /* Freed when the stream gets there: later work on other streams that still uses it faults. */
-  return enqueue(stream, [ptr] { (void)unmap_alloc(ptr, Kind::pool, cudaErrorInvalidValue); });
+  return enqueue("cudaFreeAsync", stream, [ptr] { (void)unmap_alloc(ptr, Kind::pool, cudaErrorInvalidValue); });
 }
 
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device) {
@@ -819,6 +938,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (stream == nullptr || !S.live.erase(stream)) return fail(cudaErrorInvalidResourceHandle);
   /* Returns at once; queued work still runs, then the stream's thread ends. */
   stream->destroyed = true;
+  release_locked(stream->last);
   S.changed.notify_all();
   return cudaSuccess;
 }
@@ -842,7 +962,9 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   std::lock_guard<std::mutex> lk(streams().mu);
   ps_emu_stream *s = resolve_locked(stream);
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
-  return !s->last || s->last->done ? cudaSuccess : fail(cudaErrorNotReady);
+  if (!s->last || s->last->done) return cudaSuccess;
+  release_locked(s->last); /* not yet: a later query may find it done */
+  return fail(cudaErrorNotReady);
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
@@ -856,7 +978,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
     }
     last = event->last; /* the record current at this call, as CUDA captures it */
   }
-  return enqueue(stream, nullptr, nullptr, last);
+  return enqueue("cudaStreamWaitEvent", stream, nullptr, nullptr, last);
 }
 
 /* ---- events -------------------------------------------------------------------------------------------- */
@@ -896,7 +1018,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   PS_EMU_STICKY();
   if (!live_event(event)) return fail(cudaErrorInvalidResourceHandle);
   std::shared_ptr<Op> op;
-  cudaError_t e = enqueue(stream, nullptr, &op);
+  cudaError_t e = enqueue("cudaEventRecord", stream, nullptr, &op);
   if (e != cudaSuccess) return e;
   std::lock_guard<std::mutex> lk(streams().mu);
   if (streams().events.count(event)) event->last = op;
@@ -909,7 +1031,9 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (event == nullptr || !streams().events.count(event)) {
     return fail(cudaErrorInvalidResourceHandle);
   }
-  return !event->last || event->last->done ? cudaSuccess : fail(cudaErrorNotReady);
+  if (!event->last || event->last->done) return cudaSuccess;
+  release_locked(event->last); /* not yet: a later query may find it done */
+  return fail(cudaErrorNotReady);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
@@ -940,7 +1064,10 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
     return fail(cudaErrorInvalidResourceHandle);
   }
   if (!start->last || !end->last) return fail(cudaErrorInvalidResourceHandle);
-  if (!start->last->done || !end->last->done) return fail(cudaErrorNotReady);
+  if (!start->last->done || !end->last->done) {
+    release_locked(std::vector<Op *>{start->last.get(), end->last.get()});
+    return fail(cudaErrorNotReady);
+  }
   *ms = (float)(end->last->done_ms - start->last->done_ms);
   return cudaSuccess;
 }
