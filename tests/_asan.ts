@@ -7,9 +7,11 @@ import { emulatorCommand, LibraryError } from "../ffi/library.ts";
  * AddressSanitizer's options. A report ends the process with exit code 86 (halt_on_error, and
  * a code of its own so a sanitizer report is told apart from a failed test); no leak check
  * (deno's and V8's allocations go through ASan's malloc when it is preloaded, and the emulator
- * keeps per-thread state for the life of the process); the emulator installs its own SIGSEGV
- * handler, which names the faulting CUDA thread and then chains to ASan's
- * (allow_user_segv_handler); no fake stacks for use-after-return (the emulator's fiber switches
+ * keeps per-thread state for the life of the process; and the compilers that the tests run
+ * inherit LD_PRELOAD, so a leak report at their exit fails their `--version` and the tests
+ * skip cuda as "no compiler"); the emulator installs its own SIGSEGV handler, which names the
+ * faulting CUDA thread and then chains to ASan's (allow_user_segv_handler, GCC 12's default,
+ * made explicit); no fake stacks for use-after-return (the emulator's fiber switches
  * are annotated for them, but kernels return nothing by reference, and they cost memory).
  */
 export const ASAN_OPTIONS = [

@@ -80,6 +80,24 @@ async function runPass(pass: Pass): Promise<{ code: number; reported: boolean }>
   return { code: status.code, reported };
 }
 
+/** The library that Device.open("cuda") loads in a deno process with `env`, or the error. */
+async function preflight(env: Record<string, string>): Promise<string> {
+  const device = new URL("../ffi/device.ts", import.meta.url).href;
+  const library = new URL("../ffi/library.ts", import.meta.url).href;
+  const script = `import { Device } from "${device}";
+import { libraryPath } from "${library}";
+Device.open("cuda").dispose();
+console.log(libraryPath("cuda"));`;
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["eval", script],
+    env,
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = new TextDecoder().decode(out.success ? out.stdout : out.stderr).trim();
+  return out.success ? text.split("\n").at(-1)! : `exit code ${out.code}: ${text}`;
+}
+
 async function main(argv: string[]): Promise<number> {
   const { seed } = parse(argv);
   const runtime = asanRuntime();
@@ -94,6 +112,13 @@ async function main(argv: string[]): Promise<number> {
   console.log(
     `== sanitized emulator library: ${lib} (${((performance.now() - t0) / 1000).toFixed(1)} s)`,
   );
+  // The [cuda] cases are skipped, not failed, where Device.open("cuda") fails: make sure that
+  // it opens the sanitized build under this environment first.
+  const opened = await preflight(env);
+  if (opened !== lib) {
+    console.error(`== Device.open("cuda") does not open ${lib} under the sanitizers: ${opened}`);
+    return 1;
+  }
   const s = `0x${seed.toString(16)}`;
   const passes: Pass[] = [
     {
