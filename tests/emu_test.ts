@@ -347,6 +347,15 @@ emuTest("memory freed with cudaFreeAsync is gone for work queued after the free"
   );
 });
 
+emuTest("an overlapping cudaMemcpyAsync is refused, not given memmove semantics", async () => {
+  const r = await run("overlap_copy");
+  assert.deepStrictEqual(
+    [r.out.overlap, r.out.apart, r.out.sync],
+    ["cudaErrorInvalidValue", "cudaSuccess", "cudaSuccess"],
+  );
+  assert.match(r.stderr, /source and destination overlap/);
+});
+
 emuTest("a bad launch configuration is the launch's error, not a sticky one", async () => {
   const r = await run("bad_config");
   assert.deepStrictEqual(

@@ -1,12 +1,15 @@
 /**
- * `deno task test:emulator`: the CUDA backend's tests on the CUDA emulator (kernels/emu), as CI
- * runs them on machines without a GPU.
+ * `deno task test:emulator`: the CUDA backend's tests on the CUDA emulator (kernels/emu) in every
+ * thread order and stream mode, as CI runs them on machines without a GPU.
  *
  * Every `[cuda]` test runs once per thread order, because no one order exposes every race
- * ("forward" keeps warps in step and misses a missing barrier that "reverse" finds), then with
- * random delays before each stream operation (host code that reads device results without
- * waiting for them reads stale bytes), and the README's example, whose `Device.open("auto")`
- * trains on the emulated GPU.
+ * ("forward" keeps warps in step and misses a missing barrier that "reverse" finds; only
+ * "greedy" finds a warp that reads a later warp's writes after a shuffle), then with random
+ * delays before each stream operation (host code that reads device results without waiting for
+ * them reads stale bytes), with deferred streams (work runs when the host waits for it, the
+ * newest wait's needs first: a missing cross-stream wait gives wrong data), and the README's
+ * example, whose `Device.open("auto")` trains on the emulated GPU. `deno task test` runs a
+ * subset of these (greedy, deferred) after the whole suite.
  *
  *     deno task test:emulator                          # the passes above, random seed 1
  *     deno task test:emulator --seed 0x5eed --rounds 5 # five random-order rounds from a seed
@@ -21,11 +24,18 @@
 import { launchSites } from "./_emu_sources.ts";
 import { SOURCES } from "../ffi/library.ts";
 
-interface Pass {
+/** One run of `deno` with emulator settings. */
+export interface Pass {
+  /** What it shows, for the log. */
   what: string;
+  /** Environment on top of `PINSTREAM_CUDA_EMULATOR=1`. */
   env: Record<string, string>;
+  /** Arguments of `deno`. */
   args: string[];
 }
+
+/** `deno test` of every `[cuda]` case. */
+export const CUDA_CASES: readonly string[] = ["test", "-A", "--filter", "[cuda]", "tests/"];
 
 function parse(args: string[]): { seed: bigint; rounds: number } {
   let seed = 1n, rounds = 1;
@@ -44,10 +54,12 @@ function parse(args: string[]): { seed: bigint; rounds: number } {
 
 /** The passes, in order. */
 function passes(seed: bigint, rounds: number): Pass[] {
-  const cuda = ["test", "-A", "--filter", "[cuda]", "tests/"];
+  const cuda = [...CUDA_CASES];
   const out: Pass[] = [
     { what: "forward order", env: { PINSTREAM_EMU_ORDER: "forward" }, args: cuda },
     { what: "reverse order", env: { PINSTREAM_EMU_ORDER: "reverse" }, args: cuda },
+    { what: "greedy order", env: { PINSTREAM_EMU_ORDER: "greedy" }, args: cuda },
+    { what: "greedy-reverse order", env: { PINSTREAM_EMU_ORDER: "greedy-reverse" }, args: cuda },
   ];
   for (let r = 0; r < rounds; r++) {
     const s = `0x${(seed + BigInt(r)).toString(16)}`;
@@ -64,6 +76,15 @@ function passes(seed: bigint, rounds: number): Pass[] {
     args: cuda,
   });
   out.push({
+    what: `deferred streams, random order, seed ${s}`,
+    env: {
+      PINSTREAM_EMU_ORDER: "random",
+      PINSTREAM_EMU_SEED: s,
+      PINSTREAM_EMU_STREAMS: "deferred",
+    },
+    args: cuda,
+  });
+  out.push({
     what: "the README's example on the emulated GPU",
     env: { PINSTREAM_EMU_ORDER: "random", PINSTREAM_EMU_SEED: s },
     args: ["test", "-A", "--doc", "README.md"],
@@ -71,8 +92,13 @@ function passes(seed: bigint, rounds: number): Pass[] {
   return out;
 }
 
-/** Launch sites ("cuda/nn.cu:218 gemm_kernel") of the CUDA sources that no pass ran. */
-async function notRun(ran: string): Promise<string[]> {
+/**
+ * Launch sites ("cuda/nn.cu:218 gemm_kernel") of the CUDA sources that no pass ran.
+ *
+ * @param ran The file the emulator appended the launch sites that ran to.
+ * @returns The sites that did not run.
+ */
+export async function notRun(ran: string): Promise<string[]> {
   const seen = new Set((await Deno.readTextFile(ran)).split("\n").filter((l) => l !== ""));
   const missing: string[] = [];
   for (const rel of SOURCES.cuda.filter((p) => p.endsWith(".cu"))) {
@@ -104,10 +130,23 @@ async function main(argv: string[]): Promise<number> {
   }
 }
 
-async function runPasses(list: Pass[], ran: string): Promise<number> {
+/**
+ * Runs each pass with `PINSTREAM_CUDA_EMULATOR=1`, stopping at the first that fails (and saying
+ * how to reproduce it).
+ *
+ * @param list The passes.
+ * @param ran The file the emulator appends the launch sites that ran to.
+ * @param base Environment under each pass's own.
+ * @returns The first failing pass's exit code, or 0.
+ */
+export async function runPasses(
+  list: Pass[],
+  ran: string,
+  base: Record<string, string> = { PINSTREAM_CUDA_EMULATOR: "1" },
+): Promise<number> {
   for (const [i, pass] of list.entries()) {
-    const env = { PINSTREAM_CUDA_EMULATOR: "1", PINSTREAM_EMU_LAUNCHES: ran, ...pass.env };
-    console.log(`\n== emulator pass ${i + 1}/${list.length}: ${pass.what}`);
+    const env = { ...base, PINSTREAM_EMU_LAUNCHES: ran, ...pass.env };
+    console.log(`\n== pass ${i + 1}/${list.length}: ${pass.what}`);
     const t0 = performance.now();
     const { code } = await new Deno.Command(Deno.execPath(), {
       args: pass.args,
@@ -120,13 +159,13 @@ async function runPasses(list: Pass[], ran: string): Promise<number> {
       const vars = Object.entries(env).filter(([k]) => k !== "PINSTREAM_EMU_LAUNCHES")
         .map(([k, v]) => `${k}=${v}`).join(" ");
       console.error(
-        `\n== emulator pass failed (${secs} s); reproduce with:\n${vars} deno ${
+        `\n== pass ${i + 1}/${list.length} failed (${secs} s); reproduce with:\n${vars} deno ${
           pass.args.join(" ")
         }`,
       );
       return code;
     }
-    console.log(`== emulator pass ${i + 1}/${list.length} passed (${secs} s)`);
+    console.log(`== pass ${i + 1}/${list.length} passed (${secs} s)`);
   }
   return 0;
 }

@@ -827,6 +827,15 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, cudaMemcpy
   if ((dev_dst && !device_accessible(dst, count)) || (dev_src && !device_accessible(src, count))) {
     return fail(cudaErrorInvalidValue);
   }
+  if ((uintptr_t)dst < (uintptr_t)src + count && (uintptr_t)src < (uintptr_t)dst + count) {
+    /* Undefined in CUDA (a GPU's copy engine may move the bytes in any order): refused here,
+     * so code that relies on memmove semantics fails on the emulator too. */
+    fprintf(stderr,
+            "pinstream CUDA emulator: cudaMemcpyAsync(%p, %p, %zu): source and destination "
+            "overlap (undefined in CUDA; copy through a temporary buffer)\n",
+            dst, src, count);
+    return fail(cudaErrorInvalidValue);
+  }
   if (!dev_src && !is_pinned(src, count)) {
     /* Pageable source: staged now, so the caller may reuse it when this returns. */
     auto staged = std::make_shared<std::vector<unsigned char>>((const unsigned char *)src,

@@ -400,6 +400,14 @@ static int run(const std::string &c) {
     report_fault();
     return 0;
   }
+  if (c == "overlap_copy") {
+    char *d;
+    CHECK(cudaMalloc(&d, 64));
+    printf("overlap=%s\n", cudaGetErrorName(cudaMemcpyAsync(d + 8, d, 32, cudaMemcpyDeviceToDevice)));
+    printf("apart=%s\n", cudaGetErrorName(cudaMemcpyAsync(d + 32, d, 32, cudaMemcpyDeviceToDevice)));
+    printf("sync=%s\n", cudaGetErrorName(cudaDeviceSynchronize()));
+    return 0;
+  }
   if (c == "bad_config") {
     PS_LAUNCH(set_value, 1, 2048, 0, 0, nullptr, 0);
     printf("launch=%s\n", cudaGetErrorName(cudaGetLastError()));

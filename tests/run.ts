@@ -1,0 +1,110 @@
+/**
+ * `deno task test`: the whole test suite, with the CUDA backend's cases run, not skipped, on
+ * every machine.
+ *
+ * 1. Every test file and documentation example (`deno test --doc` over the sources and the
+ *    README). On a machine without a GPU the `cuda` backend is the CUDA emulator
+ *    (`PINSTREAM_CUDA_EMULATOR=1`, kernels/emu: the real kernels/cuda sources built with the
+ *    host C++ compiler), in the forward thread order, so no `[cuda]` case is ignored.
+ * 2. The `[cuda]` cases again on the emulator in the greedy thread order (a warp runs as far as
+ *    it can before the next starts: the races the forward order hides), then with deferred
+ *    streams in a seeded random order (work runs when the host waits for it, so a missing
+ *    event wait gives wrong data instead of passing by luck).
+ * 3. Every kernel launch of kernels/cuda must have run in some pass.
+ *
+ *     deno task test                      # all of the above
+ *     deno task test --filter "loader"    # only step 1, with deno test's arguments
+ *     PINSTREAM_EMU_SEED=0x5eed deno task test   # another random order in step 2
+ *
+ * `deno task test:emulator` runs more emulator passes (reverse orders, random rounds, delays).
+ *
+ * @module
+ */
+
+import { Device } from "../ffi/device.ts";
+import { PinstreamError } from "../ffi/errors.ts";
+import { cudaEmulated } from "../ffi/library.ts";
+import { CUDA_CASES, notRun, type Pass, runPasses } from "./run_emulator.ts";
+
+/** What `deno test` covers: the README's test command. */
+const SUITE = [
+  "test",
+  "-A",
+  "--doc",
+  "tests/",
+  "ffi/",
+  "loader/",
+  "pipeline/",
+  "nn/",
+  "examples/",
+  "mod.ts",
+  "README.md",
+];
+
+/** Whether a real GPU answers as the cuda backend here. */
+function haveGpu(): boolean {
+  if (cudaEmulated()) return false;
+  try {
+    Device.open("cuda").dispose();
+    return true;
+  } catch (err) {
+    if (err instanceof PinstreamError) return false;
+    throw err;
+  }
+}
+
+async function main(args: string[]): Promise<number> {
+  const gpu = haveGpu();
+  const seed = Deno.env.get("PINSTREAM_EMU_SEED") ?? "1";
+  const emulated: Record<string, string> = gpu
+    ? {}
+    : { PINSTREAM_CUDA_EMULATOR: "1", PINSTREAM_EMU_ORDER: "forward" };
+  console.log(
+    gpu
+      ? "== a GPU is present: the [cuda] cases run on it, then on the CUDA emulator"
+      : "== no GPU here: the [cuda] cases run on the CUDA emulator (kernels/emu)",
+  );
+  if (args.length > 0) {
+    const { code } = await new Deno.Command(Deno.execPath(), {
+      args: ["test", "-A", ...args],
+      env: emulated,
+    }).output();
+    return code;
+  }
+  const ran = await Deno.makeTempFile({ prefix: "pinstream-emu-launches-" });
+  try {
+    const emu = { PINSTREAM_CUDA_EMULATOR: "1" };
+    const list: Pass[] = [
+      // On the GPU when there is one: only the later passes force the emulator.
+      { what: "the whole suite", env: emulated, args: SUITE },
+      {
+        what: "[cuda] cases on the emulator, greedy order",
+        env: { ...emu, PINSTREAM_EMU_ORDER: "greedy" },
+        args: [...CUDA_CASES],
+      },
+      {
+        what: `[cuda] cases on the emulator, deferred streams, random order (seed ${seed})`,
+        env: {
+          ...emu,
+          PINSTREAM_EMU_ORDER: "random",
+          PINSTREAM_EMU_SEED: seed,
+          PINSTREAM_EMU_STREAMS: "deferred",
+        },
+        args: [...CUDA_CASES],
+      },
+    ];
+    const code = await runPasses(list, ran, {});
+    if (code !== 0) return code;
+    const missing = await notRun(ran);
+    if (missing.length > 0) {
+      console.error(`\n== kernel launches no emulated test ran:\n${missing.join("\n")}`);
+      return 1;
+    }
+    console.log("\n== every kernel launch of the CUDA backend ran on the emulator");
+    return 0;
+  } finally {
+    await Deno.remove(ran);
+  }
+}
+
+if (import.meta.main) Deno.exit(await main(Deno.args));
