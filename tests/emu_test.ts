@@ -347,6 +347,17 @@ emuTest("memory freed with cudaFreeAsync is gone for work queued after the free"
   );
 });
 
+emuTest("unwritten shared and fresh device memory read as NaN, in every block", async () => {
+  for (const order of ORDERS) {
+    const r = await run("read_unwritten", { PINSTREAM_EMU_ORDER: order });
+    assert.deepStrictEqual(
+      [r.out.shared_nan, r.out.half_nan, r.out.shared_written, r.out.fresh_nan],
+      ["64", "64", "64", "128"],
+      `${order}: ${r.stdout}`,
+    );
+  }
+});
+
 emuTest("an overlapping cudaMemcpyAsync is refused, not given memmove semantics", async () => {
   const r = await run("overlap_copy");
   assert.deepStrictEqual(

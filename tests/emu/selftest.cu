@@ -93,6 +93,49 @@ static int run_warp_ahead(bool barrier) {
   return 0;
 }
 
+/* Wrong on purpose: only even slots of shared memory are written, and every block reads all of
+ * them (the second block after the first has written its own copy). */
+__global__ void read_unwritten(float *out, __half *hout, const float *fresh, float *fresh_out) {
+  PS_SHARED(float, s, [64]);
+  PS_SHARED(__half, h, [64]);
+  const int t = threadIdx.x;
+  if (t % 2 == 0) {
+    s[t] = (float)t;
+    h[t] = __float2half((float)t);
+  }
+  __syncthreads();
+  out[blockIdx.x * 64 + t] = s[t];
+  hout[blockIdx.x * 64 + t] = h[t];
+  fresh_out[blockIdx.x * 64 + t] = fresh[blockIdx.x * 64 + t];
+}
+
+static int run_read_unwritten() {
+  float *out, *fresh, *fresh_out;
+  __half *hout;
+  CHECK(cudaMalloc(&out, 128 * sizeof(float)));
+  CHECK(cudaMalloc(&hout, 128 * sizeof(__half)));
+  CHECK(cudaMalloc(&fresh, 128 * sizeof(float)));
+  CHECK(cudaMalloc(&fresh_out, 128 * sizeof(float)));
+  PS_LAUNCH(read_unwritten, 2, 64, 0, 0, out, hout, fresh, fresh_out);
+  CHECK(cudaGetLastError());
+  std::vector<float> o = download(out, 128), f = download(fresh_out, 128);
+  std::vector<__half> h = download(hout, 128);
+  int shared_nan = 0, shared_written = 0, half_nan = 0, fresh_nan = 0;
+  for (int i = 0; i < 128; i++) {
+    const int t = i % 64;
+    if (t % 2 == 1) {
+      shared_nan += o[i] != o[i];
+      half_nan += __half2float(h[i]) != __half2float(h[i]);
+    } else {
+      shared_written += o[i] == (float)t;
+    }
+    fresh_nan += f[i] != f[i];
+  }
+  printf("shared_nan=%d half_nan=%d shared_written=%d fresh_nan=%d\n", shared_nan, half_nan,
+         shared_written, fresh_nan);
+  return 0;
+}
+
 __global__ void divergent_barrier() {
   if (threadIdx.x < 32) __syncthreads();
 }
@@ -221,6 +264,7 @@ static int run(const std::string &c) {
   if (c == "race") return run_neighbour(false);
   if (c == "race_fixed") return run_neighbour(true);
   if (c == "warp_ahead") return run_warp_ahead(false);
+  if (c == "read_unwritten") return run_read_unwritten();
   if (c == "warp_ahead_fixed") return run_warp_ahead(true);
   if (c == "divergent_barrier") {
     PS_LAUNCH(divergent_barrier, 2, 64, 0, 0);
