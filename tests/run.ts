@@ -24,7 +24,7 @@
 import { Device } from "../ffi/device.ts";
 import { PinstreamError } from "../ffi/errors.ts";
 import { cudaEmulated } from "../ffi/library.ts";
-import { CUDA_CASES, notRun, type Pass, runPasses } from "./run_emulator.ts";
+import { CUDA_CASES, runCovering } from "./run_emulator.ts";
 
 /** What `deno test` covers: the README's test command. */
 const SUITE = [
@@ -71,40 +71,26 @@ async function main(args: string[]): Promise<number> {
     }).output();
     return code;
   }
-  const ran = await Deno.makeTempFile({ prefix: "pinstream-emu-launches-" });
-  try {
-    const emu = { PINSTREAM_CUDA_EMULATOR: "1" };
-    const list: Pass[] = [
-      // On the GPU when there is one: only the later passes force the emulator.
-      { what: "the whole suite", env: emulated, args: SUITE },
-      {
-        what: "[cuda] cases on the emulator, greedy order",
-        env: { ...emu, PINSTREAM_EMU_ORDER: "greedy" },
-        args: [...CUDA_CASES],
+  const emu = { PINSTREAM_CUDA_EMULATOR: "1" };
+  return await runCovering([
+    // On the GPU when there is one: only the later passes force the emulator.
+    { what: "the whole suite", env: emulated, args: SUITE },
+    {
+      what: "[cuda] cases on the emulator, greedy order",
+      env: { ...emu, PINSTREAM_EMU_ORDER: "greedy" },
+      args: [...CUDA_CASES],
+    },
+    {
+      what: `[cuda] cases on the emulator, deferred streams, random order (seed ${seed})`,
+      env: {
+        ...emu,
+        PINSTREAM_EMU_ORDER: "random",
+        PINSTREAM_EMU_SEED: seed,
+        PINSTREAM_EMU_STREAMS: "deferred",
       },
-      {
-        what: `[cuda] cases on the emulator, deferred streams, random order (seed ${seed})`,
-        env: {
-          ...emu,
-          PINSTREAM_EMU_ORDER: "random",
-          PINSTREAM_EMU_SEED: seed,
-          PINSTREAM_EMU_STREAMS: "deferred",
-        },
-        args: [...CUDA_CASES],
-      },
-    ];
-    const code = await runPasses(list, ran, {});
-    if (code !== 0) return code;
-    const missing = await notRun(ran);
-    if (missing.length > 0) {
-      console.error(`\n== kernel launches no emulated test ran:\n${missing.join("\n")}`);
-      return 1;
-    }
-    console.log("\n== every kernel launch of the CUDA backend ran on the emulator");
-    return 0;
-  } finally {
-    await Deno.remove(ran);
-  }
+      args: [...CUDA_CASES],
+    },
+  ], {});
 }
 
 if (import.meta.main) Deno.exit(await main(Deno.args));

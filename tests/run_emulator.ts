@@ -92,13 +92,8 @@ function passes(seed: bigint, rounds: number): Pass[] {
   return out;
 }
 
-/**
- * Launch sites ("cuda/nn.cu:218 gemm_kernel") of the CUDA sources that no pass ran.
- *
- * @param ran The file the emulator appended the launch sites that ran to.
- * @returns The sites that did not run.
- */
-export async function notRun(ran: string): Promise<string[]> {
+/** Launch sites ("cuda/nn.cu:218 gemm_kernel") of the CUDA sources that no pass ran. */
+async function notRun(ran: string): Promise<string[]> {
   const seen = new Set((await Deno.readTextFile(ran)).split("\n").filter((l) => l !== ""));
   const missing: string[] = [];
   for (const rel of SOURCES.cuda.filter((p) => p.endsWith(".cu"))) {
@@ -111,12 +106,21 @@ export async function notRun(ran: string): Promise<string[]> {
   return missing;
 }
 
-async function main(argv: string[]): Promise<number> {
-  const { seed, rounds } = parse(argv);
-  const list = passes(seed, rounds);
+/**
+ * Runs the passes (see {@linkcode runPasses}), then fails unless every kernel launch of the
+ * CUDA sources ran in one of them.
+ *
+ * @param list The passes.
+ * @param base Environment under each pass's own.
+ * @returns The first failing pass's exit code, 1 when a launch never ran, else 0.
+ */
+export async function runCovering(
+  list: Pass[],
+  base?: Record<string, string>,
+): Promise<number> {
   const ran = await Deno.makeTempFile({ prefix: "pinstream-emu-launches-" });
   try {
-    const code = await runPasses(list, ran);
+    const code = await runPasses(list, ran, base);
     if (code !== 0) return code;
     const missing = await notRun(ran);
     if (missing.length > 0) {
@@ -128,6 +132,11 @@ async function main(argv: string[]): Promise<number> {
   } finally {
     await Deno.remove(ran);
   }
+}
+
+async function main(argv: string[]): Promise<number> {
+  const { seed, rounds } = parse(argv);
+  return await runCovering(passes(seed, rounds));
 }
 
 /**
