@@ -9,7 +9,8 @@
 //   read on their own (see _protocol.ts), so a batch costs the main thread a few stores and
 //   no message; measured, this doubled the 2-worker rate over per-batch messages because
 //   workers no longer wait for the main thread to be scheduled between batches;
-// - generic ("push"): one postMessage per batch each way, the batch transferred back.
+// - generic ("push"): one postMessage per batch each way, the batch transferred back. Only
+//   the generic path pushes: a zero-copy loader with workers always pulls.
 
 import { Worker as NodeWorker } from "node:worker_threads";
 import { Gatherer, type GatherSpec, SampleError } from "./_gather.ts";
@@ -204,7 +205,6 @@ interface Pending {
   plan: EpochPlan;
   batch: number;
   worker: number;
-  slot: number;
 }
 
 export class Engine {
@@ -390,7 +390,6 @@ export class Engine {
         this.#pending.delete(msg.seq);
         w.outstanding--;
         const error = sampleError(msg.index, p.batch, p.plan.epoch, w.id, msg);
-        if (p.slot >= 0) this.#cfg.slotState![p.slot] = SLOT_FREE;
         if (msg.slot !== undefined && msg.slot >= 0) this.#cfg.slotState![msg.slot] = SLOT_FREE;
         if (p.plan.abandoned) {
           this.#outstanding--;
@@ -408,13 +407,13 @@ export class Engine {
         this.#wake?.();
         return;
       }
-      case "d":
       case "b":
-        this.#complete(w, msg.seq, msg.busy, msg.t === "b" ? msg.value : undefined);
+        this.#complete(w, msg.seq, msg.busy, msg.value);
         return;
     }
   }
 
+  /** Generic path: a worker sent a batch's value back. */
   #complete(w: WorkerHandle, seq: number, busy: number, value: unknown): void {
     const p = this.#pending.get(seq);
     if (!p) return;
@@ -424,15 +423,11 @@ export class Engine {
     const size = p.plan.batches[p.batch].length;
     if (p.plan.abandoned) {
       this.#outstanding--;
-      if (p.slot >= 0) this.#cfg.slotState![p.slot] = SLOT_FREE;
       this.pump();
       return;
     }
-    const common = { seq, epoch: p.plan.epoch, batch: p.batch, size };
-    this.#results.set(
-      seq,
-      p.slot >= 0 ? { kind: "slot", slot: p.slot, ...common } : { kind: "value", value, ...common },
-    );
+    const { epoch } = p.plan;
+    this.#results.set(seq, { kind: "value", value, seq, epoch, batch: p.batch, size });
     this.#wake?.();
   }
 
@@ -525,10 +520,10 @@ export class Engine {
       w.worker.terminate().catch(() => {});
       liveWorkers--;
     }
-    // Slots the workers were filling go back to the ring; results nobody will take, too.
+    // Slots of results nobody will take go back to the ring (the ones workers were filling
+    // went back above).
     const state = this.#cfg.slotState;
     if (state) {
-      for (const p of this.#pending.values()) if (p.slot >= 0) state[p.slot] = SLOT_FREE;
       for (const r of this.#results.values()) if (r.kind === "slot") state[r.slot] = SLOT_FREE;
     }
     this.#pending.clear();
@@ -692,14 +687,10 @@ export class Engine {
     if (cfg.numWorkers === 0 || this.#failure || this.#closed) return;
     const limit = cfg.prefetchFactor * cfg.numWorkers;
     if (this.#ctl) return this.#publish(limit);
+    // Generic path: one message per batch to the least-loaded worker.
     while (this.#outstanding < limit) {
       const plan = this.#nextDispatchPlan();
       if (!plan) return;
-      let slot = -1;
-      if (cfg.ring) {
-        slot = this.#freeSlot();
-        if (slot < 0) return;
-      }
       const b = plan.dispatched++;
       const seq = plan.startSeq + b;
       const indices = plan.batches[b];
@@ -712,27 +703,8 @@ export class Engine {
       this.#rr = (w.id + 1) % this.#workers.length;
       w.outstanding++;
       this.#outstanding++;
-      this.#pending.set(seq, { seq, plan, batch: b, worker: w.id, slot });
-      if (slot >= 0) {
-        cfg.slotState![slot] = 1;
-        (cfg.ring!.view(slot, "indices", indices.length) as Int32Array).set(indices);
-        this.#send(w, {
-          t: "g",
-          seq,
-          slot,
-          n: indices.length,
-          epoch: plan.epoch,
-          pos: plan.positions[b],
-        });
-      } else {
-        this.#send(w, {
-          t: "c",
-          seq,
-          idx: indices,
-          epoch: plan.epoch,
-          pos: plan.positions[b],
-        });
-      }
+      this.#pending.set(seq, { seq, plan, batch: b, worker: w.id });
+      this.#send(w, { t: "c", seq, idx: indices, epoch: plan.epoch, pos: plan.positions[b] });
     }
   }
 
@@ -760,7 +732,7 @@ export class Engine {
       Atomics.store(ctl, e, this.#published + 1);
       this.#published++;
       this.#outstanding++;
-      this.#pending.set(seq, { seq, plan, batch: b, worker: -1, slot: -1 });
+      this.#pending.set(seq, { seq, plan, batch: b, worker: -1 });
       published = true;
     }
     if (published) {

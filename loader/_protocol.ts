@@ -143,16 +143,6 @@ export interface InitMessage {
   heapLimitMb: number;
 }
 
-/** Zero-copy task: gather `n` samples into `slot` (indices are already in the slot). */
-export interface GatherTask {
-  t: "g";
-  seq: number;
-  slot: number;
-  n: number;
-  epoch: number;
-  pos: number;
-}
-
 /** Generic task: get + collate. */
 export interface CollateTask {
   t: "c";
@@ -162,12 +152,11 @@ export interface CollateTask {
   pos: number;
 }
 
-export type ToWorker = InitMessage | GatherTask | CollateTask;
+export type ToWorker = InitMessage | CollateTask;
 
 export type FromWorker =
   | { t: "hello" }
   | { t: "ready" }
-  | { t: "d"; seq: number; busy: number }
   | { t: "b"; seq: number; value: unknown; busy: number }
   | {
     t: "e";

@@ -22,7 +22,6 @@ import {
   controlLayout,
   errorFields,
   type FromWorker,
-  type GatherTask,
   type InitMessage,
   resolveRef,
   type ToWorker,
@@ -205,21 +204,6 @@ function serve(ctl: Int32Array, slots: number, tasks: number, batch: number): vo
   }
 }
 
-function runGather(task: GatherTask): void {
-  try {
-    const t0 = performance.now();
-    gatherer!.gather(task.slot, task.n, task.epoch, task.pos);
-    post({ t: "d", seq: task.seq, busy: performance.now() - t0 });
-  } catch (e) {
-    post({
-      t: "e",
-      seq: task.seq,
-      index: e instanceof SampleError ? e.index : -1,
-      ...errorFields(e),
-    });
-  }
-}
-
 async function runCollate(task: CollateTask): Promise<void> {
   const samples: unknown[] = new Array(task.idx.length);
   let current = -1;
@@ -264,8 +248,7 @@ async function pump(): Promise<void> {
   try {
     while (ready && !stopped && queue.length > 0) {
       const task = queue.shift()!;
-      if (task.t === "g") runGather(task);
-      else if (task.t === "c") await runCollate(task);
+      if (task.t === "c") await runCollate(task);
     }
   } finally {
     running = false;
@@ -283,11 +266,6 @@ port.on("message", (msg: ToWorker) => {
       },
       (e) => post({ t: "fatal", ...errorFields(e) }),
     );
-    return;
-  }
-  // Fast path: an idle worker handles a gather task synchronously, no promise in between.
-  if (ready && !running && queue.length === 0 && msg.t === "g") {
-    runGather(msg);
     return;
   }
   queue.push(msg);
