@@ -439,7 +439,6 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
       geometry: geometry(this.loader.ring!, this.#imageField, this.#labelField, this.#layout),
       layout: this.#layout,
       userStream: this.#userStream,
-      copy: this.copy,
     });
     return this.#res;
   }
@@ -624,18 +623,84 @@ function geometry(
   return { c, h, w, imageField, labelField, augmentField, copyBytes };
 }
 
+/**
+ * How a loader batch reaches its device slot. Chosen once per prefetcher from its options
+ * and backend (see {@linkcode stagingOf}); every step asks {@linkcode STAGING} what it means.
+ *
+ * - "in-place": device mode on the CPU backend with `copy: "auto"`: the kernel reads the
+ *   registered loader slot where it is; nothing is copied.
+ * - "registered": device mode, `pin: "register"`: the copy reads the registered loader slot.
+ * - "pageable": device mode, `pin: "none"`: the copy reads the loader slot as plain memory.
+ * - "pinned-copy": device mode, `pin: "alloc"`: the host copies the slot into pinned staging
+ *   (the loader slot is free at once), and the copy reads that.
+ * - "host": `augmentOn: "host"`: the host builds floats and int32 labels in pinned staging,
+ *   and those are copied.
+ */
+type Staging = "in-place" | "registered" | "pageable" | "pinned-copy" | "host";
+
+interface StagingTraits {
+  /** A copy stream copy brings the batch to the device (the compute stream waits for it). */
+  copies: boolean;
+  /** The fused kernel runs on the device at delivery, on the raw slot bytes. */
+  kernelAtDelivery: boolean;
+  /** The copy reads the loader slot itself: the slot is held until the copy fired. */
+  holdsLoaderSlot: boolean;
+  /** The host rewrites pinned staging for each batch: it must wait for the last copy. */
+  rewritesHostStaging: boolean;
+}
+
+const STAGING: Record<Staging, StagingTraits> = {
+  "in-place": {
+    copies: false,
+    kernelAtDelivery: false,
+    holdsLoaderSlot: false,
+    rewritesHostStaging: false,
+  },
+  registered: {
+    copies: true,
+    kernelAtDelivery: true,
+    holdsLoaderSlot: true,
+    rewritesHostStaging: false,
+  },
+  pageable: {
+    copies: true,
+    kernelAtDelivery: true,
+    holdsLoaderSlot: true,
+    rewritesHostStaging: false,
+  },
+  "pinned-copy": {
+    copies: true,
+    kernelAtDelivery: true,
+    holdsLoaderSlot: false,
+    rewritesHostStaging: true,
+  },
+  host: {
+    copies: true,
+    kernelAtDelivery: false,
+    holdsLoaderSlot: false,
+    rewritesHostStaging: true,
+  },
+};
+
+function stagingOf(p: DevicePrefetcher): Staging {
+  if (p.augmentOn === "host") return "host";
+  if (p.pin === "alloc") return "pinned-copy";
+  if (p.pin === "none") return "pageable";
+  // The CPU backend's device memory is host memory and its streams are synchronous: the
+  // kernel can read the pinned loader slot in place, and the slot is free when it returns.
+  return p.device.kind === "cpu" && p.copy === "auto" ? "in-place" : "registered";
+}
+
 /** The native side of a prefetcher: streams, pinning and the device slots. */
 class Resources {
-  readonly owner: DevicePrefetcher;
-  readonly device: Device;
   readonly g: Geometry;
   readonly layout: ImageLayout;
+  readonly staging: Staging;
+  readonly traits: StagingTraits;
   readonly copyStream: Stream;
   readonly compute: Stream;
-  readonly ownsCompute: boolean;
+  /** The loader's ring, registered ("in-place" and "registered" staging). */
   readonly pinned: HostBuffer | undefined;
-  /** Device mode without a copy: the kernel reads the pinned ring (CPU backend). */
-  readonly direct: boolean;
   readonly slots: Slot[] = [];
   readonly batchSize: number;
   /** Host mode: byte offset of the int32 labels in a staging buffer, after the images. */
@@ -644,17 +709,13 @@ class Resources {
 
   constructor(
     owner: DevicePrefetcher,
-    o: {
-      geometry: Geometry;
-      layout: ImageLayout;
-      userStream: Stream | undefined;
-      copy: "auto" | "always";
-    },
+    o: { geometry: Geometry; layout: ImageLayout; userStream: Stream | undefined },
   ) {
-    this.owner = owner;
-    const device = this.device = owner.device;
+    const device = owner.device;
     this.g = o.geometry;
     this.layout = o.layout;
+    this.staging = stagingOf(owner);
+    this.traits = STAGING[this.staging];
     const ring = owner.loader.ring!;
     this.batchSize = ring.batchSize;
     const cleanup: Disposable[] = [];
@@ -664,53 +725,40 @@ class Resources {
       this.copyStream = new Stream(device, { nonBlocking: true });
       cleanup.push(this.copyStream);
       this.compute = o.userStream ?? device.defaultStream;
-      this.ownsCompute = false;
-      if (owner.pin === "register" && owner.augmentOn === "device") {
+      if (this.staging === "in-place" || this.staging === "registered") {
         this.pinned = HostBuffer.register(device, ring.buffer);
         cleanup.push(this.pinned);
       }
-      this.direct = this.pinned !== undefined && device.kind === "cpu" && o.copy === "auto";
       const { c, h, w } = this.g;
       const n = this.batchSize, count = n * c * h * w;
       const esize = owner.dtype === "f16" ? 2 : 4;
       // 256-aligned, as an Int32Array view needs (and a DMA engine likes).
       this.labelsAt = Math.ceil((count * esize) / 256) * 256;
+      const keep = <T extends Disposable>(r: T): T => {
+        cleanup.push(r);
+        return r;
+      };
       // R = depth + 1 slots: the consumer's, plus `depth` in flight.
       for (let i = 0; i <= owner.depth; i++) {
-        const images = Tensor.empty(device, [n, c, h, w], owner.dtype);
-        cleanup.push(images);
-        const labels = Tensor.empty(device, [n], "i32");
-        cleanup.push(labels);
+        const images = keep(Tensor.empty(device, [n, c, h, w], owner.dtype));
+        const labels = keep(Tensor.empty(device, [n], "i32"));
         let raw: DeviceBuffer | undefined, staging: HostBuffer | undefined;
-        if (owner.augmentOn === "device" && this.direct) {
-          // Nothing to stage.
-        } else if (owner.augmentOn === "device") {
-          raw = DeviceBuffer.alloc(device, this.g.copyBytes);
-          cleanup.push(raw);
-          if (owner.pin === "alloc") {
-            staging = HostBuffer.alloc(device, this.g.copyBytes);
-            cleanup.push(staging);
-          }
-        } else {
-          staging = HostBuffer.alloc(device, this.labelsAt + n * 4);
-          cleanup.push(staging);
+        if (this.traits.kernelAtDelivery) raw = keep(DeviceBuffer.alloc(device, this.g.copyBytes));
+        if (this.staging === "pinned-copy") {
+          staging = keep(HostBuffer.alloc(device, this.g.copyBytes));
+        } else if (this.staging === "host") {
+          staging = keep(HostBuffer.alloc(device, this.labelsAt + n * 4));
         }
-        const copyStart = new Event(device, { timing: true });
-        cleanup.push(copyStart);
-        // The host waits on copyDone off its thread (loader-slot releases, backpressure):
-        // sleeping there leaves the core to the loader's workers.
-        const copyDone = new Event(device, { timing: true, blocking: true });
-        cleanup.push(copyDone);
-        const free = new Event(device);
-        cleanup.push(free);
         this.slots.push({
           images,
           labels,
           raw,
           staging,
-          copyStart,
-          copyDone,
-          free,
+          copyStart: keep(new Event(device, { timing: true })),
+          // The host waits on copyDone off its thread (loader-slot releases, backpressure):
+          // sleeping there leaves the core to the loader's workers.
+          copyDone: keep(new Event(device, { timing: true, blocking: true })),
+          free: keep(new Event(device)),
           freeRecorded: false,
           copyAccounted: true,
           partial: new Map(),
@@ -870,24 +918,47 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     throw err;
   }
 
-  /** Pulls one loader batch and queues its copy; false when the loader's epoch ended. */
+  /** Pulls one loader batch and queues it for a device slot; false at the epoch's end. */
   async #submit(): Promise<boolean> {
-    // Each loader slot kept here waits for its copy, and the copy for the device to finish
-    // the step that last used its device slot. Nothing else stops a host that queues
-    // steps faster than the device runs them, so without this wait it would soon hold
-    // every slot of the loader's ring and starve the loader. Waiting on the oldest copy
-    // is the backpressure: the host stays a bounded number of steps ahead of the device.
-    while (this.#pending.length >= this.#p.loader.maxHeldBatches) {
-      const td = performance.now();
-      await this.#pending[0];
-      this.#deviceWaitMs += performance.now() - td;
+    await this.#holdBack();
+    const hb = await this.#pull();
+    if (hb === undefined) return false;
+    const slot = await this.#claimSlot();
+    const b: InFlight = { slot, size: hb.size, index: hb.index, epoch: hb.epoch, host: undefined };
+    const res = this.#r;
+    if (res.staging === "in-place") this.#readInPlace(slot, hb);
+    else {
+      if (res.staging === "host") this.#copyAugmentedOnHost(slot, hb);
+      else this.#copyRaw(slot, hb);
+      slot.copyDone.record(res.copyStream);
+      slot.copyAccounted = false;
+      if (res.traits.holdsLoaderSlot) await this.#releaseAfterCopy(b, hb);
     }
+    this.#queue.push(b);
+    return true;
+  }
+
+  /**
+   * Backpressure. Each loader slot kept here waits for its copy, and the copy for the device
+   * to finish the step that last used its device slot. Nothing else stops a host that
+   * queues steps faster than the device runs them, so without this wait it would soon hold
+   * every slot of the loader's ring and starve the loader. Waiting on the oldest copy keeps
+   * the host a bounded number of steps ahead of the device.
+   */
+  async #holdBack(): Promise<void> {
+    while (this.#pending.length >= this.#p.loader.maxHeldBatches) {
+      await this.#waitForDevice(this.#pending[0]);
+    }
+  }
+
+  /** The loader's next batch, or undefined when its epoch ended. */
+  async #pull(): Promise<RingBatch | undefined> {
     const th = performance.now();
     const r = await this.#source.next();
     this.#hostWaitMs += performance.now() - th;
     if (r.done) {
       this.#exhausted = true;
-      return false;
+      return undefined;
     }
     const hb = r.value;
     if (!(hb instanceof RingBatch)) {
@@ -896,125 +967,119 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
       );
     }
     if (this.#epoch < 0) this.#epoch = hb.epoch;
+    return hb;
+  }
+
+  /** The next device slot in ring order, ordered after every use of its previous batch. */
+  async #claimSlot(): Promise<Slot> {
     const res = this.#r;
     const slot = res.slots[this.#next];
     this.#next = (this.#next + 1) % res.slots.length;
-    // Host staging (host mode, pin: "alloc") is rewritten by the host below: its last copy
-    // must be done. Device buffers are guarded on the device instead.
-    await this.#accountCopy(slot, slot.staging !== undefined);
-    const copy = res.copyStream;
+    // Host staging is rewritten by the host: its last copy must be done. Device buffers are
+    // guarded on the device instead.
+    await this.#accountCopy(slot, res.traits.rewritesHostStaging);
     // The slot's previous batch: the consumer's work (host mode) or the kernel that read the
     // raw bytes (device mode) must be done before the copy overwrites it.
-    if (slot.freeRecorded) copy.waitEvent(slot.free);
+    if (slot.freeRecorded) res.copyStream.waitEvent(slot.free);
     slot.freeRecorded = false;
-    const g = res.g, n = hb.size;
-    let host: RingBatch | undefined = hb;
-    if (res.direct) {
-      // The CPU backend's device memory is host memory and its streams are synchronous: the
-      // kernel reads the pinned loader slot in place, and the slot is free when it returns.
-      const at = (f: RingField) => res.pinned!.pointerAt(hb.byteOffset + f.byteOffset, "read");
-      const { images, labels } = this.#views(slot, n);
-      this.#launch(
-        at(g.imageField),
-        g.augmentField ? at(g.augmentField) : null,
-        at(g.labelField),
-        n,
-        images,
-        labels,
-      );
+    return slot;
+  }
+
+  /** "in-place" staging: the kernel reads the registered loader slot, free when it returns. */
+  #readInPlace(slot: Slot, hb: RingBatch): void {
+    const res = this.#r, g = res.g;
+    const at = (f: RingField) => res.pinned!.pointerAt(hb.byteOffset + f.byteOffset, "read");
+    const { images, labels } = this.#views(slot, hb.size);
+    this.#launch(
+      at(g.imageField),
+      g.augmentField ? at(g.augmentField) : null,
+      at(g.labelField),
+      hb.size,
+      images,
+      labels,
+    );
+    hb.release();
+  }
+
+  /** Device mode: queues the copy of the slot's raw bytes (the kernel runs at delivery). */
+  #copyRaw(slot: Slot, hb: RingBatch): void {
+    const res = this.#r, copy = res.copyStream, raw = slot.raw!;
+    const bytes = this.#copyExtent(hb.size);
+    if (res.staging === "pinned-copy") {
+      // One host copy into pinned memory; the loader slot is free after it.
+      const staging = slot.staging!;
+      staging.u8.set(new Uint8Array(hb.ring.buffer, hb.byteOffset, bytes));
       hb.release();
-      this.#queue.push({
-        slot,
-        size: n,
-        index: hb.index,
-        epoch: hb.epoch,
-        host: undefined,
-      });
-      return true;
-    }
-    if (this.#p.augmentOn === "device") {
-      const bytes = this.#copyExtent(n);
-      if (slot.staging !== undefined) {
-        // pin: "alloc": one host copy into pinned memory; the loader slot is free after it.
-        slot.staging.u8.set(new Uint8Array(hb.ring.buffer, hb.byteOffset, bytes));
-        hb.release();
-        host = undefined;
-        slot.copyStart.record(copy);
-        slot.raw!.copyFrom(slot.staging, { stream: copy, bytes });
-      } else if (res.pinned !== undefined) {
-        slot.copyStart.record(copy);
-        slot.raw!.copyFrom(res.pinned, { stream: copy, srcOffset: hb.byteOffset, bytes });
-      } else {
-        slot.copyStart.record(copy);
-        slot.raw!.copyFrom(new Uint8Array(hb.ring.buffer, hb.byteOffset, bytes), {
-          stream: copy,
-          bytes,
-        });
-      }
-      this.#copyBytes += bytes;
-    } else {
-      const esize = this.#p.dtype === "f16" ? 2 : 4;
-      const count = n * g.c * g.h * g.w;
-      const st = slot.staging!;
-      const out = this.#p.dtype === "f16"
-        ? new Float16Array(st.arrayBuffer, st.u8.byteOffset, count)
-        : new Float32Array(st.arrayBuffer, st.u8.byteOffset, count);
-      const labelsAt = res.labelsAt;
-      const labels = new Int32Array(st.arrayBuffer, st.u8.byteOffset + labelsAt, n);
-      augmentHost(
-        hb.fields[g.imageField.name] as Uint8Array,
-        hb.augment ?? null,
-        out,
-        {
-          n,
-          channels: g.c,
-          height: g.h,
-          width: g.w,
-          layout: res.layout,
-          pad: this.#p.padding,
-          affine: this.#p._affine(),
-        },
-      );
-      labels.set(hb.fields[g.labelField.name] as ArrayLike<number>);
-      hb.release();
-      host = undefined;
-      const { images, labels: lt } = this.#views(slot, n);
       slot.copyStart.record(copy);
-      images.buffer.copyFrom(st, { stream: copy, bytes: count * esize });
-      lt.buffer.copyFrom(st, { stream: copy, srcOffset: labelsAt, bytes: n * 4 });
-      this.#copyBytes += count * esize + n * 4;
+      raw.copyFrom(staging, { stream: copy, bytes });
+    } else if (res.staging === "registered") {
+      slot.copyStart.record(copy);
+      raw.copyFrom(res.pinned!, { stream: copy, srcOffset: hb.byteOffset, bytes });
+    } else {
+      slot.copyStart.record(copy);
+      raw.copyFrom(new Uint8Array(hb.ring.buffer, hb.byteOffset, bytes), { stream: copy, bytes });
     }
-    slot.copyDone.record(copy);
-    slot.copyAccounted = false;
-    const inflight: InFlight = {
-      slot,
-      size: n,
-      index: hb.index,
-      epoch: hb.epoch,
-      host,
-    };
-    if (host !== undefined) {
-      if (this.#p.loader._autoRelease) {
-        // The loader releases this slot when we ask for the next batch: the copy must be
-        // done by then. (Build the loader with autoRelease: false to avoid this wait.)
-        const td = performance.now();
-        await slot.copyDone.synchronize();
-        this.#deviceWaitMs += performance.now() - td;
-        inflight.host = undefined;
-      } else if (slot.copyDone.query()) {
-        host.release();
-        inflight.host = undefined;
-      } else {
-        const p = slot.copyDone.synchronize().then(() => {
-          host.release();
-          inflight.host = undefined;
-        });
-        this.#pending.push(p);
-        p.finally(() => this.#pending.splice(this.#pending.indexOf(p), 1)).catch(() => {});
-      }
+    this.#copyBytes += bytes;
+  }
+
+  /** Host mode: floats and int32 labels built in pinned staging, then copied as they are. */
+  #copyAugmentedOnHost(slot: Slot, hb: RingBatch): void {
+    const res = this.#r, g = res.g, p = this.#p, n = hb.size;
+    const esize = p.dtype === "f16" ? 2 : 4;
+    const count = n * g.c * g.h * g.w;
+    const st = slot.staging!;
+    const out = p.dtype === "f16"
+      ? new Float16Array(st.arrayBuffer, st.u8.byteOffset, count)
+      : new Float32Array(st.arrayBuffer, st.u8.byteOffset, count);
+    augmentHost(hb.fields[g.imageField.name] as Uint8Array, hb.augment ?? null, out, {
+      n,
+      channels: g.c,
+      height: g.h,
+      width: g.w,
+      layout: res.layout,
+      pad: p.padding,
+      affine: p._affine(),
+    });
+    new Int32Array(st.arrayBuffer, st.u8.byteOffset + res.labelsAt, n)
+      .set(hb.fields[g.labelField.name] as ArrayLike<number>);
+    hb.release();
+    const { images, labels } = this.#views(slot, n);
+    const copy = res.copyStream;
+    slot.copyStart.record(copy);
+    images.buffer.copyFrom(st, { stream: copy, bytes: count * esize });
+    labels.buffer.copyFrom(st, { stream: copy, srcOffset: res.labelsAt, bytes: n * 4 });
+    this.#copyBytes += count * esize + n * 4;
+  }
+
+  /**
+   * Gives the loader slot a queued copy reads back to the loader once that copy fired: at
+   * once when it has, else when a nonblocking wait says so (in `#pending`, which
+   * {@linkcode EpochRun.#holdBack} bounds).
+   */
+  async #releaseAfterCopy(b: InFlight, hb: RingBatch): Promise<void> {
+    const done = b.slot.copyDone;
+    if (this.#p.loader._autoRelease) {
+      // The loader releases this slot when we ask for the next batch: the copy must be
+      // done by then. (Build the loader with autoRelease: false to avoid this wait.)
+      await this.#waitForDevice(done.synchronize());
+    } else if (done.query()) {
+      hb.release();
+    } else {
+      b.host = hb;
+      const p = done.synchronize().then(() => {
+        hb.release();
+        b.host = undefined;
+      });
+      this.#pending.push(p);
+      p.finally(() => this.#pending.splice(this.#pending.indexOf(p), 1)).catch(() => {});
     }
-    this.#queue.push(inflight);
-    return true;
+  }
+
+  /** Awaits `p`, counted as time spent waiting for the device (`deviceWaitMs`). */
+  async #waitForDevice(p: Promise<unknown>): Promise<void> {
+    const td = performance.now();
+    await p;
+    this.#deviceWaitMs += performance.now() - td;
   }
 
   /** Bytes of a slot a batch of `n` needs on the device. */
@@ -1037,9 +1102,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
       }
       // Host staging about to be rewritten: the host must wait for the copy, which waits
       // for the device to finish the step that last used the slot (device-bound time).
-      const td = performance.now();
-      await slot.copyDone.synchronize();
-      this.#deviceWaitMs += performance.now() - td;
+      await this.#waitForDevice(slot.copyDone.synchronize());
     }
     this.#copyMs += slot.copyStart.elapsedMs(slot.copyDone);
     this.#copiesTimed++;
@@ -1069,10 +1132,9 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
   /** Hands a batch to the compute stream: wait for its copy there, run the kernel. */
   #deliver(b: InFlight): DeviceBatch {
     const res = this.#r, g = res.g, slot = b.slot;
-    const compute = res.compute;
-    if (!res.direct) compute.waitEvent(slot.copyDone);
+    if (res.traits.copies) res.compute.waitEvent(slot.copyDone);
     const { images, labels } = this.#views(slot, b.size);
-    if (this.#p.augmentOn === "device" && !res.direct) {
+    if (res.traits.kernelAtDelivery) {
       const raw = slot.raw!;
       const at = (f: RingField) => raw.pointerAt(f.byteOffset, "augment a batch");
       this.#launch(
