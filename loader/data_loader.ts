@@ -279,6 +279,13 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
   readonly zeroCopy: boolean;
   /** Whether the ring is pinned (or meant to be pinned) for the device. */
   readonly pinMemory: boolean;
+  /**
+   * Whether asking for the next batch releases the previous RingBatch (zero-copy path). A
+   * consumer that keeps batches past the next request (the DevicePrefetcher, until their
+   * copies fired) must release them itself when this is false, and must be done with each
+   * one by the next request when it is true.
+   */
+  readonly autoRelease: boolean;
   #maxHeldBatches = 0;
   /** The sampler (undefined when a batchSampler was given). */
   readonly sampler: Sampler | undefined;
@@ -304,7 +311,6 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
   #recordCount = 0;
   #workerInit: ModuleRef | undefined;
   #canPlanAhead: boolean;
-  #autoRelease: boolean;
   #augment: Readonly<Required<AugmentOptions>> | undefined;
 
   /**
@@ -372,7 +378,7 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
     const shuffle = checkBool("shuffle", o.shuffle, false);
     this.dropLast = checkBool("dropLast", o.dropLast, false);
     this.inOrder = checkBool("inOrder", o.inOrder, true);
-    this.#autoRelease = checkBool("autoRelease", o.autoRelease, true);
+    this.autoRelease = checkBool("autoRelease", o.autoRelease, true);
     if (o.seed !== undefined) {
       if (!Number.isInteger(o.seed) || o.seed < 0 || o.seed > 2 ** 53 - 1) {
         fail("seed", `should be an integer in [0, 2^53), got ${String(o.seed)}`);
@@ -729,7 +735,28 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
 
   /**
    * Zero-copy path: ring batches a consumer may keep unreleased without starving the loader
-   * (the ring less the slots its loading needs); 0 on the generic path.
+   * (the ring less the slots its loading needs: `heldBatches` with workers, one less without,
+   * at least 1); 0 on the generic path. A consumer that holds batches (see `autoRelease`) waits for one of
+   * them to go back before it asks for more than this.
+   *
+   * @example What a consumer may hold
+   * ```ts
+   * import { DataLoader, RingBatch, TensorDataset } from "../mod.ts";
+   * import assert from "node:assert";
+   *
+   * const ds = new TensorDataset({ x: { data: new Uint8Array(8), shape: [] } });
+   * await using loader = new DataLoader(ds, { batchSize: 2, autoRelease: false });
+   * assert.strictEqual(loader.autoRelease, false);
+   * // heldBatches (default 2) less the slot the main thread loads into (no workers)
+   * assert.strictEqual(loader.maxHeldBatches, 1);
+   * const held: RingBatch[] = [];
+   * for await (const batch of loader) {
+   *   assert.ok(batch instanceof RingBatch);
+   *   held.push(batch);
+   *   if (held.length === loader.maxHeldBatches) held.shift()!.release();
+   * }
+   * for (const b of held) b.release();
+   * ```
    */
   get maxHeldBatches(): number {
     return this.#maxHeldBatches;
@@ -866,11 +893,6 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
     return value as B;
   }
 
-  /** @internal */
-  get _autoRelease(): boolean {
-    return this.#autoRelease;
-  }
-
   /** Stops every worker, frees the ring and unpins it. Idempotent; later use throws. */
   dispose(): void {
     if (this.#disposed) return;
@@ -938,7 +960,7 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
   #releaseLast(): void {
     const last = this.#last;
     this.#last = undefined;
-    if (last instanceof RingBatch && this.#loader._autoRelease) last.release();
+    if (last instanceof RingBatch && this.#loader.autoRelease) last.release();
   }
 
   #superseded(): Error {

@@ -1058,7 +1058,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
    */
   async #releaseAfterCopy(b: InFlight, hb: RingBatch): Promise<void> {
     const done = b.slot.copyDone;
-    if (this.#p.loader._autoRelease) {
+    if (this.#p.loader.autoRelease) {
       // The loader releases this slot when we ask for the next batch: the copy must be
       // done by then. (Build the loader with autoRelease: false to avoid this wait.)
       await this.#waitForDevice(done.synchronize());
