@@ -24,7 +24,7 @@ export type { CopyOptions, FillOptions, HostMemory } from "./ffi/memory.ts";
 export { DTYPE_BYTES, Tensor } from "./ffi/tensor.ts";
 export type { DType, HostArray, ToHostOptions } from "./ffi/tensor.ts";
 export { PinstreamError } from "./ffi/errors.ts";
-export { Resource } from "./ffi/resource.ts";
+export { MemoryResource, Resource } from "./ffi/resource.ts";
 export type { PinstreamErrorCode } from "./ffi/errors.ts";
 export { LibraryError, loadLibrary } from "./ffi/library.ts";
 export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";

@@ -20,9 +20,8 @@
 
 import { refuseUnknownKeys } from "./_options.ts";
 import { checkCount, describe, offsetPointer } from "./_checks.ts";
-import { Resource } from "./resource.ts";
+import { assertDevice, MemoryResource } from "./resource.ts";
 import type { Device } from "./device.ts";
-import type { Library } from "./symbols.ts";
 import { assertStream, type Stream } from "./stream.ts";
 
 /** Host memory a copy can read or write: pinned, or plain JS memory. */
@@ -50,31 +49,6 @@ export interface FillOptions {
   bytes?: number;
 }
 
-interface Held {
-  lib: Library;
-  // A number, not the pointer object: a held value referencing its target (DeviceBuffer
-  // registers its pointer object) would keep the target alive forever.
-  address: bigint;
-  kind: "host" | "registered" | "device";
-}
-
-const backstop = new FinalizationRegistry<Held>(({ lib, address, kind }) => {
-  // The memory became unreachable from JS without dispose(): release it.
-  const ptr = Deno.UnsafePointer.create(address);
-  if (kind === "host") lib.symbols.ps_host_free(ptr);
-  else if (kind === "registered") lib.symbols.ps_host_unregister(ptr);
-  else lib.symbols.ps_device_free(ptr);
-});
-
-function assertDevice(device: unknown, action: string): asserts device is Device {
-  if (
-    typeof device !== "object" || device === null || !("lib" in device) ||
-    !("makeCurrent" in device)
-  ) {
-    throw new TypeError(`Cannot ${action}: expected a Device, got ${describe(device)}`);
-  }
-}
-
 /**
  * Page-locked host memory, the fast path for copies to and from a GPU (DMA without staging,
  * truly asynchronous). `alloc` makes new memory; `register` pins memory JS already owns (a
@@ -92,7 +66,7 @@ function assertDevice(device: unknown, action: string): asserts device is Device
  * assert.strictEqual(view.length, 0); // detached: the freed memory is out of reach
  * ```
  */
-export class HostBuffer extends Resource {
+export class HostBuffer extends MemoryResource {
   /** The device whose backend pinned the memory. */
   readonly device: Device;
   /** Size in bytes. */
@@ -151,7 +125,7 @@ export class HostBuffer extends Resource {
     const ab = Deno.UnsafePointerView.getArrayBuffer(ptr, bytes);
     const buf = new HostBuffer(device, bytes, ptr, "alloc", ab, new Uint8Array(ab));
     // Keyed on the ArrayBuffer, not the wrapper: views of it keep the memory alive.
-    backstop.register(ab, { lib: device.lib, address: out[0], kind: "host" }, buf);
+    buf.guard(ab, { device, address: out[0], kind: "host" });
     return buf;
   }
 
@@ -198,11 +172,11 @@ export class HostBuffer extends Resource {
       `${action} (${length} bytes)`,
     );
     const buf = new HostBuffer(device, length, ptr, "register", buffer, u8);
-    backstop.register(buffer, {
-      lib: device.lib,
+    buf.guard(buffer, {
+      device,
       address: BigInt(Deno.UnsafePointer.value(ptr)),
       kind: "registered",
-    }, buf);
+    });
     return buf;
   }
 
@@ -222,23 +196,6 @@ export class HostBuffer extends Resource {
     return this.#arrayBuffer;
   }
 
-  /**
-   * The address of byte `offset` (0..bytes), for kernels and raw `ps_*` calls.
-   *
-   * @param offset Byte offset from the start.
-   * @param action What the pointer is for, completing "Cannot ..." in errors.
-   * @returns The pointer (null for an empty buffer).
-   * @throws {Error} When disposed.
-   * @throws {RangeError} When `offset` is not an integer in 0..bytes.
-   */
-  pointerAt(offset: number, action = "take a pointer"): Deno.PointerValue {
-    this.assertLive(action);
-    if (offset !== 0 && !(Number.isSafeInteger(offset) && offset > 0 && offset <= this.bytes)) {
-      throw new RangeError(`Cannot ${action}: offset ${offset} is outside 0..${this.bytes}`);
-    }
-    return offsetPointer(this.pointer, offset);
-  }
-
   /** Frees (alloc) or unpins (register) the memory; an alloc'd buffer's views detach. */
   protected release(): void {
     if (this.pointer === null) return;
@@ -249,11 +206,9 @@ export class HostBuffer extends Resource {
     if (this.origin === "alloc") {
       // Detach before freeing: every view of the memory becomes length 0, so no JS code can
       // read or write the freed pages.
-      backstop.unregister(this);
       (this.#arrayBuffer as ArrayBuffer).transfer(0);
       this.device.check(lib.symbols.ps_host_free(this.pointer), "free pinned host memory");
     } else {
-      backstop.unregister(this);
       this.device.check(lib.symbols.ps_host_unregister(this.pointer), "unregister host memory");
     }
     this.#u8 = new Uint8Array(0);
@@ -277,7 +232,7 @@ export class HostBuffer extends Resource {
  * assert.deepStrictEqual([...back], [1, 2, 3, 4]);
  * ```
  */
-export class DeviceBuffer extends Resource {
+export class DeviceBuffer extends MemoryResource {
   /** The device holding the memory. */
   readonly device: Device;
   /** Size in bytes. */
@@ -324,7 +279,7 @@ export class DeviceBuffer extends Resource {
     const ptr = Deno.UnsafePointer.create(out[0])!;
     const buf = new DeviceBuffer(device, bytes, ptr);
     // Keyed on the pointer object: a kernel wrapper holding `buf.pointer` keeps it alive.
-    backstop.register(ptr, { lib: device.lib, address: out[0], kind: "device" }, buf);
+    buf.guard(ptr, { device, address: out[0], kind: "device" });
     return buf;
   }
 
@@ -448,27 +403,9 @@ export class DeviceBuffer extends Resource {
     );
   }
 
-  /**
-   * The address of byte `offset` (0..bytes), for kernels and raw `ps_*` calls.
-   *
-   * @param offset Byte offset from the start.
-   * @param action What the pointer is for, completing "Cannot ..." in errors.
-   * @returns The pointer (null for an empty buffer).
-   * @throws {Error} When disposed.
-   * @throws {RangeError} When `offset` is not an integer in 0..bytes.
-   */
-  pointerAt(offset: number, action = "take a pointer"): Deno.PointerValue {
-    this.assertLive(action);
-    if (offset !== 0 && !(Number.isSafeInteger(offset) && offset > 0 && offset <= this.bytes)) {
-      throw new RangeError(`Cannot ${action}: offset ${offset} is outside 0..${this.bytes}`);
-    }
-    return offsetPointer(this.pointer, offset);
-  }
-
   /** Frees the device memory. */
   protected release(): void {
     if (this.pointer === null) return;
-    backstop.unregister(this);
     this.device.check(this.device.lib.symbols.ps_device_free(this.pointer), "free device memory");
   }
 }

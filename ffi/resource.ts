@@ -1,15 +1,60 @@
 /**
  * `Resource`: the lifetime rules shared by every native wrapper (Device, Stream, Event,
- * HostBuffer, DeviceBuffer).
+ * HostBuffer, DeviceBuffer), in one place.
  *
  * - `dispose()` is idempotent and `[Symbol.dispose]` calls it;
  * - a resource used after dispose throws "Cannot <action>: the <Kind> is disposed";
  * - a parent (a Device) disposes the children still alive when it is disposed; it holds them
  *   through WeakRefs, so an abandoned child stays collectable and the FinalizationRegistry
- *   backstop can release its native memory.
+ *   backstop (the only one; see `guard`) can release its native object;
+ * - `MemoryResource` adds the checked `pointerAt` of HostBuffer and DeviceBuffer.
  *
  * @module
  */
+
+import { describe, offsetPointer } from "./_checks.ts";
+import type { Device } from "./device.ts";
+import type { Library } from "./symbols.ts";
+
+/** How the backstop frees each kind of native object. */
+const FREE = {
+  host: (lib: Library, p: Deno.PointerValue) => lib.symbols.ps_host_free(p),
+  registered: (lib: Library, p: Deno.PointerValue) => lib.symbols.ps_host_unregister(p),
+  device: (lib: Library, p: Deno.PointerValue) => lib.symbols.ps_device_free(p),
+  stream: (lib: Library, p: Deno.PointerValue) => lib.symbols.ps_stream_destroy(p),
+  event: (lib: Library, p: Deno.PointerValue) => lib.symbols.ps_event_destroy(p),
+};
+
+interface Held {
+  lib: Library;
+  // A number, not the pointer object: a held value referencing its target (a DeviceBuffer
+  // or Stream registers its pointer object) would keep the target alive forever.
+  address: bigint;
+  kind: keyof typeof FREE;
+}
+
+const backstop = new FinalizationRegistry<Held>(({ lib, address, kind }) => {
+  // The native object became unreachable from JS without dispose(): free it so it does not
+  // leak. Its status is dropped: there is nobody to report it to.
+  FREE[kind](lib, Deno.UnsafePointer.create(address));
+});
+
+/**
+ * Throws unless `device` is a Device. Checked structurally: importing device.ts here (and
+ * in memory.ts and stream.ts, which device.ts imports) would be an import cycle.
+ *
+ * @param device The value passed as a device.
+ * @param action What was being done, completing "Cannot ..." in the message.
+ * @throws {TypeError} When `device` is not a Device.
+ */
+export function assertDevice(device: unknown, action: string): asserts device is Device {
+  if (
+    typeof device !== "object" || device === null || !("lib" in device) ||
+    !("makeCurrent" in device)
+  ) {
+    throw new TypeError(`Cannot ${action}: expected a Device, got ${describe(device)}`);
+  }
+}
 
 /**
  * A native object with an explicit, idempotent `dispose()`. Subclasses implement `release()`
@@ -66,6 +111,30 @@ export abstract class Resource implements Disposable {
     if (this.#disposed) throw new Error(`Cannot ${action}: the ${this.#kind} is disposed`);
   }
 
+  /**
+   * Has the backstop free the native object if `target` becomes unreachable before
+   * `dispose()`, which cancels that before `release()`.
+   *
+   * @param target What keeps the native object in use while reachable: its pointer object
+   *   (a kernel wrapper holding `pointer` keeps it alive) or the ArrayBuffer over its memory
+   *   (views keep it alive); never the wrapper alone, which those outlive.
+   * @param native The device whose library frees it, its address and its kind.
+   */
+  protected guard(
+    target: object,
+    native: {
+      device: Device;
+      address: bigint;
+      kind: "host" | "registered" | "device" | "stream" | "event";
+    },
+  ): void {
+    backstop.register(target, {
+      lib: native.device.lib,
+      address: native.address,
+      kind: native.kind,
+    }, this);
+  }
+
   /** Releases the native object (children first). Idempotent. */
   dispose(): void {
     if (this.#disposed) return;
@@ -89,7 +158,7 @@ export abstract class Resource implements Disposable {
       // Releasing a handle that a worker thread is waiting on is undefined behaviour in
       // CUDA: the last in-flight call releases it instead.
       if (this.#inflight > 0) this.#releasePending = true;
-      else this.release();
+      else this.#release();
     } catch (err) {
       errors.push(err);
     }
@@ -121,11 +190,56 @@ export abstract class Resource implements Disposable {
     } finally {
       if (--this.#inflight === 0 && this.#releasePending) {
         this.#releasePending = false;
-        this.release();
+        this.#release();
       }
     }
   }
 
+  #release(): void {
+    backstop.unregister(this);
+    this.release();
+  }
+
   /** Frees the native object. Called once, after the children are disposed. */
   protected abstract release(): void;
+}
+
+/**
+ * A Resource over `bytes` bytes of native memory starting at `pointer` (HostBuffer,
+ * DeviceBuffer), with the one checked way to address into it.
+ *
+ * @example Addressing into a buffer
+ * ```ts
+ * import { Device, DeviceBuffer, MemoryResource } from "../mod.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using buf = DeviceBuffer.alloc(dev, 16);
+ * assert.ok(buf instanceof MemoryResource);
+ * const at = (p: Deno.PointerValue) => BigInt(Deno.UnsafePointer.value(p));
+ * assert.strictEqual(at(buf.pointerAt(4)) - at(buf.pointer), 4n);
+ * assert.throws(() => buf.pointerAt(17), RangeError);
+ * ```
+ */
+export abstract class MemoryResource extends Resource {
+  /** Size in bytes. */
+  abstract readonly bytes: number;
+  /** The address of the first byte (null for 0 bytes). */
+  abstract readonly pointer: Deno.PointerValue;
+
+  /**
+   * The address of byte `offset` (0..bytes), for kernels and raw `ps_*` calls.
+   *
+   * @param offset Byte offset from the start.
+   * @param action What the pointer is for, completing "Cannot ..." in errors.
+   * @returns The pointer (null for an empty buffer).
+   * @throws {Error} When disposed.
+   * @throws {RangeError} When `offset` is not an integer in 0..bytes.
+   */
+  pointerAt(offset: number, action = "take a pointer"): Deno.PointerValue {
+    this.assertLive(action);
+    if (offset !== 0 && !(Number.isSafeInteger(offset) && offset > 0 && offset <= this.bytes)) {
+      throw new RangeError(`Cannot ${action}: offset ${offset} is outside 0..${this.bytes}`);
+    }
+    return offsetPointer(this.pointer, offset);
+  }
 }

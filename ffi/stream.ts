@@ -7,26 +7,10 @@
 
 import { refuseUnknownKeys } from "./_options.ts";
 import { describe } from "./_checks.ts";
-import { Resource } from "./resource.ts";
+import { assertDevice, Resource } from "./resource.ts";
 import type { Device } from "./device.ts";
 import { Status, unwrap } from "./errors.ts";
 import type { Library } from "./symbols.ts";
-
-/** Native handles released by the FinalizationRegistry backstop when a wrapper is lost. */
-interface Held {
-  lib: Library;
-  // A number, not the handle object: the handle is the registry's target (a kernel wrapper
-  // holding `stream.handle` keeps the stream alive), and a held value must not reference it.
-  address: bigint;
-  kind: "stream" | "event";
-}
-
-const backstop = new FinalizationRegistry<Held>(({ lib, address, kind }) => {
-  // The handle became unreachable without dispose(): free it so it does not leak.
-  const handle = Deno.UnsafePointer.create(address);
-  if (kind === "stream") lib.symbols.ps_stream_destroy(handle);
-  else lib.symbols.ps_event_destroy(handle);
-});
 
 /** Runs a [wait] call with a message buffer and throws its failure. */
 async function waitCall(
@@ -40,7 +24,8 @@ async function waitCall(
   unwrap(lib, await call(msg, BigInt(msg.length)), action, msg);
 }
 
-let constructingDefault = false;
+/** Makes the wrapper of a device's default stream (set once, by Stream's static block). */
+let wrapDefault: (device: Device) => Stream;
 
 /**
  * Internal: the wrapper of the backend's default (NULL) stream, made once per Device.
@@ -49,12 +34,7 @@ let constructingDefault = false;
  * @returns A Stream whose handle is null and whose dispose does nothing native.
  */
 export function createDefaultStream(device: Device): Stream {
-  constructingDefault = true;
-  try {
-    return new Stream(device);
-  } finally {
-    constructingDefault = false;
-  }
+  return wrapDefault(device);
 }
 
 /** Options of {@linkcode Stream}. */
@@ -93,6 +73,15 @@ export class Stream extends Resource {
   readonly nonBlocking: boolean;
 
   /**
+   * The options object that makes the constructor wrap the default stream instead of
+   * creating one: unforgeable outside this class, handed only to `createDefaultStream`.
+   */
+  static readonly #DEFAULT: StreamOptions = Object.freeze({});
+  static {
+    wrapDefault = (device) => new Stream(device, Stream.#DEFAULT);
+  }
+
+  /**
    * Creates a stream on `device`.
    *
    * @param device The device the stream queues work for.
@@ -115,7 +104,7 @@ export class Stream extends Resource {
     super("Stream", device);
     this.device = device;
     this.nonBlocking = nonBlocking;
-    this.isDefault = constructingDefault;
+    this.isDefault = options === Stream.#DEFAULT;
     if (this.isDefault) {
       this.handle = null;
       return;
@@ -128,7 +117,7 @@ export class Stream extends Resource {
     );
     const handle = Deno.UnsafePointer.create(out[0])!;
     this.handle = handle;
-    backstop.register(handle, { lib: device.lib, address: out[0], kind: "stream" }, this);
+    this.guard(handle, { device, address: out[0], kind: "stream" });
   }
 
   /**
@@ -210,7 +199,6 @@ export class Stream extends Resource {
   /** Destroys the native stream (nothing for the default stream). */
   protected release(): void {
     if (this.handle === null) return;
-    backstop.unregister(this);
     this.device.check(this.device.lib.symbols.ps_stream_destroy(this.handle), "destroy a stream");
   }
 }
@@ -292,7 +280,7 @@ export class Event extends Resource {
       `create an event on ${device}`,
     );
     this.handle = Deno.UnsafePointer.create(out[0])!;
-    backstop.register(this.handle, { lib: device.lib, address: out[0], kind: "event" }, this);
+    this.guard(this.handle, { device, address: out[0], kind: "event" });
   }
 
   /**
@@ -380,18 +368,7 @@ export class Event extends Resource {
 
   /** Destroys the native event. */
   protected release(): void {
-    backstop.unregister(this);
     this.device.check(this.device.lib.symbols.ps_event_destroy(this.handle), "destroy an event");
-  }
-}
-
-function assertDevice(device: unknown, action: string): void {
-  // Checked structurally to avoid an import cycle with device.ts.
-  if (
-    typeof device !== "object" || device === null || !("lib" in device) ||
-    !("makeCurrent" in device)
-  ) {
-    throw new TypeError(`Cannot ${action}: expected a Device, got ${describe(device)}`);
   }
 }
 
