@@ -58,9 +58,17 @@ export const SOURCES: {
     "pinstream.h",
     "rules.h",
     "cpu/common.h",
+    "cpu/threads.h",
+    "cpu/fp16.h",
+    "cpu/gemm.h",
+    "cpu/nn.h",
     "cpu/core.c",
+    "cpu/threads.c",
+    "cpu/gemm.c",
+    "cpu/conv.c",
+    "cpu/norm.c",
+    "cpu/ops.c",
     "cpu/image.c",
-    "cpu/nn.c",
   ],
   cuda: CUDA_SOURCES,
   // The CUDA backend's own sources, and what stands in for CUDA's headers and runtime.
@@ -76,13 +84,16 @@ export const SOURCES: {
   ],
 };
 
-/** Compiler flags of the CPU build (`-fopenmp` is dropped when the compiler lacks OpenMP). */
+/**
+ * Compiler flags of the CPU build. No OpenMP: the backend runs its parallel kernels on its own
+ * thread pool (kernels/cpu/threads.c), which `-pthread` links.
+ */
 export const CPU_FLAGS: readonly string[] = [
   "-O3",
   "-march=native",
   "-fPIC",
   "-shared",
-  "-fopenmp",
+  "-pthread",
   "-std=gnu11",
   "-fvisibility=hidden",
 ];
@@ -681,14 +692,10 @@ function compile(
     }
     const compiled = [...sources.keys()].filter((p) => !/\.(h|cuh)$/.test(p));
     const out = `${tmp}/lib.${LIB_EXT}`;
-    let used = flags;
-    if (target === "cpu" && !hasOpenMP(compiler, tmp)) {
-      used = flags.filter((f) => f !== "-fopenmp");
-    }
     // Relative paths from src/, so messages recorded with __FILE__ read "cpu/core.c:123".
     const args = target === "emulator"
       ? emulatorArgs(compiled, out, false, flags)
-      : [...used, ...compiled, "-o", out];
+      : [...flags, ...compiled, "-o", out];
     if (target === "cpu") args.push("-lm");
     const result = run(compiler.path, args, `${tmp}/src`);
     if (!result.success) {
@@ -764,19 +771,3 @@ export function emulatorCommand(
   };
 }
 
-function hasOpenMP(compiler: Compiler, tmp: string): boolean {
-  const src = `${tmp}/omp_probe.c`;
-  Deno.writeTextFileSync(
-    src,
-    "#include <omp.h>\nint ps_probe(void) { return omp_get_max_threads(); }\n",
-  );
-  const out = run(compiler.path, [
-    "-fopenmp",
-    "-fPIC",
-    "-shared",
-    src,
-    "-o",
-    `${tmp}/omp_probe.so`,
-  ]);
-  return out.success;
-}

@@ -9,60 +9,25 @@
  * file turns contraction off for itself; clang's default (contract within one expression
  * only) never fuses two statements. The fp16 cast rounds to nearest even on every path
  * (vcvtps2ph/vcvtps2phx with the default MXCSR, libgcc's soft conversion, or
- * f32_to_f16_rne below).
+ * f2h in fp16.h).
  */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("fp-contract=off")
 #endif
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__F16C__))
-#include <immintrin.h>
-#endif
 
 #include "../pinstream.h"
 #include "common.h"
-
-#if defined(_OPENMP)
-#define PS_OMP(directive) _Pragma(directive)
-#else
-#define PS_OMP(directive)
-#endif
-
-#if defined(__FLT16_MAX__)
-typedef _Float16 ps_half;
-#define PS_TO_HALF(f) ((_Float16)(f))
-#else
-/* No _Float16 in this compiler: the bits of IEEE binary16, rounded to nearest even. */
-typedef uint16_t ps_half;
-static inline uint16_t f32_to_f16_rne(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  uint32_t mag = x & 0x7fffffffu;
-  if (mag >= 0x7f800000u) return (uint16_t)(sign | (mag > 0x7f800000u ? 0x7e00u : 0x7c00u));
-  if (mag >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to >= 65520: inf */
-  if (mag < 0x38800000u) {                                    /* fp16 subnormal or zero */
-    if (mag < 0x33000000u) return (uint16_t)sign;             /* below half the smallest */
-    uint32_t e = mag >> 23, m = (mag & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126u - e; /* 14 - (e - 127) + 13 */
-    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
-  }
-  uint32_t h = ((mag - 0x38000000u) >> 13);
-  uint32_t rem = mag & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
-  return (uint16_t)(sign | h);
-}
-#define PS_TO_HALF(f) f32_to_f16_rne(f)
-#endif
+#include "fp16.h"
+#include "threads.h"
 
 /* Converts one gathered channel plane. Kept as a flat loop over the plane so the compiler
  * vectorizes it (u8 -> i32 -> f32, mul, add, -> f16): rows of 32 are too short for that. */
-static void plane_to_f16(const uint8_t *t, int64_t len, float s, float b, ps_half *o) {
+static void plane_to_f16(const uint8_t *t, int64_t len, float s, float b, half *o) {
   int64_t i = 0;
 #if defined(__AVX512F__)
   /* GCC 12 leaves the float -> _Float16 loop scalar: spell the 16-wide form out. */
@@ -82,7 +47,7 @@ static void plane_to_f16(const uint8_t *t, int64_t len, float s, float b, ps_hal
                      _mm256_cvtps_ph(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 #endif
-  for (; i < len; i++) o[i] = PS_TO_HALF(ps_image_value(t[i], s, b));
+  for (; i < len; i++) o[i] = f2h(ps_image_value(t[i], s, b));
 }
 
 static void plane_to_f32(const uint8_t *t, int64_t len, float s, float b, float *o) {
@@ -192,6 +157,72 @@ static inline __attribute__((always_inline)) void sample_nchw_avx512(const uint8
 }
 #endif
 
+/* ps_image_augment over samples [i0, i1). */
+typedef struct {
+  const uint8_t *src;
+  const int32_t *params; /* (dy, dx, flip) per sample, or NULL: centre crop, no flip */
+  void *out;
+  int32_t layout, c, h, w, pad, out_dtype;
+  float scale[PS_IMAGE_MAX_CHANNELS], bias[PS_IMAGE_MAX_CHANNELS];
+  _Atomic int failed; /* no memory for the gathered plane */
+} augment_ctx;
+
+static void augment_range(void *vctx, int64_t i0, int64_t i1) {
+  augment_ctx *k = vctx;
+  const int32_t layout = k->layout, c = k->c, h = k->h, w = k->w, pad = k->pad;
+  const int32_t out_dtype = k->out_dtype;
+  const int32_t *prm = k->params;
+  const float *sc = k->scale, *bi = k->bias;
+  void *out = k->out;
+  const int64_t plane = (int64_t)h * w, img_bytes = plane * c;
+  /* One gathered plane per range; small planes (CIFAR: 1 KiB) stay on the stack. */
+  uint8_t stack_buf[4096];
+  uint8_t *t = plane <= (int64_t)sizeof stack_buf ? stack_buf : (uint8_t *)malloc((size_t)plane);
+  if (t == NULL) {
+    atomic_store(&k->failed, 1);
+    return;
+  }
+  for (int64_t i = i0; i < i1; i++) {
+    int32_t dy = pad, dx = pad, flip = 0;
+    if (prm != NULL) {
+      dy = prm[3 * i];
+      dx = prm[3 * i + 1];
+      flip = prm[3 * i + 2] != 0;
+    }
+    const uint8_t *img = k->src + i * img_bytes;
+    /* dy - pad can overflow int32: ps_image_offset computes it in 64 bits and clamps. */
+    const int32_t oy = ps_image_offset(dy, pad, h), ox = ps_image_offset(dx, pad, w);
+#if defined(PS_IMAGE_ROW_AVX512)
+    if (layout == PS_IMAGE_NCHW && w <= 16 * PS_ROW_CHUNKS) {
+      const int64_t o = i * img_bytes * (out_dtype == PS_IMAGE_F16 ? 2 : 4);
+      /* Constant flip and dtype per call: the compiler drops both branches from the
+       * inner loop. */
+      char *so = (char *)out + o;
+      if (out_dtype == PS_IMAGE_F16 && flip) {
+        sample_nchw_avx512(img, c, h, w, oy, ox, 1, sc, bi, PS_IMAGE_F16, so);
+      } else if (out_dtype == PS_IMAGE_F16) {
+        sample_nchw_avx512(img, c, h, w, oy, ox, 0, sc, bi, PS_IMAGE_F16, so);
+      } else if (flip) {
+        sample_nchw_avx512(img, c, h, w, oy, ox, 1, sc, bi, PS_IMAGE_F32, so);
+      } else {
+        sample_nchw_avx512(img, c, h, w, oy, ox, 0, sc, bi, PS_IMAGE_F32, so);
+      }
+      continue;
+    }
+#endif
+    for (int32_t ch = 0; ch < c; ch++) {
+      gather_plane(img, layout, c, h, w, ch, oy, ox, flip, t);
+      int64_t o = (i * c + ch) * plane;
+      if (out_dtype == PS_IMAGE_F16) {
+        plane_to_f16(t, plane, sc[ch], bi[ch], (half *)out + o);
+      } else {
+        plane_to_f32(t, plane, sc[ch], bi[ch], (float *)out + o);
+      }
+    }
+  }
+  if (t != stack_buf) free(t);
+}
+
 PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t c, int32_t h,
                             int32_t w, int32_t pad, const void *params, const float *scale,
                             const float *bias, void *out, int32_t out_dtype, void *stream) {
@@ -210,69 +241,18 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
             "ps_image_augment: src, params or out is not a live buffer of the batch's size "
             "(n=%d c=%d h=%d w=%d)", n, c, h, w);
   }
-  const uint8_t *s8 = (const uint8_t *)src;
-  const int32_t *prm = (const int32_t *)params;
-  float sc[PS_IMAGE_MAX_CHANNELS], bi[PS_IMAGE_MAX_CHANNELS];
-  memcpy(sc, scale, sizeof(float) * (size_t)c);
-  memcpy(bi, bias, sizeof(float) * (size_t)c);
-  int failed = 0;
-
+  augment_ctx k = {.src = src, .params = params, .out = out, .layout = layout, .c = c,
+                   .h = h, .w = w, .pad = pad, .out_dtype = out_dtype};
+  memcpy(k.scale, scale, sizeof(float) * (size_t)c);
+  memcpy(k.bias, bias, sizeof(float) * (size_t)c);
   /* Threads only for big batches (>= 4 MiB of pixels): in the pipeline the loader's
    * workers own the other cores, and for a CIFAR batch (384 KiB) a second thread measured
    * slower end to end (2 workers + 2 OpenMP threads on 2 cores: 0.27-0.40 M samples/s,
-   * against 0.50 M single-threaded). */
-  PS_OMP("omp parallel if (n * img_bytes >= ((int64_t)1 << 22))")
-  {
-    /* One gathered plane per thread; small planes (CIFAR: 1 KiB) stay on the stack. */
-    uint8_t stack_buf[4096];
-    uint8_t *t = plane <= (int64_t)sizeof stack_buf ? stack_buf : (uint8_t *)malloc((size_t)plane);
-    if (t == NULL) {
-      PS_OMP("omp atomic write")
-      failed = 1;
-    } else {
-      PS_OMP("omp for schedule(static)")
-      for (int32_t i = 0; i < n; i++) {
-        int32_t dy = pad, dx = pad, flip = 0;
-        if (prm != NULL) {
-          dy = prm[3 * (int64_t)i];
-          dx = prm[3 * (int64_t)i + 1];
-          flip = prm[3 * (int64_t)i + 2] != 0;
-        }
-        const uint8_t *img = s8 + (int64_t)i * img_bytes;
-        /* dy - pad can overflow int32: ps_image_offset computes it in 64 bits and clamps. */
-        const int32_t oy = ps_image_offset(dy, pad, h), ox = ps_image_offset(dx, pad, w);
-#if defined(PS_IMAGE_ROW_AVX512)
-        if (layout == PS_IMAGE_NCHW && w <= 16 * PS_ROW_CHUNKS) {
-          const int64_t o = (int64_t)i * img_bytes * (out_dtype == PS_IMAGE_F16 ? 2 : 4);
-          /* Constant flip and dtype per call: the compiler drops both branches from the
-           * inner loop. */
-          char *so = (char *)out + o;
-          if (out_dtype == PS_IMAGE_F16 && flip) {
-            sample_nchw_avx512(img, c, h, w, oy, ox, 1, sc, bi, PS_IMAGE_F16, so);
-          } else if (out_dtype == PS_IMAGE_F16) {
-            sample_nchw_avx512(img, c, h, w, oy, ox, 0, sc, bi, PS_IMAGE_F16, so);
-          } else if (flip) {
-            sample_nchw_avx512(img, c, h, w, oy, ox, 1, sc, bi, PS_IMAGE_F32, so);
-          } else {
-            sample_nchw_avx512(img, c, h, w, oy, ox, 0, sc, bi, PS_IMAGE_F32, so);
-          }
-          continue;
-        }
-#endif
-        for (int32_t ch = 0; ch < c; ch++) {
-          gather_plane(img, layout, c, h, w, ch, oy, ox, flip, t);
-          int64_t o = ((int64_t)i * c + ch) * plane;
-          if (out_dtype == PS_IMAGE_F16) {
-            plane_to_f16(t, plane, sc[ch], bi[ch], (ps_half *)out + o);
-          } else {
-            plane_to_f32(t, plane, sc[ch], bi[ch], (float *)out + o);
-          }
-        }
-      }
-      if (t != stack_buf) free(t);
-    }
-  }
-  if (failed) PS_FAIL(PS_ERR_OUT_OF_MEMORY, "ps_image_augment: no memory for a %lld-byte plane",
+   * against 0.50 M single-threaded). About 4 ranges per thread, so a preempted thread holds
+   * the others up for a short while only. */
+  const int64_t grain = (n + 4 * ps_pool_threads() - 1) / (4 * ps_pool_threads());
+  ps_pool_range_min(n, grain, n * img_bytes, (int64_t)1 << 22, augment_range, &k);
+  if (atomic_load(&k.failed)) PS_FAIL(PS_ERR_OUT_OF_MEMORY, "ps_image_augment: no memory for a %lld-byte plane",
                       (long long)plane);
   return PS_OK;
 }

@@ -1,0 +1,374 @@
+/*
+ * conv.c — CPU backend of the 2-D convolutions (kernels/cuda/nn.cu is the CUDA twin), as
+ * im2col + the GEMM of gemm.c:
+ *
+ *   conv forward       Y^T[P,Co]  = col^T[P,K] . W^T[K,Co]       (P = OH*OW, K = C*kh*kw)
+ *   conv backward data dcol[K,P]  = W^T[K,Co] . dY[Co,P], then col2im (scatter-add)
+ *   conv backward wt   dW^T[K,Co] += col[K,P] . dY^T[P,Co]       (summed over the batch)
+ *
+ * Forward and backward-data run one image per task of the thread pool; the weight gradient
+ * sums fixed chunks of the batch and adds the chunks in order (reproducible, see nn.h).
+ */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fp16.h"
+#include "gemm.h"
+#include "nn.h"
+#include "threads.h"
+
+typedef ps_conv_geo conv_t;
+
+/* Output columns ox whose input column ox*s + kx - pad lies in [0, w): [lo, hi). */
+static void ox_range(const conv_t *g, int64_t kx, int64_t *lo, int64_t *hi) {
+  int64_t off = kx - g->pad;
+  int64_t l = off >= 0 ? 0 : (-off + g->s - 1) / g->s;
+  int64_t h = (g->w - 1 - off) < 0 ? 0 : (g->w - 1 - off) / g->s + 1;
+  if (h > g->ow) h = g->ow;
+  if (l > h) l = h;
+  *lo = l, *hi = h;
+}
+
+/*
+ * "Same" convolutions at stride 1 (ow == w, e.g. 3x3 with padding 1) have a faster im2col:
+ * row (c, ky, kx) of col is the input plane shifted by off = (ky - pad)*w + (kx - pad), so
+ * output rows [oy_lo, oy_hi) are one contiguous copy, after which the few columns that
+ * wrapped around from the neighbouring row (ox < lo or ox >= hi) are zeroed. This replaces
+ * one short copy per output row (most of im2col's cost at 14x14) by one long one.
+ */
+typedef struct {
+  int64_t off, q0, q1, qa, qb, lo, hi;
+} shift_t;
+
+/* Zeroes n floats inline: the runs here are a row or two, shorter than a memset call is
+ * worth (the calls were 6% of a 14x14 convolution's time). */
+static inline void zero_f(float *d, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i < n; i += 16) _mm512_mask_storeu_ps(d + i, mask16(n - i), _mm512_setzero_ps());
+#endif
+  for (; i < n; i++) d[i] = 0.0f;
+}
+
+static int is_same_s1(const conv_t *g) { return g->s == 1 && g->ow == g->w && g->oh == g->h; }
+
+static void shift_of(const conv_t *g, int64_t ky, int64_t kx, shift_t *t) {
+  int64_t HW = g->h * g->w;
+  int64_t oy_lo = g->pad - ky > 0 ? g->pad - ky : 0;
+  int64_t oy_hi = g->h + g->pad - ky < g->oh ? g->h + g->pad - ky : g->oh;
+  if (oy_hi < oy_lo) oy_hi = oy_lo;
+  t->off = (ky - g->pad) * g->w + (kx - g->pad);
+  t->q0 = oy_lo * g->ow;
+  t->q1 = oy_hi * g->ow;
+  /* the part of [q0, q1) whose source index q + off lies inside the plane */
+  t->qa = t->q0 > -t->off ? t->q0 : -t->off;
+  t->qb = t->q1 < HW - t->off ? t->q1 : HW - t->off;
+  if (t->qb < t->qa) t->qb = t->qa;
+  ox_range(g, kx, &t->lo, &t->hi);
+}
+
+static void im2col_same(const conv_t *g, const half *x, float *col) {
+  int64_t P = g->oh * g->ow, HW = g->h * g->w;
+  for (int64_t ky = 0; ky < g->kh; ky++)
+    for (int64_t kx = 0; kx < g->kw; kx++) {
+      shift_t t;
+      shift_of(g, ky, kx, &t);
+      for (int64_t c = 0; c < g->c; c++) {
+        float *row = col + ((c * g->kh + ky) * g->kw + kx) * P;
+        zero_f(row, t.qa);
+        h2f_row(x + c * HW + t.qa + t.off, row + t.qa, t.qb - t.qa);
+        zero_f(row + t.qb, P - t.qb);
+        if (t.lo > 0 || t.hi < g->ow)
+          for (int64_t q = t.q0; q < t.q1; q += g->ow) {
+            for (int64_t ox = 0; ox < t.lo; ox++) row[q + ox] = 0.0f;
+            for (int64_t ox = t.hi; ox < g->ow; ox++) row[q + ox] = 0.0f;
+          }
+      }
+    }
+}
+
+/* The adjoint of im2col_same; clobbers the wrapped columns of col. */
+static void col2im_same(const conv_t *g, float *col, float *img) {
+  int64_t P = g->oh * g->ow, HW = g->h * g->w;
+  for (int64_t ky = 0; ky < g->kh; ky++)
+    for (int64_t kx = 0; kx < g->kw; kx++) {
+      shift_t t;
+      shift_of(g, ky, kx, &t);
+      for (int64_t c = 0; c < g->c; c++) {
+        float *row = col + ((c * g->kh + ky) * g->kw + kx) * P;
+        if (t.lo > 0 || t.hi < g->ow)
+          for (int64_t q = t.q0; q < t.q1; q += g->ow) {
+            for (int64_t ox = 0; ox < t.lo; ox++) row[q + ox] = 0.0f;
+            for (int64_t ox = t.hi; ox < g->ow; ox++) row[q + ox] = 0.0f;
+          }
+        float *d = img + c * HW + t.off;
+        int64_t q = t.qa;
+#if defined(__AVX512F__)
+        for (; q + 16 <= t.qb; q += 16)
+          _mm512_storeu_ps(d + q, _mm512_add_ps(_mm512_loadu_ps(d + q), _mm512_loadu_ps(row + q)));
+#endif
+        for (; q < t.qb; q++) d[q] += row[q];
+      }
+    }
+}
+
+/* col[(c*kh + ky)*kw + kx][oy*ow + ox] = x[c][oy*s + ky - pad][ox*s + kx - pad] (0 outside). */
+static void im2col(const conv_t *g, const half *x, float *col) {
+  if (is_same_s1(g)) {
+    im2col_same(g, x, col);
+    return;
+  }
+  int64_t P = g->oh * g->ow;
+  for (int64_t c = 0; c < g->c; c++)
+    for (int64_t ky = 0; ky < g->kh; ky++)
+      for (int64_t kx = 0; kx < g->kw; kx++) {
+        float *row = col + ((c * g->kh + ky) * g->kw + kx) * P;
+        int64_t lo, hi;
+        ox_range(g, kx, &lo, &hi);
+        for (int64_t oy = 0; oy < g->oh; oy++) {
+          float *d = row + oy * g->ow;
+          int64_t iy = oy * g->s + ky - g->pad;
+          if (iy < 0 || iy >= g->h || lo >= hi) {
+            memset(d, 0, (size_t)g->ow * sizeof(float));
+            continue;
+          }
+          const half *src = x + (c * g->h + iy) * g->w + kx - g->pad;
+          for (int64_t ox = 0; ox < lo; ox++) d[ox] = 0.0f;
+          if (g->s == 1) {
+            h2f_row(src + lo, d + lo, hi - lo);
+          } else {
+            for (int64_t ox = lo; ox < hi; ox++) d[ox] = h2f(src[ox * g->s]);
+          }
+          for (int64_t ox = hi; ox < g->ow; ox++) d[ox] = 0.0f;
+        }
+      }
+}
+
+/* img[c][iy][ix] += col[...] — the adjoint of im2col; img is fp32 [c][h][w]. */
+static void col2im(const conv_t *g, float *col, float *img) {
+  if (is_same_s1(g)) {
+    col2im_same(g, col, img);
+    return;
+  }
+  int64_t P = g->oh * g->ow;
+  for (int64_t c = 0; c < g->c; c++)
+    for (int64_t ky = 0; ky < g->kh; ky++)
+      for (int64_t kx = 0; kx < g->kw; kx++) {
+        const float *row = col + ((c * g->kh + ky) * g->kw + kx) * P;
+        int64_t lo, hi;
+        ox_range(g, kx, &lo, &hi);
+        for (int64_t oy = 0; oy < g->oh; oy++) {
+          int64_t iy = oy * g->s + ky - g->pad;
+          if (iy < 0 || iy >= g->h) continue;
+          float *d = img + (c * g->h + iy) * g->w + kx - g->pad;
+          const float *s = row + oy * g->ow;
+          if (g->s == 1) {
+            int64_t ox = lo;
+#if defined(__AVX512F__)
+            for (; ox < hi; ox += 16) {
+              __mmask16 m = mask16(hi - ox);
+              _mm512_mask_storeu_ps(d + ox, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + ox),
+                                                             _mm512_maskz_loadu_ps(m, s + ox)));
+            }
+#endif
+            for (; ox < hi; ox++) d[ox] += s[ox];
+          } else {
+            for (int64_t ox = lo; ox < hi; ox++) d[ox * g->s] += s[ox];
+          }
+        }
+      }
+}
+
+/* ps_nn_conv2d_forward: one image per task. */
+typedef struct {
+  const conv_t *g;
+  const half *x, *w; /* x [n][c][h][w]; w [co][K] */
+  const float *wt;   /* W^T [K][co] in fp32 */
+  half *y;           /* [n][co][P] */
+  _Atomic int failed;
+} conv_fwd_ctx;
+
+static void conv_fwd_task(void *vctx, int64_t i) {
+  conv_fwd_ctx *x = vctx;
+  const conv_t *g = x->g;
+  int64_t K = g->c * g->kh * g->kw, P = g->oh * g->ow, co = g->co;
+  float *col = ps_workspace(WS_COL, (size_t)(K * P)), *yt = ps_workspace(WS_OUT, (size_t)(P * co));
+  if (!col || !yt) {
+    atomic_store(&x->failed, 1);
+    return;
+  }
+  im2col(g, x->x + i * g->c * g->h * g->w, col);
+  if (K < 64) {
+    /* Short K (a first layer): the transposed store would cost more than the GEMM, so
+     * compute Y[Co, P] = W . col directly and store it contiguously. */
+    const mat_t A = {.p = x->w, .f16 = 1, .rs = K, .cs = 1};
+    const mat_t B = {.p = col, .f16 = 0, .rs = P, .cs = 1};
+    if (ps_gemm(co, P, K, &A, &B, yt, P, 0)) {
+      atomic_store(&x->failed, 1);
+      return;
+    }
+    f2h_row(yt, x->y + i * co * P, co * P);
+    return;
+  }
+  const mat_t A = {.p = col, .f16 = 0, .rs = 1, .cs = P};
+  const mat_t B = {.p = x->wt, .f16 = 0, .rs = co, .cs = 1};
+  if (ps_gemm(P, co, K, &A, &B, yt, co, 0)) {
+    atomic_store(&x->failed, 1);
+    return;
+  }
+  transpose_to_f16(yt, co, P, co, x->y + i * co * P, P);
+}
+
+PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n, int64_t c,
+                                int64_t h, int64_t w_, int64_t co, int32_t kh, int32_t kw,
+                                int32_t stride, int32_t pad, void *stream) {
+  (void)stream;
+  conv_t g;
+  int st = ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
+  if (st) return st;
+  if (n == 0) return PS_OK;
+  int64_t K = c * kh * kw, P = g.oh * g.ow;
+  CHECK_RANGE(x, n * c * h * w_ * 2);
+  CHECK_RANGE(w, co * K * 2);
+  CHECK_RANGE(y, n * co * P * 2);
+  /* W^T [K][Co] in fp32 once, so the B packing reads contiguous rows. */
+  float *wt = aligned_alloc(64, (((size_t)(K * co) * 4 + 63) & ~(size_t)63));
+  if (!wt) OOM();
+  for (int64_t o = 0; o < co; o++)
+    for (int64_t k = 0; k < K; k++) wt[k * co + o] = h2f(((const half *)w)[o * K + k]);
+  conv_fwd_ctx cx = {.g = &g, .x = x, .w = w, .wt = wt, .y = y};
+  ps_pool_for(n, conv_fwd_task, &cx); /* one image per task */
+  free(wt);
+  if (atomic_load(&cx.failed)) OOM();
+  return PS_OK;
+}
+
+/* ps_nn_conv2d_backward_data: one image per task. */
+typedef struct {
+  const conv_t *g;
+  const half *w, *dy; /* w [co][K]; dy [n][co][P] */
+  half *dx;           /* [n][c][h][w] */
+  _Atomic int failed;
+} conv_bwd_data_ctx;
+
+static void conv_bwd_data_task(void *vctx, int64_t i) {
+  conv_bwd_data_ctx *x = vctx;
+  const conv_t *g = x->g;
+  int64_t K = g->c * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w, co = g->co;
+  float *dcol = ps_workspace(WS_COL, (size_t)(K * P)), *img = ps_workspace(WS_IMG, (size_t)(g->c * HW));
+  if (!dcol || !img) {
+    atomic_store(&x->failed, 1);
+    return;
+  }
+  /* dcol[K][P] = W^T . dY: A(kk, o) = w[o*K + kk], B(o, p) = dy[o*P + p]. */
+  const mat_t A = {.p = x->w, .f16 = 1, .rs = 1, .cs = K};
+  const mat_t B = {.p = x->dy + i * co * P, .f16 = 1, .rs = P, .cs = 1};
+  if (ps_gemm(K, P, co, &A, &B, dcol, P, 0)) {
+    atomic_store(&x->failed, 1);
+    return;
+  }
+  memset(img, 0, (size_t)(g->c * HW) * sizeof(float));
+  col2im(g, dcol, img);
+  f2h_row(img, x->dx + i * g->c * HW, g->c * HW);
+}
+
+PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int64_t n,
+                                      int64_t c, int64_t h, int64_t w_, int64_t co,
+                                      int32_t kh, int32_t kw, int32_t stride, int32_t pad,
+                                      void *stream) {
+  (void)stream;
+  conv_t g;
+  int st = ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
+  if (st) return st;
+  if (n == 0) return PS_OK;
+  int64_t K = c * kh * kw, P = g.oh * g.ow, HW = h * w_;
+  CHECK_RANGE(dy, n * co * P * 2);
+  CHECK_RANGE(w, co * K * 2);
+  CHECK_RANGE(dx, n * c * HW * 2);
+  conv_bwd_data_ctx cx = {.g = &g, .w = w, .dy = dy, .dx = dx};
+  ps_pool_for(n, conv_bwd_data_task, &cx); /* one image per task */
+  if (atomic_load(&cx.failed)) OOM();
+  return PS_OK;
+}
+
+/* ps_nn_conv2d_backward_weight: one fixed chunk of the batch per task. */
+typedef struct {
+  const conv_t *g;
+  const half *x, *dy; /* x [n][c][h][w]; dy [n][co][P] */
+  float *part;        /* one [K][co] partial per chunk */
+  int64_t chunks;     /* images split into this many fixed chunks */
+  _Atomic int failed;
+} conv_bwd_weight_ctx;
+
+static void conv_bwd_weight_task(void *vctx, int64_t chunk) {
+  conv_bwd_weight_ctx *x = vctx;
+  const conv_t *g = x->g;
+  int64_t K = g->c * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w, co = g->co;
+  float *mine = x->part + chunk * K * co;
+  float *col = ps_workspace(WS_COL, (size_t)(K * P));
+  if (!col) {
+    atomic_store(&x->failed, 1);
+    return;
+  }
+  int64_t i0 = g->n * chunk / x->chunks, i1 = g->n * (chunk + 1) / x->chunks;
+  for (int64_t i = i0; i < i1; i++) {
+    im2col(g, x->x + i * g->c * HW, col);
+    /* dW^T[K][Co] (+)= col . dY^T: A(kk, p) = col[kk*P + p], B(p, o) = dy[o*P + p]. */
+    const mat_t A = {.p = col, .f16 = 0, .rs = P, .cs = 1};
+    const mat_t B = {.p = x->dy + i * co * P, .f16 = 1, .rs = 1, .cs = P};
+    if (ps_gemm(K, co, P, &A, &B, mine, co, i > i0)) {
+      atomic_store(&x->failed, 1);
+      return;
+    }
+  }
+}
+
+PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
+                                        int32_t dw_dtype, int64_t n, int64_t c, int64_t h,
+                                        int64_t w_, int64_t co, int32_t kh, int32_t kw,
+                                        int32_t stride, int32_t pad, int32_t accumulate,
+                                        void *stream) {
+  (void)stream;
+  CHECK_DTYPE(dw_dtype);
+  conv_t g;
+  int st = ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
+  if (st) return st;
+  int64_t K = c * kh * kw, P = g.oh * g.ow, HW = h * w_;
+  CHECK_RANGE(x, n * c * HW * 2);
+  CHECK_RANGE(dy, n * co * P * 2);
+  CHECK_RANGE(dw, co * K * dtsize(dw_dtype));
+  /* The batch is cut into a fixed number of chunks, each summed into its own partial and the
+   * partials added in chunk order: the result does not depend on which thread ran what, so
+   * it is bit-for-bit reproducible. Several chunks per thread keep a preempted thread from
+   * holding the others up for long. */
+  int64_t chunks = 4 * (int64_t)ps_pool_threads();
+  if (chunks > n) chunks = n;
+  if (chunks < 1) chunks = 1;
+  float *part = aligned_alloc(64, (((size_t)(chunks * K * co) * 4 + 63) & ~(size_t)63));
+  if (!part) OOM();
+  if (n == 0) memset(part, 0, (size_t)(K * co) * sizeof(float));
+  conv_bwd_weight_ctx cx = {.g = &g, .x = x, .dy = dy, .part = part, .chunks = chunks};
+  ps_pool_for(n > 0 ? chunks : 0, conv_bwd_weight_task, &cx);
+  if (atomic_load(&cx.failed)) {
+    free(part);
+    OOM();
+  }
+  /* dw[o][ci][ky][kx] = sum over chunks of part[chunk][(ci*kh + ky)*kw + kx][o] */
+  for (int64_t o = 0; o < co; o++)
+    for (int64_t r = 0; r < K; r++) {
+      float s = 0.0f;
+      for (int64_t t = 0; t < chunks; t++) s += part[t * K * co + r * co + o];
+      int64_t di = o * K + r;
+      if (dw_dtype == PS_NN_F32) {
+        float *d = (float *)dw + di;
+        *d = accumulate ? *d + s : s;
+      } else {
+        half *d = (half *)dw + di;
+        *d = f2h(accumulate ? h2f(*d) + s : s);
+      }
+    }
+  free(part);
+  return PS_OK;
+}

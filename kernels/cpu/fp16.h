@@ -1,0 +1,193 @@
+/*
+ * fp16.h — fp16 storage for the CPU backend: the `half` type (_Float16 where the compiler has
+ * it, else the IEEE binary16 bits converted by hand), fp16 <-> fp32 rows, AVX-512 helpers and
+ * the transposing copies the GEMM's packing uses. All static inline: these run inside the
+ * kernels' inner loops, and each translation unit gets its own inlined copy.
+ *
+ * Every fp32 -> fp16 conversion rounds to nearest even (vcvtps2ph with the default MXCSR,
+ * libgcc's soft conversion, or f2h below).
+ */
+#ifndef PINSTREAM_CPU_FP16_H
+#define PINSTREAM_CPU_FP16_H
+
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__F16C__))
+#include <immintrin.h>
+#endif
+
+#if defined(__FLT16_MAX__)
+typedef _Float16 half;
+static inline float h2f(half h) { return (float)h; }
+static inline half f2h(float f) { return (half)f; } /* round to nearest even */
+#else
+/* No _Float16 in this compiler: IEEE binary16 bits, converted by hand (RNE). */
+typedef uint16_t half;
+static inline float h2f(half h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+  if (e == 0x1fu) {
+    x = sign | 0x7f800000u | (m << 13);
+  } else if (e != 0) {
+    x = sign | ((e + 112u) << 23) | (m << 13);
+  } else if (m == 0) {
+    x = sign;
+  } else { /* subnormal: normalize */
+    e = 113u;
+    while (!(m & 0x400u)) m <<= 1, e--;
+    x = sign | (e << 23) | ((m & 0x3ffu) << 13);
+  }
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+static inline half f2h(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, mag = x & 0x7fffffffu;
+  if (mag >= 0x7f800000u) return (half)(sign | (mag > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (mag >= 0x477ff000u) return (half)(sign | 0x7c00u);
+  if (mag < 0x38800000u) {
+    if (mag < 0x33000000u) return (half)sign;
+    uint32_t e = mag >> 23, m = (mag & 0x7fffffu) | 0x800000u, shift = 126u - e;
+    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1u), hf = 1u << (shift - 1u);
+    if (rem > hf || (rem == hf && (h & 1u))) h++;
+    return (half)(sign | h);
+  }
+  uint32_t h = (mag - 0x38000000u) >> 13, rem = mag & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+  return (half)(sign | h);
+}
+#endif
+
+/* fp16 <-> fp32 rows. GCC 12 leaves these loops scalar, so the 16-wide form is spelled out. */
+static inline void h2f_row(const half *s, float *d, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
+  if (i < n) { /* masked tail: rows here are often shorter than 16 */
+    __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(d + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s + i)));
+  }
+#else
+  for (; i < n; i++) d[i] = h2f(s[i]);
+#endif
+}
+static inline void f2h_row(const float *s, half *d, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256((__m256i *)(d + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+  if (i < n) {
+    __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
+    _mm256_mask_storeu_epi16(d + i, m,
+                             _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, s + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+#else
+  for (; i < n; i++) d[i] = f2h(s[i]);
+#endif
+}
+
+#if defined(__AVX512F__)
+static inline __mmask16 mask16(int64_t n) {
+  return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u);
+}
+/* Up to 16 values of a row (fp16 or fp32) as fp32 lanes, zero past n. */
+static inline __m512 load16(const void *p, int f16, int64_t n) {
+  __mmask16 m = mask16(n);
+  return f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)) : _mm512_maskz_loadu_ps(m, p);
+}
+/* In-register transpose of 16 rows of 16 floats: r[i] lane j <- r[j] lane i. */
+static inline void tr16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; g++) {
+    r[4 * g] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  /* r[4g + e], 128-bit lane L, now holds rows 4g..4g+3 of column 4L + e. */
+  for (int e = 0; e < 4; e++) {
+    __m512 a0 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88);
+    __m512 a1 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xdd);
+    __m512 a2 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x88);
+    __m512 a3 = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xdd);
+    t[e] = _mm512_shuffle_f32x4(a0, a2, 0x88);      /* column e */
+    t[8 + e] = _mm512_shuffle_f32x4(a0, a2, 0xdd);  /* column 8 + e */
+    t[4 + e] = _mm512_shuffle_f32x4(a1, a3, 0x88);  /* column 4 + e */
+    t[12 + e] = _mm512_shuffle_f32x4(a1, a3, 0xdd); /* column 12 + e */
+  }
+  for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+#endif
+
+/* d[j*ldd + i] = (float) s[i*lds + j] for i < rows, j < cols: a transposing copy from fp16
+ * or fp32 into fp32, in 16x16 register blocks. */
+static inline void transpose_to_f32(const void *s, int f16, int64_t lds, int64_t rows, int64_t cols,
+                             float *d, int64_t ldd) {
+#if defined(__AVX512F__)
+  for (int64_t i0 = 0; i0 < rows; i0 += 16) {
+    int64_t ri = rows - i0 < 16 ? rows - i0 : 16;
+    for (int64_t j0 = 0; j0 < cols; j0 += 16) {
+      int64_t cj = cols - j0 < 16 ? cols - j0 : 16;
+      __m512 r[16];
+      for (int64_t i = 0; i < 16; i++)
+        r[i] = i < ri ? load16(f16 ? (const void *)((const half *)s + (i0 + i) * lds + j0)
+                                   : (const void *)((const float *)s + (i0 + i) * lds + j0),
+                               f16, cj)
+                      : _mm512_setzero_ps();
+      tr16(r);
+      __mmask16 m = mask16(ri);
+      for (int64_t j = 0; j < cj; j++) _mm512_mask_storeu_ps(d + (j0 + j) * ldd + i0, m, r[j]);
+    }
+  }
+#else
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++)
+      d[j * ldd + i] = f16 ? h2f(((const half *)s)[i * lds + j]) : ((const float *)s)[i * lds + j];
+#endif
+}
+
+/* d[j*ldd + i] = (fp16) s[i*lds + j] for i < rows, j < cols (fp32 -> fp16, transposed). */
+static inline void transpose_to_f16(const float *s, int64_t lds, int64_t rows, int64_t cols, half *d,
+                             int64_t ldd) {
+#if defined(__AVX512F__)
+  for (int64_t i0 = 0; i0 < rows; i0 += 16) {
+    int64_t ri = rows - i0 < 16 ? rows - i0 : 16;
+    for (int64_t j0 = 0; j0 < cols; j0 += 16) {
+      int64_t cj = cols - j0 < 16 ? cols - j0 : 16;
+      __m512 r[16];
+      for (int64_t i = 0; i < 16; i++)
+        r[i] = i < ri ? load16(s + (i0 + i) * lds + j0, 0, cj) : _mm512_setzero_ps();
+      tr16(r);
+      __mmask16 m = mask16(ri);
+      for (int64_t j = 0; j < cj; j++)
+        _mm256_mask_storeu_epi16(d + (j0 + j) * ldd + i0, m,
+                                 _mm512_cvtps_ph(r[j], _MM_FROUND_TO_NEAREST_INT));
+    }
+  }
+#else
+  for (int64_t i = 0; i < rows; i++)
+    for (int64_t j = 0; j < cols; j++) d[j * ldd + i] = f2h(s[i * lds + j]);
+#endif
+}
+
+/* Sum of an fp16 row in fp32 (16 lanes, then the lanes: not the sequential order). */
+static inline float sum_row(const half *s, int64_t n) {
+  int64_t i = 0;
+  float t = 0.0f;
+#if defined(__AVX512F__)
+  __m512 a = _mm512_setzero_ps();
+  for (; i < n; i += 16) a = _mm512_add_ps(a, load16(s + i, 1, n - i));
+  t = _mm512_reduce_add_ps(a);
+#endif
+  for (; i < n; i++) t += h2f(s[i]);
+  return t;
+}
+
+#endif /* PINSTREAM_CPU_FP16_H */

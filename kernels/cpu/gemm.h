@@ -1,0 +1,28 @@
+/*
+ * gemm.h — the CPU backend's one fp32 GEMM (gemm.c), which every heavy nn kernel feeds.
+ */
+#ifndef PINSTREAM_CPU_GEMM_H
+#define PINSTREAM_CPU_GEMM_H
+
+#include <stdint.h>
+
+#include "common.h"
+
+/* Micro-tile: MR rows x NR columns (gemm.c says why these sizes). */
+#define MR 14
+#define NR 32
+
+/* A strided view of fp16 or fp32 memory: element (i, j) at p[i*rs + j*cs]. */
+typedef struct {
+  const void *p;
+  int f16;
+  int64_t rs, cs;
+} mat_t;
+
+/* C[M,N] (fp32, leading dimension ldc) = (acc ? C : 0) + A[M,K] . B[K,N] on the calling
+ * thread (callers parallelize over independent outputs); returns 0, or -1 when out of
+ * memory for its packing workspaces. */
+PS_INTERNAL int ps_gemm(int64_t M, int64_t N, int64_t K, const mat_t *A, const mat_t *B,
+                        float *C, int64_t ldc, int acc);
+
+#endif /* PINSTREAM_CPU_GEMM_H */

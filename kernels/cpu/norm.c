@@ -1,0 +1,364 @@
+/*
+ * norm.c — CPU backend of the per-channel kernels over [n, c, hw] (kernels/cuda/nn.cu is the
+ * CUDA twin): batch normalization (train, eval, backward) and the bias add and gradient.
+ * Each runs a range of channels (or rows) per task of the thread pool; every channel's sums
+ * are computed by one task in a fixed order, so results do not depend on the scheduling.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fp16.h"
+#include "nn.h"
+#include "threads.h"
+
+/* ---- batch normalization ------------------------------------------------------------- */
+
+/* Batch norm walks each channel plane in chunks converted to fp32 with h2f_row, and reduces
+ * them in 16 independent float lanes: GCC 12 neither vectorizes _Float16 conversions nor a
+ * reduction into one accumulator (a serial chain of dependent adds, in double it was ~10x
+ * slower than memory speed). Lane sums cover at most BN_CHUNK values; chunks add up in
+ * double, so accuracy does not depend on the batch size. */
+#define BN_CHUNK 1024
+#define BN_LANES 16
+
+static inline float lanes_total(const float acc[BN_LANES]) {
+  float t = 0.0f;
+  for (int l = 0; l < BN_LANES; l++) t += acc[l];
+  return t;
+}
+
+static float chunk_sum(const float *v, int64_t n) {
+  float acc[BN_LANES] = {0};
+  int64_t j = 0;
+  for (; j + BN_LANES <= n; j += BN_LANES)
+    for (int l = 0; l < BN_LANES; l++) acc[l] += v[j + l];
+  for (; j < n; j++) acc[0] += v[j];
+  return lanes_total(acc);
+}
+
+static float chunk_sqdev(const float *v, int64_t n, float mean) {
+  float acc[BN_LANES] = {0};
+  int64_t j = 0;
+  for (; j + BN_LANES <= n; j += BN_LANES)
+    for (int l = 0; l < BN_LANES; l++) {
+      float d = v[j + l] - mean;
+      acc[l] += d * d;
+    }
+  for (; j < n; j++) acc[0] += (v[j] - mean) * (v[j] - mean);
+  return lanes_total(acc);
+}
+
+/* y = x * a + b over one plane of fp16 values. */
+static void plane_affine(const half *p, half *q, int64_t hw, float a, float b) {
+  float buf[BN_CHUNK];
+  for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
+    int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
+    h2f_row(p + j0, buf, m);
+    for (int64_t j = 0; j < m; j++) buf[j] = buf[j] * a + b;
+    f2h_row(buf, q + j0, m);
+  }
+}
+
+/* ps_nn_batchnorm_forward_train over channels [c0, c1). */
+typedef struct {
+  const half *x;
+  half *y;
+  const float *gamma, *beta;
+  float *save_mean, *save_invstd, *run_mean, *run_var; /* run_* may be NULL */
+  int64_t n, c, hw;
+  float momentum, eps;
+} bn_train_ctx;
+
+static void bn_train_range(void *vctx, int64_t c0, int64_t c1) {
+  const bn_train_ctx *k = vctx;
+  const half *xh = k->x;
+  half *yh = k->y;
+  const float *gamma = k->gamma, *beta = k->beta;
+  float *save_mean = k->save_mean, *save_invstd = k->save_invstd;
+  float *run_mean = k->run_mean, *run_var = k->run_var, momentum = k->momentum, eps = k->eps;
+  int64_t n = k->n, c = k->c, hw = k->hw, cnt = n * hw;
+  float buf[BN_CHUNK];
+  for (int64_t ch = c0; ch < c1; ch++) {
+    /* Two passes (mean, then squared deviations): no cancellation for any data. */
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+      const half *p = xh + (i * c + ch) * hw;
+      for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
+        int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
+        h2f_row(p + j0, buf, m);
+        s += chunk_sum(buf, m);
+      }
+    }
+    double mean = s / (double)cnt, ss = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+      const half *p = xh + (i * c + ch) * hw;
+      for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
+        int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
+        h2f_row(p + j0, buf, m);
+        ss += chunk_sqdev(buf, m, (float)mean);
+      }
+    }
+    double var = ss / (double)cnt;
+    float invstd = (float)(1.0 / sqrt(var + eps));
+    save_mean[ch] = (float)mean;
+    save_invstd[ch] = invstd;
+    if (run_mean) run_mean[ch] = (1.0f - momentum) * run_mean[ch] + momentum * (float)mean;
+    if (run_var) {
+      double unbiased = cnt > 1 ? ss / (double)(cnt - 1) : var;
+      run_var[ch] = (1.0f - momentum) * run_var[ch] + momentum * (float)unbiased;
+    }
+    float a = gamma[ch] * invstd, b = beta[ch] - (float)mean * a;
+    for (int64_t i = 0; i < n; i++)
+      plane_affine(xh + (i * c + ch) * hw, yh + (i * c + ch) * hw, hw, a, b);
+  }
+}
+
+PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta,
+                                         void *y, float *save_mean, float *save_invstd,
+                                         float *run_mean, float *run_var, int64_t n, int64_t c,
+                                         int64_t hw, float momentum, float eps, void *stream) {
+  (void)stream;
+  TRY(ps_check_per_channel(__func__, n, c, hw, 1));
+  CHECK_RANGE(x, n * c * hw * 2);
+  CHECK_RANGE(y, n * c * hw * 2);
+  CHECK_RANGE(gamma, c * 4);
+  CHECK_RANGE(beta, c * 4);
+  CHECK_RANGE(save_mean, c * 4);
+  CHECK_RANGE(save_invstd, c * 4);
+  if (run_mean) CHECK_RANGE(run_mean, c * 4);
+  if (run_var) CHECK_RANGE(run_var, c * 4);
+  bn_train_ctx k = {.x = x, .y = y, .gamma = gamma, .beta = beta,
+                         .save_mean = save_mean, .save_invstd = save_invstd,
+                         .run_mean = run_mean, .run_var = run_var, .n = n, .c = c, .hw = hw,
+                         .momentum = momentum, .eps = eps};
+  ps_pool_range(c, 1, n * c * hw, bn_train_range, &k);
+  return PS_OK;
+}
+
+/* ps_nn_batchnorm_forward_eval over channels [c0, c1). */
+typedef struct {
+  const half *x;
+  half *y;
+  const float *gamma, *beta, *run_mean, *run_var;
+  int64_t n, c, hw;
+  float eps;
+} bn_eval_ctx;
+
+static void bn_eval_range(void *vctx, int64_t c0, int64_t c1) {
+  const bn_eval_ctx *k = vctx;
+  const half *x = k->x;
+  half *y = k->y;
+  const float *gamma = k->gamma, *beta = k->beta, *run_mean = k->run_mean,
+              *run_var = k->run_var;
+  float eps = k->eps;
+  int64_t n = k->n, c = k->c, hw = k->hw;
+  for (int64_t ch = c0; ch < c1; ch++) {
+    float a = gamma[ch] / sqrtf(run_var[ch] + eps), b = beta[ch] - run_mean[ch] * a;
+    for (int64_t i = 0; i < n; i++)
+      plane_affine(x + (i * c + ch) * hw, y + (i * c + ch) * hw, hw, a, b);
+  }
+}
+
+PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const float *beta,
+                                        const float *run_mean, const float *run_var, void *y,
+                                        int64_t n, int64_t c, int64_t hw, float eps,
+                                        void *stream) {
+  (void)stream;
+  TRY(ps_check_per_channel(__func__, n, c, hw, 0));
+  if (n == 0) return PS_OK;
+  CHECK_RANGE(x, n * c * hw * 2);
+  CHECK_RANGE(y, n * c * hw * 2);
+  CHECK_RANGE(gamma, c * 4);
+  CHECK_RANGE(beta, c * 4);
+  CHECK_RANGE(run_mean, c * 4);
+  CHECK_RANGE(run_var, c * 4);
+  bn_eval_ctx k = {.x = x, .y = y, .gamma = gamma, .beta = beta, .run_mean = run_mean,
+                        .run_var = run_var, .n = n, .c = c, .hw = hw, .eps = eps};
+  ps_pool_range(c, 1, n * c * hw, bn_eval_range, &k);
+  return PS_OK;
+}
+
+/* ps_nn_batchnorm_backward over channels [c0, c1). */
+typedef struct {
+  const half *x, *dy;
+  half *dx;
+  const float *gamma, *save_mean, *save_invstd;
+  float *dgamma, *dbeta;
+  int64_t n, c, hw;
+} bn_bwd_ctx;
+
+static void bn_bwd_range(void *vctx, int64_t c0, int64_t c1) {
+  const bn_bwd_ctx *k = vctx;
+  const half *x = k->x, *dy = k->dy;
+  half *dx = k->dx;
+  const float *gamma = k->gamma, *save_mean = k->save_mean, *save_invstd = k->save_invstd;
+  float *dgamma = k->dgamma, *dbeta = k->dbeta;
+  int64_t n = k->n, c = k->c, hw = k->hw, cnt = n * hw;
+  float gb[BN_CHUNK], xb[BN_CHUNK];
+  for (int64_t ch = c0; ch < c1; ch++) {
+    float mean = save_mean[ch], is = save_invstd[ch];
+    double sdy = 0.0, sdyx = 0.0; /* sum dy, sum dy * xhat */
+    for (int64_t i = 0; i < n; i++) {
+      const half *g = dy + (i * c + ch) * hw;
+      const half *p = x + (i * c + ch) * hw;
+      for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
+        int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
+        h2f_row(g + j0, gb, m);
+        h2f_row(p + j0, xb, m);
+        float a0[BN_LANES] = {0}, a1[BN_LANES] = {0};
+        int64_t j = 0;
+        for (; j + BN_LANES <= m; j += BN_LANES)
+          for (int l = 0; l < BN_LANES; l++) {
+            a0[l] += gb[j + l];
+            a1[l] += gb[j + l] * ((xb[j + l] - mean) * is);
+          }
+        for (; j < m; j++) {
+          a0[0] += gb[j];
+          a1[0] += gb[j] * ((xb[j] - mean) * is);
+        }
+        sdy += lanes_total(a0);
+        sdyx += lanes_total(a1);
+      }
+    }
+    dbeta[ch] = (float)sdy;
+    dgamma[ch] = (float)sdyx;
+    /* dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)) */
+    float a = gamma[ch] * is, mdy = (float)(sdy / (double)cnt), mdyx = (float)(sdyx / (double)cnt);
+    for (int64_t i = 0; i < n; i++) {
+      const half *g = dy + (i * c + ch) * hw;
+      const half *p = x + (i * c + ch) * hw;
+      half *q = dx + (i * c + ch) * hw;
+      for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
+        int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
+        h2f_row(g + j0, gb, m);
+        h2f_row(p + j0, xb, m);
+        for (int64_t j = 0; j < m; j++) gb[j] = a * (gb[j] - mdy - ((xb[j] - mean) * is) * mdyx);
+        f2h_row(gb, q + j0, m);
+      }
+    }
+  }
+}
+
+PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
+                                    const float *save_mean, const float *save_invstd, void *dx,
+                                    float *dgamma, float *dbeta, int64_t n, int64_t c,
+                                    int64_t hw, void *stream) {
+  (void)stream;
+  TRY(ps_check_per_channel(__func__, n, c, hw, 1));
+  CHECK_RANGE(dy, n * c * hw * 2);
+  CHECK_RANGE(x, n * c * hw * 2);
+  CHECK_RANGE(dx, n * c * hw * 2);
+  CHECK_RANGE(gamma, c * 4);
+  CHECK_RANGE(save_mean, c * 4);
+  CHECK_RANGE(save_invstd, c * 4);
+  CHECK_RANGE(dgamma, c * 4);
+  CHECK_RANGE(dbeta, c * 4);
+  bn_bwd_ctx k = {.x = x, .dy = dy, .dx = dx, .gamma = gamma, .save_mean = save_mean,
+                       .save_invstd = save_invstd, .dgamma = dgamma, .dbeta = dbeta, .n = n,
+                       .c = c, .hw = hw};
+  ps_pool_range(c, 1, n * c * hw, bn_bwd_range, &k);
+  return PS_OK;
+}
+/* ---- bias ----------------------------------------------------------------------------- */
+
+/* ps_nn_bias_add over rows [r0, r1) of [n*c][hw]. */
+typedef struct {
+  half *y;
+  const void *bias;
+  int32_t bias_dtype;
+  int64_t c, hw;
+} bias_add_ctx;
+
+static void bias_add_range(void *vctx, int64_t r0, int64_t r1) {
+  const bias_add_ctx *k = vctx;
+  half *y = k->y;
+  const void *bias = k->bias;
+  int32_t bias_dtype = k->bias_dtype;
+  int64_t c = k->c, hw = k->hw;
+  for (int64_t r = r0; r < r1; r++) {
+    int64_t ch = r % c;
+    half *q = y + r * hw;
+    if (hw == 1) { /* [N,F]: one value per row of the loop */
+      float b = bias_dtype == PS_NN_F16 ? h2f(((const half *)bias)[ch]) : ((const float *)bias)[ch];
+      q[0] = f2h(h2f(q[0]) + b);
+      continue;
+    }
+    float b = bias_dtype == PS_NN_F16 ? h2f(((const half *)bias)[ch]) : ((const float *)bias)[ch];
+    int64_t j = 0;
+#if defined(__AVX512F__)
+    __m512 vb = _mm512_set1_ps(b);
+    for (; j + 16 <= hw; j += 16) {
+      __m512 v = _mm512_add_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q + j))), vb);
+      _mm256_storeu_si256((__m256i *)(q + j), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+#endif
+    for (; j < hw; j++) q[j] = f2h(h2f(q[j]) + b);
+  }
+}
+
+PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t n, int64_t c,
+                          int64_t hw, void *stream) {
+  (void)stream;
+  CHECK_DTYPE(bias_dtype);
+  TRY(ps_check_per_channel(__func__, n, c, hw, 0));
+  if (n == 0) return PS_OK;
+  CHECK_RANGE(y, n * c * hw * 2);
+  CHECK_RANGE(bias, c * dtsize(bias_dtype));
+  int64_t rows = n * c;
+  bias_add_ctx k = {.y = y, .bias = bias, .bias_dtype = bias_dtype, .c = c, .hw = hw};
+  ps_pool_range(rows, 64, rows * hw, bias_add_range, &k);
+  return PS_OK;
+}
+
+/* ps_nn_bias_grad's per-channel sums over channels [c0, c1). */
+typedef struct {
+  const half *dy;
+  float *sum;
+  int64_t n, c, hw;
+} bias_grad_ctx;
+
+static void bias_grad_range(void *vctx, int64_t c0, int64_t c1) {
+  const bias_grad_ctx *k = vctx;
+  const half *dy = k->dy;
+  float *sum = k->sum;
+  int64_t n = k->n, c = k->c, hw = k->hw;
+  for (int64_t ch = c0; ch < c1; ch++) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < n; i++) s += sum_row(dy + (i * c + ch) * hw, hw);
+    sum[ch] = s;
+  }
+}
+
+PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int64_t n,
+                           int64_t c, int64_t hw, int32_t accumulate, void *stream) {
+  (void)stream;
+  CHECK_DTYPE(dbias_dtype);
+  TRY(ps_check_per_channel(__func__, n, c, hw, 0));
+  CHECK_RANGE(dy, n * c * hw * 2);
+  CHECK_RANGE(dbias, c * dtsize(dbias_dtype));
+  float *sum = calloc((size_t)c, sizeof(float));
+  if (!sum) OOM();
+  if (hw == 1) {
+    for (int64_t i = 0; i < n; i++) {
+      const half *g = (const half *)dy + i * c;
+      for (int64_t ch = 0; ch < c; ch++) sum[ch] += h2f(g[ch]);
+    }
+  } else {
+    bias_grad_ctx k = {.dy = dy, .sum = sum, .n = n, .c = c, .hw = hw};
+    ps_pool_range(c, 1, n * c * hw, bias_grad_range, &k);
+  }
+  for (int64_t ch = 0; ch < c; ch++) {
+    if (dbias_dtype == PS_NN_F32) {
+      float *d = (float *)dbias + ch;
+      *d = accumulate ? *d + sum[ch] : sum[ch];
+    } else {
+      half *d = (half *)dbias + ch;
+      *d = f2h(accumulate ? h2f(*d) + sum[ch] : sum[ch]);
+    }
+  }
+  free(sum);
+  return PS_OK;
+}
+

@@ -1,0 +1,422 @@
+/*
+ * ops.c — CPU backend of the element-wise nn kernels (kernels/cuda/nn.cu is the CUDA twin):
+ * max pooling, ReLU, the cross-entropy loss, casts, loss scaling (unscale and check, the
+ * GradScaler update), the SGD step and the skipped-step rollback. Per-element arithmetic that
+ * the two backends must agree on is in kernels/rules.h; the AVX-512 paths here say which rule
+ * they spell out.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fp16.h"
+#include "nn.h"
+#include "threads.h"
+
+/* ---- pooling ------------------------------------------------------------------------- */
+
+#if defined(__AVX512F__)
+/* 2x2 stride-2 pooling of one plane, 16 outputs at a time: the even and odd columns of the
+ * two input rows are de-interleaved with permutes, then compared in the scalar loop's order
+ * ((0,0), (0,1), (1,0), (1,1); strictly greater wins; NaN wins over numbers). */
+static void maxpool_2x2_plane(const half *xp, half *yp, int32_t *ip, int64_t w, int64_t oh,
+                              int64_t ow) {
+  const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i lane2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  for (int64_t oy = 0; oy < oh; oy++) {
+    const half *r0 = xp + 2 * oy * w, *r1 = r0 + w;
+    for (int64_t ox = 0; ox < ow; ox += 16) {
+      int64_t cnt = ow - ox < 16 ? ow - ox : 16, in = 2 * cnt;
+      __m512 a0 = load16(r0 + 2 * ox, 1, in), a1 = load16(r0 + 2 * ox + 16, 1, in - 16);
+      __m512 b0 = load16(r1 + 2 * ox, 1, in), b1 = load16(r1 + 2 * ox + 16, 1, in - 16);
+      __m512 v[4] = {_mm512_permutex2var_ps(a0, ev, a1), _mm512_permutex2var_ps(a0, od, a1),
+                     _mm512_permutex2var_ps(b0, ev, b1), _mm512_permutex2var_ps(b0, od, b1)};
+      __m512i base = _mm512_add_epi32(_mm512_set1_epi32((int32_t)(2 * oy * w + 2 * ox)), lane2);
+      const int32_t off[4] = {0, 1, (int32_t)w, (int32_t)w + 1};
+      __m512 m = v[0];
+      __m512i best = base;
+      for (int t = 1; t < 4; t++) {
+        __mmask16 gt = _mm512_cmp_ps_mask(v[t], m, _CMP_GT_OQ) |
+                       (_mm512_cmp_ps_mask(v[t], v[t], _CMP_UNORD_Q) &
+                        _mm512_cmp_ps_mask(m, m, _CMP_ORD_Q));
+        m = _mm512_mask_mov_ps(m, gt, v[t]);
+        best = _mm512_mask_mov_epi32(best, gt, _mm512_add_epi32(base, _mm512_set1_epi32(off[t])));
+      }
+      __mmask16 k = mask16(cnt);
+      _mm256_mask_storeu_epi16(yp + oy * ow + ox, k, _mm512_cvtps_ph(m, _MM_FROUND_TO_NEAREST_INT));
+      _mm512_mask_storeu_epi32(ip + oy * ow + ox, k, best);
+    }
+  }
+}
+#endif
+
+/* ps_nn_maxpool2d_forward over planes [p0, p1). */
+typedef struct {
+  const half *x;
+  half *y;
+  int32_t *idx; /* may be NULL */
+  int64_t h, w, oh, ow;
+  int32_t kernel, stride;
+} maxpool_fwd_ctx;
+
+static void maxpool_fwd_range(void *vctx, int64_t p0, int64_t p1) {
+  const maxpool_fwd_ctx *c = vctx;
+  int64_t h = c->h, w_ = c->w, oh = c->oh, ow = c->ow;
+  int32_t kernel = c->kernel, stride = c->stride;
+  for (int64_t pl = p0; pl < p1; pl++) {
+    const half *xp = c->x + pl * h * w_;
+    half *yp = c->y + pl * oh * ow;
+    int32_t *ip = c->idx ? c->idx + pl * oh * ow : NULL;
+#if defined(__AVX512F__)
+    if (kernel == 2 && stride == 2 && ip) {
+      maxpool_2x2_plane(xp, yp, ip, w_, oh, ow);
+      continue;
+    }
+#endif
+    for (int64_t oy = 0; oy < oh; oy++)
+      for (int64_t ox = 0; ox < ow; ox++) {
+        int64_t y0 = oy * stride, x0 = ox * stride, best = y0 * w_ + x0;
+        float m = h2f(xp[best]);
+        for (int64_t ky = 0; ky < kernel; ky++)
+          for (int64_t kx = 0; kx < kernel; kx++) {
+            int64_t at = (y0 + ky) * w_ + x0 + kx;
+            float v = h2f(xp[at]);
+            if (ps_pool_takes(v, m)) m = v, best = at;
+          }
+        yp[oy * ow + ox] = f2h(m);
+        if (ip) ip[oy * ow + ox] = (int32_t)best;
+      }
+  }
+}
+
+/* ps_nn_maxpool2d_backward over planes [p0, p1). */
+typedef struct {
+  const half *dy;
+  const int32_t *idx;
+  half *dx;
+  int64_t hw, ohw;
+  _Atomic int bad; /* an index outside its plane */
+} maxpool_bwd_ctx;
+
+static void maxpool_bwd_range(void *vctx, int64_t p0, int64_t p1) {
+  maxpool_bwd_ctx *c = vctx;
+  int64_t hw = c->hw, ohw = c->ohw;
+  for (int64_t pl = p0; pl < p1; pl++) {
+    half *dxp = c->dx + pl * hw;
+    const half *dyp = c->dy + pl * ohw;
+    const int32_t *ip = c->idx + pl * ohw;
+    memset(dxp, 0, (size_t)hw * sizeof(half));
+    for (int64_t i = 0; i < ohw; i++) {
+      int32_t at = ip[i];
+      if (at < 0 || at >= hw) {
+        atomic_store(&c->bad, 1);
+        break;
+      }
+      dxp[at] = f2h(h2f(dxp[at]) + h2f(dyp[i]));
+    }
+  }
+}
+
+PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n,
+                                   int64_t c, int64_t h, int64_t w_, int32_t kernel,
+                                   int32_t stride, void *stream) {
+  (void)stream;
+  TRY(ps_check_maxpool_forward(n, c, h, w_, kernel, stride));
+  int64_t oh = (h - kernel) / stride + 1, ow = (w_ - kernel) / stride + 1, planes = n * c;
+  if (planes == 0) return PS_OK;
+  CHECK_RANGE(x, planes * h * w_ * 2);
+  CHECK_RANGE(y, planes * oh * ow * 2);
+  if (indices) CHECK_RANGE(indices, planes * oh * ow * 4);
+  maxpool_fwd_ctx pc = {.x = x, .y = y, .idx = indices, .h = h, .w = w_, .oh = oh, .ow = ow,
+                        .kernel = kernel, .stride = stride};
+  ps_pool_range(planes, 8, planes * h * w_, maxpool_fwd_range, &pc);
+  return PS_OK;
+}
+
+PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx,
+                                    int64_t n, int64_t c, int64_t h, int64_t w_, int64_t oh,
+                                    int64_t ow, void *stream) {
+  (void)stream;
+  TRY(ps_check_maxpool_backward(n, c, h, w_, oh, ow));
+  int64_t planes = n * c, hw = h * w_, ohw = oh * ow;
+  if (planes == 0) return PS_OK;
+  CHECK_RANGE(dy, planes * ohw * 2);
+  CHECK_RANGE(indices, planes * ohw * 4);
+  CHECK_RANGE(dx, planes * hw * 2);
+  maxpool_bwd_ctx pc = {.dy = dy, .idx = indices, .dx = dx, .hw = hw, .ohw = ohw};
+  ps_pool_range(planes, 8, planes * hw, maxpool_bwd_range, &pc);
+  int bad = atomic_load(&pc.bad);
+  if (bad) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_maxpool2d_backward: index out of range");
+  return PS_OK;
+}
+/* ---- relu ----------------------------------------------------------------------------- */
+
+/* ps_nn_relu_forward over elements [i, end), on the fp16 bits. */
+typedef struct {
+  const uint16_t *x;
+  uint16_t *y;
+} relu_fwd_ctx;
+
+static void relu_fwd_range(void *vctx, int64_t i, int64_t end) {
+  const relu_fwd_ctx *k = vctx;
+  const uint16_t *s = k->x;
+  uint16_t *d = k->y;
+#if defined(__AVX512BW__)
+    /* As int16, exactly the values to zero (-0, negatives, -inf; not negative NaNs) are
+     * <= (int16)0xfc00 = -1024. */
+    const __m512i lim = _mm512_set1_epi16(-1024);
+    for (; i < end; i += 32) {
+      __mmask32 m = end - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (end - i)) - 1u);
+      __m512i v = _mm512_maskz_loadu_epi16(m, s + i);
+      __mmask32 neg = _mm512_cmple_epi16_mask(v, lim);
+      _mm512_mask_storeu_epi16(d + i, m, _mm512_maskz_mov_epi16((__mmask32)~neg, v));
+    }
+#endif
+    for (; i < end; i++) {
+      d[i] = ps_relu_f16(s[i]);
+    }
+  }
+
+PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *stream) {
+  (void)stream;
+  TRY(ps_check_count(__func__, count));
+  if (count == 0) return PS_OK;
+  CHECK_RANGE(x, count * 2);
+  CHECK_RANGE(y, count * 2);
+  /* On the bits: max(x, 0) keeps NaN like torch.relu does not guarantee either way; a
+   * negative-sign test maps -0 and negatives to +0 and leaves NaN payloads alone. */
+  relu_fwd_ctx k = {.x = x, .y = y};
+  ps_pool_range(count, 16384, count, relu_fwd_range, &k);
+  return PS_OK;
+}
+
+/* ps_nn_relu_backward over elements [i, end), on the fp16 bits. */
+typedef struct {
+  const uint16_t *dy, *y;
+  uint16_t *dx;
+} relu_bwd_ctx;
+
+static void relu_bwd_range(void *vctx, int64_t i, int64_t end) {
+  const relu_bwd_ctx *k = vctx;
+  const uint16_t *g = k->dy, *o = k->y;
+  uint16_t *d = k->dx;
+#if defined(__AVX512BW__)
+    const __m512i zero = _mm512_setzero_si512(), inf = _mm512_set1_epi16(0x7c00);
+    for (; i < end; i += 32) {
+      __mmask32 m = end - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (end - i)) - 1u);
+      __m512i v = _mm512_maskz_loadu_epi16(m, o + i);
+      __mmask32 pos = _mm512_cmpgt_epi16_mask(v, zero) & _mm512_cmple_epi16_mask(v, inf);
+      _mm512_mask_storeu_epi16(d + i, m, _mm512_maskz_loadu_epi16(pos & m, g + i));
+    }
+#endif
+    for (; i < end; i++) {
+      d[i] = ps_relu_grad_f16(o[i], g[i]);
+    }
+  }
+
+PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t count,
+                               void *stream) {
+  (void)stream;
+  TRY(ps_check_count(__func__, count));
+  if (count == 0) return PS_OK;
+  CHECK_RANGE(dy, count * 2);
+  CHECK_RANGE(y, count * 2);
+  CHECK_RANGE(dx, count * 2);
+  /* dx = y > 0 ? dy : 0; y is relu's output, so y > 0 <=> positive sign and nonzero. */
+  relu_bwd_ctx k = {.dy = dy, .y = y, .dx = dx};
+  ps_pool_range(count, 16384, count, relu_bwd_range, &k);
+  return PS_OK;
+}
+
+/* ---- loss ---------------------------------------------------------------------------- */
+
+PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
+                               float *loss_sum, int32_t *correct, int64_t n, int64_t k,
+                               float scale, const float *device_scale, void *stream) {
+  (void)stream;
+  TRY(ps_check_cross_entropy(n, k));
+  if (n == 0) return PS_OK;
+  CHECK_RANGE(logits, n * k * 2);
+  CHECK_RANGE(labels, n * 4);
+  if (dlogits) CHECK_RANGE(dlogits, n * k * 2);
+  if (loss_sum) CHECK_RANGE(loss_sum, 4);
+  if (correct) CHECK_RANGE(correct, 4);
+  if (device_scale) CHECK_RANGE(device_scale, 4);
+  for (int64_t i = 0; i < n; i++)
+    if (labels[i] < 0 || labels[i] >= k)
+      PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cross_entropy: label %d of sample %lld not in [0, %lld)",
+              labels[i], (long long)i, (long long)k);
+  double loss = 0.0;
+  int64_t hits = 0;
+  float *row = malloc((size_t)k * sizeof(float));
+  if (!row) OOM();
+  float g = ps_ce_grad_scale(scale, device_scale, n);
+  for (int64_t i = 0; i < n; i++) {
+    const half *l = (const half *)logits + i * k;
+    int64_t arg = 0;
+    float m = h2f(l[0]);
+    for (int64_t j = 0; j < k; j++) {
+      row[j] = h2f(l[j]);
+      if (row[j] > m) m = row[j], arg = j;
+    }
+    float s = 0.0f;
+    for (int64_t j = 0; j < k; j++) s += expf(row[j] - m);
+    float lse = m + logf(s);
+    loss += (double)(lse - row[labels[i]]);
+    hits += arg == labels[i];
+    if (dlogits) {
+      half *d = (half *)dlogits + i * k;
+      float inv = 1.0f / s;
+      for (int64_t j = 0; j < k; j++) {
+        float p = expf(row[j] - m) * inv;
+        d[j] = f2h(g * (p - (j == labels[i] ? 1.0f : 0.0f)));
+      }
+    }
+  }
+  free(row);
+  if (loss_sum) *loss_sum += (float)loss;
+  if (correct) *correct += (int32_t)hits;
+  return PS_OK;
+}
+
+/* ---- casts, loss scaling, SGD -------------------------------------------------------- */
+
+PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype,
+                      int64_t count, void *stream) {
+  (void)stream;
+  CHECK_DTYPE(src_dtype);
+  CHECK_DTYPE(dst_dtype);
+  TRY(ps_check_count(__func__, count));
+  if (count == 0) return PS_OK;
+  CHECK_RANGE(src, count * dtsize(src_dtype));
+  CHECK_RANGE(dst, count * dtsize(dst_dtype));
+  if (src_dtype == dst_dtype)
+    memmove(dst, src, (size_t)(count * dtsize(src_dtype)));
+  else if (src_dtype == PS_NN_F16)
+    h2f_row((const half *)src, (float *)dst, count);
+  else
+    f2h_row((const float *)src, (half *)dst, count);
+  return PS_OK;
+}
+
+PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
+                               const float *scale, float inv_scale, int32_t in_place,
+                               int32_t *found_inf, void *stream) {
+  (void)stream;
+  CHECK_DTYPE(grad_dtype);
+  TRY(ps_check_count(__func__, count));
+  CHECK_RANGE(found_inf, 4);
+  if (scale) CHECK_RANGE(scale, 4);
+  if (count == 0) return PS_OK;
+  CHECK_RANGE(grad, count * dtsize(grad_dtype));
+  float inv = scale ? 1.0f / *scale : inv_scale;
+  int bad = 0;
+  if (grad_dtype == PS_NN_F16) {
+    uint16_t *g = (uint16_t *)grad;
+    for (int64_t i = 0; i < count; i++) bad |= ps_f16_nonfinite(g[i]);
+    if (in_place)
+      for (int64_t i = 0; i < count; i++) ((half *)grad)[i] = f2h(h2f(((half *)grad)[i]) * inv);
+  } else {
+    float *g = (float *)grad;
+    for (int64_t i = 0; i < count; i++) {
+      bad |= !isfinite(g[i]);
+      if (in_place) g[i] *= inv;
+    }
+  }
+  if (bad) *found_inf = 1;
+  return PS_OK;
+}
+
+/* ps_nn_sgd_step over elements [i0, i1). */
+typedef struct {
+  float *param, *momentum_buf; /* momentum_buf is NULL when momentum == 0 */
+  const void *grad;
+  half *param_half; /* may be NULL */
+  int32_t grad_dtype;
+  int nesterov, fresh; /* fresh: the step that creates the momentum buffer */
+  float inv, lr, momentum, dampening, weight_decay;
+} sgd_ctx;
+
+static void sgd_range(void *vctx, int64_t i0, int64_t i1) {
+  const sgd_ctx *k = vctx;
+  const void *grad = k->grad;
+  int32_t grad_dtype = k->grad_dtype;
+  int nesterov = k->nesterov, fresh = k->fresh;
+  float *param = k->param, *momentum_buf = k->momentum_buf;
+  half *param_half = k->param_half;
+  float inv = k->inv, lr = k->lr, momentum = k->momentum, dampening = k->dampening,
+        weight_decay = k->weight_decay;
+  for (int64_t i = i0; i < i1; i++) {
+    float g = (grad_dtype == PS_NN_F16 ? h2f(((const half *)grad)[i]) : ((const float *)grad)[i]) * inv;
+    float p = ps_sgd_element(param[i], g, momentum != 0.0f ? momentum_buf + i : NULL, lr,
+                             momentum, dampening, weight_decay, nesterov, fresh);
+    param[i] = p;
+    if (param_half) param_half[i] = f2h(p);
+  }
+}
+
+PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
+                          float *momentum_buf, void *param_half, int64_t count, float lr,
+                          float momentum, float dampening, float weight_decay,
+                          int32_t nesterov, const float *scale, const int32_t *found_inf,
+                          const int32_t *steps_done, void *stream) {
+  (void)stream;
+  CHECK_DTYPE(grad_dtype);
+  TRY(ps_check_sgd(count, momentum, momentum_buf));
+  if (found_inf) CHECK_RANGE(found_inf, 4);
+  if (scale) CHECK_RANGE(scale, 4);
+  if (steps_done) CHECK_RANGE(steps_done, 4);
+  if (count == 0) return PS_OK;
+  CHECK_RANGE(param, count * 4);
+  CHECK_RANGE(grad, count * dtsize(grad_dtype));
+  if (momentum_buf) CHECK_RANGE(momentum_buf, count * 4);
+  if (param_half) CHECK_RANGE(param_half, count * 2);
+  if (found_inf && *found_inf) return PS_OK;
+  float inv = scale ? 1.0f / *scale : 1.0f;
+  int fresh = steps_done && *steps_done == 0;
+  sgd_ctx k = {.param = param, .momentum_buf = momentum_buf, .grad = grad,
+               .param_half = param_half, .grad_dtype = grad_dtype, .nesterov = nesterov != 0,
+               .fresh = fresh, .inv = inv, .lr = lr, .momentum = momentum,
+               .dampening = dampening, .weight_decay = weight_decay};
+  ps_pool_range(count, 16384, count, sgd_range, &k);
+  return PS_OK;
+}
+
+PS_API int ps_nn_step_count(int32_t *steps_done, const int32_t *found_inf, void *stream) {
+  (void)stream;
+  CHECK_RANGE(steps_done, 4);
+  if (found_inf) CHECK_RANGE(found_inf, 4);
+  if (!(found_inf && *found_inf)) *steps_done += 1;
+  return PS_OK;
+}
+
+PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int32_t *found_inf,
+                               float growth_factor, float backoff_factor,
+                               int32_t growth_interval, void *stream) {
+  (void)stream;
+  CHECK_RANGE(scale, 4);
+  CHECK_RANGE(growth_tracker, 4);
+  CHECK_RANGE(found_inf, 4);
+  TRY(ps_check_scaler_update(growth_interval));
+  ps_scaler_step(scale, growth_tracker, *found_inf, growth_factor, backoff_factor,
+                 growth_interval);
+  return PS_OK;
+}
+
+/* ---- skipped-step rollback ------------------------------------------------------------ */
+
+PS_API int ps_nn_copy_if(float *dst, const float *src, int64_t count, const int32_t *flag,
+                         void *stream) {
+  (void)stream;
+  TRY(ps_check_count(__func__, count));
+  CHECK_RANGE(flag, 4);
+  if (count == 0) return PS_OK;
+  /* Checked whatever the flag says, so a bad call fails on every step, not on a skipped one. */
+  CHECK_RANGE(dst, count * 4);
+  CHECK_RANGE(src, count * 4);
+  if (*flag) memmove(dst, src, (size_t)count * 4);
+  return PS_OK;
+}
