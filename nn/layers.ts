@@ -406,29 +406,26 @@ export class BatchNorm2d extends Module {
       ops.cast(this.runningMean.tensor, this.workspace("prevMean", [c], "f32"));
       ops.cast(this.runningVar.tensor, this.workspace("prevVar", [c], "f32"));
       this.#statsSaved = true;
-      ops.batchNormForwardTrain(
-        x,
-        this.weight.value,
-        this.bias.value,
-        y,
-        this.workspace("mean", [c], "f32"),
-        this.workspace("invstd", [c], "f32"),
-        this.runningMean.tensor,
-        this.runningVar.tensor,
-        { momentum: this.momentum, eps: this.eps },
-      );
+      ops.batchNormForwardTrain(x, y, {
+        gamma: this.weight.value,
+        beta: this.bias.value,
+        saveMean: this.workspace("mean", [c], "f32"),
+        saveInvStd: this.workspace("invstd", [c], "f32"),
+        runMean: this.runningMean.tensor,
+        runVar: this.runningVar.tensor,
+        momentum: this.momentum,
+        eps: this.eps,
+      });
       this.numBatchesTracked++;
       this.#x = x;
     } else {
-      ops.batchNormForwardEval(
-        x,
-        this.weight.value,
-        this.bias.value,
-        this.runningMean.tensor,
-        this.runningVar.tensor,
-        y,
-        { eps: this.eps },
-      );
+      ops.batchNormForwardEval(x, y, {
+        gamma: this.weight.value,
+        beta: this.bias.value,
+        runMean: this.runningMean.tensor,
+        runVar: this.runningVar.tensor,
+        eps: this.eps,
+      });
       this.#x = null;
     }
     return y;
@@ -456,16 +453,14 @@ export class BatchNorm2d extends Module {
     if (!x) throw new TypeError("Cannot run BatchNorm2d.backward: no training forward before it");
     const c = this.numFeatures;
     const dx = this.workspace("dx", shapeOf(x), "f16");
-    ops.batchNormBackward(
-      dy,
+    ops.batchNormBackward(dy, dx, {
       x,
-      this.weight.value,
-      this.workspace("mean", [c], "f32"),
-      this.workspace("invstd", [c], "f32"),
-      dx,
-      this.weight.grad,
-      this.bias.grad,
-    );
+      gamma: this.weight.value,
+      saveMean: this.workspace("mean", [c], "f32"),
+      saveInvStd: this.workspace("invstd", [c], "f32"),
+      dgamma: this.weight.grad,
+      dbeta: this.bias.grad,
+    });
     return options.inputGrad === false ? null : dx;
   }
 }

@@ -15,9 +15,9 @@
  * | `conv2dBackwardWeight(x, dy, dw, {…, accumulate})` | dw f16 or f32 [Co,C,kh,kw] | sum over the batch |
  * | `maxPool2dForward(x, y, indices, {kernel, stride})` | indices i32 like y, or null | no padding; stride defaults to kernel; NaN wins |
  * | `maxPool2dBackward(dy, indices, dx)` | | overwrites dx (scatter-add) |
- * | `batchNormForwardTrain(x, gamma, beta, y, saveMean, saveInvStd, runMean, runVar, {momentum, eps})` | x, y f16 [N,C,…]; the rest f32 [C] | biased batch var for y, unbiased for runVar (PyTorch); runMean/runVar may be null |
- * | `batchNormForwardEval(x, gamma, beta, runMean, runVar, y, {eps})` | | |
- * | `batchNormBackward(dy, x, gamma, saveMean, saveInvStd, dx, dgamma, dbeta)` | dgamma, dbeta f32 | overwrites all three |
+ * | `batchNormForwardTrain(x, y, {gamma, beta, saveMean, saveInvStd, runMean, runVar, momentum, eps})` | x, y f16 [N,C,…]; the rest f32 [C] | biased batch var for y, unbiased for runVar (PyTorch); runMean/runVar may be left out |
+ * | `batchNormForwardEval(x, y, {gamma, beta, runMean, runVar, eps})` | | |
+ * | `batchNormBackward(dy, dx, {x, gamma, saveMean, saveInvStd, dgamma, dbeta})` | dgamma, dbeta f32 | overwrites dx, dgamma, dbeta |
  * | `biasAdd(y, bias)` | y f16 [N,C,…] or [N,F]; bias f16/f32 [C] | in place |
  * | `biasGrad(dy, dbias, {accumulate})` | dbias f16/f32 [C] | |
  * | `reluForward(x, y)`, `reluBackward(dy, y, dx)` | f16, same numel | in place allowed; backward uses relu's output |
@@ -84,18 +84,57 @@ export interface MaxPool2dOptions extends OpOptions {
   stride?: number;
 }
 
-/** Options of {@linkcode batchNormForwardTrain}. */
+/**
+ * Tensors and options of {@linkcode batchNormForwardTrain}. The per-channel tensors are
+ * named, not positional: eight same-typed tensors in a row would type-check when swapped.
+ */
 export interface BatchNormTrainOptions extends OpOptions {
+  /** Scale, f32 [C]. */
+  gamma: Tensor;
+  /** Shift, f32 [C]. */
+  beta: Tensor;
+  /** f32 [C], written: the batch mean, for the backward. */
+  saveMean: Tensor;
+  /** f32 [C], written: 1 / sqrt(biased var + eps), for the backward. */
+  saveInvStd: Tensor;
+  /** f32 [C], updated (default null: not tracked). */
+  runMean?: Tensor | null;
+  /** f32 [C], updated with the unbiased variance (default null: not tracked). */
+  runVar?: Tensor | null;
   /** Running-statistics momentum (default 0.1, PyTorch's). */
   momentum?: number;
   /** Added to the variance (default 1e-5). */
   eps?: number;
 }
 
-/** Options of {@linkcode batchNormForwardEval}. */
+/** Tensors and options of {@linkcode batchNormForwardEval}. */
 export interface BatchNormEvalOptions extends OpOptions {
+  /** Scale, f32 [C]. */
+  gamma: Tensor;
+  /** Shift, f32 [C]. */
+  beta: Tensor;
+  /** Running mean, f32 [C]. */
+  runMean: Tensor;
+  /** Running variance, f32 [C]. */
+  runVar: Tensor;
   /** Added to the variance (default 1e-5). */
   eps?: number;
+}
+
+/** Tensors and options of {@linkcode batchNormBackward}. */
+export interface BatchNormBackwardOptions extends OpOptions {
+  /** The forward's input, f16 [N, C, ...]. */
+  x: Tensor;
+  /** Scale, f32 [C]. */
+  gamma: Tensor;
+  /** f32 [C], from the forward. */
+  saveMean: Tensor;
+  /** f32 [C], from the forward. */
+  saveInvStd: Tensor;
+  /** f32 [C], overwritten. */
+  dgamma: Tensor;
+  /** f32 [C], overwritten. */
+  dbeta: Tensor;
 }
 
 /** Options of {@linkcode biasGrad}. */
@@ -645,14 +684,9 @@ function params(ts: [Tensor | null, string][], c: number, action: string): void 
  * for the backward and updates the running statistics (PyTorch's momentum convention).
  *
  * @param x f16 [N, C, ...].
- * @param gamma f32 [C].
- * @param beta f32 [C].
  * @param y f16 like x.
- * @param saveMean f32 [C], written.
- * @param saveInvStd f32 [C], written: 1 / sqrt(biased var + eps).
- * @param runMean f32 [C], updated (or null).
- * @param runVar f32 [C], updated with the unbiased variance (or null).
- * @param options momentum (0.1), eps (1e-5), stream.
+ * @param options gamma, beta, saveMean, saveInvStd (f32 [C]); runMean, runVar (f32 [C] or
+ *   null); momentum (0.1), eps (1e-5), stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree or N·spatial < 2.
  * @example Normalizing one channel
@@ -668,23 +702,19 @@ function params(ts: [Tensor | null, string][], c: number, action: string): void 
  * using y = Tensor.empty(dev, [2, 1], "f16");
  * using m = Tensor.empty(dev, [1], "f32");
  * using s = Tensor.empty(dev, [1], "f32");
- * batchNormForwardTrain(x, g, b, y, m, s, null, null, { eps: 0 });
+ * batchNormForwardTrain(x, y, { gamma: g, beta: b, saveMean: m, saveInvStd: s, eps: 0 });
  * assert.deepStrictEqual([...await y.toHost()], [-1, 1]);
  * assert.deepStrictEqual([...await m.toHost()], [2]);
  * ```
  */
 export function batchNormForwardTrain(
   x: Tensor,
-  gamma: Tensor,
-  beta: Tensor,
   y: Tensor,
-  saveMean: Tensor,
-  saveInvStd: Tensor,
-  runMean: Tensor | null,
-  runVar: Tensor | null,
-  options: BatchNormTrainOptions = {},
+  options: BatchNormTrainOptions,
 ): void {
   const action = "run batchNormForwardTrain";
+  const { gamma, beta, saveMean, saveInvStd } = options;
+  const runMean = options.runMean ?? null, runVar = options.runVar ?? null;
   tensor(x, "x", ["f16"], action);
   tensor(y, "y", ["f16"], action);
   const { n, c, hw } = bnShape(x, action);
@@ -762,20 +792,13 @@ export function batchNormForwardTrain(
  * using rm = Tensor.fromHost(dev, new Float32Array([1]));
  * using rv = Tensor.fromHost(dev, new Float32Array([4]));
  * using y = Tensor.empty(dev, [1, 1], "f16");
- * batchNormForwardEval(x, g, b, rm, rv, y, { eps: 0 });
+ * batchNormForwardEval(x, y, { gamma: g, beta: b, runMean: rm, runVar: rv, eps: 0 });
  * assert.deepStrictEqual([...await y.toHost()], [3]);
  * ```
  */
-export function batchNormForwardEval(
-  x: Tensor,
-  gamma: Tensor,
-  beta: Tensor,
-  runMean: Tensor,
-  runVar: Tensor,
-  y: Tensor,
-  options: BatchNormEvalOptions = {},
-): void {
+export function batchNormForwardEval(x: Tensor, y: Tensor, options: BatchNormEvalOptions): void {
   const action = "run batchNormForwardEval";
+  const { gamma, beta, runMean, runVar } = options;
   tensor(x, "x", ["f16"], action);
   tensor(y, "y", ["f16"], action);
   const { n, c, hw } = bnShape(x, action);
@@ -805,14 +828,9 @@ export function batchNormForwardEval(
  * Gradients of {@linkcode batchNormForwardTrain}: overwrites dx, dgamma and dbeta.
  *
  * @param dy f16 like x.
- * @param x f16 [N, C, ...], the forward's input.
- * @param gamma f32 [C].
- * @param saveMean f32 [C] from the forward.
- * @param saveInvStd f32 [C] from the forward.
- * @param dx f16 like x.
- * @param dgamma f32 [C].
- * @param dbeta f32 [C].
- * @param options stream.
+ * @param dx f16 like x, overwritten.
+ * @param options x (the forward's input, f16 [N, C, ...]); gamma, saveMean, saveInvStd,
+ *   dgamma, dbeta (f32 [C]); stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
  * @example dbeta is the sum of dy
@@ -830,23 +848,14 @@ export function batchNormForwardEval(
  * using dx = Tensor.empty(dev, [2, 1], "f16");
  * using dg = Tensor.empty(dev, [1], "f32");
  * using db = Tensor.empty(dev, [1], "f32");
- * batchNormBackward(dy, x, g, m, s, dx, dg, db);
+ * batchNormBackward(dy, dx, { x, gamma: g, saveMean: m, saveInvStd: s, dgamma: dg, dbeta: db });
  * assert.deepStrictEqual([...await db.toHost()], [3]);
  * assert.deepStrictEqual([...await dg.toHost()], [1]);
  * ```
  */
-export function batchNormBackward(
-  dy: Tensor,
-  x: Tensor,
-  gamma: Tensor,
-  saveMean: Tensor,
-  saveInvStd: Tensor,
-  dx: Tensor,
-  dgamma: Tensor,
-  dbeta: Tensor,
-  options: OpOptions = {},
-): void {
+export function batchNormBackward(dy: Tensor, dx: Tensor, options: BatchNormBackwardOptions): void {
   const action = "run batchNormBackward";
+  const { x, gamma, saveMean, saveInvStd, dgamma, dbeta } = options;
   tensor(dy, "dy", ["f16"], action);
   tensor(x, "x", ["f16"], action);
   tensor(dx, "dx", ["f16"], action);

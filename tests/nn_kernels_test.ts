@@ -396,9 +396,24 @@ testEachBackend("batchNorm train, eval and backward match float64 references", a
     using ts = Tensor.empty(dev, [c], "f32");
     using tdg = Tensor.empty(dev, [c], "f32");
     using tdb = Tensor.empty(dev, [c], "f32");
-    ops.batchNormForwardTrain(tx, tg, tb, ty, tm, ts, trm, trv, { momentum, eps });
-    ops.batchNormForwardEval(tx, tg, tb, trm0, trv0, tye, { eps });
-    ops.batchNormBackward(tdy, tx, tg, tm, ts, tdx, tdg, tdb);
+    const common = { gamma: tg, beta: tb, eps };
+    ops.batchNormForwardTrain(tx, ty, {
+      ...common,
+      saveMean: tm,
+      saveInvStd: ts,
+      runMean: trm,
+      runVar: trv,
+      momentum,
+    });
+    ops.batchNormForwardEval(tx, tye, { ...common, runMean: trm0, runVar: trv0 });
+    ops.batchNormBackward(tdy, tdx, {
+      x: tx,
+      gamma: tg,
+      saveMean: tm,
+      saveInvStd: ts,
+      dgamma: tdg,
+      dbeta: tdb,
+    });
     const what = `batchNorm [${shape}]`;
     assertClose(await host(ty), y, F16_ATOL, F16_RTOL, `${what} train y`);
     assertClose(await host(tm), mean, 1e-5, 1e-5, `${what} saveMean`);
