@@ -37,6 +37,7 @@ export type Backend = "cpu" | "cuda";
 
 const CUDA_SOURCES = [
   "pinstream.h",
+  "errors.h",
   "rules.h",
   "cuda/common.cuh",
   "cuda/launch.cuh",
@@ -56,6 +57,7 @@ export const SOURCES: {
 } = {
   cpu: [
     "pinstream.h",
+    "errors.h",
     "rules.h",
     "cpu/common.h",
     "cpu/threads.h",

@@ -5,8 +5,8 @@
  * element rules run on the device (and, through kernels/emu, in the CUDA emulator). Each backend keeps its own loops, vector paths and
  * launch shapes; a vector path that cannot call a rule says which rule it spells out.
  *
- * The including backend first declares ps_record_error() (its common header does); CUDA
- * defines PS_RULE as host-and-device inline.
+ * Failures are recorded through kernels/errors.h. CUDA defines PS_RULE as host-and-device
+ * inline before including this header.
  */
 #ifndef PINSTREAM_RULES_H
 #define PINSTREAM_RULES_H
@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "errors.h"
 #include "pinstream.h"
 
 #ifndef PS_RULE

@@ -1,13 +1,7 @@
 /*
- * common.h — error recording and bookkeeping shared by the CPU backend's translation units.
- *
- * Every exported function reports failure the same way:
- *
- *   if (n < 0) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_foo: bad n=%d", n);   // records, returns
- *   PS_REQUIRE(ptr != NULL);          // records "ptr != NULL" with file:line, returns
- *
- * PS_FAIL formats the message, prefixes "file:line: ", stores it in the calling thread's
- * last-error buffer (read by ps_last_error()) and returns `status` from the current function.
+ * common.h — what the CPU backend's translation units share: error recording (kernels/errors.h,
+ * the same module as the CUDA backend's), the argument checks and element rules of
+ * kernels/rules.h, and the registry of live objects.
  *
  * Symbols declared here are internal to the shared library (hidden visibility): the ABI is
  * pinstream.h alone.
@@ -17,37 +11,9 @@
 
 #include <stdint.h>
 
-#include "../pinstream.h"
-
-#define PS_INTERNAL __attribute__((visibility("hidden")))
-
-/* Records "file:line: <formatted message>" as the thread's last error and returns `status`. */
-PS_INTERNAL int ps_record_error(int status, const char *file, int line, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
+#include "../errors.h"
 /* What both backends refuse and compute per element (kernels/rules.h). */
 #include "../rules.h"
-
-/* Record a failure and return `status` from the enclosing function. */
-#define PS_FAIL(status, ...) return ps_record_error((status), __FILE__, __LINE__, __VA_ARGS__)
-
-/* Return the status of `expr` from the enclosing function unless it is PS_OK (a shared check
- * of kernels/rules.h, or a helper that recorded its own failure). */
-#define TRY(expr)                       \
-  do {                                  \
-    int ps_st_ = (expr);                \
-    if (ps_st_ != PS_OK) return ps_st_; \
-  } while (0)
-
-/* Return PS_ERR_INVALID_ARGUMENT, with the failed condition as the message, unless `cond`. */
-#define PS_REQUIRE(cond)                                                                     \
-  do {                                                                                       \
-    if (!(cond)) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: requirement failed: %s", __func__, #cond); \
-  } while (0)
-
-/* Copies the thread's last error into a caller-provided buffer (for [wait] functions, whose
- * caller reads the message from another thread) and returns `status` unchanged. */
-PS_INTERNAL int ps_export_error(int status, char *msg, uint64_t msg_cap);
 
 /* Kinds of live objects counted by ps_live_objects(). */
 typedef enum { PS_LIVE_ALLOCATION = 0, PS_LIVE_STREAM = 1, PS_LIVE_EVENT = 2 } ps_live_kind;

@@ -20,42 +20,10 @@
 
 #include "../pinstream.h"
 #include "common.h"
-
-/* ---- errors --------------------------------------------------------------------------- */
-
-#define PS_ERROR_CAP 1024
-static _Thread_local char tls_error[PS_ERROR_CAP];
-
-int ps_record_error(int status, const char *file, int line, const char *fmt, ...) {
-  int n = snprintf(tls_error, sizeof tls_error, "%s:%d: ", file, line);
-  if (n < 0 || n >= (int)sizeof tls_error) n = 0;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(tls_error + n, sizeof tls_error - (size_t)n, fmt, ap);
-  va_end(ap);
-  return status;
-}
-
-int ps_export_error(int status, char *msg, uint64_t msg_cap) {
-  if (status != PS_OK && msg != NULL && msg_cap > 0) {
-    snprintf(msg, (size_t)msg_cap, "%s", tls_error);
-  }
-  return status;
-}
-
-PS_API const char *ps_last_error(void) { return tls_error; }
-
-PS_API int ps_abi_version(int32_t *out) {
-  PS_REQUIRE(out != NULL);
-  *out = PS_ABI_VERSION;
-  return PS_OK;
-}
-
-PS_API int ps_backend(int32_t *out) {
-  PS_REQUIRE(out != NULL);
-  *out = 0;
-  return PS_OK;
-}
+/* The error-recording module's definitions, ps_last_error, ps_abi_version and ps_backend. */
+#define PS_BACKEND_ID 0
+#define PS_ERRORS_IMPLEMENTATION
+#include "../errors.h"
 
 /* ---- registry of live objects ---------------------------------------------------------
  * A sorted array of disjoint [start, start + bytes) ranges, one per live allocation, stream

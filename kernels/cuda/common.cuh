@@ -10,8 +10,9 @@
  *
  * On failure CUDA_CHECK records "file:line: <expression> failed: <cudaErrorName>: <CUDA's
  * message>" as the thread's last error (ps_last_error()) and returns the matching PS_ERR_*
- * from the enclosing function. PS_FAIL(status, fmt, ...) does the same for our own checks.
- * Nothing here throws or exits: no C++ exception may cross the ABI.
+ * from the enclosing function. PS_FAIL(status, fmt, ...), TRY and PS_REQUIRE, shared with the
+ * CPU backend, come from kernels/errors.h. Nothing here throws or exits: no C++ exception may
+ * cross the ABI.
  *
  * Symbols declared here are internal to the shared library (hidden visibility).
  */
@@ -21,20 +22,15 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "../errors.h"
 #include "../pinstream.h"
 #include "launch.cuh"
-
-#define PS_INTERNAL __attribute__((visibility("hidden")))
 
 /* 1 when these sources are built by the host compiler against kernels/emu (the build defines
  * it); nothing else may depend on it: the emulator runs the same code as a GPU. */
 #ifndef PS_CUDA_EMULATOR
 #define PS_CUDA_EMULATOR 0
 #endif
-
-/* Records "file:line: <formatted message>" as the thread's last error and returns `status`. */
-PS_INTERNAL int ps_record_error(int status, const char *file, int line, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
 
 /* Records a failed CUDA call and returns the PS_ERR_* it maps to (ps_status_of). */
 PS_INTERNAL int ps_record_cuda_error(cudaError_t err, const char *expr, const char *file,
@@ -46,30 +42,9 @@ PS_INTERNAL int ps_record_cuda_error(cudaError_t err, const char *expr, const ch
  * PS_ERR_INVALID_ARGUMENT, anything else -> PS_ERR_BACKEND. */
 PS_INTERNAL int ps_status_of(cudaError_t err);
 
-/* Copies the thread's last error into a caller-provided buffer (for [wait] functions, whose
- * caller reads the message from another thread) and returns `status` unchanged. */
-PS_INTERNAL int ps_export_error(int status, char *msg, uint64_t msg_cap);
-
 /* What both backends refuse and compute per element; the element rules run on the device. */
 #define PS_RULE static __host__ __device__ __forceinline__
 #include "../rules.h"
-
-/* Return the status of `expr` from the enclosing function unless it is PS_OK (a shared check
- * of kernels/rules.h, or a helper that recorded its own failure). */
-#define TRY(expr)                       \
-  do {                                  \
-    int ps_st_ = (expr);                \
-    if (ps_st_ != PS_OK) return ps_st_; \
-  } while (0)
-
-/* Record a failure and return `status` from the enclosing function. */
-#define PS_FAIL(status, ...) return ps_record_error((status), __FILE__, __LINE__, __VA_ARGS__)
-
-/* Return PS_ERR_INVALID_ARGUMENT, with the failed condition as the message, unless `cond`. */
-#define PS_REQUIRE(cond)                                                                     \
-  do {                                                                                       \
-    if (!(cond)) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: requirement failed: %s", __func__, #cond); \
-  } while (0)
 
 /* Run a CUDA runtime call; on failure record it and return its PS_ERR_* status. */
 #define CUDA_CHECK(expr)                                                        \

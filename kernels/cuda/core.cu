@@ -15,24 +15,16 @@
 
 #include "../pinstream.h"
 #include "common.cuh"
+/* The error-recording module's definitions, ps_last_error, ps_abi_version and ps_backend. */
+#define PS_BACKEND_ID 1
+#define PS_ERRORS_IMPLEMENTATION
+#include "../errors.h"
 
 /* ---- errors --------------------------------------------------------------------------- */
 
 namespace {
-constexpr size_t kErrorCap = 1024;
-thread_local char tls_error[kErrorCap];
 std::atomic<int64_t> live[3];
 }  // namespace
-
-int ps_record_error(int status, const char *file, int line, const char *fmt, ...) {
-  int n = snprintf(tls_error, sizeof tls_error, "%s:%d: ", file, line);
-  if (n < 0 || n >= (int)sizeof tls_error) n = 0;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(tls_error + n, sizeof tls_error - (size_t)n, fmt, ap);
-  va_end(ap);
-  return status;
-}
 
 int ps_status_of(cudaError_t err) {
   switch (err) {
@@ -63,13 +55,6 @@ int ps_record_cuda_error(cudaError_t err, const char *expr, const char *file, in
   (void)cudaGetLastError();
   return ps_record_error(ps_status_of(err), file, line, "%s failed: %s: %s", expr,
                          cudaGetErrorName(err), cudaGetErrorString(err));
-}
-
-int ps_export_error(int status, char *msg, uint64_t msg_cap) {
-  if (status != PS_OK && msg != nullptr && msg_cap > 0) {
-    snprintf(msg, (size_t)msg_cap, "%s", tls_error);
-  }
-  return status;
 }
 
 void ps_live_add(ps_live_kind kind, int64_t delta) {
@@ -235,20 +220,6 @@ int ps_copy_d2d(void *dst, const void *src, size_t bytes, cudaStream_t st) {
 }
 
 extern "C" {
-
-PS_API const char *ps_last_error(void) { return tls_error; }
-
-PS_API int ps_abi_version(int32_t *out) {
-  PS_REQUIRE(out != nullptr);
-  *out = PS_ABI_VERSION;
-  return PS_OK;
-}
-
-PS_API int ps_backend(int32_t *out) {
-  PS_REQUIRE(out != nullptr);
-  *out = 1;
-  return PS_OK;
-}
 
 PS_API int ps_live_objects(int64_t *allocations, int64_t *streams, int64_t *events) {
   if (allocations) *allocations = live[PS_LIVE_ALLOCATION].load(std::memory_order_relaxed);
