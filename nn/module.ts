@@ -42,7 +42,7 @@ export interface ParameterOptions {
  * assert.strictEqual(p.device, null);
  * ```
  */
-export class Parameter {
+export class Parameter implements Disposable {
   /** The shape (PyTorch's layout: Linear [out, in], Conv2d [out, in, kh, kw]). */
   readonly shape: number[];
   /** The dtype the forward reads. */
@@ -221,10 +221,31 @@ export class Parameter {
     this.#grad?.dispose();
     this.#master = this.#half = this.#grad = null;
   }
+
+  /**
+   * Same as `dispose()`.
+   *
+   * @example Freed at the end of its scope
+   * ```ts
+   * import { Device } from "../ffi/device.ts";
+   * import { Parameter } from "./module.ts";
+   * import assert from "node:assert";
+   * using dev = Device.open("cpu");
+   * const before = dev.liveObjects().allocations;
+   * {
+   *   using p = new Parameter(new Float32Array(4), [4]).to(dev);
+   *   assert.ok(dev.liveObjects().allocations > before);
+   * }
+   * assert.strictEqual(dev.liveObjects().allocations, before);
+   * ```
+   */
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
 }
 
 /** A non-trainable fp32 state tensor (batch-norm running statistics). */
-export class BufferTensor {
+export class BufferTensor implements Disposable {
   /** The shape. */
   readonly shape: number[];
   #host: Float32Array | null;
@@ -282,10 +303,31 @@ export class BufferTensor {
     else this.#host!.set(values);
   }
 
-  /** Frees the device tensor. */
+  /** Frees the device tensor (idempotent). */
   dispose(): void {
     this.#tensor?.dispose();
     this.#tensor = null;
+  }
+
+  /**
+   * Same as `dispose()`.
+   *
+   * @example Freed at the end of its scope
+   * ```ts
+   * import { Device } from "../ffi/device.ts";
+   * import { BufferTensor } from "./module.ts";
+   * import assert from "node:assert";
+   * using dev = Device.open("cpu");
+   * const before = dev.liveObjects().allocations;
+   * {
+   *   using b = new BufferTensor(new Float32Array([1, 2]), [2]).to(dev);
+   *   assert.deepStrictEqual([...await b.read()], [1, 2]);
+   * }
+   * assert.strictEqual(dev.liveObjects().allocations, before);
+   * ```
+   */
+  [Symbol.dispose](): void {
+    this.dispose();
   }
 }
 
