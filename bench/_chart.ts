@@ -19,6 +19,7 @@
  * @module
  */
 
+import "./_no_punycode_warning.ts";
 import * as vl from "vega-lite";
 import * as vega from "vega";
 
