@@ -4,7 +4,7 @@
 //
 // Not part of the public API (leading underscore), but small enough to copy into a script.
 
-import { parseArgs } from "node:util";
+import { type CliOption, type CliSpec, helpText, parseArgv, UsageError } from "./_cli.ts";
 import type { Device } from "../ffi/device.ts";
 import type { DataLoader, RingBatch } from "../loader/mod.ts";
 import { DevicePrefetcher } from "../pipeline/prefetcher.ts";
@@ -17,6 +17,7 @@ import {
   SGD,
   Trainer,
 } from "../nn/mod.ts";
+import { statePathFor } from "../nn/checkpoint.ts";
 
 /** Command-line options shared by the examples. */
 export interface TrainArgs {
@@ -39,49 +40,130 @@ export interface TrainArgs {
   stopAfter: number;
   quiet: boolean;
   help: boolean;
+  /** The options given on the command line (the others hold defaults). */
+  given?: ReadonlySet<string>;
+  /** Values of the example's own options (`extra.options`), by name. */
+  extra?: Readonly<Record<string, string | number | boolean | undefined>>;
 }
 
 /** Defaults an example may change. */
 export type TrainDefaults = Partial<TrainArgs>;
 
-const HELP = (name: string, d: TrainArgs, extra: string) =>
-  `Usage: deno run -A examples/${name} [options]
-
-  --data DIR          data set directory${d.data ? ` (default ${d.data})` : ""}${extra}
-  --device KIND       auto | cpu | cuda (default ${d.device}; auto falls back to cpu)
-  --epochs N          epochs (default ${d.epochs})
-  --batch-size N      batch size (default ${d.batchSize})
-  --workers N         DataLoader workers (default ${d.workers})
-  --lr X              peak learning rate (default ${d.lr})
-  --momentum X        SGD momentum (default: cycled 0.95 -> 0.85 -> 0.95 by the one-cycle
-                      schedule; a given value is kept constant)
-  --weight-decay X    SGD weight decay (default ${d.weightDecay})
-  --fp16 / --no-fp16  dynamic loss scaling on/off (default on). The kernels compute in fp16
-                      with fp32 accumulation and fp32 master weights either way; --no-fp16
-                      turns off the GradScaler (gradients are then not scaled)
-  --checkpoint PATH   save weights (safetensors) + training state after every epoch
-  --resume            continue from --checkpoint (same next step as an uninterrupted run)
-  --limit N           use only the first N training samples (quick runs)
-  --stop-after N      stop after epoch N of --epochs (simulates an interruption; the
-                      schedule still spans --epochs, so --resume continues it exactly)
-  --seed N            seed of initialization and data order (default ${d.seed})
-  --quiet             no progress bar
-`;
+/** What an example adds to the shared command line. */
+export interface TrainCliExtra {
+  /** What the example does, under the usage line of --help. */
+  summary?: string;
+  /** Help of --data (default "data set directory"). */
+  dataHelp?: string;
+  /** Help of --model; the accepted names. */
+  models?: { help: string; choices: readonly string[] };
+  /** Help of --checkpoint (default: no checkpoint unless given). */
+  checkpointHelp?: string;
+  /** The example's own options (returned in `TrainArgs.extra`). */
+  options?: Readonly<Record<string, CliOption>>;
+  /** Text after the options in --help. */
+  epilog?: string;
+}
 
 /**
- * Parses the shared options.
+ * The command line of a training example: the shared options with the example's defaults,
+ * then its own.
+ *
+ * @param name The example's file name, for the usage line.
+ * @param d The defaults.
+ * @param extra What the example adds.
+ * @returns The spec for {@linkcode parseArgv}.
+ */
+export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {}): CliSpec {
+  const options: Record<string, CliOption> = {
+    data: {
+      kind: "string",
+      metavar: "DIR",
+      help: extra.dataHelp ?? "data set directory",
+      default: d.data,
+    },
+    device: {
+      kind: "string",
+      choices: ["auto", "cpu", "cuda"],
+      help: "where to train; auto falls back to cpu",
+      default: d.device,
+    },
+    epochs: { kind: "int", min: 1, help: "epochs", default: d.epochs },
+    "batch-size": { kind: "int", min: 1, help: "batch size", default: d.batchSize },
+    workers: { kind: "int", min: 0, help: "DataLoader workers", default: d.workers },
+    lr: { kind: "number", min: 0, exclusiveMin: true, help: "peak learning rate", default: d.lr },
+    momentum: {
+      kind: "number",
+      min: 0,
+      max: 1,
+      help: "SGD momentum (default: cycled 0.95 -> 0.85 -> 0.95 by the one-cycle\n" +
+        "schedule; a given value is kept constant)",
+    },
+    "weight-decay": { kind: "number", min: 0, help: "SGD weight decay", default: d.weightDecay },
+    fp16: {
+      kind: "boolean",
+      default: true,
+      help: "turn off dynamic loss scaling. The kernels compute in fp16 with fp32\n" +
+        "accumulation and fp32 master weights either way; without loss scaling\n" +
+        "gradients are not scaled",
+    },
+    ...(extra.models
+      ? {
+        model: {
+          kind: "string",
+          choices: extra.models.choices,
+          help: extra.models.help,
+          default: d.model,
+        } satisfies CliOption,
+      }
+      : {}),
+    checkpoint: {
+      kind: "string",
+      metavar: "PATH",
+      help: extra.checkpointHelp ??
+        "save weights (safetensors) + training state after every epoch",
+    },
+    resume: {
+      kind: "boolean",
+      help: "continue from --checkpoint (same next step as an\n" +
+        "uninterrupted run)",
+    },
+    limit: { kind: "int", min: 0, help: "use only the first N training samples (quick runs)" },
+    "stop-after": {
+      kind: "int",
+      min: 0,
+      help: "stop after epoch N of --epochs (simulates an interruption; the\n" +
+        "schedule still spans --epochs, so --resume continues it exactly)",
+    },
+    seed: { kind: "int", min: 0, help: "seed of initialization and data order", default: d.seed },
+    quiet: { kind: "boolean", help: "no progress bar" },
+    ...extra.options,
+  };
+  return {
+    usage: `deno run -A examples/${name} [options]`,
+    summary: extra.summary,
+    options,
+    epilog: extra.epilog,
+  };
+}
+
+/**
+ * Parses the shared options (and the example's own). Reads nothing but `argv`: --help needs
+ * no permission.
  *
  * @param argv Command-line arguments.
  * @param name The example's file name, for --help.
  * @param defaults Example-specific defaults.
- * @param extraHelp Lines added to --help after --data.
- * @returns The options; exits after printing help on --help.
+ * @param extra The example's own options and help text.
+ * @returns The options; prints the help and exits 0 on --help.
+ * @throws {UsageError} For an unknown option or a bad value (naming the option and what it
+ *   takes); `runMain` prints it as one line and exits 2.
  */
 export function parseTrainArgs(
   argv: string[],
   name: string,
   defaults: TrainDefaults,
-  extraHelp = "",
+  extra: TrainCliExtra = {},
 ): TrainArgs {
   const d: TrainArgs = {
     device: "auto",
@@ -102,70 +184,37 @@ export function parseTrainArgs(
     help: false,
     ...defaults,
   };
-  const { values } = parseArgs({
-    args: argv,
-    options: {
-      data: { type: "string" },
-      device: { type: "string" },
-      epochs: { type: "string" },
-      "batch-size": { type: "string" },
-      workers: { type: "string" },
-      lr: { type: "string" },
-      momentum: { type: "string" },
-      "weight-decay": { type: "string" },
-      fp16: { type: "boolean" },
-      "no-fp16": { type: "boolean" },
-      model: { type: "string" },
-      checkpoint: { type: "string" },
-      resume: { type: "boolean" },
-      limit: { type: "string" },
-      "stop-after": { type: "string" },
-      seed: { type: "string" },
-      quiet: { type: "boolean" },
-      help: { type: "boolean", short: "h" },
-    },
-    strict: true,
-  });
-  const num = (k: string, v: string | undefined, dflt: number, int = true): number => {
-    if (v === undefined) return dflt;
-    const x = Number(v);
-    if (!Number.isFinite(x) || (int && !Number.isInteger(x)) || x < 0) {
-      throw new RangeError(`Cannot parse --${k}: ${v} is not a valid ${int ? "count" : "number"}`);
-    }
-    return x;
-  };
-  const device = (values.device ?? d.device) as TrainArgs["device"];
-  if (!["auto", "cpu", "cuda"].includes(device)) {
-    throw new RangeError(`Cannot parse --device: ${device} (expected auto, cpu or cuda)`);
-  }
-  const args: TrainArgs = {
-    data: values.data ?? d.data,
-    device,
-    epochs: num("epochs", values.epochs, d.epochs),
-    batchSize: num("batch-size", values["batch-size"], d.batchSize),
-    workers: num("workers", values.workers, d.workers),
-    lr: num("lr", values.lr, d.lr, false),
-    momentum: num("momentum", values.momentum, d.momentum, false),
-    cycleMomentum: values.momentum === undefined,
-    weightDecay: num("weight-decay", values["weight-decay"], d.weightDecay, false),
-    fp16: values["no-fp16"] ? false : (values.fp16 ?? d.fp16),
-    model: values.model ?? d.model,
-    checkpoint: values.checkpoint ?? d.checkpoint,
-    resume: values.resume ?? false,
-    limit: num("limit", values.limit, d.limit),
-    stopAfter: num("stop-after", values["stop-after"], d.stopAfter),
-    seed: num("seed", values.seed, d.seed),
-    quiet: values.quiet ?? false,
-    help: values.help ?? false,
-  };
-  if (args.help) {
-    console.log(HELP(name, d, extraHelp));
+  const spec = trainSpec(name, d, extra);
+  const v = parseArgv(argv, spec);
+  if (v === "help") {
+    console.log(helpText(spec));
     Deno.exit(0);
   }
-  if (args.batchSize < 1) throw new RangeError("Cannot parse --batch-size: must be >= 1");
-  if (args.resume && !args.checkpoint) {
-    throw new TypeError("Cannot resume: --resume needs --checkpoint PATH");
-  }
+  const get = <T>(k: string, dflt: T): T => (v[k] as T | undefined) ?? dflt;
+  const own: Record<string, string | number | boolean | undefined> = {};
+  for (const k of Object.keys(extra.options ?? {})) own[k] = v[k] as typeof own[string];
+  const args: TrainArgs = {
+    data: get("data", d.data),
+    device: get("device", d.device),
+    epochs: get("epochs", d.epochs),
+    batchSize: get("batch-size", d.batchSize),
+    workers: get("workers", d.workers),
+    lr: get("lr", d.lr),
+    momentum: get("momentum", d.momentum),
+    cycleMomentum: !v.given.has("momentum"),
+    weightDecay: get("weight-decay", d.weightDecay),
+    fp16: get("fp16", d.fp16),
+    model: get("model", d.model),
+    checkpoint: get("checkpoint", d.checkpoint),
+    resume: get("resume", false),
+    limit: get("limit", d.limit),
+    stopAfter: get("stop-after", d.stopAfter),
+    seed: get("seed", d.seed),
+    quiet: get("quiet", d.quiet),
+    help: false,
+    given: v.given,
+    extra: own,
+  };
   return args;
 }
 
@@ -238,6 +287,52 @@ export interface RunOptions {
   scheduler?: (opt: SGD, stepsPerEpoch: number) => LRScheduler;
   /** Called with each epoch's report (the line is printed already). */
   onEpoch?: (r: EpochReport) => void;
+  /** What the data is, for the closing summary (e.g. "CIFAR-10 from DIR"). */
+  dataNote?: string;
+}
+
+/**
+ * The closing summary of a run: what it trained on, speed, input-wait share, test accuracy
+ * per epoch, and where the checkpoint is.
+ *
+ * @param reports The run's epochs.
+ * @param o What the summary names: device kind, data, checkpoint path.
+ * @returns The lines, joined by newlines.
+ * @example
+ * ```ts
+ * import { summaryText } from "./_run.ts";
+ * import assert from "node:assert";
+ * const r = { epoch: 1, trainLoss: 1, trainAcc: 0.5, testLoss: 1, testAcc: 0.42,
+ *   samplesPerSecond: 100, inputWaitShare: 0.1, seconds: 2, lossScale: 1 };
+ * assert.match(summaryText([r], { device: "cpu" }), /test accuracy +42\.00%/);
+ * ```
+ */
+export function summaryText(
+  reports: readonly EpochReport[],
+  o: { device: string; data?: string; checkpoint?: string },
+): string {
+  if (reports.length === 0) return "summary: no epoch ran";
+  const seconds = reports.reduce((a, r) => a + r.seconds, 0);
+  const samples = reports.reduce((a, r) => a + r.samplesPerSecond * r.seconds, 0);
+  const wait = reports.reduce((a, r) => a + r.inputWaitShare * r.seconds, 0) / seconds;
+  const last = reports[reports.length - 1];
+  const pct = (x: number) => `${(100 * x).toFixed(2)}%`;
+  const lines = [
+    `summary: ${reports.length} epoch${reports.length > 1 ? "s" : ""} on ${o.device}` +
+    `${o.data ? `, ${o.data}` : ""}`,
+    `  training speed  ${fmtNum(samples / seconds)} samples/s (${
+      seconds.toFixed(1)
+    } s of training)`,
+    `  input wait      ${(100 * wait).toFixed(1)}% of the training step time`,
+    `  test accuracy   ${pct(last.testAcc)} after epoch ${last.epoch}` +
+    (reports.length > 1 ? ` (by epoch: ${reports.map((r) => pct(r.testAcc)).join(", ")})` : ""),
+    `  checkpoint      ${
+      o.checkpoint
+        ? `${o.checkpoint} (+ ${statePathFor(o.checkpoint)})`
+        : "not saved (pass --checkpoint PATH)"
+    }`,
+  ];
+  return lines.join("\n");
 }
 
 function fmtNum(x: number): string {
@@ -253,6 +348,9 @@ function fmtNum(x: number): string {
  */
 export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   const { args, device, model, trainLoader, testLoader, spec } = o;
+  if (args.resume && !args.checkpoint) {
+    throw new UsageError("option --resume needs --checkpoint PATH; see --help");
+  }
   const optimizer = new SGD(model.parameters(), {
     lr: args.lr,
     momentum: args.momentum,
@@ -355,5 +453,8 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     scaler.dispose();
     optimizer.dispose();
   }
+  console.log(
+    summaryText(reports, { device: device.kind, data: o.dataNote, checkpoint: args.checkpoint }),
+  );
   return reports;
 }
