@@ -6,6 +6,8 @@
  * @module
  */
 
+import { parseCli } from "../examples/_cli.ts";
+
 const BENCHES: Record<string, () => Promise<{ main: (args: string[]) => Promise<unknown> }>> = {
   transfer: () => import("./transfer.ts"),
   loader: () => import("./loader.ts"),
@@ -14,14 +16,21 @@ const BENCHES: Record<string, () => Promise<{ main: (args: string[]) => Promise<
   kernels: () => import("./kernels.ts"),
 };
 
-const wanted = Deno.args.length > 0 ? Deno.args : Object.keys(BENCHES);
+const cli = parseCli(Deno.args, {
+  usage: "deno task bench [NAME...]",
+  summary: "Runs every benchmark (or the named ones), each printing its table and writing " +
+    "bench/results/<name>.json.",
+  options: {},
+  positionals: {
+    name: "NAME...",
+    help: `benchmarks to run (default all): ${Object.keys(BENCHES).join(", ")}`,
+    choices: Object.keys(BENCHES),
+    noun: "benchmark",
+  },
+});
+const wanted = cli.positionals.length > 0 ? cli.positionals : Object.keys(BENCHES);
 for (const name of wanted) {
   const load = BENCHES[name];
-  if (load === undefined) {
-    throw new RangeError(
-      `Cannot run benchmark "${name}": known ones are ${Object.keys(BENCHES).join(", ")}`,
-    );
-  }
   console.log(`\n=== bench: ${name} ===`);
   const { main } = await load();
   // Each benchmark's defaults (its own flags are for running it directly); Deno.args here

@@ -13,6 +13,17 @@
 import { Device, Tensor } from "../mod.ts";
 import * as ops from "../nn/ops.ts";
 import { assertMeasurable } from "./_results.ts";
+import { parseCli } from "../examples/_cli.ts";
+
+const CLI = {
+  usage: "deno run -A bench/kernels.ts [options]",
+  summary: "Throughput of the nn kernels; writes bench/results/kernels.json.",
+  options: {
+    device: { kind: "string", choices: ["cpu", "cuda", "auto"], default: "cpu", help: "backend" },
+    batch: { kind: "int", min: 1, default: 128, help: "batch size" },
+    reps: { kind: "int", min: 1, default: 20, help: "timed repetitions (median kept)" },
+  },
+} as const;
 
 const RESULTS_URL = new URL("./results/kernels.json", import.meta.url);
 
@@ -20,11 +31,6 @@ interface Row {
   name: string;
   ms: number;
   gflops: number | null;
-}
-
-function arg(args: string[], name: string, fallback: string): string {
-  const i = args.indexOf(`--${name}`);
-  return i >= 0 && i + 1 < args.length ? args[i + 1] : fallback;
 }
 
 function randomHalf(n: number, scale = 1): Float16Array {
@@ -70,9 +76,10 @@ function cpuName(): string {
 
 /** Runs the benchmark (`deno task bench kernels` calls this). */
 export async function main(args: string[] = Deno.args): Promise<void> {
-  const kind = arg(args, "device", "cpu") as "cpu" | "cuda" | "auto";
-  const batch = Number(arg(args, "batch", "128"));
-  const reps = Number(arg(args, "reps", "20"));
+  const cli = parseCli(args, CLI);
+  const kind = cli.device as "cpu" | "cuda" | "auto";
+  const batch = cli.batch!;
+  const reps = cli.reps!;
   using dev = Device.open(kind);
   assertMeasurable(dev);
   const rows: Row[] = [];

@@ -25,6 +25,22 @@ import { RandomSampler } from "../loader/sampler.ts";
 import { memoryOf, wasmGather } from "../loader/_wasm_gather.ts";
 import { writeCifar10Files } from "../tests/loader_fixtures.ts";
 import { commitStamp, machine } from "./_results.ts";
+import { parseCli } from "../examples/_cli.ts";
+
+const CLI = {
+  usage: "deno run -A bench/loader.ts [options]",
+  summary: "Loader throughput on generated CIFAR-10-format data; writes bench/results/loader.json.",
+  options: {
+    epochs: {
+      kind: "int",
+      min: 3,
+      default: 10,
+      help: "pinstream epochs per config (the first two are warm-up)",
+    },
+    torch: { kind: "boolean", default: true, help: "skip the PyTorch rows" },
+    "torch-epochs": { kind: "int", min: 1, default: 1, help: "PyTorch epochs per config" },
+  },
+} as const;
 
 const BATCH = 128;
 const PAD = 4;
@@ -308,13 +324,10 @@ function fmtRate(r: number | null): string {
 
 /** Runs the benchmark; see the module documentation. */
 export async function main(args: string[] = Deno.args): Promise<void> {
-  const flag = (name: string, dflt: number) => {
-    const i = args.indexOf(name);
-    return i >= 0 ? Number(args[i + 1]) : dflt;
-  };
-  const epochs = flag("--epochs", 10);
-  const torchEpochs = flag("--torch-epochs", 1);
-  const withTorch = !args.includes("--no-torch");
+  const cli = parseCli(args, CLI);
+  const epochs = cli.epochs!;
+  const torchEpochs = cli["torch-epochs"]!;
+  const withTorch = cli.torch!;
   const workers = [0, 1, 2];
   const dir = await Deno.makeTempDir({ prefix: "pinstream-cifar-" });
   try {

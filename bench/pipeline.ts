@@ -28,6 +28,7 @@
 
 import { join } from "node:path";
 import { assertMeasurable, commitStamp } from "./_results.ts";
+import { parseCli } from "../examples/_cli.ts";
 import { Device } from "../ffi/device.ts";
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import { DataLoader } from "../loader/data_loader.ts";
@@ -67,18 +68,24 @@ interface Row {
   stats?: Record<string, number>;
 }
 
+const CLI = {
+  usage: "deno run -A bench/pipeline.ts [options]",
+  summary: "Device-pipeline throughput; writes bench/results/pipeline.json.",
+  options: {
+    epochs: {
+      kind: "int",
+      min: 2,
+      default: 5,
+      help: "epochs per pinstream row (first is warm-up)",
+    },
+    torch: { kind: "boolean", default: true, help: "skip the PyTorch rows" },
+    samples: { kind: "int", min: 1, default: 50_000, help: "samples per epoch" },
+  },
+} as const;
+
 function parseArgs(args: string[]): { epochs: number; torch: boolean; samples: number } {
-  let epochs = 5, torch = true, samples = 50_000;
-  for (let i = 0; i < args.length; i++) {
-    if (args[i] === "--epochs") epochs = Number(args[++i]);
-    else if (args[i] === "--no-torch") torch = false;
-    else if (args[i] === "--samples") samples = Number(args[++i]);
-    else throw new RangeError(`Cannot run the pipeline benchmark: unknown flag ${args[i]}`);
-  }
-  if (!Number.isInteger(epochs) || epochs < 2) {
-    throw new RangeError(`Cannot run the pipeline benchmark: --epochs must be >= 2, got ${epochs}`);
-  }
-  return { epochs, torch, samples };
+  const cli = parseCli(args, CLI);
+  return { epochs: cli.epochs!, torch: cli.torch!, samples: cli.samples! };
 }
 
 function cifarShaped(samples: number): TensorDataset {

@@ -30,6 +30,25 @@ import { DevicePrefetcher } from "../pipeline/prefetcher.ts";
 import { GradScaler, SGD, Trainer, Xoshiro128 } from "../nn/mod.ts";
 import { FASHION_MEAN, FASHION_STD, fashionModel } from "../examples/fashion_mnist.ts";
 import { commitStamp, machine } from "./_results.ts";
+import { parseCli } from "../examples/_cli.ts";
+
+const CLI = {
+  usage: "deno run -A bench/train.ts [options]",
+  summary: "One Fashion-MNIST epoch of the small CNN, pinstream vs PyTorch; writes " +
+    "bench/results/train.json.",
+  options: {
+    "batch-size": { kind: "int", min: 1, default: 128, help: "batch size" },
+    limit: { kind: "int", min: 0, help: "use only the first N training samples" },
+    repeat: {
+      kind: "int",
+      min: 1,
+      default: 1,
+      help: "run each row N times, interleaved, and keep the fastest",
+    },
+    torch: { kind: "boolean", default: true, help: "skip the PyTorch row" },
+    pipeline: { kind: "boolean", default: true, help: "skip the DataLoader + prefetcher row" },
+  },
+} as const;
 
 const LR = 0.05;
 const MOMENTUM = 0.9;
@@ -188,11 +207,8 @@ async function torchRow(batch: number, limit: number): Promise<Row> {
  * @param args Command-line flags.
  */
 export async function main(args: string[] = Deno.args): Promise<void> {
-  const flag = (name: string, dflt: number) => {
-    const i = args.indexOf(name);
-    return i >= 0 ? Number(args[i + 1]) : dflt;
-  };
-  const batch = flag("--batch-size", 128);
+  const cli = parseCli(args, CLI);
+  const batch = cli["batch-size"]!;
   let ds: FashionMNIST;
   try {
     ds = await FashionMNIST.load({ root: FASHION_MNIST_DEBIAN_ROOT, train: true });
@@ -200,13 +216,13 @@ export async function main(args: string[] = Deno.args): Promise<void> {
     console.log(`train benchmark skipped: ${(e as Error).message}`);
     return;
   }
-  const n = Math.min(ds.length, flag("--limit", ds.length) || ds.length);
-  const repeat = Math.max(1, flag("--repeat", 1));
+  const n = Math.min(ds.length, cli.limit || ds.length);
+  const repeat = cli.repeat!;
   const runs: (() => Promise<Row>)[] = [];
   // PyTorch first: its threads are gone before pinstream's OpenMP threads start.
-  if (!args.includes("--no-torch")) runs.push(() => torchRow(batch, n === ds.length ? 0 : n));
+  if (cli.torch) runs.push(() => torchRow(batch, n === ds.length ? 0 : n));
   runs.push(() => pinstreamInMemory(ds, n, batch));
-  if (!args.includes("--no-pipeline")) runs.push(() => pinstreamPipeline(ds, n, batch));
+  if (cli.pipeline) runs.push(() => pinstreamPipeline(ds, n, batch));
   const results: Row[][] = runs.map(() => []);
   for (let r = 0; r < repeat; r++) {
     for (let i = 0; i < runs.length; i++) results[i].push(await runs[i]());

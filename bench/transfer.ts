@@ -15,6 +15,17 @@
 import { Device, DeviceBuffer, type DeviceKind, Event, HostBuffer, Stream } from "../mod.ts";
 import { unwrap } from "../ffi/errors.ts";
 import { assertMeasurable, commitStamp } from "./_results.ts";
+import { parseCli } from "../examples/_cli.ts";
+
+const CLI = {
+  usage: "deno run -A bench/transfer.ts [options]",
+  summary: "Host <-> device copy bandwidth, pinned vs pageable; writes " +
+    "bench/results/transfer.json.",
+  options: {
+    device: { kind: "string", choices: ["auto", "cuda", "cpu"], default: "auto", help: "backend" },
+    "max-mib": { kind: "int", min: 1, default: 256, help: "largest copy size in MiB" },
+  },
+} as const;
 
 const KiB = 1024, MiB = 1024 * KiB;
 const REPEATS = 3;
@@ -56,12 +67,8 @@ export const RESULTS_URL: URL = new URL("./results/transfer.json", import.meta.u
  * @returns The measured rows.
  */
 export async function main(args: string[] = []): Promise<TransferRow[]> {
-  let kind: DeviceKind = "auto", maxBytes = 256 * MiB;
-  for (let i = 0; i < args.length; i++) {
-    if (args[i] === "--device") kind = args[++i] as DeviceKind;
-    else if (args[i] === "--max-mib") maxBytes = Number(args[++i]) * MiB;
-    else throw new TypeError(`Cannot run the transfer benchmark: unknown argument ${args[i]}`);
-  }
+  const cli = parseCli(args, CLI);
+  const kind = cli.device as DeviceKind, maxBytes = cli["max-mib"]! * MiB;
   using dev = Device.open(kind);
   assertMeasurable(dev);
   const sizes: number[] = [];

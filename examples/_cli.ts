@@ -50,7 +50,13 @@ export interface CliSpec {
   summary?: string;
   options: Readonly<Record<string, CliOption>>;
   /** Positional arguments: their name in --help and, when given, the accepted values. */
-  positionals?: { name: string; help: string; choices?: readonly string[] };
+  positionals?: {
+    name: string;
+    help: string;
+    choices?: readonly string[];
+    /** What one is, for errors ("unknown benchmark ..."; default "argument"). */
+    noun?: string;
+  };
   /** Text printed after the options in --help. */
   epilog?: string;
 }
@@ -296,7 +302,9 @@ export function parseArgv<S extends CliSpec>(
     if (p?.choices && !p.choices.includes(x)) {
       const near = closest(x, p.choices);
       throw new UsageError(
-        `unknown ${p.name} ${JSON.stringify(x)} (${near ? `did you mean ${near}? ` : ""}` +
+        `unknown ${p.noun ?? "argument"} ${JSON.stringify(x)} (${
+          near ? `did you mean ${near}? ` : ""
+        }` +
           `expected ${p.choices.join(", ")})${HINT}`,
       );
     }
