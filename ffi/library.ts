@@ -772,4 +772,3 @@ export function emulatorCommand(
     args: emulatorArgs(sources, out, options.program ?? false, emulatorFlags(options.sanitize)),
   };
 }
-

@@ -246,7 +246,9 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
 PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n,
                                    int64_t c, int64_t h, int64_t w_, int32_t kernel,
                                    int32_t stride, void *stream);
-/* dx[n,c,h,w] = scatter-add of dy[n,c,oh,ow] at indices; overwrites dx. fp16. */
+/* dx[n,c,h,w] = scatter-add of dy[n,c,oh,ow] at indices; overwrites dx. fp16. An index
+ * outside its plane fails (cpu) / is skipped (cuda, where it cannot fail without a host round
+ * trip). */
 PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx,
                                     int64_t n, int64_t c, int64_t h, int64_t w_, int64_t oh,
                                     int64_t ow, void *stream);

@@ -162,6 +162,22 @@ PS_CHECK int ps_check_scaler_update(int32_t growth_interval) {
   return PS_OK;
 }
 
+/* ps_image_augment's buffers (params may be NULL). */
+PS_CHECK int ps_check_image_buffers(const void *src, const void *out, const float *scale,
+                                    const float *bias) {
+  if (src == 0 || out == 0 || scale == 0 || bias == 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: null src, out, scale or bias");
+  }
+  return PS_OK;
+}
+
+PS_CHECK int ps_check_labels_buffers(const void *src, const void *out) {
+  if (src == 0 || out == 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_labels_i32: null src or out");
+  }
+  return PS_OK;
+}
+
 /* ---- element rules ----------------------------------------------------------------------- */
 
 /* ps_image_augment: two fp32 roundings, never a fused multiply-add. On the GPU the _rn
@@ -199,13 +215,60 @@ PS_RULE uint16_t ps_relu_grad_f16(uint16_t y, uint16_t dy) {
 /* An fp16 value that is inf or NaN (exponent bits all ones). */
 PS_RULE int ps_f16_nonfinite(uint16_t x) { return (x & 0x7c00u) == 0x7c00u; }
 
+/* Max pooling without padding: output extent along an axis of `extent` pixels. */
+PS_RULE int64_t ps_pool_out(int64_t extent, int32_t kernel, int32_t stride) {
+  return (extent - kernel) / stride + 1;
+}
+
 /* Max pooling: does v replace the running maximum m? Strictly greater wins, and NaN wins
  * over numbers (it propagates, as in PyTorch), so the first NaN of a window stays. */
 PS_RULE int ps_pool_takes(float v, float m) { return v > m || (v != v && m == m); }
 
+/* Cross entropy's argmax (the `correct` count), as an in-order scan seeded with logit 0 and
+ * taking strictly greater values defines it: a NaN at index 0 wins, any other NaN is skipped,
+ * and of equal values the lower index wins. Does candidate (v, j) replace the current (m, arg)?
+ * An index < 0 is "none" (an empty side). Associative and commutative, so a tree reduction
+ * (CUDA's warp shuffles) gives the scan's answer; a lane's first value is not special. */
+PS_RULE int ps_argmax_takes(float v, int64_t j, float m, int64_t arg) {
+  if (j < 0) return 0;
+  if (arg < 0) return 1;
+  if (j == 0 && v != v) return 1;
+  if (arg == 0 && m != m) return 0;
+  if (v != v) return 0;
+  if (m != m) return 1;
+  return v > m || (v == m && j < arg);
+}
+
 /* The cross-entropy gradient's factor, s / n with s = scale * *device_scale (or scale). */
 PS_RULE float ps_ce_grad_scale(float scale, const float *device_scale, int64_t n) {
   return (device_scale ? scale * *device_scale : scale) / (float)n;
+}
+
+/* Batch norm's running statistic (PyTorch): run = (1 - momentum) * run + momentum * batch. */
+PS_RULE float ps_bn_running(float run, float batch, float momentum) {
+  return (1.0f - momentum) * run + momentum * batch;
+}
+
+/* Batch norm in training as y = x * a + b for one channel: a = gamma * invstd,
+ * b = beta - mean * a. */
+PS_RULE void ps_bn_affine(float gamma, float beta, float mean, float invstd, float *a, float *b) {
+  *a = gamma * invstd;
+  *b = beta - mean * *a;
+}
+
+/* Batch norm in evaluation as y = x * a + b from the running statistics: a = gamma /
+ * sqrt(var + eps) (a division, not gamma * rsqrt: one rounding fewer), b = beta - mean * a. */
+PS_RULE void ps_bn_eval_affine(float gamma, float beta, float mean, float var, float eps, float *a,
+                               float *b) {
+  *a = gamma / sqrtf(var + eps);
+  *b = beta - mean * *a;
+}
+
+/* Batch norm's input gradient for one element: a * (dy - mean(dy) - xhat * mean(dy * xhat)),
+ * xhat = (x - mean) * invstd, a = gamma * invstd. */
+PS_RULE float ps_bn_grad(float dy, float x, float mean, float invstd, float a, float mean_dy,
+                         float mean_dy_xhat) {
+  return a * (dy - mean_dy - ((x - mean) * invstd) * mean_dy_xhat);
 }
 
 /* torch.optim.SGD on one element (see ps_nn_sgd_step): returns the new parameter. `g` is the

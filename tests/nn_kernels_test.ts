@@ -11,6 +11,7 @@
 
 import assert from "node:assert";
 import { type Device, Tensor } from "../mod.ts";
+import { lastError, Status } from "../ffi/errors.ts";
 import * as ops from "../nn/ops.ts";
 import { testEachBackend } from "./_backends.ts";
 
@@ -721,3 +722,107 @@ testEachBackend("the GEMM-based kernels give the same bits when run twice", asyn
   }
   assert.deepStrictEqual(runs[0], runs[1]);
 });
+
+// ---- what both backends must agree on (kernels/rules.h) -----------------------------------
+
+testEachBackend(
+  "the per-channel kernels refuse more than 2^31 - 1 channels, naming the shape, on every backend",
+  (dev) => {
+    // CUDA runs one block per channel, so c must fit an int32 (ps_check_per_channel); the CPU
+    // backend once accepted what the CUDA backend refused. The check comes before any
+    // pointer is looked at, so null pointers are fine here.
+    const s = dev.lib.symbols;
+    const c = 2n ** 31n;
+    const calls: [string, () => number][] = [
+      [
+        "ps_nn_batchnorm_forward_train",
+        () =>
+          s.ps_nn_batchnorm_forward_train(
+            null,
+            null,
+            null,
+            null,
+            null,
+            null,
+            null,
+            null,
+            1n,
+            c,
+            1n,
+            0.1,
+            1e-5,
+            null,
+          ),
+      ],
+      [
+        "ps_nn_batchnorm_forward_eval",
+        () =>
+          s.ps_nn_batchnorm_forward_eval(null, null, null, null, null, null, 1n, c, 1n, 1e-5, null),
+      ],
+      [
+        "ps_nn_batchnorm_backward",
+        () =>
+          s.ps_nn_batchnorm_backward(
+            null,
+            null,
+            null,
+            null,
+            null,
+            null,
+            null,
+            null,
+            1n,
+            c,
+            1n,
+            null,
+          ),
+      ],
+      ["ps_nn_bias_add", () => s.ps_nn_bias_add(null, null, 0, 1n, c, 1n, null)],
+      ["ps_nn_bias_grad", () => s.ps_nn_bias_grad(null, null, 0, 1n, c, 1n, 0, null)],
+    ];
+    for (const [fn, call] of calls) {
+      assert.strictEqual(call(), Status.INVALID_ARGUMENT, fn);
+      const message = lastError(dev.lib);
+      assert.match(message, new RegExp(`${fn}: bad shape n=1 c=2147483648 hw=1`), message);
+    }
+    // One channel fewer passes the shape check (and then fails on the null pointers).
+    assert.strictEqual(
+      s.ps_nn_bias_add(null, null, 0, 1n, c - 1n, 1n, null),
+      Status.INVALID_ARGUMENT,
+    );
+    assert.doesNotMatch(lastError(dev.lib), /bad shape/);
+  },
+);
+
+testEachBackend(
+  "crossEntropy counts a hit at the first maximum, skipping NaN logits except at index 0",
+  async (dev) => {
+    // The CPU backend scans each row in order with `v > max`, seeded with logit 0: a NaN at
+    // index 0 wins (argmax 0), any other NaN is skipped. CUDA's warp reduction once dropped a
+    // lane whose first logit was NaN together with that lane's other logits (ps_argmax_takes
+    // is now the one rule). 40 classes: on CUDA lane 3 holds logits 3 and 35.
+    const k = 40;
+    const rows: [number[], number][] = [
+      [[3, 35], 35], // NaN at 3, maximum at 35 (same lane): a hit
+      [[0], 0], // NaN at index 0: argmax 0
+      [[5, 7], 7], // NaN at 5, maximum at 7: a hit
+      [[], 12], // no NaN: maximum at 12, tie at 30 goes to the first
+    ];
+    const logits = new Float16Array(rows.length * k);
+    const labels = new Int32Array(rows.length);
+    rows.forEach(([nans, label], i) => {
+      for (let j = 0; j < k; j++) logits[i * k + j] = ((j * 7) % 11) / 11 - 0.5;
+      logits[i * k + label] = 4;
+      if (nans.length === 0) logits[i * k + 30] = 4;
+      for (const j of nans) if (j !== label) logits[i * k + j] = NaN;
+      if (nans[0] === 0) logits[i * k] = NaN;
+      labels[i] = label;
+    });
+    using tl = Tensor.fromHost(dev, logits, [rows.length, k]);
+    using tlab = Tensor.fromHost(dev, labels);
+    using loss = Tensor.fromHost(dev, new Float32Array([0]));
+    using hits = Tensor.fromHost(dev, new Int32Array([0]));
+    ops.crossEntropyForward(tl, tlab, loss, hits);
+    assert.deepStrictEqual(await host(hits), [4]);
+  },
+);

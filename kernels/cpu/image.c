@@ -229,9 +229,7 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
   (void)stream; /* the cpu backend is synchronous */
   TRY(ps_check_image_augment(layout, n, c, h, w, pad, out_dtype));
   if (n == 0) return PS_OK;
-  if (src == NULL || out == NULL || scale == NULL || bias == NULL) {
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: null src, out, scale or bias");
-  }
+  TRY(ps_check_image_buffers(src, out, scale, bias));
   const int64_t plane = (int64_t)h * w, img_bytes = plane * c;
   /* Catches stale or short device buffers here, where CUDA would fault mid-kernel. */
   if (!ps_is_live_range(src, (uint64_t)(n * img_bytes)) ||
@@ -262,9 +260,7 @@ PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, vo
   (void)stream;
   TRY(ps_check_image_labels(src_bytes, n));
   if (n == 0) return PS_OK;
-  if (src == NULL || out == NULL) {
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_labels_i32: null src or out");
-  }
+  TRY(ps_check_labels_buffers(src, out));
   if (!ps_is_live_range(src, (uint64_t)n * (uint64_t)src_bytes) ||
       !ps_is_live_range(out, (uint64_t)n * 4u)) {
     PS_FAIL(PS_ERR_INVALID_ARGUMENT,

@@ -104,12 +104,13 @@ static void bn_train_range(void *vctx, int64_t c0, int64_t c1) {
     float invstd = (float)(1.0 / sqrt(var + eps));
     save_mean[ch] = (float)mean;
     save_invstd[ch] = invstd;
-    if (run_mean) run_mean[ch] = (1.0f - momentum) * run_mean[ch] + momentum * (float)mean;
+    if (run_mean) run_mean[ch] = ps_bn_running(run_mean[ch], (float)mean, momentum);
     if (run_var) {
       double unbiased = cnt > 1 ? ss / (double)(cnt - 1) : var;
-      run_var[ch] = (1.0f - momentum) * run_var[ch] + momentum * (float)unbiased;
+      run_var[ch] = ps_bn_running(run_var[ch], (float)unbiased, momentum);
     }
-    float a = gamma[ch] * invstd, b = beta[ch] - (float)mean * a;
+    float a, b;
+    ps_bn_affine(gamma[ch], beta[ch], (float)mean, invstd, &a, &b);
     for (int64_t i = 0; i < n; i++)
       plane_affine(xh + (i * c + ch) * hw, yh + (i * c + ch) * hw, hw, a, b);
   }
@@ -155,7 +156,8 @@ static void bn_eval_range(void *vctx, int64_t c0, int64_t c1) {
   float eps = k->eps;
   int64_t n = k->n, c = k->c, hw = k->hw;
   for (int64_t ch = c0; ch < c1; ch++) {
-    float a = gamma[ch] / sqrtf(run_var[ch] + eps), b = beta[ch] - run_mean[ch] * a;
+    float a, b;
+    ps_bn_eval_affine(gamma[ch], beta[ch], run_mean[ch], run_var[ch], eps, &a, &b);
     for (int64_t i = 0; i < n; i++)
       plane_affine(x + (i * c + ch) * hw, y + (i * c + ch) * hw, hw, a, b);
   }
@@ -234,7 +236,7 @@ static void bn_bwd_range(void *vctx, int64_t c0, int64_t c1) {
         int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
         h2f_row(g + j0, gb, m);
         h2f_row(p + j0, xb, m);
-        for (int64_t j = 0; j < m; j++) gb[j] = a * (gb[j] - mdy - ((xb[j] - mean) * is) * mdyx);
+        for (int64_t j = 0; j < m; j++) gb[j] = ps_bn_grad(gb[j], xb[j], mean, is, a, mdy, mdyx);
         f2h_row(gb, q + j0, m);
       }
     }

@@ -125,7 +125,8 @@ PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int
                                    int32_t stride, void *stream) {
   (void)stream;
   TRY(ps_check_maxpool_forward(n, c, h, w_, kernel, stride));
-  int64_t oh = (h - kernel) / stride + 1, ow = (w_ - kernel) / stride + 1, planes = n * c;
+  int64_t oh = ps_pool_out(h, kernel, stride), ow = ps_pool_out(w_, kernel, stride);
+  int64_t planes = n * c;
   if (planes == 0) return PS_OK;
   CHECK_RANGE(x, planes * h * w_ * 2);
   CHECK_RANGE(y, planes * oh * ow * 2);
@@ -256,11 +257,11 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
   float g = ps_ce_grad_scale(scale, device_scale, n);
   for (int64_t i = 0; i < n; i++) {
     const half *l = (const half *)logits + i * k;
-    int64_t arg = 0;
-    float m = h2f(l[0]);
+    int64_t arg = -1;
+    float m = 0.0f;
     for (int64_t j = 0; j < k; j++) {
       row[j] = h2f(l[j]);
-      if (row[j] > m) m = row[j], arg = j;
+      if (ps_argmax_takes(row[j], j, m, arg)) m = row[j], arg = j;
     }
     float s = 0.0f;
     for (int64_t j = 0; j < k; j++) s += expf(row[j] - m);

@@ -110,9 +110,7 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
                             const float *bias, void *out, int32_t out_dtype, void *stream) {
   TRY(ps_check_image_augment(layout, n, c, h, w, pad, out_dtype));
   if (n == 0) return PS_OK;
-  if (src == nullptr || out == nullptr || scale == nullptr || bias == nullptr) {
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: null src, out, scale or bias");
-  }
+  TRY(ps_check_image_buffers(src, out, scale, bias));
   Affine aff;
   for (int32_t i = 0; i < PS_IMAGE_MAX_CHANNELS; i++) {
     aff.scale[i] = i < c ? scale[i] : 0.0f;
@@ -134,9 +132,7 @@ PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, vo
                                void *stream) {
   TRY(ps_check_image_labels(src_bytes, n));
   if (n == 0) return PS_OK;
-  if (src == nullptr || out == nullptr) {
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_labels_i32: null src or out");
-  }
+  TRY(ps_check_labels_buffers(src, out));
   cudaStream_t st = (cudaStream_t)stream;
   if (src_bytes == 4) {
     /* memmove, as on the cpu backend: src and out may overlap. */

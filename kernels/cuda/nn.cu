@@ -314,13 +314,14 @@ __global__ void bn_train(const __half *x, const float *gamma, const float *beta,
   if (threadIdx.x == 0) {
     save_mean[ch] = mean;
     save_invstd[ch] = invstd;
-    if (run_mean) run_mean[ch] = (1.0f - momentum) * run_mean[ch] + momentum * mean;
+    if (run_mean) run_mean[ch] = ps_bn_running(run_mean[ch], mean, momentum);
     if (run_var) {
       float unbiased = cnt > 1 ? ss / (float)(cnt - 1) : ss / (float)cnt;
-      run_var[ch] = (1.0f - momentum) * run_var[ch] + momentum * unbiased;
+      run_var[ch] = ps_bn_running(run_var[ch], unbiased, momentum);
     }
   }
-  float a = gamma[ch] * invstd, b = beta[ch] - mean * a;
+  float a, b;
+  ps_bn_affine(gamma[ch], beta[ch], mean, invstd, &a, &b);
   for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
     int64_t at = ((t / hw) * c + ch) * hw + t % hw;
     y[at] = __float2half_rn(__half2float(x[at]) * a + b);
@@ -333,7 +334,8 @@ __global__ void bn_eval(const __half *x, const float *gamma, const float *beta,
   for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
        t += (int64_t)gridDim.x * blockDim.x) {
     int64_t ch = (t / hw) % c;
-    float a = gamma[ch] / sqrtf(run_var[ch] + eps), b = beta[ch] - run_mean[ch] * a;
+    float a, b;
+    ps_bn_eval_affine(gamma[ch], beta[ch], run_mean[ch], run_var[ch], eps, &a, &b);
     y[t] = __float2half_rn(__half2float(x[t]) * a + b);
   }
 }
@@ -359,8 +361,8 @@ __global__ void bn_bwd(const __half *dy, const __half *x, const float *gamma,
   float a = gamma[ch] * is, mdy = v[0] / (float)cnt, mdyx = v[1] / (float)cnt;
   for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
     int64_t at = ((t / hw) * c + ch) * hw + t % hw;
-    float xhat = (__half2float(x[at]) - mean) * is;
-    dx[at] = __float2half_rn(a * (__half2float(dy[at]) - mdy - xhat * mdyx));
+    dx[at] = __float2half_rn(
+        ps_bn_grad(__half2float(dy[at]), __half2float(x[at]), mean, is, a, mdy, mdyx));
   }
 }
 
@@ -436,16 +438,16 @@ __global__ void cross_entropy(const __half *logits, const int32_t *labels, __hal
     const __half *l = logits + row * k;
     int32_t label = labels[row];
     float m = -INFINITY;
-    int64_t arg = k;
+    int64_t arg = -1; /* none yet: a lane past k keeps it */
     for (int64_t j = lane; j < k; j += 32) {
       float v = __half2float(l[j]);
-      if (v > m || arg == k) m = v, arg = j;
+      if (ps_argmax_takes(v, j, m, arg)) m = v, arg = j;
     }
-    /* first index of the maximum across the warp */
+    /* the argmax across the warp (the same rule: first maximum, NaN only at index 0) */
     for (int o = 16; o > 0; o >>= 1) {
       float om = __shfl_down_sync(0xffffffffu, m, o);
       int64_t oa = __shfl_down_sync(0xffffffffu, arg, o);
-      if (om > m || (om == m && oa < arg)) m = om, arg = oa;
+      if (ps_argmax_takes(om, oa, m, arg)) m = om, arg = oa;
     }
     m = __shfl_sync(0xffffffffu, m, 0);
     arg = __shfl_sync(0xffffffffu, arg, 0);
@@ -620,7 +622,8 @@ PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int
                                    int64_t c, int64_t h, int64_t w_, int32_t kernel,
                                    int32_t stride, void *stream) {
   TRY(ps_check_maxpool_forward(n, c, h, w_, kernel, stride));
-  int64_t oh = (h - kernel) / stride + 1, ow = (w_ - kernel) / stride + 1, planes = n * c;
+  int64_t oh = ps_pool_out(h, kernel, stride), ow = ps_pool_out(w_, kernel, stride);
+  int64_t planes = n * c;
   if (planes == 0) return PS_OK;
   NULL_CHECK(x, y);
   PS_LAUNCH(maxpool_fwd, blocks_for(planes * oh * ow, EW), EW, 0, (cudaStream_t)stream,
