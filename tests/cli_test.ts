@@ -1,0 +1,155 @@
+// The command-line parser shared by examples/*.ts and bench/*.ts (examples/_cli.ts): mistakes
+// are one line with a hint and exit code 2, --help needs no permission.
+import assert from "node:assert";
+import { helpText, parseArgv, UsageError } from "../examples/_cli.ts";
+
+const SPEC = {
+  usage: "x.ts [options]",
+  options: {
+    epochs: { kind: "int", min: 1, default: 3, help: "epochs" },
+    lr: { kind: "number", min: 0, exclusiveMin: true, default: 0.1, help: "learning rate" },
+    device: { kind: "string", choices: ["auto", "cpu", "cuda"], default: "auto", help: "device" },
+    data: { kind: "string", metavar: "DIR", help: "data" },
+    fp16: { kind: "boolean", default: true, help: "loss scaling" },
+    quiet: { kind: "boolean", help: "quiet" },
+  },
+} as const;
+
+function usageError(argv: string[]): string {
+  try {
+    parseArgv(argv, SPEC);
+  } catch (e) {
+    assert.ok(e instanceof UsageError, String(e));
+    return e.message;
+  }
+  assert.fail(`${argv.join(" ")} was accepted`);
+}
+
+Deno.test("parseArgv applies defaults and records which options were given", () => {
+  const v = parseArgv(["--epochs", "5", "--lr=0.02", "--no-fp16", "--quiet"], SPEC);
+  assert.ok(v !== "help");
+  assert.strictEqual(v.epochs, 5);
+  assert.strictEqual(v.lr, 0.02);
+  assert.strictEqual(v.fp16, false);
+  assert.strictEqual(v.quiet, true);
+  assert.strictEqual(v.device, "auto");
+  assert.strictEqual(v.data, undefined);
+  assert.deepStrictEqual([...v.given].sort(), ["epochs", "fp16", "lr", "quiet"]);
+});
+
+Deno.test("parseArgv names an unknown option with the closest known one and a --help hint", () => {
+  assert.strictEqual(
+    usageError(["--epoch", "1"]),
+    "unknown option --epoch (did you mean --epochs?); see --help",
+  );
+  assert.strictEqual(
+    usageError(["--fp1"]),
+    "unknown option --fp1 (did you mean --fp16?); see --help",
+  );
+  assert.strictEqual(usageError(["--zzz"]), "unknown option --zzz; see --help");
+  assert.strictEqual(usageError(["-x"]), "unknown option -x; see --help");
+});
+
+Deno.test("parseArgv names the option and what it expects for a bad or missing value", () => {
+  assert.strictEqual(
+    usageError(["--epochs", "abc"]),
+    'invalid value for --epochs: "abc" (expected a whole number >= 1); see --help',
+  );
+  assert.strictEqual(
+    usageError(["--epochs", "1.5"]),
+    'invalid value for --epochs: "1.5" (expected a whole number >= 1); see --help',
+  );
+  // "-1" is the value of --lr, not an option.
+  assert.strictEqual(
+    usageError(["--lr", "-1"]),
+    'invalid value for --lr: "-1" (expected a number > 0); see --help',
+  );
+  assert.strictEqual(
+    usageError(["--device", "cud"]),
+    'invalid value for --device: "cud" (expected one of auto, cpu, cuda; did you mean cuda?); ' +
+      "see --help",
+  );
+  assert.strictEqual(
+    usageError(["--epochs"]),
+    "option --epochs needs a value (a whole number >= 1); see --help",
+  );
+  assert.strictEqual(
+    usageError(["--quiet=yes"]),
+    'option --quiet takes no value (got "yes"); see --help',
+  );
+  assert.strictEqual(usageError(["extra"]), 'unexpected argument "extra"; see --help');
+});
+
+Deno.test("parseArgv: --help wins over other mistakes, and the help lists every option", () => {
+  assert.strictEqual(parseArgv(["--epoch", "x", "--help"], SPEC), "help");
+  assert.strictEqual(parseArgv(["-h"], SPEC), "help");
+  const text = helpText(SPEC);
+  for (
+    const flag of ["--epochs N", "--lr X", "--device auto|cpu|cuda", "--data DIR", "--no-fp16"]
+  ) {
+    assert.ok(text.includes(flag), `${flag} missing from:\n${text}`);
+  }
+  assert.match(text, /--epochs N\s+epochs \(default 3\)/);
+});
+
+const ROOT = new URL("../", import.meta.url);
+const SCRIPTS = [
+  "examples/cifar.ts",
+  "examples/fashion_mnist.ts",
+  "bench/all.ts",
+  "bench/kernels.ts",
+  "bench/loader.ts",
+  "bench/pipeline.ts",
+  "bench/train.ts",
+  "bench/transfer.ts",
+];
+
+/** `deno run <script> ...args` with NO permission flags. */
+async function run(script: string, args: string[]) {
+  const r = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "--no-prompt", new URL(script, ROOT).pathname, ...args],
+    env: { NO_COLOR: "1" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const dec = new TextDecoder();
+  return { code: r.code, out: dec.decode(r.stdout), err: dec.decode(r.stderr) };
+}
+
+Deno.test("every example and bench script prints --help without any permission", async () => {
+  for (const script of SCRIPTS) {
+    const { code, out, err } = await run(script, ["--help"]);
+    assert.strictEqual(code, 0, `${script} --help: ${err}`);
+    assert.match(out, /^Usage: /, script);
+    assert.match(out, /--help/, script);
+    assert.strictEqual(err, "", `${script} --help wrote to stderr: ${err}`);
+  }
+});
+
+Deno.test("every example and bench script refuses an unknown option in one line, exit code 2", async () => {
+  for (const script of SCRIPTS) {
+    const { code, err } = await run(script, ["--epoch", "1"]);
+    assert.strictEqual(code, 2, `${script}: ${err}`);
+    assert.strictEqual(err.trimEnd().split("\n").length, 1, `${script} printed more:\n${err}`);
+    assert.match(err, /^error: unknown option --epoch.*; see --help\n$/, script);
+  }
+  const { err } = await run("examples/cifar.ts", ["--epoch", "1"]);
+  assert.strictEqual(err, "error: unknown option --epoch (did you mean --epochs?); see --help\n");
+});
+
+Deno.test("examples refuse bad values in one line naming the option, exit code 2", async () => {
+  for (
+    const [args, line] of [
+      [["--epochs", "abc"], 'invalid value for --epochs: "abc" (expected a whole number >= 1)'],
+      [["--lr", "-1"], 'invalid value for --lr: "-1" (expected a number > 0)'],
+      [["--workers", "-2"], 'invalid value for --workers: "-2" (expected a whole number >= 0)'],
+    ] as const
+  ) {
+    const { code, err } = await run("examples/cifar.ts", [...args]);
+    assert.strictEqual(code, 2, err);
+    assert.strictEqual(err, `error: ${line}; see --help\n`);
+  }
+  const { code, err } = await run("examples/fashion_mnist.ts", ["--model", "resnet"]);
+  assert.strictEqual(code, 2, err);
+  assert.match(err, /^error: invalid value for --model: "resnet" \(expected one of mlp, cnn\)/);
+});
