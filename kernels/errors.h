@@ -48,8 +48,8 @@ PS_INTERNAL int ps_export_error(int status, char *msg, uint64_t msg_cap);
   } while (0)
 
 /* Return PS_ERR_INVALID_ARGUMENT, with the failed condition as the message, unless `cond`. */
-#define PS_REQUIRE(cond)                                                                       \
-  do {                                                                                         \
+#define PS_REQUIRE(cond)                                                                          \
+  do {                                                                                            \
     if (!(cond)) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: requirement failed: %s", __func__, #cond); \
   } while (0)
 
@@ -64,7 +64,8 @@ PS_INTERNAL int ps_export_error(int status, char *msg, uint64_t msg_cap);
 #include <stdio.h>
 
 #if !defined(PS_BACKEND_ID)
-#error "define PS_BACKEND_ID (0 cpu, 1 cuda) before including errors.h with PS_ERRORS_IMPLEMENTATION"
+#error \
+    "define PS_BACKEND_ID (0 cpu, 1 cuda) before including errors.h with PS_ERRORS_IMPLEMENTATION"
 #endif
 
 #if defined(__cplusplus)

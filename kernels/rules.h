@@ -2,8 +2,9 @@
  * rules.h — what the two backends must agree on, written once: which arguments a kernel
  * refuses (and what it says), and what one element of a kernel's output is. The CPU backend
  * (kernels/cpu) includes it as C; the CUDA backend (kernels/cuda) as CUDA C++, where the
- * element rules run on the device (and, through kernels/emu, in the CUDA emulator). Each backend keeps its own loops, vector paths and
- * launch shapes; a vector path that cannot call a rule says which rule it spells out.
+ * element rules run on the device (and, through kernels/emu, in the CUDA emulator). Each backend
+ * keeps its own loops, vector paths and launch shapes; a vector path that cannot call a rule says
+ * which rule it spells out.
  *
  * Failures are recorded through kernels/errors.h. CUDA defines PS_RULE as host-and-device
  * inline before including this header.
@@ -89,9 +90,9 @@ PS_CHECK int ps_conv_geometry(ps_conv_geo *g, const char *fn, int64_t n, int64_t
   if (n < 0 || c <= 0 || h <= 0 || w <= 0 || co <= 0 || kh <= 0 || kw <= 0 || stride <= 0 ||
       pad < 0 || h + 2 * (int64_t)pad < kh || w + 2 * (int64_t)pad < kw) {
     PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
-                 "%s: bad shape n=%lld c=%lld h=%lld w=%lld co=%lld k=%dx%d stride=%d pad=%d",
-                 fn, (long long)n, (long long)c, (long long)h, (long long)w, (long long)co, kh,
-                 kw, stride, pad);
+                 "%s: bad shape n=%lld c=%lld h=%lld w=%lld co=%lld k=%dx%d stride=%d pad=%d", fn,
+                 (long long)n, (long long)c, (long long)h, (long long)w, (long long)co, kh, kw,
+                 stride, pad);
   }
   g->n = n, g->c = c, g->h = h, g->w = w, g->co = co;
   g->kh = kh, g->kw = kw, g->s = stride, g->pad = pad;
@@ -100,8 +101,8 @@ PS_CHECK int ps_conv_geometry(ps_conv_geo *g, const char *fn, int64_t n, int64_t
   return PS_OK;
 }
 
-PS_CHECK int ps_check_maxpool_forward(int64_t n, int64_t c, int64_t h, int64_t w,
-                                      int32_t kernel, int32_t stride) {
+PS_CHECK int ps_check_maxpool_forward(int64_t n, int64_t c, int64_t h, int64_t w, int32_t kernel,
+                                      int32_t stride) {
   if (n < 0 || c < 0 || h <= 0 || w <= 0 || kernel <= 0 || stride <= 0 || kernel > h ||
       kernel > w) {
     PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
@@ -126,11 +127,10 @@ PS_CHECK int ps_check_maxpool_backward(int64_t n, int64_t c, int64_t h, int64_t 
 
 /* Per-channel [n, c, hw] kernels (batch norm, bias). `min_n` is 1 where batch statistics need
  * a sample. c fits an int32: CUDA runs one block per channel. */
-PS_CHECK int ps_check_per_channel(const char *fn, int64_t n, int64_t c, int64_t hw,
-                                  int64_t min_n) {
+PS_CHECK int ps_check_per_channel(const char *fn, int64_t n, int64_t c, int64_t hw, int64_t min_n) {
   if (n < min_n || c <= 0 || hw <= 0 || c > INT32_MAX) {
-    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad shape n=%lld c=%lld hw=%lld", fn,
-                 (long long)n, (long long)c, (long long)hw);
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad shape n=%lld c=%lld hw=%lld", fn, (long long)n,
+                 (long long)c, (long long)hw);
   }
   return PS_OK;
 }

@@ -169,8 +169,9 @@ static void col2im(const conv_t *g, float *col, float *img) {
 #if defined(__AVX512F__)
             for (; ox < hi; ox += 16) {
               __mmask16 m = mask16(hi - ox);
-              _mm512_mask_storeu_ps(d + ox, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + ox),
-                                                             _mm512_maskz_loadu_ps(m, s + ox)));
+              _mm512_mask_storeu_ps(d + ox, m,
+                                    _mm512_add_ps(_mm512_maskz_loadu_ps(m, d + ox),
+                                                  _mm512_maskz_loadu_ps(m, s + ox)));
             }
 #endif
             for (; ox < hi; ox++) d[ox] += s[ox];
@@ -257,7 +258,8 @@ static void conv_bwd_data_task(void *vctx, int64_t i) {
   conv_bwd_data_ctx *x = vctx;
   const conv_t *g = x->g;
   int64_t K = g->c * g->kh * g->kw, P = g->oh * g->ow, HW = g->h * g->w, co = g->co;
-  float *dcol = ps_workspace(WS_COL, (size_t)(K * P)), *img = ps_workspace(WS_IMG, (size_t)(g->c * HW));
+  float *dcol = ps_workspace(WS_COL, (size_t)(K * P)),
+        *img = ps_workspace(WS_IMG, (size_t)(g->c * HW));
   if (!dcol || !img) {
     atomic_store(&x->failed, 1);
     return;
@@ -274,10 +276,9 @@ static void conv_bwd_data_task(void *vctx, int64_t i) {
   f2h_row(img, x->dx + i * g->c * HW, g->c * HW);
 }
 
-PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int64_t n,
-                                      int64_t c, int64_t h, int64_t w_, int64_t co,
-                                      int32_t kh, int32_t kw, int32_t stride, int32_t pad,
-                                      void *stream) {
+PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int64_t n, int64_t c,
+                                      int64_t h, int64_t w_, int64_t co, int32_t kh, int32_t kw,
+                                      int32_t stride, int32_t pad, void *stream) {
   (void)stream;
   conv_t g;
   int st = ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
@@ -325,11 +326,10 @@ static void conv_bwd_weight_task(void *vctx, int64_t chunk) {
   }
 }
 
-PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
-                                        int32_t dw_dtype, int64_t n, int64_t c, int64_t h,
-                                        int64_t w_, int64_t co, int32_t kh, int32_t kw,
-                                        int32_t stride, int32_t pad, int32_t accumulate,
-                                        void *stream) {
+PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw, int32_t dw_dtype,
+                                        int64_t n, int64_t c, int64_t h, int64_t w_, int64_t co,
+                                        int32_t kh, int32_t kw, int32_t stride, int32_t pad,
+                                        int32_t accumulate, void *stream) {
   (void)stream;
   CHECK_DTYPE(dw_dtype);
   conv_t g;

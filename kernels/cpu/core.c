@@ -69,7 +69,10 @@ static size_t upper_bound(uintptr_t p) {
   size_t lo = 0, hi = reg_len;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
-    if (reg[mid].start <= p) lo = mid + 1; else hi = mid;
+    if (reg[mid].start <= p)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -83,8 +86,9 @@ static int reg_insert(const void *ptr, uint64_t bytes, entry_kind kind) {
                  (i < reg_len && reg[i].start < p + bytes);
   if (overlaps) {
     pthread_mutex_unlock(&reg_lock);
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "range %p+%llu overlaps memory already allocated or registered",
-            ptr, (unsigned long long)bytes);
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+            "range %p+%llu overlaps memory already allocated or registered", ptr,
+            (unsigned long long)bytes);
   }
   if (reg_len == reg_cap) {
     size_t cap = reg_cap ? reg_cap * 2 : 256;
@@ -251,7 +255,9 @@ PS_API int ps_host_alloc(uint64_t bytes, void **out) {
   return aligned_alloc_entry(bytes, out, KIND_HOST_ALLOC, "pinned host allocation");
 }
 
-PS_API int ps_host_free(void *ptr) { return free_entry(ptr, KIND_HOST_ALLOC, "pinned host allocation"); }
+PS_API int ps_host_free(void *ptr) {
+  return free_entry(ptr, KIND_HOST_ALLOC, "pinned host allocation");
+}
 
 PS_API int ps_host_register(void *ptr, uint64_t bytes) {
   PS_REQUIRE(ptr != NULL);
@@ -330,7 +336,7 @@ typedef struct {
 } cpu_stream;
 
 typedef struct {
-  double ms;       /* monotonic time at the last record */
+  double ms; /* monotonic time at the last record */
   int32_t recorded;
   int32_t timing;
 } cpu_event;
@@ -464,8 +470,8 @@ static int bench_memcpy_loop(void *dst, const void *src, uint64_t bytes, int32_t
 }
 
 PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint64_t bytes,
-                                int32_t kind, int32_t iters, void *stream, float *out_ms,
-                                char *msg, uint64_t msg_cap) {
+                                int32_t kind, int32_t iters, void *stream, float *out_ms, char *msg,
+                                uint64_t msg_cap) {
   int st = device_synchronize(device);
   if (st == PS_OK) st = bench_memcpy_loop(dst, src, bytes, kind, iters, stream, out_ms);
   return ps_export_error(st, msg, msg_cap);

@@ -81,8 +81,8 @@ static inline void f2h_row(const float *s, half *d, int64_t n) {
                         _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
   if (i < n) {
     __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-    _mm256_mask_storeu_epi16(d + i, m,
-                             _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, s + i), _MM_FROUND_TO_NEAREST_INT));
+    _mm256_mask_storeu_epi16(
+        d + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, s + i), _MM_FROUND_TO_NEAREST_INT));
   }
 #else
   for (; i < n; i++) d[i] = f2h(s[i]);
@@ -129,7 +129,7 @@ static inline void tr16(__m512 r[16]) {
 /* d[j*ldd + i] = (float) s[i*lds + j] for i < rows, j < cols: a transposing copy from fp16
  * or fp32 into fp32, in 16x16 register blocks. */
 static inline void transpose_to_f32(const void *s, int f16, int64_t lds, int64_t rows, int64_t cols,
-                             float *d, int64_t ldd) {
+                                    float *d, int64_t ldd) {
 #if defined(__AVX512F__)
   for (int64_t i0 = 0; i0 < rows; i0 += 16) {
     int64_t ri = rows - i0 < 16 ? rows - i0 : 16;
@@ -154,8 +154,8 @@ static inline void transpose_to_f32(const void *s, int f16, int64_t lds, int64_t
 }
 
 /* d[j*ldd + i] = (fp16) s[i*lds + j] for i < rows, j < cols (fp32 -> fp16, transposed). */
-static inline void transpose_to_f16(const float *s, int64_t lds, int64_t rows, int64_t cols, half *d,
-                             int64_t ldd) {
+static inline void transpose_to_f16(const float *s, int64_t lds, int64_t rows, int64_t cols,
+                                    half *d, int64_t ldd) {
 #if defined(__AVX512F__)
   for (int64_t i0 = 0; i0 < rows; i0 += 16) {
     int64_t ri = rows - i0 < 16 ? rows - i0 : 16;

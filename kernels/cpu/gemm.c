@@ -104,8 +104,7 @@ static void pack_b(float *restrict dst, const mat_t *b, int64_t k0, int64_t kc, 
         const half *s = (const half *)b->p + k0 * b->rs + j0 + jp;
         for (int64_t k = 0; k < kc; k++, s += b->rs) {
           _mm512_store_ps(d + k * NR, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m0, s)));
-          _mm512_store_ps(d + k * NR + 16,
-                          _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m1, s + 16)));
+          _mm512_store_ps(d + k * NR + 16, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m1, s + 16)));
         }
       } else {
         const float *s = (const float *)b->p + k0 * b->rs + j0 + jp;
@@ -144,21 +143,21 @@ static void kernel_14x32(int64_t kc, const float *restrict a, const float *restr
 #if defined(__AVX512F__)
 #define PS_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
 #define PS_DECL(i) __m512 c##i##a = _mm512_setzero_ps(), c##i##b = _mm512_setzero_ps();
-#define PS_FMA(i)                                                                          \
-  {                                                                                        \
-    __m512 ai = _mm512_set1_ps(a[i]);                                                      \
-    c##i##a = _mm512_fmadd_ps(ai, b0, c##i##a);                                            \
-    c##i##b = _mm512_fmadd_ps(ai, b1, c##i##b);                                            \
+#define PS_FMA(i)                               \
+  {                                             \
+    __m512 ai = _mm512_set1_ps(a[i]);           \
+    c##i##a = _mm512_fmadd_ps(ai, b0, c##i##a); \
+    c##i##b = _mm512_fmadd_ps(ai, b1, c##i##b); \
   }
-#define PS_STORE(i)                                                                        \
-  {                                                                                        \
-    float *r = c + (i) * ldc;                                                              \
-    if (!first) {                                                                          \
-      c##i##a = _mm512_add_ps(c##i##a, _mm512_loadu_ps(r));                                \
-      c##i##b = _mm512_add_ps(c##i##b, _mm512_loadu_ps(r + 16));                           \
-    }                                                                                      \
-    _mm512_storeu_ps(r, c##i##a);                                                          \
-    _mm512_storeu_ps(r + 16, c##i##b);                                                     \
+#define PS_STORE(i)                                              \
+  {                                                              \
+    float *r = c + (i)*ldc;                                      \
+    if (!first) {                                                \
+      c##i##a = _mm512_add_ps(c##i##a, _mm512_loadu_ps(r));      \
+      c##i##b = _mm512_add_ps(c##i##b, _mm512_loadu_ps(r + 16)); \
+    }                                                            \
+    _mm512_storeu_ps(r, c##i##a);                                \
+    _mm512_storeu_ps(r + 16, c##i##b);                           \
   }
   PS_ROWS(PS_DECL)
   for (int64_t k = 0; k < kc; k++) {
@@ -183,8 +182,8 @@ static void kernel_14x32(int64_t kc, const float *restrict a, const float *restr
 #endif
 }
 
-int ps_gemm(int64_t M, int64_t N, int64_t K, const mat_t *A, const mat_t *B, float *C,
-            int64_t ldc, int acc) {
+int ps_gemm(int64_t M, int64_t N, int64_t K, const mat_t *A, const mat_t *B, float *C, int64_t ldc,
+            int acc) {
   if (M <= 0 || N <= 0) return 0;
   if (K <= 0) {
     if (!acc)
@@ -194,7 +193,8 @@ int ps_gemm(int64_t M, int64_t N, int64_t K, const mat_t *A, const mat_t *B, flo
   /* Split K evenly into blocks of at most KC_MAX (288 -> 2 x 144, not 256 + 32). */
   int64_t nkb = (K + KC_MAX - 1) / KC_MAX, kcb = (K + nkb - 1) / nkb;
   int64_t ncap = N < NC ? (N + NR - 1) / NR * NR : NC, mcap = M < MC ? (M + MR - 1) / MR * MR : MC;
-  float *pa = ps_workspace(WS_PACK_A, (size_t)(mcap * kcb)), *pb = ps_workspace(WS_PACK_B, (size_t)(ncap * kcb));
+  float *pa = ps_workspace(WS_PACK_A, (size_t)(mcap * kcb)),
+        *pb = ps_workspace(WS_PACK_B, (size_t)(ncap * kcb));
   if (!pa || !pb) return -1;
   float tile[MR * NR] __attribute__((aligned(64)));
   for (int64_t jc = 0; jc < N; jc += NC) {
@@ -258,8 +258,8 @@ static void matmul_task(void *vctx, int64_t p) {
 }
 
 PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, int64_t m,
-                        int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
-                        int32_t accumulate, void *stream) {
+                        int64_t n, int64_t k, int32_t trans_a, int32_t trans_b, int32_t accumulate,
+                        void *stream) {
   (void)stream;
   CHECK_DTYPE(c_dtype);
   TRY(ps_check_matmul(m, n, k));
@@ -283,8 +283,16 @@ PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, 
   int split_m = mt >= ntl;
   int64_t tiles = split_m ? mt : ntl, want = 2 * (int64_t)ps_pool_threads();
   int64_t parts = (double)m * n * k < 1e5 || tiles < 2 ? 1 : (tiles < want ? tiles : want);
-  matmul_ctx mc = {.A = &A, .B = &B, .out = out, .m = m, .n = n, .k = k, .acc = acc,
-                   .split_m = split_m, .tiles = tiles, .parts = parts};
+  matmul_ctx mc = {.A = &A,
+                   .B = &B,
+                   .out = out,
+                   .m = m,
+                   .n = n,
+                   .k = k,
+                   .acc = acc,
+                   .split_m = split_m,
+                   .tiles = tiles,
+                   .parts = parts};
   ps_pool_for(parts, matmul_task, &mc);
   int failed = atomic_load(&mc.failed);
   if (!failed && tmp) {

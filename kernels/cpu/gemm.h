@@ -22,7 +22,7 @@ typedef struct {
 /* C[M,N] (fp32, leading dimension ldc) = (acc ? C : 0) + A[M,K] . B[K,N] on the calling
  * thread (callers parallelize over independent outputs); returns 0, or -1 when out of
  * memory for its packing workspaces. */
-PS_INTERNAL int ps_gemm(int64_t M, int64_t N, int64_t K, const mat_t *A, const mat_t *B,
-                        float *C, int64_t ldc, int acc);
+PS_INTERNAL int ps_gemm(int64_t M, int64_t N, int64_t K, const mat_t *A, const mat_t *B, float *C,
+                        int64_t ldc, int acc);
 
 #endif /* PINSTREAM_CPU_GEMM_H */

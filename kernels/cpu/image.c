@@ -3,8 +3,8 @@
  * kernels/cuda/image.cu: both must give the same bits).
  *
  * Numerics: the normalize is a fp32 multiply then a fp32 add, each rounded, never a fused
- * multiply-add (ps_image_value in kernels/rules.h; the vector paths below spell it out). GCC contracts a*b+c
- * into an FMA across statements under its default -ffp-contract=fast (also through
+ * multiply-add (ps_image_value in kernels/rules.h; the vector paths below spell it out). GCC
+ * contracts a*b+c into an FMA across statements under its default -ffp-contract=fast (also through
  * _mm512_mul_ps/_mm512_add_ps, which are plain vector arithmetic in its headers), so this
  * file turns contraction off for itself; clang's default (contract within one expression
  * only) never fuses two statements. The fp16 cast rounds to nearest even on every path
@@ -101,9 +101,9 @@ static void gather_plane(const uint8_t *img, int32_t layout, int32_t c, int32_t 
  * fault) and give 0 for the padding; a flipped chunk is loaded backwards as one 16-byte
  * window and reversed with a byte shuffle. The load windows and masks depend only on the
  * sample's (dx, flip), so they are computed once per sample, not per row. */
-static inline __attribute__((always_inline)) void sample_nchw_avx512(const uint8_t *img, int32_t c, int32_t h, int32_t w, int32_t oy,
-                               int32_t ox, int32_t flip, const float *sc, const float *bi,
-                               int32_t out_dtype, void *out) {
+static inline __attribute__((always_inline)) void sample_nchw_avx512(
+    const uint8_t *img, int32_t c, int32_t h, int32_t w, int32_t oy, int32_t ox, int32_t flip,
+    const float *sc, const float *bi, int32_t out_dtype, void *out) {
   const __m128i rev = _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const int32_t chunks = (w + 15) / 16;
   int32_t first[PS_ROW_CHUNKS];
@@ -237,10 +237,18 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
       (params != NULL && !ps_is_live_range(params, (uint64_t)n * 12u))) {
     PS_FAIL(PS_ERR_INVALID_ARGUMENT,
             "ps_image_augment: src, params or out is not a live buffer of the batch's size "
-            "(n=%d c=%d h=%d w=%d)", n, c, h, w);
+            "(n=%d c=%d h=%d w=%d)",
+            n, c, h, w);
   }
-  augment_ctx k = {.src = src, .params = params, .out = out, .layout = layout, .c = c,
-                   .h = h, .w = w, .pad = pad, .out_dtype = out_dtype};
+  augment_ctx k = {.src = src,
+                   .params = params,
+                   .out = out,
+                   .layout = layout,
+                   .c = c,
+                   .h = h,
+                   .w = w,
+                   .pad = pad,
+                   .out_dtype = out_dtype};
   memcpy(k.scale, scale, sizeof(float) * (size_t)c);
   memcpy(k.bias, bias, sizeof(float) * (size_t)c);
   /* Threads only for big batches (>= 4 MiB of pixels): in the pipeline the loader's
@@ -250,8 +258,9 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
    * the others up for a short while only. */
   const int64_t grain = (n + 4 * ps_pool_threads() - 1) / (4 * ps_pool_threads());
   ps_pool_range_min(n, grain, n * img_bytes, (int64_t)1 << 22, augment_range, &k);
-  if (atomic_load(&k.failed)) PS_FAIL(PS_ERR_OUT_OF_MEMORY, "ps_image_augment: no memory for a %lld-byte plane",
-                      (long long)plane);
+  if (atomic_load(&k.failed))
+    PS_FAIL(PS_ERR_OUT_OF_MEMORY, "ps_image_augment: no memory for a %lld-byte plane",
+            (long long)plane);
   return PS_OK;
 }
 

@@ -17,12 +17,12 @@
 
 /* Fails unless [ptr, ptr + bytes) lies inside one live allocation (the CUDA backend would
  * report an illegal address, later and less precisely). */
-#define CHECK_RANGE(ptr, bytes)                                                        \
-  do {                                                                                 \
-    if ((bytes) > 0 && !ps_is_live_range((ptr), (uint64_t)(bytes)))                    \
-      PS_FAIL(PS_ERR_INVALID_ARGUMENT,                                                 \
-              "%s: %s (%p, %llu bytes) is not inside one live device allocation",     \
-              __func__, #ptr, (const void *)(ptr), (unsigned long long)(bytes));       \
+#define CHECK_RANGE(ptr, bytes)                                                                   \
+  do {                                                                                            \
+    if ((bytes) > 0 && !ps_is_live_range((ptr), (uint64_t)(bytes)))                               \
+      PS_FAIL(PS_ERR_INVALID_ARGUMENT,                                                            \
+              "%s: %s (%p, %llu bytes) is not inside one live device allocation", __func__, #ptr, \
+              (const void *)(ptr), (unsigned long long)(bytes));                                  \
   } while (0)
 #define CHECK_DTYPE(dt) TRY(ps_check_dtype(__func__, #dt, (dt)))
 #define OOM() PS_FAIL(PS_ERR_OUT_OF_MEMORY, "%s: no memory for a workspace", __func__)

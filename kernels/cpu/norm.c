@@ -130,10 +130,19 @@ PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, cons
   CHECK_RANGE(save_invstd, c * 4);
   if (run_mean) CHECK_RANGE(run_mean, c * 4);
   if (run_var) CHECK_RANGE(run_var, c * 4);
-  bn_train_ctx k = {.x = x, .y = y, .gamma = gamma, .beta = beta,
-                         .save_mean = save_mean, .save_invstd = save_invstd,
-                         .run_mean = run_mean, .run_var = run_var, .n = n, .c = c, .hw = hw,
-                         .momentum = momentum, .eps = eps};
+  bn_train_ctx k = {.x = x,
+                    .y = y,
+                    .gamma = gamma,
+                    .beta = beta,
+                    .save_mean = save_mean,
+                    .save_invstd = save_invstd,
+                    .run_mean = run_mean,
+                    .run_var = run_var,
+                    .n = n,
+                    .c = c,
+                    .hw = hw,
+                    .momentum = momentum,
+                    .eps = eps};
   ps_pool_range(c, 1, n * c * hw, bn_train_range, &k);
   return PS_OK;
 }
@@ -151,8 +160,7 @@ static void bn_eval_range(void *vctx, int64_t c0, int64_t c1) {
   const bn_eval_ctx *k = vctx;
   const half *x = k->x;
   half *y = k->y;
-  const float *gamma = k->gamma, *beta = k->beta, *run_mean = k->run_mean,
-              *run_var = k->run_var;
+  const float *gamma = k->gamma, *beta = k->beta, *run_mean = k->run_mean, *run_var = k->run_var;
   float eps = k->eps;
   int64_t n = k->n, c = k->c, hw = k->hw;
   for (int64_t ch = c0; ch < c1; ch++) {
@@ -165,8 +173,7 @@ static void bn_eval_range(void *vctx, int64_t c0, int64_t c1) {
 
 PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const float *beta,
                                         const float *run_mean, const float *run_var, void *y,
-                                        int64_t n, int64_t c, int64_t hw, float eps,
-                                        void *stream) {
+                                        int64_t n, int64_t c, int64_t hw, float eps, void *stream) {
   (void)stream;
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   if (n == 0) return PS_OK;
@@ -176,8 +183,16 @@ PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const
   CHECK_RANGE(beta, c * 4);
   CHECK_RANGE(run_mean, c * 4);
   CHECK_RANGE(run_var, c * 4);
-  bn_eval_ctx k = {.x = x, .y = y, .gamma = gamma, .beta = beta, .run_mean = run_mean,
-                        .run_var = run_var, .n = n, .c = c, .hw = hw, .eps = eps};
+  bn_eval_ctx k = {.x = x,
+                   .y = y,
+                   .gamma = gamma,
+                   .beta = beta,
+                   .run_mean = run_mean,
+                   .run_var = run_var,
+                   .n = n,
+                   .c = c,
+                   .hw = hw,
+                   .eps = eps};
   ps_pool_range(c, 1, n * c * hw, bn_eval_range, &k);
   return PS_OK;
 }
@@ -245,8 +260,8 @@ static void bn_bwd_range(void *vctx, int64_t c0, int64_t c1) {
 
 PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
                                     const float *save_mean, const float *save_invstd, void *dx,
-                                    float *dgamma, float *dbeta, int64_t n, int64_t c,
-                                    int64_t hw, void *stream) {
+                                    float *dgamma, float *dbeta, int64_t n, int64_t c, int64_t hw,
+                                    void *stream) {
   (void)stream;
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   CHECK_RANGE(dy, n * c * hw * 2);
@@ -257,9 +272,17 @@ PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *
   CHECK_RANGE(save_invstd, c * 4);
   CHECK_RANGE(dgamma, c * 4);
   CHECK_RANGE(dbeta, c * 4);
-  bn_bwd_ctx k = {.x = x, .dy = dy, .dx = dx, .gamma = gamma, .save_mean = save_mean,
-                       .save_invstd = save_invstd, .dgamma = dgamma, .dbeta = dbeta, .n = n,
-                       .c = c, .hw = hw};
+  bn_bwd_ctx k = {.x = x,
+                  .dy = dy,
+                  .dx = dx,
+                  .gamma = gamma,
+                  .save_mean = save_mean,
+                  .save_invstd = save_invstd,
+                  .dgamma = dgamma,
+                  .dbeta = dbeta,
+                  .n = n,
+                  .c = c,
+                  .hw = hw};
   ps_pool_range(c, 1, n * c * hw, bn_bwd_range, &k);
   return PS_OK;
 }
@@ -333,8 +356,8 @@ static void bias_grad_range(void *vctx, int64_t c0, int64_t c1) {
   }
 }
 
-PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int64_t n,
-                           int64_t c, int64_t hw, int32_t accumulate, void *stream) {
+PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int64_t n, int64_t c,
+                           int64_t hw, int32_t accumulate, void *stream) {
   (void)stream;
   CHECK_DTYPE(dbias_dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
@@ -363,4 +386,3 @@ PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int
   free(sum);
   return PS_OK;
 }
-

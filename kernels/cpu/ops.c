@@ -25,7 +25,8 @@ static void maxpool_2x2_plane(const half *xp, half *yp, int32_t *ip, int64_t w, 
                               int64_t ow) {
   const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-  const __m512i lane2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i lane2 =
+      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   for (int64_t oy = 0; oy < oh; oy++) {
     const half *r0 = xp + 2 * oy * w, *r1 = r0 + w;
     for (int64_t ox = 0; ox < ow; ox += 16) {
@@ -39,9 +40,9 @@ static void maxpool_2x2_plane(const half *xp, half *yp, int32_t *ip, int64_t w, 
       __m512 m = v[0];
       __m512i best = base;
       for (int t = 1; t < 4; t++) {
-        __mmask16 gt = _mm512_cmp_ps_mask(v[t], m, _CMP_GT_OQ) |
-                       (_mm512_cmp_ps_mask(v[t], v[t], _CMP_UNORD_Q) &
-                        _mm512_cmp_ps_mask(m, m, _CMP_ORD_Q));
+        __mmask16 gt =
+            _mm512_cmp_ps_mask(v[t], m, _CMP_GT_OQ) |
+            (_mm512_cmp_ps_mask(v[t], v[t], _CMP_UNORD_Q) & _mm512_cmp_ps_mask(m, m, _CMP_ORD_Q));
         m = _mm512_mask_mov_ps(m, gt, v[t]);
         best = _mm512_mask_mov_epi32(best, gt, _mm512_add_epi32(base, _mm512_set1_epi32(off[t])));
       }
@@ -120,9 +121,9 @@ static void maxpool_bwd_range(void *vctx, int64_t p0, int64_t p1) {
   }
 }
 
-PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n,
-                                   int64_t c, int64_t h, int64_t w_, int32_t kernel,
-                                   int32_t stride, void *stream) {
+PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n, int64_t c,
+                                   int64_t h, int64_t w_, int32_t kernel, int32_t stride,
+                                   void *stream) {
   (void)stream;
   TRY(ps_check_maxpool_forward(n, c, h, w_, kernel, stride));
   int64_t oh = ps_pool_out(h, kernel, stride), ow = ps_pool_out(w_, kernel, stride);
@@ -131,15 +132,22 @@ PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int
   CHECK_RANGE(x, planes * h * w_ * 2);
   CHECK_RANGE(y, planes * oh * ow * 2);
   if (indices) CHECK_RANGE(indices, planes * oh * ow * 4);
-  maxpool_fwd_ctx pc = {.x = x, .y = y, .idx = indices, .h = h, .w = w_, .oh = oh, .ow = ow,
-                        .kernel = kernel, .stride = stride};
+  maxpool_fwd_ctx pc = {.x = x,
+                        .y = y,
+                        .idx = indices,
+                        .h = h,
+                        .w = w_,
+                        .oh = oh,
+                        .ow = ow,
+                        .kernel = kernel,
+                        .stride = stride};
   ps_pool_range(planes, 8, planes * h * w_, maxpool_fwd_range, &pc);
   return PS_OK;
 }
 
-PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx,
-                                    int64_t n, int64_t c, int64_t h, int64_t w_, int64_t oh,
-                                    int64_t ow, void *stream) {
+PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx, int64_t n,
+                                    int64_t c, int64_t h, int64_t w_, int64_t oh, int64_t ow,
+                                    void *stream) {
   (void)stream;
   TRY(ps_check_maxpool_backward(n, c, h, w_, oh, ow));
   int64_t planes = n * c, hw = h * w_, ohw = oh * ow;
@@ -166,20 +174,20 @@ static void relu_fwd_range(void *vctx, int64_t i, int64_t end) {
   const uint16_t *s = k->x;
   uint16_t *d = k->y;
 #if defined(__AVX512BW__)
-    /* As int16, exactly the values to zero (-0, negatives, -inf; not negative NaNs) are
-     * <= (int16)0xfc00 = -1024. */
-    const __m512i lim = _mm512_set1_epi16(-1024);
-    for (; i < end; i += 32) {
-      __mmask32 m = end - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (end - i)) - 1u);
-      __m512i v = _mm512_maskz_loadu_epi16(m, s + i);
-      __mmask32 neg = _mm512_cmple_epi16_mask(v, lim);
-      _mm512_mask_storeu_epi16(d + i, m, _mm512_maskz_mov_epi16((__mmask32)~neg, v));
-    }
-#endif
-    for (; i < end; i++) {
-      d[i] = ps_relu_f16(s[i]);
-    }
+  /* As int16, exactly the values to zero (-0, negatives, -inf; not negative NaNs) are
+   * <= (int16)0xfc00 = -1024. */
+  const __m512i lim = _mm512_set1_epi16(-1024);
+  for (; i < end; i += 32) {
+    __mmask32 m = end - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (end - i)) - 1u);
+    __m512i v = _mm512_maskz_loadu_epi16(m, s + i);
+    __mmask32 neg = _mm512_cmple_epi16_mask(v, lim);
+    _mm512_mask_storeu_epi16(d + i, m, _mm512_maskz_mov_epi16((__mmask32)~neg, v));
   }
+#endif
+  for (; i < end; i++) {
+    d[i] = ps_relu_f16(s[i]);
+  }
+}
 
 PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *stream) {
   (void)stream;
@@ -205,18 +213,18 @@ static void relu_bwd_range(void *vctx, int64_t i, int64_t end) {
   const uint16_t *g = k->dy, *o = k->y;
   uint16_t *d = k->dx;
 #if defined(__AVX512BW__)
-    const __m512i zero = _mm512_setzero_si512(), inf = _mm512_set1_epi16(0x7c00);
-    for (; i < end; i += 32) {
-      __mmask32 m = end - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (end - i)) - 1u);
-      __m512i v = _mm512_maskz_loadu_epi16(m, o + i);
-      __mmask32 pos = _mm512_cmpgt_epi16_mask(v, zero) & _mm512_cmple_epi16_mask(v, inf);
-      _mm512_mask_storeu_epi16(d + i, m, _mm512_maskz_loadu_epi16(pos & m, g + i));
-    }
-#endif
-    for (; i < end; i++) {
-      d[i] = ps_relu_grad_f16(o[i], g[i]);
-    }
+  const __m512i zero = _mm512_setzero_si512(), inf = _mm512_set1_epi16(0x7c00);
+  for (; i < end; i += 32) {
+    __mmask32 m = end - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (end - i)) - 1u);
+    __m512i v = _mm512_maskz_loadu_epi16(m, o + i);
+    __mmask32 pos = _mm512_cmpgt_epi16_mask(v, zero) & _mm512_cmple_epi16_mask(v, inf);
+    _mm512_mask_storeu_epi16(d + i, m, _mm512_maskz_loadu_epi16(pos & m, g + i));
   }
+#endif
+  for (; i < end; i++) {
+    d[i] = ps_relu_grad_f16(o[i], g[i]);
+  }
+}
 
 PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t count,
                                void *stream) {
@@ -235,8 +243,8 @@ PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t 
 /* ---- loss ---------------------------------------------------------------------------- */
 
 PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
-                               float *loss_sum, int32_t *correct, int64_t n, int64_t k,
-                               float scale, const float *device_scale, void *stream) {
+                               float *loss_sum, int32_t *correct, int64_t n, int64_t k, float scale,
+                               const float *device_scale, void *stream) {
   (void)stream;
   TRY(ps_check_cross_entropy(n, k));
   if (n == 0) return PS_OK;
@@ -248,8 +256,9 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
   if (device_scale) CHECK_RANGE(device_scale, 4);
   for (int64_t i = 0; i < n; i++)
     if (labels[i] < 0 || labels[i] >= k)
-      PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cross_entropy: label %d of sample %lld not in [0, %lld)",
-              labels[i], (long long)i, (long long)k);
+      PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+              "ps_nn_cross_entropy: label %d of sample %lld not in [0, %lld)", labels[i],
+              (long long)i, (long long)k);
   double loss = 0.0;
   int64_t hits = 0;
   float *row = malloc((size_t)k * sizeof(float));
@@ -303,9 +312,9 @@ PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst
   return PS_OK;
 }
 
-PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
-                               const float *scale, float inv_scale, int32_t in_place,
-                               int32_t *found_inf, void *stream) {
+PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count, const float *scale,
+                               float inv_scale, int32_t in_place, int32_t *found_inf,
+                               void *stream) {
   (void)stream;
   CHECK_DTYPE(grad_dtype);
   TRY(ps_check_count(__func__, count));
@@ -351,19 +360,19 @@ static void sgd_range(void *vctx, int64_t i0, int64_t i1) {
   float inv = k->inv, lr = k->lr, momentum = k->momentum, dampening = k->dampening,
         weight_decay = k->weight_decay;
   for (int64_t i = i0; i < i1; i++) {
-    float g = (grad_dtype == PS_NN_F16 ? h2f(((const half *)grad)[i]) : ((const float *)grad)[i]) * inv;
-    float p = ps_sgd_element(param[i], g, momentum != 0.0f ? momentum_buf + i : NULL, lr,
-                             momentum, dampening, weight_decay, nesterov, fresh);
+    float g =
+        (grad_dtype == PS_NN_F16 ? h2f(((const half *)grad)[i]) : ((const float *)grad)[i]) * inv;
+    float p = ps_sgd_element(param[i], g, momentum != 0.0f ? momentum_buf + i : NULL, lr, momentum,
+                             dampening, weight_decay, nesterov, fresh);
     param[i] = p;
     if (param_half) param_half[i] = f2h(p);
   }
 }
 
-PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
-                          float *momentum_buf, void *param_half, int64_t count, float lr,
-                          float momentum, float dampening, float weight_decay,
-                          int32_t nesterov, const float *scale, const int32_t *found_inf,
-                          const int32_t *steps_done, void *stream) {
+PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype, float *momentum_buf,
+                          void *param_half, int64_t count, float lr, float momentum,
+                          float dampening, float weight_decay, int32_t nesterov, const float *scale,
+                          const int32_t *found_inf, const int32_t *steps_done, void *stream) {
   (void)stream;
   CHECK_DTYPE(grad_dtype);
   TRY(ps_check_sgd(count, momentum, momentum_buf));
@@ -378,10 +387,18 @@ PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
   if (found_inf && *found_inf) return PS_OK;
   float inv = scale ? 1.0f / *scale : 1.0f;
   int fresh = steps_done && *steps_done == 0;
-  sgd_ctx k = {.param = param, .momentum_buf = momentum_buf, .grad = grad,
-               .param_half = param_half, .grad_dtype = grad_dtype, .nesterov = nesterov != 0,
-               .fresh = fresh, .inv = inv, .lr = lr, .momentum = momentum,
-               .dampening = dampening, .weight_decay = weight_decay};
+  sgd_ctx k = {.param = param,
+               .momentum_buf = momentum_buf,
+               .grad = grad,
+               .param_half = param_half,
+               .grad_dtype = grad_dtype,
+               .nesterov = nesterov != 0,
+               .fresh = fresh,
+               .inv = inv,
+               .lr = lr,
+               .momentum = momentum,
+               .dampening = dampening,
+               .weight_decay = weight_decay};
   ps_pool_range(count, 16384, count, sgd_range, &k);
   return PS_OK;
 }
@@ -395,15 +412,14 @@ PS_API int ps_nn_step_count(int32_t *steps_done, const int32_t *found_inf, void 
 }
 
 PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int32_t *found_inf,
-                               float growth_factor, float backoff_factor,
-                               int32_t growth_interval, void *stream) {
+                               float growth_factor, float backoff_factor, int32_t growth_interval,
+                               void *stream) {
   (void)stream;
   CHECK_RANGE(scale, 4);
   CHECK_RANGE(growth_tracker, 4);
   CHECK_RANGE(found_inf, 4);
   TRY(ps_check_scaler_update(growth_interval));
-  ps_scaler_step(scale, growth_tracker, *found_inf, growth_factor, backoff_factor,
-                 growth_interval);
+  ps_scaler_step(scale, growth_tracker, *found_inf, growth_factor, backoff_factor, growth_interval);
   return PS_OK;
 }
 

@@ -141,7 +141,8 @@ int ps_pool_threads(void) {
 
 void ps_pool_for(int64_t n, ps_task fn, void *ctx) {
   if (n <= 0) return;
-  if (n == 1 || n > 0xffffffffLL || ps_pool_threads() == 1 || pthread_mutex_trylock(&pool.call_mu)) {
+  if (n == 1 || n > 0xffffffffLL || ps_pool_threads() == 1 ||
+      pthread_mutex_trylock(&pool.call_mu)) {
     for (int64_t i = 0; i < n; i++) fn(ctx, i);
     return;
   }
@@ -179,8 +180,8 @@ static void range_task(void *vctx, int64_t i) {
   r->fn(r->ctx, b, e);
 }
 
-void ps_pool_range_min(int64_t total, int64_t grain, int64_t work, int64_t min_work,
-                       ps_range_fn fn, void *ctx) {
+void ps_pool_range_min(int64_t total, int64_t grain, int64_t work, int64_t min_work, ps_range_fn fn,
+                       void *ctx) {
   if (total <= 0) return;
   if (work < min_work || total <= grain) {
     fn(ctx, 0, total);

@@ -33,8 +33,7 @@
 #endif
 
 /* Records a failed CUDA call and returns the PS_ERR_* it maps to (ps_status_of). */
-PS_INTERNAL int ps_record_cuda_error(cudaError_t err, const char *expr, const char *file,
-                                     int line);
+PS_INTERNAL int ps_record_cuda_error(cudaError_t err, const char *expr, const char *file, int line);
 
 /* cudaErrorInsufficientDriver & co -> PS_ERR_NO_DRIVER, cudaErrorNoDevice -> PS_ERR_NO_DEVICE,
  * cudaErrorInvalidDevice -> PS_ERR_INVALID_DEVICE, cudaErrorMemoryAllocation ->
@@ -47,12 +46,12 @@ PS_INTERNAL int ps_status_of(cudaError_t err);
 #include "../rules.h"
 
 /* Run a CUDA runtime call; on failure record it and return its PS_ERR_* status. */
-#define CUDA_CHECK(expr)                                                        \
-  do {                                                                          \
-    cudaError_t ps_err_ = (expr);                                               \
-    if (ps_err_ != cudaSuccess) {                                               \
-      return ps_record_cuda_error(ps_err_, #expr, __FILE__, __LINE__);          \
-    }                                                                           \
+#define CUDA_CHECK(expr)                                               \
+  do {                                                                 \
+    cudaError_t ps_err_ = (expr);                                      \
+    if (ps_err_ != cudaSuccess) {                                      \
+      return ps_record_cuda_error(ps_err_, #expr, __FILE__, __LINE__); \
+    }                                                                  \
   } while (0)
 
 /* Kinds of live objects counted by ps_live_objects(). */

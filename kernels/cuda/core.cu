@@ -481,10 +481,10 @@ static int bench_memcpy_loop_on(int32_t device, void *dst, const void *src, uint
 }
 
 PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint64_t bytes,
-                                int32_t kind, int32_t iters, void *stream, float *out_ms,
-                                char *msg, uint64_t msg_cap) {
-  return ps_export_error(
-      bench_memcpy_loop_on(device, dst, src, bytes, kind, iters, stream, out_ms), msg, msg_cap);
+                                int32_t kind, int32_t iters, void *stream, float *out_ms, char *msg,
+                                uint64_t msg_cap) {
+  return ps_export_error(bench_memcpy_loop_on(device, dst, src, bytes, kind, iters, stream, out_ms),
+                         msg, msg_cap);
 }
 
 }  // extern "C"

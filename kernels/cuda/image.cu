@@ -90,14 +90,15 @@ void launch_augment(const uint8_t *src, int32_t layout, const int32_t *params, c
                     cudaStream_t st) {
   const int block = 256;
   const int64_t plane = (int64_t)h * w, planes = (int64_t)n * c;
-  const dim3 grid((unsigned)((plane + block - 1) / block < 1024 ? (plane + block - 1) / block : 1024),
-                  (unsigned)(planes < 65535 ? planes : 65535));
+  const dim3 grid(
+      (unsigned)((plane + block - 1) / block < 1024 ? (plane + block - 1) / block : 1024),
+      (unsigned)(planes < 65535 ? planes : 65535));
   if (layout == PS_IMAGE_NCHW) {
-    PS_LAUNCH((augment_kernel<Out, PS_IMAGE_NCHW>), grid, block, 0, st, src, params, aff, out, n,
-              c, h, w, pad);
+    PS_LAUNCH((augment_kernel<Out, PS_IMAGE_NCHW>), grid, block, 0, st, src, params, aff, out, n, c,
+              h, w, pad);
   } else {
-    PS_LAUNCH((augment_kernel<Out, PS_IMAGE_NHWC>), grid, block, 0, st, src, params, aff, out, n,
-              c, h, w, pad);
+    PS_LAUNCH((augment_kernel<Out, PS_IMAGE_NHWC>), grid, block, 0, st, src, params, aff, out, n, c,
+              h, w, pad);
   }
 }
 

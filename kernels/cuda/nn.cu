@@ -257,8 +257,8 @@ __device__ void block_sum(float (&v)[N], float (*sh)[N]) {
 
 /* ---- pooling ------------------------------------------------------------------------------ */
 
-__global__ void maxpool_fwd(const __half *x, __half *y, int32_t *idx, int64_t planes,
-                            int64_t h, int64_t w, int64_t oh, int64_t ow, int k, int s) {
+__global__ void maxpool_fwd(const __half *x, __half *y, int32_t *idx, int64_t planes, int64_t h,
+                            int64_t w, int64_t oh, int64_t ow, int k, int s) {
   int64_t total = planes * oh * ow;
   for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
        t += (int64_t)gridDim.x * blockDim.x) {
@@ -341,8 +341,8 @@ __global__ void bn_eval(const __half *x, const float *gamma, const float *beta,
 }
 
 __global__ void bn_bwd(const __half *dy, const __half *x, const float *gamma,
-                       const float *save_mean, const float *save_invstd, __half *dx,
-                       float *dgamma, float *dbeta, int64_t n, int64_t c, int64_t hw) {
+                       const float *save_mean, const float *save_invstd, __half *dx, float *dgamma,
+                       float *dbeta, int64_t n, int64_t c, int64_t hw) {
   PS_SHARED(float, sh, [32][2]);
   int64_t ch = blockIdx.x, cnt = n * hw;
   float mean = save_mean[ch], is = save_invstd[ch];
@@ -378,8 +378,8 @@ __global__ void bias_add(__half *y, const void *bias, int f16, int64_t total, in
   }
 }
 
-__global__ void bias_grad(const __half *dy, void *dbias, int f16, int64_t n, int64_t c,
-                          int64_t hw, int acc) {
+__global__ void bias_grad(const __half *dy, void *dbias, int f16, int64_t n, int64_t c, int64_t hw,
+                          int acc) {
   PS_SHARED(float, sh, [32][1]);
   int64_t ch = blockIdx.x, cnt = n * hw;
   float v[1] = {0.0f};
@@ -429,8 +429,8 @@ __global__ void cast_kernel(const void *src, int sf16, void *dst, int df16, int6
  * row is uniform across a warp (blockDim is a multiple of 32), so the full-mask shuffles
  * below always run with all 32 lanes. */
 __global__ void cross_entropy(const __half *logits, const int32_t *labels, __half *dlogits,
-                              float *loss_sum, int32_t *correct, int64_t n, int64_t k,
-                              float scale, const float *device_scale) {
+                              float *loss_sum, int32_t *correct, int64_t n, int64_t k, float scale,
+                              const float *device_scale) {
   int lane = threadIdx.x % 32;
   float g = ps_ce_grad_scale(scale, device_scale, n);
   for (int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; row < n;
@@ -470,7 +470,7 @@ __global__ void cross_entropy(const __half *logits, const int32_t *labels, __hal
   }
 }
 
-/* ---- loss scaling, SGD ------------------------------------------------------------------------ */
+/* ---- loss scaling, SGD ----------------------------------------------------------------------- */
 
 __global__ void unscale_check(void *grad, int f16, int64_t n, const float *scale, float inv_value,
                               int in_place, int32_t *found_inf) {
@@ -517,12 +517,12 @@ __global__ void scaler_update_kernel(float *scale, int32_t *tracker, const int32
   ps_scaler_step(scale, tracker, *found_inf, growth, backoff, interval);
 }
 
-#define NULL_CHECK(...)                                                                   \
-  do {                                                                                    \
-    const void *ps_ptrs_[] = {__VA_ARGS__};                                               \
-    for (const void *ps_p_ : ps_ptrs_)                                                    \
-      if (!ps_p_) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: null pointer among (%s)", __func__, \
-                          #__VA_ARGS__);                                                  \
+#define NULL_CHECK(...)                                                                          \
+  do {                                                                                           \
+    const void *ps_ptrs_[] = {__VA_ARGS__};                                                      \
+    for (const void *ps_p_ : ps_ptrs_)                                                           \
+      if (!ps_p_)                                                                                \
+        PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: null pointer among (%s)", __func__, #__VA_ARGS__); \
   } while (0)
 #define DTYPE_CHECK(dt) TRY(ps_check_dtype(__func__, #dt, (dt)))
 
@@ -533,8 +533,8 @@ constexpr int EW = 256; /* threads of elementwise and per-channel kernels */
 extern "C" {
 
 PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, int64_t m,
-                        int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
-                        int32_t accumulate, void *stream) {
+                        int64_t n, int64_t k, int32_t trans_a, int32_t trans_b, int32_t accumulate,
+                        void *stream) {
   DTYPE_CHECK(c_dtype);
   TRY(ps_check_matmul(m, n, k));
   if (m == 0 || n == 0) return PS_OK;
@@ -564,10 +564,9 @@ PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n
   return gemm(co, n * P, K, 1, A, B, ep, (cudaStream_t)stream);
 }
 
-PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int64_t n,
-                                      int64_t c, int64_t h, int64_t w_, int64_t co,
-                                      int32_t kh, int32_t kw, int32_t stride, int32_t pad,
-                                      void *stream) {
+PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int64_t n, int64_t c,
+                                      int64_t h, int64_t w_, int64_t co, int32_t kh, int32_t kw,
+                                      int32_t stride, int32_t pad, void *stream) {
   ConvGeo g{}; /* {}: gcc cannot see that ps_conv_geometry fills it before any use */
   TRY(ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad));
   if (n == 0) return PS_OK;
@@ -578,11 +577,10 @@ PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, i
   return gemm(c, n * h * w_, co * kh * kw, 1, A, B, ep, (cudaStream_t)stream);
 }
 
-PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
-                                        int32_t dw_dtype, int64_t n, int64_t c, int64_t h,
-                                        int64_t w_, int64_t co, int32_t kh, int32_t kw,
-                                        int32_t stride, int32_t pad, int32_t accumulate,
-                                        void *stream) {
+PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw, int32_t dw_dtype,
+                                        int64_t n, int64_t c, int64_t h, int64_t w_, int64_t co,
+                                        int32_t kh, int32_t kw, int32_t stride, int32_t pad,
+                                        int32_t accumulate, void *stream) {
   DTYPE_CHECK(dw_dtype);
   ConvGeo g{}; /* {}: gcc cannot see that ps_conv_geometry fills it before any use */
   TRY(ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad));
@@ -618,31 +616,31 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
   return r != PS_OK ? r : fr;
 }
 
-PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n,
-                                   int64_t c, int64_t h, int64_t w_, int32_t kernel,
-                                   int32_t stride, void *stream) {
+PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n, int64_t c,
+                                   int64_t h, int64_t w_, int32_t kernel, int32_t stride,
+                                   void *stream) {
   TRY(ps_check_maxpool_forward(n, c, h, w_, kernel, stride));
   int64_t oh = ps_pool_out(h, kernel, stride), ow = ps_pool_out(w_, kernel, stride);
   int64_t planes = n * c;
   if (planes == 0) return PS_OK;
   NULL_CHECK(x, y);
   PS_LAUNCH(maxpool_fwd, blocks_for(planes * oh * ow, EW), EW, 0, (cudaStream_t)stream,
-      (const __half *)x, (__half *)y, indices, planes, h, w_, oh, ow, kernel, stride);
+            (const __half *)x, (__half *)y, indices, planes, h, w_, oh, ow, kernel, stride);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
-PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx,
-                                    int64_t n, int64_t c, int64_t h, int64_t w_, int64_t oh,
-                                    int64_t ow, void *stream) {
+PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx, int64_t n,
+                                    int64_t c, int64_t h, int64_t w_, int64_t oh, int64_t ow,
+                                    void *stream) {
   TRY(ps_check_maxpool_backward(n, c, h, w_, oh, ow));
   int64_t planes = n * c;
   if (planes == 0) return PS_OK;
   NULL_CHECK(dy, indices, dx);
   cudaStream_t st = (cudaStream_t)stream;
   CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)(planes * h * w_) * 2, st));
-  PS_LAUNCH(maxpool_bwd, blocks_for(planes * oh * ow, EW), EW, 0, st,
-      (const __half *)dy, indices, (__half *)dx, planes, h * w_, oh * ow);
+  PS_LAUNCH(maxpool_bwd, blocks_for(planes * oh * ow, EW), EW, 0, st, (const __half *)dy, indices,
+            (__half *)dx, planes, h * w_, oh * ow);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -653,35 +651,32 @@ PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, cons
                                          int64_t hw, float momentum, float eps, void *stream) {
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   NULL_CHECK(x, gamma, beta, y, save_mean, save_invstd);
-  PS_LAUNCH(bn_train, (unsigned)c, EW, 0, (cudaStream_t)stream,
-      (const __half *)x, gamma, beta, (__half *)y, save_mean, save_invstd, run_mean, run_var, n,
-      c, hw, momentum, eps);
+  PS_LAUNCH(bn_train, (unsigned)c, EW, 0, (cudaStream_t)stream, (const __half *)x, gamma, beta,
+            (__half *)y, save_mean, save_invstd, run_mean, run_var, n, c, hw, momentum, eps);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
 PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const float *beta,
                                         const float *run_mean, const float *run_var, void *y,
-                                        int64_t n, int64_t c, int64_t hw, float eps,
-                                        void *stream) {
+                                        int64_t n, int64_t c, int64_t hw, float eps, void *stream) {
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   if (n == 0) return PS_OK;
   NULL_CHECK(x, gamma, beta, run_mean, run_var, y);
-  PS_LAUNCH(bn_eval, blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream,
-      (const __half *)x, gamma, beta, run_mean, run_var, (__half *)y, n * c * hw, c, hw, eps);
+  PS_LAUNCH(bn_eval, blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream, (const __half *)x,
+            gamma, beta, run_mean, run_var, (__half *)y, n * c * hw, c, hw, eps);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
 PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
                                     const float *save_mean, const float *save_invstd, void *dx,
-                                    float *dgamma, float *dbeta, int64_t n, int64_t c,
-                                    int64_t hw, void *stream) {
+                                    float *dgamma, float *dbeta, int64_t n, int64_t c, int64_t hw,
+                                    void *stream) {
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   NULL_CHECK(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
   PS_LAUNCH(bn_bwd, (unsigned)c, EW, 0, (cudaStream_t)stream, (const __half *)dy, (const __half *)x,
-            gamma, save_mean, save_invstd,
-            (__half *)dx, dgamma, dbeta, n, c, hw);
+            gamma, save_mean, save_invstd, (__half *)dx, dgamma, dbeta, n, c, hw);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -692,20 +687,20 @@ PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   if (n == 0) return PS_OK;
   NULL_CHECK(y, bias);
-  PS_LAUNCH(bias_add, blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream,
-      (__half *)y, bias, bias_dtype == PS_NN_F16, n * c * hw, c, hw);
+  PS_LAUNCH(bias_add, blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream, (__half *)y, bias,
+            bias_dtype == PS_NN_F16, n * c * hw, c, hw);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
-PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int64_t n,
-                           int64_t c, int64_t hw, int32_t accumulate, void *stream) {
+PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int64_t n, int64_t c,
+                           int64_t hw, int32_t accumulate, void *stream) {
   DTYPE_CHECK(dbias_dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   NULL_CHECK(dbias);
   if (n > 0) NULL_CHECK(dy);
-  PS_LAUNCH(bias_grad, (unsigned)c, EW, 0, (cudaStream_t)stream,
-      (const __half *)dy, dbias, dbias_dtype == PS_NN_F16, n, c, hw, accumulate != 0);
+  PS_LAUNCH(bias_grad, (unsigned)c, EW, 0, (cudaStream_t)stream, (const __half *)dy, dbias,
+            dbias_dtype == PS_NN_F16, n, c, hw, accumulate != 0);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -725,22 +720,22 @@ PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t 
   TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
   NULL_CHECK(dy, y, dx);
-  PS_LAUNCH(relu_bwd, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
-      (const uint16_t *)dy, (const uint16_t *)y, (uint16_t *)dx, count);
+  PS_LAUNCH(relu_bwd, blocks_for(count, EW), EW, 0, (cudaStream_t)stream, (const uint16_t *)dy,
+            (const uint16_t *)y, (uint16_t *)dx, count);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
 PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
-                               float *loss_sum, int32_t *correct, int64_t n, int64_t k,
-                               float scale, const float *device_scale, void *stream) {
+                               float *loss_sum, int32_t *correct, int64_t n, int64_t k, float scale,
+                               const float *device_scale, void *stream) {
   TRY(ps_check_cross_entropy(n, k));
   if (n == 0) return PS_OK;
   NULL_CHECK(logits, labels);
   const int per_block = EW / 32;
   PS_LAUNCH(cross_entropy, blocks_for(n, per_block), EW, 0, (cudaStream_t)stream,
-      (const __half *)logits, labels, (__half *)dlogits, loss_sum, correct, n, k, scale,
-      device_scale);
+            (const __half *)logits, labels, (__half *)dlogits, loss_sum, correct, n, k, scale,
+            device_scale);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -763,32 +758,31 @@ PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst
   return PS_OK;
 }
 
-PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
-                               const float *scale, float inv_scale, int32_t in_place,
-                               int32_t *found_inf, void *stream) {
+PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count, const float *scale,
+                               float inv_scale, int32_t in_place, int32_t *found_inf,
+                               void *stream) {
   DTYPE_CHECK(grad_dtype);
   TRY(ps_check_count(__func__, count));
   NULL_CHECK(found_inf);
   if (count == 0) return PS_OK;
   NULL_CHECK(grad);
-  PS_LAUNCH(unscale_check, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
-      grad, grad_dtype == PS_NN_F16, count, scale, inv_scale, in_place, found_inf);
+  PS_LAUNCH(unscale_check, blocks_for(count, EW), EW, 0, (cudaStream_t)stream, grad,
+            grad_dtype == PS_NN_F16, count, scale, inv_scale, in_place, found_inf);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
-PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
-                          float *momentum_buf, void *param_half, int64_t count, float lr,
-                          float momentum, float dampening, float weight_decay,
-                          int32_t nesterov, const float *scale, const int32_t *found_inf,
-                          const int32_t *steps_done, void *stream) {
+PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype, float *momentum_buf,
+                          void *param_half, int64_t count, float lr, float momentum,
+                          float dampening, float weight_decay, int32_t nesterov, const float *scale,
+                          const int32_t *found_inf, const int32_t *steps_done, void *stream) {
   DTYPE_CHECK(grad_dtype);
   TRY(ps_check_sgd(count, momentum, momentum_buf));
   if (count == 0) return PS_OK;
   NULL_CHECK(param, grad);
-  PS_LAUNCH(sgd_kernel, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
-      param, grad, grad_dtype == PS_NN_F16, momentum_buf, (__half *)param_half, count, lr,
-      momentum, dampening, weight_decay, nesterov, scale, found_inf, steps_done);
+  PS_LAUNCH(sgd_kernel, blocks_for(count, EW), EW, 0, (cudaStream_t)stream, param, grad,
+            grad_dtype == PS_NN_F16, momentum_buf, (__half *)param_half, count, lr, momentum,
+            dampening, weight_decay, nesterov, scale, found_inf, steps_done);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -801,13 +795,12 @@ PS_API int ps_nn_step_count(int32_t *steps_done, const int32_t *found_inf, void 
 }
 
 PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int32_t *found_inf,
-                               float growth_factor, float backoff_factor,
-                               int32_t growth_interval, void *stream) {
+                               float growth_factor, float backoff_factor, int32_t growth_interval,
+                               void *stream) {
   NULL_CHECK(scale, growth_tracker, found_inf);
   TRY(ps_check_scaler_update(growth_interval));
   PS_LAUNCH(scaler_update_kernel, 1, 1, 0, (cudaStream_t)stream, scale, growth_tracker, found_inf,
-            growth_factor, backoff_factor,
-            growth_interval);
+            growth_factor, backoff_factor, growth_interval);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
