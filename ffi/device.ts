@@ -14,6 +14,7 @@ import {
   cudaArchProblem,
   cudaDriverProblem,
   cudaEmulated,
+  envSetting,
   type Library,
   LibraryError,
   loadLibrary,
@@ -371,8 +372,8 @@ export class Device extends Resource {
 }
 
 function hasOverride(kind: Backend): boolean {
-  const specific = Deno.env.get(kind === "cpu" ? "PINSTREAM_LIB_CPU" : "PINSTREAM_LIB_CUDA");
-  return (specific ?? "") !== "" || (Deno.env.get("PINSTREAM_LIB") ?? "") !== "";
+  return envSetting(kind === "cpu" ? "PINSTREAM_LIB_CPU" : "PINSTREAM_LIB_CUDA") !== undefined ||
+    envSetting("PINSTREAM_LIB") !== undefined;
 }
 
 function fallbackReason(err: PinstreamError): string {
@@ -390,7 +391,8 @@ function fallbackReason(err: PinstreamError): string {
   }
   switch (err.code) {
     case "NO_DRIVER":
-      return /^(no CUDA driver|the NVIDIA driver is too old)/.test(err.detail)
+      return /^(no CUDA driver|the NVIDIA driver is too old|cannot look for the CUDA driver)/
+          .test(err.detail)
         ? err.detail
         : `no CUDA driver (${err.detail})`;
     case "NO_DEVICE":

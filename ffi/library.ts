@@ -25,6 +25,7 @@
  * @module
  */
 
+import { missingPermission, PermissionError, permissionMessage } from "./_permissions.ts";
 import { refuseUnknownKeys } from "./_options.ts";
 import { createHash } from "node:crypto";
 import { PinstreamError } from "./errors.ts";
@@ -172,7 +173,8 @@ export type LibraryFailure =
   | "build-failed"
   | "load-failed"
   | "abi-mismatch"
-  | "fetch-failed";
+  | "fetch-failed"
+  | "no-permission";
 
 /**
  * A backend library could not be found, built or loaded. `reason` says which step failed;
@@ -239,8 +241,15 @@ export function loadLibrary(backend: Backend): Library {
     try {
       entry = locate(backend);
     } catch (err) {
-      if (!(err instanceof LibraryError)) throw err;
-      entry = err;
+      const denied = permissionMessage(err);
+      if (denied !== undefined) {
+        // Not a missing driver or compiler: the flag to add, and why.
+        entry = new LibraryError("no-permission", backend, denied, { cause: err });
+      } else if (err instanceof LibraryError) {
+        entry = err;
+      } else {
+        throw err;
+      }
     }
     loaded.set(backend, entry);
   }
@@ -300,6 +309,8 @@ function findDriverProblem(): string | undefined {
       Deno.dlopen(name, {});
       return undefined;
     } catch (err) {
+      const denied = permissionMessage(err);
+      if (denied !== undefined) return `cannot look for the CUDA driver: ${denied}`;
       const message = (err as Error).message;
       errors.push(/No such file|not found/i.test(message) ? `${name} not found` : message);
     }
@@ -309,8 +320,25 @@ function findDriverProblem(): string | undefined {
 
 // ---- locating ------------------------------------------------------------------------------
 
+/**
+ * Internal: an environment setting, undefined when unset or empty; a denied `--allow-env` is a
+ * {@linkcode PermissionError} naming the variable and the flag.
+ *
+ * @param name The variable.
+ * @returns Its value.
+ */
+export function envSetting(name: string): string | undefined {
+  return env(name);
+}
+
 function env(name: string): string | undefined {
-  const value = Deno.env.get(name);
+  let value: string | undefined;
+  try {
+    value = Deno.env.get(name);
+  } catch (err) {
+    if (missingPermission(err) !== undefined) throw new PermissionError(`read ${name}`, err);
+    throw err;
+  }
   return value === undefined || value === "" ? undefined : value;
 }
 
@@ -363,6 +391,10 @@ function inspect(backend: Backend, path: string, from: string): { version: numbe
   try {
     probe = Deno.dlopen(path, PROBE);
   } catch (err) {
+    const denied = permissionMessage(err);
+    if (denied !== undefined) {
+      throw new LibraryError("no-permission", backend, denied, { cause: err });
+    }
     throw new LibraryError(
       "load-failed",
       backend,
@@ -460,6 +492,7 @@ function findCompiler(target: Target): Compiler {
     candidates.push("/usr/local/cuda/bin/nvcc");
   }
   const tried: string[] = [];
+  let denied: unknown;
   for (const path of candidates) {
     try {
       const out = run(path, ["--version"]);
@@ -468,13 +501,15 @@ function findCompiler(target: Target): Compiler {
       }
       tried.push(`${path} (--version failed)`);
     } catch (err) {
-      const why = err instanceof Deno.errors.NotFound
-        ? "not found"
-        : err instanceof Deno.errors.NotCapable || err instanceof Deno.errors.PermissionDenied
-        ? "not permitted: building needs --allow-run"
-        : (err as Error).message;
-      tried.push(`${path} (${why})`);
+      if (missingPermission(err) !== undefined) denied ??= err;
+      tried.push(
+        `${path} (${err instanceof Deno.errors.NotFound ? "not found" : (err as Error).message})`,
+      );
     }
+  }
+  if (denied !== undefined) {
+    // A compiler may well be there: Deno did not let us run it.
+    throw new LibraryError("no-permission", backend, permissionMessage(denied)!, { cause: denied });
   }
   const install = target === "emulator"
     ? "install a C++17 compiler (Debian/Ubuntu: apt-get install g++) or set CXX"
@@ -538,14 +573,30 @@ await Deno.stdout.write(new TextEncoder().encode(JSON.stringify(out)));`;
   return new Map(rels.map((rel, i) => [rel, texts[i]]));
 }
 
-/** The host CPU's feature flags: `-march=native` output depends on them. */
-function hostCpuFlags(): string {
+/**
+ * What `-march=native` means to `compiler` on this machine: the target CPU and the `-m`
+ * feature flags its driver expands it to (`cc -march=native -###`; clang's `-target-cpu` and
+ * `-target-feature`), so two CPUs get two builds. Asked of the compiler, not read from
+ * /proc/cpuinfo, so the key does not depend on --allow-read (only on the --allow-run the
+ * version check needs already), and it is exactly what decides the generated code.
+ */
+function nativeTarget(compiler: string): string {
+  let text: string;
   try {
-    const info = Deno.readTextFileSync("/proc/cpuinfo");
-    return info.match(/^flags\s*:(.*)$/m)?.[1]?.trim() ?? "";
-  } catch {
+    const out = run(compiler, ["-march=native", "-###", "-x", "c", "-c", "-", "-o", "/dev/null"]);
+    text = new TextDecoder().decode(out.stderr);
+  } catch (err) {
+    if (missingPermission(err) !== undefined) throw err;
     return Deno.build.arch;
   }
+  const tokens = (text.match(/"[^"]*"|\S+/g) ?? []).map((t) => t.replace(/^"|"$/g, ""));
+  const keep: string[] = [];
+  for (let i = 0; i < tokens.length; i++) {
+    const t = tokens[i];
+    if (t === "-target-cpu" || t === "-target-feature") keep.push(`${t}=${tokens[++i]}`);
+    else if (/^-m(arch|tune|cpu)=/.test(t) || /^-m(no-)?[a-z0-9][a-z0-9.-]*$/.test(t)) keep.push(t);
+  }
+  return [...new Set(keep)].sort().join(" ");
 }
 
 /**
@@ -636,7 +687,8 @@ export function buildLibrary(backend: Backend, options: BuildOptions = {}): stri
     : cudaFlags(cudaArchs());
   const { files, identity } = readSources(target);
   const hash = createHash("sha256");
-  for (const part of [target, compiler.version, flags.join(" "), hostCpuFlags(), ...identity]) {
+  const cpu = flags.includes("-march=native") ? nativeTarget(compiler.path) : "";
+  for (const part of [target, compiler.version, flags.join(" "), cpu, ...identity]) {
     hash.update(part).update("\0");
   }
   const dir = cacheDir();
@@ -647,9 +699,9 @@ export function buildLibrary(backend: Backend, options: BuildOptions = {}): stri
   Deno.mkdirSync(dir, { recursive: true });
   // One build per library at a time across processes (parallel test files on a cold cache
   // would otherwise each run nvcc): an flock, released by the OS if a builder dies.
-  const lock = Deno.openSync(`${dir}/.${name}.lock`, { create: true, write: true });
+  const lockPath = `${dir}/.${name}.lock`;
+  const lock = lockFile(lockPath);
   try {
-    lock.lockSync(true);
     if (exists(final)) return final; // built by the process we waited for
     // A first build takes seconds (cc) to a minute (nvcc): say so rather than look hung.
     const what = target === "emulator"
@@ -658,9 +710,37 @@ export function buildLibrary(backend: Backend, options: BuildOptions = {}): stri
     console.error(`pinstream: building the ${what} with ${compiler.path} into ${dir}`);
     compile(target, compiler, flags, files, dir, final);
   } finally {
+    // Removed while held, so no empty lock file stays behind; a process that opened it before
+    // and waits on it sees that it is gone when it gets the lock, and finds the library.
+    try {
+      Deno.removeSync(lockPath);
+    } catch {
+      // another holder removed it, or the cache is read-only: harmless
+    }
     lock.close();
   }
   return final;
+}
+
+/**
+ * Opens and flocks `path`, retrying when the file was removed (by the previous holder) while
+ * this process waited: holding a lock on a file no longer at `path` would let two builders
+ * in at once.
+ */
+function lockFile(path: string): Deno.FsFile {
+  for (;;) {
+    const file = Deno.openSync(path, { create: true, write: true });
+    file.lockSync(true);
+    try {
+      if (Deno.statSync(path).ino === file.statSync().ino) return file;
+    } catch (err) {
+      if (!(err instanceof Deno.errors.NotFound)) {
+        file.close();
+        throw err;
+      }
+    }
+    file.close();
+  }
 }
 
 function exists(path: string): boolean {

@@ -140,3 +140,83 @@ Deno.test("a GPU the CUDA library was not built for is named with the setting th
   assert.strictEqual(cudaArchProblem(9, 0, ["90a"]), undefined);
   assert.match(cudaArchProblem(10, 0, ["90a"])!, /sm_100/); // arch-specific code is not forward-compatible
 });
+
+/** Loads the cpu backend in a child with exactly `perms` (no prompt) and reports it. */
+async function loadWithPermissions(perms: string[], env: Record<string, string>): Promise<Outcome> {
+  const script = `import { libraryPath, loadLibrary } from ${JSON.stringify(LIBRARY_URL)};
+    try { loadLibrary("cpu"); console.log(JSON.stringify({ path: libraryPath("cpu") })); }
+    catch (e) { console.log(JSON.stringify({ reason: e.reason, message: e.message, name: e.name })); }`;
+  const file = await Deno.makeTempFile({ suffix: ".ts" });
+  try {
+    await Deno.writeTextFile(file, script);
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "--no-prompt", ...perms, file], // loading modules needs no permission
+      env: { NO_COLOR: "1", ...env },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const stdout = new TextDecoder().decode(out.stdout);
+    assert.ok(out.success, new TextDecoder().decode(out.stderr));
+    return JSON.parse(stdout.trim().split("\n").at(-1)!);
+  } finally {
+    await Deno.remove(file);
+  }
+}
+
+Deno.test("the build cache key does not depend on permissions, and no lock file stays behind", async () => {
+  const cache = await Deno.makeTempDir();
+  try {
+    const env = { PINSTREAM_CACHE: cache, PINSTREAM_LIB: "", PINSTREAM_LIB_CPU: "" };
+    const full = await loadWithPermissions(
+      ["--allow-read", "--allow-write", "--allow-env", "--allow-run", "--allow-ffi"],
+      env,
+    );
+    assert.ok(full.path?.startsWith(cache), JSON.stringify(full));
+    // The README's explicit list, with reads limited to the sources and the cache: no
+    // /proc/cpuinfo, yet the same key (the compiler says what -march=native means).
+    const kernels = new URL("../", import.meta.url).pathname;
+    const narrow = await loadWithPermissions([
+      `--allow-read=${kernels},${cache}`,
+      `--allow-write=${cache}`,
+      "--allow-env",
+      "--allow-run",
+      "--allow-ffi",
+    ], env);
+    assert.strictEqual(narrow.path, full.path, JSON.stringify(narrow));
+    const left = [...Deno.readDirSync(cache)].map((e) => e.name);
+    assert.deepStrictEqual(left.filter((n) => n.endsWith(".lock")), [], left.join(", "));
+  } finally {
+    await Deno.remove(cache, { recursive: true });
+  }
+});
+
+Deno.test("a missing permission is named with its flag, never as a missing driver or compiler", async () => {
+  const cache = await Deno.makeTempDir();
+  try {
+    const env = { PINSTREAM_CACHE: cache, PINSTREAM_LIB: "", PINSTREAM_LIB_CPU: "" };
+    const all = ["--allow-read", "--allow-write", "--allow-env", "--allow-run", "--allow-ffi"];
+    const without = (flag: string) => all.filter((p) => p !== flag);
+    // A fresh cache: a build is needed, so run and write matter too.
+    for (const flag of ["--allow-run", "--allow-write", "--allow-read", "--allow-env"]) {
+      const got = await loadWithPermissions(without(flag), env);
+      assert.strictEqual(got.reason, "no-permission", `${flag}: ${JSON.stringify(got)}`);
+      assert.match(
+        got.message!,
+        new RegExp(
+          `^Cannot load the cpu backend: Deno denied \\w+ access.*: run with ${flag} \\(pinstream `,
+        ),
+      );
+      assert.doesNotMatch(got.message!, /no C compiler|install/);
+    }
+    // Built now: without --allow-ffi it cannot be loaded.
+    assert.ok((await loadWithPermissions(all, env)).path);
+    const noFfi = await loadWithPermissions(without("--allow-ffi"), env);
+    assert.strictEqual(noFfi.reason, "no-permission", JSON.stringify(noFfi));
+    assert.match(
+      noFfi.message!,
+      /Deno denied ffi access to ".*libpinstream_cpu_.*": run with --allow-ffi \(pinstream loads its native library with Deno.dlopen\)/,
+    );
+  } finally {
+    await Deno.remove(cache, { recursive: true });
+  }
+});

@@ -1,0 +1,104 @@
+/**
+ * Internal: what a Deno permission error means for pinstream, in one line naming the flag to
+ * add and why pinstream needs it, instead of a raw `NotCapable` or a misleading "install the
+ * driver" / "no compiler found".
+ *
+ * @module
+ */
+
+import { PinstreamError } from "./errors.ts";
+
+/** The permissions pinstream uses, and what for. */
+export const PERMISSION_USES: Readonly<Record<string, string>> = {
+  ffi: "pinstream loads its native library with Deno.dlopen",
+  run:
+    "pinstream asks the C/CUDA compiler for its version (the build cache key) and builds the native library on first use",
+  env:
+    "pinstream reads its PINSTREAM_* settings, HOME / XDG_CACHE_HOME for the build cache, and CC / NVCC / CUDA_HOME",
+  read: "pinstream reads its kernel sources, the build cache and data sets",
+  write: "pinstream writes the native library into its build cache (and checkpoints where asked)",
+  net: "pinstream downloads data sets (CIFAR-10) and, imported from JSR, its kernel sources",
+  sys: "the benchmarks record the machine's load and memory",
+};
+
+/**
+ * The permission a Deno error says is missing (`NotCapable`, or `PermissionDenied` from a
+ * prompt the user declined), or undefined for any other error.
+ *
+ * @param err The error.
+ * @returns `{ name: "ffi", target: "\"/path/lib.so\"" }` or undefined.
+ *
+ * @example
+ * ```ts
+ * import { missingPermission } from "./_permissions.ts";
+ * import assert from "node:assert";
+ * const err = new Deno.errors.NotCapable('Requires env access to "HOME", run again with the --allow-env flag');
+ * assert.deepStrictEqual(missingPermission(err), { name: "env", target: '"HOME"' });
+ * assert.strictEqual(missingPermission(new Error("other")), undefined);
+ * ```
+ */
+export function missingPermission(err: unknown): { name: string; target: string } | undefined {
+  if (err instanceof PermissionError) return missingPermission(err.cause);
+  if (!(err instanceof Deno.errors.NotCapable || err instanceof Deno.errors.PermissionDenied)) {
+    return undefined;
+  }
+  const m = /Requires (\w+) access(?: to (.+?))?, (?:run again|specify)/.exec(err.message);
+  if (m === null) return { name: "unknown", target: "" };
+  return { name: m[1], target: m[2] ?? "" };
+}
+
+/**
+ * One line for a missing permission: "Deno denied ffi access to "x": run with --allow-ffi
+ * (pinstream loads its native library with Deno.dlopen)".
+ *
+ * @param err The error.
+ * @returns The line, or undefined when `err` is not a permission error.
+ *
+ * @example
+ * ```ts
+ * import { permissionMessage } from "./_permissions.ts";
+ * import assert from "node:assert";
+ * const err = new Deno.errors.NotCapable('Requires run access to "cc", run again with the --allow-run flag');
+ * assert.match(permissionMessage(err)!, /^Deno denied run access to "cc": run with --allow-run \(pinstream asks/);
+ * ```
+ */
+export function permissionMessage(err: unknown): string | undefined {
+  if (err instanceof PermissionError) return err.detail;
+  const p = missingPermission(err);
+  if (p === undefined) return undefined;
+  if (p.name === "unknown") return `Deno denied a permission: ${(err as Error).message}`;
+  const why = PERMISSION_USES[p.name];
+  return `Deno denied ${p.name} access${
+    p.target ? ` to ${p.target}` : ""
+  }: run with --allow-${p.name}` +
+    (why ? ` (${why})` : "");
+}
+
+/**
+ * A permission Deno denied, reported as what pinstream was doing, the flag to add and why:
+ * "Cannot read PINSTREAM_LIB_CPU: Deno denied env access to "PINSTREAM_LIB_CPU": run with
+ * --allow-env (...)". A {@linkcode PinstreamError} with code `UNSUPPORTED`.
+ *
+ * @example
+ * ```ts
+ * import { PermissionError } from "./_permissions.ts";
+ * import assert from "node:assert";
+ * const err = new PermissionError("read HOME", new Deno.errors.NotCapable('Requires env access to "HOME", run again with the --allow-env flag'));
+ * assert.strictEqual(err.permission, "env");
+ * assert.match(err.message, /^Cannot read HOME: Deno denied env access to "HOME": run with --allow-env/);
+ * ```
+ */
+export class PermissionError extends PinstreamError {
+  /** The permission to grant: "ffi", "run", "env", "read", "write", "net", ... */
+  readonly permission: string;
+
+  /**
+   * @param action What was being done, completing "Cannot ...".
+   * @param cause Deno's permission error.
+   */
+  constructor(action: string, cause: unknown) {
+    super("UNSUPPORTED", action, permissionMessage(cause) ?? String(cause), { cause });
+    this.name = "PermissionError";
+    this.permission = missingPermission(cause)?.name ?? "unknown";
+  }
+}
