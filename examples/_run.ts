@@ -55,7 +55,7 @@ export interface TrainCliExtra {
   summary?: string;
   /** Help of --data (default "data set directory"). */
   dataHelp?: string;
-  /** Help of --model; the accepted names. */
+  /** Help of --model; the accepted names (default: only the default model). */
   models?: { help: string; choices: readonly string[] };
   /** Help of --checkpoint (default: no checkpoint unless given). */
   checkpointHelp?: string;
@@ -107,16 +107,12 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
         "accumulation and fp32 master weights either way; without loss scaling\n" +
         "gradients are not scaled",
     },
-    ...(extra.models
-      ? {
-        model: {
-          kind: "string",
-          choices: extra.models.choices,
-          help: extra.models.help,
-          default: d.model,
-        } satisfies CliOption,
-      }
-      : {}),
+    model: {
+      kind: "string",
+      choices: extra.models?.choices ?? [d.model],
+      help: extra.models?.help ?? "the model",
+      default: d.model,
+    },
     checkpoint: {
       kind: "string",
       metavar: "PATH",

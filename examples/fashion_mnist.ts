@@ -26,7 +26,13 @@ import {
   Sequential,
   Xoshiro128,
 } from "../nn/mod.ts";
-import { type EpochReport, parseTrainArgs, runTraining, type TrainArgs } from "./_run.ts";
+import {
+  type EpochReport,
+  parseTrainArgs,
+  runTraining,
+  type TrainArgs,
+  type TrainDefaults,
+} from "./_run.ts";
 import { CliError, runMain } from "./_cli.ts";
 
 /** Fashion-MNIST's pixel mean and standard deviation (of x / 255 over the training set). */
@@ -85,12 +91,10 @@ export function fashionModel(name: string, seed = 0): Module {
  * @throws {CliError} When the data directory lacks Fashion-MNIST (the message names it).
  * @example One quick epoch on 2,048 samples (when Fashion-MNIST is installed)
  * ```ts
- * import { trainFashion } from "./fashion_mnist.ts";
- * import { parseTrainArgs } from "./_run.ts";
+ * import { parseFashionArgs, trainFashion } from "./fashion_mnist.ts";
  * import assert from "node:assert";
- * const args = parseTrainArgs(
+ * const args = parseFashionArgs(
  *   ["--model", "mlp", "--device", "cpu", "--epochs", "1", "--limit", "2048", "--workers", "0"],
- *   "fashion_mnist.ts",
  *   { quiet: true },
  * );
  * const reports = await trainFashion(args).catch((e: Error) => {
@@ -158,25 +162,34 @@ export async function trainFashion(args: TrainArgs): Promise<EpochReport[]> {
   }
 }
 
-if (import.meta.main) {
-  await runMain(async () => {
-    // Per-model defaults: the runs the issue asks for (MLP 5 epochs, CNN 3 epochs), both with
-    // a one-cycle schedule peaking at lr 0.1.
-    const args = parseTrainArgs(Deno.args, "fashion_mnist.ts", {
-      data: FASHION_MNIST_DEBIAN_ROOT,
-      model: "cnn",
-      epochs: 3,
-      batchSize: 128,
-      lr: 0.1,
-    }, {
-      summary: "Trains an MLP or a small CNN on Fashion-MNIST (IDX files, .gz or not).",
-      dataHelp: "directory holding the Fashion-MNIST IDX files",
-      models: {
-        help: "mlp (784-256-10, 5 epochs by default) or cnn (3 epochs by default)",
-        choices: ["mlp", "cnn"],
-      },
-    });
-    if (args.model === "mlp" && !args.given?.has("epochs")) args.epochs = 5;
-    await trainFashion(args);
+/**
+ * Parses the example's command line: the shared options with Fashion-MNIST's defaults and
+ * --model mlp|cnn (5 and 3 epochs by default, one-cycle schedule peaking at lr 0.1).
+ *
+ * @param argv Command-line arguments.
+ * @param defaults Defaults to change (e.g. `{ quiet: true }`).
+ * @returns The options; prints the help and exits 0 on --help.
+ * @throws {UsageError} For an unknown option or a bad value.
+ */
+export function parseFashionArgs(argv: string[], defaults: TrainDefaults = {}): TrainArgs {
+  const args = parseTrainArgs(argv, "fashion_mnist.ts", {
+    data: FASHION_MNIST_DEBIAN_ROOT,
+    model: "cnn",
+    epochs: 3,
+    batchSize: 128,
+    lr: 0.1,
+    ...defaults,
+  }, {
+    summary: "Trains an MLP or a small CNN on Fashion-MNIST (IDX files, .gz or not).",
+    dataHelp: "directory holding the Fashion-MNIST IDX files",
+    models: {
+      help: "mlp (784-256-10, 5 epochs by default) or cnn (3 epochs by default)",
+      choices: ["mlp", "cnn"],
+    },
   });
+  // Per-model defaults: the runs the issue asks for (MLP 5 epochs, CNN 3 epochs).
+  if (args.model === "mlp" && !args.given?.has("epochs")) args.epochs = 5;
+  return args;
 }
+
+if (import.meta.main) await runMain(() => trainFashion(parseFashionArgs(Deno.args)));
