@@ -36,8 +36,9 @@ import {
   W_WAIT_TASK,
   WORKER_STATES,
 } from "./_protocol.ts";
-import { CounterRandom, hash4, seedWords, STREAM_SAMPLE, STREAM_WORKER } from "./_rng.ts";
-import type { Dataset, SampleContext, WorkerSpec } from "./dataset.ts";
+import { fetchSamples, SampleFailure } from "./_fetch.ts";
+import { hash4, seedWords, STREAM_WORKER } from "./_rng.ts";
+import type { Dataset, WorkerSpec } from "./dataset.ts";
 import { defaultCollate } from "./collate.ts";
 import type { StagingRing } from "./ring.ts";
 
@@ -1013,39 +1014,26 @@ export class Engine {
       }
       result = { kind: "slot", seq, slot, epoch: plan.epoch, batch: b, size: indices.length };
     } else {
-      const samples: unknown[] = new Array(indices.length);
-      let current = -1;
+      const deadline = {
+        wait: <T>(p: Promise<T>) => this.#withDeadline(p, t0, b, plan),
+        check: () => this.#checkDeadline(t0, b, plan),
+      };
+      const at = { seed: cfg.seed, epoch: plan.epoch, position: pos, workerId: -1 };
+      let samples: unknown[];
       try {
-        for (let k = 0; k < indices.length; k++) {
-          current = indices[k];
-          const rng = new CounterRandom(cfg.seed, plan.epoch, STREAM_SAMPLE, pos + k);
-          const ctx: SampleContext = {
-            epoch: plan.epoch,
-            position: pos + k,
-            workerId: -1,
-            random: () => rng.random(),
-            int: (n: number) => rng.int(n),
-            u32: () => rng.nextU32(),
-          };
-          const s = cfg.dataset.get(current, ctx);
-          samples[k] = s instanceof Promise ? await this.#withDeadline(s, t0, b, plan) : s;
-          // A synchronous get() cannot be interrupted on the main thread; one that returned
-          // after the deadline still fails the batch, as with workers.
-          this.#checkDeadline(t0, b, plan);
-        }
-        current = -1;
-        let value: unknown = samples;
-        const mode = cfg.collateMode;
-        if (mode === "default") value = defaultCollate(samples);
-        else if (typeof mode === "object") {
-          this.#mainCollate ??= (await resolveRef(mode)) as (s: unknown[]) => unknown;
-          value = this.#mainCollate(samples);
-        }
-        result = { kind: "value", seq, value, epoch: plan.epoch, batch: b, size: indices.length };
+        samples = await fetchSamples(cfg.dataset, indices, at, deadline);
       } catch (e) {
-        if (current < 0 || e instanceof TimeoutError) throw e;
-        throw sampleError(current, b, plan.epoch, -1, errorFields(e));
+        if (!(e instanceof SampleFailure)) throw e;
+        throw sampleError(e.index, b, plan.epoch, -1, errorFields(e.thrown));
       }
+      let value: unknown = samples;
+      const mode = cfg.collateMode;
+      if (mode === "default") value = defaultCollate(samples);
+      else if (typeof mode === "object") {
+        this.#mainCollate ??= (await resolveRef(mode)) as (s: unknown[]) => unknown;
+        value = this.#mainCollate(samples);
+      }
+      result = { kind: "value", seq, value, epoch: plan.epoch, batch: b, size: indices.length };
     }
     plan.dispatched = Math.max(plan.dispatched, b + 1);
     plan.yielded++;

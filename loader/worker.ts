@@ -7,9 +7,9 @@
 import v8 from "node:v8";
 import { parentPort } from "node:worker_threads";
 import { Gatherer, SampleError } from "./_gather.ts";
-import { CounterRandom, STREAM_SAMPLE } from "./_rng.ts";
+import { fetchSamples, SampleFailure } from "./_fetch.ts";
 import { defaultCollate } from "./collate.ts";
-import type { Dataset, SampleContext } from "./dataset.ts";
+import type { Dataset } from "./dataset.ts";
 import {
   C_CLAIM,
   C_DOORBELL,
@@ -205,25 +205,10 @@ function serve(ctl: Int32Array, slots: number, tasks: number, batch: number): vo
 }
 
 async function runCollate(task: CollateTask): Promise<void> {
-  const samples: unknown[] = new Array(task.idx.length);
-  let current = -1;
   const t0 = performance.now();
   try {
-    for (let k = 0; k < task.idx.length; k++) {
-      current = task.idx[k];
-      const rng = new CounterRandom(init.seed, task.epoch, STREAM_SAMPLE, task.pos + k);
-      const ctx: SampleContext = {
-        epoch: task.epoch,
-        position: task.pos + k,
-        workerId: init.id,
-        random: () => rng.random(),
-        int: (n: number) => rng.int(n),
-        u32: () => rng.nextU32(),
-      };
-      const s = dataset!.get(current, ctx);
-      samples[k] = s instanceof Promise ? await s : s;
-    }
-    current = -1;
+    const at = { seed: init.seed, epoch: task.epoch, position: task.pos, workerId: init.id };
+    const samples = await fetchSamples(dataset!, task.idx, at);
     if (init.collate === "none") {
       post({ t: "b", seq: task.seq, value: samples, busy: performance.now() - t0 });
       if (heapExhausted()) stopped = true;
@@ -238,7 +223,9 @@ async function runCollate(task: CollateTask): Promise<void> {
     post({ t: "b", seq: task.seq, value, busy: performance.now() - t0 }, transfer);
     if (heapExhausted()) stopped = true;
   } catch (e) {
-    post({ t: "e", seq: task.seq, index: current, ...errorFields(e) });
+    // A collate that throws is tied to no sample (index -1).
+    const failure = e instanceof SampleFailure ? e : new SampleFailure(-1, e);
+    post({ t: "e", seq: task.seq, index: failure.index, ...errorFields(failure.thrown) });
   }
 }
 

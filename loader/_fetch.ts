@@ -1,0 +1,93 @@
+// Per-sample fetching on the generic path: `get(i)` for each index of a batch, each sample
+// with its own SampleContext. One function for the main thread (numWorkers 0) and the
+// workers, so a sample sees the same context, the same random stream and the same error
+// wording wherever it is loaded.
+
+import { CounterRandom, STREAM_SAMPLE } from "./_rng.ts";
+import type { Dataset, SampleContext } from "./dataset.ts";
+
+/** Where a batch's samples are loaded: the loader's seed, the epoch, the first position. */
+export interface FetchAt {
+  seed: number;
+  epoch: number;
+  /** Position of the batch's first sample in the epoch's order. */
+  position: number;
+  /** Worker id, or -1 on the main thread. */
+  workerId: number;
+}
+
+/**
+ * The main thread's `timeout` on a batch (workers are stopped from outside instead): `wait`
+ * bounds a promise from get(), `check` runs after each sample. What either throws passes
+ * through fetchSamples unchanged.
+ */
+export interface FetchDeadline {
+  wait<T>(p: Promise<T>): Promise<T>;
+  check(): void;
+}
+
+/** A sample's get() threw or rejected: its dataset index and the value thrown, as thrown. */
+export class SampleFailure {
+  readonly index: number;
+  readonly thrown: unknown;
+  constructor(index: number, thrown: unknown) {
+    this.index = index;
+    this.thrown = thrown;
+  }
+}
+
+/**
+ * The sample at `position` of `epoch`: its random stream is a pure function of (seed, epoch,
+ * position), so it does not depend on which worker loads it.
+ */
+export function sampleContext(
+  seed: number,
+  epoch: number,
+  position: number,
+  workerId: number,
+): SampleContext {
+  const rng = new CounterRandom(seed, epoch, STREAM_SAMPLE, position);
+  return {
+    epoch,
+    position,
+    workerId,
+    random: () => rng.random(),
+    int: (n: number) => rng.int(n),
+    u32: () => rng.nextU32(),
+  };
+}
+
+/**
+ * Loads `indices` with `dataset.get`, one after another (a promise is awaited before the next
+ * sample starts).
+ *
+ * @throws {SampleFailure} When a get() throws or rejects.
+ */
+export async function fetchSamples(
+  dataset: Dataset,
+  indices: Int32Array,
+  at: FetchAt,
+  deadline?: FetchDeadline,
+): Promise<unknown[]> {
+  const samples: unknown[] = new Array(indices.length);
+  for (let k = 0; k < indices.length; k++) {
+    const index = indices[k];
+    let s: unknown;
+    try {
+      s = dataset.get(index, sampleContext(at.seed, at.epoch, at.position + k, at.workerId));
+    } catch (e) {
+      throw new SampleFailure(index, e);
+    }
+    if (s instanceof Promise) {
+      const settled = s.catch((e) => {
+        throw new SampleFailure(index, e);
+      });
+      s = await (deadline ? deadline.wait(settled) : settled);
+    }
+    // A synchronous get() cannot be interrupted on the main thread; one that returned after
+    // the deadline still fails the batch, as with workers.
+    deadline?.check();
+    samples[k] = s;
+  }
+  return samples;
+}
