@@ -41,6 +41,7 @@ const CUDA_SOURCES = [
   "errors.h",
   "rules.h",
   "cuda/common.cuh",
+  "cuda/gemm.cuh",
   "cuda/launch.cuh",
   "cuda/core.cu",
   "cuda/image.cu",

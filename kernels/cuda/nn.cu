@@ -1,11 +1,9 @@
 /*
- * nn.cu — CUDA backend of the PS-SECTION nn kernels (kernels/cpu/nn.c is the reference;
- * tests/nn_kernels_test.ts holds both to the same float64 references).
+ * nn.cu — CUDA backend of the PS-SECTION nn kernels (kernels/cpu/gemm.c, conv.c, norm.c and ops.c
+ * are the reference; tests/nn_kernels_test.ts holds both to the same float64 references).
  *
- * Everything heavy is one tensor-core GEMM template (gemm_kernel): fp16 operands staged in
- * shared memory, WMMA 16x16x16 fragments accumulating in fp32, a 64x64 block tile of four
- * warps (32x32 each). Operands are read through small loader functors, so the
- * convolutions are implicit GEMMs (no im2col buffer in device memory):
+ * Everything heavy is one tensor-core GEMM template (gemm.cuh), fed by loader functors, so
+ * the convolutions are implicit GEMMs (no im2col buffer in device memory):
  *
  *   forward        Y[Co, (n,p)]     = W[Co, K] . col(x)[K, (n,p)]          K = C*kh*kw
  *   backward data  dX[C, (n,iy,ix)] = W'[C, (o,ky,kx)] . dY-gather[(o,ky,kx), (n,iy,ix)]
@@ -23,213 +21,17 @@
  * not yet run on one (tests/nn_kernels_test.ts runs them wherever Device.open("cuda") works).
  */
 #include <cuda_fp16.h>
-#include <mma.h>
 #include <stdint.h>
 
 #include "../pinstream.h"
 #include "common.cuh"
+#include "gemm.cuh"
 
 namespace {
-
-using namespace nvcuda;
-
-constexpr int BM = 64, BN = 64, BK = 32, THREADS = 128;
 
 inline int blocks_for(int64_t n, int block) {
   int64_t g = (n + block - 1) / block;
   return (int)(g < 65535 * 16 ? (g > 0 ? g : 1) : 65535 * 16);
-}
-
-/* ---- operand loaders (element (i, k) as fp16, 0 outside) ------------------------------ */
-
-struct Strided { /* A(i, k) = p[i*rs + k*cs] */
-  const __half *p;
-  int64_t rs, cs;
-  __device__ __half operator()(int64_t i, int64_t k) const { return p[i * rs + k * cs]; }
-};
-
-using ConvGeo = ps_conv_geo;
-
-/* col(x)[kk, col]: kk = (c, ky, kx), col = (n, oy, ox). */
-struct Im2col {
-  const __half *x;
-  ConvGeo g;
-  __device__ __half operator()(int64_t kk, int64_t col) const {
-    int64_t kx = kk % g.kw, t = kk / g.kw, ky = t % g.kh, c = t / g.kh;
-    int64_t ox = col % g.ow, t2 = col / g.ow, oy = t2 % g.oh, n = t2 / g.oh;
-    int64_t iy = oy * g.s + ky - g.pad, ix = ox * g.s + kx - g.pad;
-    if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) return __float2half(0.0f);
-    return x[((n * g.c + c) * g.h + iy) * g.w + ix];
-  }
-};
-
-/* Transposed im2col for the weight gradient: B(t = (n,p), kk) = col(x)[kk, t]. */
-struct Im2colT {
-  Im2col col;
-  __device__ __half operator()(int64_t t, int64_t kk) const { return col(kk, t); }
-};
-
-/* dY as A of the weight gradient: A(o, t = (n, p)) = dy[n][o][p]. */
-struct DyRows {
-  const __half *dy;
-  int64_t co, P;
-  __device__ __half operator()(int64_t o, int64_t t) const {
-    return dy[((t / P) * co + o) * P + t % P];
-  }
-};
-
-/* Weights as A of the data gradient: A(c, kk = (o, ky, kx)) = w[o][c][ky][kx]. */
-struct WeightT {
-  const __half *w;
-  ConvGeo g;
-  __device__ __half operator()(int64_t c, int64_t kk) const {
-    int64_t kx = kk % g.kw, t = kk / g.kw, ky = t % g.kh, o = t / g.kh;
-    return w[((o * g.c + c) * g.kh + ky) * g.kw + kx];
-  }
-};
-
-/* B of the data gradient: B(kk = (o, ky, kx), col = (n, iy, ix)) = dy[n][o][oy][ox] where
- * oy*s + ky - pad = iy (and likewise x), or 0 when no output pixel reads that input. */
-struct DyGather {
-  const __half *dy;
-  ConvGeo g;
-  __device__ __half operator()(int64_t kk, int64_t col) const {
-    int64_t kx = kk % g.kw, t = kk / g.kw, ky = t % g.kh, o = t / g.kh;
-    int64_t ix = col % g.w, t2 = col / g.w, iy = t2 % g.h, n = t2 / g.h;
-    int64_t ty = iy + g.pad - ky, tx = ix + g.pad - kx;
-    if (ty < 0 || tx < 0 || ty % g.s || tx % g.s) return __float2half(0.0f);
-    int64_t oy = ty / g.s, ox = tx / g.s;
-    if (oy >= g.oh || ox >= g.ow) return __float2half(0.0f);
-    return dy[((n * g.co + o) * g.oh + oy) * g.ow + ox];
-  }
-};
-
-/* ---- epilogues ------------------------------------------------------------------------- */
-
-struct StoreMat { /* c[i*n + j] (+)= v, fp32 or fp16 */
-  void *c;
-  int64_t n;
-  int f16, acc;
-  __device__ void operator()(int64_t i, int64_t j, float v) const {
-    int64_t at = i * n + j;
-    if (f16) {
-      __half *p = (__half *)c + at;
-      *p = __float2half_rn(acc ? __half2float(*p) + v : v);
-    } else {
-      float *p = (float *)c + at;
-      *p = acc ? *p + v : v;
-    }
-  }
-};
-
-struct StoreConvY { /* y[n][o][p] for (o, col = (n, p)) */
-  __half *y;
-  int64_t co, P;
-  __device__ void operator()(int64_t o, int64_t col, float v) const {
-    y[((col / P) * co + o) * P + col % P] = __float2half_rn(v);
-  }
-};
-
-struct StoreConvDx { /* dx[n][c][q] for (c, col = (n, q)) */
-  __half *dx;
-  int64_t c, HW;
-  __device__ void operator()(int64_t ch, int64_t col, float v) const {
-    dx[((col / HW) * c + ch) * HW + col % HW] = __float2half_rn(v);
-  }
-};
-
-struct StorePartial { /* part[z][i][j] (split-K partials, reduced later) */
-  float *part;
-  int64_t m, n;
-  __device__ void operator()(int64_t i, int64_t j, float v) const {
-    part[((int64_t)blockIdx.z * m + i) * n + j] = v;
-  }
-};
-
-/* ---- the GEMM ---------------------------------------------------------------------------- */
-
-/* C[M, N] = A[M, K] . B[K, N] over k in [z*kchunk, min(K, (z+1)*kchunk)) for blockIdx.z = z. */
-template <class LA, class LB, class EP>
-__global__ void __launch_bounds__(THREADS)
-    gemm_kernel(int64_t M, int64_t N, int64_t K, int64_t kchunk, LA la, LB lb, EP ep) {
-  PS_SHARED_ALIGNED(32, __half, As, [BM][BK + 8]);
-  PS_SHARED_ALIGNED(32, __half, Bs, [BK][BN + 8]);
-  PS_SHARED_ALIGNED(32, float, Cs, [BM][BN + 4]);
-  const int tid = threadIdx.x, warp = tid / 32;
-  const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
-  const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * BN;
-  const int64_t k_begin = (int64_t)blockIdx.z * kchunk;
-  const int64_t k_end = k_begin + kchunk < K ? k_begin + kchunk : K;
-
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-  for (int i = 0; i < 2; i++)
-    for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-
-  const __half zero = __float2half(0.0f);
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += BK) {
-    for (int e = tid; e < BM * BK; e += THREADS) {
-      int i = e / BK, k = e % BK;
-      int64_t gi = m0 + i, gk = k0 + k;
-      As[i][k] = (gi < M && gk < k_end) ? la(gi, gk) : zero;
-    }
-    for (int e = tid; e < BK * BN; e += THREADS) {
-      int k = e / BN, j = e % BN;
-      int64_t gk = k0 + k, gj = n0 + j;
-      Bs[k][j] = (gk < k_end && gj < N) ? lb(gk, gj) : zero;
-    }
-    __syncthreads();
-    for (int kk = 0; kk < BK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb[2];
-      for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], &As[wm + i * 16][kk], BK + 8);
-      for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bs[kk][wn + j * 16], BN + 8);
-      for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-    }
-    __syncthreads();
-  }
-  for (int i = 0; i < 2; i++)
-    for (int j = 0; j < 2; j++)
-      wmma::store_matrix_sync(&Cs[wm + i * 16][wn + j * 16], acc[i][j], BN + 4,
-                              wmma::mem_row_major);
-  __syncthreads();
-  for (int e = tid; e < BM * BN; e += THREADS) {
-    int i = e / BN, j = e % BN;
-    int64_t gi = m0 + i, gj = n0 + j;
-    if (gi < M && gj < N) ep(gi, gj, Cs[i][j]);
-  }
-}
-
-template <class LA, class LB, class EP>
-int gemm(int64_t M, int64_t N, int64_t K, int splits, LA la, LB lb, EP ep, cudaStream_t st) {
-  if (M <= 0 || N <= 0) return PS_OK;
-  int64_t gx = (N + BN - 1) / BN, gy = (M + BM - 1) / BM;
-  if (gx > 2147483647 || gy > 65535)
-    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "gemm: %lldx%lld output too large", (long long)M,
-            (long long)N);
-  int64_t kchunk = splits > 1 ? ((K + splits - 1) / splits + BK - 1) / BK * BK : K;
-  if (kchunk <= 0) kchunk = 1;
-  dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)splits);
-  PS_LAUNCH(gemm_kernel, grid, THREADS, 0, st, M, N, K, kchunk, la, lb, ep);
-  CUDA_CHECK(cudaGetLastError());
-  return PS_OK;
-}
-
-/* dw[o][kk] (+)= sum_z part[z][o][kk], in a fixed order. */
-__global__ void reduce_partials(const float *part, int splits, int64_t mn, void *dw, int f16,
-                                int acc) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < mn;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    float s = 0.0f;
-    for (int z = 0; z < splits; z++) s += part[z * mn + i];
-    if (f16) {
-      __half *p = (__half *)dw + i;
-      *p = __float2half_rn(acc ? __half2float(*p) + s : s);
-    } else {
-      float *p = (float *)dw + i;
-      *p = acc ? *p + s : s;
-    }
-  }
 }
 
 /* ---- block reduction --------------------------------------------------------------------- */
