@@ -32,7 +32,10 @@
  * @module
  */
 
-import { Event, type Stream } from "./stream.ts";
+// Types only: the loader (pure TypeScript) imports this module, and must not pull the FFI
+// layer in with it. stream.ts hands over its Event class when it loads (a stream given to
+// range() means it has).
+import type { Event, Stream } from "./stream.ts";
 import { refuseUnknownKeys } from "./_options.ts";
 
 /** Options of {@linkcode range}. */
@@ -91,6 +94,19 @@ interface DeviceSpan {
 }
 
 const NOOP: Disposable = Object.freeze({ [Symbol.dispose]() {} });
+
+type EventClass = new (device: Stream["device"], options: { timing: boolean }) => Event;
+let eventClass: EventClass | undefined;
+
+/**
+ * Internal: called by ffi/stream.ts when it loads, so device ranges can create timing events
+ * without this module importing the FFI layer.
+ *
+ * @param c The Event class.
+ */
+export function _useEventClass(c: EventClass): void {
+  eventClass = c;
+}
 
 let active: Profiler | undefined;
 
@@ -226,7 +242,7 @@ export class Profiler implements Disposable {
   #event(stream: Stream): Event {
     const spare = this.#spare.findIndex((e) => e.device === stream.device);
     if (spare >= 0) return this.#spare.splice(spare, 1)[0];
-    return new Event(stream.device, { timing: true });
+    return new eventClass!(stream.device, { timing: true });
   }
 
   #reference(stream: Stream): void {

@@ -5,6 +5,7 @@
  * @module
  */
 
+import { _useEventClass } from "./profiler.ts";
 import { refuseUnknownKeys } from "./_options.ts";
 import { describe } from "./_checks.ts";
 import { assertDevice, Resource } from "./resource.ts";
@@ -400,3 +401,6 @@ export function assertStream(
   }
   stream.assertUsableOn(device, action);
 }
+
+// Device ranges of the profiler time work with these events (see ffi/profiler.ts).
+_useEventClass(Event);

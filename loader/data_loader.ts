@@ -15,6 +15,7 @@
  * @module
  */
 
+import { range } from "../ffi/profiler.ts";
 import v8 from "node:v8";
 import { closest } from "../ffi/_options.ts";
 import {
@@ -982,6 +983,7 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
   async #next(): Promise<IteratorResult<B>> {
     if (this.#supersededBy !== undefined) throw this.#superseded();
     if (this.#done) return { done: true, value: undefined };
+    using _ = range("loader.next");
     this.#releaseLast();
     try {
       if (!this.#plan) {

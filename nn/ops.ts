@@ -45,6 +45,7 @@
 import type { Device } from "../ffi/device.ts";
 import type { DType, Tensor } from "../ffi/tensor.ts";
 import type { Stream } from "../ffi/stream.ts";
+import { activeProfiler, range } from "../ffi/profiler.ts";
 
 /** Options shared by every op. */
 export interface OpOptions {
@@ -256,12 +257,22 @@ function num(v: unknown, name: string, action: string): number {
   return v;
 }
 
-/** The common device of the tensors (made current) and the stream handle to queue on. */
+/** An op about to run: its device (made current), the stream handle, and its profiler range. */
+interface Launched extends Disposable {
+  device: Device;
+  stream: Deno.PointerValue;
+}
+
+/**
+ * The common device of the tensors (made current) and the stream handle to queue on; with a
+ * profiler active (ffi/profiler.ts), the op is a range named after it, timed on the host and on
+ * its stream until the returned object is disposed (`using`).
+ */
 function launch(
   action: string,
   options: OpOptions,
   ...ts: (Tensor | null | undefined)[]
-): { device: Device; stream: Deno.PointerValue } {
+): Launched {
   let device: Device | undefined;
   for (const t of ts) {
     if (!t) continue;
@@ -278,7 +289,15 @@ function launch(
     throw new TypeError(`Cannot ${action}: the stream belongs to ${stream.device}, not ${device}`);
   }
   device.makeCurrent();
-  return { device, stream: stream?.handle ?? null };
+  const timed = activeProfiler() === undefined ? undefined : range(
+    `nn.${action.replace(/^run /, "")}`,
+    { stream: stream ?? device.defaultStream },
+  );
+  return {
+    device,
+    stream: stream?.handle ?? null,
+    [Symbol.dispose]: () => timed?.[Symbol.dispose](),
+  };
 }
 
 function ptr(t: Tensor | null | undefined): Deno.PointerValue {
@@ -332,7 +351,8 @@ export function matmul(a: Tensor, b: Tensor, out: Tensor, options: MatmulOptions
     );
   }
   shape(out, "out", [m, n], action);
-  const { device, stream } = launch(action, options, a, b, out);
+  using launched = launch(action, options, a, b, out);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_matmul(
       a.pointer,
@@ -429,7 +449,8 @@ export function conv2dForward(x: Tensor, w: Tensor, y: Tensor, options: Conv2dOp
   tensor(w, "w", ["f16"], action);
   tensor(y, "y", ["f16"], action);
   const g = convGeometry(x, w, y, options, action, ["x", "y"]);
-  const { device, stream } = launch(action, options, x, w, y);
+  using launched = launch(action, options, x, w, y);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_conv2d_forward(
       x.pointer,
@@ -478,7 +499,8 @@ export function conv2dBackwardData(
   tensor(w, "w", ["f16"], action);
   tensor(dx, "dx", ["f16"], action);
   const g = convGeometry(dx, w, dy, options, action, ["dx", "dy"]);
-  const { device, stream } = launch(action, options, dy, w, dx);
+  using launched = launch(action, options, dy, w, dx);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_conv2d_backward_data(
       dy.pointer,
@@ -527,7 +549,8 @@ export function conv2dBackwardWeight(
   tensor(dy, "dy", ["f16"], action);
   tensor(dw, "dw", ["f16", "f32"], action);
   const g = convGeometry(x, dw, dy, options, action, ["x", "dy"]);
-  const { device, stream } = launch(action, options, x, dy, dw);
+  using launched = launch(action, options, x, dy, dw);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_conv2d_backward_weight(
       x.pointer,
@@ -588,7 +611,8 @@ export function maxPool2dForward(
   const oh = Math.floor((h - kernel) / stride) + 1, ow = Math.floor((w - kernel) / stride) + 1;
   shape(y, "y", [n, c, oh, ow], action);
   if (indices) shape(indices, "indices", [n, c, oh, ow], action);
-  const { device, stream } = launch(action, options, x, y, indices);
+  using launched = launch(action, options, x, y, indices);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_maxpool2d_forward(
       x.pointer,
@@ -646,7 +670,8 @@ export function maxPool2dBackward(
   const [n, c, oh, ow] = dy.shape;
   const [, , h, w] = dx.shape;
   shape(dx, "dx", [n, c, h, w], action);
-  const { device, stream } = launch(action, options, dy, indices, dx);
+  using launched = launch(action, options, dy, indices, dx);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_maxpool2d_backward(
       dy.pointer,
@@ -734,7 +759,7 @@ export function batchNormForwardTrain(
   }
   const momentum = num(options.momentum ?? 0.1, "momentum", action);
   const eps = num(options.eps ?? 1e-5, "eps", action);
-  const { device, stream } = launch(
+  using launched = launch(
     action,
     options,
     x,
@@ -746,6 +771,7 @@ export function batchNormForwardTrain(
     runMean,
     runVar,
   );
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_batchnorm_forward_train(
       x.pointer,
@@ -805,7 +831,8 @@ export function batchNormForwardEval(x: Tensor, y: Tensor, options: BatchNormEva
   shape(y, "y", x.shape, action);
   params([[gamma, "gamma"], [beta, "beta"], [runMean, "runMean"], [runVar, "runVar"]], c, action);
   const eps = num(options.eps ?? 1e-5, "eps", action);
-  const { device, stream } = launch(action, options, x, gamma, beta, runMean, runVar, y);
+  using launched = launch(action, options, x, gamma, beta, runMean, runVar, y);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_batchnorm_forward_eval(
       x.pointer,
@@ -870,7 +897,7 @@ export function batchNormBackward(dy: Tensor, dx: Tensor, options: BatchNormBack
     c,
     action,
   );
-  const { device, stream } = launch(
+  using launched = launch(
     action,
     options,
     dy,
@@ -882,6 +909,7 @@ export function batchNormBackward(dy: Tensor, dx: Tensor, options: BatchNormBack
     dgamma,
     dbeta,
   );
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_batchnorm_backward(
       dy.pointer,
@@ -935,7 +963,8 @@ export function biasAdd(y: Tensor, bias: Tensor, options: OpOptions = {}): void 
   tensor(bias, "bias", ["f16", "f32"], action);
   const { n, c, hw } = channels(y, "y", action);
   shape(bias, "bias", [c], action);
-  const { device, stream } = launch(action, options, y, bias);
+  using launched = launch(action, options, y, bias);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_bias_add(
       y.pointer,
@@ -977,7 +1006,8 @@ export function biasGrad(dy: Tensor, dbias: Tensor, options: BiasGradOptions = {
   tensor(dbias, "dbias", ["f16", "f32"], action);
   const { n, c, hw } = channels(dy, "dy", action);
   shape(dbias, "dbias", [c], action);
-  const { device, stream } = launch(action, options, dy, dbias);
+  using launched = launch(action, options, dy, dbias);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_bias_grad(
       dy.pointer,
@@ -1026,7 +1056,8 @@ export function reluForward(x: Tensor, y: Tensor, options: OpOptions = {}): void
   tensor(x, "x", ["f16"], action);
   tensor(y, "y", ["f16"], action);
   sameNumel(x, y, "x and y", action);
-  const { device, stream } = launch(action, options, x, y);
+  using launched = launch(action, options, x, y);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_relu_forward(x.pointer, y.pointer, BigInt(x.numel), stream),
     action,
@@ -1062,7 +1093,8 @@ export function reluBackward(dy: Tensor, y: Tensor, dx: Tensor, options: OpOptio
   tensor(dx, "dx", ["f16"], action);
   sameNumel(dy, y, "dy and y", action);
   sameNumel(dy, dx, "dy and dx", action);
-  const { device, stream } = launch(action, options, dy, y, dx);
+  using launched = launch(action, options, dy, y, dx);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_relu_backward(
       dy.pointer,
@@ -1103,7 +1135,7 @@ function crossEntropy(
     tensor(scaleTensor, "scaleTensor", ["f32"], action);
     scalar(scaleTensor, "scaleTensor", action);
   }
-  const { device, stream } = launch(
+  using launched = launch(
     action,
     options,
     logits,
@@ -1113,6 +1145,7 @@ function crossEntropy(
     correct,
     scaleTensor,
   );
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_cross_entropy(
       logits.pointer,
@@ -1242,7 +1275,8 @@ export function cast(src: Tensor, dst: Tensor, options: OpOptions = {}): void {
   tensor(src, "src", ["f16", "f32"], action);
   tensor(dst, "dst", ["f16", "f32"], action);
   sameNumel(src, dst, "src and dst", action);
-  const { device, stream } = launch(action, options, src, dst);
+  using launched = launch(action, options, src, dst);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_cast(
       src.pointer,
@@ -1294,7 +1328,8 @@ export function unscaleAndCheck(
     scalar(scale, "scale", action);
   }
   const inv = num(options.invScale ?? 1, "invScale", action);
-  const { device, stream } = launch(action, options, grad, foundInf, scale);
+  using launched = launch(action, options, grad, foundInf, scale);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_unscale_check(
       grad.pointer,
@@ -1387,7 +1422,7 @@ export function sgdStep(
     tensor(t, name, [dt], action);
     scalar(t, name, action);
   }
-  const { device, stream } = launch(
+  using launched = launch(
     action,
     options,
     param,
@@ -1398,6 +1433,7 @@ export function sgdStep(
     foundInf,
     stepsDone,
   );
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_sgd_step(
       param.pointer,
@@ -1455,7 +1491,8 @@ export function stepCount(
     tensor(foundInf, "foundInf", ["i32"], action);
     scalar(foundInf, "foundInf", action);
   }
-  const { device, stream } = launch(action, options, stepsDone, foundInf);
+  using launched = launch(action, options, stepsDone, foundInf);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_step_count(stepsDone.pointer, ptr(foundInf), stream),
     action,
@@ -1504,7 +1541,8 @@ export function scalerUpdate(
   const growth = num(options.growthFactor ?? 2, "growthFactor", action);
   const backoff = num(options.backoffFactor ?? 0.5, "backoffFactor", action);
   const interval = int(options.growthInterval ?? 2000, "growthInterval", 1, action);
-  const { device, stream } = launch(action, options, scale, growthTracker, foundInf);
+  using launched = launch(action, options, scale, growthTracker, foundInf);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_scaler_update(
       scale.pointer,
@@ -1554,7 +1592,8 @@ export function copyIf(src: Tensor, dst: Tensor, flag: Tensor, options: OpOption
   tensor(flag, "flag", ["i32"], action);
   sameNumel(src, dst, "src and dst", action);
   scalar(flag, "flag", action);
-  const { device, stream } = launch(action, options, src, dst, flag);
+  using launched = launch(action, options, src, dst, flag);
+  const { device, stream } = launched;
   device.check(
     device.lib.symbols.ps_nn_copy_if(
       dst.pointer,

@@ -7,6 +7,7 @@
  * @module
  */
 
+import { range } from "../ffi/profiler.ts";
 import { refuseUnknownKeys } from "../ffi/_options.ts";
 import type { Tensor } from "../ffi/tensor.ts";
 import { CrossEntropyLoss, type LossStats } from "./loss.ts";
@@ -105,9 +106,21 @@ export class Trainer {
    */
   trainStep(x: Tensor, labels: Tensor): void {
     if (!this.model.training) this.model.train();
-    const logits = this.model.forward(x);
-    const dlogits = this.#trainLoss.forwardBackward(logits, labels, this.scaler);
-    this.model.backward(dlogits, { inputGrad: false });
+    using _step = range("train.step");
+    let logits: Tensor, dlogits: Tensor;
+    {
+      using _ = range("train.forward");
+      logits = this.model.forward(x);
+    }
+    {
+      using _ = range("train.loss");
+      dlogits = this.#trainLoss.forwardBackward(logits, labels, this.scaler);
+    }
+    {
+      using _ = range("train.backward");
+      this.model.backward(dlogits, { inputGrad: false });
+    }
+    using _opt = range("train.optimizer");
     if (this.scaler) {
       this.scaler.step(this.optimizer, { model: this.revertStatsOnSkip ? this.model : null });
       this.scaler.update();
@@ -126,6 +139,7 @@ export class Trainer {
    */
   evalStep(x: Tensor, labels: Tensor): void {
     if (this.model.training) this.model.eval();
+    using _ = range("eval.step");
     this.#evalLoss.forward(this.model.forward(x), labels);
   }
 

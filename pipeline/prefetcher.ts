@@ -35,6 +35,7 @@ import { Tensor } from "../ffi/tensor.ts";
 import type { DataLoader } from "../loader/data_loader.ts";
 import { RingBatch, type RingField, type StagingRing } from "../loader/ring.ts";
 import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { range } from "../ffi/profiler.ts";
 import {
   augmentHost,
   type ImageDtype,
@@ -878,6 +879,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
 
   async #step(): Promise<IteratorResult<DeviceBatch>> {
     if (this.#finished) return { done: true, value: undefined };
+    using _ = range("pipeline.next");
     const t = performance.now();
     if (this.#t0 < 0) this.#t0 = t;
     const deviceWait0 = this.#deviceWaitMs;
@@ -1004,6 +1006,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
   /** Device mode: queues the copy of the slot's raw bytes (the kernel runs at delivery). */
   #copyRaw(slot: Slot, hb: RingBatch): void {
     const res = this.#r, copy = res.copyStream, raw = slot.raw!;
+    using _ = range("pipeline.copy", { stream: copy });
     const bytes = this.#copyExtent(hb.size);
     if (res.staging === "pinned-copy") {
       // One host copy into pinned memory; the loader slot is free after it.
@@ -1028,6 +1031,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     const esize = p.dtype === "f16" ? 2 : 4;
     const count = n * g.c * g.h * g.w;
     const st = slot.staging!;
+    using _ = range("pipeline.augmentOnHost");
     const out = p.dtype === "f16"
       ? new Float16Array(st.arrayBuffer, st.u8.byteOffset, count)
       : new Float32Array(st.arrayBuffer, st.u8.byteOffset, count);
@@ -1045,6 +1049,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     hb.release();
     const { images, labels } = this.#views(slot, n);
     const copy = res.copyStream;
+    using _copy = range("pipeline.copy", { stream: copy });
     slot.copyStart.record(copy);
     images.buffer.copyFrom(st, { stream: copy, bytes: count * esize });
     labels.buffer.copyFrom(st, { stream: copy, srcOffset: res.labelsAt, bytes: n * 4 });
@@ -1163,6 +1168,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
   ): void {
     const res = this.#r, g = res.g, dev = this.#p.device, aff = this.#p._affine();
     const st = res.compute.handle;
+    using _ = range("pipeline.augment", { stream: res.compute });
     dev.check(
       dev.lib.symbols.ps_image_augment(
         src,

@@ -7,6 +7,9 @@ import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import { activeProfiler, Profiler, range } from "../ffi/profiler.ts";
 import { Stream } from "../ffi/stream.ts";
 import { testEachBackend } from "./_backends.ts";
+import { makeData, makeLoader, MEAN, STD } from "./pipeline_fixtures.ts";
+import { toDevice } from "../pipeline/prefetcher.ts";
+import { Flatten, GradScaler, Linear, Sequential, SGD, Trainer } from "../nn/mod.ts";
 
 function busy(ms: number): void {
   const end = performance.now() + ms;
@@ -117,5 +120,46 @@ testEachBackend(
       assert.ok(dev.liveObjects().events > before);
     }
     assert.strictEqual(dev.liveObjects().events, before, "disposing the profiler frees its events");
+  },
+);
+
+testEachBackend(
+  "a profiled training loop shows the loader, the pipeline and every op of a step",
+  async (dev) => {
+    const d = makeData(48, [3, 8, 8], 5);
+    await using loader = makeLoader(d, { numWorkers: 0 });
+    await using p = toDevice(loader, dev, { dtype: "f16", mean: MEAN, std: STD, depth: 1 });
+    using model = new Sequential([new Flatten(), new Linear(192, 10)]).to(dev);
+    using opt = new SGD(model.parameters(), { lr: 0.01 });
+    using scaler = new GradScaler(dev);
+    using trainer = new Trainer(model, { optimizer: opt, scaler });
+    using prof = new Profiler().start();
+    for await (const b of p) trainer.trainStep(b.images, b.labels);
+    prof.stop();
+    const rows = await prof.collect();
+    const names = new Set(rows.map((r) => r.name));
+    for (
+      const name of [
+        "loader.next",
+        "pipeline.next",
+        "pipeline.augment",
+        "train.step",
+        "train.forward",
+        "train.backward",
+        "train.optimizer",
+        "nn.matmul",
+        "nn.crossEntropyForwardBackward",
+        "nn.sgdStep",
+      ]
+    ) {
+      assert.ok(names.has(name), `${name} missing from ${[...names].join(", ")}`);
+    }
+    const step = rows.find((r) => r.name === "train.step")!;
+    assert.strictEqual(step.calls, 3, "48 samples in batches of 16");
+    assert.ok(
+      rows.find((r) => r.name === "nn.matmul")!.deviceMs! >= 0,
+      "ops are timed on their stream",
+    );
+    assert.ok(rows.find((r) => r.name === "pipeline.augment")!.deviceMs! >= 0);
   },
 );
