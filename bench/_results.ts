@@ -64,3 +64,36 @@ export async function machine(): Promise<string> {
   return `${cpu}, ${navigator.hardwareConcurrency} logical cores, ${Deno.build.os}, ` +
     `deno ${Deno.version.deno}`;
 }
+
+/**
+ * Where results go: bench/out/ (untracked) by default, bench/results/ (tracked, the numbers the
+ * README quotes) with `--save`.
+ *
+ * @param save Write to bench/results/.
+ * @returns The folder's path, with a trailing slash.
+ */
+export function resultsDir(save: boolean): string {
+  return new URL(save ? "./results/" : "./out/", import.meta.url).pathname;
+}
+
+/**
+ * Writes a benchmark's result as `<name>.json` and its chart as `<name>.svg` (bench/_chart.ts)
+ * into {@linkcode resultsDir}, and says where.
+ *
+ * @param name The benchmark ("loader", "pipeline", ...).
+ * @param result What it measured.
+ * @param save Write to the tracked bench/results/ instead of bench/out/.
+ * @returns The JSON file's path.
+ */
+export async function writeResult(name: string, result: unknown, save: boolean): Promise<string> {
+  const dir = resultsDir(save);
+  await Deno.mkdir(dir, { recursive: true });
+  const path = `${dir}${name}.json`;
+  await Deno.writeTextFile(path, JSON.stringify(result, null, 2) + "\n");
+  const { writeChart } = await import("./_chart.ts");
+  const svg = await writeChart(path);
+  console.log(
+    `wrote ${path}${svg ? ` and ${svg}` : ""}${save ? "" : " (--save writes bench/results/)"}`,
+  );
+  return path;
+}

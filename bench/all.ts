@@ -19,8 +19,10 @@ const BENCHES: Record<string, () => Promise<{ main: (args: string[]) => Promise<
 const cli = parseCli(Deno.args, {
   usage: "deno task bench [NAME...]",
   summary: "Runs every benchmark (or the named ones), each printing its table and writing " +
-    "bench/results/<name>.json.",
-  options: {},
+    "bench/out/<name>.json (bench/results/ with --save).",
+  options: {
+    save: { kind: "boolean", help: "write to bench/results/ (tracked) instead of bench/out/" },
+  },
   positionals: {
     name: "NAME...",
     help: `benchmarks to run (default all): ${Object.keys(BENCHES).join(", ")}`,
@@ -35,5 +37,5 @@ for (const name of wanted) {
   const { main } = await load();
   // Each benchmark's defaults (its own flags are for running it directly); Deno.args here
   // are benchmark names, which their flag parsers would refuse.
-  await main([]);
+  await main(cli.save ? ["--save"] : []);
 }

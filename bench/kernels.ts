@@ -12,20 +12,20 @@
 
 import { Device, Tensor } from "../mod.ts";
 import * as ops from "../nn/ops.ts";
-import { assertMeasurable } from "./_results.ts";
+import { assertMeasurable, writeResult } from "./_results.ts";
 import { parseCli } from "../examples/_cli.ts";
 
 const CLI = {
   usage: "deno run -A bench/kernels.ts [options]",
-  summary: "Throughput of the nn kernels; writes bench/results/kernels.json.",
+  summary:
+    "Throughput of the nn kernels; writes bench/out/kernels.json (bench/results/ with --save).",
   options: {
+    save: { kind: "boolean", help: "write to bench/results/ (tracked) instead of bench/out/" },
     device: { kind: "string", choices: ["cpu", "cuda", "auto"], default: "cpu", help: "backend" },
     batch: { kind: "int", min: 1, default: 128, help: "batch size" },
     reps: { kind: "int", min: 1, default: 20, help: "timed repetitions (median kept)" },
   },
 } as const;
-
-const RESULTS_URL = new URL("./results/kernels.json", import.meta.url);
 
 interface Row {
   name: string;
@@ -232,8 +232,7 @@ export async function main(args: string[] = Deno.args): Promise<void> {
       // The machines are shared: other processes on the cores slow every row down.
       loadAverageAtEnd: loadAverage(),
     };
-    await Deno.mkdir(new URL("./results/", import.meta.url), { recursive: true });
-    await Deno.writeTextFile(RESULTS_URL, JSON.stringify(result, null, 2) + "\n");
+    await writeResult("kernels", result, cli.save ?? false);
   } finally {
     for (const x of keep) x.dispose();
   }

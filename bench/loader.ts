@@ -8,7 +8,7 @@
  * - pinstream generic path doing the CPU crop/flip/normalize to float32 (like torchvision);
  * - PyTorch's standard torchvision CIFAR pipeline (bench/loader_torch.py), 0, 1, 2 workers.
  *
- * Prints a table and writes bench/results/loader.json. Flags: `--epochs N` (pinstream
+ * Prints a table and writes bench/out/loader.json (bench/results/ with --save). Flags: `--epochs N` (pinstream
  * epochs per config, the first two are warm-up; default 10), `--no-torch`,
  * `--torch-epochs N`. "epoch boundary: first batch" is the wait for an epoch's first batch
  * (median over the measured epochs, each an epoch boundary crossed with workers running),
@@ -24,13 +24,15 @@ import { augmentFromDraw, type RingBatch } from "../loader/ring.ts";
 import { RandomSampler } from "../loader/sampler.ts";
 import { memoryOf, wasmGather } from "../loader/_wasm_gather.ts";
 import { writeCifar10Files } from "../tests/loader_fixtures.ts";
-import { commitStamp, machine } from "./_results.ts";
+import { commitStamp, machine, writeResult } from "./_results.ts";
 import { parseCli } from "../examples/_cli.ts";
 
 const CLI = {
   usage: "deno run -A bench/loader.ts [options]",
-  summary: "Loader throughput on generated CIFAR-10-format data; writes bench/results/loader.json.",
+  summary:
+    "Loader throughput on generated CIFAR-10-format data; writes bench/out/loader.json (bench/results/ with --save).",
   options: {
+    save: { kind: "boolean", help: "write to bench/results/ (tracked) instead of bench/out/" },
     epochs: {
       kind: "int",
       min: 3,
@@ -474,10 +476,7 @@ export async function main(args: string[] = Deno.args): Promise<void> {
       rows,
       targets,
     };
-    const outPath = new URL("./results/loader.json", import.meta.url);
-    await Deno.mkdir(new URL("./results/", import.meta.url), { recursive: true });
-    await Deno.writeTextFile(outPath, JSON.stringify(result, null, 2) + "\n");
-    console.log(`wrote ${outPath.pathname}`);
+    await writeResult("loader", result, cli.save ?? false);
   } finally {
     await Deno.remove(dir, { recursive: true });
   }

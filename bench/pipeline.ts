@@ -19,7 +19,7 @@
  * pinned cudaMemcpyAsync bound for the same bytes. Without one, that part is reported as
  * skipped.
  *
- * Prints a table and writes bench/results/pipeline.json (date, machine, commit, rows,
+ * Prints a table and writes bench/out/pipeline.json (bench/results/ with --save) (date, machine, commit, rows,
  * ratios). Flags: `--epochs N` (per pinstream row; the first is warm-up; default 5),
  * `--no-torch`, `--samples N`.
  *
@@ -27,7 +27,7 @@
  */
 
 import { join } from "node:path";
-import { assertMeasurable, commitStamp } from "./_results.ts";
+import { assertMeasurable, commitStamp, writeResult } from "./_results.ts";
 import { parseCli } from "../examples/_cli.ts";
 import { Device } from "../ffi/device.ts";
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
@@ -70,8 +70,10 @@ interface Row {
 
 const CLI = {
   usage: "deno run -A bench/pipeline.ts [options]",
-  summary: "Device-pipeline throughput; writes bench/results/pipeline.json.",
+  summary:
+    "Device-pipeline throughput; writes bench/out/pipeline.json (bench/results/ with --save).",
   options: {
+    save: { kind: "boolean", help: "write to bench/results/ (tracked) instead of bench/out/" },
     epochs: {
       kind: "int",
       min: 2,
@@ -83,9 +85,11 @@ const CLI = {
   },
 } as const;
 
-function parseArgs(args: string[]): { epochs: number; torch: boolean; samples: number } {
+function parseArgs(
+  args: string[],
+): { epochs: number; torch: boolean; samples: number; save: boolean } {
   const cli = parseCli(args, CLI);
-  return { epochs: cli.epochs!, torch: cli.torch!, samples: cli.samples! };
+  return { epochs: cli.epochs!, torch: cli.torch!, samples: cli.samples!, save: cli.save ?? false };
 }
 
 function cifarShaped(samples: number): TensorDataset {
@@ -307,12 +311,12 @@ function cudaDevice(): Device | string {
 }
 
 /**
- * Runs the benchmark, prints the table and writes bench/results/pipeline.json.
+ * Runs the benchmark, prints the table and writes bench/out/pipeline.json (bench/results/ with --save).
  *
  * @param args Command-line flags (default `Deno.args`).
  */
 export async function main(args: string[] = Deno.args): Promise<void> {
-  const { epochs, torch, samples } = parseArgs(args);
+  const { epochs, torch, samples, save } = parseArgs(args);
   // Other processes on a small machine move these numbers a lot: record how busy it was.
   const loadBefore = Deno.loadavg();
   const ds = cifarShaped(samples);
@@ -498,10 +502,7 @@ export async function main(args: string[] = Deno.args): Promise<void> {
     targets,
     notes,
   };
-  const dir = join(import.meta.dirname!, "results");
-  await Deno.mkdir(dir, { recursive: true });
-  await Deno.writeTextFile(join(dir, "pipeline.json"), JSON.stringify(result, null, 2) + "\n");
-  console.log(`wrote ${join(dir, "pipeline.json")}`);
+  await writeResult("pipeline", result, save);
 }
 
 if (import.meta.main) await main();

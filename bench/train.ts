@@ -12,7 +12,7 @@
  * - pinstream, DataLoader + DevicePrefetcher (1 worker): the end-to-end path of the examples.
  * - PyTorch 1.13, data in memory.
  *
- * Prints a table and writes bench/results/train.json (date, machine, commit, seconds,
+ * Prints a table and writes bench/out/train.json (bench/results/ with --save) (date, machine, commit, seconds,
  * samples/s, the ratio). Flags: `--batch-size N` (default 128), `--limit N` (first N training
  * samples), `--repeat N` (run each row N times, interleaved, and keep the fastest: the
  * machine is shared, and the minimum is the least disturbed measurement; default 1),
@@ -29,7 +29,7 @@ import { TensorDataset } from "../loader/datasets/tensor.ts";
 import { DevicePrefetcher } from "../pipeline/prefetcher.ts";
 import { GradScaler, SGD, Trainer, Xoshiro128 } from "../nn/mod.ts";
 import { FASHION_MEAN, FASHION_STD, fashionModel } from "../examples/fashion_mnist.ts";
-import { commitStamp, machine } from "./_results.ts";
+import { commitStamp, machine, writeResult } from "./_results.ts";
 import { parseCli } from "../examples/_cli.ts";
 
 const CLI = {
@@ -37,6 +37,7 @@ const CLI = {
   summary: "One Fashion-MNIST epoch of the small CNN, pinstream vs PyTorch; writes " +
     "bench/results/train.json.",
   options: {
+    save: { kind: "boolean", help: "write to bench/results/ (tracked) instead of bench/out/" },
     "batch-size": { kind: "int", min: 1, default: 128, help: "batch size" },
     limit: { kind: "int", min: 0, help: "use only the first N training samples" },
     repeat: {
@@ -270,10 +271,7 @@ export async function main(args: string[] = Deno.args): Promise<void> {
     rows,
     ratio: { pinstreamSecondsOverTorchSeconds: ratio, target: 1.5 },
   };
-  const outPath = new URL("./results/train.json", import.meta.url);
-  await Deno.mkdir(new URL("./results/", import.meta.url), { recursive: true });
-  await Deno.writeTextFile(outPath, JSON.stringify(result, null, 2) + "\n");
-  console.log(`wrote ${outPath.pathname}`);
+  await writeResult("train", result, cli.save ?? false);
 }
 
 if (import.meta.main) await main();

@@ -2,7 +2,7 @@
  * Host <-> device copy bandwidth, 64 KiB to 256 MiB: pinned (`HostBuffer`) vs pageable (a
  * plain ArrayBuffer) through the `DeviceBuffer` wrappers, against the raw bound of the same
  * copies issued back to back by a C loop (`ps_bench_memcpy_loop`: cudaMemcpyAsync on CUDA,
- * memcpy on the CPU backend). Prints a table and writes bench/results/transfer.json.
+ * memcpy on the CPU backend). Prints a table and writes bench/out/transfer.json (bench/results/ with --save).
  *
  *     deno run -A bench/transfer.ts [--device auto|cuda|cpu] [--max-mib 256]
  *
@@ -14,7 +14,7 @@
 
 import { Device, DeviceBuffer, type DeviceKind, Event, HostBuffer, Stream } from "../mod.ts";
 import { unwrap } from "../ffi/errors.ts";
-import { assertMeasurable, commitStamp } from "./_results.ts";
+import { assertMeasurable, commitStamp, writeResult } from "./_results.ts";
 import { parseCli } from "../examples/_cli.ts";
 
 const CLI = {
@@ -22,6 +22,7 @@ const CLI = {
   summary: "Host <-> device copy bandwidth, pinned vs pageable; writes " +
     "bench/results/transfer.json.",
   options: {
+    save: { kind: "boolean", help: "write to bench/results/ (tracked) instead of bench/out/" },
     device: { kind: "string", choices: ["auto", "cuda", "cpu"], default: "auto", help: "backend" },
     "max-mib": { kind: "int", min: 1, default: 256, help: "largest copy size in MiB" },
   },
@@ -194,9 +195,7 @@ export async function main(args: string[] = []): Promise<TransferRow[]> {
       : "pageable = a plain ArrayBuffer passed to the copy (CUDA stages it); raw = cudaMemcpyAsync loop in C",
     rows,
   };
-  await Deno.mkdir(new URL(".", RESULTS_URL), { recursive: true });
-  await Deno.writeTextFile(RESULTS_URL, JSON.stringify(result, null, 2) + "\n");
-  console.log(`results: ${RESULTS_URL.pathname}`);
+  await writeResult("transfer", result, cli.save ?? false);
   return rows;
 }
 
