@@ -27,7 +27,11 @@ export { PinstreamError } from "./ffi/errors.ts";
 export { MemoryResource, Resource } from "./ffi/resource.ts";
 export type { PinstreamErrorCode } from "./ffi/errors.ts";
 export { LibraryError, loadLibrary } from "./ffi/library.ts";
+export { PermissionError } from "./ffi/_permissions.ts";
+export { activeProfiler, Profiler, range } from "./ffi/profiler.ts";
+export type { ChromeTrace, ProfilerOptions, ProfileRow, RangeOptions } from "./ffi/profiler.ts";
 export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";
+export { ABI_VERSION, symbols } from "./ffi/symbols.ts";
 
 // loader
 export {
@@ -47,6 +51,7 @@ export {
   downloadCIFAR10,
   type EpochStats,
   FashionMNIST,
+  type FieldDType,
   getWorkerInfo,
   MNIST,
   type MNISTOptions,
@@ -65,6 +70,7 @@ export {
   Subset,
   SubsetRandomSampler,
   TensorDataset,
+  type TypedArray,
   WeightedRandomSampler,
   WorkerError,
   type WorkerInfo,

@@ -93,6 +93,8 @@ export class PermissionError extends PinstreamError {
   readonly permission: string;
 
   /**
+   * Creates the error from Deno's permission error.
+   *
    * @param action What was being done, completing "Cannot ...".
    * @param cause Deno's permission error.
    */

@@ -7,8 +7,19 @@
 
 import type { Library } from "./symbols.ts";
 
+/** A failure status name: `PS_ERR_<code>` in kernels/pinstream.h. */
+export type PinstreamErrorCode =
+  | "INVALID_ARGUMENT"
+  | "NO_DRIVER"
+  | "NO_DEVICE"
+  | "INVALID_DEVICE"
+  | "OUT_OF_MEMORY"
+  | "NOT_READY"
+  | "BACKEND"
+  | "UNSUPPORTED";
+
 /** Names of the status codes of kernels/pinstream.h (`PS_ERR_<name>`), by value. */
-export const STATUS_NAMES = [
+export const STATUS_NAMES: readonly ("OK" | PinstreamErrorCode)[] = [
   "OK",
   "INVALID_ARGUMENT",
   "NO_DRIVER",
@@ -18,10 +29,7 @@ export const STATUS_NAMES = [
   "NOT_READY",
   "BACKEND",
   "UNSUPPORTED",
-] as const;
-
-/** A failure status name: `PS_ERR_<code>` in kernels/pinstream.h. */
-export type PinstreamErrorCode = Exclude<(typeof STATUS_NAMES)[number], "OK">;
+];
 
 /** Status values of kernels/pinstream.h, by name. */
 export const Status = {

@@ -6,10 +6,13 @@
  * @module
  */
 
-/** Element types of shared fields and ring fields. */
-export type DType = "u8" | "i8" | "u16" | "i16" | "u32" | "i32" | "f16" | "f32" | "f64";
+/**
+ * Element type of a shared dataset field and of a ring field (what workers gather), one per
+ * TypedArray kind. Not the device {@linkcode DType} of a Tensor ("u8", "i32", "f16", "f32").
+ */
+export type FieldDType = "u8" | "i8" | "u16" | "i16" | "u32" | "i32" | "f16" | "f32" | "f64";
 
-/** A typed array of one of the {@linkcode DType}s. */
+/** A typed array of one of the {@linkcode FieldDType}s. */
 export type TypedArray =
   | Uint8Array
   | Int8Array
@@ -28,8 +31,8 @@ export type TypedArrayCtor = {
   readonly BYTES_PER_ELEMENT: number;
 };
 
-/** Bytes per element and constructor of every {@linkcode DType}. */
-export const DTYPES: Readonly<Record<DType, { bytes: number; ctor: TypedArrayCtor }>> = {
+/** Bytes per element and constructor of every {@linkcode FieldDType}. */
+export const DTYPES: Readonly<Record<FieldDType, { bytes: number; ctor: TypedArrayCtor }>> = {
   u8: { bytes: 1, ctor: Uint8Array as TypedArrayCtor },
   i8: { bytes: 1, ctor: Int8Array as TypedArrayCtor },
   u16: { bytes: 2, ctor: Uint16Array as TypedArrayCtor },
@@ -50,7 +53,7 @@ export interface SharedField {
   /** Field name, e.g. "image" or "label"; becomes the batch field name. */
   readonly name: string;
   /** Element type. */
-  readonly dtype: DType;
+  readonly dtype: FieldDType;
   /** Per-sample shape, e.g. [3, 32, 32] (CHW) or [] for a scalar. */
   readonly shape: readonly number[];
   /** Where the records live; every worker maps the same memory. */
@@ -135,7 +138,7 @@ import { allocShared } from "./_wasm_gather.ts";
  * assert.strictEqual(recordBytes({ dtype: "u8", shape: [3, 32, 32] }), 3072);
  * ```
  */
-export function recordBytes(field: { dtype: DType; shape: readonly number[] }): number {
+export function recordBytes(field: { dtype: FieldDType; shape: readonly number[] }): number {
   return DTYPES[field.dtype].bytes * field.shape.reduce((a, b) => a * b, 1);
 }
 
@@ -155,7 +158,7 @@ export function recordBytes(field: { dtype: DType; shape: readonly number[] }): 
  * assert.ok(labels.buffer instanceof SharedArrayBuffer);
  * ```
  */
-export function sharedArray(dtype: DType, length: number): TypedArray {
+export function sharedArray(dtype: FieldDType, length: number): TypedArray {
   const { bytes, ctor } = DTYPES[dtype];
   return new ctor(allocShared(length * bytes), 0, length);
 }
@@ -164,7 +167,7 @@ export function sharedArray(dtype: DType, length: number): TypedArray {
  * The dtype of a typed array, or undefined for other values.
  *
  * @param value any value
- * @returns its DType or undefined
+ * @returns its FieldDType or undefined
  * @example
  * ```ts
  * import { dtypeOf } from "./dataset.ts";
@@ -173,7 +176,7 @@ export function sharedArray(dtype: DType, length: number): TypedArray {
  * assert.strictEqual(dtypeOf([1]), undefined);
  * ```
  */
-export function dtypeOf(value: unknown): DType | undefined {
+export function dtypeOf(value: unknown): FieldDType | undefined {
   if (value instanceof Uint8Array) return "u8";
   if (value instanceof Int8Array) return "i8";
   if (value instanceof Uint16Array) return "u16";

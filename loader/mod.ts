@@ -30,9 +30,9 @@ export {
 export { type CollateFn, defaultCollate } from "./collate.ts";
 export {
   type Dataset,
-  type DType,
   dtypeOf,
   DTYPES,
+  type FieldDType,
   recordBytes,
   type RecordMap,
   type SampleContext,

@@ -40,7 +40,7 @@
  * @module
  */
 
-import { type DType, DTYPES, recordBytes, type TypedArray } from "./dataset.ts";
+import { DTYPES, type FieldDType, recordBytes, type TypedArray } from "./dataset.ts";
 import { allocShared, memoryOf } from "./_wasm_gather.ts";
 
 /**
@@ -79,7 +79,7 @@ export interface RingField {
   /** Field name: a dataset field, "indices" or "augment". */
   readonly name: string;
   /** Element type. */
-  readonly dtype: DType;
+  readonly dtype: FieldDType;
   /** Per-sample shape; the batch is `[batchSize, ...sampleShape]`. */
   readonly sampleShape: readonly number[];
   /** Bytes of one sample's record. */
@@ -116,7 +116,7 @@ const align = (n: number, a: number) => Math.ceil(n / a) * a;
  * ```
  */
 export function ringLayout(
-  fields: readonly { name: string; dtype: DType; shape: readonly number[] }[],
+  fields: readonly { name: string; dtype: FieldDType; shape: readonly number[] }[],
   batchSize: number,
 ): { fields: RingField[]; slotBytes: number } {
   let offset = 0;
@@ -177,7 +177,7 @@ export class StagingRing {
    * @throws {RangeError} for a non-positive batch size or slot count, or duplicate names
    */
   constructor(
-    fields: readonly { name: string; dtype: DType; shape: readonly number[] }[],
+    fields: readonly { name: string; dtype: FieldDType; shape: readonly number[] }[],
     batchSize: number,
     slotCount: number,
   ) {

@@ -7,9 +7,9 @@
 
 import {
   type Dataset,
-  type DType,
   dtypeOf,
   DTYPES,
+  type FieldDType,
   sharedArray,
   type SharedField,
   type TypedArray,
@@ -26,7 +26,7 @@ export interface TensorDatasetState {
   /** Fields in shared memory. */
   fields: {
     name: string;
-    dtype: DType;
+    dtype: FieldDType;
     shape: number[];
     buffer: SharedArrayBuffer;
     byteOffset: number;
