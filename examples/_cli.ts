@@ -9,6 +9,7 @@
 // Not part of the public API (leading underscore).
 
 import { closest } from "../ffi/_options.ts";
+import { missingPermission, permissionMessage } from "../ffi/_permissions.ts";
 
 /** One option of a script. The flag is `--<key>`; a boolean also takes `--no-<key>`. */
 export type CliOption =
@@ -347,9 +348,21 @@ export function parseCli<S extends CliSpec>(argv: readonly string[], spec: S): C
   return v;
 }
 
+/** The one-line report of a permission Deno denied, found anywhere in `e`'s cause chain. */
+function deniedPermission(e: unknown): string | undefined {
+  for (let c: unknown = e; c instanceof Error; c = c.cause) {
+    if (missingPermission(c) !== undefined) {
+      return `${permissionMessage(c)}. In a checkout of pinstream, \`deno run -P\` grants ` +
+        "what the examples need (the permission set in deno.json); -A grants everything";
+    }
+  }
+  return undefined;
+}
+
 /**
  * Runs a script's main function: a {@linkcode UsageError} or {@linkcode CliError} becomes one
- * line on stderr and its exit code; any other error keeps its stack trace (it is a bug).
+ * line on stderr and its exit code, and so does a permission Deno denied (naming the flag and
+ * why, exit code 1); any other error keeps its stack trace (it is a bug).
  *
  * @param main The script's body.
  */
@@ -358,6 +371,8 @@ export async function runMain(main: () => Promise<unknown>): Promise<void> {
     await main();
   } catch (e) {
     if (e instanceof UsageError || e instanceof CliError) exitWith(e.message, e.exitCode);
+    const denied = deniedPermission(e);
+    if (denied !== undefined) exitWith(denied, 1);
     throw e;
   }
 }

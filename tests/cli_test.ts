@@ -153,3 +153,17 @@ Deno.test("examples refuse bad values in one line naming the option, exit code 2
   assert.strictEqual(code, 2, err);
   assert.match(err, /^error: invalid value for --model: "resnet" \(expected one of mlp, cnn\)/);
 });
+
+Deno.test("an example run without permissions says which flag to add and why, in one line", async () => {
+  // `deno run examples/cifar.ts` exactly as written, without a terminal to prompt on.
+  for (const script of ["examples/cifar.ts", "examples/fashion_mnist.ts"]) {
+    const { code, err } = await run(script, ["--epochs", "1"]);
+    assert.strictEqual(code, 1, `${script}: ${err}`);
+    assert.strictEqual(err.trimEnd().split("\n").length, 1, `${script} printed more:\n${err}`);
+    assert.match(
+      err,
+      /^error: Deno denied (\w+) access.*: run with --allow-\1 \(.+\)\. In a checkout of pinstream, `deno run -P` grants/,
+      script,
+    );
+  }
+});
