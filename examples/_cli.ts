@@ -370,9 +370,9 @@ export async function runMain(main: () => Promise<unknown>): Promise<void> {
   try {
     await main();
   } catch (e) {
-    if (e instanceof UsageError || e instanceof CliError) exitWith(e.message, e.exitCode);
     const denied = deniedPermission(e);
     if (denied !== undefined) exitWith(denied, 1);
+    if (e instanceof UsageError || e instanceof CliError) exitWith(e.message, e.exitCode);
     throw e;
   }
 }

@@ -114,14 +114,14 @@ async function loadIdxPair(root: string, train: boolean, what: string) {
     join(root, `${prefix}-images-idx3-ubyte`),
     join(root, `${prefix}-images.idx3-ubyte`),
   ]).catch((e) => {
-    throw new Error(`Cannot load ${what}: ${(e as Error).message}`);
+    throw new Error(`Cannot load ${what}: ${(e as Error).message}`, { cause: e });
   });
   const lab = await readFirst([
     join(root, `${prefix}-labels-idx1-ubyte.gz`),
     join(root, `${prefix}-labels-idx1-ubyte`),
     join(root, `${prefix}-labels.idx1-ubyte`),
   ]).catch((e) => {
-    throw new Error(`Cannot load ${what}: ${(e as Error).message}`);
+    throw new Error(`Cannot load ${what}: ${(e as Error).message}`, { cause: e });
   });
   const images = await parseIdx(img.bytes, img.path, 3);
   const labels = await parseIdx(lab.bytes, lab.path, 1);
