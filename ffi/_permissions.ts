@@ -81,7 +81,7 @@ export function permissionMessage(err: unknown): string | undefined {
  *
  * @example
  * ```ts
- * import { PermissionError } from "./_permissions.ts";
+ * import { PermissionError } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const err = new PermissionError("read HOME", new Deno.errors.NotCapable('Requires env access to "HOME", run again with the --allow-env flag'));
  * assert.strictEqual(err.permission, "env");

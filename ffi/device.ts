@@ -86,7 +86,7 @@ let emulatorReported = false;
  *
  * @example Opening the CPU backend
  * ```ts
- * import { Device } from "./device.ts";
+ * import { Device } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
  * assert.strictEqual(dev.kind, "cpu");
@@ -144,7 +144,7 @@ export class Device extends Resource {
    *
    * @example Asking for CUDA explicitly
    * ```ts
-   * import { Device, PinstreamError } from "../mod.ts";
+   * import { Device, PinstreamError } from "@pinstream/pinstream";
    * try {
    *   using dev = Device.open("cuda");
    *   console.log(dev.props.name);
@@ -184,7 +184,7 @@ export class Device extends Resource {
    *
    * @example
    * ```ts
-   * import { Device } from "./device.ts";
+   * import { Device } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * assert.strictEqual(Device.count("cpu"), 1);
    * ```
@@ -269,7 +269,7 @@ export class Device extends Resource {
    *
    * @example Wrapping a kernel call
    * ```ts
-   * import { Device } from "./device.ts";
+   * import { Device } from "@pinstream/pinstream";
    * using dev = Device.open("cpu");
    * dev.check(dev.lib.symbols.ps_device_set(0), "select the device");
    * ```
@@ -299,7 +299,7 @@ export class Device extends Resource {
    *
    * @example
    * ```ts
-   * import { Device } from "./device.ts";
+   * import { Device } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * using dev = Device.open("cpu");
    * const { free, total } = dev.memInfo();
@@ -321,7 +321,7 @@ export class Device extends Resource {
    *
    * @example
    * ```ts
-   * import { Device } from "./device.ts";
+   * import { Device } from "@pinstream/pinstream";
    * using dev = Device.open("cpu");
    * await dev.synchronize();
    * ```
@@ -344,7 +344,7 @@ export class Device extends Resource {
    *
    * @example
    * ```ts
-   * import { Device, DeviceBuffer } from "../mod.ts";
+   * import { Device, DeviceBuffer } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * using dev = Device.open("cpu");
    * const before = dev.liveObjects().allocations;

@@ -52,7 +52,7 @@ export const Status = {
  *
  * @example Catching a specific failure
  * ```ts
- * import { PinstreamError } from "./errors.ts";
+ * import { PinstreamError } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const err = new PinstreamError("NO_DEVICE", "open cuda device 0", "no CUDA device");
  * assert.strictEqual(err.code, "NO_DEVICE");
@@ -111,7 +111,7 @@ export function lastError(lib: Library): string {
  * @example Turning a status into an error
  * ```ts
  * import { PinstreamError, unwrap } from "./errors.ts";
- * import type { Library } from "./symbols.ts";
+ * import type { Library } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const lib = {} as Library; // not read: a message is given
  * unwrap(lib, 0, "copy"); // 0 is success

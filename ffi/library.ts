@@ -183,7 +183,7 @@ export type LibraryFailure =
  *
  * @example
  * ```ts
- * import { LibraryError } from "./library.ts";
+ * import { LibraryError } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const err = new LibraryError("no-compiler", "cuda", "nvcc not found");
  * assert.strictEqual(err.reason, "no-compiler");
@@ -225,7 +225,7 @@ const loaded = new Map<Backend, { lib: Library; path: string } | LibraryError>()
  *
  * @example Loading the CPU backend
  * ```ts
- * import { loadLibrary } from "./library.ts";
+ * import { loadLibrary } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const lib = loadLibrary("cpu");
  * const out = new Int32Array(1);

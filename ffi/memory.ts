@@ -56,7 +56,7 @@ export interface FillOptions {
  *
  * @example Allocating pinned memory and writing it from JS
  * ```ts
- * import { Device, HostBuffer } from "../mod.ts";
+ * import { Device, HostBuffer } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
  * const host = HostBuffer.alloc(dev, 16);
@@ -144,7 +144,7 @@ export class HostBuffer extends MemoryResource {
    *
    * @example Pinning a SharedArrayBuffer that workers fill
    * ```ts
-   * import { Device, HostBuffer } from "../mod.ts";
+   * import { Device, HostBuffer } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * using dev = Device.open("cpu");
    * const ring = new SharedArrayBuffer(4096);
@@ -221,7 +221,7 @@ export class HostBuffer extends MemoryResource {
  *
  * @example A round trip through the device
  * ```ts
- * import { Device, DeviceBuffer } from "../mod.ts";
+ * import { Device, DeviceBuffer } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
  * using buf = DeviceBuffer.alloc(dev, 4);
@@ -259,7 +259,7 @@ export class DeviceBuffer extends MemoryResource {
    *
    * @example
    * ```ts
-   * import { Device, DeviceBuffer } from "../mod.ts";
+   * import { Device, DeviceBuffer } from "@pinstream/pinstream";
    * using dev = Device.open("cpu");
    * using buf = DeviceBuffer.alloc(dev, 1024);
    * buf.fill(0);
@@ -422,7 +422,7 @@ const PINNED = new WeakMap<ArrayBuffer | SharedArrayBuffer, number>();
  * @returns true while a HostBuffer pins (some of) it.
  * @example
  * ```ts
- * import { Device, HostBuffer, isPinnedMemory } from "../mod.ts";
+ * import { Device, HostBuffer, isPinnedMemory } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
  * const host = HostBuffer.alloc(dev, 64);

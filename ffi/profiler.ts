@@ -15,7 +15,7 @@
  *
  * @example Timing the parts of a loop
  * ```ts
- * import { Profiler, range } from "./profiler.ts";
+ * import { Profiler, range } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using prof = new Profiler().start();
  * for (let step = 0; step < 3; step++) {
@@ -120,7 +120,7 @@ let active: Profiler | undefined;
  *
  * @example
  * ```ts
- * import { range } from "./profiler.ts";
+ * import { range } from "@pinstream/pinstream";
  * using _ = range("not profiled: costs nothing");
  * ```
  */
@@ -135,7 +135,7 @@ export function range(name: string, options?: RangeOptions): Disposable {
  *
  * @example
  * ```ts
- * import { activeProfiler, Profiler } from "./profiler.ts";
+ * import { activeProfiler, Profiler } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * assert.strictEqual(activeProfiler(), undefined);
  * using p = new Profiler().start();
@@ -152,7 +152,7 @@ export function activeProfiler(): Profiler | undefined {
  *
  * @example
  * ```ts
- * import { Profiler } from "./profiler.ts";
+ * import { Profiler } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const prof = new Profiler({ device: false }).start();
  * { using _ = prof.range("load"); }

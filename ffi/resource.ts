@@ -63,7 +63,7 @@ export function assertDevice(device: unknown, action: string): asserts device is
  *
  * @example A resource is disposed once, however often dispose() is called
  * ```ts
- * import { Resource } from "./resource.ts";
+ * import { Resource } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * class Counter extends Resource {
  *   released = 0;
@@ -210,7 +210,7 @@ export abstract class Resource implements Disposable {
  *
  * @example Addressing into a buffer
  * ```ts
- * import { Device, DeviceBuffer, MemoryResource } from "../mod.ts";
+ * import { Device, DeviceBuffer, MemoryResource } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
  * using buf = DeviceBuffer.alloc(dev, 16);

@@ -54,7 +54,7 @@ export interface StreamOptions {
  *
  * @example Waiting for queued work
  * ```ts
- * import { Device, Stream } from "../mod.ts";
+ * import { Device, Stream } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
  * using stream = new Stream(dev);
@@ -153,7 +153,7 @@ export class Stream extends Resource {
    *
    * @example Ordering a consumer stream after a producer stream
    * ```ts
-   * import { Device, Event, Stream } from "../mod.ts";
+   * import { Device, Event, Stream } from "@pinstream/pinstream";
    * using dev = Device.open("cpu");
    * using copy = new Stream(dev), compute = new Stream(dev);
    * using ready = new Event(dev);
@@ -226,7 +226,7 @@ export interface EventOptions {
  *
  * @example Timing queued work
  * ```ts
- * import { Device, Event } from "../mod.ts";
+ * import { Device, Event } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
  * using start = new Event(dev, { timing: true }), end = new Event(dev, { timing: true });

@@ -74,7 +74,7 @@ function checkShape(shape: unknown, action: string): { shape: readonly number[];
  *
  * @example Uploading, reading back
  * ```ts
- * import { Device, Tensor } from "../mod.ts";
+ * import { Device, Tensor } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
  * using t = Tensor.fromHost(dev, new Float32Array([1, 2, 3, 4, 5, 6]), [2, 3]);
@@ -120,7 +120,7 @@ export class Tensor implements Disposable {
    *
    * @example
    * ```ts
-   * import { Device, Tensor } from "../mod.ts";
+   * import { Device, Tensor } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * using dev = Device.open("cpu");
    * using t = Tensor.empty(dev, [8, 3, 32, 32], "f16");

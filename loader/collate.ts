@@ -22,7 +22,7 @@ export type CollateFn<T = unknown, B = unknown> = (samples: T[]) => B;
  * @throws {TypeError} on mixed types, ragged typed arrays, or an empty list
  * @example Objects of arrays and labels
  * ```ts
- * import { defaultCollate } from "./collate.ts";
+ * import { defaultCollate } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const b = defaultCollate([
  *   { x: new Uint8Array([1, 2]), y: 0 },

@@ -243,7 +243,7 @@ function isModuleRef(v: unknown): v is ModuleRef {
  * @typeParam B the batch type: `RingBatch` on the zero-copy path, the collated value else
  * @example Generic path with the default collate
  * ```ts
- * import { DataLoader } from "./data_loader.ts";
+ * import { DataLoader } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const dataset = { length: 5, get: (i: number) => ({ x: i * 10, y: new Uint8Array([i]) }) };
  * await using loader = new DataLoader<{ x: Float64Array; y: Uint8Array }>(dataset, {
@@ -699,7 +699,7 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
    *
    * @example The configuration, with defaults filled in
    * ```ts
-   * import { DataLoader, TensorDataset } from "../mod.ts";
+   * import { DataLoader, TensorDataset } from "@pinstream/pinstream";
    * import assert from "node:assert";
    *
    * const ds = new TensorDataset({
@@ -742,7 +742,7 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
    *
    * @example What a consumer may hold
    * ```ts
-   * import { DataLoader, RingBatch, TensorDataset } from "../mod.ts";
+   * import { DataLoader, RingBatch, TensorDataset } from "@pinstream/pinstream";
    * import assert from "node:assert";
    *
    * const ds = new TensorDataset({ x: { data: new Uint8Array(8), shape: [] } });

@@ -55,7 +55,7 @@ import { allocShared, memoryOf } from "./_wasm_gather.ts";
  * @returns `[dy, dx, flip]`
  * @example
  * ```ts
- * import { augmentFromDraw } from "./ring.ts";
+ * import { augmentFromDraw } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * assert.deepStrictEqual(augmentFromDraw(0xffffffff, 4, true), [8, 8, 1]);
  * assert.deepStrictEqual(augmentFromDraw(0, 4, true), [0, 0, 0]);
@@ -143,7 +143,7 @@ export function ringLayout(
  *
  * @example A ring of two slots
  * ```ts
- * import { StagingRing } from "./ring.ts";
+ * import { StagingRing } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const ring = new StagingRing([{ name: "x", dtype: "f32", shape: [2] }], 4, 2);
  * assert.ok(ring.buffer.byteLength >= 2 * ring.slotBytes);
@@ -254,9 +254,9 @@ export class StagingRing {
  *
  * @example Reading a batch from a loader over an in-memory dataset
  * ```ts
- * import { DataLoader } from "./data_loader.ts";
- * import { TensorDataset } from "./datasets/tensor.ts";
- * import { RingBatch } from "./ring.ts";
+ * import { DataLoader } from "@pinstream/pinstream";
+ * import { TensorDataset } from "@pinstream/pinstream";
+ * import { RingBatch } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const ds = new TensorDataset({ x: { data: new Float32Array([1, 2, 3, 4]), shape: [2] } });
  * await using loader = new DataLoader<RingBatch>(ds, { batchSize: 2 });

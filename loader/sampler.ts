@@ -58,7 +58,7 @@ function checkSeed(seed: unknown): number {
  *
  * @example Sequential order
  * ```ts
- * import { SequentialSampler } from "./sampler.ts";
+ * import { SequentialSampler } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const s = new SequentialSampler(4);
  * assert.deepStrictEqual([...s.indices(0)], [0, 1, 2, 3]);
@@ -107,7 +107,7 @@ export interface RandomSamplerOptions {
  *
  * @example Same seed, same epoch, same order
  * ```ts
- * import { RandomSampler } from "./sampler.ts";
+ * import { RandomSampler } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const a = new RandomSampler(10, { seed: 7 });
  * const b = new RandomSampler(10, { seed: 7 });
@@ -193,7 +193,7 @@ export interface SubsetRandomSamplerOptions {
  *
  * @example Only the subset, shuffled
  * ```ts
- * import { SubsetRandomSampler } from "./sampler.ts";
+ * import { SubsetRandomSampler } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const s = new SubsetRandomSampler([5, 7, 9], { seed: 1 });
  * assert.deepStrictEqual([...s.indices(0)].sort(), [5, 7, 9]);
@@ -249,7 +249,7 @@ export interface WeightedRandomSamplerOptions {
  *
  * @example Zero weight is never drawn
  * ```ts
- * import { WeightedRandomSampler } from "./sampler.ts";
+ * import { WeightedRandomSampler } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const s = new WeightedRandomSampler([0, 1, 3], 100, { seed: 2 });
  * assert.ok([...s.indices(0)].every((i) => i === 1 || i === 2));
@@ -375,7 +375,7 @@ export interface DistributedSamplerOptions {
  *
  * @example Two ranks cover the dataset once
  * ```ts
- * import { DistributedSampler } from "./sampler.ts";
+ * import { DistributedSampler } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const r0 = new DistributedSampler(6, { worldSize: 2, rank: 0, seed: 3 });
  * const r1 = new DistributedSampler(6, { worldSize: 2, rank: 1, seed: 3 });
@@ -501,7 +501,7 @@ export interface BatchSamplerOptions {
  *
  * @example Ten indices in batches of four
  * ```ts
- * import { BatchSampler, SequentialSampler } from "./sampler.ts";
+ * import { BatchSampler, SequentialSampler } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const b = new BatchSampler(new SequentialSampler(10), { batchSize: 4 });
  * assert.strictEqual(b.length, 3);

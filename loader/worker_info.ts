@@ -28,7 +28,7 @@ let current: WorkerInfo | null = null;
  * @returns the current worker's info inside a DataLoader worker, null elsewhere
  * @example On the main thread
  * ```ts
- * import { getWorkerInfo } from "./worker_info.ts";
+ * import { getWorkerInfo } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * assert.strictEqual(getWorkerInfo(), null);
  * ```

@@ -85,7 +85,7 @@ const MOMENTUM_PREFIX = "optimizer.momentum_buffer.";
  * @returns `x.state.safetensors` for `x.safetensors`, else `path + ".state.safetensors"`.
  * @example
  * ```ts
- * import { statePathFor } from "./checkpoint.ts";
+ * import { statePathFor } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * assert.strictEqual(statePathFor("run/cnn.safetensors"), "run/cnn.state.safetensors");
  * assert.strictEqual(statePathFor("ckpt"), "ckpt.state.safetensors");
@@ -167,8 +167,8 @@ async function removeIfPresent(path: string): Promise<void> {
  * @throws {Deno.errors.IsADirectory} When the weights or state path is a directory.
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Linear, loadCheckpoint, saveCheckpoint } from "./mod.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Linear, loadCheckpoint, saveCheckpoint } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
  * const dir = await Deno.makeTempDir();
@@ -387,8 +387,8 @@ function momentumBuffersFor(parts: CheckpointParts, loaded: LoadedState): Float3
  * @throws {Deno.errors.NotFound} When a needed file is missing.
  * @example
  * ```ts
- * import { loadCheckpoint } from "./checkpoint.ts";
- * import { Linear } from "./mod.ts";
+ * import { loadCheckpoint } from "@pinstream/pinstream";
+ * import { Linear } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * await assert.rejects(loadCheckpoint("/nonexistent.safetensors", { model: new Linear(1, 1) }));
  * ```

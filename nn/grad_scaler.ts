@@ -66,8 +66,8 @@ export interface GradScalerState {
  *
  * @example A step with an inf gradient is skipped and halves the scale
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { GradScaler, Parameter, SGD } from "./mod.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { GradScaler, Parameter, SGD } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
  * const p = new Parameter(new Float32Array([1]), [1], { gradDtype: "f32" }).to(device);
@@ -172,8 +172,8 @@ export class GradScaler {
    * @returns The host-side scale.
    * @example
    * ```ts
-   * import { Device } from "../ffi/device.ts";
-   * import { GradScaler } from "./mod.ts";
+   * import { Device } from "@pinstream/pinstream";
+   * import { GradScaler } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * using device = Device.open("cpu");
    * using s = new GradScaler(device, { enabled: false });
@@ -195,9 +195,9 @@ export class GradScaler {
    * @param grad The loss gradient (fp16 or f32), modified in place.
    * @example
    * ```ts
-   * import { Device } from "../ffi/device.ts";
-   * import { Tensor } from "../ffi/tensor.ts";
-   * import { GradScaler } from "./mod.ts";
+   * import { Device } from "@pinstream/pinstream";
+   * import { Tensor } from "@pinstream/pinstream";
+   * import { GradScaler } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * using device = Device.open("cpu");
    * using scaler = new GradScaler(device, { initScale: 4 });
@@ -246,9 +246,9 @@ export class GradScaler {
    * @param options The model whose running statistics a skipped step restores.
    * @example A NaN batch leaves the weights and the running statistics as they were
    * ```ts
-   * import { Device } from "../ffi/device.ts";
-   * import { Tensor } from "../ffi/tensor.ts";
-   * import { BatchNorm2d, GradScaler, SGD } from "./mod.ts";
+   * import { Device } from "@pinstream/pinstream";
+   * import { Tensor } from "@pinstream/pinstream";
+   * import { BatchNorm2d, GradScaler, SGD } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * using device = Device.open("cpu");
    * using bn = new BatchNorm2d(1).to(device);

@@ -16,7 +16,7 @@ export type RngState = [number, number, number, number];
  *
  * @example Same seed, same numbers
  * ```ts
- * import { Xoshiro128 } from "./init.ts";
+ * import { Xoshiro128 } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const a = new Xoshiro128(42), b = new Xoshiro128(42);
  * assert.strictEqual(a.random(), b.random());
@@ -55,7 +55,7 @@ export class Xoshiro128 {
    * @returns An integer in [0, 2^32).
    * @example
    * ```ts
-   * import { Xoshiro128 } from "./init.ts";
+   * import { Xoshiro128 } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * const u = new Xoshiro128(1).nextU32();
    * assert.ok(Number.isInteger(u) && u >= 0 && u < 2 ** 32);
@@ -80,7 +80,7 @@ export class Xoshiro128 {
    * @returns The number.
    * @example
    * ```ts
-   * import { Xoshiro128 } from "./init.ts";
+   * import { Xoshiro128 } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * const x = new Xoshiro128(3).random();
    * assert.ok(x >= 0 && x < 1);
@@ -98,7 +98,7 @@ export class Xoshiro128 {
    * @returns A copy of the four state words.
    * @example
    * ```ts
-   * import { Xoshiro128 } from "./init.ts";
+   * import { Xoshiro128 } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * const g = new Xoshiro128(5);
    * const saved = g.getState();
@@ -118,7 +118,7 @@ export class Xoshiro128 {
    * @throws {RangeError} When the state is malformed.
    * @example
    * ```ts
-   * import { Xoshiro128 } from "./init.ts";
+   * import { Xoshiro128 } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * const g = new Xoshiro128(9);
    * g.setState([1, 2, 3, 4]);
@@ -150,7 +150,7 @@ function rotl(x: number, k: number): number {
  * @returns `out`.
  * @example
  * ```ts
- * import { uniform, Xoshiro128 } from "./init.ts";
+ * import { uniform, Xoshiro128 } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const a = uniform(new Float32Array(100), -0.5, 0.5, new Xoshiro128(0));
  * assert.ok(a.every((v) => v >= -0.5 && v <= 0.5));
@@ -180,7 +180,7 @@ export function uniform<T extends Float32Array | Float64Array>(
  * @throws {RangeError} When `fanIn` is not a positive integer.
  * @example
  * ```ts
- * import { kaimingUniform, Xoshiro128 } from "./init.ts";
+ * import { kaimingUniform, Xoshiro128 } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const w = kaimingUniform(new Float32Array(64), 16, new Xoshiro128(0));
  * assert.ok(w.every((v) => Math.abs(v) <= 0.25));

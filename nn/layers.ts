@@ -52,9 +52,9 @@ export interface LinearOptions {
  *
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
- * import { Linear, Xoshiro128 } from "./mod.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
+ * import { Linear, Xoshiro128 } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
  * using fc = new Linear(2, 1, { rng: new Xoshiro128(1) }).to(device);
@@ -163,9 +163,9 @@ export interface Conv2dOptions {
  *
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
- * import { Conv2d } from "./mod.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
+ * import { Conv2d } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
  * using conv = new Conv2d(1, 2, { kernelSize: 3, padding: 1 }).to(device);
@@ -303,7 +303,7 @@ export interface BatchNorm2dOptions {
  *
  * @example
  * ```ts
- * import { BatchNorm2d } from "./mod.ts";
+ * import { BatchNorm2d } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const bn = new BatchNorm2d(3);
  * assert.deepStrictEqual(
@@ -470,9 +470,9 @@ export class BatchNorm2d extends Module {
  *
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
- * import { ReLU } from "./mod.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
+ * import { ReLU } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
  * using relu = new ReLU().to(device);
@@ -524,9 +524,9 @@ export interface MaxPool2dOptions {
  *
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
- * import { MaxPool2d } from "./mod.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
+ * import { MaxPool2d } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
  * using pool = new MaxPool2d(2).to(device);
@@ -602,9 +602,9 @@ export class MaxPool2d extends Module {
  *
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
- * import { Flatten } from "./mod.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
+ * import { Flatten } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
  * using flat = new Flatten().to(device);
@@ -652,9 +652,9 @@ export class Flatten extends Module {
  *
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
- * import { Linear, ReLU, Sequential } from "./mod.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
+ * import { Linear, ReLU, Sequential } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
  * using model = new Sequential([new Linear(4, 8), new ReLU(), new Linear(8, 3)]).to(device);

@@ -26,9 +26,9 @@ export interface LossStats {
  *
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
- * import { CrossEntropyLoss } from "./mod.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
+ * import { CrossEntropyLoss } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
  * using loss = new CrossEntropyLoss(device);

@@ -39,7 +39,7 @@ export interface LRSchedulerState {
  *
  * @example A constant schedule
  * ```ts
- * import { LRScheduler } from "./lr_scheduler.ts";
+ * import { LRScheduler } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * class Constant extends LRScheduler {
  *   constructor(opt: { lr: number }) {
@@ -96,7 +96,7 @@ export abstract class LRScheduler {
    *
    * @example
    * ```ts
-   * import { StepLR } from "./lr_scheduler.ts";
+   * import { StepLR } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * const opt = { lr: 1 };
    * const s = new StepLR(opt, { stepSize: 1, gamma: 0.5 });
@@ -117,7 +117,7 @@ export abstract class LRScheduler {
    * @returns The lr.
    * @example
    * ```ts
-   * import { StepLR } from "./lr_scheduler.ts";
+   * import { StepLR } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * assert.strictEqual(new StepLR({ lr: 0.3 }, { stepSize: 2 }).getLastLr(), 0.3);
    * ```
@@ -132,7 +132,7 @@ export abstract class LRScheduler {
    * @returns The state.
    * @example
    * ```ts
-   * import { StepLR } from "./lr_scheduler.ts";
+   * import { StepLR } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * const a = new StepLR({ lr: 1 }, { stepSize: 1, gamma: 0.1 });
    * a.step();
@@ -163,7 +163,7 @@ export abstract class LRScheduler {
    * @throws {TypeError} When the state is malformed.
    * @example
    * ```ts
-   * import { StepLR } from "./lr_scheduler.ts";
+   * import { StepLR } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * const opt = { lr: 1 };
    * const s = new StepLR(opt, { stepSize: 1 });
@@ -201,7 +201,7 @@ export interface StepLROptions {
  *
  * @example
  * ```ts
- * import { StepLR } from "./lr_scheduler.ts";
+ * import { StepLR } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const opt = { lr: 1 };
  * const s = new StepLR(opt, { stepSize: 2, gamma: 0.1 });
@@ -256,7 +256,7 @@ export interface CosineAnnealingLROptions {
  *
  * @example
  * ```ts
- * import { CosineAnnealingLR } from "./lr_scheduler.ts";
+ * import { CosineAnnealingLR } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const opt = { lr: 1 };
  * const s = new CosineAnnealingLR(opt, { tMax: 2 });
@@ -316,7 +316,7 @@ export interface LinearLROptions {
  *
  * @example Warm-up over 4 steps
  * ```ts
- * import { LinearLR } from "./lr_scheduler.ts";
+ * import { LinearLR } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const opt = { lr: 1 };
  * const s = new LinearLR(opt, { startFactor: 0.25, totalIters: 4 });
@@ -410,7 +410,7 @@ interface Phase {
  *
  * @example
  * ```ts
- * import { OneCycleLR } from "./lr_scheduler.ts";
+ * import { OneCycleLR } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const opt = { lr: 0, momentum: 0.9 };
  * const s = new OneCycleLR(opt, { maxLr: 1, totalSteps: 10 });

@@ -34,7 +34,7 @@ export interface ParameterOptions {
  *
  * @example
  * ```ts
- * import { Parameter } from "./module.ts";
+ * import { Parameter } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const p = new Parameter(new Float32Array([1, 2, 3]), [3]);
  * assert.deepStrictEqual(p.shape, [3]);
@@ -118,8 +118,8 @@ export class Parameter implements Disposable {
    * @throws {TypeError} When the parameter already lives on another device.
    * @example
    * ```ts
-   * import { Device } from "../ffi/device.ts";
-   * import { Parameter } from "./module.ts";
+   * import { Device } from "@pinstream/pinstream";
+   * import { Parameter } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * using device = Device.open("cpu");
    * const p = new Parameter(new Float32Array([0.5, -1]), [2]).to(device);
@@ -151,7 +151,7 @@ export class Parameter implements Disposable {
    *
    * @example
    * ```ts
-   * import { Parameter } from "./module.ts";
+   * import { Parameter } from "@pinstream/pinstream";
    * new Parameter(new Float32Array(1), [1]).syncHalf(); // no-op on the host
    * ```
    */
@@ -165,7 +165,7 @@ export class Parameter implements Disposable {
    * @returns A copy of the fp32 values.
    * @example
    * ```ts
-   * import { Parameter } from "./module.ts";
+   * import { Parameter } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * const p = new Parameter(new Float32Array([3]), [1]);
    * assert.deepStrictEqual([...await p.read()], [3]);
@@ -183,7 +183,7 @@ export class Parameter implements Disposable {
    * @throws {RangeError} When the length does not match.
    * @example
    * ```ts
-   * import { Parameter } from "./module.ts";
+   * import { Parameter } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * const p = new Parameter(new Float32Array(2), [2]);
    * p.write(new Float32Array([1, 2]));
@@ -209,7 +209,7 @@ export class Parameter implements Disposable {
    *
    * @example
    * ```ts
-   * import { Parameter } from "./module.ts";
+   * import { Parameter } from "@pinstream/pinstream";
    * const p = new Parameter(new Float32Array(1), [1]);
    * p.dispose();
    * p.dispose();
@@ -227,8 +227,8 @@ export class Parameter implements Disposable {
    *
    * @example Freed at the end of its scope
    * ```ts
-   * import { Device } from "../ffi/device.ts";
-   * import { Parameter } from "./module.ts";
+   * import { Device } from "@pinstream/pinstream";
+   * import { Parameter } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * using dev = Device.open("cpu");
    * const before = dev.liveObjects().allocations;
@@ -314,8 +314,8 @@ export class BufferTensor implements Disposable {
    *
    * @example Freed at the end of its scope
    * ```ts
-   * import { Device } from "../ffi/device.ts";
-   * import { BufferTensor } from "./module.ts";
+   * import { Device } from "@pinstream/pinstream";
+   * import { BufferTensor } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * using dev = Device.open("cpu");
    * const before = dev.liveObjects().allocations;
@@ -364,7 +364,7 @@ export interface ExtraStateLoad {
  *
  * @example
  * ```ts
- * import { Linear, ReLU, Sequential } from "./layers.ts";
+ * import { Linear, ReLU, Sequential } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const model = new Sequential([new Linear(4, 3), new ReLU(), new Linear(3, 2)]);
  * assert.deepStrictEqual(
@@ -497,9 +497,9 @@ export abstract class Module {
    * @param flag i32 [1] on the model's device (a GradScaler's `foundInf`).
    * @example A skipped step keeps the statistics from before its forward
    * ```ts
-   * import { Device } from "../ffi/device.ts";
-   * import { Tensor } from "../ffi/tensor.ts";
-   * import { BatchNorm2d } from "./mod.ts";
+   * import { Device } from "@pinstream/pinstream";
+   * import { Tensor } from "@pinstream/pinstream";
+   * import { BatchNorm2d } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * using device = Device.open("cpu");
    * using bn = new BatchNorm2d(1).to(device);
@@ -569,7 +569,7 @@ export abstract class Module {
    *   source), or in strict mode on missing/unexpected keys.
    * @example A refused state changes nothing
    * ```ts
-   * import { Linear } from "./layers.ts";
+   * import { Linear } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * const fc = new Linear(2, 1);
    * const state = await fc.stateDict();

@@ -323,8 +323,8 @@ function tail(s: readonly number[], from: number): number {
  * @throws {RangeError} When the shapes do not agree.
  * @example A 2x3 by 3x2 product
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { matmul } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -431,8 +431,8 @@ function convArgs(g: ConvGeometry): [bigint, bigint, bigint, bigint, bigint, num
  * @throws {RangeError} When the shapes do not agree.
  * @example A 3x3 box filter
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { conv2dForward } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -476,8 +476,8 @@ export function conv2dForward(x: Tensor, w: Tensor, y: Tensor, options: Conv2dOp
  * @throws {RangeError} When the shapes do not agree.
  * @example The adjoint of a 1x1 convolution
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { conv2dBackwardData } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -526,8 +526,8 @@ export function conv2dBackwardData(
  * @throws {RangeError} When the shapes do not agree.
  * @example A 1x1 convolution's weight gradient
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { conv2dBackwardWeight } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -578,8 +578,8 @@ export function conv2dBackwardWeight(
  * @throws {RangeError} When the shapes do not agree.
  * @example 2x2 pooling
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { maxPool2dForward } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -642,8 +642,8 @@ export function maxPool2dForward(
  * @throws {RangeError} When the shapes do not agree.
  * @example Routing the gradient to the maximum
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { maxPool2dBackward } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -716,8 +716,8 @@ function params(ts: [Tensor | null, string][], c: number, action: string): void 
  * @throws {RangeError} When the shapes do not agree or N·spatial < 2.
  * @example Normalizing one channel
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { batchNormForwardTrain } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -807,8 +807,8 @@ export function batchNormForwardTrain(
  * @throws {RangeError} When the shapes do not agree.
  * @example Using the running statistics
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { batchNormForwardEval } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -862,8 +862,8 @@ export function batchNormForwardEval(x: Tensor, y: Tensor, options: BatchNormEva
  * @throws {RangeError} When the shapes do not agree.
  * @example dbeta is the sum of dy
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { batchNormBackward } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -946,8 +946,8 @@ function channels(y: Tensor, name: string, action: string): { n: number; c: numb
  * @throws {RangeError} When the shapes do not agree.
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { biasAdd } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -989,8 +989,8 @@ export function biasAdd(y: Tensor, bias: Tensor, options: OpOptions = {}): void 
  * @throws {RangeError} When the shapes do not agree.
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { biasGrad } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -1041,8 +1041,8 @@ function sameNumel(a: Tensor, b: Tensor, names: string, action: string): void {
  * @throws {RangeError} When the sizes differ.
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { reluForward } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -1075,8 +1075,8 @@ export function reluForward(x: Tensor, y: Tensor, options: OpOptions = {}): void
  * @throws {RangeError} When the sizes differ.
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { reluBackward } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -1179,8 +1179,8 @@ function crossEntropy(
  * @throws {PinstreamError} On the CPU backend, when a label is out of range.
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { crossEntropyForwardBackward } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -1226,8 +1226,8 @@ export function crossEntropyForwardBackward(
  * @throws {RangeError} When the shapes do not agree.
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { crossEntropyForward } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -1259,8 +1259,8 @@ export function crossEntropyForward(
  * @throws {RangeError} When the sizes differ.
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { cast } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -1301,8 +1301,8 @@ export function cast(src: Tensor, dst: Tensor, options: OpOptions = {}): void {
  * @throws {RangeError} When a scalar has the wrong size.
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { unscaleAndCheck } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -1360,8 +1360,8 @@ export function unscaleAndCheck(
  * @throws {RangeError} When sizes differ, or on a bad hyper-parameter.
  * @example Plain SGD
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { sgdStep } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -1467,8 +1467,8 @@ export function sgdStep(
  * @throws {RangeError} When a scalar has the wrong size.
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { stepCount } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -1512,8 +1512,8 @@ export function stepCount(
  * @throws {RangeError} When a scalar has the wrong size or an option is invalid.
  * @example Back-off on an inf
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { scalerUpdate } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
@@ -1570,8 +1570,8 @@ export function scalerUpdate(
  * @throws {RangeError} When the sizes differ or the flag is not one element.
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
  * import { copyIf } from "./ops.ts";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");

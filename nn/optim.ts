@@ -60,8 +60,8 @@ export interface SGDState {
  *
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Parameter, SGD } from "./mod.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Parameter, SGD } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
  * const p = new Parameter(new Float32Array([1]), [1], { gradDtype: "f32" }).to(device);
@@ -154,8 +154,8 @@ export class SGD {
    * @throws {TypeError} When disposed.
    * @example
    * ```ts
-   * import { Device } from "../ffi/device.ts";
-   * import { Parameter, SGD } from "./mod.ts";
+   * import { Device } from "@pinstream/pinstream";
+   * import { Parameter, SGD } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * using device = Device.open("cpu");
    * const p = new Parameter(new Float32Array([1]), [1], { gradDtype: "f32" }).to(device);
@@ -191,8 +191,8 @@ export class SGD {
    * @returns Hyper-parameters, step count and momentum buffers.
    * @example
    * ```ts
-   * import { Device } from "../ffi/device.ts";
-   * import { Parameter, SGD } from "./mod.ts";
+   * import { Device } from "@pinstream/pinstream";
+   * import { Parameter, SGD } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * using device = Device.open("cpu");
    * const p = new Parameter(new Float32Array([1]), [1], { gradDtype: "f32" }).to(device);
@@ -233,8 +233,8 @@ export class SGD {
    *   parameters; nothing is changed then.
    * @example
    * ```ts
-   * import { Device } from "../ffi/device.ts";
-   * import { Parameter, SGD } from "./mod.ts";
+   * import { Device } from "@pinstream/pinstream";
+   * import { Parameter, SGD } from "@pinstream/pinstream";
    * import assert from "node:assert";
    * using device = Device.open("cpu");
    * const p = new Parameter(new Float32Array([1]), [1], { gradDtype: "f32" }).to(device);

@@ -125,7 +125,7 @@ function numelOf(shape: readonly number[], name: string): number {
  * @throws {RangeError} When a tensor's data length does not match its shape.
  * @example Round trip
  * ```ts
- * import { decodeSafetensors, encodeSafetensors } from "./safetensors.ts";
+ * import { decodeSafetensors, encodeSafetensors } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const bytes = encodeSafetensors(
  *   { w: { dtype: "F32", shape: [2, 2], data: new Float32Array([1, 2, 3, 4]) } },
@@ -202,7 +202,7 @@ export function encodeSafetensors(
  *   out of bounds, overlapping or inconsistent with the shape.
  * @example
  * ```ts
- * import { decodeSafetensors } from "./safetensors.ts";
+ * import { decodeSafetensors } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * assert.throws(() => decodeSafetensors(new Uint8Array(4)), RangeError);
  * ```

@@ -39,9 +39,9 @@ export interface TrainerOptions {
  *
  * @example
  * ```ts
- * import { Device } from "../ffi/device.ts";
- * import { Tensor } from "../ffi/tensor.ts";
- * import { Linear, SGD, Trainer } from "./mod.ts";
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
+ * import { Linear, SGD, Trainer } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using device = Device.open("cpu");
  * using model = new Linear(2, 2).to(device);

@@ -74,7 +74,7 @@ export const MAX_CHANNELS = 16;
  *
  * @example Identity normalization maps a byte to x / 255
  * ```ts
- * import { normalizeAffine } from "./augment.ts";
+ * import { normalizeAffine } from "@pinstream/pinstream";
  * import assert from "node:assert";
  *
  * const { scale, bias } = normalizeAffine([0], [1]);
@@ -126,7 +126,7 @@ export function normalizeAffine(
  *
  * @example A flipped 1x1x2 image, identity normalization
  * ```ts
- * import { augmentHost, normalizeAffine } from "./augment.ts";
+ * import { augmentHost, normalizeAffine } from "@pinstream/pinstream";
  * import assert from "node:assert";
  *
  * const out = new Float32Array(2);

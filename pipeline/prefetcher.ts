@@ -241,7 +241,7 @@ const attached = new WeakMap<StagingRing, DevicePrefetcher>();
  *
  * @example CIFAR-shaped batches through the CPU backend
  * ```ts
- * import { DataLoader, Device, DevicePrefetcher, TensorDataset } from "../mod.ts";
+ * import { DataLoader, Device, DevicePrefetcher, TensorDataset } from "@pinstream/pinstream";
  * import assert from "node:assert";
  *
  * using device = Device.open("cpu");
@@ -458,7 +458,7 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
  *
  * @example Host-side augmentation for comparison
  * ```ts
- * import { DataLoader, Device, TensorDataset, toDevice } from "../mod.ts";
+ * import { DataLoader, Device, TensorDataset, toDevice } from "@pinstream/pinstream";
  * import assert from "node:assert";
  *
  * using device = Device.open("cpu");

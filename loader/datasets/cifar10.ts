@@ -251,7 +251,7 @@ export class CIFAR10 implements Dataset<{ image: Uint8Array; label: number }> {
  * @throws {Error} without network (saying how to supply the data), on a checksum mismatch
  * @example Without network the error says what to do
  * ```ts
- * import { downloadCIFAR10 } from "./cifar10.ts";
+ * import { downloadCIFAR10 } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const dir = await Deno.makeTempDir();
  * await assert.rejects(

@@ -162,7 +162,7 @@ async function loadIdxPair(root: string, train: boolean, what: string) {
  *
  * @example From generated IDX files
  * ```ts
- * import { MNIST } from "./mnist.ts";
+ * import { MNIST } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const dir = await Deno.makeTempDir();
  * const be = (n: number) => [n >>> 24, (n >>> 16) & 255, (n >>> 8) & 255, n & 255];
@@ -284,7 +284,7 @@ export const FASHION_MNIST_DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist";
  *
  * @example Class names
  * ```ts
- * import { FashionMNIST } from "./mnist.ts";
+ * import { FashionMNIST } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * assert.strictEqual(FashionMNIST.classes[9], "Ankle boot");
  * ```

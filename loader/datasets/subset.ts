@@ -51,7 +51,7 @@ function checkLength(dataset: Dataset, action: string): number {
  * @typeParam T the sample type
  * @example The even samples of a TensorDataset, through the zero-copy loader
  * ```ts
- * import { DataLoader, type RingBatch, Subset, TensorDataset } from "../../mod.ts";
+ * import { DataLoader, type RingBatch, Subset, TensorDataset } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const all = new TensorDataset({ label: Int32Array.from({ length: 10 }, (_, i) => i) });
  * const even = new Subset(all, [0, 2, 4, 6, 8]);
@@ -149,7 +149,7 @@ export class Subset<T = unknown> implements Dataset<T> {
  * @typeParam T the sample type
  * @example Two datasets as one
  * ```ts
- * import { ConcatDataset } from "./subset.ts";
+ * import { ConcatDataset } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const a = { length: 2, get: (i: number) => `a${i}` };
  * const b = { length: 3, get: (i: number) => `b${i}` };
@@ -254,7 +254,7 @@ export interface RandomSplitOptions {
  * to 1, or one is negative.
  * @example A 90/10 train/validation split
  * ```ts
- * import { randomSplit, TensorDataset } from "../../mod.ts";
+ * import { randomSplit, TensorDataset } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const ds = new TensorDataset({ x: new Float32Array(50) });
  * const [train, val] = randomSplit(ds, [0.9, 0.1], { seed: 42 });

@@ -41,7 +41,7 @@ export interface TensorDatasetState {
  *
  * @example Images and labels
  * ```ts
- * import { TensorDataset } from "./tensor.ts";
+ * import { TensorDataset } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const ds = new TensorDataset({
  *   image: { data: new Uint8Array(2 * 4), shape: [2, 2] },
