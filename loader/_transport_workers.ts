@@ -1,0 +1,192 @@
+// The workers of both worker transports: starting them, holding messages until each listens,
+// and turning a crash, an unexpected exit, an out-of-memory stop or a failed start into the
+// loader's failure. Batch results ("b", "e") go to the transport that owns the pool.
+
+import { Worker as NodeWorker } from "node:worker_threads";
+import type { FromWorker, InitMessage, ToWorker } from "./_protocol.ts";
+import { hash4, seedWords, STREAM_WORKER } from "./_rng.ts";
+import { type EngineConfig, WorkerError } from "./_transport.ts";
+
+let liveWorkers = 0;
+/** Workers started by any DataLoader and not yet terminated. */
+export function liveWorkerCount(): number {
+  return liveWorkers;
+}
+
+export interface WorkerHandle {
+  id: number;
+  worker: NodeWorker;
+  /** Batches sent to this worker and not yet back (push transport). */
+  outstanding: number;
+  alive: boolean;
+  /**
+   * Messages held until the worker says "hello". A node worker drops messages that arrive
+   * before it listens, and one started through the network bootstrap listens only once its
+   * module has been fetched.
+   */
+  backlog: { m: ToWorker; transfer?: Transferable[] }[] | undefined;
+}
+
+/** A batch's result from a worker: its value ("b") or its error ("e"). */
+export type BatchMessage = Extract<FromWorker, { t: "b" } | { t: "e" }>;
+
+/** The fields of a worker's init message that depend on the transport. */
+export type TransportInit = Pick<InitMessage, "control" | "slots" | "tasks" | "batch">;
+
+/** `numWorkers` node workers, each started with `init` and reporting results to `onBatch`. */
+export class WorkerPool {
+  readonly workers: WorkerHandle[] = [];
+  #cfg: EngineConfig;
+  #fail: (error: Error) => void;
+  #onBatch: (w: WorkerHandle, msg: BatchMessage) => void;
+  #stopped = false;
+
+  constructor(
+    cfg: EngineConfig,
+    init: TransportInit,
+    onBatch: (w: WorkerHandle, msg: BatchMessage) => void,
+    fail: (error: Error) => void,
+  ) {
+    this.#cfg = cfg;
+    this.#onBatch = onBatch;
+    this.#fail = fail;
+    for (let id = 0; id < cfg.numWorkers; id++) this.#start(id, init);
+  }
+
+  #start(id: number, transportInit: TransportInit): void {
+    const cfg = this.#cfg;
+    // node:worker_threads, not Web Workers: in Deno 2.9 a Web Worker's terminate() does not
+    // stop a worker stuck in a JavaScript loop, and the process then never exits
+    // (denoland/deno#35657); a node worker's does. And a Web Worker that runs out of heap
+    // aborts the whole process, where a node worker with resourceLimits dies alone with
+    // ERR_WORKER_OUT_OF_MEMORY. A node worker takes file: and data: URLs only, so a module
+    // loaded from the network (a JSR import) starts through a one-line bootstrap.
+    const url = new URL("./worker.ts", import.meta.url);
+    const worker = url.protocol === "file:"
+      ? new NodeWorker(url, { resourceLimits: cfg.resourceLimits })
+      : new NodeWorker(`import(${JSON.stringify(url.href)});`, {
+        eval: true,
+        resourceLimits: cfg.resourceLimits,
+      });
+    liveWorkers++;
+    const handle: WorkerHandle = { id, worker, outstanding: 0, alive: true, backlog: [] };
+    this.workers.push(handle);
+    worker.on("message", (m: FromWorker) => this.#onMessage(handle, m));
+    worker.on("error", (e: Error & { code?: string }) => {
+      if (!handle.alive) return;
+      if (e?.code === "ERR_WORKER_OUT_OF_MEMORY") return this.#fail(this.#oomError(id, ""));
+      this.#fail(
+        new Error(
+          `Cannot load batches: DataLoader worker ${id} crashed: ${e?.message ?? String(e)}`,
+        ),
+      );
+    });
+    worker.on("messageerror", () => {
+      this.#fail(
+        new Error(
+          `Cannot load batches: a message from DataLoader worker ${id} failed to deserialize`,
+        ),
+      );
+    });
+    worker.on("exit", (code: number) => {
+      // A stop we asked for sets alive = false first; anything else is unexpected. An exit
+      // the worker announced ("x" message) was reported already (the engine keeps the first).
+      if (!handle.alive) return;
+      this.#fail(
+        new Error(
+          `Cannot load batches: DataLoader worker ${id} exited unexpectedly (exit code ${code})`,
+        ),
+      );
+    });
+    const [lo, hi] = seedWords(cfg.seed);
+    const init: InitMessage = {
+      t: "init",
+      id,
+      numWorkers: cfg.numWorkers,
+      seed: cfg.seed,
+      // PyTorch draws a new base seed for each iterator: workers started for one epoch get
+      // seeds of their own, persistent workers keep theirs (their generators go on).
+      workerSeed: hash4(
+        lo,
+        hi,
+        id,
+        cfg.persistent ? STREAM_WORKER : hash4(STREAM_WORKER, cfg.firstEpoch, 0, 0),
+      ),
+      gather: cfg.gather,
+      ...transportInit,
+      dataset: cfg.gather ? undefined : cfg.workerSpec,
+      collate: cfg.collateMode === "main" ? "none" : cfg.collateMode,
+      unbatched: cfg.unbatched,
+      workerInit: cfg.workerInit,
+      heapLimitMb: cfg.resourceLimits.maxOldGenerationSizeMb,
+    };
+    this.send(handle, init);
+  }
+
+  #oomError(id: number, detail: string): Error {
+    const mb = this.#cfg.resourceLimits.maxOldGenerationSizeMb;
+    return new Error(
+      `Cannot load batches: DataLoader worker ${id} ran out of memory${detail} (its ` +
+        `old-generation heap is limited to ${mb} MB by ` +
+        "workerResourceLimits.maxOldGenerationSizeMb); the worker was stopped, the process " +
+        "goes on. Raise the limit, or keep samples in shared memory (a zero-copy dataset)",
+    );
+  }
+
+  /** Posts `m` to the worker, or holds it until the worker listens. */
+  send(w: WorkerHandle, m: ToWorker, transfer?: Transferable[]): void {
+    if (w.backlog) w.backlog.push({ m, transfer });
+    else w.worker.postMessage(m, transfer as never[]);
+  }
+
+  #onMessage(w: WorkerHandle, msg: FromWorker): void {
+    if (this.#stopped) return;
+    switch (msg.t) {
+      case "hello": {
+        const backlog = w.backlog ?? [];
+        w.backlog = undefined;
+        for (const { m, transfer } of backlog) w.worker.postMessage(m, transfer as never[]);
+        return;
+      }
+      case "ready":
+        return;
+      case "oom":
+        return this.#fail(
+          this.#oomError(w.id, `: ${msg.usedMb} MB of its heap in use`),
+        );
+      case "fatal":
+        return this.#fail(
+          new WorkerError(
+            `Cannot start DataLoader worker ${w.id}: ${msg.name}: ${msg.message}`,
+            -1,
+            w.id,
+            msg.stack,
+          ),
+        );
+      case "x":
+        return this.#fail(
+          new Error(
+            `Cannot load batches: DataLoader worker ${w.id} exited unexpectedly (${msg.reason})`,
+          ),
+        );
+      case "e":
+      case "b":
+        return this.#onBatch(w, msg);
+    }
+  }
+
+  /** Terminates every worker, even one inside a JavaScript loop. Idempotent. */
+  stop(): void {
+    this.#stopped = true;
+    for (const w of this.workers) {
+      if (!w.alive) continue;
+      w.alive = false;
+      w.worker.removeAllListeners();
+      // An 'error' event with no listener would be thrown on the main thread.
+      w.worker.on("error", () => {});
+      // Stops the worker's thread even inside a JavaScript loop (see #start).
+      w.worker.terminate().catch(() => {});
+      liveWorkers--;
+    }
+  }
+}
