@@ -70,6 +70,15 @@ export class Engine {
         this.#outstanding++;
         return plan.dispatched++;
       },
+      settle: (p, result) => {
+        if (p.plan.abandoned) {
+          this.#outstanding--;
+          this.pump();
+          return;
+        }
+        this.#results.set(result.seq, result);
+        this.#wake?.();
+      },
       forget: () => {
         this.#outstanding--;
       },

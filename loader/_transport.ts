@@ -155,6 +155,17 @@ export function sampleError(
   );
 }
 
+/** The result of batch `p` whose sample `failure.index` failed in worker `workerId`. */
+export function errorResult(
+  p: Pending,
+  workerId: number,
+  failure: { index: number; name: string; message: string; stack: string },
+): Result {
+  const { seq, batch, plan: { epoch } } = p;
+  const error = sampleError(failure.index, batch, epoch, workerId, failure);
+  return { kind: "error", seq, error, epoch, batch, size: 0 };
+}
+
 /** A batch handed to a worker and not yet back. */
 export interface Pending {
   seq: number;
@@ -177,6 +188,11 @@ export interface TransportHost {
   nextPlan(): EpochPlan | undefined;
   /** Counts the next batch of `plan` as in flight; returns its batch number. */
   claim(plan: EpochPlan): number;
+  /**
+   * Batch `p` came back: its result goes into the reorder buffer and wakes the consumer, or,
+   * when its epoch was abandoned, it is dropped and another batch goes out.
+   */
+  settle(p: Pending, result: Result): void;
   /** A batch in flight will never be yielded (its epoch was abandoned). */
   forget(): void;
   /** Dispatches more batches (a slot or an in-flight place came free). */

@@ -22,8 +22,8 @@ import {
 } from "./_protocol.ts";
 import {
   type EpochPlan,
+  errorResult,
   type Pending,
-  sampleError,
   SLOT_FREE,
   SLOT_LOADER,
   type Transport,
@@ -83,22 +83,8 @@ export class PullTransport implements Transport {
     }
     this.#pending.delete(msg.seq);
     w.outstanding--;
-    const error = sampleError(msg.index, p.batch, p.plan.epoch, w.id, msg);
     if (msg.slot !== undefined && msg.slot >= 0) this.#slotState[msg.slot] = SLOT_FREE;
-    if (p.plan.abandoned) {
-      host.forget();
-      host.pump();
-      return;
-    }
-    host.results.set(msg.seq, {
-      kind: "error",
-      seq: msg.seq,
-      error,
-      epoch: p.plan.epoch,
-      batch: p.batch,
-      size: 0,
-    });
-    host.wake();
+    host.settle(p, errorResult(p, w.id, msg));
   }
 
   /** Collects the slots workers marked ready in the control block. */

@@ -4,8 +4,8 @@
 
 import {
   type EpochPlan,
+  errorResult,
   type Pending,
-  sampleError,
   type Transport,
   type TransportHost,
 } from "./_transport.ts";
@@ -31,45 +31,23 @@ export class PushTransport implements Transport {
   #onBatch(w: WorkerHandle, msg: BatchMessage): void {
     if (msg.t === "b") return this.#complete(w, msg.seq, msg.busy, msg.value);
     // Errors travel as values: rethrown when that batch is due, like PyTorch.
-    const host = this.#host;
     const p = this.#pending.get(msg.seq);
     if (!p) return;
     this.#pending.delete(msg.seq);
     w.outstanding--;
-    const error = sampleError(msg.index, p.batch, p.plan.epoch, w.id, msg);
-    if (p.plan.abandoned) {
-      host.forget();
-      host.pump();
-      return;
-    }
-    host.results.set(msg.seq, {
-      kind: "error",
-      seq: msg.seq,
-      error,
-      epoch: p.plan.epoch,
-      batch: p.batch,
-      size: 0,
-    });
-    host.wake();
+    this.#host.settle(p, errorResult(p, w.id, msg));
   }
 
   /** A worker sent a batch's value back. */
   #complete(w: WorkerHandle, seq: number, busy: number, value: unknown): void {
-    const host = this.#host;
     const p = this.#pending.get(seq);
     if (!p) return;
     this.#pending.delete(seq);
     w.outstanding--;
-    host.addBusy(busy);
-    const size = p.plan.batches[p.batch].length;
-    if (p.plan.abandoned) {
-      host.forget();
-      host.pump();
-      return;
-    }
+    this.#host.addBusy(busy);
     const { epoch } = p.plan;
-    host.results.set(seq, { kind: "value", value, seq, epoch, batch: p.batch, size });
-    host.wake();
+    const size = p.plan.batches[p.batch].length;
+    this.#host.settle(p, { kind: "value", value, seq, epoch, batch: p.batch, size });
   }
 
   /** One message per batch to the least-loaded worker, until `limit` are outstanding. */
