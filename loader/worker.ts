@@ -1,8 +1,9 @@
-// Entry point of a DataLoader worker (a node:worker_threads worker: see _engine.ts for why
-// not a Web Worker). It rebuilds the dataset once from its WorkerSpec (or only maps the shared
-// fields on the zero-copy path), then serves tasks in the order they arrive. Errors travel
-// back as values naming the sample index; an explicit self.close() or Deno.exit() is
-// reported before the worker goes, so the loader never waits on a worker that is gone.
+// Entry point of a DataLoader worker (a node:worker_threads worker: see _transport_workers.ts
+// for why not a Web Worker). It rebuilds the dataset once from its WorkerSpec (or only maps
+// the shared fields on the zero-copy path), then serves tasks in the order they arrive.
+// Errors travel back as values naming the sample index; an explicit self.close() or
+// Deno.exit() is reported before the worker goes, so the loader never waits on a worker that
+// is gone.
 
 import v8 from "node:v8";
 import { parentPort } from "node:worker_threads";
@@ -259,5 +260,6 @@ port.on("message", (msg: ToWorker) => {
   pump();
 });
 
-// Listening now: the loader holds every message until it hears this (see _engine.ts).
+// Listening now: the loader holds every message until it hears this (see
+// _transport_workers.ts).
 post({ t: "hello" });
