@@ -213,6 +213,68 @@ const SPECS: Record<string, (r: BenchResult) => Spec> = {
 };
 
 /**
+ * Renders the loss and accuracy curves of a training log (nn/metrics.ts records with `epoch`,
+ * `trainLoss`, `testLoss`, `trainAcc`, `testAcc`) to SVG text.
+ *
+ * @param records The log's records, in order.
+ * @returns The SVG.
+ */
+export async function curvesSvg(records: readonly Record<string, unknown>[]): Promise<string> {
+  const rows: Record<string, unknown>[] = [];
+  for (const r of records) {
+    for (
+      const [key, series, panel] of [
+        ["trainLoss", "train", "loss"],
+        ["testLoss", "test", "loss"],
+        ["trainAcc", "train", "accuracy"],
+        ["testAcc", "test", "accuracy"],
+      ]
+    ) {
+      const v = r[key];
+      if (typeof v === "number" && Number.isFinite(v)) {
+        rows.push({ epoch: r.epoch, value: v, series, panel });
+      }
+    }
+  }
+  const data = records.find((r) => typeof r.data === "string")?.data;
+  const panel = (name: string, title: string) => ({
+    width: 300,
+    height: 220,
+    transform: [{ filter: `datum.panel === '${name}'` }],
+    mark: { type: "line", point: true },
+    encoding: {
+      x: { field: "epoch", type: "ordinal", title: "epoch", axis: { labelAngle: 0 } },
+      y: {
+        field: "value",
+        type: "quantitative",
+        title,
+        ...(name === "accuracy" ? { axis: { format: "%" } } : {}),
+      },
+      color: { field: "series", type: "nominal", title: null, legend: { orient: "bottom" } },
+    },
+  });
+  const spec = {
+    $schema: "https://vega.github.io/schema/vega-lite/v5.json",
+    title: {
+      text: "Training curves",
+      subtitle: typeof data === "string" ? data : "",
+      anchor: "start",
+    },
+    background: "white",
+    config: { font: "sans-serif", view: { stroke: null } },
+    data: { values: rows },
+    hconcat: [panel("loss", "loss"), panel("accuracy", "accuracy")],
+  };
+  // deno-lint-ignore no-explicit-any
+  const view = new vega.View(vega.parse(vl.compile(spec as any).spec), { renderer: "none" });
+  try {
+    return await view.toSVG();
+  } finally {
+    view.finalize();
+  }
+}
+
+/**
  * The Vega-Lite spec of a result's chart, or undefined for a benchmark without one.
  *
  * @param result A benchmark result.

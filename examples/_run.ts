@@ -4,6 +4,7 @@
 //
 // Not part of the public API (leading underscore), but small enough to copy into a script.
 
+import { MetricsLog } from "../nn/metrics.ts";
 import { type CliOption, type CliSpec, helpText, parseArgv, UsageError } from "./_cli.ts";
 import type { Device } from "../ffi/device.ts";
 import type { DataLoader, RingBatch } from "../loader/mod.ts";
@@ -33,6 +34,8 @@ export interface TrainArgs {
   weightDecay: number;
   fp16: boolean;
   checkpoint?: string;
+  /** Where each epoch's metrics go (JSON Lines); default beside the checkpoint. */
+  log?: string;
   resume: boolean;
   seed: number;
   model: string;
@@ -133,6 +136,12 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
     },
     seed: { kind: "int", min: 0, help: "seed of initialization and data order", default: d.seed },
     quiet: { kind: "boolean", help: "no progress bar" },
+    log: {
+      kind: "string",
+      metavar: "PATH",
+      help: "append each epoch's metrics to PATH (JSON Lines) and draw their\n" +
+        "curves to PATH.svg (default: beside the checkpoint)",
+    },
     ...extra.options,
   };
   return {
@@ -207,6 +216,7 @@ export function parseTrainArgs(
     stopAfter: get("stop-after", d.stopAfter),
     seed: get("seed", d.seed),
     quiet: get("quiet", d.quiet),
+    log: get("log", d.log),
     help: false,
     given: v.given,
     extra: own,
@@ -305,7 +315,7 @@ export interface RunOptions {
  */
 export function summaryText(
   reports: readonly EpochReport[],
-  o: { device: string; data?: string; checkpoint?: string },
+  o: { device: string; data?: string; checkpoint?: string; metrics?: string },
 ): string {
   if (reports.length === 0) return "summary: no epoch ran";
   const seconds = reports.reduce((a, r) => a + r.seconds, 0);
@@ -327,8 +337,25 @@ export function summaryText(
         ? `${o.checkpoint} (+ ${statePathFor(o.checkpoint)})`
         : "not saved (pass --checkpoint PATH)"
     }`,
+    ...(o.metrics ? [`  metrics         ${o.metrics}`] : []),
   ];
   return lines.join("\n");
+}
+
+/**
+ * Draws the log's loss and accuracy curves to `<log>.svg` (Vega-Lite, bench/_chart.ts).
+ * Returns " (+ curves: PATH)", or why none was drawn: the chart library comes from npm, and a
+ * machine that cannot reach it still trains.
+ */
+async function drawCurves(logPath: string): Promise<string> {
+  try {
+    const { curvesSvg } = await import("../bench/_chart.ts");
+    const svg = await curvesSvg(await MetricsLog.read(logPath));
+    await Deno.writeTextFile(`${logPath}.svg`, svg);
+    return ` (+ curves: ${logPath}.svg)`;
+  } catch (err) {
+    return ` (no curves drawn: ${(err as Error).message.split("\n")[0]})`;
+  }
 }
 
 function fmtNum(x: number): string {
@@ -363,6 +390,12 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   const testFeed = new DevicePrefetcher(testLoader, device, { ...norm, padding: 0 });
   const progress = new Progress(!args.quiet);
   const reports: EpochReport[] = [];
+  const logPath = args.log ??
+    (args.checkpoint
+      ? `${args.checkpoint.replace(/\.safetensors$/, "")}.metrics.jsonl`
+      : undefined);
+  // A resumed run goes on appending; a new one starts the log afresh.
+  const log = logPath ? await MetricsLog.open(logPath, { append: args.resume }) : undefined;
   let startEpoch = 0;
   let step = 0;
   try {
@@ -431,6 +464,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
           `(${report.seconds.toFixed(1)} s${args.fp16 ? `, loss scale ${lossScale}` : ""})`,
       );
       o.onEpoch?.(report);
+      await log?.append({ ...report, lr: optimizer.lr, data: o.dataNote ?? null });
       trainer.endEpoch();
       if (args.checkpoint) {
         await saveCheckpoint(args.checkpoint, { model, optimizer, scaler, scheduler }, {
@@ -442,6 +476,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
       if (args.stopAfter > 0 && epoch + 1 >= args.stopAfter) break;
     }
   } finally {
+    log?.[Symbol.dispose]();
     progress.clear();
     await trainFeed[Symbol.asyncDispose]();
     await testFeed[Symbol.asyncDispose]();
@@ -449,8 +484,14 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     scaler.dispose();
     optimizer.dispose();
   }
+  const metrics = logPath ? `${logPath}${await drawCurves(logPath)}` : undefined;
   console.log(
-    summaryText(reports, { device: device.kind, data: o.dataNote, checkpoint: args.checkpoint }),
+    summaryText(reports, {
+      device: device.kind,
+      data: o.dataNote,
+      checkpoint: args.checkpoint,
+      metrics,
+    }),
   );
   return reports;
 }

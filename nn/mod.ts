@@ -16,3 +16,4 @@ export * from "./lr_scheduler.ts";
 export * from "./safetensors.ts";
 export * from "./checkpoint.ts";
 export * from "./trainer.ts";
+export * from "./metrics.ts";
