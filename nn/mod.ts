@@ -17,3 +17,4 @@ export * from "./safetensors.ts";
 export * from "./checkpoint.ts";
 export * from "./trainer.ts";
 export * from "./metrics.ts";
+export * from "./doctor.ts";
