@@ -700,9 +700,15 @@ export class Sequential extends Module {
    * @returns The input gradient, or null.
    */
   backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
+    // A layer's input gradient is needed only when a layer before it has parameters (or the
+    // caller asked for the model's): a Flatten in front of the first Linear must not make that
+    // Linear compute dX, a third of an MLP's matmul work (PyTorch skips it the same way, the
+    // input not requiring grad).
+    const wanted = options.inputGrad !== false;
+    const first = wanted ? 0 : this.layers.findIndex((m) => m.parameters().length > 0);
     let g: Tensor | null = dy;
-    for (let i = this.layers.length - 1; i >= 0; i--) {
-      g = this.layers[i].backward(g!, { inputGrad: i > 0 || options.inputGrad !== false });
+    for (let i = this.layers.length - 1; i >= 0 && g; i--) {
+      g = this.layers[i].backward(g, { inputGrad: wanted || i > first });
     }
     return g;
   }

@@ -182,8 +182,10 @@ static void kernel_14x32(int64_t kc, const float *restrict a, const float *restr
 #endif
 }
 
-int ps_gemm(int64_t M, int64_t N, int64_t K, const mat_t *A, const mat_t *B, float *C, int64_t ldc,
-            int acc) {
+/* The GEMM proper; pre_a / pre_b, when not NULL, hold A / B already packed over the whole K
+ * (ps_gemm_pre in gemm.h), and that operand is not packed here. */
+static int gemm(int64_t M, int64_t N, int64_t K, const mat_t *A, const mat_t *B, float *C,
+                int64_t ldc, int acc, const float *pre_a, const float *pre_b) {
   if (M <= 0 || N <= 0) return 0;
   if (K <= 0) {
     if (!acc)
@@ -193,28 +195,31 @@ int ps_gemm(int64_t M, int64_t N, int64_t K, const mat_t *A, const mat_t *B, flo
   /* Split K evenly into blocks of at most KC_MAX (288 -> 2 x 144, not 256 + 32). */
   int64_t nkb = (K + KC_MAX - 1) / KC_MAX, kcb = (K + nkb - 1) / nkb;
   int64_t ncap = N < NC ? (N + NR - 1) / NR * NR : NC, mcap = M < MC ? (M + MR - 1) / MR * MR : MC;
-  float *pa = ps_workspace(WS_PACK_A, (size_t)(mcap * kcb)),
-        *pb = ps_workspace(WS_PACK_B, (size_t)(ncap * kcb));
-  if (!pa || !pb) return -1;
+  float *pa = pre_a ? NULL : ps_workspace(WS_PACK_A, (size_t)(mcap * kcb)),
+        *pb = pre_b ? NULL : ps_workspace(WS_PACK_B, (size_t)(ncap * kcb));
+  if ((!pa && !pre_a) || (!pb && !pre_b)) return -1;
   float tile[MR * NR] __attribute__((aligned(64)));
   for (int64_t jc = 0; jc < N; jc += NC) {
     int64_t nc = N - jc < NC ? N - jc : NC;
     for (int64_t pc = 0; pc < K; pc += kcb) {
       int64_t kc = K - pc < kcb ? K - pc : kcb;
       int first = pc == 0 && !acc;
-      pack_b(pb, B, pc, kc, jc, nc);
+      if (!pre_b) pack_b(pb, B, pc, kc, jc, nc);
       for (int64_t ic = 0; ic < M; ic += MC) {
         int64_t mc = M - ic < MC ? M - ic : MC;
-        pack_a(pa, A, ic, mc, pc, kc);
+        if (!pre_a) pack_a(pa, A, ic, mc, pc, kc);
         for (int64_t jr = 0; jr < nc; jr += NR) {
           int64_t nr = nc - jr < NR ? nc - jr : NR;
+          /* A whole-K packed panel is [K][NR]: block pc starts pc rows in. */
+          const float *bp = pre_b ? pre_b + (jc + jr) * K + pc * NR : pb + jr * kc;
           for (int64_t ir = 0; ir < mc; ir += MR) {
             int64_t mr = mc - ir < MR ? mc - ir : MR;
+            const float *ap = pre_a ? pre_a + (ic + ir) * K + pc * MR : pa + ir * kc;
             float *c = C + (ic + ir) * ldc + jc + jr;
             if (mr == MR && nr == NR) {
-              kernel_14x32(kc, pa + ir * kc, pb + jr * kc, c, ldc, first);
+              kernel_14x32(kc, ap, bp, c, ldc, first);
             } else {
-              kernel_14x32(kc, pa + ir * kc, pb + jr * kc, tile, NR, 1);
+              kernel_14x32(kc, ap, bp, tile, NR, 1);
               for (int64_t i = 0; i < mr; i++)
                 for (int64_t j = 0; j < nr; j++)
                   c[i * ldc + j] = (first ? 0.0f : c[i * ldc + j]) + tile[i * NR + j];
@@ -227,17 +232,64 @@ int ps_gemm(int64_t M, int64_t N, int64_t K, const mat_t *A, const mat_t *B, flo
   return 0;
 }
 
+int ps_gemm(int64_t M, int64_t N, int64_t K, const mat_t *A, const mat_t *B, float *C, int64_t ldc,
+            int acc) {
+  return gemm(M, N, K, A, B, C, ldc, acc, NULL, NULL);
+}
+
 /* ---- ps_nn_matmul ---------------------------------------------------------------------- */
 
-/* ps_nn_matmul: `parts` tasks, each a range of whole MR-row (split_m) or NR-column tiles. */
+/*
+ * ps_nn_matmul: `parts` tasks, each a range of whole MR-row (split_m) or NR-column tiles.
+ * The operand every task reads in full (B when rows are split, A when columns are) is packed
+ * once, over the whole K, by its own parallel pass: before, each of the 4 tasks packed (and
+ * converted, and for a transposed operand transposed) all of it, which on the MLP's
+ * 128x256x784 layer cost as much as the FMAs. Each task also writes its own part of an fp16
+ * output, so no serial conversion pass follows.
+ */
 typedef struct {
   const mat_t *A, *B;
-  float *out;
+  float *out;  /* fp32 result [m][n] (the output itself when it is f32) */
+  half *out16; /* the fp16 output, or NULL */
+  float *pre;  /* the shared operand packed over K, or NULL */
   int64_t m, n, k;
-  int acc, split_m;
+  int acc, acc16, split_m;
   int64_t tiles, parts;
   _Atomic int failed;
 } matmul_ctx;
+
+/* d = f2h(s + (acc ? d : 0)) for n elements. */
+static void f2h_acc_row(const float *s, half *d, int64_t n, int acc) {
+  if (!acc) {
+    f2h_row(s, d, n);
+    return;
+  }
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_add_ps(_mm512_loadu_ps(s + i),
+                             _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + i))));
+    _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+#endif
+  for (; i < n; i++) d[i] = f2h(s[i] + h2f(d[i]));
+}
+
+/* Packs part p of the shared operand: a range of whole panels. */
+static void matmul_pack_task(void *vctx, int64_t p) {
+  matmul_ctx *x = vctx;
+  if (x->split_m) { /* B [k][n] into NR-wide panels */
+    int64_t panels = (x->n + NR - 1) / NR;
+    int64_t j0 = panels * p / x->parts * NR, j1 = panels * (p + 1) / x->parts * NR;
+    if (j1 > x->n) j1 = x->n;
+    if (j1 > j0) pack_b(x->pre + j0 * x->k, x->B, 0, x->k, j0, j1 - j0);
+  } else { /* A [m][k] into MR-tall panels */
+    int64_t panels = (x->m + MR - 1) / MR;
+    int64_t i0 = panels * p / x->parts * MR, i1 = panels * (p + 1) / x->parts * MR;
+    if (i1 > x->m) i1 = x->m;
+    if (i1 > i0) pack_a(x->pre + i0 * x->k, x->A, i0, i1 - i0, 0, x->k);
+  }
+}
 
 static void matmul_task(void *vctx, int64_t p) {
   matmul_ctx *x = vctx;
@@ -247,12 +299,17 @@ static void matmul_task(void *vctx, int64_t p) {
     int64_t i0 = t0 * MR, i1 = t1 * MR < x->m ? t1 * MR : x->m;
     mat_t Ap = *x->A;
     Ap.p = (const half *)Ap.p + i0 * Ap.rs;
-    bad = ps_gemm(i1 - i0, x->n, x->k, &Ap, x->B, x->out + i0 * x->n, x->n, x->acc);
+    bad = gemm(i1 - i0, x->n, x->k, &Ap, x->B, x->out + i0 * x->n, x->n, x->acc, NULL, x->pre);
+    if (!bad && x->out16)
+      f2h_acc_row(x->out + i0 * x->n, x->out16 + i0 * x->n, (i1 - i0) * x->n, x->acc16);
   } else {
     int64_t j0 = t0 * NR, j1 = t1 * NR < x->n ? t1 * NR : x->n;
     mat_t Bp = *x->B;
     Bp.p = (const half *)Bp.p + j0 * Bp.cs;
-    bad = ps_gemm(x->m, j1 - j0, x->k, x->A, &Bp, x->out + j0, x->n, x->acc);
+    bad = gemm(x->m, j1 - j0, x->k, x->A, &Bp, x->out + j0, x->n, x->acc, x->pre, NULL);
+    if (!bad && x->out16)
+      for (int64_t i = 0; i < x->m; i++)
+        f2h_acc_row(x->out + i * x->n + j0, x->out16 + i * x->n + j0, j1 - j0, x->acc16);
   }
   if (bad) atomic_store(&x->failed, 1);
 }
@@ -269,42 +326,38 @@ PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, 
   CHECK_RANGE(c, m * n * dtsize(c_dtype));
   const mat_t A = {.p = a, .f16 = 1, .rs = trans_a ? 1 : k, .cs = trans_a ? m : 1};
   const mat_t B = {.p = b, .f16 = 1, .rs = trans_b ? 1 : n, .cs = trans_b ? k : 1};
-  /* f32 output is accumulated in place; fp16 output goes through an fp32 buffer. */
-  float *out = c_dtype == PS_NN_F32 ? (float *)c : NULL;
-  float *tmp = NULL;
-  if (!out) {
-    tmp = aligned_alloc(64, (((size_t)(m * n) * 4 + 63) & ~(size_t)63));
-    if (!tmp) OOM();
-    out = tmp;
-  }
+  /* f32 output is accumulated in place; fp16 output goes through an fp32 buffer (this
+   * thread's workspace: the tasks only write their own parts of it). */
+  float *out = c_dtype == PS_NN_F32 ? (float *)c : ps_workspace(WS_MM_OUT, (size_t)(m * n));
+  if (!out) OOM();
   int acc = accumulate && c_dtype == PS_NN_F32;
   /* Split the longer side, in whole tiles, into about 2 parts per thread. */
   int64_t mt = (m + MR - 1) / MR, ntl = (n + NR - 1) / NR;
   int split_m = mt >= ntl;
   int64_t tiles = split_m ? mt : ntl, want = 2 * (int64_t)ps_pool_threads();
   int64_t parts = (double)m * n * k < 1e5 || tiles < 2 ? 1 : (tiles < want ? tiles : want);
+  /* The shared operand is packed once when more than one task would read it. */
+  float *pre = NULL;
+  if (parts > 1) {
+    size_t len = split_m ? (size_t)(ntl * NR * k) : (size_t)(mt * MR * k);
+    pre = ps_workspace(WS_MM_PACK, len);
+    if (!pre) OOM();
+  }
   matmul_ctx mc = {.A = &A,
                    .B = &B,
                    .out = out,
+                   .out16 = c_dtype == PS_NN_F32 ? NULL : (half *)c,
+                   .pre = pre,
                    .m = m,
                    .n = n,
                    .k = k,
                    .acc = acc,
+                   .acc16 = accumulate && c_dtype != PS_NN_F32,
                    .split_m = split_m,
                    .tiles = tiles,
                    .parts = parts};
+  if (pre) ps_pool_for(parts, matmul_pack_task, &mc);
   ps_pool_for(parts, matmul_task, &mc);
-  int failed = atomic_load(&mc.failed);
-  if (!failed && tmp) {
-    half *ch = (half *)c;
-    int64_t total = m * n;
-    if (accumulate) {
-      for (int64_t i = 0; i < total; i++) ch[i] = f2h(tmp[i] + h2f(ch[i]));
-    } else {
-      f2h_row(tmp, ch, total);
-    }
-  }
-  free(tmp);
-  if (failed) OOM();
+  if (atomic_load(&mc.failed)) OOM();
   return PS_OK;
 }

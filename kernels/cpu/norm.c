@@ -302,14 +302,38 @@ static void bias_add_range(void *vctx, int64_t r0, int64_t r1) {
   const void *bias = k->bias;
   int32_t bias_dtype = k->bias_dtype;
   int64_t c = k->c, hw = k->hw;
+  if (hw == 1) { /* [N,F] (a Linear): rows [r0, r1) are samples, the bias runs along each */
+    float *bf = ps_workspace(WS_OUT, (size_t)c);
+    if (!bf) { /* no scratch: the same sums, one channel at a time */
+      for (int64_t r = r0; r < r1; r++)
+        for (int64_t ch = 0; ch < c; ch++) {
+          float b =
+              bias_dtype == PS_NN_F16 ? h2f(((const half *)bias)[ch]) : ((const float *)bias)[ch];
+          y[r * c + ch] = f2h(h2f(y[r * c + ch]) + b);
+        }
+      return;
+    }
+    if (bias_dtype == PS_NN_F16)
+      h2f_row((const half *)bias, bf, c);
+    else
+      memcpy(bf, bias, (size_t)c * sizeof(float));
+    for (int64_t r = r0; r < r1; r++) {
+      half *q = y + r * c;
+      int64_t j = 0;
+#if defined(__AVX512F__)
+      for (; j + 16 <= c; j += 16) {
+        __m512 v = _mm512_add_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q + j))),
+                                 _mm512_loadu_ps(bf + j));
+        _mm256_storeu_si256((__m256i *)(q + j), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+      }
+#endif
+      for (; j < c; j++) q[j] = f2h(h2f(q[j]) + bf[j]);
+    }
+    return;
+  }
   for (int64_t r = r0; r < r1; r++) {
     int64_t ch = r % c;
     half *q = y + r * hw;
-    if (hw == 1) { /* [N,F]: one value per row of the loop */
-      float b = bias_dtype == PS_NN_F16 ? h2f(((const half *)bias)[ch]) : ((const float *)bias)[ch];
-      q[0] = f2h(h2f(q[0]) + b);
-      continue;
-    }
     float b = bias_dtype == PS_NN_F16 ? h2f(((const half *)bias)[ch]) : ((const float *)bias)[ch];
     int64_t j = 0;
 #if defined(__AVX512F__)
@@ -331,9 +355,10 @@ PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t
   if (n == 0) return PS_OK;
   CHECK_RANGE(y, n * c * hw * 2);
   CHECK_RANGE(bias, c * dtsize(bias_dtype));
-  int64_t rows = n * c;
+  /* hw == 1 (a Linear's [N,F]) splits by samples, the channel maps by (sample, channel). */
+  int64_t rows = hw == 1 ? n : n * c;
   bias_add_ctx k = {.y = y, .bias = bias, .bias_dtype = bias_dtype, .c = c, .hw = hw};
-  ps_pool_range(rows, 64, rows * hw, bias_add_range, &k);
+  ps_pool_range(rows, hw == 1 ? 8 : 64, n * c * hw, bias_add_range, &k);
   return PS_OK;
 }
 

@@ -39,7 +39,7 @@ static inline void ps_pool_range(int64_t total, int64_t grain, int64_t work, ps_
 /* Per-thread workspaces: caches that grow to the largest size seen and are kept for the life
  * of the thread (they are not allocations of pinstream objects, so they are not counted in
  * ps_live_objects). One slot per use, so one task can hold several at once. */
-enum { WS_PACK_A, WS_PACK_B, WS_COL, WS_OUT, WS_IMG, WS_COUNT };
+enum { WS_PACK_A, WS_PACK_B, WS_COL, WS_OUT, WS_IMG, WS_MM_PACK, WS_MM_OUT, WS_COUNT };
 
 /* A 64-byte aligned float buffer of at least n elements for this thread, or NULL. */
 PS_INTERNAL float *ps_workspace(int slot, size_t n);
