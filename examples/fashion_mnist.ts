@@ -12,7 +12,6 @@
 
 import { Device } from "../ffi/device.ts";
 import { DataLoader } from "../loader/mod.ts";
-import type { RingBatch } from "../loader/mod.ts";
 import { FASHION_MNIST_DEBIAN_ROOT, FashionMNIST } from "../loader/datasets/mnist.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import {
@@ -130,12 +129,12 @@ export async function trainFashion(args: TrainArgs): Promise<EpochReport[]> {
     autoRelease: false,
   };
   const workers = args.workers > 0 ? { persistentWorkers: true } : {};
-  await using trainLoader = new DataLoader<RingBatch>(trainSet, {
+  await using trainLoader = new DataLoader(trainSet, {
     ...common,
     ...workers,
     shuffle: true,
   });
-  await using testLoader = new DataLoader<RingBatch>(test, { ...common, ...workers });
+  await using testLoader = new DataLoader(test, { ...common, ...workers });
   console.log(
     `Fashion-MNIST ${trainSet.length}/${test.length} from ${root}, model ${args.model}, ` +
       `device ${device.kind} (${device.props.name}), batch ${args.batchSize}, ` +

@@ -32,8 +32,14 @@ import type { GatherSpec } from "./_gather.ts";
 import type { ModuleRef } from "./_protocol.ts";
 import { randomSeed } from "./_rng.ts";
 import { memoryOf } from "./_wasm_gather.ts";
-import type { CollateFn } from "./collate.ts";
-import { type Dataset, recordBytes, type SharedField } from "./dataset.ts";
+import type { Collated, CollateFn } from "./collate.ts";
+import {
+  type Dataset,
+  recordBytes,
+  type SampleOf,
+  type SharedField,
+  type SharedFieldsOf,
+} from "./dataset.ts";
 import { RingBatch, StagingRing } from "./ring.ts";
 import {
   BatchSampler,
@@ -56,8 +62,13 @@ export interface AugmentOptions {
   flip?: boolean;
 }
 
-/** Options of {@linkcode DataLoader}; PyTorch's names in TypeScript casing, plus a few. */
-export interface DataLoaderOptions<B = unknown> {
+/**
+ * Options of {@linkcode DataLoader}; PyTorch's names in TypeScript casing, plus a few.
+ *
+ * @typeParam B the batch type a `collate` function returns
+ * @typeParam T the sample type a `collate` function receives a list of
+ */
+export interface DataLoaderOptions<B = unknown, T = unknown> {
   /** Samples per batch (default 1); `null` disables batching: one sample per item. */
   batchSize?: number | null;
   /** Reshuffle every epoch (a RandomSampler seeded by `seed`). */
@@ -74,7 +85,7 @@ export interface DataLoaderOptions<B = unknown> {
    * Turns a list of samples into a batch (generic path). A function runs on the main thread;
    * a `{module, export}` reference runs in the workers. Default: defaultCollate in workers.
    */
-  collate?: CollateFn<unknown, B> | ModuleRef;
+  collate?: CollateFn<T, B> | ModuleRef;
   /**
    * Pinning hook for the staging ring (zero-copy path). `true` only records that the
    * consumer will pin `loader.ring` itself; a function is called once with the ring when
@@ -229,6 +240,96 @@ function isModuleRef(v: unknown): v is ModuleRef {
 }
 
 /**
+ * The batch type of a {@linkcode DataLoader} over a dataset of type `D` with options of type
+ * `O`, following the loader's own rules:
+ *
+ * - a `collate` function: what it returns (`unknown` for a `{module, export}` reference);
+ * - `batchSize: null` (no batching): the sample type, {@linkcode SampleOf}`<D>`;
+ * - the zero-copy path (a dataset with `sharedFields()`, no `collate`, no `batchSampler`,
+ *   `zeroCopy` not `false`): {@linkcode RingBatch}`<`{@linkcode SharedFieldsOf}`<D>>`,
+ *   `RingBatch<{ image: Uint8Array; label: Int32Array }>` for CIFAR-10;
+ * - else what {@linkcode defaultCollate} makes of the samples: {@linkcode Collated}`<SampleOf<D>>`.
+ *
+ * Where the types cannot tell (an option typed `boolean`, a dataset whose `sharedFields` is
+ * optional), the batch is the union of the possibilities.
+ *
+ * @typeParam D the dataset type
+ * @typeParam O the options type
+ */
+export type BatchOf<D, O = Record<never, never>> = D extends unknown ? [
+    // What the options say: collate, batchSize, zeroCopy, batchSampler (undefined when absent).
+    "collate" extends keyof O ? O["collate" & keyof O] : undefined,
+    "batchSize" extends keyof O ? O["batchSize" & keyof O] : undefined,
+    "zeroCopy" extends keyof O ? O["zeroCopy" & keyof O] : undefined,
+    "batchSampler" extends keyof O ? O["batchSampler" & keyof O] : undefined,
+    // Whether the dataset has shared fields.
+    D extends { sharedFields(): unknown } ? "yes" : "sharedFields" extends keyof D ? "maybe" : "no",
+  ] extends [infer C, infer S, infer Z, infer BS, infer H]
+    ? [C] extends [undefined] ? [S] extends [null] ? SampleOf<D>
+      :
+        | ([Extract<S, null>] extends [never] ? never : SampleOf<D>)
+        | {
+          yes: RingBatch<SharedFieldsOf<D>>;
+          maybe: RingBatch<SharedFieldsOf<D>> | Collated<SampleOf<D>>;
+          no: Collated<SampleOf<D>>;
+        }[
+          // The zero-copy path (the constructor's rule): shared fields, zeroCopy not false,
+          // no batchSampler; "maybe" where the types cannot tell.
+          H extends "no" ? "no"
+            : [Z] extends [false] ? "no"
+            : [Extract<BS, undefined>] extends [never] ? "no"
+            : [Exclude<BS, undefined>] extends [never]
+              ? H extends "yes" ? [Extract<Z, false>] extends [never] ? "yes" : "maybe" : "maybe"
+            : "maybe"
+        ]
+    : [C] extends [(samples: never) => infer B] ? B
+    : unknown
+  : never
+  : never;
+
+/**
+ * The constructor of {@linkcode DataLoader}: `new DataLoader(dataset, options)` infers the
+ * batch type from the dataset and the options ({@linkcode BatchOf}); `new DataLoader<B>(...)`
+ * names it.
+ */
+export interface DataLoaderConstructor {
+  /**
+   * A loader whose batches are what `options.collate` returns; `collate` receives the
+   * dataset's samples.
+   *
+   * @param dataset a map-style dataset (`length`, `get`)
+   * @param options the options, with a collate function
+   */
+  new <D extends Dataset<unknown>, B>(
+    dataset: D,
+    options: DataLoaderOptions<B, SampleOf<D>> & { collate: CollateFn<SampleOf<D>, B> },
+  ): DataLoader<B>;
+  /**
+   * A loader whose batch type is inferred from the dataset and the options: a typed
+   * {@linkcode RingBatch} on the zero-copy path, the collated sample else ({@linkcode BatchOf}).
+   *
+   * @param dataset a map-style dataset (`length`, `get`)
+   * @param options PyTorch's options in TypeScript casing, plus zeroCopy/augment/
+   *   autoRelease/heldBatches
+   */
+  new <
+    D extends Dataset<unknown>,
+    const O extends DataLoaderOptions<unknown, SampleOf<D>> = Record<never, never>,
+  >(dataset: D, options?: O): DataLoader<BatchOf<D, O>>;
+  /**
+   * A loader with the batch type `B` given explicitly (`new DataLoader<RingBatch>(...)`).
+   *
+   * @param dataset a map-style dataset (`length`, `get`)
+   * @param options PyTorch's options in TypeScript casing
+   */
+  new <B = unknown>(dataset: Dataset, options?: DataLoaderOptions<B>): DataLoader<B>;
+  /** The prototype of every DataLoader. */
+  readonly prototype: DataLoader<unknown>;
+  /** Workers started by any DataLoader in this isolate and not yet terminated. */
+  readonly liveWorkers: number;
+}
+
+/**
  * Iterates a dataset in batches, like `torch.utils.data.DataLoader`.
  *
  * Each `for await` (or `stream()`) is one epoch; `length` is the number of batches per
@@ -240,22 +341,158 @@ function isModuleRef(v: unknown): v is ModuleRef {
  * was left without finishing or `break` (PyTorch's `next(iter(loader))` peek), must be
  * disposed for the program to exit.
  *
+ * The batch type `B` is inferred by `new DataLoader(dataset, options)` (see
+ * {@linkcode BatchOf}): a dataset with typed shared fields gives
+ * `RingBatch<{ image: Uint8Array; label: Int32Array }>`, a plain dataset whose `get` returns
+ * `{ x: number; y: Uint8Array }` gives `{ x: Float64Array; y: Uint8Array }`, and a `collate`
+ * function gives what it returns. `new DataLoader<B>(...)` still names it explicitly.
+ *
+ * The {@linkcode DataLoaderConstructor} is the value `DataLoader`; this interface is the type
+ * of its instances (`loader instanceof DataLoader` holds).
+ *
  * @typeParam B the batch type: `RingBatch` on the zero-copy path, the collated value else
  * @example Generic path with the default collate
  * ```ts
  * import { DataLoader } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const dataset = { length: 5, get: (i: number) => ({ x: i * 10, y: new Uint8Array([i]) }) };
- * await using loader = new DataLoader<{ x: Float64Array; y: Uint8Array }>(dataset, {
- *   batchSize: 2,
- * });
+ * await using loader = new DataLoader(dataset, { batchSize: 2 });
+ * const typed: DataLoader<{ x: Float64Array; y: Uint8Array }> = loader;
  * const batches = [];
  * for await (const b of loader) batches.push([...b.x]);
  * assert.deepStrictEqual(batches, [[0, 10], [20, 30], [40]]);
  * assert.strictEqual(loader.length, 3);
  * ```
  */
-export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposable, Disposable {
+export interface DataLoader<B = unknown> extends AsyncIterable<B>, AsyncDisposable, Disposable {
+  /** The dataset. */
+  readonly dataset: Dataset;
+  /** Samples per batch, or null without batching. */
+  readonly batchSize: number | null;
+  /** Worker count. */
+  readonly numWorkers: number;
+  /** Batches in flight per worker (0 without workers). */
+  readonly prefetchFactor: number;
+  /** Whether workers persist across epochs. */
+  readonly persistentWorkers: boolean;
+  /** Whether batches come in sampler order. */
+  readonly inOrder: boolean;
+  /** Whether the last partial batch is dropped. */
+  readonly dropLast: boolean;
+  /** Seconds to wait for a batch (0: forever). */
+  readonly timeout: number;
+  /** Stall watchdog period in seconds (0: off). */
+  readonly watchdog: number;
+  /** The seed of every random draw. */
+  readonly seed: number;
+  /** Whether batches are RingBatches in the staging ring. */
+  readonly zeroCopy: boolean;
+  /** Whether the ring is pinned (or meant to be pinned) for the device. */
+  readonly pinMemory: boolean;
+  /**
+   * Whether asking for the next batch releases the previous RingBatch (zero-copy path). A
+   * consumer that keeps batches past the next request (the DevicePrefetcher, until their
+   * copies fired) must release them itself when this is false, and must be done with each
+   * one by the next request when it is true.
+   */
+  readonly autoRelease: boolean;
+  /** The sampler (undefined when a batchSampler was given). */
+  readonly sampler: Sampler | undefined;
+  /** The batch sampler. */
+  readonly batchSampler: BatchSamplerLike;
+  /** Every finished epoch's stats, oldest first. */
+  readonly history: EpochStats[];
+  /** Batches per epoch (PyTorch's `len(loader)`). */
+  readonly length: number;
+  /** The staging ring (zero-copy path), or undefined on the generic path. */
+  readonly ring: StagingRing | undefined;
+  /**
+   * The per-sample augmentation this loader draws (zero-copy path), with defaults filled in
+   * and frozen; undefined when it draws none. Each batch's `augment` field holds crop offsets
+   * `dy, dx` in [0, 2 * padding] and a flip bit: whoever applies them (the DevicePrefetcher
+   * takes its crop padding from here) must crop with this padding.
+   *
+   * @example The configuration, with defaults filled in
+   * ```ts
+   * import { DataLoader, TensorDataset } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   *
+   * const ds = new TensorDataset({
+   *   image: { data: new Uint8Array(4 * 3 * 8 * 8), shape: [3, 8, 8] },
+   *   label: { data: new Uint8Array(4), shape: [] },
+   * });
+   * await using loader = new DataLoader(ds, { batchSize: 2, augment: { padding: 2 } });
+   * assert.deepStrictEqual(loader.augment, { padding: 2, flip: false });
+   * assert.ok(Object.isFrozen(loader.augment));
+   * ```
+   */
+  readonly augment: Readonly<Required<AugmentOptions>> | undefined;
+  /** The epoch the next iteration will load (0-based). */
+  readonly epoch: number;
+  /**
+   * Sets the epoch the next iteration loads (to resume, or to mirror
+   * `DistributedSampler.set_epoch`). Order is a pure function of (seed, epoch).
+   *
+   * @param epoch a non-negative integer
+   * @throws {RangeError} for anything else
+   */
+  setEpoch(epoch: number): void;
+  /**
+   * Zero-copy path: ring batches a consumer may keep unreleased without starving the loader
+   * (the ring less the slots its loading needs: `heldBatches` with workers, one less without,
+   * at least 1); 0 on the generic path. A consumer that holds batches (see `autoRelease`) waits for one of
+   * them to go back before it asks for more than this.
+   *
+   * @example What a consumer may hold
+   * ```ts
+   * import { DataLoader, RingBatch, TensorDataset } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   *
+   * const ds = new TensorDataset({ x: { data: new Uint8Array(8), shape: [] } });
+   * await using loader = new DataLoader(ds, { batchSize: 2, autoRelease: false });
+   * assert.strictEqual(loader.autoRelease, false);
+   * // heldBatches (default 2) less the slot the main thread loads into (no workers)
+   * assert.strictEqual(loader.maxHeldBatches, 1);
+   * const held: RingBatch[] = [];
+   * for await (const batch of loader) {
+   *   assert.ok(batch instanceof RingBatch);
+   *   held.push(batch);
+   *   if (held.length === loader.maxHeldBatches) held.shift()!.release();
+   * }
+   * for (const b of held) b.release();
+   * ```
+   */
+  readonly maxHeldBatches: number;
+  /** The last finished epoch's stats (or undefined before the first one finishes). */
+  readonly stats: EpochStats | undefined;
+  /** Workers of this loader currently running. */
+  readonly workers: number;
+  /**
+   * Starts the next epoch. A second iterator stops the first, whose next `next()` then throws
+   * (iterate one epoch at a time; PyTorch resets its single iterator likewise).
+   *
+   * @returns an async iterator over the epoch's batches
+   * @throws {Error} when the loader was disposed
+   */
+  [Symbol.asyncIterator](): AsyncIterableIterator<B>;
+  /**
+   * One epoch as a ReadableStream; cancelling it stops the epoch like `break`.
+   *
+   * @returns a stream of the next epoch's batches
+   */
+  stream(): ReadableStream<B>;
+  /** @internal The loader's engine (tests reach its control block). */
+  _engine(epoch: number): Engine;
+  /** Stops every worker, frees the ring and unpins it. Idempotent; later use throws. */
+  dispose(): void;
+  /** Same as `dispose()`. */
+  [Symbol.dispose](): void;
+  /** Same as `dispose()`. */
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+/** The implementation of {@linkcode DataLoader} (see the interface for the documentation). */
+class DataLoaderImpl<B = unknown> implements DataLoader<B> {
   /** The dataset. */
   readonly dataset: Dataset;
   /** Samples per batch, or null without batching. */
@@ -691,26 +928,7 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
     return this.#ring;
   }
 
-  /**
-   * The per-sample augmentation this loader draws (zero-copy path), with defaults filled in
-   * and frozen; undefined when it draws none. Each batch's `augment` field holds crop offsets
-   * `dy, dx` in [0, 2 * padding] and a flip bit: whoever applies them (the DevicePrefetcher
-   * takes its crop padding from here) must crop with this padding.
-   *
-   * @example The configuration, with defaults filled in
-   * ```ts
-   * import { DataLoader, TensorDataset } from "@pinstream/pinstream";
-   * import assert from "node:assert";
-   *
-   * const ds = new TensorDataset({
-   *   image: { data: new Uint8Array(4 * 3 * 8 * 8), shape: [3, 8, 8] },
-   *   label: { data: new Uint8Array(4), shape: [] },
-   * });
-   * await using loader = new DataLoader(ds, { batchSize: 2, augment: { padding: 2 } });
-   * assert.deepStrictEqual(loader.augment, { padding: 2, flip: false });
-   * assert.ok(Object.isFrozen(loader.augment));
-   * ```
-   */
+  /** See {@linkcode DataLoader.augment}. */
   get augment(): Readonly<Required<AugmentOptions>> | undefined {
     return this.#augment;
   }
@@ -734,31 +952,7 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
     this.#epoch = epoch;
   }
 
-  /**
-   * Zero-copy path: ring batches a consumer may keep unreleased without starving the loader
-   * (the ring less the slots its loading needs: `heldBatches` with workers, one less without,
-   * at least 1); 0 on the generic path. A consumer that holds batches (see `autoRelease`) waits for one of
-   * them to go back before it asks for more than this.
-   *
-   * @example What a consumer may hold
-   * ```ts
-   * import { DataLoader, RingBatch, TensorDataset } from "@pinstream/pinstream";
-   * import assert from "node:assert";
-   *
-   * const ds = new TensorDataset({ x: { data: new Uint8Array(8), shape: [] } });
-   * await using loader = new DataLoader(ds, { batchSize: 2, autoRelease: false });
-   * assert.strictEqual(loader.autoRelease, false);
-   * // heldBatches (default 2) less the slot the main thread loads into (no workers)
-   * assert.strictEqual(loader.maxHeldBatches, 1);
-   * const held: RingBatch[] = [];
-   * for await (const batch of loader) {
-   *   assert.ok(batch instanceof RingBatch);
-   *   held.push(batch);
-   *   if (held.length === loader.maxHeldBatches) held.shift()!.release();
-   * }
-   * for (const b of held) b.release();
-   * ```
-   */
+  /** See {@linkcode DataLoader.maxHeldBatches}. */
   get maxHeldBatches(): number {
     return this.#maxHeldBatches;
   }
@@ -920,7 +1114,7 @@ export class DataLoader<B = unknown> implements AsyncIterable<B>, AsyncDisposabl
 
 /** One epoch of a DataLoader. */
 class EpochIterator<B> implements AsyncIterableIterator<B> {
-  #loader: DataLoader<B>;
+  #loader: DataLoaderImpl<B>;
   #epoch: number;
   #plan: EpochPlan | undefined;
   #engine: Engine | undefined;
@@ -934,7 +1128,7 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
   #requests = 0;
   #busy0 = 0;
 
-  constructor(loader: DataLoader<B>, epoch: number) {
+  constructor(loader: DataLoaderImpl<B>, epoch: number) {
     this.#loader = loader;
     this.#epoch = epoch;
     this.#stats = {
@@ -1042,3 +1236,12 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
     return this;
   }
 }
+
+/**
+ * Iterates a dataset in batches, like `torch.utils.data.DataLoader`; see the
+ * {@linkcode DataLoader} interface, and {@linkcode DataLoaderConstructor} for how the batch
+ * type is inferred. A value and a type of one name, as `Array` and `Map` are in TypeScript's
+ * own declarations: a class cannot give its constructor type parameters of its own, which
+ * inferring the batch type from the dataset needs.
+ */
+export const DataLoader: DataLoaderConstructor = DataLoaderImpl as unknown as DataLoaderConstructor;

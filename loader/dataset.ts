@@ -24,6 +24,68 @@ export type TypedArray =
   | Float32Array
   | Float64Array;
 
+/**
+ * The typed array of each {@linkcode FieldDType}: what a shared field of that dtype becomes
+ * in a {@linkcode RingBatch}.
+ */
+export interface FieldArrays {
+  /** Bytes. */
+  u8: Uint8Array;
+  /** Signed bytes. */
+  i8: Int8Array;
+  /** Unsigned 16-bit integers. */
+  u16: Uint16Array;
+  /** Signed 16-bit integers. */
+  i16: Int16Array;
+  /** Unsigned 32-bit integers. */
+  u32: Uint32Array;
+  /** Signed 32-bit integers. */
+  i32: Int32Array;
+  /** Half floats. */
+  f16: Float16Array;
+  /** Floats. */
+  f32: Float32Array;
+  /** Doubles. */
+  f64: Float64Array;
+}
+
+/**
+ * The typed array of a {@linkcode FieldDType} (`FieldArray<"u8">` is `Uint8Array`); of
+ * `FieldDType` itself, any {@linkcode TypedArray}.
+ */
+export type FieldArray<D extends FieldDType = FieldDType> = FieldArrays[D];
+
+/**
+ * The {@linkcode FieldDType} of a typed array type (`DTypeOf<Int32Array>` is `"i32"`), the
+ * type-level {@linkcode dtypeOf}; `never` for other types.
+ */
+export type DTypeOf<A> = {
+  [D in FieldDType]: A extends FieldArrays[D] ? D : never;
+}[FieldDType];
+
+/**
+ * The sample type of a dataset type: what its `get` resolves to (`unknown` when not known).
+ *
+ * @typeParam D a dataset type
+ */
+export type SampleOf<D> = D extends { get(index: number, ...rest: never[]): infer T } ? Awaited<T>
+  : unknown;
+
+/**
+ * The batch fields of a zero-copy dataset type: its `sharedFields()` entries by name, each
+ * the typed array of its dtype (`{ image: Uint8Array; label: Int32Array }` for
+ * {@linkcode CIFAR10}); `Record<string, TypedArray>` when `sharedFields()` returns plain
+ * {@linkcode SharedField}s (as a {@linkcode Subset}'s, which it may lack), and `never` for a
+ * dataset without `sharedFields()`.
+ *
+ * @typeParam D a dataset type
+ */
+export type SharedFieldsOf<D> = D extends { sharedFields?: infer M }
+  ? NonNullable<M> extends () => readonly (infer S extends SharedField<string, FieldDType>)[]
+    ? { [K in S["name"]]: FieldArray<Extract<S, { readonly name: K }>["dtype"]> }
+  : never
+  : never;
+
 /** A constructor of one of the {@linkcode TypedArray}s. */
 export type TypedArrayCtor = {
   new (buffer: ArrayBufferLike, byteOffset?: number, length?: number): TypedArray;
@@ -48,12 +110,19 @@ export const DTYPES: Readonly<Record<FieldDType, { bytes: number; ctor: TypedArr
  * One fixed-size field of every sample, stored contiguously in shared memory: sample `i`'s
  * record is the `product(shape)` elements at `byteOffset + i * recordBytes` of `buffer`.
  * A scalar field (a label) has `shape: []`.
+ *
+ * A dataset whose `sharedFields()` returns fields with literal names and dtypes
+ * (`SharedField<"label", "i32">`) gives the DataLoader typed batch fields
+ * (see {@linkcode SharedFieldsOf}).
+ *
+ * @typeParam N the field name
+ * @typeParam D the element type
  */
-export interface SharedField {
+export interface SharedField<N extends string = string, D extends FieldDType = FieldDType> {
   /** Field name, e.g. "image" or "label"; becomes the batch field name. */
-  readonly name: string;
+  readonly name: N;
   /** Element type. */
-  readonly dtype: FieldDType;
+  readonly dtype: D;
   /** Per-sample shape, e.g. [3, 32, 32] (CHW) or [] for a scalar. */
   readonly shape: readonly number[];
   /** Where the records live; every worker maps the same memory. */

@@ -6,7 +6,9 @@
 
 export {
   type AugmentOptions,
+  type BatchOf,
   DataLoader,
+  type DataLoaderConstructor,
   type DataLoaderOptions,
   type EpochStats,
   type ModuleRef,
@@ -27,24 +29,35 @@ export {
   WeightedRandomSampler,
   type WeightedRandomSamplerOptions,
 } from "./sampler.ts";
-export { type CollateFn, defaultCollate } from "./collate.ts";
+export { type Collated, type CollateFn, defaultCollate } from "./collate.ts";
 export {
   type Dataset,
+  type DTypeOf,
   dtypeOf,
   DTYPES,
+  type FieldArray,
+  type FieldArrays,
   type FieldDType,
   recordBytes,
   type RecordMap,
   type SampleContext,
+  type SampleOf,
   sharedArray,
   type SharedField,
+  type SharedFieldsOf,
   type TypedArray,
   type TypedArrayCtor,
   type WorkerSpec,
 } from "./dataset.ts";
 export { augmentFromDraw, RingBatch, type RingField, ringLayout, StagingRing } from "./ring.ts";
 export { getWorkerInfo, type WorkerInfo } from "./worker_info.ts";
-export { TensorDataset, type TensorDatasetState, type TensorField } from "./datasets/tensor.ts";
+export {
+  TensorDataset,
+  type TensorDatasetState,
+  type TensorField,
+  type TensorSample,
+  type TensorSharedField,
+} from "./datasets/tensor.ts";
 export {
   ConcatDataset,
   type ConcatDatasetState,

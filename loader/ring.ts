@@ -252,6 +252,13 @@ export class StagingRing {
  * A batch in a slot of the staging ring (the zero-copy path). The typed arrays are views
  * into the ring: valid until `release()`, after which the loader may overwrite them.
  *
+ * `F` names the dataset's fields and their arrays: `new DataLoader(dataset)` infers it from
+ * the dataset (`RingBatch<{ image: Uint8Array; label: Int32Array }>` for CIFAR-10), so
+ * `batch.fields.lable` is a type error. A `RingBatch<F>` is a `RingBatch` (its default,
+ * any field names).
+ *
+ * @typeParam F the batch fields: name -> typed array
+ *
  * @example Reading a batch from a loader over an in-memory dataset
  * ```ts
  * import { DataLoader } from "@pinstream/pinstream";
@@ -259,14 +266,15 @@ export class StagingRing {
  * import { RingBatch } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * const ds = new TensorDataset({ x: { data: new Float32Array([1, 2, 3, 4]), shape: [2] } });
- * await using loader = new DataLoader<RingBatch>(ds, { batchSize: 2 });
+ * await using loader = new DataLoader(ds, { batchSize: 2 });
  * for await (const batch of loader) {
+ *   assert.ok(batch instanceof RingBatch);
  *   assert.deepStrictEqual(batch.fields.x, new Float32Array([1, 2, 3, 4]));
  *   assert.deepStrictEqual(batch.indices, new Int32Array([0, 1]));
  * }
  * ```
  */
-export class RingBatch {
+export class RingBatch<F extends Record<string, TypedArray> = Record<string, TypedArray>> {
   /** The ring the batch lives in. */
   readonly ring: StagingRing;
   /** Slot number. */
@@ -280,7 +288,7 @@ export class RingBatch {
   /** Valid records (batchSize, or fewer for a last partial batch). */
   readonly size: number;
   /** Views of the dataset's fields, `size` records each. */
-  readonly fields: Readonly<Record<string, TypedArray>>;
+  readonly fields: Readonly<F>;
   /** Dataset index of each sample. */
   readonly indices: Int32Array;
   /** `[dy, dx, flip]` per sample when the loader has `augment`, else undefined. */
@@ -311,7 +319,8 @@ export class RingBatch {
       else if (f.name === "augment") augment = v as Int32Array;
       else fields[f.name] = v;
     }
-    this.fields = fields;
+    // The loader builds the ring from the dataset's shared fields, which is what F describes.
+    this.fields = fields as F;
     this.indices = indices!;
     this.augment = augment;
     this.#release = release;

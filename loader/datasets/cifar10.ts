@@ -213,7 +213,7 @@ export class CIFAR10 implements Dataset<{ image: Uint8Array; label: number }> {
    *
    * @returns `image` u8 [3,32,32] and `label` i32 [] in shared memory
    */
-  sharedFields(): readonly SharedField[] {
+  sharedFields(): readonly [SharedField<"image", "u8">, SharedField<"label", "i32">] {
     return [
       {
         name: "image",

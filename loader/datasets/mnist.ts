@@ -246,7 +246,7 @@ export class MNIST implements Dataset<{ image: Uint8Array; label: number }> {
    *
    * @returns `image` u8 [1,28,28] and `label` i32 [] in shared memory
    */
-  sharedFields(): readonly SharedField[] {
+  sharedFields(): readonly [SharedField<"image", "u8">, SharedField<"label", "i32">] {
     return [
       {
         name: "image",

@@ -7,8 +7,10 @@
 
 import {
   type Dataset,
+  type DTypeOf,
   dtypeOf,
   DTYPES,
+  type FieldArray,
   type FieldDType,
   sharedArray,
   type SharedField,
@@ -18,6 +20,34 @@ import {
 
 /** A field given to {@linkcode TensorDataset}: a typed array, optionally with a sample shape. */
 export type TensorField = TypedArray | { data: TypedArray; shape: readonly number[] };
+
+/**
+ * The sample type of a {@linkcode TensorDataset} over fields `F`: per field, a `number` for
+ * a scalar field (a bare typed array, or `shape: []`), else a view of the field's typed
+ * array (`number` or a view when the shape is not known to be empty or not).
+ *
+ * @typeParam F the fields given to the constructor
+ */
+export type TensorSample<F extends Record<string, TensorField>> = {
+  -readonly [K in keyof F]: F[K] extends TypedArray ? number
+    : F[K] extends { shape: readonly [] } ? number
+    : F[K] extends { data: infer A; shape: readonly [number, ...number[]] } ? FieldArray<DTypeOf<A>>
+    : F[K] extends { data: infer A } ? FieldArray<DTypeOf<A>> | number
+    : never;
+};
+
+/**
+ * The {@linkcode SharedField}s of a {@linkcode TensorDataset} over fields `F`, one per field
+ * with its name and dtype, which type the DataLoader's batch fields.
+ *
+ * @typeParam F the fields given to the constructor
+ */
+export type TensorSharedField<F extends Record<string, TensorField>> = {
+  [K in keyof F & string]: SharedField<
+    K,
+    DTypeOf<F[K] extends { data: infer A } ? A : F[K]>
+  >;
+}[keyof F & string];
 
 /** The serializable state a worker rebuilds a TensorDataset from. */
 export interface TensorDatasetState {
@@ -39,6 +69,12 @@ export interface TensorDatasetState {
  * Arrays not already in a SharedArrayBuffer are copied into one at construction.
  * `get` returns views into shared memory: copy them to keep them past the batch.
  *
+ * The field names and array types are kept in the type: a DataLoader over
+ * `new TensorDataset({ image: { data: u8, shape: [3, 8, 8] }, label: i32 })` yields
+ * `RingBatch<{ image: Uint8Array; label: Int32Array }>`.
+ *
+ * @typeParam F the fields: name -> typed array or `{ data, shape }`
+ *
  * @example Images and labels
  * ```ts
  * import { TensorDataset } from "@pinstream/pinstream";
@@ -48,10 +84,12 @@ export interface TensorDatasetState {
  *   label: new Int32Array([3, 5]),
  * });
  * assert.strictEqual(ds.length, 2);
- * assert.strictEqual((ds.get(1) as { label: number }).label, 5);
+ * assert.strictEqual(ds.get(1).label, 5);
  * ```
  */
-export class TensorDataset implements Dataset<Record<string, TypedArray | number>> {
+export class TensorDataset<
+  const F extends Record<string, TensorField> = Record<string, TensorField>,
+> implements Dataset<TensorSample<F>> {
   /** Sample count. */
   readonly length: number;
   #fields: SharedField[];
@@ -64,7 +102,7 @@ export class TensorDataset implements Dataset<Record<string, TypedArray | number
    * @throws {TypeError} for a value that is not a typed array
    * @throws {RangeError} when fields disagree on the sample count
    */
-  constructor(fields: Record<string, TensorField>) {
+  constructor(fields: F) {
     const out: SharedField[] = [];
     let length = -1;
     for (const [name, f] of Object.entries(fields)) {
@@ -142,7 +180,7 @@ export class TensorDataset implements Dataset<Record<string, TypedArray | number
    * @returns `{ name: view | number }`
    * @throws {RangeError} for an index out of range
    */
-  get(index: number): Record<string, TypedArray | number> {
+  get(index: number): TensorSample<F> {
     if (!(index >= 0 && index < this.length) || !Number.isInteger(index)) {
       throw new RangeError(
         `Cannot get sample ${index}: index out of range for a dataset of length ${this.length}`,
@@ -152,7 +190,8 @@ export class TensorDataset implements Dataset<Record<string, TypedArray | number
     for (const v of this.#views) {
       out[v.name] = v.scalar ? v.data[index] : v.data.subarray(index * v.per, (index + 1) * v.per);
     }
-    return out;
+    // out has one entry per field of F, a number exactly for the scalar ones.
+    return out as TensorSample<F>;
   }
 
   /**
@@ -160,8 +199,9 @@ export class TensorDataset implements Dataset<Record<string, TypedArray | number
    *
    * @returns the fields in shared memory (the zero-copy layout)
    */
-  sharedFields(): readonly SharedField[] {
-    return this.#fields;
+  sharedFields(): readonly TensorSharedField<F>[] {
+    // #fields holds one entry per field of F, named after it, with the dtype of its array.
+    return this.#fields as readonly SharedField[] as readonly TensorSharedField<F>[];
   }
 
   /**
