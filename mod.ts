@@ -22,7 +22,15 @@ export type { EventOptions, StreamOptions } from "./ffi/stream.ts";
 export { DeviceBuffer, HostBuffer, isPinnedMemory } from "./ffi/memory.ts";
 export type { CopyOptions, FillOptions, HostMemory } from "./ffi/memory.ts";
 export { DTYPE_BYTES, Tensor } from "./ffi/tensor.ts";
-export type { DType, HostArray, ToHostOptions } from "./ffi/tensor.ts";
+export type {
+  ArangeOptions,
+  DType,
+  HostArray,
+  RandnOptions,
+  RandOptions,
+  TensorFillOptions,
+  ToHostOptions,
+} from "./ffi/tensor.ts";
 export { PinstreamError } from "./ffi/errors.ts";
 export { MemoryResource, Resource } from "./ffi/resource.ts";
 export type { PinstreamErrorCode } from "./ffi/errors.ts";

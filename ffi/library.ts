@@ -46,6 +46,7 @@ const CUDA_SOURCES = [
   "cuda/core.cu",
   "cuda/image.cu",
   "cuda/nn.cu",
+  "cuda/fill.cu",
 ];
 
 /**
@@ -73,6 +74,7 @@ export const SOURCES: {
     "cpu/norm.c",
     "cpu/ops.c",
     "cpu/image.c",
+    "cpu/fill.c",
   ],
   cuda: CUDA_SOURCES,
   // The CUDA backend's own sources, and what stands in for CUDA's headers and runtime.

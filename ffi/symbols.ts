@@ -13,7 +13,7 @@
  */
 
 /** The ABI version this table matches (`PS_ABI_VERSION` in kernels/pinstream.h). */
-export const ABI_VERSION = 4;
+export const ABI_VERSION = 5;
 
 /** The dlopen symbol table of a pinstream backend library. */
 export const symbols = {
@@ -399,6 +399,12 @@ export const symbols = {
   // int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype, int64_t count,
   //              void *stream);
   ps_nn_cast: { parameters: ["pointer", "i32", "pointer", "i32", "i64", "pointer"], result: "i32" },
+  // int ps_tensor_fill(void *dst, int32_t dtype, int64_t count, int32_t mode, double a,
+  //                    double b, uint64_t seed, uint64_t offset, void *stream)
+  ps_tensor_fill: {
+    parameters: ["pointer", "i32", "i64", "i32", "f64", "f64", "u64", "u64", "pointer"],
+    result: "i32",
+  },
   // int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count, const float *scale,
   //                       float inv_scale, int32_t in_place, int32_t *found_inf, void *stream);
   ps_nn_unscale_check: {

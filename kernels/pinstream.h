@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct layout; ffi/ refuses a mismatch. */
-#define PS_ABI_VERSION 4
+#define PS_ABI_VERSION 5
 
 /* ---- status codes ------------------------------------------------------------------- */
 #define PS_OK 0
@@ -297,6 +297,24 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
  * semantics: src and dst may overlap). */
 PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype,
                       int64_t count, void *stream);
+
+/* ---- tensors born on the device ----------------------------------------------------------- */
+
+#define PS_FILL_CONSTANT 0 /* a */
+#define PS_FILL_ARANGE 1   /* a + i * b (in double, then rounded) */
+#define PS_FILL_UNIFORM 2  /* a + (b - a) * u, u uniform in [0, 1) on a 2^-24 grid */
+#define PS_FILL_NORMAL 3   /* a + b * z, z standard normal (Box-Muller) */
+/* The dtype of an int32 fill (next to PS_NN_F32 and PS_NN_F16). */
+#define PS_FILL_I32 2
+
+/* Writes count elements of dtype (PS_NN_F32, PS_NN_F16 or PS_FILL_I32) computed on the device:
+ * element i is a function of (mode, a, b, seed, offset + i) only, the same bits on every
+ * backend, so a tensor is created where it lives, with nothing built on the host. Random modes
+ * draw from a counter-based generator (seed, offset + i): filling [0, n) at offset k equals
+ * elements [k, k + n) of a fill at offset 0. int32 takes the constant and arange modes
+ * (truncated toward zero, saturated to int32). */
+PS_API int ps_tensor_fill(void *dst, int32_t dtype, int64_t count, int32_t mode, double a,
+                          double b, uint64_t seed, uint64_t offset, void *stream);
 
 /* GradScaler.unscale_: sets *found_inf = 1 if any grad element is inf/NaN (never clears it);
  * when in_place != 0 also multiplies grad by the inverse scale. The inverse scale is

@@ -302,4 +302,120 @@ PS_RULE void ps_scaler_step(float *scale, int32_t *tracker, int found_inf, float
   }
 }
 
+/* ---- tensors born on the device (ps_tensor_fill) -------------------------------------------- */
+
+/* Float operations rounded one at a time, never fused into an FMA, so that both backends
+ * compute the same bits: nvcc contracts a * b + c by default, and so does gcc at -O3. */
+#if defined(__CUDA_ARCH__)
+#define PS_FADD(a, b) __fadd_rn((a), (b))
+#define PS_FSUB(a, b) __fsub_rn((a), (b))
+#define PS_FMUL(a, b) __fmul_rn((a), (b))
+#define PS_FDIV(a, b) __fdiv_rn((a), (b))
+#define PS_FSQRT(a) __fsqrt_rn(a)
+#define PS_DADD(a, b) __dadd_rn((a), (b))
+#define PS_DMUL(a, b) __dmul_rn((a), (b))
+#define PS_NO_CONTRACT
+#else
+#define PS_FADD(a, b) ((a) + (b))
+#define PS_FSUB(a, b) ((a) - (b))
+#define PS_FMUL(a, b) ((a) * (b))
+#define PS_FDIV(a, b) ((a) / (b))
+#define PS_FSQRT(a) sqrtf(a)
+#define PS_DADD(a, b) ((a) + (b))
+#define PS_DMUL(a, b) ((a) * (b))
+#if defined(__clang__)
+#define PS_NO_CONTRACT
+#else
+#define PS_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#endif
+#endif
+
+PS_CHECK int ps_check_fill(const char *fn, int32_t dtype, int64_t count, int32_t mode) {
+  TRY(ps_check_count(fn, count));
+  if (dtype != PS_NN_F32 && dtype != PS_NN_F16 && dtype != PS_FILL_I32)
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: dtype %d is not PS_NN_F32, PS_NN_F16 or PS_FILL_I32",
+                 fn, (int)dtype);
+  if (mode < PS_FILL_CONSTANT || mode > PS_FILL_NORMAL)
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: mode %d is not a PS_FILL_* mode", fn, (int)mode);
+  if (dtype == PS_FILL_I32 && (mode == PS_FILL_UNIFORM || mode == PS_FILL_NORMAL))
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: random fills are floating point (dtype %d is int32)",
+                 fn, (int)dtype);
+  return PS_OK;
+}
+
+/* 32 random bits of element i, draw k (0 or 1), of a fill with `seed`: splitmix64 of a counter,
+ * so any element is computed alone and a fill of a range equals that range of a whole fill. */
+PS_RULE uint32_t ps_fill_bits(uint64_t seed, uint64_t i, uint32_t k) {
+  uint64_t z = seed + (2 * i + k + 1) * 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+
+/* ln(u) for u in (0, 1]: u = m * 2^e, m in [1, 2); ln(m) = 2 atanh(t), t = (m - 1) / (m + 1),
+ * by its series to t^13 (|t| <= 1/3: error below 2e-8). Not libm's last ulp: the same bits on
+ * both backends. */
+PS_RULE PS_NO_CONTRACT float ps_fill_log(float u) {
+  union {
+    float f;
+    uint32_t b;
+  } v = {u};
+  const int e = (int)((v.b >> 23) & 0xff) - 127;
+  v.b = (v.b & 0x007fffffu) | 0x3f800000u;
+  const float t = PS_FDIV(PS_FSUB(v.f, 1.0f), PS_FADD(v.f, 1.0f)), t2 = PS_FMUL(t, t);
+  float s = 1.0f / 13.0f;
+  s = PS_FADD(PS_FMUL(s, t2), 1.0f / 11.0f);
+  s = PS_FADD(PS_FMUL(s, t2), 1.0f / 9.0f);
+  s = PS_FADD(PS_FMUL(s, t2), 1.0f / 7.0f);
+  s = PS_FADD(PS_FMUL(s, t2), 1.0f / 5.0f);
+  s = PS_FADD(PS_FMUL(s, t2), 1.0f / 3.0f);
+  s = PS_FADD(PS_FMUL(s, t2), 1.0f);
+  return PS_FADD(PS_FMUL((float)e, 0.693147180559945f), PS_FMUL(PS_FMUL(2.0f, t), s));
+}
+
+/* cos(2 pi x) for x in [0, 1): cos(y) = -cos(y - pi), y - pi in [-pi, pi), by its Taylor series
+ * to y^20 (error below 3e-7). */
+PS_RULE PS_NO_CONTRACT float ps_fill_cos2pi(float x) {
+  const float y = PS_FSUB(PS_FMUL(x, 6.28318530717959f), 3.14159265358979f), y2 = PS_FMUL(y, y);
+  float c = 1.0f / 2432902008176640000.0f; /* 1/20! */
+  const float k[10] = {-1.0f / 6402373705728000.0f,
+                       1.0f / 20922789888000.0f,
+                       -1.0f / 87178291200.0f,
+                       1.0f / 479001600.0f,
+                       -1.0f / 3628800.0f,
+                       1.0f / 40320.0f,
+                       -1.0f / 720.0f,
+                       1.0f / 24.0f,
+                       -1.0f / 2.0f,
+                       1.0f};
+  for (int j = 0; j < 10; j++) c = PS_FADD(PS_FMUL(c, y2), k[j]);
+  return -c;
+}
+
+/* Element i of a fill, as float (f16 rounds it once more, to nearest even). */
+PS_RULE PS_NO_CONTRACT float ps_fill_value(int32_t mode, double a, double b, uint64_t seed,
+                                           uint64_t i) {
+  if (mode == PS_FILL_CONSTANT) return (float)a;
+  if (mode == PS_FILL_ARANGE) return (float)PS_DADD(a, PS_DMUL((double)i, b));
+  if (mode == PS_FILL_UNIFORM) {
+    const float u = (float)(ps_fill_bits(seed, i, 0) >> 8) * (1.0f / 16777216.0f);
+    const float lo = (float)a, hi = (float)b;
+    return PS_FADD(lo, PS_FMUL(PS_FSUB(hi, lo), u));
+  }
+  /* Box-Muller: u1 in (0, 1] keeps the logarithm finite. */
+  const float u1 = (float)((ps_fill_bits(seed, i, 0) >> 8) + 1) * (1.0f / 16777216.0f);
+  const float u2 = (float)(ps_fill_bits(seed, i, 1) >> 8) * (1.0f / 16777216.0f);
+  const float r = PS_FSQRT(PS_FMUL(-2.0f, ps_fill_log(u1)));
+  return PS_FADD((float)a, PS_FMUL((float)b, PS_FMUL(r, ps_fill_cos2pi(u2))));
+}
+
+/* Element i of an int32 fill: constant or arange, truncated toward zero like a C cast (values
+ * outside int32 saturate). */
+PS_RULE PS_NO_CONTRACT int32_t ps_fill_int(int32_t mode, double a, double b, uint64_t i) {
+  const double v = mode == PS_FILL_CONSTANT ? a : PS_DADD(a, PS_DMUL((double)i, b));
+  if (!(v > -2147483649.0)) return v != v ? 0 : INT32_MIN;
+  if (!(v < 2147483648.0)) return INT32_MAX;
+  return (int32_t)v;
+}
+
 #endif /* PINSTREAM_RULES_H */

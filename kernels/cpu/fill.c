@@ -1,0 +1,49 @@
+/*
+ * fill.c — CPU backend of ps_tensor_fill: tensors created where they live (zeros, ones, full,
+ * arange, rand, randn), element i computed from (mode, a, b, seed, offset + i) by the rules of
+ * kernels/rules.h, so the CUDA backend (kernels/cuda/fill.cu) writes the same bits.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "fp16.h"
+#include "nn.h"
+#include "threads.h"
+
+typedef struct {
+  void *dst;
+  int32_t dtype, mode;
+  double a, b;
+  uint64_t seed, offset;
+} fill_ctx;
+
+static void fill_range(void *p, int64_t begin, int64_t end) {
+  const fill_ctx *c = (const fill_ctx *)p;
+  if (c->dtype == PS_FILL_I32) {
+    int32_t *d = (int32_t *)c->dst;
+    for (int64_t i = begin; i < end; i++)
+      d[i] = ps_fill_int(c->mode, c->a, c->b, c->offset + (uint64_t)i);
+  } else if (c->dtype == PS_NN_F16) {
+    half *d = (half *)c->dst;
+    for (int64_t i = begin; i < end; i++)
+      d[i] = f2h(ps_fill_value(c->mode, c->a, c->b, c->seed, c->offset + (uint64_t)i));
+  } else {
+    float *d = (float *)c->dst;
+    for (int64_t i = begin; i < end; i++)
+      d[i] = ps_fill_value(c->mode, c->a, c->b, c->seed, c->offset + (uint64_t)i);
+  }
+}
+
+PS_API int ps_tensor_fill(void *dst, int32_t dtype, int64_t count, int32_t mode, double a, double b,
+                          uint64_t seed, uint64_t offset, void *stream) {
+  (void)stream;
+  TRY(ps_check_fill(__func__, dtype, count, mode));
+  if (count == 0) return PS_OK;
+  CHECK_RANGE(dst, count * (dtype == PS_NN_F16 ? 2 : 4));
+  fill_ctx c = {
+      .dst = dst, .dtype = dtype, .mode = mode, .a = a, .b = b, .seed = seed, .offset = offset};
+  /* The random modes cost ~60 flops an element: worth threads from a few thousand on. */
+  const int64_t work = mode >= PS_FILL_UNIFORM ? count * 32 : count;
+  ps_pool_range(count, 4096, work, fill_range, &c);
+  return PS_OK;
+}
