@@ -14,6 +14,15 @@
  *   dataset as one uint8 tensor, batch-wise crop/flip/normalize, 2 threads, float32), from
  *   bench/pipeline_torch.py.
  *
+ * - the bounds, measured in the same run: the loader alone, the fused kernel alone (CPU
+ *   backend, one batch after another from a 24 MiB ring of batches), and the memory-bandwidth
+ *   bound: a plain copy's GB/s (TypedArray.set, i.e. memmove, of 32 MiB: best of 1 and 2
+ *   threads, measured before and after the pinstream rows) over the bytes one sample moves in
+ *   the pipeline as built: the loader reads the u8 sample (3,072 B) and writes it to the ring
+ *   (3,072 B), the kernel reads it (3,072 B) and writes fp16 (6,144 B), 15,360 B in all. The
+ *   least any pipeline must move (read u8 once, write fp16 once: 9,216 B) gives a second,
+ *   higher bound, reported beside it.
+ *
  * With a CUDA device present it adds the GPU mode: pinstream on the GPU, PyTorch with
  * pin_memory=True, persistent_workers=True and a side-stream prefetcher, and the raw
  * pinned cudaMemcpyAsync bound for the same bytes. Without one, that part is reported as
@@ -42,6 +51,12 @@ const WORKERS = 2;
 const MEAN = [0.4914, 0.4822, 0.4465];
 const STD = [0.2470, 0.2435, 0.2616];
 const TARGET_CPU = 500_000;
+/** The issue's targets: >= 70% of the bandwidth bound, >= 10x PyTorch's best vectorized form. */
+const TARGET_BOUND_FRACTION = 0.7;
+const TARGET_VS_TORCH = 10;
+/** Bytes one CIFAR sample moves in the pipeline as built (see the module doc), and at least. */
+const SAMPLE_BYTES = 3072 + 3072 + 3072 + 6144;
+const SAMPLE_BYTES_MIN = 3072 + 6144;
 
 /** Bytes the pipeline copies per full batch: the ring slot up to the end of its last field. */
 const BATCH_BYTES = (() => {
@@ -199,6 +214,91 @@ async function loaderRow(ds: TensorDataset, epochs: number): Promise<Row> {
   };
 }
 
+/** A plain copy's bandwidth (bytes read + written per second) on `threads` Workers at once. */
+async function copyBandwidth(threads: number): Promise<number> {
+  const code = `self.onmessage = (e) => {
+    const n = e.data.n, a = new Uint8Array(n).fill(1), b = new Uint8Array(n);
+    b.set(a); // first touch
+    const t0 = performance.now();
+    let reps = 0;
+    while (performance.now() - t0 < 400) { b.set(a); reps++; }
+    self.postMessage((2 * n * reps) / ((performance.now() - t0) / 1000));
+  };`;
+  const url = URL.createObjectURL(new Blob([code], { type: "application/javascript" }));
+  const workers = Array.from({ length: threads }, () => new Worker(url, { type: "module" }));
+  try {
+    const rates = await Promise.all(workers.map((w) =>
+      new Promise<number>((resolve, reject) => {
+        w.onmessage = (e) => resolve(e.data as number);
+        w.onerror = (e) => reject(e);
+        w.postMessage({ n: 32 << 20 });
+      })
+    ));
+    return rates.reduce((a, b) => a + b, 0);
+  } finally {
+    for (const w of workers) w.terminate();
+    URL.revokeObjectURL(url);
+  }
+}
+
+/** The best plain-copy bandwidth of 1 and 2 threads, 2 tries each. */
+async function bestCopyBandwidth(): Promise<{ bytesPerSecond: number; threads: number }> {
+  let best = { bytesPerSecond: 0, threads: 1 };
+  for (let t = 0; t < 2; t++) {
+    for (const threads of [1, 2]) {
+      const r = await copyBandwidth(threads);
+      if (r > best.bytesPerSecond) best = { bytesPerSecond: r, threads };
+    }
+  }
+  return best;
+}
+
+/** The fused kernel alone on the CPU backend: batches from a ring bigger than the caches. */
+function kernelRow(device: Device): Row {
+  const img = 3072, ring = 64;
+  using src = DeviceBuffer.alloc(device, BATCH * img * ring);
+  using out = DeviceBuffer.alloc(device, BATCH * img * 2 * 4);
+  using prm = DeviceBuffer.alloc(device, BATCH * 12 * ring);
+  src.copyFrom(new Uint8Array(BATCH * img * ring).map((_, i) => (i * 2654435761) >>> 24));
+  prm.copyFrom(new Int32Array(BATCH * 3 * ring).map((_, i) => i % 3 === 2 ? i & 1 : (i * 7) % 9));
+  const scale = Float32Array.from(STD, (s) => 1 / (255 * s));
+  const bias = Float32Array.from(MEAN, (m, i) => -m / STD[i]);
+  const call = (b: number) =>
+    device.check(
+      device.lib.symbols.ps_image_augment(
+        Deno.UnsafePointer.offset(src.pointer!, (b % ring) * BATCH * img),
+        1, // NCHW
+        BATCH,
+        3,
+        32,
+        32,
+        PAD,
+        Deno.UnsafePointer.offset(prm.pointer!, (b % ring) * BATCH * 12),
+        scale,
+        bias,
+        Deno.UnsafePointer.offset(out.pointer!, (b % 4) * BATCH * img * 2),
+        0, // fp16
+        null,
+      ),
+      "time the fused kernel",
+    );
+  for (let i = 0; i < 2 * ring; i++) call(i);
+  const rates: number[] = [];
+  for (let r = 0; r < 7; r++) {
+    const t0 = performance.now();
+    for (let i = 0; i < 4 * ring; i++) call(i);
+    rates.push((4 * ring * BATCH) / ((performance.now() - t0) / 1000));
+  }
+  return {
+    name: "fused kernel alone (u8 ring slot -> fp16 batch), 1 thread",
+    impl: "bound",
+    device: "cpu",
+    samplesPerSecond: Math.max(...rates),
+    medianSamplesPerSecond: median(rates),
+    epochs: rates,
+  };
+}
+
 async function python(): Promise<string> {
   return Deno.env.get("PYTHON") ??
     ((await Deno.stat("/usr/bin/python3").then(() => true, () => false))
@@ -324,6 +424,8 @@ export async function main(args: string[] = Deno.args): Promise<void> {
   const notes: string[] = [];
 
   // ---- CPU backend
+  const copyBefore = await bestCopyBandwidth();
+  let copyAfter = copyBefore;
   {
     using cpu = Device.open("cpu");
     const headline = await pinstreamRow(
@@ -376,7 +478,27 @@ export async function main(args: string[] = Deno.args): Promise<void> {
       ),
     );
     rows.push(await loaderRow(ds, epochs));
+    rows.push(kernelRow(cpu));
+    copyAfter = await bestCopyBandwidth();
   }
+  const copy = copyAfter.bytesPerSecond > copyBefore.bytesPerSecond ? copyAfter : copyBefore;
+  const gbps = (copy.bytesPerSecond / 1e9).toFixed(1);
+  rows.push({
+    name: `memory-bandwidth bound: plain copy ${gbps} GB/s (${copy.threads} thread${
+      copy.threads > 1 ? "s" : ""
+    }) / ${SAMPLE_BYTES.toLocaleString("en-US")} B per sample (as built)`,
+    impl: "bound",
+    device: "cpu",
+    samplesPerSecond: copy.bytesPerSecond / SAMPLE_BYTES,
+  });
+  rows.push({
+    name: `memory-bandwidth bound: plain copy ${gbps} GB/s / ${
+      SAMPLE_BYTES_MIN.toLocaleString("en-US")
+    } B per sample (least possible)`,
+    impl: "bound",
+    device: "cpu",
+    samplesPerSecond: copy.bytesPerSecond / SAMPLE_BYTES_MIN,
+  });
   if (torch) {
     const t = await torchRows("cpu", samples);
     if (typeof t === "string") notes.push(`torch cpu rows skipped: ${t}`);
@@ -427,7 +549,7 @@ export async function main(args: string[] = Deno.args): Promise<void> {
   const cpuHead = rows[0];
   const torchStd = find((r) => r.impl === "torch" && r.device === "cpu" && /standard/.test(r.name));
   const torchVec = find((r) =>
-    r.impl === "torch" && r.device === "cpu" && /vectorized \(threads=2/.test(r.name)
+    r.impl === "torch" && r.device === "cpu" && /vectorized \(threads=2, f32/.test(r.name)
   );
   const torchVecBest =
     rows.filter((r) => r.impl === "torch" && r.device === "cpu" && /vectorized/.test(r.name)).sort((
@@ -442,6 +564,12 @@ export async function main(args: string[] = Deno.args): Promise<void> {
       : null,
     cpuVsLoaderAlone: cpuHead.samplesPerSecond /
       find((r) => r.name.startsWith("loader alone"))!.samplesPerSecond,
+    cpuVsBandwidthBound: cpuHead.samplesPerSecond / (copy.bytesPerSecond / SAMPLE_BYTES),
+    cpuVsBandwidthBoundLeastBytes: cpuHead.samplesPerSecond /
+      (copy.bytesPerSecond / SAMPLE_BYTES_MIN),
+    kernelAloneVsBandwidthBoundKernelBytes:
+      find((r) => r.name.startsWith("fused kernel alone"))!.samplesPerSecond /
+      (copy.bytesPerSecond / SAMPLE_BYTES_MIN),
   };
   const gpuHead = find((r) => r.impl === "pinstream" && r.device === "cuda");
   const gpuTorch = find((r) =>
@@ -466,6 +594,16 @@ export async function main(args: string[] = Deno.args): Promise<void> {
       measured: cpuHead.samplesPerSecond,
       met: cpuHead.samplesPerSecond >= TARGET_CPU,
     },
+    cpuVsBandwidthBound: {
+      target: TARGET_BOUND_FRACTION,
+      measured: ratios.cpuVsBandwidthBound,
+      met: ratios.cpuVsBandwidthBound! >= TARGET_BOUND_FRACTION,
+    },
+    cpuVsTorchVectorizedBest: {
+      target: TARGET_VS_TORCH,
+      measured: ratios.cpuVsTorchVectorizedBest,
+      met: (ratios.cpuVsTorchVectorizedBest ?? 0) >= TARGET_VS_TORCH,
+    },
   };
 
   const ref = torchStd?.samplesPerSecond ?? 0;
@@ -477,6 +615,16 @@ export async function main(args: string[] = Deno.args): Promise<void> {
     `target >= ${TARGET_CPU.toLocaleString("en-US")} samples/s (cpu, ${WORKERS} workers): ` +
       `${targets.cpuSamplesPerSecond.met ? "met" : "NOT met"}`,
   );
+  console.log(
+    `target >= ${TARGET_BOUND_FRACTION * 100}% of the bandwidth bound: ` +
+      `${targets.cpuVsBandwidthBound.met ? "met" : "NOT met"}; target >= ${TARGET_VS_TORCH}x ` +
+      `PyTorch's best vectorized: ${targets.cpuVsTorchVectorizedBest.met ? "met" : "NOT met"}`,
+  );
+  console.log(
+    `load average ${loadBefore.map((x) => x.toFixed(2)).join(" ")} before, ${
+      Deno.loadavg().map((x) => x.toFixed(2)).join(" ")
+    } after`,
+  );
   for (const n of notes) console.log(`note: ${n}`);
 
   const result = {
@@ -486,6 +634,12 @@ export async function main(args: string[] = Deno.args): Promise<void> {
     loadAverage: { before: loadBefore, after: Deno.loadavg() },
     commit: await commitStamp(),
     command: `deno run -A bench/pipeline.ts ${args.join(" ")}`.trim(),
+    copyBandwidth: {
+      before: copyBefore,
+      after: copyAfter,
+      sampleBytes: SAMPLE_BYTES,
+      sampleBytesLeast: SAMPLE_BYTES_MIN,
+    },
     config: {
       samples,
       batchSize: BATCH,

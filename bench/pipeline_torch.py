@@ -211,11 +211,17 @@ def main():
         # With 2 OpenMP threads on a 2-core machine, any other busy process makes torch's
         # threads spin at barriers: 2,000-3,600 samples/s under load against 90,000-136,000
         # on a quiet machine. The 1-thread row shows the form without that effect.
+        # f32 (PyTorch's usual form) and fp16 (the dtype pinstream delivers), at both thread
+        # counts: bench/pipeline.ts compares against the fastest of these four.
         n, s = vectorized(data_nchw, args.batch, all_batches)
         rows.append(row(f"torch vectorized (threads={args.workers}, f32)", n, s))
+        n, s = vectorized(data_nchw, args.batch, all_batches, half=True)
+        rows.append(row(f"torch vectorized (threads={args.workers}, f16)", n, s))
         torch.set_num_threads(1)
         n, s = vectorized(data_nchw, args.batch, all_batches)
         rows.append(row("torch vectorized (threads=1, f32)", n, s))
+        n, s = vectorized(data_nchw, args.batch, all_batches, half=True)
+        rows.append(row("torch vectorized (threads=1, f16)", n, s))
         torch.set_num_threads(args.workers)
         n, s = standard(data, labels, args.batch, args.workers, args.standard_batches)
         rows.append(row(f"torch standard (workers={args.workers}, f32)", n, s))
