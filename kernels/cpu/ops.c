@@ -93,12 +93,64 @@ static void maxpool_fwd_range(void *vctx, int64_t p0, int64_t p1) {
   }
 }
 
+#if defined(__AVX512F__)
+/* The backward of one plane of 2x2 stride-2 pooling (h == 2*oh, w == 2*ow), 16 outputs at a
+ * time: each window gets its dy at the index the forward chose and zeros elsewhere, written
+ * row by row instead of a memset and a scatter of scalar conversions. dy goes through the
+ * scalar loop's arithmetic (fp32 0 + dy, so -0 becomes +0) and gives the same bits. Returns 0
+ * when an index lies outside its own window (not from this pooling): the caller then runs the
+ * general loop, which accumulates repeated indices. */
+static int maxpool_bwd_2x2_plane(const half *dyp, const int32_t *ip, half *dxp, int64_t w,
+                                 int64_t oh, int64_t ow) {
+  const __m512i lane2 =
+      _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi =
+      _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  const __m512i one = _mm512_set1_epi32(1), wv = _mm512_set1_epi32((int32_t)w);
+  for (int64_t oy = 0; oy < oh; oy++) {
+    half *r0 = dxp + 2 * oy * w, *r1 = r0 + w;
+    for (int64_t ox = 0; ox < ow; ox += 16) {
+      int64_t cnt = ow - ox < 16 ? ow - ox : 16;
+      __mmask16 k = mask16(cnt);
+      __m512i at = _mm512_maskz_loadu_epi32(k, ip + oy * ow + ox);
+      __m512 v = _mm512_add_ps(load16(dyp + oy * ow + ox, 1, cnt), _mm512_setzero_ps());
+      __m512i b00 = _mm512_add_epi32(_mm512_set1_epi32((int32_t)(2 * oy * w + 2 * ox)), lane2);
+      __m512i b10 = _mm512_add_epi32(b00, wv);
+      __mmask16 m00 = _mm512_cmpeq_epi32_mask(at, b00),
+                m01 = _mm512_cmpeq_epi32_mask(at, _mm512_add_epi32(b00, one)),
+                m10 = _mm512_cmpeq_epi32_mask(at, b10),
+                m11 = _mm512_cmpeq_epi32_mask(at, _mm512_add_epi32(b10, one));
+      if ((__mmask16)((m00 | m01 | m10 | m11) & k) != k) return 0;
+      __m512 e0 = _mm512_maskz_mov_ps(m00, v), o0 = _mm512_maskz_mov_ps(m01, v);
+      __m512 e1 = _mm512_maskz_mov_ps(m10, v), o1 = _mm512_maskz_mov_ps(m11, v);
+      __mmask16 k0 = mask16(2 * cnt), k1 = mask16(2 * cnt - 16);
+      _mm256_mask_storeu_epi16(
+          r0 + 2 * ox, k0,
+          _mm512_cvtps_ph(_mm512_permutex2var_ps(e0, lo, o0), _MM_FROUND_TO_NEAREST_INT));
+      _mm256_mask_storeu_epi16(
+          r0 + 2 * ox + 16, k1,
+          _mm512_cvtps_ph(_mm512_permutex2var_ps(e0, hi, o0), _MM_FROUND_TO_NEAREST_INT));
+      _mm256_mask_storeu_epi16(
+          r1 + 2 * ox, k0,
+          _mm512_cvtps_ph(_mm512_permutex2var_ps(e1, lo, o1), _MM_FROUND_TO_NEAREST_INT));
+      _mm256_mask_storeu_epi16(
+          r1 + 2 * ox + 16, k1,
+          _mm512_cvtps_ph(_mm512_permutex2var_ps(e1, hi, o1), _MM_FROUND_TO_NEAREST_INT));
+    }
+  }
+  return 1;
+}
+#endif
+
 /* ps_nn_maxpool2d_backward over planes [p0, p1). */
 typedef struct {
   const half *dy;
   const int32_t *idx;
   half *dx;
   int64_t hw, ohw;
+  int64_t w, oh, ow; /* w == 2*ow and hw == 2*oh*w: the 2x2 stride-2 fast path may apply */
+  int halves;
   _Atomic int bad; /* an index outside its plane */
 } maxpool_bwd_ctx;
 
@@ -109,6 +161,9 @@ static void maxpool_bwd_range(void *vctx, int64_t p0, int64_t p1) {
     half *dxp = c->dx + pl * hw;
     const half *dyp = c->dy + pl * ohw;
     const int32_t *ip = c->idx + pl * ohw;
+#if defined(__AVX512F__)
+    if (c->halves && maxpool_bwd_2x2_plane(dyp, ip, dxp, c->w, c->oh, c->ow)) continue;
+#endif
     memset(dxp, 0, (size_t)hw * sizeof(half));
     for (int64_t i = 0; i < ohw; i++) {
       int32_t at = ip[i];
@@ -155,7 +210,15 @@ PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void
   CHECK_RANGE(dy, planes * ohw * 2);
   CHECK_RANGE(indices, planes * ohw * 4);
   CHECK_RANGE(dx, planes * hw * 2);
-  maxpool_bwd_ctx pc = {.dy = dy, .idx = indices, .dx = dx, .hw = hw, .ohw = ohw};
+  maxpool_bwd_ctx pc = {.dy = dy,
+                        .idx = indices,
+                        .dx = dx,
+                        .hw = hw,
+                        .ohw = ohw,
+                        .w = w_,
+                        .oh = oh,
+                        .ow = ow,
+                        .halves = h == 2 * oh && w_ == 2 * ow};
   ps_pool_range(planes, 8, planes * hw, maxpool_bwd_range, &pc);
   int bad = atomic_load(&pc.bad);
   if (bad) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_maxpool2d_backward: index out of range");
