@@ -112,6 +112,8 @@ export {
   toDevice,
   type ToDeviceOptions,
 } from "./pipeline/prefetcher.ts";
+export { DeviceDataset, DeviceLoader } from "./pipeline/resident.ts";
+export type { DeviceDatasetOptions, DeviceLoaderOptions } from "./pipeline/resident.ts";
 
 // nn
 export {

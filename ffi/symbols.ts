@@ -399,6 +399,12 @@ export const symbols = {
   // int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype, int64_t count,
   //              void *stream);
   ps_nn_cast: { parameters: ["pointer", "i32", "pointer", "i32", "i64", "pointer"], result: "i32" },
+  // int ps_gather_rows(const void *src, int64_t rows, int64_t row_bytes, const int32_t *indices,
+  //                    int32_t n, void *dst, void *stream)
+  ps_gather_rows: {
+    parameters: ["pointer", "i64", "i64", "pointer", "i32", "pointer", "pointer"],
+    result: "i32",
+  },
   // int ps_tensor_fill(void *dst, int32_t dtype, int64_t count, int32_t mode, double a,
   //                    double b, uint64_t seed, uint64_t offset, void *stream)
   ps_tensor_fill: {

@@ -202,6 +202,14 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
                             int32_t w, int32_t pad, const void *params, const float *scale,
                             const float *bias, void *out, int32_t out_dtype, void *stream);
 
+/* Gathers rows of a device-resident dataset on the device: dst row k = src row indices[k], each
+ * row_bytes bytes (dst[k * row_bytes ...] = src[indices[k] * row_bytes ...]), for n rows.
+ * indices: device, n int32, each in [0, rows) (checked on the CPU backend; on CUDA an index
+ * outside is skipped, its row left as it was, as the kernel cannot fail). src and dst must not
+ * overlap. */
+PS_API int ps_gather_rows(const void *src, int64_t rows, int64_t row_bytes, const int32_t *indices,
+                          int32_t n, void *dst, void *stream);
+
 /* Widens n labels to int32 on the device (src_bytes = 1: uint8, 2: uint16, 4: int32 copy;
  * the copy is a memmove: src and out may overlap). */
 PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, void *out,

@@ -302,6 +302,13 @@ PS_RULE void ps_scaler_step(float *scale, int32_t *tracker, int found_inf, float
   }
 }
 
+PS_CHECK int ps_check_gather(const char *fn, int64_t rows, int64_t row_bytes, int32_t n) {
+  if (rows < 0 || row_bytes <= 0 || n < 0)
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad shape rows=%lld row_bytes=%lld n=%d", fn,
+                 (long long)rows, (long long)row_bytes, (int)n);
+  return PS_OK;
+}
+
 /* ---- tensors born on the device (ps_tensor_fill) -------------------------------------------- */
 
 /* Float operations rounded one at a time, never fused into an FMA, so that both backends

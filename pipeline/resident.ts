@@ -1,0 +1,474 @@
+/**
+ * A dataset that lives in device memory (the FFCV / airbench way, for sets that fit: CIFAR-10 is
+ * 150 MB of uint8): uploaded once, then every batch is gathered, cropped, flipped, normalized
+ * and cast on the device from the shuffled indices, with nothing but the indices and crop
+ * parameters (16 bytes a sample) crossing from the host per step.
+ *
+ * {@linkcode DeviceDataset.loader} gives the same batches, bit for bit, as a DataLoader with the
+ * same `seed`, `shuffle`, `dropLast` and `augment` feeding a {@linkcode DevicePrefetcher} with
+ * the same normalization: the order and the crop/flip draws come from the same sampler and
+ * generator (a DataLoader over the indices alone), and the same augment kernel runs. So the
+ * doctor, or you, can swap one for the other and compare.
+ *
+ * @example
+ * ```ts
+ * import { Device, DeviceDataset, TensorDataset } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * const n = 100;
+ * const images = new Uint8Array(new SharedArrayBuffer(n * 3 * 8 * 8)).map((_, i) => i % 251);
+ * const labels = new Int32Array(new SharedArrayBuffer(n * 4)).map((_, i) => i % 10);
+ * using device = Device.open("cpu");
+ * using resident = new DeviceDataset(device,
+ *   new TensorDataset({ image: { data: images, shape: [3, 8, 8] }, label: labels }));
+ * await using loader = resident.loader({
+ *   batchSize: 32, shuffle: true, seed: 1, augment: { padding: 2, flip: true },
+ *   mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25],
+ * });
+ * let samples = 0;
+ * for await (const b of loader) samples += b.size; // b.images: f16 [32, 3, 8, 8] on the device
+ * assert.strictEqual(samples, n);
+ * ```
+ *
+ * @module
+ */
+
+import type { Device } from "../ffi/device.ts";
+import { DeviceBuffer } from "../ffi/memory.ts";
+import { range } from "../ffi/profiler.ts";
+import type { Stream } from "../ffi/stream.ts";
+import { Tensor } from "../ffi/tensor.ts";
+import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { DataLoader } from "../loader/data_loader.ts";
+import { type Dataset, recordBytes, type SharedField } from "../loader/dataset.ts";
+import type { AugmentOptions } from "../loader/data_loader.ts";
+import type { RingBatch } from "../loader/ring.ts";
+import { TensorDataset } from "../loader/datasets/tensor.ts";
+import {
+  type ImageDtype,
+  type ImageLayout,
+  type NormalizeAffine,
+  normalizeAffine,
+} from "./augment.ts";
+import type { DeviceBatch } from "./prefetcher.ts";
+
+/** Options of a {@linkcode DeviceDataset}. */
+export interface DeviceDatasetOptions {
+  /** The image field (u8; default "image"). */
+  imageField?: string;
+  /** The label field (u8, u16 or i32 scalar; default "label"). */
+  labelField?: string;
+  /** How the image field is laid out per sample (default "nchw": [C, H, W]; "nhwc": [H, W, C]). */
+  layout?: ImageLayout;
+}
+
+/** Options of {@linkcode DeviceDataset.loader}: the DataLoader's and the prefetcher's. */
+export interface DeviceLoaderOptions {
+  /** Samples per batch (default 1, as the DataLoader). */
+  batchSize?: number;
+  /** Shuffle every epoch (default false). */
+  shuffle?: boolean;
+  /** Seed of the order and the augmentation draws (default: random, as the DataLoader). */
+  seed?: number;
+  /** Drop the last short batch (default false). */
+  dropLast?: boolean;
+  /** Crop padding and flips, drawn per sample as the DataLoader draws them. */
+  augment?: AugmentOptions;
+  /** Per-channel mean, in [0, 1] units (default 0). */
+  mean?: ArrayLike<number>;
+  /** Per-channel std, in [0, 1] units (default 1). */
+  std?: ArrayLike<number>;
+  /** Output element type (default "f16"). */
+  dtype?: ImageDtype;
+  /** The stream the batches are made on (default: the device's default stream). */
+  stream?: Stream;
+}
+
+const LABEL_BYTES: Record<string, number> = { u8: 1, u16: 2, i32: 4 };
+
+/**
+ * A dataset uploaded to device memory once. Dispose it to free that memory.
+ *
+ * @example
+ * ```ts
+ * import { Device, DeviceDataset, TensorDataset } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * const images = new Uint8Array(new SharedArrayBuffer(10 * 4 * 4));
+ * const labels = new Uint8Array(new SharedArrayBuffer(10));
+ * using device = Device.open("cpu");
+ * using d = new DeviceDataset(device,
+ *   new TensorDataset({ image: { data: images, shape: [1, 4, 4] }, label: { data: labels, shape: [] } }));
+ * assert.deepStrictEqual([d.length, d.channels, d.height, d.width, d.bytes], [10, 1, 4, 4, 170]);
+ * ```
+ */
+export class DeviceDataset implements Disposable {
+  /** The device holding the data. */
+  readonly device: Device;
+  /** Samples. */
+  readonly length: number;
+  /** Channels, height and width of an image. */
+  readonly channels: number;
+  /** Image height. */
+  readonly height: number;
+  /** Image width. */
+  readonly width: number;
+  /** Device bytes held (images and labels). */
+  readonly bytes: number;
+  /** The per-sample layout of the images. */
+  readonly layout: ImageLayout;
+  readonly #images: DeviceBuffer;
+  readonly #labels: DeviceBuffer;
+  readonly #imageBytes: number;
+  readonly #labelBytes: number;
+  readonly #dataset: Dataset;
+
+  /**
+   * Uploads the dataset's image and label fields to the device.
+   *
+   * @param device The device.
+   * @param dataset A zero-copy dataset (TensorDataset, CIFAR10, FashionMNIST, ...) whose
+   * samples are its records in order (not a Subset).
+   * @param options The field names and the image layout.
+   * @throws {TypeError} When the dataset has no shared fields or records elsewhere.
+   * @throws {RangeError} When a field is missing or of the wrong type or shape.
+   * @throws {PinstreamError} When the device memory cannot be allocated (`OUT_OF_MEMORY`).
+   */
+  constructor(device: Device, dataset: Dataset, options: DeviceDatasetOptions = {}) {
+    const action = "create a DeviceDataset";
+    refuseUnknownKeys(options ?? {}, ["imageField", "labelField", "layout"], action);
+    if (typeof dataset?.sharedFields !== "function" || typeof dataset.records === "function") {
+      throw new TypeError(
+        `Cannot ${action}: need a zero-copy dataset whose samples are its records in order ` +
+          "(TensorDataset, CIFAR10, FashionMNIST; not a Subset or a generic dataset)",
+      );
+    }
+    const layout = options.layout ?? "nchw";
+    if (layout !== "nchw" && layout !== "nhwc") {
+      throw new RangeError(`Cannot ${action}: layout must be "nchw" or "nhwc", got ${layout}`);
+    }
+    const fields = dataset.sharedFields();
+    const find = (name: string) => {
+      const f = fields.find((x) => x.name === name);
+      if (f === undefined) {
+        throw new RangeError(
+          `Cannot ${action}: the dataset has fields ${fields.map((x) => x.name).join(", ")}; ` +
+            `no "${name}" (see the imageField/labelField options)`,
+        );
+      }
+      return f;
+    };
+    const image = find(options.imageField ?? "image");
+    const label = find(options.labelField ?? "label");
+    if (image.dtype !== "u8") {
+      throw new RangeError(`Cannot ${action}: field "${image.name}" is ${image.dtype}, need u8`);
+    }
+    const s = image.shape;
+    let c: number, h: number, w: number;
+    if (s.length === 2) [c, h, w] = [1, s[0], s[1]];
+    else if (s.length === 3 && layout === "nchw") [c, h, w] = [s[0], s[1], s[2]];
+    else if (s.length === 3) [h, w, c] = [s[0], s[1], s[2]];
+    else {
+      throw new RangeError(
+        `Cannot ${action}: field "${image.name}" has shape [${s}], need [C, H, W], [H, W, C] or [H, W]`,
+      );
+    }
+    if (LABEL_BYTES[label.dtype] === undefined || label.shape.length !== 0) {
+      throw new RangeError(
+        `Cannot ${action}: field "${label.name}" is ${label.dtype} [${label.shape}], need one ` +
+          "integer label (u8, u16 or i32) per sample",
+      );
+    }
+    this.device = device;
+    this.#dataset = dataset;
+    this.length = dataset.length;
+    this.layout = layout;
+    [this.channels, this.height, this.width] = [c, h, w];
+    this.#imageBytes = recordBytes(image);
+    this.#labelBytes = recordBytes(label);
+    this.#images = upload(device, image, this.#imageBytes * this.length);
+    try {
+      this.#labels = upload(device, label, this.#labelBytes * this.length);
+    } catch (err) {
+      this.#images.dispose();
+      throw err;
+    }
+    this.bytes = this.#images.bytes + this.#labels.bytes;
+  }
+
+  /**
+   * Batches of this dataset made on the device, epoch after epoch (`for await` runs one).
+   *
+   * @param options Order, augmentation and normalization, as for DataLoader + DevicePrefetcher.
+   * @returns The loader; dispose it to free its buffers.
+   */
+  loader(options: DeviceLoaderOptions = {}): DeviceLoader {
+    return new DeviceLoader(this, options);
+  }
+
+  /** @internal What a DeviceLoader gathers from. */
+  _source(): {
+    images: DeviceBuffer;
+    labels: DeviceBuffer;
+    imageBytes: number;
+    labelBytes: number;
+    dataset: Dataset;
+  } {
+    return {
+      images: this.#images,
+      labels: this.#labels,
+      imageBytes: this.#imageBytes,
+      labelBytes: this.#labelBytes,
+      dataset: this.#dataset,
+    };
+  }
+
+  /** Frees the device memory (batches still held become invalid). */
+  [Symbol.dispose](): void {
+    this.#images.dispose();
+    this.#labels.dispose();
+  }
+}
+
+function upload(device: Device, field: SharedField, bytes: number): DeviceBuffer {
+  const buf = DeviceBuffer.alloc(device, bytes);
+  try {
+    if (bytes > 0) {
+      buf.copyFrom(new Uint8Array(field.buffer, field.byteOffset ?? 0, bytes));
+    }
+  } catch (err) {
+    buf.dispose();
+    throw err;
+  }
+  return buf;
+}
+
+/**
+ * Device-made batches of a {@linkcode DeviceDataset}: an async iterable of the prefetcher's
+ * {@linkcode DeviceBatch} (images normalized on the device, int32 labels), one epoch per
+ * `for await`. A batch is valid until the next one is requested.
+ *
+ * @example
+ * ```ts
+ * import { Device, DeviceDataset, TensorDataset } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * const images = new Uint8Array(new SharedArrayBuffer(64 * 16)).fill(255);
+ * const labels = new Int32Array(new SharedArrayBuffer(64 * 4));
+ * using device = Device.open("cpu");
+ * using d = new DeviceDataset(device, new TensorDataset({ image: { data: images, shape: [4, 4] }, label: labels }));
+ * await using loader = d.loader({ batchSize: 16, dtype: "f32" });
+ * assert.strictEqual(loader.length, 4);
+ * for await (const b of loader) assert.deepStrictEqual([...await b.images.toHost()].slice(0, 2), [1, 1]);
+ * ```
+ */
+export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable {
+  /** The dataset. */
+  readonly dataset: DeviceDataset;
+  /** The output element type. */
+  readonly dtype: ImageDtype;
+  readonly #order: DataLoader<RingBatch>;
+  readonly #affine: NormalizeAffine;
+  readonly #padding: number;
+  readonly #stream: Stream | undefined;
+  readonly #batchSize: number;
+  #buffers:
+    | { idx: DeviceBuffer; params: DeviceBuffer; raw: DeviceBuffer; lab: DeviceBuffer }
+    | undefined;
+  #views = new Map<number, { images: Tensor; labels: Tensor }>();
+  #disposed = false;
+
+  /**
+   * Use {@linkcode DeviceDataset.loader}.
+   *
+   * @param dataset The device-resident dataset.
+   * @param options Order, augmentation and normalization.
+   */
+  constructor(dataset: DeviceDataset, options: DeviceLoaderOptions = {}) {
+    const action = "create a DeviceLoader";
+    refuseUnknownKeys(options ?? {}, [
+      "batchSize",
+      "shuffle",
+      "seed",
+      "dropLast",
+      "augment",
+      "mean",
+      "std",
+      "dtype",
+      "stream",
+    ], action);
+    this.dataset = dataset;
+    this.dtype = options.dtype ?? "f16";
+    if (this.dtype !== "f16" && this.dtype !== "f32") {
+      throw new TypeError(`Cannot ${action}: dtype must be "f16" or "f32", got ${this.dtype}`);
+    }
+    const c = dataset.channels;
+    this.#affine = normalizeAffine(
+      options.mean ?? new Array(c).fill(0),
+      options.std ?? new Array(c).fill(1),
+    );
+    if (this.#affine.scale.length !== c) {
+      throw new RangeError(
+        `Cannot ${action}: mean and std have ${this.#affine.scale.length} channels, the images ${c}`,
+      );
+    }
+    this.#padding = options.augment?.padding ?? 0;
+    this.#stream = options.stream;
+    if (this.#stream !== undefined && this.#stream.device !== dataset.device) {
+      throw new TypeError(`Cannot ${action}: the stream belongs to another device`);
+    }
+    // The order and the draws: a DataLoader over the indices alone (one byte a sample), so the
+    // batches are the streamed path's for the same seed, shuffle and augment.
+    const n = dataset.length;
+    const index = new Uint8Array(new SharedArrayBuffer(Math.max(1, n)));
+    this.#order = new DataLoader<RingBatch>(
+      new TensorDataset({ index: { data: index.subarray(0, n), shape: [] } }),
+      {
+        batchSize: options.batchSize ?? 1,
+        shuffle: options.shuffle ?? false,
+        seed: options.seed,
+        dropLast: options.dropLast ?? false,
+        augment: options.augment,
+        numWorkers: 0,
+      },
+    );
+    this.#batchSize = options.batchSize ?? 1;
+  }
+
+  /** Batches per epoch. */
+  get length(): number {
+    return this.#order.length;
+  }
+
+  /** The epoch the next `for await` runs. */
+  get epoch(): number {
+    return this.#order.epoch;
+  }
+
+  /**
+   * Sets the epoch of the next `for await` (its order and draws), as DataLoader.setEpoch.
+   *
+   * @param epoch A non-negative integer.
+   */
+  setEpoch(epoch: number): void {
+    this.#order.setEpoch(epoch);
+  }
+
+  async *[Symbol.asyncIterator](): AsyncIterator<DeviceBatch> {
+    if (this.#disposed) throw new Error("Cannot iterate a DeviceLoader: it is disposed");
+    const ds = this.dataset, dev = ds.device, src = ds._source();
+    const bufs = this.#buffersFor(src.imageBytes, src.labelBytes);
+    const st = this.#stream?.handle ?? null;
+    let index = 0;
+    for await (const rb of this.#order) {
+      const n = rb.size;
+      using _ = range("resident.batch", { stream: this.#stream ?? dev.defaultStream });
+      // Pageable host memory: the copy stages it at the call, so the next batch may reuse it.
+      bufs.idx.copyFrom(new Uint8Array(rb.indices.buffer, rb.indices.byteOffset, n * 4), {
+        stream: this.#stream,
+      });
+      const params = rb.augment;
+      if (params !== undefined && params !== null) {
+        bufs.params.copyFrom(new Uint8Array(params.buffer, params.byteOffset, n * 12), {
+          stream: this.#stream,
+        });
+      }
+      const { images, labels } = this.#viewsFor(n);
+      dev.makeCurrent();
+      const s = dev.lib.symbols;
+      dev.check(
+        s.ps_gather_rows(
+          src.images.pointerAt(0),
+          BigInt(ds.length),
+          BigInt(src.imageBytes),
+          bufs.idx.pointerAt(0),
+          n,
+          bufs.raw.pointerAt(0),
+          st,
+        ),
+        "gather a batch of images on the device",
+      );
+      dev.check(
+        s.ps_image_augment(
+          bufs.raw.pointerAt(0),
+          ds.layout === "nhwc" ? 0 : 1,
+          n,
+          ds.channels,
+          ds.height,
+          ds.width,
+          this.#padding,
+          params ? bufs.params.pointerAt(0) : null,
+          this.#affine.scale,
+          this.#affine.bias,
+          images.pointer,
+          this.dtype === "f16" ? 0 : 1,
+          st,
+        ),
+        "augment a batch on the device",
+      );
+      dev.check(
+        s.ps_gather_rows(
+          src.labels.pointerAt(0),
+          BigInt(ds.length),
+          BigInt(src.labelBytes),
+          bufs.idx.pointerAt(0),
+          n,
+          bufs.lab.pointerAt(0),
+          st,
+        ),
+        "gather a batch of labels on the device",
+      );
+      dev.check(
+        s.ps_image_labels_i32(bufs.lab.pointerAt(0), src.labelBytes, n, labels.pointer, st),
+        "widen labels on the device",
+      );
+      yield { images, labels, size: n, index: index++, epoch: rb.epoch };
+    }
+  }
+
+  #buffersFor(imageBytes: number, labelBytes: number) {
+    if (this.#buffers === undefined) {
+      const dev = this.dataset.device, b = Math.max(1, this.#batchSize);
+      const made: DeviceBuffer[] = [];
+      try {
+        for (const bytes of [b * 4, b * 12, b * imageBytes, b * labelBytes]) {
+          made.push(DeviceBuffer.alloc(dev, bytes));
+        }
+      } catch (err) {
+        for (const m of made) m.dispose();
+        throw err;
+      }
+      const [idx, params, raw, lab] = made;
+      this.#buffers = { idx, params, raw, lab };
+    }
+    return this.#buffers;
+  }
+
+  #viewsFor(n: number): { images: Tensor; labels: Tensor } {
+    let v = this.#views.get(n);
+    if (v === undefined) {
+      const ds = this.dataset;
+      const images = Tensor.empty(ds.device, [n, ds.channels, ds.height, ds.width], this.dtype);
+      try {
+        v = { images, labels: Tensor.empty(ds.device, [n], "i32") };
+      } catch (err) {
+        images.dispose();
+        throw err;
+      }
+      this.#views.set(n, v);
+    }
+    return v;
+  }
+
+  /** Frees the loader's device buffers (the dataset stays). */
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (this.#disposed) return;
+    this.#disposed = true;
+    await this.#order[Symbol.asyncDispose]();
+    await this.dataset.device.synchronize();
+    for (const v of this.#views.values()) {
+      v.images.dispose();
+      v.labels.dispose();
+    }
+    this.#views.clear();
+    if (this.#buffers) { for (const b of Object.values(this.#buffers)) b.dispose(); }
+    this.#buffers = undefined;
+  }
+}

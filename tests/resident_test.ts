@@ -1,0 +1,151 @@
+// The device-resident dataset (pipeline/resident.ts): the same batches, bit for bit, as the
+// streamed path (DataLoader + DevicePrefetcher) for the same seed, shuffle, drop and augment,
+// epoch after epoch, on every backend; its buffers freed; its mistakes named.
+
+import assert from "node:assert";
+import { DataLoader } from "../loader/data_loader.ts";
+import { TensorDataset } from "../loader/datasets/tensor.ts";
+import { Subset } from "../loader/datasets/subset.ts";
+import { toDevice } from "../pipeline/prefetcher.ts";
+import { DeviceDataset } from "../pipeline/resident.ts";
+import { Device } from "../ffi/device.ts";
+import { DeviceBuffer } from "../ffi/memory.ts";
+import { testEachBackend } from "./_backends.ts";
+
+function data(n: number, shape: number[], labelBytes: 1 | 4): TensorDataset {
+  const per = shape.reduce((a, b) => a * b, 1);
+  const images = new Uint8Array(new SharedArrayBuffer(n * per));
+  let x = 12345;
+  for (let i = 0; i < images.length; i++) {
+    x = (x * 1103515245 + 12345) >>> 0;
+    images[i] = x >>> 24;
+  }
+  const labels = labelBytes === 1
+    ? new Uint8Array(new SharedArrayBuffer(n)).map((_, i) => (i * 7) % 10)
+    : new Int32Array(new SharedArrayBuffer(n * 4)).map((_, i) => (i * 7) % 10);
+  return new TensorDataset({
+    image: { data: images, shape },
+    label: { data: labels, shape: [] },
+  });
+}
+
+function bytes(a: ArrayBufferView): number[] {
+  return Array.from(new Uint8Array(a.buffer, a.byteOffset, a.byteLength));
+}
+
+for (
+  const cfg of [
+    { shape: [3, 9, 7], layout: "nchw", labelBytes: 4, dtype: "f16", dropLast: false },
+    { shape: [9, 7, 3], layout: "nhwc", labelBytes: 1, dtype: "f32", dropLast: true },
+    { shape: [12, 10], layout: "nchw", labelBytes: 1, dtype: "f16", dropLast: false },
+  ] as const
+) {
+  testEachBackend(
+    `a device-resident dataset yields the streamed path's batches bit for bit (${cfg.layout} ${cfg.shape}, ${cfg.dtype}, dropLast ${cfg.dropLast})`,
+    async (dev) => {
+      const ds = data(101, [...cfg.shape], cfg.labelBytes);
+      const c = cfg.shape.length === 2 ? 1 : cfg.layout === "nchw" ? cfg.shape[0] : cfg.shape[2];
+      const mean = Array.from({ length: c }, (_, k) => 0.3 + 0.1 * k);
+      const std = Array.from({ length: c }, (_, k) => 0.2 + 0.05 * k);
+      const common = {
+        batchSize: 16,
+        shuffle: true,
+        seed: 77,
+        dropLast: cfg.dropLast,
+        augment: { padding: 3, flip: true },
+      };
+      const before = dev.liveObjects().allocations;
+      {
+        using resident = new DeviceDataset(dev, ds, { layout: cfg.layout });
+        await using fast = resident.loader({ ...common, mean, std, dtype: cfg.dtype });
+        await using loader = new DataLoader(ds, { ...common, numWorkers: 0, autoRelease: false });
+        await using slow = toDevice(loader, dev, {
+          mean,
+          std,
+          dtype: cfg.dtype,
+          layout: cfg.layout,
+        });
+        for (let epoch = 0; epoch < 2; epoch++) {
+          const a: number[][][] = [], b: number[][][] = [];
+          for await (const x of fast) {
+            a.push([bytes(await x.images.toHost()), [...await x.labels.toHost()]]);
+          }
+          for await (const x of slow) {
+            b.push([bytes(await x.images.toHost()), [...await x.labels.toHost()]]);
+          }
+          assert.strictEqual(a.length, cfg.dropLast ? 6 : 7, `epoch ${epoch}`);
+          assert.strictEqual(a.length, b.length);
+          for (let k = 0; k < a.length; k++) {
+            assert.deepStrictEqual(a[k][1], b[k][1], `epoch ${epoch} batch ${k}: labels`);
+            assert.ok(
+              a[k][0].length === b[k][0].length && a[k][0].every((v, i) => v === b[k][0][i]),
+              `epoch ${epoch} batch ${k}: images differ`,
+            );
+          }
+          // Both advance to the next epoch's order and draws.
+          fast.setEpoch(epoch + 1);
+          loader.setEpoch(epoch + 1);
+        }
+      }
+      assert.strictEqual(dev.liveObjects().allocations, before, "every buffer freed");
+    },
+  );
+}
+
+Deno.test("[cpu] a gather index outside the dataset is refused (CUDA skips the row)", () => {
+  using dev = Device.open("cpu");
+  using src = DeviceBuffer.alloc(dev, 16), idx = DeviceBuffer.alloc(dev, 8);
+  using dst = DeviceBuffer.alloc(dev, 8);
+  idx.copyFrom(new Int32Array([1, 4]));
+  const s = dev.lib.symbols;
+  const st = s.ps_gather_rows(
+    src.pointerAt(0),
+    4n,
+    4n,
+    idx.pointerAt(0),
+    2,
+    dst.pointerAt(0),
+    null,
+  );
+  assert.throws(() => dev.check(st, "gather"), /indices\[1\] = 4 is outside \[0, 4\)/);
+});
+
+testEachBackend(
+  "leaving a device-resident epoch early frees nothing it still needs",
+  async (dev) => {
+    using resident = new DeviceDataset(dev, data(64, [1, 4, 4], 4));
+    await using loader = resident.loader({ batchSize: 8, dtype: "f32" });
+    for await (const b of loader) {
+      assert.strictEqual(b.size, 8);
+      break;
+    }
+    let n = 0;
+    for await (const b of loader) n += b.size;
+    assert.strictEqual(n, 64, "the next epoch runs whole");
+  },
+);
+
+testEachBackend("a device-resident dataset refuses what it cannot hold, naming it", (dev) => {
+  const ds = data(10, [1, 4, 4], 4);
+  assert.throws(() => new DeviceDataset(dev, new Subset(ds, [1, 2])), /not a Subset/);
+  assert.throws(
+    () => new DeviceDataset(dev, { length: 1, get: () => 1 }),
+    /need a zero-copy dataset/,
+  );
+  assert.throws(() => new DeviceDataset(dev, ds, { imageField: "img" }), /no "img"/);
+  assert.throws(() => new DeviceDataset(dev, ds, { layot: "nchw" } as never), /layot.*layout/s);
+  const f32 = new TensorDataset({
+    image: { data: new Float32Array(new SharedArrayBuffer(10 * 16 * 4)), shape: [1, 4, 4] },
+    label: new Int32Array(new SharedArrayBuffer(40)),
+  });
+  assert.throws(() => new DeviceDataset(dev, f32), /field "image" is f32, need u8/);
+  using resident = new DeviceDataset(dev, ds);
+  assert.throws(
+    () => resident.loader({ mean: [0, 0], std: [1, 1] }),
+    /mean and std have 2 channels, the images 1/,
+  );
+  assert.throws(() => resident.loader({ dtype: "i32" as never }), /dtype must be "f16" or "f32"/);
+  const s = dev.lib.symbols;
+  assert.notStrictEqual(s.ps_gather_rows(null, 1n, 0n, null, 1, null, null), 0, "row_bytes 0");
+  assert.notStrictEqual(s.ps_gather_rows(null, -1n, 4n, null, 1, null, null), 0, "rows < 0");
+});
