@@ -107,6 +107,9 @@ function table(r: DoctorReport): string {
     ...r.sweep.map((s) => [s.name, s.stepsPerSecond, s.inputWaitShare] as const),
     [r.depth1.name, r.depth1.stepsPerSecond, r.depth1.inputWaitShare],
     [r.pageable.name, r.pageable.stepsPerSecond, r.pageable.inputWaitShare],
+    ...(r.resident
+      ? [["data resident on the device", r.resident.stepsPerSecond, NaN] as const]
+      : []),
   ] as const;
   const w = Math.max(...rows.map((x) => String(x[0]).length));
   return [
@@ -132,6 +135,13 @@ async function chart(r: DoctorReport, note: string): Promise<string> {
       samplesPerSecond: s.samplesPerSecond,
       impl: "pinstream",
     })),
+    ...(r.resident
+      ? [{
+        name: "data resident on the device",
+        samplesPerSecond: r.resident.samplesPerSecond,
+        impl: "pinstream",
+      }]
+      : []),
   ];
   const svg = await chartSvg(
     { benchmark: "pipeline", date: new Date().toISOString(), machine: note, rows },

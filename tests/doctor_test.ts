@@ -47,6 +47,8 @@ Deno.test("diagnose measures synthetic and fed steps, the sweep, depth and stagi
   for (const run of [...r.sweep, r.depth1, r.pageable]) {
     assert.ok(run.inputWaitShare >= 0 && run.inputWaitShare <= 1);
   }
+  assert.ok(r.resident !== undefined && r.resident.stepsPerSecond > 0, "the set fits: measured");
+  assert.match(r.verdict, /the data resident on the device: [\d.]+ steps\/s, [\d.]+x the best/);
   assert.strictEqual(r.realOverSynthetic, r.best.stepsPerSecond / r.synthetic.stepsPerSecond);
   assert.strictEqual(r.inputBound, r.realOverSynthetic < 0.9);
   assert.match(r.verdict, r.inputBound ? /^input-bound: / : /^not input-bound: /);
