@@ -69,6 +69,10 @@ static inline void h2f_row(const half *s, float *d, int64_t n) {
     __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
     _mm512_mask_storeu_ps(d + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, s + i)));
   }
+#elif defined(__AVX2__) && defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+  for (; i < n; i++) d[i] = h2f(s[i]);
 #else
   for (; i < n; i++) d[i] = h2f(s[i]);
 #endif
@@ -84,6 +88,11 @@ static inline void f2h_row(const float *s, half *d, int64_t n) {
     _mm256_mask_storeu_epi16(
         d + i, m, _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, s + i), _MM_FROUND_TO_NEAREST_INT));
   }
+#elif defined(__AVX2__) && defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i *)(d + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; i++) d[i] = f2h(s[i]);
 #else
   for (; i < n; i++) d[i] = f2h(s[i]);
 #endif
@@ -126,8 +135,43 @@ static inline void tr16(__m512 r[16]) {
 }
 #endif
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__F16C__)
+/* Lanes [0, n) set (n clamped to [0, 8]), for the masked loads and stores of AVX2. */
+static inline __m256i mask8(int64_t n) {
+  const int32_t m = (int32_t)(n < 0 ? 0 : n > 8 ? 8 : n);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+/* Up to 8 values of a row (fp16 or fp32) as fp32 lanes, zero past n; reads only [0, n). */
+static inline __m256 load8(const void *p, int f16, int64_t n) {
+  if (!f16) return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask8(n));
+  if (n >= 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+  __m128i v = _mm_setzero_si128();
+  if (n > 0) memcpy(&v, p, (size_t)n * 2);
+  return _mm256_cvtph_ps(v);
+}
+/* In-register transpose of 8 rows of 8 floats: r[i] lane j <- r[j] lane i. */
+static inline void tr8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; i++) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 2; g++) {
+    u[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  /* u[4g + e], 128-bit half L, holds rows 4g..4g+3 of column 4L + e. */
+  for (int e = 0; e < 4; e++) {
+    r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
+    r[4 + e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);
+  }
+}
+#endif
+
 /* d[j*ldd + i] = (float) s[i*lds + j] for i < rows, j < cols: a transposing copy from fp16
- * or fp32 into fp32, in 16x16 register blocks. */
+ * or fp32 into fp32, in 16x16 (AVX-512) or 8x8 (AVX2) register blocks. */
 static inline void transpose_to_f32(const void *s, int f16, int64_t lds, int64_t rows, int64_t cols,
                                     float *d, int64_t ldd) {
 #if defined(__AVX512F__)
@@ -144,6 +188,28 @@ static inline void transpose_to_f32(const void *s, int f16, int64_t lds, int64_t
       tr16(r);
       __mmask16 m = mask16(ri);
       for (int64_t j = 0; j < cj; j++) _mm512_mask_storeu_ps(d + (j0 + j) * ldd + i0, m, r[j]);
+    }
+  }
+#elif defined(__AVX2__) && defined(__F16C__)
+  for (int64_t i0 = 0; i0 < rows; i0 += 8) {
+    int64_t ri = rows - i0 < 8 ? rows - i0 : 8;
+    __m256i m = mask8(ri);
+    for (int64_t j0 = 0; j0 < cols; j0 += 8) {
+      int64_t cj = cols - j0 < 8 ? cols - j0 : 8;
+      __m256 r[8];
+      for (int64_t i = 0; i < 8; i++)
+        r[i] = i < ri ? load8(f16 ? (const void *)((const half *)s + (i0 + i) * lds + j0)
+                                  : (const void *)((const float *)s + (i0 + i) * lds + j0),
+                              f16, cj)
+                      : _mm256_setzero_ps();
+      tr8(r);
+      for (int64_t j = 0; j < cj; j++) {
+        float *o = d + (j0 + j) * ldd + i0;
+        if (ri == 8)
+          _mm256_storeu_ps(o, r[j]);
+        else
+          _mm256_maskstore_ps(o, m, r[j]);
+      }
     }
   }
 #else
@@ -171,6 +237,25 @@ static inline void transpose_to_f16(const float *s, int64_t lds, int64_t rows, i
                                  _mm512_cvtps_ph(r[j], _MM_FROUND_TO_NEAREST_INT));
     }
   }
+#elif defined(__AVX2__) && defined(__F16C__)
+  for (int64_t i0 = 0; i0 < rows; i0 += 8) {
+    int64_t ri = rows - i0 < 8 ? rows - i0 : 8;
+    for (int64_t j0 = 0; j0 < cols; j0 += 8) {
+      int64_t cj = cols - j0 < 8 ? cols - j0 : 8;
+      __m256 r[8];
+      for (int64_t i = 0; i < 8; i++)
+        r[i] = i < ri ? load8(s + (i0 + i) * lds + j0, 0, cj) : _mm256_setzero_ps();
+      tr8(r);
+      for (int64_t j = 0; j < cj; j++) {
+        __m128i h = _mm256_cvtps_ph(r[j], _MM_FROUND_TO_NEAREST_INT);
+        half *o = d + (j0 + j) * ldd + i0;
+        if (ri == 8)
+          _mm_storeu_si128((__m128i *)o, h);
+        else
+          memcpy(o, &h, (size_t)ri * 2);
+      }
+    }
+  }
 #else
   for (int64_t i = 0; i < rows; i++)
     for (int64_t j = 0; j < cols; j++) d[j * ldd + i] = f2h(s[i * lds + j]);
@@ -185,6 +270,13 @@ static inline float sum_row(const half *s, int64_t n) {
   __m512 a = _mm512_setzero_ps();
   for (; i < n; i += 16) a = _mm512_add_ps(a, load16(s + i, 1, n - i));
   t = _mm512_reduce_add_ps(a);
+#elif defined(__AVX2__) && defined(__F16C__)
+  __m256 a = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) a = _mm256_add_ps(a, load8(s + i, 1, 8));
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_movehdup_ps(q));
+  t = _mm_cvtss_f32(q);
 #endif
   for (; i < n; i++) t += h2f(s[i]);
   return t;

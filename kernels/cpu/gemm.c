@@ -72,6 +72,28 @@ static void pack_a(float *restrict dst, const mat_t *a, int64_t i0, int64_t mc, 
           _mm512_mask_storeu_ps(d + k * MR, 0x3fff, _mm512_maskz_loadu_ps(mk, s));
       }
       continue;
+#elif defined(PS_GEMM_AVX2)
+      /* MR = 6 values per k: a masked (f32) or copied (f16) short load, zero past `rows`. */
+      const __m256i mk = mask8(MR);
+      if (a->f16) {
+        const half *s = (const half *)a->p + (i0 + ip) + k0 * a->cs;
+        for (int64_t k = 0; k < kc; k++, s += a->cs) {
+          __m256 v;
+          if (rows == MR) { /* 6 halves: 8 bytes + 4 bytes, no read past them */
+            int32_t hi;
+            memcpy(&hi, s + 4, 4);
+            v = _mm256_cvtph_ps(_mm_insert_epi32(_mm_loadl_epi64((const __m128i *)s), hi, 2));
+          } else {
+            v = load8(s, 1, rows);
+          }
+          _mm256_maskstore_ps(d + k * MR, mk, v);
+        }
+      } else {
+        const float *s = (const float *)a->p + (i0 + ip) + k0 * a->cs;
+        for (int64_t k = 0; k < kc; k++, s += a->cs)
+          _mm256_maskstore_ps(d + k * MR, mk, load8(s, 0, rows));
+      }
+      continue;
 #endif
     }
     if (rows < MR)
@@ -114,6 +136,16 @@ static void pack_b(float *restrict dst, const mat_t *b, int64_t k0, int64_t kc, 
         }
       }
       continue;
+#elif defined(PS_GEMM_AVX2)
+      const void *s0 = b->f16 ? (const void *)((const half *)b->p + k0 * b->rs + j0 + jp)
+                              : (const void *)((const float *)b->p + k0 * b->rs + j0 + jp);
+      const int64_t step = b->rs * (b->f16 ? 2 : 4);
+      for (int64_t k = 0; k < kc; k++) {
+        const char *s = (const char *)s0 + k * step;
+        _mm256_store_ps(d + k * NR, load8(s, b->f16, cols));
+        _mm256_store_ps(d + k * NR + 8, load8(s + (b->f16 ? 16 : 32), b->f16, cols - 8));
+      }
+      continue;
 #else
       for (int64_t k = 0; k < kc; k++) {
         for (int64_t j = 0; j < cols; j++) d[k * NR + j] = mat_at(b, k0 + k, j0 + jp + j);
@@ -137,9 +169,10 @@ static void pack_b(float *restrict dst, const mat_t *b, int64_t k0, int64_t kc, 
   }
 }
 
-/* c[MR x NR] (ldc) = (first ? 0 : c) + a_panel . b_panel over kc. */
-static void kernel_14x32(int64_t kc, const float *restrict a, const float *restrict b,
-                         float *restrict c, int64_t ldc, int first) {
+/* c[MR x NR] (ldc) = (first ? 0 : c) + a_panel . b_panel over kc (14 x 32 with AVX-512, 6 x 16
+ * with AVX2: gemm.h). */
+static void kernel_tile(int64_t kc, const float *restrict a, const float *restrict b,
+                        float *restrict c, int64_t ldc, int first) {
 #if defined(__AVX512F__)
 #define PS_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
 #define PS_DECL(i) __m512 c##i##a = _mm512_setzero_ps(), c##i##b = _mm512_setzero_ps();
@@ -162,6 +195,37 @@ static void kernel_14x32(int64_t kc, const float *restrict a, const float *restr
   PS_ROWS(PS_DECL)
   for (int64_t k = 0; k < kc; k++) {
     __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+    PS_ROWS(PS_FMA)
+    a += MR;
+    b += NR;
+  }
+  PS_ROWS(PS_STORE)
+#undef PS_ROWS
+#undef PS_DECL
+#undef PS_FMA
+#undef PS_STORE
+#elif defined(PS_GEMM_AVX2)
+#define PS_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define PS_DECL(i) __m256 c##i##a = _mm256_setzero_ps(), c##i##b = _mm256_setzero_ps();
+#define PS_FMA(i)                               \
+  {                                             \
+    __m256 ai = _mm256_broadcast_ss(a + (i));   \
+    c##i##a = _mm256_fmadd_ps(ai, b0, c##i##a); \
+    c##i##b = _mm256_fmadd_ps(ai, b1, c##i##b); \
+  }
+#define PS_STORE(i)                                             \
+  {                                                             \
+    float *r = c + (i)*ldc;                                     \
+    if (!first) {                                               \
+      c##i##a = _mm256_add_ps(c##i##a, _mm256_loadu_ps(r));     \
+      c##i##b = _mm256_add_ps(c##i##b, _mm256_loadu_ps(r + 8)); \
+    }                                                           \
+    _mm256_storeu_ps(r, c##i##a);                               \
+    _mm256_storeu_ps(r + 8, c##i##b);                           \
+  }
+  PS_ROWS(PS_DECL)
+  for (int64_t k = 0; k < kc; k++) {
+    __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
     PS_ROWS(PS_FMA)
     a += MR;
     b += NR;
@@ -217,9 +281,9 @@ static int gemm(int64_t M, int64_t N, int64_t K, const mat_t *A, const mat_t *B,
             const float *ap = pre_a ? pre_a + (ic + ir) * K + pc * MR : pa + ir * kc;
             float *c = C + (ic + ir) * ldc + jc + jr;
             if (mr == MR && nr == NR) {
-              kernel_14x32(kc, ap, bp, c, ldc, first);
+              kernel_tile(kc, ap, bp, c, ldc, first);
             } else {
-              kernel_14x32(kc, ap, bp, tile, NR, 1);
+              kernel_tile(kc, ap, bp, tile, NR, 1);
               for (int64_t i = 0; i < mr; i++)
                 for (int64_t j = 0; j < nr; j++)
                   c[i * ldc + j] = (first ? 0.0f : c[i * ldc + j]) + tile[i * NR + j];
@@ -270,6 +334,12 @@ static void f2h_acc_row(const float *s, half *d, int64_t n, int acc) {
     __m512 v = _mm512_add_ps(_mm512_loadu_ps(s + i),
                              _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + i))));
     _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+  }
+#elif defined(PS_GEMM_AVX2)
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_add_ps(_mm256_loadu_ps(s + i),
+                             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + i))));
+    _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
 #endif
   for (; i < n; i++) d[i] = f2h(s[i] + h2f(d[i]));

@@ -8,9 +8,18 @@
 
 #include "common.h"
 
-/* Micro-tile: MR rows x NR columns (gemm.c says why these sizes). */
+/* Micro-tile: MR rows x NR columns (gemm.c says why these sizes): 14 x 32 fills AVX-512's 32
+ * zmm registers with 28 accumulators; AVX2 has 16 ymm registers, so 6 x 16 (12 accumulators,
+ * two B vectors, one broadcast: the classic Haswell/Zen tile). The portable path keeps 14 x 32
+ * (the compiler vectorizes its loops as it can). */
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define PS_GEMM_AVX2 1
+#define MR 6
+#define NR 16
+#else
 #define MR 14
 #define NR 32
+#endif
 
 /* A strided view of fp16 or fp32 memory: element (i, j) at p[i*rs + j*cs]. */
 typedef struct {

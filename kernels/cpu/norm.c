@@ -326,6 +326,12 @@ static void bias_add_range(void *vctx, int64_t r0, int64_t r1) {
                                  _mm512_loadu_ps(bf + j));
         _mm256_storeu_si256((__m256i *)(q + j), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
       }
+#elif defined(__AVX2__) && defined(__F16C__)
+      for (; j + 8 <= c; j += 8) {
+        __m256 v = _mm256_add_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(q + j))),
+                                 _mm256_loadu_ps(bf + j));
+        _mm_storeu_si128((__m128i *)(q + j), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+      }
 #endif
       for (; j < c; j++) q[j] = f2h(h2f(q[j]) + bf[j]);
     }
@@ -341,6 +347,12 @@ static void bias_add_range(void *vctx, int64_t r0, int64_t r1) {
     for (; j + 16 <= hw; j += 16) {
       __m512 v = _mm512_add_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(q + j))), vb);
       _mm256_storeu_si256((__m256i *)(q + j), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+#elif defined(__AVX2__) && defined(__F16C__)
+    __m256 vb = _mm256_set1_ps(b);
+    for (; j + 8 <= hw; j += 8) {
+      __m256 v = _mm256_add_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(q + j))), vb);
+      _mm_storeu_si128((__m128i *)(q + j), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
     }
 #endif
     for (; j < hw; j++) q[j] = f2h(h2f(q[j]) + b);

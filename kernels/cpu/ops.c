@@ -54,6 +54,52 @@ static void maxpool_2x2_plane(const half *xp, half *yp, int32_t *ip, int64_t w, 
 }
 #endif
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__F16C__)
+#define PS_POOL_AVX2 1
+/* maxpool_2x2_plane for AVX2: 8 outputs at a time, the same comparisons in the same order. */
+static void maxpool_2x2_plane_avx2(const half *xp, half *yp, int32_t *ip, int64_t w, int64_t oh,
+                                   int64_t ow) {
+  const __m256i lane2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  for (int64_t oy = 0; oy < oh; oy++) {
+    const half *r0 = xp + 2 * oy * w, *r1 = r0 + w;
+    for (int64_t ox = 0; ox < ow; ox += 8) {
+      int64_t cnt = ow - ox < 8 ? ow - ox : 8, in = 2 * cnt;
+      __m256 a0 = load8(r0 + 2 * ox, 1, in), a1 = load8(r0 + 2 * ox + 8, 1, in - 8);
+      __m256 b0 = load8(r1 + 2 * ox, 1, in), b1 = load8(r1 + 2 * ox + 8, 1, in - 8);
+      /* shuffle_ps takes lanes within 128-bit halves; permute4x64 puts them in order. */
+#define PS_EVEN(x, y) \
+  _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x, y, 0x88)), 0xd8))
+#define PS_ODD(x, y) \
+  _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(x, y, 0xdd)), 0xd8))
+      __m256 v[4] = {PS_EVEN(a0, a1), PS_ODD(a0, a1), PS_EVEN(b0, b1), PS_ODD(b0, b1)};
+#undef PS_EVEN
+#undef PS_ODD
+      __m256i base = _mm256_add_epi32(_mm256_set1_epi32((int32_t)(2 * oy * w + 2 * ox)), lane2);
+      const int32_t off[4] = {0, 1, (int32_t)w, (int32_t)w + 1};
+      __m256 m = v[0];
+      __m256i best = base;
+      for (int t = 1; t < 4; t++) {
+        __m256 gt = _mm256_or_ps(_mm256_cmp_ps(v[t], m, _CMP_GT_OQ),
+                                 _mm256_and_ps(_mm256_cmp_ps(v[t], v[t], _CMP_UNORD_Q),
+                                               _mm256_cmp_ps(m, m, _CMP_ORD_Q)));
+        m = _mm256_blendv_ps(m, v[t], gt);
+        best = _mm256_castps_si256(_mm256_blendv_ps(
+            _mm256_castsi256_ps(best),
+            _mm256_castsi256_ps(_mm256_add_epi32(base, _mm256_set1_epi32(off[t]))), gt));
+      }
+      __m128i h = _mm256_cvtps_ph(m, _MM_FROUND_TO_NEAREST_INT);
+      if (cnt == 8) {
+        _mm_storeu_si128((__m128i *)(yp + oy * ow + ox), h);
+        _mm256_storeu_si256((__m256i *)(ip + oy * ow + ox), best);
+      } else {
+        memcpy(yp + oy * ow + ox, &h, (size_t)cnt * 2);
+        _mm256_maskstore_epi32(ip + oy * ow + ox, mask8(cnt), best);
+      }
+    }
+  }
+}
+#endif
+
 /* ps_nn_maxpool2d_forward over planes [p0, p1). */
 typedef struct {
   const half *x;
@@ -74,6 +120,11 @@ static void maxpool_fwd_range(void *vctx, int64_t p0, int64_t p1) {
 #if defined(__AVX512F__)
     if (kernel == 2 && stride == 2 && ip) {
       maxpool_2x2_plane(xp, yp, ip, w_, oh, ow);
+      continue;
+    }
+#elif defined(PS_POOL_AVX2)
+    if (kernel == 2 && stride == 2 && ip) {
+      maxpool_2x2_plane_avx2(xp, yp, ip, w_, oh, ow);
       continue;
     }
 #endif
