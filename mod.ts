@@ -36,7 +36,7 @@ export { MemoryResource, Resource } from "./ffi/resource.ts";
 export type { PinstreamErrorCode } from "./ffi/errors.ts";
 export { LibraryError, loadLibrary } from "./ffi/library.ts";
 export { PermissionError } from "./ffi/_permissions.ts";
-export { activeProfiler, Profiler, range } from "./ffi/profiler.ts";
+export { activeProfiler, Profiler, range, span } from "./ffi/profiler.ts";
 export type { ChromeTrace, ProfilerOptions, ProfileRow, RangeOptions } from "./ffi/profiler.ts";
 export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";
 export { ABI_VERSION, symbols } from "./ffi/symbols.ts";

@@ -10,6 +10,7 @@
 // - numWorkers 0: no transport; InlineLoader (_transport_inline.ts) loads each batch on
 //   demand on the main thread, as PyTorch's single-process iterator does.
 
+import { span } from "../ffi/profiler.ts";
 import {
   type EngineConfig,
   type EpochPlan,
@@ -77,6 +78,8 @@ export class Engine {
           return;
         }
         this.#results.set(result.seq, result);
+        // From hand-out to back, on the workers' track of a profile (ffi/profiler.ts).
+        span("loader.batch", p.dispatchedAt, performance.now(), "loader workers");
         this.#wake?.();
       },
       forget: () => {

@@ -172,6 +172,8 @@ export interface Pending {
   plan: EpochPlan;
   batch: number;
   worker: number;
+  /** performance.now() when it went out (the profiler's loader.batch span). */
+  dispatchedAt: number;
 }
 
 /**

@@ -2,6 +2,7 @@
 // when the consumer asks for it (gather into a free ring slot, or get + collate), as
 // PyTorch's single-process iterator does; `timeout` bounds the batch's get() calls.
 
+import { range } from "../ffi/profiler.ts";
 import { Gatherer, SampleError } from "./_gather.ts";
 import { fetchSamples, SampleFailure } from "./_fetch.ts";
 import { errorFields, resolveRef } from "./_protocol.ts";
@@ -63,6 +64,7 @@ export class InlineLoader {
    * milliseconds it took.
    */
   async load(plan: EpochPlan, busy: (ms: number) => void): Promise<Result> {
+    using _ = range("loader.batch");
     const cfg = this.#cfg;
     const b = plan.yielded;
     const seq = plan.startSeq + b;

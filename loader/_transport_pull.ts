@@ -4,6 +4,7 @@
 // because workers no longer wait for the main thread to be scheduled between batches.
 // postMessage carries start-up and errors only.
 
+import { span } from "../ffi/profiler.ts";
 import {
   C_CLAIM,
   C_DOORBELL,
@@ -109,6 +110,8 @@ export class PullTransport implements Transport {
       }
       this.#pending.delete(seq);
       const size = p.plan.batches[p.batch].length;
+      // From hand-out to back, on the workers' track of a profile (ffi/profiler.ts).
+      span("loader.batch", p.dispatchedAt, performance.now(), "loader workers");
       this.#host.results.set(seq, {
         kind: "slot",
         seq,
@@ -169,7 +172,7 @@ export class PullTransport implements Transport {
       ctl.set(indices, e + 5);
       Atomics.store(ctl, e, this.#published + 1);
       this.#published++;
-      this.#pending.set(seq, { seq, plan, batch: b, worker: -1 });
+      this.#pending.set(seq, { seq, plan, batch: b, worker: -1, dispatchedAt: performance.now() });
       published = true;
     }
     if (published) {

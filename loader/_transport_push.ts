@@ -68,7 +68,13 @@ export class PushTransport implements Transport {
       }
       this.#rr = (w.id + 1) % workers.length;
       w.outstanding++;
-      this.#pending.set(seq, { seq, plan, batch: b, worker: w.id });
+      this.#pending.set(seq, {
+        seq,
+        plan,
+        batch: b,
+        worker: w.id,
+        dispatchedAt: performance.now(),
+      });
       this.#pool.send(w, { t: "c", seq, idx: indices, epoch: plan.epoch, pos: plan.positions[b] });
     }
   }

@@ -141,6 +141,7 @@ testEachBackend(
     for (
       const name of [
         "loader.next",
+        "loader.batch",
         "pipeline.next",
         "pipeline.augment",
         "train.step",
@@ -163,3 +164,23 @@ testEachBackend(
     assert.ok(rows.find((r) => r.name === "pipeline.augment")!.deviceMs! >= 0);
   },
 );
+
+Deno.test("a profile shows each batch a worker loaded, on the workers' track", async () => {
+  const d = makeData(64, [3, 8, 8], 6);
+  await using loader = makeLoader(d, { numWorkers: 2, autoRelease: true });
+  using prof = new Profiler({ device: false }).start();
+  let batches = 0;
+  for await (const _ of loader) batches++;
+  prof.stop();
+  const row = (await prof.collect()).find((r) => r.name === "loader.batch");
+  assert.strictEqual(row?.calls, batches, "one span per batch, from hand-out to back");
+  const trace = prof.chromeTrace().traceEvents;
+  const track = trace.find((e) =>
+    e.ph === "M" && (e.args as { name: string }).name === "loader workers"
+  );
+  assert.ok(track !== undefined);
+  assert.strictEqual(
+    trace.filter((e) => e.name === "loader.batch" && e.tid === track.tid).length,
+    batches,
+  );
+});
