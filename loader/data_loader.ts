@@ -79,8 +79,13 @@ export interface DataLoaderOptions<B = unknown, T = unknown> {
   batchSampler?:
     | BatchSamplerLike
     | (Iterable<Iterable<number>> & { readonly length: number });
-  /** Worker count (default 0: load on the main thread). */
-  numWorkers?: number;
+  /**
+   * Worker count (default 0: load on the main thread), or "auto": tuned between epochs from
+   * the measured throughput and input wait, within the cores (like tf.data's AUTOTUNE; the
+   * sample order does not depend on it). `loader.numWorkers` and each epoch's stats say
+   * what ran.
+   */
+  numWorkers?: number | "auto";
   /**
    * Turns a list of samples into a batch (generic path). A function runs on the main thread;
    * a `{module, export}` reference runs in the workers. Default: defaultCollate in workers.
@@ -115,8 +120,11 @@ export interface DataLoaderOptions<B = unknown, T = unknown> {
   workerInit?: ModuleRef;
   /** Seed of every random draw (shuffle, per-sample streams). Default: random. */
   seed?: number;
-  /** Batches in flight per worker (default 2 when numWorkers > 0). */
-  prefetchFactor?: number;
+  /**
+   * Batches in flight per worker (default 2 when numWorkers > 0), or "auto" (2 to 4, raised
+   * between epochs while the consumer still waits for data with every worker busy).
+   */
+  prefetchFactor?: number | "auto";
   /** Keep workers across epochs and prefetch into the next epoch (default false). */
   persistentWorkers?: boolean;
   /** Yield batches in sampler order (default true); false yields them as they complete. */
@@ -167,6 +175,59 @@ export interface EpochStats {
    * `workerBusySeconds / (seconds * numWorkers)` near 1 means the workers are the limit.
    */
   workerBusySeconds: number;
+  /** Workers that loaded this epoch (what "auto" chose). */
+  numWorkers: number;
+  /** Batches in flight per worker this epoch (what "auto" chose). */
+  prefetchFactor: number;
+}
+
+/** The most batches in flight per worker that prefetchFactor "auto" goes to. */
+const MAX_AUTO_PREFETCH = 4;
+
+/**
+ * numWorkers / prefetchFactor "auto": a hill climb on the consumer's samples per second,
+ * one step per finished epoch. While the consumer waits for data (more than 3% of the epoch),
+ * it tries one more worker, then a deeper prefetch; a step that does not pay (5%) is taken
+ * back and the climb stops there; with no wait at all it tries one worker fewer (a CPU
+ * backend trains on the same cores). The counts never change the sample order.
+ *
+ * @internal Exported for its tests.
+ */
+export class Tuner {
+  #w: { min: number; max: number };
+  #p: { min: number; max: number };
+  #last: { workers: number; prefetch: number; rate: number } | undefined;
+  #settled = false;
+
+  constructor(w: { min: number; max: number }, p: { min: number; max: number }) {
+    this.#w = w;
+    this.#p = p;
+  }
+
+  next(s: EpochStats): { workers: number; prefetch: number } {
+    const cur = { workers: s.numWorkers, prefetch: s.prefetchFactor || this.#p.min };
+    const rate = s.samplesPerSecond;
+    if (this.#settled) return cur;
+    const last = this.#last;
+    this.#last = { ...cur, rate };
+    if (last !== undefined && (last.workers !== cur.workers || last.prefetch !== cur.prefetch)) {
+      if (rate < last.rate * 1.05 && !(cur.workers < last.workers && rate >= last.rate * 0.97)) {
+        // The step did not pay: back to where it was, and stay.
+        this.#settled = true;
+        this.#last = last;
+        return { workers: last.workers, prefetch: last.prefetch };
+      }
+    }
+    const wait = s.seconds > 0 ? s.waitSeconds / s.seconds : 0;
+    if (wait > 0.03) {
+      if (cur.workers < this.#w.max) return { ...cur, workers: cur.workers + 1 };
+      if (cur.prefetch < this.#p.max) return { ...cur, prefetch: cur.prefetch + 1 };
+    } else if (wait < 0.005 && cur.workers > this.#w.min && last === undefined) {
+      return { ...cur, workers: cur.workers - 1 };
+    }
+    this.#settled = true;
+    return cur;
+  }
 }
 
 const OPTION_NAMES = new Set([
@@ -369,10 +430,12 @@ export interface DataLoader<B = unknown> extends AsyncIterable<B>, AsyncDisposab
   readonly dataset: Dataset;
   /** Samples per batch, or null without batching. */
   readonly batchSize: number | null;
-  /** Worker count. */
+  /** Worker count (the next epoch's, when tuned: see {@linkcode DataLoaderOptions.numWorkers}). */
   readonly numWorkers: number;
   /** Batches in flight per worker (0 without workers). */
   readonly prefetchFactor: number;
+  /** Whether numWorkers or prefetchFactor is tuned between epochs ("auto"). */
+  readonly autotune: boolean;
   /** Whether workers persist across epochs. */
   readonly persistentWorkers: boolean;
   /** Whether batches come in sampler order. */
@@ -497,10 +560,23 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
   readonly dataset: Dataset;
   /** Samples per batch, or null without batching. */
   readonly batchSize: number | null;
-  /** Worker count. */
-  readonly numWorkers: number;
+  /** Worker count (the next epoch's when tuned). */
+  get numWorkers(): number {
+    return this.#workers;
+  }
   /** Batches in flight per worker (0 without workers). */
-  readonly prefetchFactor: number;
+  get prefetchFactor(): number {
+    return this.#workers === 0 ? 0 : this.#prefetch;
+  }
+  /** Whether numWorkers or prefetchFactor is tuned between epochs ("auto"). */
+  get autotune(): boolean {
+    return this.#tuner !== undefined;
+  }
+  #workers = 0;
+  #prefetch = 2;
+  #tuner: Tuner | undefined;
+  #autoWorkers = false;
+  #autoPrefetch = false;
   /** Whether workers persist across epochs. */
   readonly persistentWorkers: boolean;
   /** Whether batches come in sampler order. */
@@ -582,11 +658,20 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
     }
     this.dataset = dataset;
     const o = options;
-    const numWorkers = o.numWorkers ?? 0;
+    const autoWorkers = o.numWorkers === "auto";
+    const autoPrefetch = o.prefetchFactor === "auto";
+    this.#autoWorkers = autoWorkers;
+    this.#autoPrefetch = autoPrefetch;
+    const cores = Math.max(1, navigator.hardwareConcurrency || 1);
+    // "auto": sized for the most it may choose, started at min(2, cores).
+    const numWorkers = autoWorkers ? cores : o.numWorkers ?? 0;
     if (typeof numWorkers !== "number" || !Number.isInteger(numWorkers) || numWorkers < 0) {
-      fail("numWorkers", `should be a non-negative integer, got ${String(numWorkers)}`);
+      fail(
+        "numWorkers",
+        `should be a non-negative integer or "auto", got ${JSON.stringify(o.numWorkers)}`,
+      );
     }
-    this.numWorkers = numWorkers;
+    this.#workers = numWorkers;
     const timeout = o.timeout ?? 0;
     if (typeof timeout !== "number" || !(timeout >= 0) || !Number.isFinite(timeout)) {
       fail("timeout", `should be a non-negative number of seconds, got ${String(timeout)}`);
@@ -604,11 +689,18 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
           "could only be specified with workers; let numWorkers > 0 to enable prefetching",
         );
       }
-      if (!Number.isInteger(o.prefetchFactor) || o.prefetchFactor < 1) {
-        fail("prefetchFactor", `should be a positive integer, got ${String(o.prefetchFactor)}`);
+      if (
+        !autoPrefetch && (!Number.isInteger(o.prefetchFactor) || (o.prefetchFactor as number) < 1)
+      ) {
+        fail(
+          "prefetchFactor",
+          `should be a positive integer or "auto", got ${JSON.stringify(o.prefetchFactor)}`,
+        );
       }
     }
-    this.prefetchFactor = numWorkers === 0 ? 0 : o.prefetchFactor ?? 2;
+    this.#prefetch = autoPrefetch
+      ? MAX_AUTO_PREFETCH
+      : (o.prefetchFactor as number | undefined) ?? 2;
     this.persistentWorkers = checkBool("persistentWorkers", o.persistentWorkers, false);
     if (this.persistentWorkers && numWorkers === 0) {
       fail("persistentWorkers", "requires numWorkers > 0");
@@ -787,7 +879,8 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
     if (!this.zeroCopy && numWorkers > 0 && typeof dataset.workerSpec !== "function") {
       fail(
         "numWorkers",
-        `${numWorkers} needs a dataset that workers can rebuild: implement workerSpec() ` +
+        `${autoWorkers ? '"auto"' : numWorkers} needs a dataset that workers can rebuild: ` +
+          "implement workerSpec() " +
           `returning { module: import.meta.url, export: "MyDataset.fromState", state } ` +
           "(state structured-clonable; SharedArrayBuffers are shared) or sharedFields() for " +
           "the zero-copy path, or use numWorkers: 0",
@@ -827,6 +920,25 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
         const d = pin(this.#ring!);
         if (d && typeof d[Symbol.dispose] === "function") this.#pinned = d;
       }
+    }
+    this.#startTuner();
+  }
+
+  /** numWorkers / prefetchFactor "auto": sized for the most, started lower. */
+  #startTuner(): void {
+    if (this.#autoWorkers || this.#autoPrefetch) {
+      // The ring holds the most "auto" may use; start lower and let the tuner climb.
+      const min = this.persistentWorkers ? 1 : 0, max = this.#workers;
+      this.#tuner = new Tuner(
+        this.#autoWorkers
+          ? { min, max: this.#workers }
+          : { min: this.#workers, max: this.#workers },
+        this.#autoPrefetch
+          ? { min: 2, max: MAX_AUTO_PREFETCH }
+          : { min: this.#prefetch, max: this.#prefetch },
+      );
+      this.#workers = this.#autoWorkers ? Math.max(min, Math.min(2, max)) : this.#workers;
+      this.#prefetch = this.#autoPrefetch ? 2 : this.#prefetch;
     }
   }
 
@@ -1057,6 +1169,20 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
   _finish(it: EpochIterator<B>, plan: EpochPlan | undefined, complete: boolean): void {
     if (this.#active === it) this.#active = undefined;
     const engine = this.#engine;
+    if (complete && this.#tuner !== undefined && this.stats !== undefined) {
+      const next = this.#tuner.next(this.stats);
+      if (next.workers !== this.#workers || next.prefetch !== this.#prefetch) {
+        // The next epoch starts an engine with the new counts (the sample order does not
+        // depend on them).
+        this.#workers = next.workers;
+        this.#prefetch = next.prefetch;
+        if (engine) {
+          engine.close();
+          this.#engine = undefined;
+        }
+        return;
+      }
+    }
     if (!engine) return;
     // Without workers the engine holds no thread: keep it (and its compiled gather).
     if ((!this.persistentWorkers && this.numWorkers > 0) || engine.failure) {
@@ -1142,6 +1268,8 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
       samplesPerSecond: 0,
       meanQueueDepth: 0,
       workerBusySeconds: 0,
+      numWorkers: loader.numWorkers,
+      prefetchFactor: loader.prefetchFactor,
     };
   }
 

@@ -1,0 +1,123 @@
+// numWorkers / prefetchFactor "auto" (loader/data_loader.ts, Tuner): the counts change between
+// epochs, the sample order and the augmentation draws never do, every epoch's stats say what
+// ran, and the tuner climbs, takes back a step that did not pay, and settles.
+
+import assert from "node:assert";
+import { DataLoader, type EpochStats, Tuner } from "../loader/data_loader.ts";
+import { TensorDataset } from "../loader/datasets/tensor.ts";
+import type { RingBatch } from "../loader/ring.ts";
+
+function dataset(n: number): TensorDataset {
+  const images = new Uint8Array(new SharedArrayBuffer(n * 48)).map((_, i) => i % 251);
+  const labels = new Int32Array(new SharedArrayBuffer(n * 4)).map((_, i) => i);
+  return new TensorDataset({ image: { data: images, shape: [3, 4, 4] }, label: labels });
+}
+
+function stats(workers: number, prefetch: number, rate: number, wait: number): EpochStats {
+  return {
+    epoch: 0,
+    batches: 10,
+    samples: 1000,
+    seconds: 1,
+    waitSeconds: wait,
+    firstBatchSeconds: 0,
+    batchesPerSecond: 10,
+    samplesPerSecond: rate,
+    meanQueueDepth: 0,
+    workerBusySeconds: 0,
+    numWorkers: workers,
+    prefetchFactor: prefetch,
+  };
+}
+
+Deno.test("the tuner adds workers while the consumer waits, takes back a step that did not pay, and settles", () => {
+  const t = new Tuner({ min: 0, max: 4 }, { min: 2, max: 4 });
+  assert.deepStrictEqual(t.next(stats(2, 2, 1000, 0.3)), { workers: 3, prefetch: 2 });
+  assert.deepStrictEqual(
+    t.next(stats(3, 2, 1400, 0.2)),
+    { workers: 4, prefetch: 2 },
+    "paid: climb on",
+  );
+  assert.deepStrictEqual(
+    t.next(stats(4, 2, 1420, 0.1)),
+    { workers: 3, prefetch: 2 },
+    "+1.4%: back",
+  );
+  assert.deepStrictEqual(t.next(stats(3, 2, 900, 0.5)), { workers: 3, prefetch: 2 }, "settled");
+});
+
+Deno.test("the tuner deepens the prefetch once the workers are at their most", () => {
+  const t = new Tuner({ min: 2, max: 2 }, { min: 2, max: 4 });
+  assert.deepStrictEqual(t.next(stats(2, 2, 1000, 0.2)), { workers: 2, prefetch: 3 });
+  assert.deepStrictEqual(t.next(stats(2, 3, 1200, 0.1)), { workers: 2, prefetch: 4 });
+  assert.deepStrictEqual(
+    t.next(stats(2, 4, 1500, 0.01)),
+    { workers: 2, prefetch: 4 },
+    "no wait: stay",
+  );
+});
+
+Deno.test("with no wait at all the tuner tries one worker fewer, and keeps it if as fast", () => {
+  const t = new Tuner({ min: 0, max: 2 }, { min: 2, max: 2 });
+  assert.deepStrictEqual(t.next(stats(2, 2, 1000, 0.001)), { workers: 1, prefetch: 2 });
+  assert.deepStrictEqual(t.next(stats(1, 2, 990, 0.001)), { workers: 1, prefetch: 2 });
+  const u = new Tuner({ min: 0, max: 2 }, { min: 2, max: 2 });
+  u.next(stats(2, 2, 1000, 0.001));
+  assert.deepStrictEqual(
+    u.next(stats(1, 2, 700, 0.2)),
+    { workers: 2, prefetch: 2 },
+    "slower: back",
+  );
+});
+
+Deno.test('numWorkers "auto": counts change between epochs, the order and draws never do', async () => {
+  const ds = dataset(300);
+  const options = { batchSize: 16, shuffle: true, seed: 5, augment: { padding: 2, flip: true } };
+  await using auto = new DataLoader(ds, {
+    ...options,
+    numWorkers: "auto",
+    prefetchFactor: "auto",
+    persistentWorkers: true,
+  });
+  await using fixed = new DataLoader(ds, { ...options, numWorkers: 0 });
+  assert.strictEqual(auto.autotune, true);
+  assert.strictEqual(fixed.autotune, false);
+  const seen = new Set<string>();
+  for (let epoch = 0; epoch < 5; epoch++) {
+    auto.setEpoch(epoch);
+    fixed.setEpoch(epoch);
+    const a: number[][] = [], b: number[][] = [];
+    for await (const x of auto) {
+      a.push([...(x as RingBatch).indices, ...((x as RingBatch).augment ?? [])]);
+      // A slow consumer: the tuner sees waits near 0 and may drop a worker.
+      const t = performance.now();
+      while (performance.now() - t < 1) { /* compute */ }
+    }
+    for await (const x of fixed) {
+      b.push([...(x as RingBatch).indices, ...((x as RingBatch).augment ?? [])]);
+    }
+    assert.deepStrictEqual(a, b, `epoch ${epoch}`);
+    const s = auto.stats!;
+    assert.strictEqual(s.epoch, epoch);
+    assert.ok(s.numWorkers >= 1 && s.numWorkers <= Math.max(1, navigator.hardwareConcurrency));
+    assert.ok(s.prefetchFactor >= 2 && s.prefetchFactor <= 4);
+    seen.add(`${s.numWorkers}/${s.prefetchFactor}`);
+  }
+  assert.ok(seen.size >= 1);
+});
+
+Deno.test('"auto" is checked like any option', () => {
+  const ds = dataset(8);
+  assert.throws(
+    () => new DataLoader(ds, { numWorkers: "autox" as never }),
+    /numWorkers option should be a non-negative integer or "auto", got "autox"/,
+  );
+  assert.throws(
+    () => new DataLoader(ds, { prefetchFactor: "auto" }),
+    /prefetchFactor option could only be specified with workers/,
+  );
+  assert.throws(
+    () => new DataLoader(ds, { numWorkers: 1, prefetchFactor: 0 }),
+    /prefetchFactor option should be a positive integer or "auto", got 0/,
+  );
+});
