@@ -351,6 +351,12 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     this.#order.setEpoch(epoch);
   }
 
+  /**
+   * Runs one epoch: gathers, augments and normalizes each batch on the device.
+   *
+   * @returns The epoch's batches.
+   * @throws {Error} When the loader is disposed.
+   */
   async *[Symbol.asyncIterator](): AsyncIterator<DeviceBatch> {
     if (this.#disposed) throw new Error("Cannot iterate a DeviceLoader: it is disposed");
     const ds = this.dataset, dev = ds.device, src = ds._source();
