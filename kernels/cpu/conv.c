@@ -182,6 +182,87 @@ static void col2im(const conv_t *g, float *col, float *img) {
       }
 }
 
+/*
+ * Short K (a first layer: C = 1, 3x3 gives K = 9): the GEMM's tiles suit K in the hundreds;
+ * with K = 9 a 14x32 tile does 9 FMA steps, then stores 28 vectors of fp32 that a separate
+ * pass converts to fp16, and the weight gradient packs (transposes and converts) dY for 9
+ * FMAs per element packed. Here the sums run in registers along P, 16 outputs at a time
+ * (GCC's generic vectors: AVX-512, AVX2 or SSE, as the build allows), with K a constant of
+ * the inlined body for the CNN's K = 9.
+ */
+#define PS_SMALL_K 12
+typedef float v16f __attribute__((vector_size(64)));
+/* The same vector at float alignment, for unaligned loads. */
+typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
+#define ld16(p) (*(const v16u *)(p))
+
+/* y[o][p] (fp16) = sum_k w[o][k] col[k][p] for 4 output channels at a time; row: 4*P floats. */
+static inline __attribute__((always_inline)) void fwd_small_k_body(const float *col, const half *w,
+                                                                   half *y, int64_t K, int64_t co,
+                                                                   int64_t P, float *row) {
+  for (int64_t o0 = 0; o0 < co; o0 += 4) {
+    int64_t no = co - o0 < 4 ? co - o0 : 4;
+    float wf[4][PS_SMALL_K] = {{0}};
+    for (int64_t o = 0; o < no; o++)
+      for (int64_t k = 0; k < K; k++) wf[o][k] = h2f(w[(o0 + o) * K + k]);
+    int64_t p = 0;
+    for (; p + 16 <= P; p += 16) {
+      v16f c = ld16(col + p);
+      v16f a0 = wf[0][0] * c, a1 = wf[1][0] * c, a2 = wf[2][0] * c, a3 = wf[3][0] * c;
+      for (int64_t k = 1; k < K; k++) {
+        c = ld16(col + k * P + p);
+        a0 += wf[0][k] * c, a1 += wf[1][k] * c, a2 += wf[2][k] * c, a3 += wf[3][k] * c;
+      }
+      memcpy(row + p, &a0, 64), memcpy(row + P + p, &a1, 64);
+      memcpy(row + 2 * P + p, &a2, 64), memcpy(row + 3 * P + p, &a3, 64);
+    }
+    for (; p < P; p++)
+      for (int64_t o = 0; o < 4; o++) {
+        float a = wf[o][0] * col[p];
+        for (int64_t k = 1; k < K; k++) a += wf[o][k] * col[k * P + p];
+        row[o * P + p] = a;
+      }
+    f2h_row(row, y + o0 * P, no * P);
+  }
+}
+
+static void fwd_small_k(const float *col, const half *w, half *y, int64_t K, int64_t co, int64_t P,
+                        float *row) {
+  if (K == 9)
+    fwd_small_k_body(col, w, y, 9, co, P, row);
+  else
+    fwd_small_k_body(col, w, y, K, co, P, row);
+}
+
+/* acc[k][o] (16 lanes each) += col[k][p] dy[o][p] over p; row: P floats of scratch. */
+static inline __attribute__((always_inline)) void bwd_weight_small_k_body(const float *col,
+                                                                          const half *dy, v16f *acc,
+                                                                          int64_t K, int64_t co,
+                                                                          int64_t P, float *row,
+                                                                          float *tail) {
+  for (int64_t o = 0; o < co; o++) {
+    h2f_row(dy + o * P, row, P);
+    v16f a[PS_SMALL_K];
+    for (int64_t k = 0; k < K; k++) a[k] = acc[k * co + o];
+    int64_t p = 0;
+    for (; p + 16 <= P; p += 16) {
+      v16f d = ld16(row + p);
+      for (int64_t k = 0; k < K; k++) a[k] += d * ld16(col + k * P + p);
+    }
+    for (int64_t k = 0; k < K; k++) acc[k * co + o] = a[k];
+    for (; p < P; p++)
+      for (int64_t k = 0; k < K; k++) tail[k * co + o] += row[p] * col[k * P + p];
+  }
+}
+
+static void bwd_weight_small_k(const float *col, const half *dy, v16f *acc, int64_t K, int64_t co,
+                               int64_t P, float *row, float *tail) {
+  if (K == 9)
+    bwd_weight_small_k_body(col, dy, acc, 9, co, P, row, tail);
+  else
+    bwd_weight_small_k_body(col, dy, acc, K, co, P, row, tail);
+}
+
 /* ps_nn_conv2d_forward: one image per task. */
 typedef struct {
   const conv_t *g;
@@ -195,12 +276,18 @@ static void conv_fwd_task(void *vctx, int64_t i) {
   conv_fwd_ctx *x = vctx;
   const conv_t *g = x->g;
   int64_t K = g->c * g->kh * g->kw, P = g->oh * g->ow, co = g->co;
-  float *col = ps_workspace(WS_COL, (size_t)(K * P)), *yt = ps_workspace(WS_OUT, (size_t)(P * co));
+  /* yt: the GEMM's fp32 output, or the short-K path's rows of 4 channels */
+  float *col = ps_workspace(WS_COL, (size_t)(K * P)),
+        *yt = ps_workspace(WS_OUT, (size_t)(P * (co < 4 ? 4 : co)));
   if (!col || !yt) {
     atomic_store(&x->failed, 1);
     return;
   }
   im2col(g, x->x + i * g->c * g->h * g->w, col);
+  if (K <= PS_SMALL_K) {
+    fwd_small_k(col, x->w, x->y + i * co * P, K, co, P, yt);
+    return;
+  }
   if (K < 64) {
     /* Short K (a first layer): the transposed store would cost more than the GEMM, so
      * compute Y[Co, P] = W . col directly and store it contiguously. */
@@ -314,6 +401,28 @@ static void conv_bwd_weight_task(void *vctx, int64_t chunk) {
     return;
   }
   int64_t i0 = g->n * chunk / x->chunks, i1 = g->n * (chunk + 1) / x->chunks;
+  if (K <= PS_SMALL_K) {
+    /* 16-lane sums per (k, o) over the chunk's images, reduced once at the end; the P % 16
+     * columns of each row go to `tail`. Fixed order: still reproducible. */
+    float *ws = ps_workspace(WS_OUT, (size_t)(K * co * 17 + P));
+    if (!ws) {
+      atomic_store(&x->failed, 1);
+      return;
+    }
+    v16f *acc = (v16f *)ws; /* 64-byte aligned workspace */
+    float *tail = ws + K * co * 16, *row = tail + K * co;
+    memset(ws, 0, (size_t)(K * co * 17) * sizeof(float));
+    for (int64_t i = i0; i < i1; i++) {
+      im2col(g, x->x + i * g->c * HW, col);
+      bwd_weight_small_k(col, x->dy + i * co * P, acc, K, co, P, row, tail);
+    }
+    for (int64_t r = 0; r < K * co; r++) {
+      float t = tail[r];
+      for (int l = 0; l < 16; l++) t += acc[r][l];
+      mine[r] = t;
+    }
+    return;
+  }
   for (int64_t i = i0; i < i1; i++) {
     im2col(g, x->x + i * g->c * HW, col);
     /* dW^T[K][Co] (+)= col . dY^T: A(kk, p) = col[kk*P + p], B(p, o) = dy[o*P + p]. */
