@@ -68,7 +68,10 @@ function loaderSpec(r: BenchResult): Spec {
     series: x.impl === "pytorch" ? `PyTorch: ${x.path}` : `pinstream: ${x.path}`,
     name: x.name,
   })).filter((x) => !String(x.name).includes("prefetchFactor"));
-  const bounds = r.rows.filter((x) => x.impl === "bound").map((x) => ({
+  // The bounds, and a tuned ("auto") row, as horizontal rules.
+  const bounds = r.rows.filter((x) => x.impl === "bound" || / auto$/.test(String(x.name))).map((
+    x,
+  ) => ({
     rate: x.samplesPerSecond,
     name: x.name,
   }));

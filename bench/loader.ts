@@ -222,6 +222,11 @@ async function runLoader(
     rates.push(n / ((performance.now() - t0) / 1000));
   }
   const measured = rates.slice(WARMUP_EPOCHS);
+  const tuned = loader.autotune
+    ? `epochs ran with ${
+      loader.history.map((s) => `${s.numWorkers}w/pf${s.prefetchFactor}`).join(", ")
+    }`
+    : undefined;
   return {
     name,
     impl: "pinstream",
@@ -234,7 +239,7 @@ async function runLoader(
     steadyBatchIntervalSeconds: BATCH /
       (measured.reduce((a, b) => a + b, 0) / measured.length),
     bestSamplesPerSecond: Math.max(...measured),
-    note: checksum < 0 ? "impossible" : undefined,
+    note: checksum < 0 ? "impossible" : tuned,
   };
 }
 
@@ -353,6 +358,26 @@ export async function main(args: string[] = Deno.args): Promise<void> {
             augment: { padding: PAD, flip: true },
           }), epochs),
       );
+    }
+    // numWorkers / prefetchFactor "auto" against the hand-picked rows above: the tuner's
+    // choice after the warm-up epochs (the counts it ran with are in the note).
+    {
+      const row = await runLoader(
+        "pinstream zero-copy, numWorkers and prefetchFactor auto",
+        "zero-copy",
+        () =>
+          new DataLoader(ds, {
+            batchSize: BATCH,
+            shuffle: true,
+            seed: SEED,
+            numWorkers: "auto",
+            prefetchFactor: "auto",
+            persistentWorkers: true,
+            augment: { padding: PAD, flip: true },
+          }),
+        epochs,
+      );
+      rows.push({ ...row, numWorkers: null, note: `auto: ${row.note ?? ""}`.trim() });
     }
     // Same, with a deeper prefetch (PyTorch's default is 2): shows what the consumer's wake-up
     // latency costs when only 4 batches may be in flight.

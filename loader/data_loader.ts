@@ -181,52 +181,69 @@ export interface EpochStats {
   prefetchFactor: number;
 }
 
-/** The most batches in flight per worker that prefetchFactor "auto" goes to. */
-const MAX_AUTO_PREFETCH = 4;
+/** The most batches in flight per worker that prefetchFactor "auto" tries. */
+const MAX_AUTO_PREFETCH = 8;
 
 /**
- * numWorkers / prefetchFactor "auto": a hill climb on the consumer's samples per second,
- * one step per finished epoch. While the consumer waits for data (more than 3% of the epoch),
- * it tries one more worker, then a deeper prefetch; a step that does not pay (5%) is taken
- * back and the climb stops there; with no wait at all it tries one worker fewer (a CPU
- * backend trains on the same cores). The counts never change the sample order.
+ * numWorkers / prefetchFactor "auto": a coordinate search on the consumer's samples per
+ * second, one trial per finished epoch. The first epoch warms up (workers start, caches fill)
+ * and is not counted; then each worker count from the start outwards runs an epoch at a
+ * prefetch of 2, the fastest wins, then deeper prefetches (4, 8) run at that count, the
+ * fastest wins, and the search stops there. With a settled choice nothing changes again. The
+ * counts never change the sample order.
  *
  * @internal Exported for its tests.
  */
 export class Tuner {
+  #trials: { workers: number; prefetch: number }[] = [];
+  #results: { workers: number; prefetch: number; rate: number }[] = [];
   #w: { min: number; max: number };
   #p: { min: number; max: number };
-  #last: { workers: number; prefetch: number; rate: number } | undefined;
-  #settled = false;
+  #phase: "warmup" | "workers" | "prefetch" | "settled" = "warmup";
 
   constructor(w: { min: number; max: number }, p: { min: number; max: number }) {
     this.#w = w;
     this.#p = p;
   }
 
+  /**
+   * The counts of the next epoch, given the one that just finished.
+   *
+   * @param s The finished epoch's stats (with the counts it ran).
+   * @returns The next epoch's counts.
+   */
   next(s: EpochStats): { workers: number; prefetch: number } {
     const cur = { workers: s.numWorkers, prefetch: s.prefetchFactor || this.#p.min };
-    const rate = s.samplesPerSecond;
-    if (this.#settled) return cur;
-    const last = this.#last;
-    this.#last = { ...cur, rate };
-    if (last !== undefined && (last.workers !== cur.workers || last.prefetch !== cur.prefetch)) {
-      if (rate < last.rate * 1.05 && !(cur.workers < last.workers && rate >= last.rate * 0.97)) {
-        // The step did not pay: back to where it was, and stay.
-        this.#settled = true;
-        this.#last = last;
-        return { workers: last.workers, prefetch: last.prefetch };
+    if (this.#phase === "settled") return cur;
+    if (this.#phase === "warmup") {
+      this.#phase = "workers";
+      // The start first (again, now warm), then outwards: +1, -1, +2, -2, ...
+      const out: number[] = [cur.workers];
+      for (let d = 1; d <= this.#w.max - this.#w.min; d++) {
+        if (cur.workers + d <= this.#w.max) out.push(cur.workers + d);
+        if (cur.workers - d >= this.#w.min) out.push(cur.workers - d);
       }
+      const prefetch = Math.max(this.#p.min, Math.min(2, this.#p.max));
+      this.#trials = out.map((workers) => ({ workers, prefetch }));
+    } else {
+      this.#results.push({ ...cur, rate: s.samplesPerSecond });
     }
-    const wait = s.seconds > 0 ? s.waitSeconds / s.seconds : 0;
-    if (wait > 0.03) {
-      if (cur.workers < this.#w.max) return { ...cur, workers: cur.workers + 1 };
-      if (cur.prefetch < this.#p.max) return { ...cur, prefetch: cur.prefetch + 1 };
-    } else if (wait < 0.005 && cur.workers > this.#w.min && last === undefined) {
-      return { ...cur, workers: cur.workers - 1 };
+    if (this.#trials.length === 0 && this.#phase === "workers") {
+      const best = this.#best();
+      this.#phase = "prefetch";
+      this.#trials = [4, 8].filter((p) => p > best.prefetch && p >= this.#p.min && p <= this.#p.max)
+        .map((prefetch) => ({ workers: best.workers, prefetch }));
+      if (best.workers === 0) this.#trials = []; // no workers, nothing in flight
     }
-    this.#settled = true;
-    return cur;
+    const trial = this.#trials.shift();
+    if (trial !== undefined) return trial;
+    this.#phase = "settled";
+    const best = this.#best();
+    return { workers: best.workers, prefetch: best.prefetch };
+  }
+
+  #best(): { workers: number; prefetch: number; rate: number } {
+    return this.#results.reduce((a, b) => (b.rate > a.rate ? b : a));
   }
 }
 

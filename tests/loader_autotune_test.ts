@@ -30,43 +30,52 @@ function stats(workers: number, prefetch: number, rate: number, wait: number): E
   };
 }
 
-Deno.test("the tuner adds workers while the consumer waits, takes back a step that did not pay, and settles", () => {
-  const t = new Tuner({ min: 0, max: 4 }, { min: 2, max: 4 });
-  assert.deepStrictEqual(t.next(stats(2, 2, 1000, 0.3)), { workers: 3, prefetch: 2 });
+Deno.test("the tuner warms up, tries each worker count, then deeper prefetches, and settles on the fastest", () => {
+  const t = new Tuner({ min: 0, max: 2 }, { min: 2, max: 8 });
   assert.deepStrictEqual(
-    t.next(stats(3, 2, 1400, 0.2)),
-    { workers: 4, prefetch: 2 },
-    "paid: climb on",
-  );
-  assert.deepStrictEqual(
-    t.next(stats(4, 2, 1420, 0.1)),
-    { workers: 3, prefetch: 2 },
-    "+1.4%: back",
-  );
-  assert.deepStrictEqual(t.next(stats(3, 2, 900, 0.5)), { workers: 3, prefetch: 2 }, "settled");
-});
-
-Deno.test("the tuner deepens the prefetch once the workers are at their most", () => {
-  const t = new Tuner({ min: 2, max: 2 }, { min: 2, max: 4 });
-  assert.deepStrictEqual(t.next(stats(2, 2, 1000, 0.2)), { workers: 2, prefetch: 3 });
-  assert.deepStrictEqual(t.next(stats(2, 3, 1200, 0.1)), { workers: 2, prefetch: 4 });
-  assert.deepStrictEqual(
-    t.next(stats(2, 4, 1500, 0.01)),
-    { workers: 2, prefetch: 4 },
-    "no wait: stay",
-  );
-});
-
-Deno.test("with no wait at all the tuner tries one worker fewer, and keeps it if as fast", () => {
-  const t = new Tuner({ min: 0, max: 2 }, { min: 2, max: 2 });
-  assert.deepStrictEqual(t.next(stats(2, 2, 1000, 0.001)), { workers: 1, prefetch: 2 });
-  assert.deepStrictEqual(t.next(stats(1, 2, 990, 0.001)), { workers: 1, prefetch: 2 });
-  const u = new Tuner({ min: 0, max: 2 }, { min: 2, max: 2 });
-  u.next(stats(2, 2, 1000, 0.001));
-  assert.deepStrictEqual(
-    u.next(stats(1, 2, 700, 0.2)),
+    t.next(stats(2, 2, 500, 0.5)),
     { workers: 2, prefetch: 2 },
-    "slower: back",
+    "warm-up epoch",
+  );
+  assert.deepStrictEqual(t.next(stats(2, 2, 1000, 0.2)), { workers: 1, prefetch: 2 });
+  assert.deepStrictEqual(t.next(stats(1, 2, 1500, 0.2)), { workers: 0, prefetch: 2 });
+  assert.deepStrictEqual(
+    t.next(stats(0, 2, 1200, 0.2)),
+    { workers: 1, prefetch: 4 },
+    "best count, deeper",
+  );
+  assert.deepStrictEqual(t.next(stats(1, 4, 1600, 0.1)), { workers: 1, prefetch: 8 });
+  assert.deepStrictEqual(
+    t.next(stats(1, 8, 1550, 0.1)),
+    { workers: 1, prefetch: 4 },
+    "the fastest",
+  );
+  assert.deepStrictEqual(
+    t.next(stats(1, 4, 100, 0.9)),
+    { workers: 1, prefetch: 4 },
+    "settled for good",
+  );
+});
+
+Deno.test("the tuner tries no prefetch without workers, nor beyond a fixed prefetch", () => {
+  const t = new Tuner({ min: 0, max: 1 }, { min: 2, max: 8 });
+  t.next(stats(1, 2, 100, 0.5));
+  assert.deepStrictEqual(t.next(stats(1, 2, 1000, 0.2)), { workers: 0, prefetch: 2 });
+  assert.deepStrictEqual(t.next(stats(0, 0, 2000, 0.2)), { workers: 0, prefetch: 2 }, "0 wins");
+  const u = new Tuner({ min: 1, max: 2 }, { min: 3, max: 3 });
+  u.next(stats(2, 3, 100, 0.5));
+  assert.deepStrictEqual(u.next(stats(2, 3, 1000, 0.2)), { workers: 1, prefetch: 3 });
+  assert.deepStrictEqual(
+    u.next(stats(1, 3, 900, 0.2)),
+    { workers: 2, prefetch: 3 },
+    "prefetch fixed",
+  );
+  const v = new Tuner({ min: 2, max: 2 }, { min: 2, max: 8 });
+  v.next(stats(2, 2, 100, 0.5));
+  assert.deepStrictEqual(
+    v.next(stats(2, 2, 1000, 0.2)),
+    { workers: 2, prefetch: 4 },
+    "workers fixed",
   );
 });
 
@@ -100,7 +109,7 @@ Deno.test('numWorkers "auto": counts change between epochs, the order and draws 
     const s = auto.stats!;
     assert.strictEqual(s.epoch, epoch);
     assert.ok(s.numWorkers >= 1 && s.numWorkers <= Math.max(1, navigator.hardwareConcurrency));
-    assert.ok(s.prefetchFactor >= 2 && s.prefetchFactor <= 4);
+    assert.ok(s.prefetchFactor >= 2 && s.prefetchFactor <= 8);
     seen.add(`${s.numWorkers}/${s.prefetchFactor}`);
   }
   assert.ok(seen.size >= 1);
