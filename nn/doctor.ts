@@ -317,24 +317,42 @@ async function residentRun(
       std: p.std,
       dtype: p.dtype,
     });
-    let done = 0, t0 = 0;
-    const need = WARMUP + steps;
-    while (done < need) {
-      for await (const b of loader) {
-        if (done === WARMUP) {
-          await device.synchronize();
-          t0 = performance.now();
-        }
-        trainer.trainStep(b.images, b.labels);
-        if (++done >= need) break;
-      }
-    }
-    await device.synchronize();
-    const s = (performance.now() - t0) / 1000;
-    return { stepsPerSecond: steps / s, samplesPerSecond: steps * batchSize / s };
+    const { ms } = await timedSteps(trainer, device, loader, steps);
+    return {
+      stepsPerSecond: steps / (ms / 1000),
+      samplesPerSecond: steps * batchSize / (ms / 1000),
+    };
   } finally {
     resident[Symbol.dispose]();
   }
+}
+
+/**
+ * Trains on `source`'s batches (epoch after epoch, as many as it takes): WARMUP steps, then
+ * `steps` timed ones. Returns their milliseconds, and how much of `waited()` grew meanwhile.
+ */
+async function timedSteps(
+  trainer: Trainer,
+  device: Device,
+  source: AsyncIterable<{ images: Tensor; labels: Tensor }>,
+  steps: number,
+  waited: () => number = () => 0,
+): Promise<{ ms: number; waitMs: number }> {
+  let done = 0, t0 = 0, wait0 = 0;
+  const need = WARMUP + steps;
+  while (done < need) {
+    for await (const b of source) {
+      if (done === WARMUP) {
+        await device.synchronize();
+        t0 = performance.now();
+        wait0 = waited();
+      }
+      trainer.trainStep(b.images, b.labels);
+      if (++done >= need) break;
+    }
+  }
+  await device.synchronize();
+  return { ms: performance.now() - t0, waitMs: waited() - wait0 };
 }
 
 async function fedRun(
@@ -356,22 +374,13 @@ async function fedRun(
     depth: run.depth,
     pin: run.pin,
   });
-  let done = 0, t0 = 0, wait0 = 0;
-  const need = WARMUP + steps;
-  while (done < need) {
-    for await (const b of feed) {
-      if (done === WARMUP) {
-        await device.synchronize();
-        t0 = performance.now();
-        wait0 = feed.stats?.waitMs ?? 0;
-      }
-      trainer.trainStep(b.images, b.labels);
-      if (++done >= need) break;
-    }
-  }
-  await device.synchronize();
-  const ms = performance.now() - t0;
-  const waitMs = (feed.stats?.waitMs ?? 0) - wait0;
+  const { ms, waitMs } = await timedSteps(
+    trainer,
+    device,
+    feed,
+    steps,
+    () => feed.stats?.waitMs ?? 0,
+  );
   return {
     ...run,
     stepsPerSecond: steps / (ms / 1000),
