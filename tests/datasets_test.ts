@@ -256,3 +256,30 @@ Deno.test("defaultCollate stacks like PyTorch's default_collate", () => {
   assert.throws(() => defaultCollate([1, "x"]), /sample 0 is a number but sample 1 is a string/);
   assert.throws(() => defaultCollate([]), /non-empty/);
 });
+
+Deno.test("a download without --allow-net says which flag to add, not that the network is down", async () => {
+  const dir = await Deno.makeTempDir();
+  const script = `${dir}/get.ts`;
+  try {
+    await Deno.writeTextFile(
+      script,
+      `import { CIFAR10 } from ${JSON.stringify(new URL("../mod.ts", import.meta.url).href)};
+      try { await CIFAR10.load({ root: ${JSON.stringify(dir)}, download: true, progress: false }); }
+      catch (e) { console.log(e.message); }`,
+    );
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "--no-prompt", "--allow-read", "--allow-write", "--allow-env", script],
+      env: { NO_COLOR: "1" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const msg = new TextDecoder().decode(out.stdout);
+    assert.match(
+      msg,
+      /^Cannot download CIFAR-10 from https:\/\/\S+: Deno denied net access to "[^"]+": run with --allow-net \(/,
+    );
+    assert.doesNotMatch(msg, /no network/);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});

@@ -1,6 +1,7 @@
 // File helpers shared by the dataset readers: gzip, a small tar reader, download with a
 // progress line and an MD5 check. Deno's crypto.subtle has no MD5; node:crypto does.
 
+import { permissionMessage } from "../../ffi/_permissions.ts";
 import { createHash } from "node:crypto";
 import { dirname, join, normalize } from "node:path";
 
@@ -120,6 +121,11 @@ export async function downloadFile(
   try {
     response = await fetch(url);
   } catch (e) {
+    const denied = permissionMessage(e);
+    if (denied !== undefined) {
+      // Not a network problem: the flag to add.
+      throw new Error(`Cannot download ${what} from ${url}: ${denied}.${hint}`, { cause: e });
+    }
     throw new Error(
       `Cannot download ${what} from ${url}: no network or host unreachable ` +
         `(${(e as Error).message}).${hint}`,
