@@ -384,6 +384,46 @@ static void matmul_task(void *vctx, int64_t p) {
   if (bad) atomic_store(&x->failed, 1);
 }
 
+/* Work done per useful multiply-add when C is m x n: the tiles round m up to MR, n to NR. */
+static double tile_waste(int64_t m, int64_t n) {
+  return (double)((m + MR - 1) / MR * MR) * (double)((n + NR - 1) / NR * NR) /
+         ((double)m * (double)n);
+}
+
+/* out[m][n] = (acc ? out : 0) + A . B on the pool; with out16, also out16 = fp16(out (+
+ * out16 when acc16)). Returns nonzero when out of memory. */
+static int run_matmul(const mat_t *A, const mat_t *B, int64_t m, int64_t n, int64_t k, float *out,
+                      half *out16, int acc, int acc16) {
+  /* Split the longer side, in whole tiles, into about 2 parts per thread. */
+  int64_t mt = (m + MR - 1) / MR, ntl = (n + NR - 1) / NR;
+  int split_m = mt >= ntl;
+  int64_t tiles = split_m ? mt : ntl, want = 2 * (int64_t)ps_pool_threads();
+  int64_t parts = (double)m * n * k < 1e5 || tiles < 2 ? 1 : (tiles < want ? tiles : want);
+  /* The shared operand is packed once when more than one task would read it. */
+  float *pre = NULL;
+  if (parts > 1) {
+    size_t len = split_m ? (size_t)(ntl * NR * k) : (size_t)(mt * MR * k);
+    pre = ps_workspace(WS_MM_PACK, len);
+    if (!pre) return -1;
+  }
+  matmul_ctx mc = {.A = A,
+                   .B = B,
+                   .out = out,
+                   .out16 = out16,
+                   .pre = pre,
+                   .m = m,
+                   .n = n,
+                   .k = k,
+                   .acc = acc,
+                   .acc16 = acc16,
+                   .split_m = split_m,
+                   .tiles = tiles,
+                   .parts = parts};
+  if (pre) ps_pool_for(parts, matmul_pack_task, &mc);
+  ps_pool_for(parts, matmul_task, &mc);
+  return atomic_load(&mc.failed);
+}
+
 PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, int64_t m,
                         int64_t n, int64_t k, int32_t trans_a, int32_t trans_b, int32_t accumulate,
                         void *stream) {
@@ -396,38 +436,33 @@ PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, 
   CHECK_RANGE(c, m * n * dtsize(c_dtype));
   const mat_t A = {.p = a, .f16 = 1, .rs = trans_a ? 1 : k, .cs = trans_a ? m : 1};
   const mat_t B = {.p = b, .f16 = 1, .rs = trans_b ? 1 : n, .cs = trans_b ? k : 1};
+  if (tile_waste(n, m) < 0.8 * tile_waste(m, n)) {
+    /* A narrow output (a classifier's 10 columns: 10 of each 32-wide tile used) runs as
+     * C^T[n][m] = B^T A^T, where the short side is the MR-tall one, then is transposed back
+     * (m x n is small here). */
+    const mat_t At = {.p = b, .f16 = 1, .rs = B.cs, .cs = B.rs};
+    const mat_t Bt = {.p = a, .f16 = 1, .rs = A.cs, .cs = A.rs};
+    float *t = ps_workspace(WS_MM_OUT, (size_t)(m * n));
+    if (!t || run_matmul(&At, &Bt, n, m, k, t, NULL, 0, 0)) OOM();
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++) {
+        float v = t[j * m + i];
+        if (c_dtype == PS_NN_F32) {
+          float *d = (float *)c + i * n + j;
+          *d = accumulate ? *d + v : v;
+        } else {
+          half *d = (half *)c + i * n + j;
+          *d = f2h(accumulate ? v + h2f(*d) : v);
+        }
+      }
+    return PS_OK;
+  }
   /* f32 output is accumulated in place; fp16 output goes through an fp32 buffer (this
    * thread's workspace: the tasks only write their own parts of it). */
   float *out = c_dtype == PS_NN_F32 ? (float *)c : ps_workspace(WS_MM_OUT, (size_t)(m * n));
   if (!out) OOM();
-  int acc = accumulate && c_dtype == PS_NN_F32;
-  /* Split the longer side, in whole tiles, into about 2 parts per thread. */
-  int64_t mt = (m + MR - 1) / MR, ntl = (n + NR - 1) / NR;
-  int split_m = mt >= ntl;
-  int64_t tiles = split_m ? mt : ntl, want = 2 * (int64_t)ps_pool_threads();
-  int64_t parts = (double)m * n * k < 1e5 || tiles < 2 ? 1 : (tiles < want ? tiles : want);
-  /* The shared operand is packed once when more than one task would read it. */
-  float *pre = NULL;
-  if (parts > 1) {
-    size_t len = split_m ? (size_t)(ntl * NR * k) : (size_t)(mt * MR * k);
-    pre = ps_workspace(WS_MM_PACK, len);
-    if (!pre) OOM();
-  }
-  matmul_ctx mc = {.A = &A,
-                   .B = &B,
-                   .out = out,
-                   .out16 = c_dtype == PS_NN_F32 ? NULL : (half *)c,
-                   .pre = pre,
-                   .m = m,
-                   .n = n,
-                   .k = k,
-                   .acc = acc,
-                   .acc16 = accumulate && c_dtype != PS_NN_F32,
-                   .split_m = split_m,
-                   .tiles = tiles,
-                   .parts = parts};
-  if (pre) ps_pool_for(parts, matmul_pack_task, &mc);
-  ps_pool_for(parts, matmul_task, &mc);
-  if (atomic_load(&mc.failed)) OOM();
+  if (run_matmul(&A, &B, m, n, k, out, c_dtype == PS_NN_F32 ? NULL : (half *)c,
+                 accumulate && c_dtype == PS_NN_F32, accumulate && c_dtype != PS_NN_F32))
+    OOM();
   return PS_OK;
 }
