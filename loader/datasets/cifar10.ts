@@ -6,8 +6,9 @@
  * @module
  */
 
+import { LabeledImages } from "./_labeled_images.ts";
 import { join } from "node:path";
-import { type Dataset, sharedArray, type SharedField, type WorkerSpec } from "../dataset.ts";
+import { sharedArray, type WorkerSpec } from "../dataset.ts";
 import { downloadFile, extractTar, gunzip, readTar } from "./_files.ts";
 
 /** The official archive. */
@@ -84,7 +85,7 @@ async function exists(path: string): Promise<boolean> {
  * await Deno.remove(dir, { recursive: true });
  * ```
  */
-export class CIFAR10 implements Dataset<{ image: Uint8Array; label: number }> {
+export class CIFAR10 extends LabeledImages {
   /** Class names, by label. */
   static readonly classes: readonly string[] = [
     "airplane",
@@ -98,20 +99,8 @@ export class CIFAR10 implements Dataset<{ image: Uint8Array; label: number }> {
     "ship",
     "truck",
   ];
-  /** Sample count. */
-  readonly length: number;
-  /** Whether this is the training set. */
-  readonly train: boolean;
-  /** Images, N x 3 x 32 x 32 bytes, in shared memory. */
-  readonly images: Uint8Array;
-  /** Labels in [0, 10), in shared memory. */
-  readonly labels: Int32Array;
-
   private constructor(state: CIFAR10State) {
-    this.length = state.length;
-    this.train = state.train;
-    this.images = new Uint8Array(state.images, 0, state.length * 3072);
-    this.labels = new Int32Array(state.labels, 0, state.length);
+    super(state, [3, 32, 32]);
   }
 
   /**
@@ -190,54 +179,12 @@ export class CIFAR10 implements Dataset<{ image: Uint8Array; label: number }> {
   }
 
   /**
-   * Sample `index`.
-   *
-   * @param index sample index
-   * @returns `{ image, label }`, image a 3072-byte CHW view into shared memory
-   * @throws {RangeError} for an index out of range
-   */
-  get(index: number): { image: Uint8Array; label: number } {
-    if (!(index >= 0 && index < this.length) || !Number.isInteger(index)) {
-      throw new RangeError(
-        `Cannot get sample ${index}: index out of range for a dataset of length ${this.length}`,
-      );
-    }
-    return {
-      image: this.images.subarray(index * 3072, index * 3072 + 3072),
-      label: this.labels[index],
-    };
-  }
-
-  /**
-   * The zero-copy layout: the fields in shared memory.
-   *
-   * @returns `image` u8 [3,32,32] and `label` i32 [] in shared memory
-   */
-  sharedFields(): readonly [SharedField<"image", "u8">, SharedField<"label", "i32">] {
-    return [
-      {
-        name: "image",
-        dtype: "u8",
-        shape: [3, 32, 32],
-        buffer: this.images.buffer as SharedArrayBuffer,
-      },
-      { name: "label", dtype: "i32", shape: [], buffer: this.labels.buffer as SharedArrayBuffer },
-    ];
-  }
-
-  /**
    * How workers rebuild this dataset.
    *
    * @returns how workers rebuild this dataset
    */
   workerSpec(): WorkerSpec {
-    const state: CIFAR10State = {
-      images: this.images.buffer as SharedArrayBuffer,
-      labels: this.labels.buffer as SharedArrayBuffer,
-      length: this.length,
-      train: this.train,
-    };
-    return { module: import.meta.url, export: "CIFAR10.fromState", state };
+    return { module: import.meta.url, export: "CIFAR10.fromState", state: this.state() };
   }
 }
 

@@ -8,9 +8,10 @@
  * @module
  */
 
+import { LabeledImages } from "./_labeled_images.ts";
 import { refuseUnknownKeys } from "../../ffi/_options.ts";
 import { join } from "node:path";
-import { type Dataset, sharedArray, type SharedField, type WorkerSpec } from "../dataset.ts";
+import { sharedArray, type WorkerSpec } from "../dataset.ts";
 import { gunzip, isGzip } from "./_files.ts";
 
 /** A parsed IDX file of unsigned bytes. */
@@ -176,24 +177,12 @@ async function loadIdxPair(root: string, train: boolean, what: string) {
  * await Deno.remove(dir, { recursive: true });
  * ```
  */
-export class MNIST implements Dataset<{ image: Uint8Array; label: number }> {
+export class MNIST extends LabeledImages {
   /** Class names, by label. */
   static readonly classes: readonly string[] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
-  /** Sample count. */
-  readonly length: number;
-  /** Whether this is the training set. */
-  readonly train: boolean;
-  /** Images, N x 28 x 28 bytes, in shared memory. */
-  readonly images: Uint8Array;
-  /** Labels in [0, 10), in shared memory. */
-  readonly labels: Int32Array;
-
   /** @internal Use `load` or `fromState`. */
   constructor(state: MNISTState) {
-    this.length = state.length;
-    this.train = state.train;
-    this.images = new Uint8Array(state.images, 0, state.length * 784);
-    this.labels = new Int32Array(state.labels, 0, state.length);
+    super(state, [1, 28, 28]);
   }
 
   /**
@@ -223,55 +212,13 @@ export class MNIST implements Dataset<{ image: Uint8Array; label: number }> {
   }
 
   /**
-   * Sample `index`.
-   *
-   * @param index sample index
-   * @returns `{ image, label }`, image a 784-byte view into shared memory
-   * @throws {RangeError} for an index out of range
-   */
-  get(index: number): { image: Uint8Array; label: number } {
-    if (!(index >= 0 && index < this.length) || !Number.isInteger(index)) {
-      throw new RangeError(
-        `Cannot get sample ${index}: index out of range for a dataset of length ${this.length}`,
-      );
-    }
-    return {
-      image: this.images.subarray(index * 784, index * 784 + 784),
-      label: this.labels[index],
-    };
-  }
-
-  /**
-   * The zero-copy layout: the fields in shared memory.
-   *
-   * @returns `image` u8 [1,28,28] and `label` i32 [] in shared memory
-   */
-  sharedFields(): readonly [SharedField<"image", "u8">, SharedField<"label", "i32">] {
-    return [
-      {
-        name: "image",
-        dtype: "u8",
-        shape: [1, 28, 28],
-        buffer: this.images.buffer as SharedArrayBuffer,
-      },
-      { name: "label", dtype: "i32", shape: [], buffer: this.labels.buffer as SharedArrayBuffer },
-    ];
-  }
-
-  /**
    * How workers rebuild this dataset.
    *
    * @returns how workers rebuild this dataset
    */
   workerSpec(): WorkerSpec {
-    const state: MNISTState = {
-      images: this.images.buffer as SharedArrayBuffer,
-      labels: this.labels.buffer as SharedArrayBuffer,
-      length: this.length,
-      train: this.train,
-    };
     const name = this instanceof FashionMNIST ? "FashionMNIST" : "MNIST";
-    return { module: import.meta.url, export: `${name}.fromState`, state };
+    return { module: import.meta.url, export: `${name}.fromState`, state: this.state() };
   }
 }
 
