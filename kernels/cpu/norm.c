@@ -402,7 +402,13 @@ PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int
   CHECK_RANGE(dbias, c * dtsize(dbias_dtype));
   float *sum = calloc((size_t)c, sizeof(float));
   if (!sum) OOM();
-  if (hw == 1) {
+  float *row = hw == 1 ? ps_workspace(WS_OUT, (size_t)c) : NULL;
+  if (hw == 1 && row) { /* [N,F]: convert a row with the vector helper, then add it */
+    for (int64_t i = 0; i < n; i++) {
+      h2f_row((const half *)dy + i * c, row, c);
+      for (int64_t ch = 0; ch < c; ch++) sum[ch] += row[ch];
+    }
+  } else if (hw == 1) {
     for (int64_t i = 0; i < n; i++) {
       const half *g = (const half *)dy + i * c;
       for (int64_t ch = 0; ch < c; ch++) sum[ch] += h2f(g[ch]);
