@@ -67,6 +67,8 @@ export {
   type FieldArrays,
   type FieldDType,
   getWorkerInfo,
+  LabeledImages,
+  type LabeledImagesState,
   MNIST,
   type MNISTOptions,
   type ModuleRef,

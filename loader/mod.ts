@@ -83,3 +83,4 @@ export {
   type MNISTState,
   parseIdx,
 } from "./datasets/mnist.ts";
+export { LabeledImages, type LabeledImagesState } from "./datasets/labeled_images.ts";

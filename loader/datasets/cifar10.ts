@@ -6,7 +6,7 @@
  * @module
  */
 
-import { LabeledImages } from "./_labeled_images.ts";
+import { LabeledImages } from "./labeled_images.ts";
 import { join } from "node:path";
 import { sharedArray, type WorkerSpec } from "../dataset.ts";
 import { downloadFile, extractTar, gunzip, readTar } from "./_files.ts";

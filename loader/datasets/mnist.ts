@@ -8,7 +8,7 @@
  * @module
  */
 
-import { LabeledImages } from "./_labeled_images.ts";
+import { LabeledImages } from "./labeled_images.ts";
 import { refuseUnknownKeys } from "../../ffi/_options.ts";
 import { join } from "node:path";
 import { sharedArray, type WorkerSpec } from "../dataset.ts";

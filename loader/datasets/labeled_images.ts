@@ -2,7 +2,7 @@
  * What CIFAR10 and MNIST / FashionMNIST share: uint8 images of one fixed shape and int32
  * labels, held in shared memory, served as `{ image, label }` samples (views, no copies) and
  * as the zero-copy fields `image` u8 and `label` i32, rebuilt in workers from their state.
- * Private to loader/datasets.
+ * A base for datasets of that kind (subclass it with the image shape and a `workerSpec`).
  *
  * @module
  */
@@ -21,7 +21,26 @@ export interface LabeledImagesState {
   train: boolean;
 }
 
-/** A set of uint8 images of one shape with int32 labels, in shared memory. */
+/**
+ * A set of uint8 images of one shape with int32 labels, in shared memory: the base of CIFAR10
+ * and MNIST / FashionMNIST.
+ *
+ * @example
+ * ```ts
+ * import { LabeledImages, type LabeledImagesState } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * class Tiny extends LabeledImages {
+ *   constructor(state: LabeledImagesState) {
+ *     super(state, [1, 2, 2]);
+ *   }
+ * }
+ * const images = new SharedArrayBuffer(3 * 4), labels = new SharedArrayBuffer(3 * 4);
+ * new Int32Array(labels).set([7, 8, 9]);
+ * const ds = new Tiny({ images, labels, length: 3, train: true });
+ * assert.strictEqual(ds.get(2).label, 9);
+ * assert.deepStrictEqual(ds.sharedFields()[0].shape, [1, 2, 2]);
+ * ```
+ */
 export abstract class LabeledImages implements Dataset<{ image: Uint8Array; label: number }> {
   /** Sample count. */
   readonly length: number;
