@@ -1,4 +1,8 @@
 /**
+ * (About 1,400 lines: the public `DataLoader` interface, documented member by member for
+ * `deno doc`, the implementation class behind it, its options checking and the epoch
+ * iterator; loading itself is in _engine.ts and the _transport_*.ts modules.)
+ *
  * `DataLoader`: PyTorch's DataLoader for Deno, with Web Workers, a zero-copy staging ring in
  * shared memory, prefetch across epochs and seeded per-sample augmentation parameters.
  *
