@@ -110,7 +110,7 @@ export async function main(args: string[] = Deno.args): Promise<void> {
       const c = e([n, n], "f32");
       add(
         `matmul ${n}x${n}x${n} -> f32`,
-        await time(dev, reps, () => ops.matmul(a, b, c)),
+        await time(dev, reps, () => ops.matmul(a, b, { out: c })),
         2 * n ** 3,
       );
     }
@@ -127,15 +127,19 @@ export async function main(args: string[] = Deno.args): Promise<void> {
       const dw = e([cv.co, cv.c, 3, 3], "f32");
       const flop = 2 * batch * cv.co * cv.h * cv.h * cv.c * 9;
       const o = { padding: 1 };
-      add(`${cv.name} forward`, await time(dev, reps, () => ops.conv2dForward(x, w, y, o)), flop);
+      add(
+        `${cv.name} forward`,
+        await time(dev, reps, () => ops.conv2dForward(x, y, { ...o, weight: w })),
+        flop,
+      );
       add(
         `${cv.name} backward data`,
-        await time(dev, reps, () => ops.conv2dBackwardData(y, w, dx, o)),
+        await time(dev, reps, () => ops.conv2dBackwardData(y, dx, { ...o, weight: w })),
         flop,
       );
       add(
         `${cv.name} backward weight`,
-        await time(dev, reps, () => ops.conv2dBackwardWeight(x, y, dw, o)),
+        await time(dev, reps, () => ops.conv2dBackwardWeight(y, dw, { ...o, x })),
         flop,
       );
     }
@@ -169,42 +173,52 @@ export async function main(args: string[] = Deno.args): Promise<void> {
       parts.set(name, (parts.get(name) ?? 0) + performance.now() - t0);
     };
     const step = () => {
-      timed("conv1 fwd", () => ops.conv2dForward(x, w1.half, a1, conv));
+      timed("conv1 fwd", () => ops.conv2dForward(x, a1, { ...conv, weight: w1.half }));
       timed("bias/relu/pool", () => {
         ops.biasAdd(a1, b1.half);
         ops.reluForward(a1, a1);
-        ops.maxPool2dForward(a1, p1, i1, pool);
+        ops.maxPool2dForward(a1, p1, { ...pool, indices: i1 });
       });
-      timed("conv2 fwd", () => ops.conv2dForward(p1, w2.half, a2, conv));
+      timed("conv2 fwd", () => ops.conv2dForward(p1, a2, { ...conv, weight: w2.half }));
       timed("bias/relu/pool", () => {
         ops.biasAdd(a2, b2.half);
         ops.reluForward(a2, a2);
-        ops.maxPool2dForward(a2, p2, i2, pool);
+        ops.maxPool2dForward(a2, p2, { ...pool, indices: i2 });
       });
       timed("linear + loss", () => {
-        ops.matmul(viewAs(p2, [N, 3136]), w3.half, logits, { transB: true });
+        ops.matmul(viewAs(p2, [N, 3136]), w3.half, { out: logits, transB: true });
         ops.biasAdd(logits, b3.half);
-        ops.crossEntropyForwardBackward(logits, labels, dlogits, loss, correct, { scale: 1024 });
-        ops.matmul(dlogits, viewAs(p2, [N, 3136]), w3.grad, { transA: true });
+        ops.crossEntropyForwardBackward(logits, labels, {
+          dlogits,
+          lossSum: loss,
+          correct,
+          scale: 1024,
+        });
+        ops.matmul(dlogits, viewAs(p2, [N, 3136]), { out: w3.grad, transA: true });
         ops.biasGrad(dlogits, b3.grad);
-        ops.matmul(dlogits, w3.half, dflat);
+        ops.matmul(dlogits, w3.half, { out: dflat });
       });
       timed("pool/relu/bias bwd", () => {
-        ops.maxPool2dBackward(viewAs(dflat, [N, 64, 7, 7]), i2, da2);
-        ops.reluBackward(da2, a2, da2);
+        ops.maxPool2dBackward(viewAs(dflat, [N, 64, 7, 7]), da2, { indices: i2 });
+        ops.reluBackward(da2, da2, { y: a2 });
         ops.biasGrad(da2, b2.grad);
       });
-      timed("conv2 bwd weight", () => ops.conv2dBackwardWeight(p1, da2, w2.grad, conv));
-      timed("conv2 bwd data", () => ops.conv2dBackwardData(da2, w2.half, dp1, conv));
+      timed("conv2 bwd weight", () => ops.conv2dBackwardWeight(da2, w2.grad, { ...conv, x: p1 }));
+      timed("conv2 bwd data", () => ops.conv2dBackwardData(da2, dp1, { ...conv, weight: w2.half }));
       timed("pool/relu/bias bwd", () => {
-        ops.maxPool2dBackward(dp1, i1, da1);
-        ops.reluBackward(da1, a1, da1);
+        ops.maxPool2dBackward(dp1, da1, { indices: i1 });
+        ops.reluBackward(da1, da1, { y: a1 });
         ops.biasGrad(da1, b1.grad);
       });
-      timed("conv1 bwd weight", () => ops.conv2dBackwardWeight(x, da1, w1.grad, conv));
+      timed("conv1 bwd weight", () => ops.conv2dBackwardWeight(da1, w1.grad, { ...conv, x }));
       timed("sgd", () => {
         for (const q of [w1, b1, w2, b2, w3, b3]) {
-          ops.sgdStep(q.master, q.grad, q.buf, q.half, { lr: 0.01, momentum: 0.9 });
+          ops.sgdStep(q.master, q.grad, {
+            lr: 0.01,
+            momentum: 0.9,
+            momentumBuf: q.buf,
+            paramHalf: q.half,
+          });
         }
       });
     };

@@ -288,7 +288,8 @@ export class GradScaler {
     this.#check();
     this.#unscaled = new WeakSet();
     if (!this.enabled) return;
-    ops.scalerUpdate(this.#scale!, this.#tracker!, this.#foundInf!, {
+    ops.scalerUpdate(this.#scale!, this.#tracker!, {
+      foundInf: this.#foundInf!,
       growthFactor: this.growthFactor,
       backoffFactor: this.backoffFactor,
       growthInterval: this.growthInterval,

@@ -118,7 +118,7 @@ export class Linear extends Module {
     }
     const n = x.shape[0];
     const y = this.workspace("y", [n, this.outFeatures], "f16");
-    ops.matmul(x, this.weight.value, y, { transB: true });
+    ops.matmul(x, this.weight.value, { out: y, transB: true });
     if (this.bias) ops.biasAdd(y, this.bias.value);
     this.#x = this.training ? x : null;
     return y;
@@ -134,11 +134,11 @@ export class Linear extends Module {
   backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
     const x = this.#x;
     if (!x) throw new TypeError("Cannot run Linear.backward: no training forward before it");
-    ops.matmul(dy, x, this.weight.grad, { transA: true });
+    ops.matmul(dy, x, { out: this.weight.grad, transA: true });
     if (this.bias) ops.biasGrad(dy, this.bias.grad);
     if (options.inputGrad === false) return null;
     const dx = this.workspace("dx", shapeOf(x), "f16");
-    ops.matmul(dy, this.weight.value, dx);
+    ops.matmul(dy, this.weight.value, { out: dx });
     return dx;
   }
 }
@@ -258,8 +258,11 @@ export class Conv2d extends Module {
       );
     }
     const y = this.workspace("y", this.outputShape(x.shape), "f16");
-    const opts = { stride: this.stride, padding: this.padding };
-    ops.conv2dForward(x, this.weight.value, y, opts);
+    ops.conv2dForward(x, y, {
+      weight: this.weight.value,
+      stride: this.stride,
+      padding: this.padding,
+    });
     if (this.bias) ops.biasAdd(y, this.bias.value);
     this.#x = this.training ? x : null;
     return y;
@@ -276,11 +279,11 @@ export class Conv2d extends Module {
     const x = this.#x;
     if (!x) throw new TypeError("Cannot run Conv2d.backward: no training forward before it");
     const opts = { stride: this.stride, padding: this.padding };
-    ops.conv2dBackwardWeight(x, dy, this.weight.grad, opts);
+    ops.conv2dBackwardWeight(dy, this.weight.grad, { ...opts, x });
     if (this.bias) ops.biasGrad(dy, this.bias.grad);
     if (options.inputGrad === false) return null;
     const dx = this.workspace("dx", shapeOf(x), "f16");
-    ops.conv2dBackwardData(dy, this.weight.value, dx, opts);
+    ops.conv2dBackwardData(dy, dx, { ...opts, weight: this.weight.value });
     return dx;
   }
 }
@@ -435,8 +438,8 @@ export class BatchNorm2d extends Module {
   protected override revertOwnRunningStats(flag: Tensor): void {
     if (!this.#statsSaved) return;
     const c = this.numFeatures;
-    ops.copyIf(this.workspace("prevMean", [c], "f32"), this.runningMean.tensor, flag);
-    ops.copyIf(this.workspace("prevVar", [c], "f32"), this.runningVar.tensor, flag);
+    ops.copyIf(this.workspace("prevMean", [c], "f32"), this.runningMean.tensor, { flag });
+    ops.copyIf(this.workspace("prevVar", [c], "f32"), this.runningVar.tensor, { flag });
     // Once per forward: a second call must not restore statistics a later step has built on.
     this.#statsSaved = false;
   }
@@ -508,7 +511,7 @@ export class ReLU extends Module {
     if (!y) throw new TypeError("Cannot run ReLU.backward: no training forward before it");
     if (options.inputGrad === false) return null;
     const dx = this.workspace("dx", shapeOf(dy), "f16");
-    ops.reluBackward(dy, y, dx);
+    ops.reluBackward(dy, dx, { y });
     return dx;
   }
 }
@@ -572,7 +575,7 @@ export class MaxPool2d extends Module {
     const ow = Math.floor((w - this.kernelSize) / this.stride) + 1;
     const y = this.workspace("y", [n, c, oh, ow], "f16");
     const indices = this.training ? this.workspace("idx", [n, c, oh, ow], "i32") : null;
-    ops.maxPool2dForward(x, y, indices, { kernel: this.kernelSize, stride: this.stride });
+    ops.maxPool2dForward(x, y, { kernel: this.kernelSize, stride: this.stride, indices });
     this.#xShape = this.training ? shapeOf(x) : null;
     return y;
   }
@@ -589,7 +592,7 @@ export class MaxPool2d extends Module {
     if (!xs) throw new TypeError("Cannot run MaxPool2d.backward: no training forward before it");
     if (options.inputGrad === false) return null;
     const dx = this.workspace("dx", xs, "f16");
-    ops.maxPool2dBackward(dy, this.workspace("idx", shapeOf(dy), "i32"), dx);
+    ops.maxPool2dBackward(dy, dx, { indices: this.workspace("idx", shapeOf(dy), "i32") });
     return dx;
   }
 }

@@ -100,7 +100,12 @@ export class CrossEntropyLoss {
     // read once per log interval), and a gradient computed at a stale, larger scale could
     // overflow fp16 where the device's would not.
     const scaleTensor = scaler?.enabled ? scaler.scaleTensor : null;
-    ops.crossEntropyForwardBackward(logits, labels, d, lossSum, correct, { scaleTensor });
+    ops.crossEntropyForwardBackward(logits, labels, {
+      dlogits: d,
+      lossSum,
+      correct,
+      scaleTensor,
+    });
     this.#samples += logits.shape[0];
     return d;
   }
@@ -115,7 +120,7 @@ export class CrossEntropyLoss {
   forward(logits: Tensor, labels: Tensor): void {
     const [lossSum, correct] = this.#live();
     this.#checkShapes(logits, labels);
-    ops.crossEntropyForward(logits, labels, lossSum, correct);
+    ops.crossEntropyForward(logits, labels, { lossSum, correct });
     this.#samples += logits.shape[0];
   }
 

@@ -9,26 +9,31 @@
  *
  * | op | tensors | notes |
  * |----|---------|-------|
- * | `matmul(a, b, out, {transA, transB, accumulate})` | a, b f16 2-D; out f16/f32 [m, n] | out = op(a) @ op(b) (+ out) |
- * | `conv2dForward(x, w, y, {stride, padding})` | x [N,C,H,W], w [Co,C,kh,kw], y [N,Co,OH,OW], f16 | OH = (H + 2p - kh) / s + 1 (floor); any kh, kw |
- * | `conv2dBackwardData(dy, w, dx, opts)` | f16 | overwrites dx; skip it for the first layer |
- * | `conv2dBackwardWeight(x, dy, dw, {…, accumulate})` | dw f16 or f32 [Co,C,kh,kw] | sum over the batch |
- * | `maxPool2dForward(x, y, indices, {kernel, stride})` | indices i32 like y, or null | no padding; stride defaults to kernel; NaN wins |
- * | `maxPool2dBackward(dy, indices, dx)` | | overwrites dx (scatter-add) |
+ * | `matmul(a, b, {out, transA, transB, accumulate})` | a, b f16 2-D; out f16/f32 [m, n] | out = op(a) @ op(b) (+ out) |
+ * | `conv2dForward(x, y, {weight, stride, padding})` | x [N,C,H,W], weight [Co,C,kh,kw], y [N,Co,OH,OW], f16 | OH = (H + 2p - kh) / s + 1 (floor); any kh, kw |
+ * | `conv2dBackwardData(dy, dx, {weight, stride, padding})` | f16 | overwrites dx; skip it for the first layer |
+ * | `conv2dBackwardWeight(dy, dw, {x, stride, padding, accumulate})` | dw f16 or f32 [Co,C,kh,kw] | sum over the batch |
+ * | `maxPool2dForward(x, y, {kernel, stride, indices})` | indices i32 like y, or left out | no padding; stride defaults to kernel; NaN wins |
+ * | `maxPool2dBackward(dy, dx, {indices})` | | overwrites dx (scatter-add) |
  * | `batchNormForwardTrain(x, y, {gamma, beta, saveMean, saveInvStd, runMean, runVar, momentum, eps})` | x, y f16 [N,C,…]; the rest f32 [C] | biased batch var for y, unbiased for runVar (PyTorch); runMean/runVar may be left out |
  * | `batchNormForwardEval(x, y, {gamma, beta, runMean, runVar, eps})` | | |
  * | `batchNormBackward(dy, dx, {x, gamma, saveMean, saveInvStd, dgamma, dbeta})` | dgamma, dbeta f32 | overwrites dx, dgamma, dbeta |
  * | `biasAdd(y, bias)` | y f16 [N,C,…] or [N,F]; bias f16/f32 [C] | in place |
  * | `biasGrad(dy, dbias, {accumulate})` | dbias f16/f32 [C] | |
- * | `reluForward(x, y)`, `reluBackward(dy, y, dx)` | f16, same numel | in place allowed; backward uses relu's output |
- * | `crossEntropyForwardBackward(logits, labels, dlogits, lossSum, correct, {scale})` | logits, dlogits f16 [N,K]; labels i32 [N]; lossSum f32 [1]; correct i32 [1] | lossSum += Σ loss, correct += Σ (argmax == label), dlogits = scale·(softmax − onehot)/N |
- * | `crossEntropyForward(logits, labels, lossSum, correct)` | | same sums, no gradient |
+ * | `reluForward(x, y)`, `reluBackward(dy, dx, {y})` | f16, same numel | in place allowed; backward uses relu's output |
+ * | `crossEntropyForwardBackward(logits, labels, {dlogits, lossSum, correct, scale})` | logits, dlogits f16 [N,K]; labels i32 [N]; lossSum f32 [1]; correct i32 [1] | lossSum += Σ loss, correct += Σ (argmax == label), dlogits = scale·(softmax − onehot)/N |
+ * | `crossEntropyForward(logits, labels, {lossSum, correct})` | | same sums, no gradient |
  * | `cast(src, dst)` | f16/f32, same numel | |
  * | `unscaleAndCheck(grad, foundInf, {scale, invScale, inPlace})` | grad f16/f32; foundInf i32 [1]; scale f32 [1] or null | foundInf = 1 on any inf/NaN (never cleared); inPlace: grad *= 1/scale (or invScale) |
- * | `sgdStep(param, grad, momentumBuf, paramHalf, {lr, momentum, dampening, nesterov, weightDecay, scale, foundInf, stepsDone})` | param, momentumBuf f32; grad f16/f32; paramHalf f16 or null | torch.optim.SGD; grad unscaled by 1/scale in fp32; skipped on the device when foundInf != 0; stepsDone i32 [1] == 0 selects PyTorch's first-step buffer init |
+ * | `sgdStep(param, grad, {lr, momentumBuf, paramHalf, momentum, dampening, nesterov, weightDecay, scale, foundInf, stepsDone})` | param, momentumBuf f32; grad f16/f32; paramHalf f16 or null | torch.optim.SGD; grad unscaled by 1/scale in fp32; skipped on the device when foundInf != 0; stepsDone i32 [1] == 0 selects PyTorch's first-step buffer init |
  * | `stepCount(stepsDone, foundInf)` | i32 [1] | stepsDone += 1 unless foundInf != 0; call after the step's sgdSteps |
- * | `scalerUpdate(scale, growthTracker, foundInf, {growthFactor, backoffFactor, growthInterval})` | f32 [1], i32 [1], i32 [1] | torch._amp_update_scale_; foundInf is read, not cleared |
- * | `copyIf(src, dst, flag)` | src, dst f32, same numel; flag i32 [1] | dst = src when flag != 0 (read on the device): undoes a step the scaler skipped |
+ * | `scalerUpdate(scale, growthTracker, {foundInf, growthFactor, backoffFactor, growthInterval})` | f32 [1], i32 [1], i32 [1] | torch._amp_update_scale_; foundInf is read, not cleared |
+ * | `copyIf(src, dst, {flag})` | src, dst f32, same numel; flag i32 [1] | dst = src when flag != 0 (read on the device): undoes a step the scaler skipped |
+ *
+ * Every op takes at most two tensors positionally (the operands of `matmul`; otherwise the
+ * input and the output, or the incoming and the outgoing gradient, of the data flow) and
+ * names the rest in its options object, where a required tensor is a required field: a
+ * call with same-typed tensors in the wrong places does not type-check.
  *
  * Unscaling fp16 gradients in place (`inPlace: true`) can flush small values to zero: the
  * loss scale exists to keep them representable. The fused path (`sgdStep` with `scale`)
@@ -53,8 +58,10 @@ export interface OpOptions {
   stream?: Stream;
 }
 
-/** Options of {@linkcode matmul}. */
+/** Output and options of {@linkcode matmul}. */
 export interface MatmulOptions extends OpOptions {
+  /** f16 or f32 [m, n], written (added to with `accumulate`). */
+  out: Tensor;
   /** Use `a` transposed (a is [k, m]). */
   transA?: boolean;
   /** Use `b` transposed (b is [n, k]). */
@@ -63,16 +70,28 @@ export interface MatmulOptions extends OpOptions {
   accumulate?: boolean;
 }
 
-/** Options of the convolutions. */
-export interface Conv2dOptions extends OpOptions {
+/** Geometry shared by the convolutions. */
+export interface Conv2dGeometry extends OpOptions {
   /** Stride in both directions (default 1). */
   stride?: number;
   /** Zero padding on every side (default 0). */
   padding?: number;
 }
 
-/** Options of {@linkcode conv2dBackwardWeight}. */
-export interface Conv2dBackwardWeightOptions extends Conv2dOptions {
+/**
+ * Filter and options of {@linkcode conv2dForward} and {@linkcode conv2dBackwardData}. The
+ * filter is named, not positional: x, weight and y are all f16 [4-D] and would type-check
+ * when swapped.
+ */
+export interface Conv2dOptions extends Conv2dGeometry {
+  /** The filter, f16 [Co, C, kh, kw]. */
+  weight: Tensor;
+}
+
+/** The forward's input and options of {@linkcode conv2dBackwardWeight}. */
+export interface Conv2dBackwardWeightOptions extends Conv2dGeometry {
+  /** The forward's input, f16 [N, C, H, W]. */
+  x: Tensor;
   /** Add to `dw` instead of overwriting it. */
   accumulate?: boolean;
 }
@@ -83,6 +102,23 @@ export interface MaxPool2dOptions extends OpOptions {
   kernel: number;
   /** Step between windows (default `kernel`). */
   stride?: number;
+  /**
+   * i32 shaped like `y`, written: each maximum's position iy·W + ix in its input plane, for
+   * {@linkcode maxPool2dBackward} (default null: not recorded).
+   */
+  indices?: Tensor | null;
+}
+
+/** Positions and options of {@linkcode maxPool2dBackward}. */
+export interface MaxPool2dBackwardOptions extends OpOptions {
+  /** i32 [N, C, OH, OW], the positions {@linkcode maxPool2dForward} recorded. */
+  indices: Tensor;
+}
+
+/** The forward's output and options of {@linkcode reluBackward}. */
+export interface ReluBackwardOptions extends OpOptions {
+  /** f16, relu's output (its sign decides where the gradient passes). */
+  y: Tensor;
 }
 
 /**
@@ -144,8 +180,18 @@ export interface BiasGradOptions extends OpOptions {
   accumulate?: boolean;
 }
 
-/** Options of {@linkcode crossEntropyForwardBackward}. */
-export interface CrossEntropyOptions extends OpOptions {
+/** Accumulators and options of {@linkcode crossEntropyForward}. */
+export interface CrossEntropyForwardOptions extends OpOptions {
+  /** f32 [1], added to: the batch's summed loss. */
+  lossSum: Tensor;
+  /** i32 [1], added to: how many rows' argmax equals their label. */
+  correct: Tensor;
+}
+
+/** Gradient, accumulators and options of {@linkcode crossEntropyForwardBackward}. */
+export interface CrossEntropyOptions extends CrossEntropyForwardOptions {
+  /** f16 [N, K], written: the gradient of the mean loss (times the scale). */
+  dlogits: Tensor;
   /** Multiplies the gradient (the loss scale; default 1). */
   scale?: number;
   /**
@@ -169,6 +215,13 @@ export interface UnscaleOptions extends OpOptions {
 export interface SgdStepOptions extends OpOptions {
   /** Learning rate. */
   lr: number;
+  /**
+   * f32 like `param` (zero-initialized by the caller), updated; required when momentum is
+   * non-zero (default null).
+   */
+  momentumBuf?: Tensor | null;
+  /** f16 like `param`, written after the update: the copy the forward uses (default null). */
+  paramHalf?: Tensor | null;
   /** Momentum factor (default 0). */
   momentum?: number;
   /** Dampening for momentum (default 0). */
@@ -185,14 +238,22 @@ export interface SgdStepOptions extends OpOptions {
   stepsDone?: Tensor | null;
 }
 
-/** Options of {@linkcode scalerUpdate} (PyTorch GradScaler's defaults). */
+/** The found-inf flag and options of {@linkcode scalerUpdate} (PyTorch GradScaler's defaults). */
 export interface ScalerUpdateOptions extends OpOptions {
+  /** i32 [1], read (not cleared): non-zero when the step saw an inf or NaN. */
+  foundInf: Tensor;
   /** Scale multiplier after `growthInterval` finite steps (default 2). */
   growthFactor?: number;
   /** Scale multiplier after a step with inf/NaN (default 0.5). */
   backoffFactor?: number;
   /** Finite steps in a row before growing (default 2000). */
   growthInterval?: number;
+}
+
+/** The flag of {@linkcode copyIf}. */
+export interface CopyIfOptions extends OpOptions {
+  /** i32 [1], read on the device: the copy happens when it is non-zero. */
+  flag: Tensor;
 }
 
 const F32 = 0;
@@ -317,8 +378,7 @@ function tail(s: readonly number[], from: number): number {
  *
  * @param a f16 [m, k] ([k, m] with `transA`).
  * @param b f16 [k, n] ([n, k] with `transB`).
- * @param out f16 or f32 [m, n].
- * @param options Transposes, accumulate, stream.
+ * @param options out (f16 or f32 [m, n]); transA, transB, accumulate, stream.
  * @throws {TypeError} On a wrong dtype or tensors on different devices.
  * @throws {RangeError} When the shapes do not agree.
  * @example A 2x3 by 3x2 product
@@ -331,12 +391,13 @@ function tail(s: readonly number[], from: number): number {
  * using a = Tensor.fromHost(dev, new Float16Array([1, 2, 3, 4, 5, 6]), [2, 3]);
  * using b = Tensor.fromHost(dev, new Float16Array([1, 0, 0, 1, 1, 1]), [3, 2]);
  * using c = Tensor.empty(dev, [2, 2], "f32");
- * matmul(a, b, c);
+ * matmul(a, b, { out: c });
  * assert.deepStrictEqual([...await c.toHost()], [4, 5, 10, 11]);
  * ```
  */
-export function matmul(a: Tensor, b: Tensor, out: Tensor, options: MatmulOptions = {}): void {
+export function matmul(a: Tensor, b: Tensor, options: MatmulOptions): void {
   const action = "run matmul";
+  const out = options?.out;
   tensor(a, "a", ["f16"], action);
   tensor(b, "b", ["f16"], action);
   tensor(out, "out", ["f16", "f32"], action);
@@ -389,12 +450,12 @@ function convGeometry(
   x: Tensor,
   w: Tensor,
   y: Tensor,
-  options: Conv2dOptions,
+  options: Conv2dGeometry,
   action: string,
-  names: [string, string],
+  names: [string, string, string],
 ): ConvGeometry {
   rank(x, names[0], [4], action);
-  rank(w, "w", [4], action);
+  rank(w, names[2], [4], action);
   rank(y, names[1], [4], action);
   const stride = int(options.stride ?? 1, "stride", 1, action);
   const pad = int(options.padding ?? 0, "padding", 0, action);
@@ -402,7 +463,9 @@ function convGeometry(
   const [co, c2, kh, kw] = w.shape;
   if (c2 !== c) {
     throw new RangeError(
-      `Cannot ${action}: w [${w.shape}] expects ${c2} input channels, ${names[0]} has [${x.shape}]`,
+      `Cannot ${action}: ${names[2]} [${w.shape}] expects ${c2} input channels, ${
+        names[0]
+      } has [${x.shape}]`,
     );
   }
   if (kh < 1 || kw < 1 || h + 2 * pad < kh || wi + 2 * pad < kw) {
@@ -424,9 +487,8 @@ function convArgs(g: ConvGeometry): [bigint, bigint, bigint, bigint, bigint, num
  * 2-D convolution (cross-correlation, zero padding), fp16 in and out.
  *
  * @param x f16 [N, C, H, W].
- * @param w f16 [Co, C, kh, kw].
  * @param y f16 [N, Co, OH, OW], OH = floor((H + 2·padding − kh) / stride) + 1.
- * @param options stride, padding, stream.
+ * @param options weight (f16 [Co, C, kh, kw]); stride, padding, stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
  * @example A 3x3 box filter
@@ -439,16 +501,17 @@ function convArgs(g: ConvGeometry): [bigint, bigint, bigint, bigint, bigint, num
  * using x = Tensor.fromHost(dev, new Float16Array(9).fill(1), [1, 1, 3, 3]);
  * using w = Tensor.fromHost(dev, new Float16Array(9).fill(1), [1, 1, 3, 3]);
  * using y = Tensor.empty(dev, [1, 1, 3, 3], "f16");
- * conv2dForward(x, w, y, { padding: 1 });
+ * conv2dForward(x, y, { weight: w, padding: 1 });
  * assert.deepStrictEqual([...await y.toHost()], [4, 6, 4, 6, 9, 6, 4, 6, 4]);
  * ```
  */
-export function conv2dForward(x: Tensor, w: Tensor, y: Tensor, options: Conv2dOptions = {}): void {
+export function conv2dForward(x: Tensor, y: Tensor, options: Conv2dOptions): void {
   const action = "run conv2dForward";
+  const w = options?.weight;
   tensor(x, "x", ["f16"], action);
-  tensor(w, "w", ["f16"], action);
+  tensor(w, "weight", ["f16"], action);
   tensor(y, "y", ["f16"], action);
-  const g = convGeometry(x, w, y, options, action, ["x", "y"]);
+  const g = convGeometry(x, w, y, options, action, ["x", "y", "weight"]);
   using launched = launch(action, options, x, w, y);
   const { device, stream } = launched;
   device.check(
@@ -461,7 +524,7 @@ export function conv2dForward(x: Tensor, w: Tensor, y: Tensor, options: Conv2dOp
       g.pad,
       stream,
     ),
-    `${action} x [${x.shape}] w [${w.shape}]`,
+    `${action} x [${x.shape}] weight [${w.shape}]`,
   );
 }
 
@@ -469,9 +532,8 @@ export function conv2dForward(x: Tensor, w: Tensor, y: Tensor, options: Conv2dOp
  * Input gradient of {@linkcode conv2dForward} (overwrites `dx`).
  *
  * @param dy f16 [N, Co, OH, OW].
- * @param w f16 [Co, C, kh, kw].
- * @param dx f16 [N, C, H, W].
- * @param options The forward's stride and padding; stream.
+ * @param dx f16 [N, C, H, W], overwritten.
+ * @param options weight (f16 [Co, C, kh, kw]); the forward's stride and padding; stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
  * @example The adjoint of a 1x1 convolution
@@ -484,21 +546,17 @@ export function conv2dForward(x: Tensor, w: Tensor, y: Tensor, options: Conv2dOp
  * using dy = Tensor.fromHost(dev, new Float16Array([1, 2]), [1, 2, 1, 1]);
  * using w = Tensor.fromHost(dev, new Float16Array([3, 4]), [2, 1, 1, 1]);
  * using dx = Tensor.empty(dev, [1, 1, 1, 1], "f16");
- * conv2dBackwardData(dy, w, dx);
+ * conv2dBackwardData(dy, dx, { weight: w });
  * assert.deepStrictEqual([...await dx.toHost()], [11]);
  * ```
  */
-export function conv2dBackwardData(
-  dy: Tensor,
-  w: Tensor,
-  dx: Tensor,
-  options: Conv2dOptions = {},
-): void {
+export function conv2dBackwardData(dy: Tensor, dx: Tensor, options: Conv2dOptions): void {
   const action = "run conv2dBackwardData";
+  const w = options?.weight;
   tensor(dy, "dy", ["f16"], action);
-  tensor(w, "w", ["f16"], action);
+  tensor(w, "weight", ["f16"], action);
   tensor(dx, "dx", ["f16"], action);
-  const g = convGeometry(dx, w, dy, options, action, ["dx", "dy"]);
+  const g = convGeometry(dx, w, dy, options, action, ["dx", "dy", "weight"]);
   using launched = launch(action, options, dy, w, dx);
   const { device, stream } = launched;
   device.check(
@@ -511,17 +569,17 @@ export function conv2dBackwardData(
       g.pad,
       stream,
     ),
-    `${action} dx [${dx.shape}] w [${w.shape}]`,
+    `${action} dx [${dx.shape}] weight [${w.shape}]`,
   );
 }
 
 /**
  * Weight gradient of {@linkcode conv2dForward}, summed over the batch.
  *
- * @param x f16 [N, C, H, W] (the forward's input).
  * @param dy f16 [N, Co, OH, OW].
- * @param dw f16 or f32 [Co, C, kh, kw].
- * @param options The forward's stride and padding; accumulate; stream.
+ * @param dw f16 or f32 [Co, C, kh, kw], overwritten (added to with `accumulate`).
+ * @param options x (the forward's input, f16 [N, C, H, W]); the forward's stride and
+ *   padding; accumulate; stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
  * @example A 1x1 convolution's weight gradient
@@ -534,21 +592,21 @@ export function conv2dBackwardData(
  * using x = Tensor.fromHost(dev, new Float16Array([1, 2, 3, 4]), [1, 1, 2, 2]);
  * using dy = Tensor.fromHost(dev, new Float16Array([1, 1, 1, 1]), [1, 1, 2, 2]);
  * using dw = Tensor.empty(dev, [1, 1, 1, 1], "f32");
- * conv2dBackwardWeight(x, dy, dw);
+ * conv2dBackwardWeight(dy, dw, { x });
  * assert.deepStrictEqual([...await dw.toHost()], [10]);
  * ```
  */
 export function conv2dBackwardWeight(
-  x: Tensor,
   dy: Tensor,
   dw: Tensor,
-  options: Conv2dBackwardWeightOptions = {},
+  options: Conv2dBackwardWeightOptions,
 ): void {
   const action = "run conv2dBackwardWeight";
+  const x = options?.x;
   tensor(x, "x", ["f16"], action);
   tensor(dy, "dy", ["f16"], action);
   tensor(dw, "dw", ["f16", "f32"], action);
-  const g = convGeometry(x, dw, dy, options, action, ["x", "dy"]);
+  const g = convGeometry(x, dw, dy, options, action, ["x", "dy", "dw"]);
   using launched = launch(action, options, x, dy, dw);
   const { device, stream } = launched;
   device.check(
@@ -572,8 +630,8 @@ export function conv2dBackwardWeight(
  *
  * @param x f16 [N, C, H, W].
  * @param y f16 [N, C, OH, OW], OH = floor((H − kernel) / stride) + 1.
- * @param indices i32 shaped like `y` (position iy·W + ix in the input plane), or null.
- * @param options kernel, stride (default kernel), stream.
+ * @param options kernel, stride (default kernel); indices (i32 shaped like `y`: position
+ *   iy·W + ix in the input plane; default null), stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
  * @example 2x2 pooling
@@ -586,18 +644,14 @@ export function conv2dBackwardWeight(
  * using x = Tensor.fromHost(dev, new Float16Array([1, 5, 3, 2]), [1, 1, 2, 2]);
  * using y = Tensor.empty(dev, [1, 1, 1, 1], "f16");
  * using idx = Tensor.empty(dev, [1, 1, 1, 1], "i32");
- * maxPool2dForward(x, y, idx, { kernel: 2 });
+ * maxPool2dForward(x, y, { kernel: 2, indices: idx });
  * assert.deepStrictEqual([...await y.toHost()], [5]);
  * assert.deepStrictEqual([...await idx.toHost()], [1]);
  * ```
  */
-export function maxPool2dForward(
-  x: Tensor,
-  y: Tensor,
-  indices: Tensor | null,
-  options: MaxPool2dOptions,
-): void {
+export function maxPool2dForward(x: Tensor, y: Tensor, options: MaxPool2dOptions): void {
   const action = "run maxPool2dForward";
+  const indices = options?.indices ?? null;
   tensor(x, "x", ["f16"], action);
   tensor(y, "y", ["f16"], action);
   if (indices !== null) tensor(indices, "indices", ["i32"], action);
@@ -635,9 +689,8 @@ export function maxPool2dForward(
  * overwrites `dx`.
  *
  * @param dy f16 [N, C, OH, OW].
- * @param indices i32 [N, C, OH, OW] from the forward.
- * @param dx f16 [N, C, H, W].
- * @param options stream.
+ * @param dx f16 [N, C, H, W], overwritten.
+ * @param options indices (i32 [N, C, OH, OW] from the forward), stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
  * @example Routing the gradient to the maximum
@@ -650,17 +703,17 @@ export function maxPool2dForward(
  * using dy = Tensor.fromHost(dev, new Float16Array([7]), [1, 1, 1, 1]);
  * using idx = Tensor.fromHost(dev, new Int32Array([2]), [1, 1, 1, 1]);
  * using dx = Tensor.empty(dev, [1, 1, 2, 2], "f16");
- * maxPool2dBackward(dy, idx, dx);
+ * maxPool2dBackward(dy, dx, { indices: idx });
  * assert.deepStrictEqual([...await dx.toHost()], [0, 0, 7, 0]);
  * ```
  */
 export function maxPool2dBackward(
   dy: Tensor,
-  indices: Tensor,
   dx: Tensor,
-  options: OpOptions = {},
+  options: MaxPool2dBackwardOptions,
 ): void {
   const action = "run maxPool2dBackward";
+  const indices = options?.indices;
   tensor(dy, "dy", ["f16"], action);
   tensor(indices, "indices", ["i32"], action);
   tensor(dx, "dx", ["f16"], action);
@@ -797,12 +850,8 @@ export function batchNormForwardTrain(
  * Batch normalization in evaluation mode (running statistics).
  *
  * @param x f16 [N, C, ...].
- * @param gamma f32 [C].
- * @param beta f32 [C].
- * @param runMean f32 [C].
- * @param runVar f32 [C].
  * @param y f16 like x.
- * @param options eps (1e-5), stream.
+ * @param options gamma, beta, runMean, runVar (f32 [C]); eps (1e-5), stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
  * @example Using the running statistics
@@ -1068,9 +1117,8 @@ export function reluForward(x: Tensor, y: Tensor, options: OpOptions = {}): void
  * `dx = y > 0 ? dy : 0` from relu's output `y` (in place when `dx` is `dy`).
  *
  * @param dy f16.
- * @param y f16, the forward's output.
- * @param dx f16.
- * @param options stream.
+ * @param dx f16, same number of elements (may be `dy`).
+ * @param options y (f16, the forward's output), stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the sizes differ.
  * @example
@@ -1082,12 +1130,13 @@ export function reluForward(x: Tensor, y: Tensor, options: OpOptions = {}): void
  * using dev = Device.open("cpu");
  * using dy = Tensor.fromHost(dev, new Float16Array([5, 6]));
  * using y = Tensor.fromHost(dev, new Float16Array([0, 2]));
- * reluBackward(dy, y, dy);
+ * reluBackward(dy, dy, { y });
  * assert.deepStrictEqual([...await dy.toHost()], [0, 6]);
  * ```
  */
-export function reluBackward(dy: Tensor, y: Tensor, dx: Tensor, options: OpOptions = {}): void {
+export function reluBackward(dy: Tensor, dx: Tensor, options: ReluBackwardOptions): void {
   const action = "run reluBackward";
+  const y = options?.y;
   tensor(dy, "dy", ["f16"], action);
   tensor(y, "y", ["f16"], action);
   tensor(dx, "dx", ["f16"], action);
@@ -1112,10 +1161,9 @@ function crossEntropy(
   logits: Tensor,
   labels: Tensor,
   dlogits: Tensor | null,
-  lossSum: Tensor,
-  correct: Tensor,
-  options: CrossEntropyOptions,
+  options: CrossEntropyForwardOptions & Partial<CrossEntropyOptions>,
 ): void {
+  const lossSum = options?.lossSum, correct = options?.correct;
   tensor(logits, "logits", ["f16"], action);
   tensor(labels, "labels", ["i32"], action);
   tensor(lossSum, "lossSum", ["f32"], action);
@@ -1170,10 +1218,8 @@ function crossEntropy(
  *
  * @param logits f16 [N, K].
  * @param labels i32 [N], each in [0, K).
- * @param dlogits f16 [N, K].
- * @param lossSum f32 [1], added to.
- * @param correct i32 [1], added to.
- * @param options scale (the loss scale, default 1), stream.
+ * @param options dlogits (f16 [N, K], written), lossSum (f32 [1], added to), correct (i32
+ *   [1], added to); scale (the loss scale, default 1) or scaleTensor, stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
  * @throws {PinstreamError} On the CPU backend, when a label is out of range.
@@ -1189,7 +1235,7 @@ function crossEntropy(
  * using d = Tensor.empty(dev, [1, 2], "f16");
  * using loss = Tensor.fromHost(dev, new Float32Array([0]));
  * using hits = Tensor.fromHost(dev, new Int32Array([0]));
- * crossEntropyForwardBackward(logits, labels, d, loss, hits);
+ * crossEntropyForwardBackward(logits, labels, { dlogits: d, lossSum: loss, correct: hits });
  * assert.ok(Math.abs((await loss.toHost())[0] - Math.LN2) < 1e-6);
  * assert.deepStrictEqual([...await d.toHost()], [0.5, -0.5]);
  * ```
@@ -1197,20 +1243,10 @@ function crossEntropy(
 export function crossEntropyForwardBackward(
   logits: Tensor,
   labels: Tensor,
-  dlogits: Tensor,
-  lossSum: Tensor,
-  correct: Tensor,
-  options: CrossEntropyOptions = {},
+  options: CrossEntropyOptions,
 ): void {
-  crossEntropy(
-    "run crossEntropyForwardBackward",
-    logits,
-    labels,
-    dlogits,
-    lossSum,
-    correct,
-    options,
-  );
+  // A missing dlogits is undefined, not null: the helper rejects it, naming dlogits.
+  crossEntropy("run crossEntropyForwardBackward", logits, labels, options?.dlogits, options);
 }
 
 /**
@@ -1219,9 +1255,7 @@ export function crossEntropyForwardBackward(
  *
  * @param logits f16 [N, K].
  * @param labels i32 [N].
- * @param lossSum f32 [1], added to.
- * @param correct i32 [1], added to.
- * @param options stream.
+ * @param options lossSum (f32 [1], added to), correct (i32 [1], added to), stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
  * @example
@@ -1235,18 +1269,19 @@ export function crossEntropyForwardBackward(
  * using labels = Tensor.fromHost(dev, new Int32Array([0, 0]));
  * using loss = Tensor.fromHost(dev, new Float32Array([0]));
  * using hits = Tensor.fromHost(dev, new Int32Array([0]));
- * crossEntropyForward(logits, labels, loss, hits);
+ * crossEntropyForward(logits, labels, { lossSum: loss, correct: hits });
  * assert.deepStrictEqual([...await hits.toHost()], [1]);
  * ```
  */
 export function crossEntropyForward(
   logits: Tensor,
   labels: Tensor,
-  lossSum: Tensor,
-  correct: Tensor,
-  options: OpOptions = {},
+  options: CrossEntropyForwardOptions,
 ): void {
-  crossEntropy("run crossEntropyForward", logits, labels, null, lossSum, correct, options);
+  // Only the forward's fields: a stray dlogits or scale in a reused options object must
+  // not turn this into the backward.
+  const { lossSum, correct, stream } = options ?? {};
+  crossEntropy("run crossEntropyForward", logits, labels, null, { lossSum, correct, stream });
 }
 
 /**
@@ -1352,10 +1387,9 @@ export function unscaleAndCheck(
  *
  * @param param f32 master weights, updated.
  * @param grad f16 or f32, same number of elements.
- * @param momentumBuf f32 (zero-initialized by the caller), or null when momentum is 0.
- * @param paramHalf f16 copy written after the update, or null.
- * @param options lr, momentum, dampening, nesterov, weightDecay, scale, foundInf, stepsDone,
- * stream.
+ * @param options lr; momentumBuf (f32, zero-initialized by the caller; needed when momentum
+ *   is not 0), paramHalf (f16 copy written after the update); momentum, dampening,
+ *   nesterov, weightDecay, scale, foundInf, stepsDone, stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When sizes differ, or on a bad hyper-parameter.
  * @example Plain SGD
@@ -1368,19 +1402,15 @@ export function unscaleAndCheck(
  * using p = Tensor.fromHost(dev, new Float32Array([1, 2]));
  * using g = Tensor.fromHost(dev, new Float16Array([1, -1]));
  * using h = Tensor.empty(dev, [2], "f16");
- * sgdStep(p, g, null, h, { lr: 0.5 });
+ * sgdStep(p, g, { lr: 0.5, paramHalf: h });
  * assert.deepStrictEqual([...await p.toHost()], [0.5, 2.5]);
  * assert.deepStrictEqual([...await h.toHost()], [0.5, 2.5]);
  * ```
  */
-export function sgdStep(
-  param: Tensor,
-  grad: Tensor,
-  momentumBuf: Tensor | null,
-  paramHalf: Tensor | null,
-  options: SgdStepOptions,
-): void {
+export function sgdStep(param: Tensor, grad: Tensor, options: SgdStepOptions): void {
   const action = "run sgdStep";
+  const momentumBuf = options?.momentumBuf ?? null;
+  const paramHalf = options?.paramHalf ?? null;
   tensor(param, "param", ["f32"], action);
   tensor(grad, "grad", ["f16", "f32"], action);
   sameNumel(param, grad, "param and grad", action);
@@ -1506,8 +1536,8 @@ export function stepCount(
  *
  * @param scale f32 [1].
  * @param growthTracker i32 [1].
- * @param foundInf i32 [1], read only.
- * @param options growthFactor (2), backoffFactor (0.5), growthInterval (2000), stream.
+ * @param options foundInf (i32 [1], read only); growthFactor (2), backoffFactor (0.5),
+ *   growthInterval (2000), stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When a scalar has the wrong size or an option is invalid.
  * @example Back-off on an inf
@@ -1520,7 +1550,7 @@ export function stepCount(
  * using scale = Tensor.fromHost(dev, new Float32Array([65536]));
  * using tracker = Tensor.fromHost(dev, new Int32Array([7]));
  * using flag = Tensor.fromHost(dev, new Int32Array([1]));
- * scalerUpdate(scale, tracker, flag);
+ * scalerUpdate(scale, tracker, { foundInf: flag });
  * assert.deepStrictEqual([...await scale.toHost()], [32768]);
  * assert.deepStrictEqual([...await tracker.toHost()], [0]);
  * ```
@@ -1528,10 +1558,10 @@ export function stepCount(
 export function scalerUpdate(
   scale: Tensor,
   growthTracker: Tensor,
-  foundInf: Tensor,
-  options: ScalerUpdateOptions = {},
+  options: ScalerUpdateOptions,
 ): void {
   const action = "run scalerUpdate";
+  const foundInf = options?.foundInf;
   tensor(scale, "scale", ["f32"], action);
   tensor(growthTracker, "growthTracker", ["i32"], action);
   tensor(foundInf, "foundInf", ["i32"], action);
@@ -1564,8 +1594,7 @@ export function scalerUpdate(
  *
  * @param src f32, the values to restore.
  * @param dst f32, same number of elements.
- * @param flag i32 [1].
- * @param options stream.
+ * @param options flag (i32 [1]), stream.
  * @throws {TypeError} On a wrong dtype or tensors on different devices.
  * @throws {RangeError} When the sizes differ or the flag is not one element.
  * @example
@@ -1579,14 +1608,15 @@ export function scalerUpdate(
  * using x = Tensor.fromHost(dev, new Float32Array([NaN, NaN]));
  * using clear = Tensor.fromHost(dev, new Int32Array([0]));
  * using set = Tensor.fromHost(dev, new Int32Array([1]));
- * copyIf(saved, x, clear);
+ * copyIf(saved, x, { flag: clear });
  * assert.ok((await x.toHost()).every(Number.isNaN));
- * copyIf(saved, x, set);
+ * copyIf(saved, x, { flag: set });
  * assert.deepStrictEqual([...await x.toHost()], [1, 2]);
  * ```
  */
-export function copyIf(src: Tensor, dst: Tensor, flag: Tensor, options: OpOptions = {}): void {
+export function copyIf(src: Tensor, dst: Tensor, options: CopyIfOptions): void {
   const action = "run copyIf";
+  const flag = options?.flag;
   tensor(src, "src", ["f32"], action);
   tensor(dst, "dst", ["f32"], action);
   tensor(flag, "flag", ["i32"], action);

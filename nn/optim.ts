@@ -171,8 +171,10 @@ export class SGD {
     const stepsDone = this.stepsDone;
     for (let i = 0; i < this.params.length; i++) {
       const p = this.params[i];
-      ops.sgdStep(p.master, p.grad, this.momentum !== 0 ? this.#buffer(i) : null, p.half, {
+      ops.sgdStep(p.master, p.grad, {
         lr: this.lr,
+        momentumBuf: this.momentum !== 0 ? this.#buffer(i) : null,
+        paramHalf: p.half,
         momentum: this.momentum,
         dampening: this.dampening,
         nesterov: this.nesterov,

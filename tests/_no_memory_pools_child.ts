@@ -46,8 +46,8 @@ for (const dtype of ["f32", "f16"] as const) {
     using tx = Tensor.fromHost(dev, x, [n, c, h, w]);
     using tdy = Tensor.fromHost(dev, dy, [n, co, h, w]);
     using tdw = Tensor.empty(dev, [co, c, k, k], dtype);
-    ops.conv2dBackwardWeight(tx, tdy, tdw, { padding: 1 });
-    ops.conv2dBackwardWeight(tx, tdy, tdw, { padding: 1, accumulate: true });
+    ops.conv2dBackwardWeight(tdy, tdw, { x: tx, padding: 1 });
+    ops.conv2dBackwardWeight(tdy, tdw, { x: tx, padding: 1, accumulate: true });
     out.push([...await tdw.toHost()]);
   }
   // The tolerances of tests/nn_kernels_test.ts (accumulated twice: 2 * terms for f32).
