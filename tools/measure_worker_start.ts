@@ -371,7 +371,21 @@ for (const r of rows) {
   console.log(
     `| ${r.mode} | ${r.cache} | ${r.gets} (${r.workerGets}) | ${r.firstBatchMs} (${
       (r.firstBatchAllMs as number[]).join(", ")
-    }) | ${r.epochMs} | ${r.promptCount}: ${r.prompts} | ${r.checks} |`,
+    }) | ${r.epochMs} | ${PROMPTS ? `${r.promptCount}: ${r.prompts}` : "not run"} | ${r.checks} |`,
   );
 }
-if (args.json) await Deno.writeTextFile(args.json, JSON.stringify(rows, null, 2) + "\n");
+if (args.json) {
+  const git = await new Deno.Command("git", { args: ["rev-parse", "HEAD"], cwd: CHECKOUT })
+    .output().catch(() => null);
+  const record = {
+    date: new Date().toISOString(),
+    deno: Deno.version.deno,
+    cpus: navigator.hardwareConcurrency,
+    loadavg: Deno.loadavg(),
+    commit: git?.success ? new TextDecoder().decode(git.stdout).trim() : "unknown",
+    variant: VARIANT,
+    runs: RUNS,
+    rows,
+  };
+  await Deno.writeTextFile(args.json, JSON.stringify(record, null, 2) + "\n");
+}
