@@ -114,6 +114,14 @@ export {
   toDevice,
   type ToDeviceOptions,
 } from "./pipeline/prefetcher.ts";
+export { gatherRows, imageAugment, imageLabelsI32 } from "./pipeline/image_ops.ts";
+export type {
+  GatherRowsOptions,
+  ImageAugmentOptions,
+  ImageLabelsOptions,
+  ImageOpOptions,
+  RawMemory,
+} from "./pipeline/image_ops.ts";
 export { DeviceDataset, DeviceLoader } from "./pipeline/resident.ts";
 export type { DeviceDatasetOptions, DeviceLoaderOptions } from "./pipeline/resident.ts";
 

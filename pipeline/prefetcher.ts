@@ -40,6 +40,7 @@ import type { DataLoader } from "../loader/data_loader.ts";
 import { RingBatch, type RingField, type StagingRing } from "../loader/ring.ts";
 import { refuseUnknownKeys } from "../ffi/_options.ts";
 import { range } from "../ffi/profiler.ts";
+import { imageAugment, imageLabelsI32 } from "./image_ops.ts";
 import {
   augmentHost,
   type ImageDtype,
@@ -1166,41 +1167,22 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     src: Deno.PointerValue,
     params: Deno.PointerValue,
     labelSrc: Deno.PointerValue,
-    n: number,
+    // The batch size: the wrappers read it (and c, h, w) from the views, [n, c, h, w] and [n].
+    _n: number,
     images: Tensor,
     labels: Tensor,
   ): void {
-    const res = this.#r, g = res.g, dev = this.#p.device, aff = this.#p._affine();
-    const st = res.compute.handle;
-    using _ = range("pipeline.augment", { stream: res.compute });
-    dev.check(
-      dev.lib.symbols.ps_image_augment(
-        src,
-        res.layout === "nhwc" ? 0 : 1,
-        n,
-        g.c,
-        g.h,
-        g.w,
-        this.#p.padding,
-        params,
-        aff.scale,
-        aff.bias,
-        images.pointer,
-        this.#p.dtype === "f16" ? 0 : 1,
-        st,
-      ),
-      "augment a batch on the device",
-    );
-    dev.check(
-      dev.lib.symbols.ps_image_labels_i32(
-        labelSrc,
-        LABEL_BYTES[g.labelField.dtype],
-        n,
-        labels.pointer,
-        st,
-      ),
-      "widen labels on the device",
-    );
+    const res = this.#r, g = res.g, stream = res.compute;
+    using _ = range("pipeline.augment", { stream });
+    // Bare pointers: the ring's fields were laid out and checked when it was built.
+    imageAugment(src, images, {
+      layout: res.layout,
+      affine: this.#p._affine(),
+      padding: this.#p.padding,
+      params,
+      stream,
+    });
+    imageLabelsI32(labelSrc, labels, { labelBytes: LABEL_BYTES[g.labelField.dtype], stream });
   }
 
   async #finish(early: boolean): Promise<void> {

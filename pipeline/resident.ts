@@ -49,6 +49,7 @@ import {
   type NormalizeAffine,
   normalizeAffine,
 } from "./augment.ts";
+import { gatherRows, imageAugment, imageLabelsI32 } from "./image_ops.ts";
 import type { DeviceBatch } from "./prefetcher.ts";
 
 /** Options of a {@linkcode DeviceDataset}. */
@@ -361,7 +362,7 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     if (this.#disposed) throw new Error("Cannot iterate a DeviceLoader: it is disposed");
     const ds = this.dataset, dev = ds.device, src = ds._source();
     const bufs = this.#buffersFor(src.imageBytes, src.labelBytes);
-    const st = this.#stream?.handle ?? null;
+    const stream = this.#stream;
     let index = 0;
     for await (const rb of this.#order) {
       const n = rb.size;
@@ -378,53 +379,17 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
       }
       const { images, labels } = this.#viewsFor(n);
       dev.makeCurrent();
-      const s = dev.lib.symbols;
-      dev.check(
-        s.ps_gather_rows(
-          src.images.pointerAt(0),
-          BigInt(ds.length),
-          BigInt(src.imageBytes),
-          bufs.idx.pointerAt(0),
-          n,
-          bufs.raw.pointerAt(0),
-          st,
-        ),
-        "gather a batch of images on the device",
-      );
-      dev.check(
-        s.ps_image_augment(
-          bufs.raw.pointerAt(0),
-          ds.layout === "nhwc" ? 0 : 1,
-          n,
-          ds.channels,
-          ds.height,
-          ds.width,
-          this.#padding,
-          params ? bufs.params.pointerAt(0) : null,
-          this.#affine.scale,
-          this.#affine.bias,
-          images.pointer,
-          this.dtype === "f16" ? 0 : 1,
-          st,
-        ),
-        "augment a batch on the device",
-      );
-      dev.check(
-        s.ps_gather_rows(
-          src.labels.pointerAt(0),
-          BigInt(ds.length),
-          BigInt(src.labelBytes),
-          bufs.idx.pointerAt(0),
-          n,
-          bufs.lab.pointerAt(0),
-          st,
-        ),
-        "gather a batch of labels on the device",
-      );
-      dev.check(
-        s.ps_image_labels_i32(bufs.lab.pointerAt(0), src.labelBytes, n, labels.pointer, st),
-        "widen labels on the device",
-      );
+      const rows = { indices: bufs.idx, count: n, rows: ds.length, stream };
+      gatherRows(src.images, bufs.raw, { ...rows, rowBytes: src.imageBytes });
+      imageAugment(bufs.raw, images, {
+        layout: ds.layout,
+        affine: this.#affine,
+        padding: this.#padding,
+        params: params ? bufs.params : null,
+        stream,
+      });
+      gatherRows(src.labels, bufs.lab, { ...rows, rowBytes: src.labelBytes });
+      imageLabelsI32(bufs.lab, labels, { labelBytes: src.labelBytes, stream });
       yield { images, labels, size: n, index: index++, epoch: rb.epoch };
     }
   }

@@ -1,0 +1,106 @@
+// The typed image wrappers (pipeline/image_ops.ts): the same bits as the host reference, and
+// errors that name the argument at fault before anything reaches the kernel.
+import assert from "node:assert";
+import {
+  augmentHost,
+  Device,
+  DeviceBuffer,
+  gatherRows,
+  imageAugment,
+  imageLabelsI32,
+  normalizeAffine,
+  Tensor,
+} from "../mod.ts";
+
+Deno.test("[cpu] imageAugment equals augmentHost with params, padding and either layout", async () => {
+  using dev = Device.open("cpu");
+  const n = 3, c = 3, h = 5, w = 4, pad = 2;
+  const bytes = Uint8Array.from({ length: n * c * h * w }, (_, i) => (i * 37 + 11) & 255);
+  const params = new Int32Array([0, 0, 1, 2, 3, 0, 4, 4, 1]);
+  const affine = normalizeAffine([0.5, 0.4, 0.3], [0.2, 0.25, 0.3]);
+  using src = DeviceBuffer.alloc(dev, bytes.length + 8);
+  src.copyFrom(bytes, { dstOffset: 8 });
+  using p = DeviceBuffer.alloc(dev, params.byteLength);
+  p.copyFrom(params);
+  for (const layout of ["nhwc", "nchw"] as const) {
+    for (const dtype of ["f16", "f32"] as const) {
+      using out = Tensor.empty(dev, [n, c, h, w], dtype);
+      imageAugment(src, out, { layout, affine, padding: pad, params: p, srcOffset: 8 });
+      const ref = dtype === "f16" ? new Float16Array(out.numel) : new Float32Array(out.numel);
+      augmentHost(bytes, params, ref, {
+        n,
+        channels: c,
+        height: h,
+        width: w,
+        layout,
+        pad,
+        affine,
+      });
+      assert.deepStrictEqual([...await out.toHost()], [...ref], `${layout} ${dtype}`);
+    }
+  }
+});
+
+Deno.test("[cpu] image wrappers name the argument at fault", () => {
+  using dev = Device.open("cpu");
+  using src = DeviceBuffer.alloc(dev, 12);
+  using out = Tensor.empty(dev, [1, 3, 2, 2], "f16");
+  const affine = normalizeAffine([0, 0, 0], [1, 1, 1]);
+  assert.throws(() => imageAugment(src, out, { layout: "nhwc", affine, srcOffset: 1 }), {
+    name: "RangeError",
+    message: /src must hold 12 bytes from offset 1, got a buffer of 12/,
+  });
+  assert.throws(
+    () => imageAugment(src, out, { layout: "nchw", affine: normalizeAffine([0], [1]) }),
+    { name: "RangeError", message: /affine\.scale must be a Float32Array of 3/ },
+  );
+  assert.throws(
+    // @ts-expect-error a layout the kernel does not know
+    () => imageAugment(src, out, { layout: "hwc", affine }),
+    { name: "TypeError", message: /layout must be "nhwc" or "nchw", got hwc/ },
+  );
+  using small = DeviceBuffer.alloc(dev, 8);
+  assert.throws(() => imageAugment(src, out, { layout: "nhwc", affine, params: small }), {
+    name: "RangeError",
+    message: /params must hold 12 bytes/,
+  });
+  using i32 = Tensor.empty(dev, [1, 3, 2, 2], "i32");
+  assert.throws(() => imageAugment(src, i32, { layout: "nhwc", affine }), {
+    name: "TypeError",
+    message: /out must be f16 or f32, got i32/,
+  });
+  using labels = Tensor.empty(dev, [4], "i32");
+  assert.throws(() => imageLabelsI32(src, labels, { labelBytes: 3 }), {
+    name: "RangeError",
+    message: /labelBytes must be 1, 2 or 4, got 3/,
+  });
+  assert.throws(() => imageLabelsI32(small, labels, { labelBytes: 4 }), {
+    name: "RangeError",
+    message: /src must hold 16 bytes/,
+  });
+  assert.throws(() => gatherRows(src, small, { indices: small, count: 2, rowBytes: 6 }), {
+    name: "RangeError",
+    message: /dst must hold 12 bytes/,
+  });
+  assert.throws(() => gatherRows(src, src, { indices: small, count: 3, rowBytes: 1 }), {
+    name: "RangeError",
+    message: /indices must hold 12 bytes/,
+  });
+  assert.throws(() => gatherRows(src, small, { indices: small, count: 1, rowBytes: 4, rows: 4 }), {
+    name: "RangeError",
+    message: /src must hold 16 bytes/,
+  });
+});
+
+Deno.test("[cpu] imageLabelsI32 widens uint16 labels and gatherRows refuses an index past the rows", async () => {
+  using dev = Device.open("cpu");
+  using src = DeviceBuffer.alloc(dev, 6);
+  src.copyFrom(new Uint16Array([1, 65535, 300]));
+  using labels = Tensor.empty(dev, [3], "i32");
+  imageLabelsI32(src, labels, { labelBytes: 2 });
+  assert.deepStrictEqual([...await labels.toHost()], [1, 65535, 300]);
+  using idx = DeviceBuffer.alloc(dev, 4);
+  idx.copyFrom(new Int32Array([3]));
+  using dst = DeviceBuffer.alloc(dev, 2);
+  assert.throws(() => gatherRows(src, dst, { indices: idx, count: 1, rowBytes: 2 }));
+});
