@@ -104,6 +104,7 @@ export {
   type AugmentHostOptions,
   type ImageDtype,
   type ImageLayout,
+  imageShape,
   type NormalizeAffine,
   normalizeAffine,
 } from "./pipeline/augment.ts";

@@ -202,3 +202,40 @@ export function augmentHost(
     }
   }
 }
+
+/**
+ * The channels, height and width of a u8 image field's per-sample shape: `[H, W]` (one
+ * channel), `[C, H, W]` for "nchw" or `[H, W, C]` for "nhwc", with 1 to 4 channels.
+ *
+ * @param shape The per-sample shape.
+ * @param layout How the image is laid out.
+ * @param what What is being done and to which field, for errors ("create a DevicePrefetcher:
+ * field \"image\"").
+ * @returns `{ c, h, w }`.
+ * @throws {RangeError} Naming the field and its shape when it is none of those.
+ *
+ * @example
+ * ```ts
+ * import { imageShape } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * assert.deepStrictEqual(imageShape([32, 32, 3], "nhwc", "x"), { c: 3, h: 32, w: 32 });
+ * ```
+ */
+export function imageShape(
+  shape: readonly number[],
+  layout: ImageLayout,
+  what: string,
+): { c: number; h: number; w: number } {
+  const s = shape;
+  let c: number, h: number, w: number;
+  if (s.length === 2) [c, h, w] = [1, s[0], s[1]];
+  else if (s.length === 3 && layout === "nchw") [c, h, w] = [s[0], s[1], s[2]];
+  else if (s.length === 3) [h, w, c] = [s[0], s[1], s[2]];
+  else {
+    throw new RangeError(`Cannot ${what} has shape [${s}], need [C, H, W], [H, W, C] or [H, W]`);
+  }
+  if (c < 1 || c > MAX_CHANNELS) {
+    throw new RangeError(`Cannot ${what} has ${c} channels, the kernel takes 1..${MAX_CHANNELS}`);
+  }
+  return { c, h, w };
+}

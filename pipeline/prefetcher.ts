@@ -45,6 +45,7 @@ import {
   augmentHost,
   type ImageDtype,
   type ImageLayout,
+  imageShape,
   MAX_CHANNELS,
   type NormalizeAffine,
   normalizeAffine,
@@ -604,19 +605,7 @@ function geometry(
       `Cannot ${action}: field "${imageName}" is ${imageField.dtype}, need u8 images`,
     );
   }
-  const s = imageField.sampleShape;
-  let c: number, h: number, w: number;
-  if (s.length === 2) [c, h, w] = [1, s[0], s[1]];
-  else if (s.length === 3 && layout === "nchw") [c, h, w] = [s[0], s[1], s[2]];
-  else if (s.length === 3) [h, w, c] = [s[0], s[1], s[2]];
-  else {
-    throw new RangeError(
-      `Cannot ${action}: field "${imageName}" has shape [${s}], need [C, H, W], [H, W, C] or [H, W]`,
-    );
-  }
-  if (c < 1 || c > MAX_CHANNELS) {
-    throw new RangeError(`Cannot ${action}: ${c} channels, the kernel takes 1..${MAX_CHANNELS}`);
-  }
+  const { c, h, w } = imageShape(imageField.sampleShape, layout, `${action}: field "${imageName}"`);
   if (LABEL_BYTES[labelField.dtype] === undefined || labelField.sampleShape.length !== 0) {
     throw new RangeError(
       `Cannot ${action}: field "${labelName}" is ${labelField.dtype} [${labelField.sampleShape}], ` +

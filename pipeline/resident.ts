@@ -46,6 +46,7 @@ import { TensorDataset } from "../loader/datasets/tensor.ts";
 import {
   type ImageDtype,
   type ImageLayout,
+  imageShape,
   type NormalizeAffine,
   normalizeAffine,
 } from "./augment.ts";
@@ -162,16 +163,7 @@ export class DeviceDataset implements Disposable {
     if (image.dtype !== "u8") {
       throw new RangeError(`Cannot ${action}: field "${image.name}" is ${image.dtype}, need u8`);
     }
-    const s = image.shape;
-    let c: number, h: number, w: number;
-    if (s.length === 2) [c, h, w] = [1, s[0], s[1]];
-    else if (s.length === 3 && layout === "nchw") [c, h, w] = [s[0], s[1], s[2]];
-    else if (s.length === 3) [h, w, c] = [s[0], s[1], s[2]];
-    else {
-      throw new RangeError(
-        `Cannot ${action}: field "${image.name}" has shape [${s}], need [C, H, W], [H, W, C] or [H, W]`,
-      );
-    }
+    const { c, h, w } = imageShape(image.shape, layout, `${action}: field "${image.name}"`);
     if (LABEL_BYTES[label.dtype] === undefined || label.shape.length !== 0) {
       throw new RangeError(
         `Cannot ${action}: field "${label.name}" is ${label.dtype} [${label.shape}], need one ` +
