@@ -20,8 +20,13 @@
  */
 
 import "./_no_punycode_warning.ts";
-import * as vl from "vega-lite";
-import * as vega from "vega";
+// Inline npm specifiers, not deno.json imports: an import map entry makes Deno fetch the
+// package for every script of the project (a fresh `deno run examples/cifar.ts` would need
+// the npm registry); inline, only what draws a chart fetches it.
+// deno-lint-ignore no-import-prefix
+import * as vl from "npm:vega-lite@5.21.0";
+// deno-lint-ignore no-import-prefix
+import * as vega from "npm:vega@5.30.0";
 
 /** A benchmark result as the bench scripts write it (only what the charts read). */
 export interface BenchResult {

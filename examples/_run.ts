@@ -20,6 +20,10 @@ import {
 } from "../nn/mod.ts";
 import { statePathFor } from "../nn/checkpoint.ts";
 
+/** The chart module, loaded only when a chart is drawn: its npm packages are fetched then, and
+ * a run that draws none needs no network (a literal specifier would be fetched up front). */
+const CHARTS: string = new URL("../bench/_chart.ts", import.meta.url).href;
+
 /** Command-line options shared by the examples. */
 export interface TrainArgs {
   data?: string;
@@ -349,7 +353,7 @@ export function summaryText(
  */
 async function drawCurves(logPath: string): Promise<string> {
   try {
-    const { curvesSvg } = await import("../bench/_chart.ts");
+    const { curvesSvg } = await import(CHARTS);
     const svg = await curvesSvg(await MetricsLog.read(logPath));
     await Deno.writeTextFile(`${logPath}.svg`, svg);
     return ` (+ curves: ${logPath}.svg)`;

@@ -22,6 +22,10 @@ import { FASHION_MEAN, FASHION_STD, fashionModel } from "./fashion_mnist.ts";
 import { CIFAR_MEAN, CIFAR_STD, cifarModel, defaultCifarRoot, shapesDataset } from "./cifar.ts";
 import { CIFAR10 } from "../loader/datasets/cifar10.ts";
 
+/** The chart module, loaded only when a chart is drawn: its npm packages are fetched then, and
+ * a run that draws none needs no network (a literal specifier would be fetched up front). */
+const CHARTS: string = new URL("../bench/_chart.ts", import.meta.url).href;
+
 const CLI = {
   usage: "deno task doctor [options]",
   summary: "Does training wait for data? Synthetic against real steps, a worker sweep, prefetch " +
@@ -123,7 +127,7 @@ function table(r: DoctorReport): string {
 }
 
 async function chart(r: DoctorReport, note: string): Promise<string> {
-  const { chartSvg } = await import("../bench/_chart.ts");
+  const { chartSvg } = await import(CHARTS);
   const rows = [
     {
       name: "device-resident batch (no loader)",
