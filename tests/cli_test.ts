@@ -167,3 +167,20 @@ Deno.test("an example run without permissions says which flag to add and why, in
     );
   }
 });
+
+Deno.test("a fresh cache runs an example without fetching anything (no npm package up front)", async () => {
+  const cache = await Deno.makeTempDir();
+  try {
+    const r = await new Deno.Command(Deno.execPath(), {
+      args: ["run", new URL("examples/cifar.ts", ROOT).pathname, "--help"],
+      env: { NO_COLOR: "1", DENO_DIR: cache },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const err = new TextDecoder().decode(r.stderr);
+    assert.strictEqual(r.code, 0, err);
+    assert.doesNotMatch(err, /Download/, "the chart library must load only when a chart is drawn");
+  } finally {
+    await Deno.remove(cache, { recursive: true });
+  }
+});
