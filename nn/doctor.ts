@@ -124,7 +124,11 @@ export interface DoctorReport {
   resident?: { stepsPerSecond: number; samplesPerSecond: number };
   /** best.stepsPerSecond / synthetic.stepsPerSecond (1 = input costs nothing). */
   realOverSynthetic: number;
-  /** Whether input holds training back (real below 90% of synthetic). */
+  /**
+   * Whether input holds training back: fed steps below 90% of the synthetic rate, and more than
+   * 5% of each step spent waiting for data (a gap without waiting is the compute's: real
+   * batches can cost more than a synthetic one, on a CPU backend the workers share its cores).
+   */
   inputBound: boolean;
   /** The findings in words, one sentence each. */
   verdict: string;
@@ -226,7 +230,7 @@ export async function diagnose(options: DoctorOptions): Promise<DoctorReport> {
       best,
       resident,
       realOverSynthetic: ratio,
-      inputBound: ratio < 0.9,
+      inputBound: ratio < 0.9 && best.inputWaitShare > 0.05,
       verdict: "",
     };
     report.verdict = doctorVerdict(report);
@@ -423,6 +427,13 @@ export function doctorVerdict(r: DoctorReport): string {
       `input-bound: ${pct(r.best.inputWaitShare)} of each step waits for data at the best ` +
         `setting, and training runs at ${pct(r.realOverSynthetic)} of its rate on a ` +
         `device-resident batch`,
+    );
+  } else if (r.realOverSynthetic < 0.9) {
+    out.push(
+      `not input-bound: only ${pct(r.best.inputWaitShare)} of each step waits for data, yet ` +
+        `fed steps run at ${pct(r.realOverSynthetic)} of the rate on a device-resident batch: ` +
+        "the gap is in the step itself (real batches cost more than the synthetic one, or the " +
+        "loader's workers take cores the compute needs)",
     );
   } else {
     out.push(
