@@ -46,7 +46,6 @@ import {
   type ImageDtype,
   type ImageLayout,
   imageShape,
-  MAX_CHANNELS,
   type NormalizeAffine,
   normalizeAffine,
 } from "./augment.ts";
