@@ -148,6 +148,20 @@ function fmtRate(x: number): string {
  * @returns The measurements and the verdict.
  * @throws {TypeError} On an unknown option or a dataset without `sharedFields()`.
  * @throws {RangeError} On a non-positive batch size or step count, or a bad worker count.
+ *
+ * @example
+ * ```ts
+ * import { Device, diagnose, Flatten, Linear, Sequential, TensorDataset } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * const images = new Uint8Array(new SharedArrayBuffer(128 * 3 * 4 * 4));
+ * const labels = new Int32Array(new SharedArrayBuffer(128 * 4));
+ * using device = Device.open("cpu");
+ * using model = new Sequential([new Flatten(), new Linear(48, 10)]).to(device);
+ * const dataset = new TensorDataset({ image: { data: images, shape: [3, 4, 4] }, label: labels });
+ * const r = await diagnose({ device, model, dataset, batchSize: 32, steps: 2, workers: [0], repeat: 1 });
+ * console.log(r.verdict);
+ * assert.strictEqual(r.sweep[0].numWorkers, 0);
+ * ```
  */
 export async function diagnose(options: DoctorOptions): Promise<DoctorReport> {
   refuseUnknownKeys(options, [

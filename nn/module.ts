@@ -244,7 +244,19 @@ export class Parameter implements Disposable {
   }
 }
 
-/** A non-trainable fp32 state tensor (batch-norm running statistics). */
+/**
+ * A non-trainable fp32 state tensor (batch-norm running statistics): saved in checkpoints,
+ * never touched by the optimizer.
+ *
+ * @example
+ * ```ts
+ * import { BufferTensor, Device } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using b = new BufferTensor(new Float32Array([1, 2]), [2]).to(dev);
+ * assert.deepStrictEqual([...await b.read()], [1, 2]);
+ * ```
+ */
 export class BufferTensor implements Disposable {
   /** The shape. */
   readonly shape: number[];
