@@ -8,11 +8,10 @@
 // runtime.
 
 import assert from "node:assert";
-import { createHash } from "node:crypto";
-import { cacheDir, emulatorCommand, SOURCES } from "../ffi/library.ts";
+import { buildEmulatorProgram } from "./_emu_program.ts";
+import { emulatorCommand, SOURCES } from "../ffi/library.ts";
 import { ASAN_OPTIONS, asanRuntime, SANITIZER_EXIT, UBSAN_OPTIONS } from "./_asan.ts";
 
-const KERNELS = new URL("../kernels/", import.meta.url);
 const PROGRAM = new URL("./emu/sanitize.cu", import.meta.url);
 
 const runtime = asanRuntime();
@@ -21,37 +20,13 @@ const asked = /^(1|true|yes|on)$/i.test(Deno.env.get("PINSTREAM_EMU_SANITIZE") ?
 let built: Promise<string> | undefined;
 
 /** Builds tests/emu/sanitize.cu with the sanitizers, once per source version. */
-async function build(): Promise<string> {
-  const files = new Map<string, string>();
-  for (const rel of SOURCES.emulator.filter((p) => p.startsWith("emu/"))) {
-    files.set(rel, await Deno.readTextFile(new URL(rel, KERNELS)));
-  }
-  files.set("cuda/launch.cuh", await Deno.readTextFile(new URL("cuda/launch.cuh", KERNELS)));
-  files.set("sanitize.cu", await Deno.readTextFile(PROGRAM));
-  const sources = ["sanitize.cu", ...[...files.keys()].filter((p) => p.endsWith(".cc"))];
-  const { compiler, args } = emulatorCommand(sources, "sanitize", {
-    program: true,
-    sanitize: true,
-  });
-  const hash = createHash("sha256").update(compiler).update(args.join(" "));
-  for (const [rel, text] of files) hash.update(rel).update("\0").update(text).update("\0");
-  const dir = `${cacheDir()}/emu-sanitize-${hash.digest("hex").slice(0, 16)}`;
-  const exe = `${dir}/sanitize`;
-  try {
-    await Deno.stat(exe);
-    return exe;
-  } catch {
-    // not built yet
-  }
-  const tmp = `${dir}.tmp-${Deno.pid}`;
-  for (const [rel, text] of files) {
-    await Deno.mkdir(`${tmp}/${rel.slice(0, rel.lastIndexOf("/") + 1)}`, { recursive: true });
-    await Deno.writeTextFile(`${tmp}/${rel}`, text);
-  }
-  const out = await new Deno.Command(compiler, { args, cwd: tmp, stderr: "piped" }).output();
-  assert.ok(out.success, new TextDecoder().decode(out.stderr));
-  await Deno.rename(tmp, dir).catch(async () => await Deno.remove(tmp, { recursive: true }));
-  return exe;
+function build(): Promise<string> {
+  const ccs = SOURCES.emulator.filter((p) => p.startsWith("emu/") && p.endsWith(".cc"));
+  return buildEmulatorProgram(
+    "sanitize",
+    PROGRAM,
+    emulatorCommand(["sanitize.cu", ...ccs], "sanitize", { program: true, sanitize: true }),
+  );
 }
 
 async function run(name: string, order = "random") {

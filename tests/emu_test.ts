@@ -6,11 +6,10 @@
 // Cases run in every thread order where the order matters.
 
 import assert from "node:assert";
-import { createHash } from "node:crypto";
-import { buildLibrary, cacheDir, emulatorCommand, LibraryError, SOURCES } from "../ffi/library.ts";
+import { buildLibrary, emulatorCommand, LibraryError, SOURCES } from "../ffi/library.ts";
 import { ABI_VERSION } from "../ffi/symbols.ts";
+import { buildEmulatorProgram } from "./_emu_program.ts";
 
-const KERNELS = new URL("../kernels/", import.meta.url);
 const SELFTEST = new URL("./emu/selftest.cu", import.meta.url);
 
 /** The emulator's compile line for the self-test, or undefined without a C++ compiler. */
@@ -41,34 +40,11 @@ function selftest(extra: string[] = []): Promise<string> {
   return built.get(key)!;
 }
 
-async function build(extra: string[]): Promise<string> {
-  const files = new Map<string, string>();
-  for (const rel of SOURCES.emulator.filter((p) => p.startsWith("emu/"))) {
-    files.set(rel, await Deno.readTextFile(new URL(rel, KERNELS)));
-  }
-  files.set("cuda/launch.cuh", await Deno.readTextFile(new URL("cuda/launch.cuh", KERNELS)));
-  files.set("selftest.cu", await Deno.readTextFile(SELFTEST));
-  const { compiler } = COMMAND!;
-  const args = [...extra, ...COMMAND!.args];
-  const hash = createHash("sha256").update(compiler).update(args.join(" "));
-  for (const [rel, text] of files) hash.update(rel).update("\0").update(text).update("\0");
-  const dir = `${cacheDir()}/emu-selftest-${hash.digest("hex").slice(0, 16)}`;
-  const exe = `${dir}/selftest`;
-  try {
-    await Deno.stat(exe);
-    return exe;
-  } catch {
-    // not built yet
-  }
-  const tmp = `${dir}.tmp-${Deno.pid}`;
-  for (const [rel, text] of files) {
-    await Deno.mkdir(`${tmp}/${rel.slice(0, rel.lastIndexOf("/") + 1)}`, { recursive: true });
-    await Deno.writeTextFile(`${tmp}/${rel}`, text);
-  }
-  const out = await new Deno.Command(compiler, { args, cwd: tmp, stderr: "piped" }).output();
-  assert.ok(out.success, new TextDecoder().decode(out.stderr));
-  await Deno.rename(tmp, dir).catch(async () => await Deno.remove(tmp, { recursive: true }));
-  return exe;
+function build(extra: string[]): Promise<string> {
+  return buildEmulatorProgram("selftest", SELFTEST, {
+    compiler: COMMAND!.compiler,
+    args: [...extra, ...COMMAND!.args],
+  });
 }
 
 interface Run {
