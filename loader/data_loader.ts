@@ -577,19 +577,15 @@ export interface DataLoader<B = unknown> extends AsyncIterable<B>, AsyncDisposab
 
 /** The implementation of {@linkcode DataLoader} (see the interface for the documentation). */
 class DataLoaderImpl<B = unknown> implements DataLoader<B> {
-  /** The dataset. */
+  // The public members are documented once, on the DataLoader interface above.
   readonly dataset: Dataset;
-  /** Samples per batch, or null without batching. */
   readonly batchSize: number | null;
-  /** Worker count (the next epoch's when tuned). */
   get numWorkers(): number {
     return this.#workers;
   }
-  /** Batches in flight per worker (0 without workers). */
   get prefetchFactor(): number {
     return this.#workers === 0 ? 0 : this.#prefetch;
   }
-  /** Whether numWorkers or prefetchFactor is tuned between epochs ("auto"). */
   get autotune(): boolean {
     return this.#tuner !== undefined;
   }
@@ -598,35 +594,18 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
   #tuner: Tuner | undefined;
   #autoWorkers = false;
   #autoPrefetch = false;
-  /** Whether workers persist across epochs. */
   readonly persistentWorkers: boolean;
-  /** Whether batches come in sampler order. */
   readonly inOrder: boolean;
-  /** Whether the last partial batch is dropped. */
   readonly dropLast: boolean;
-  /** Seconds to wait for a batch (0: forever). */
   readonly timeout: number;
-  /** Stall watchdog period in seconds (0: off). */
   readonly watchdog: number;
-  /** The seed of every random draw. */
   readonly seed: number;
-  /** Whether batches are RingBatches in the staging ring. */
   readonly zeroCopy: boolean;
-  /** Whether the ring is pinned (or meant to be pinned) for the device. */
   readonly pinMemory: boolean;
-  /**
-   * Whether asking for the next batch releases the previous RingBatch (zero-copy path). A
-   * consumer that keeps batches past the next request (the DevicePrefetcher, until their
-   * copies fired) must release them itself when this is false, and must be done with each
-   * one by the next request when it is true.
-   */
   readonly autoRelease: boolean;
   #maxHeldBatches = 0;
-  /** The sampler (undefined when a batchSampler was given). */
   readonly sampler: Sampler | undefined;
-  /** The batch sampler. */
   readonly batchSampler: BatchSamplerLike;
-  /** Every finished epoch's stats, oldest first. */
   readonly history: EpochStats[] = [];
 
   #ring: StagingRing | undefined;
