@@ -61,7 +61,7 @@ export type Backend = "cpu" | "cuda";
  * ```
  */
 export function cudaEmulated(): boolean {
-  return /^(1|true|yes|on)$/i.test(env("PINSTREAM_CUDA_EMULATOR") ?? "");
+  return /^(1|true|yes|on)$/i.test(envSetting("PINSTREAM_CUDA_EMULATOR") ?? "");
 }
 
 /** Why a backend library is not available. */
@@ -225,10 +225,6 @@ function findDriverProblem(): string | undefined {
  * @returns Its value.
  */
 export function envSetting(name: string): string | undefined {
-  return env(name);
-}
-
-function env(name: string): string | undefined {
   let value: string | undefined;
   try {
     value = Deno.env.get(name);
@@ -241,18 +237,18 @@ function env(name: string): string | undefined {
 
 function locate(backend: Backend): { lib: Library; path: string } {
   const variable = backend === "cpu" ? "PINSTREAM_LIB_CPU" : "PINSTREAM_LIB_CUDA";
-  const specific = env(variable);
+  const specific = envSetting(variable);
   if (specific !== undefined) {
     return { lib: open(backend, specific, `$${variable}`), path: specific };
   }
-  const generic = env("PINSTREAM_LIB");
+  const generic = envSetting("PINSTREAM_LIB");
   // A prebuilt library of the other backend is skipped: this one is built instead.
   if (generic !== undefined && inspect(backend, generic, "$PINSTREAM_LIB").kind === backend) {
     return { lib: open(backend, generic, "$PINSTREAM_LIB"), path: generic };
   }
   if (
     backend === "cuda" && cudaEmulated() && emulatorSanitized() &&
-    !/asan/.test(env("LD_PRELOAD") ?? "")
+    !/asan/.test(envSetting("LD_PRELOAD") ?? "")
   ) {
     // Loading it would end the process ("ASan runtime does not come first").
     throw new LibraryError(
