@@ -303,8 +303,8 @@ export class Profiler implements Disposable {
       if (d.ms !== undefined) continue;
       await d.end.synchronize();
       d.ms = d.start.elapsedMs(d.end);
+      // The reference was recorded earlier on the same stream: done once `end` is.
       const ref = this.#refs.get(d.stream)!;
-      await ref.event.synchronize();
       d.at = ref.at + ref.event.elapsedMs(d.start);
       this.#spare.push(d.start, d.end);
     }
