@@ -54,3 +54,27 @@ export async function buildEmulatorProgram(
   await Deno.rename(tmp, dir).catch(async () => await Deno.remove(tmp, { recursive: true }));
   return exe;
 }
+
+/**
+ * Runs one case of a program built by {@link buildEmulatorProgram}, with `env` added to the
+ * environment, and returns its exit code and decoded output.
+ *
+ * @param exe The executable's path.
+ * @param name The case to run (the program's one argument).
+ * @param env Variables set for the run (the thread order, sanitizer options, ...).
+ * @returns The exit code, stdout and stderr.
+ */
+export async function runEmulatorProgram(
+  exe: string,
+  name: string,
+  env: Record<string, string>,
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  const res = await new Deno.Command(exe, {
+    args: [name],
+    env,
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const text = new TextDecoder();
+  return { code: res.code, stdout: text.decode(res.stdout), stderr: text.decode(res.stderr) };
+}

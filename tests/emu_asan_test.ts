@@ -8,7 +8,7 @@
 // runtime.
 
 import assert from "node:assert";
-import { buildEmulatorProgram } from "./_emu_program.ts";
+import { buildEmulatorProgram, runEmulatorProgram } from "./_emu_program.ts";
 import { emulatorCommand, SOURCES } from "../ffi/library.ts";
 import { ASAN_OPTIONS, asanRuntime, SANITIZER_EXIT, UBSAN_OPTIONS } from "./_asan.ts";
 
@@ -32,17 +32,11 @@ function build(): Promise<string> {
 async function run(name: string, order = "random") {
   built ??= build();
   const exe = await built;
-  const res = await new Deno.Command(exe, {
-    args: [name],
-    // The program links the runtime itself: nothing to preload.
-    env: { PINSTREAM_EMU_ORDER: order, ASAN_OPTIONS, UBSAN_OPTIONS, LD_PRELOAD: "" },
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const stdout = new TextDecoder().decode(res.stdout);
-  const stderr = new TextDecoder().decode(res.stderr);
-  assert.doesNotMatch(stdout, /unexpected=/, stdout + stderr);
-  return { code: res.code, stdout, stderr };
+  // The program links the runtime itself: nothing to preload.
+  const env = { PINSTREAM_EMU_ORDER: order, ASAN_OPTIONS, UBSAN_OPTIONS, LD_PRELOAD: "" };
+  const res = await runEmulatorProgram(exe, name, env);
+  assert.doesNotMatch(res.stdout, /unexpected=/, res.stdout + res.stderr);
+  return res;
 }
 
 function asanTest(name: string, fn: () => Promise<void>) {

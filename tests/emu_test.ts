@@ -8,7 +8,7 @@
 import assert from "node:assert";
 import { buildLibrary, emulatorCommand, LibraryError, SOURCES } from "../ffi/library.ts";
 import { ABI_VERSION } from "../ffi/symbols.ts";
-import { buildEmulatorProgram } from "./_emu_program.ts";
+import { buildEmulatorProgram, runEmulatorProgram } from "./_emu_program.ts";
 
 const SELFTEST = new URL("./emu/selftest.cu", import.meta.url);
 
@@ -62,14 +62,10 @@ async function run(
   flags: string[] = [],
 ): Promise<Run> {
   const exe = await selftest(flags);
-  const res = await new Deno.Command(exe, {
-    args: [name],
-    env: { PINSTREAM_EMU_ORDER: "random", ...env },
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  const stdout = new TextDecoder().decode(res.stdout),
-    stderr = new TextDecoder().decode(res.stderr);
+  const { code, stdout, stderr } = await runEmulatorProgram(exe, name, {
+    PINSTREAM_EMU_ORDER: "random",
+    ...env,
+  });
   const out: Record<string, string> = {};
   for (const line of stdout.split("\n")) {
     for (const m of line.matchAll(/(\w+)=(\S+)/g)) out[m[1]] ??= m[2];
@@ -77,7 +73,7 @@ async function run(
     if (msg) out.message = msg[1];
   }
   assert.ok(!("unexpected" in out), stdout + stderr);
-  return { code: res.code, out, stdout, stderr };
+  return { code, out, stdout, stderr };
 }
 
 const ORDERS: Order[] = ["forward", "reverse", "random", "greedy", "greedy-reverse"];
