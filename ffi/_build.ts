@@ -93,6 +93,10 @@ export const EMULATOR_FLAGS: readonly string[] = [
   "-shared",
   "-fvisibility=hidden",
   "-ffp-contract=off",
+  // A frame larger than a page touches each page from the top: a CUDA thread that outgrows its
+  // stack faults in the guard page below it (named as a stack overflow), never past it in
+  // another thread's stack or outside the stacks.
+  "-fstack-clash-protection",
   "-pthread",
   "-DPS_CUDA_EMULATOR=1",
   "-Iemu/include",

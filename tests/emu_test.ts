@@ -303,12 +303,23 @@ emuTest("a write past the end of an allocation faults and names the thread", asy
 });
 
 emuTest("a CUDA thread that outgrows its stack is named, not taken for a bad pointer", async () => {
-  const r = await run("stack_overflow");
-  assert.notStrictEqual(r.code, 0);
-  assert.match(
-    r.stderr,
-    /kernel big_locals .*thread \(\d+,0,0\): stack overflow \(a CUDA thread has 128 KiB/,
-  );
+  // 1 MiB of locals: without stack probes the first store lands far below the thread's own
+  // guard page (outside the stacks, or in another thread's), which some orders and worker
+  // counts reached; every one must name the overflow.
+  for (const order of ORDERS) {
+    for (const workers of ["1", "2", "3"]) {
+      const r = await run("stack_overflow", {
+        PINSTREAM_EMU_ORDER: order,
+        PINSTREAM_EMU_WORKERS: workers,
+      });
+      assert.notStrictEqual(r.code, 0);
+      assert.match(
+        r.stderr,
+        /kernel big_locals .*thread \(\d+,0,0\): stack overflow \(a CUDA thread has 128 KiB/,
+        `${order}, ${workers} workers`,
+      );
+    }
+  }
 });
 
 emuTest("memory freed with cudaFreeAsync is gone for work queued after the free", async () => {
