@@ -13,7 +13,7 @@
  */
 
 /** The ABI version this table matches (`PS_ABI_VERSION` in kernels/pinstream.h). */
-export const ABI_VERSION = 5;
+export const ABI_VERSION = 6;
 
 /** The dlopen symbol table of a pinstream backend library. */
 export const symbols = {
@@ -154,12 +154,14 @@ export const symbols = {
     result: "i32",
   },
   // PS-SECTION nn: entries added by the training work go here.
-  // int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, int64_t m, int64_t n,
-  //                int64_t k, int32_t trans_a, int32_t trans_b, int32_t accumulate, void *stream);
+  // int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, int32_t c_dtype,
+  //                  int64_t m, int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
+  //                  int32_t accumulate, void *stream);
   ps_nn_matmul: {
     parameters: [
       "pointer",
       "pointer",
+      "i32",
       "pointer",
       "i32",
       "i64",
@@ -172,14 +174,15 @@ export const symbols = {
     ],
     result: "i32",
   },
-  // int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n, int64_t c, int64_t h,
-  //                        int64_t w_, int64_t co, int32_t kh, int32_t kw, int32_t stride,
-  //                        int32_t pad, void *stream);
+  // int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t dtype, int64_t n,
+  //                          int64_t c, int64_t h, int64_t w_, int64_t co, int32_t kh,
+  //                          int32_t kw, int32_t stride, int32_t pad, void *stream);
   ps_nn_conv2d_forward: {
     parameters: [
       "pointer",
       "pointer",
       "pointer",
+      "i32",
       "i64",
       "i64",
       "i64",
@@ -193,14 +196,16 @@ export const symbols = {
     ],
     result: "i32",
   },
-  // int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int64_t n, int64_t c,
-  //                              int64_t h, int64_t w_, int64_t co, int32_t kh, int32_t kw,
-  //                              int32_t stride, int32_t pad, void *stream);
+  // int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int32_t dtype,
+  //                                int64_t n, int64_t c, int64_t h, int64_t w_, int64_t co,
+  //                                int32_t kh, int32_t kw, int32_t stride, int32_t pad,
+  //                                void *stream);
   ps_nn_conv2d_backward_data: {
     parameters: [
       "pointer",
       "pointer",
       "pointer",
+      "i32",
       "i64",
       "i64",
       "i64",
@@ -214,14 +219,16 @@ export const symbols = {
     ],
     result: "i32",
   },
-  // int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw, int32_t dw_dtype,
-  //                                int64_t n, int64_t c, int64_t h, int64_t w_, int64_t co,
-  //                                int32_t kh, int32_t kw, int32_t stride, int32_t pad,
-  //                                int32_t accumulate, void *stream);
+  // int ps_nn_conv2d_backward_weight(const void *x, const void *dy, int32_t dtype, void *dw,
+  //                                  int32_t dw_dtype, int64_t n, int64_t c, int64_t h,
+  //                                  int64_t w_, int64_t co, int32_t kh, int32_t kw,
+  //                                  int32_t stride, int32_t pad, int32_t accumulate,
+  //                                  void *stream);
   ps_nn_conv2d_backward_weight: {
     parameters: [
       "pointer",
       "pointer",
+      "i32",
       "pointer",
       "i32",
       "i64",
@@ -238,12 +245,14 @@ export const symbols = {
     ],
     result: "i32",
   },
-  // int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n, int64_t c,
-  //                           int64_t h, int64_t w_, int32_t kernel, int32_t stride, void *stream);
+  // int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t dtype, int32_t *indices,
+  //                             int64_t n, int64_t c, int64_t h, int64_t w_, int32_t kernel,
+  //                             int32_t stride, void *stream);
   ps_nn_maxpool2d_forward: {
     parameters: [
       "pointer",
       "pointer",
+      "i32",
       "pointer",
       "i64",
       "i64",
@@ -255,14 +264,15 @@ export const symbols = {
     ],
     result: "i32",
   },
-  // int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx, int64_t n,
-  //                            int64_t c, int64_t h, int64_t w_, int64_t oh, int64_t ow,
-  //                            void *stream);
+  // int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx,
+  //                              int32_t dtype, int64_t n, int64_t c, int64_t h, int64_t w_,
+  //                              int64_t oh, int64_t ow, void *stream);
   ps_nn_maxpool2d_backward: {
     parameters: [
       "pointer",
       "pointer",
       "pointer",
+      "i32",
       "i64",
       "i64",
       "i64",
@@ -273,16 +283,18 @@ export const symbols = {
     ],
     result: "i32",
   },
-  // int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta, void *y,
-  //                                 float *save_mean, float *save_invstd, float *run_mean,
-  //                                 float *run_var, int64_t n, int64_t c, int64_t hw,
-  //                                 float momentum, float eps, void *stream);
+  // int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta,
+  //                                   void *y, int32_t dtype, float *save_mean,
+  //                                   float *save_invstd, float *run_mean, float *run_var,
+  //                                   int64_t n, int64_t c, int64_t hw, float momentum,
+  //                                   float eps, void *stream);
   ps_nn_batchnorm_forward_train: {
     parameters: [
       "pointer",
       "pointer",
       "pointer",
       "pointer",
+      "i32",
       "pointer",
       "pointer",
       "pointer",
@@ -297,8 +309,9 @@ export const symbols = {
     result: "i32",
   },
   // int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const float *beta,
-  //                                const float *run_mean, const float *run_var, void *y, int64_t n,
-  //                                int64_t c, int64_t hw, float eps, void *stream);
+  //                                  const float *run_mean, const float *run_var, void *y,
+  //                                  int32_t dtype, int64_t n, int64_t c, int64_t hw,
+  //                                  float eps, void *stream);
   ps_nn_batchnorm_forward_eval: {
     parameters: [
       "pointer",
@@ -307,6 +320,7 @@ export const symbols = {
       "pointer",
       "pointer",
       "pointer",
+      "i32",
       "i64",
       "i64",
       "i64",
@@ -316,9 +330,9 @@ export const symbols = {
     result: "i32",
   },
   // int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
-  //                            const float *save_mean, const float *save_invstd, void *dx,
-  //                            float *dgamma, float *dbeta, int64_t n, int64_t c, int64_t hw,
-  //                            void *stream);
+  //                              const float *save_mean, const float *save_invstd, void *dx,
+  //                              int32_t dtype, float *dgamma, float *dbeta, int64_t n,
+  //                              int64_t c, int64_t hw, void *stream);
   ps_nn_batchnorm_backward: {
     parameters: [
       "pointer",
@@ -327,6 +341,7 @@ export const symbols = {
       "pointer",
       "pointer",
       "pointer",
+      "i32",
       "pointer",
       "pointer",
       "i64",
@@ -336,11 +351,12 @@ export const symbols = {
     ],
     result: "i32",
   },
-  // int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t n, int64_t c,
-  //                  int64_t hw, void *stream);
+  // int ps_nn_bias_add(void *y, int32_t dtype, const void *bias, int32_t bias_dtype,
+  //                    int64_t n, int64_t c, int64_t hw, void *stream);
   ps_nn_bias_add: {
     parameters: [
       "pointer",
+      "i32",
       "pointer",
       "i32",
       "i64",
@@ -350,42 +366,56 @@ export const symbols = {
     ],
     result: "i32",
   },
-  // int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int64_t n, int64_t c,
-  //                   int64_t hw, int32_t accumulate, void *stream);
+  // int ps_nn_bias_grad(const void *dy, int32_t dtype, void *dbias, int32_t dbias_dtype,
+  //                     int64_t n, int64_t c, int64_t hw, int32_t accumulate, void *stream);
   ps_nn_bias_grad: {
+    parameters: [
+      "pointer",
+      "i32",
+      "pointer",
+      "i32",
+      "i64",
+      "i64",
+      "i64",
+      "i32",
+      "pointer",
+    ],
+    result: "i32",
+  },
+  // int ps_nn_relu_forward(const void *x, void *y, int32_t dtype, int64_t count,
+  //                        void *stream);
+  ps_nn_relu_forward: {
     parameters: [
       "pointer",
       "pointer",
       "i32",
       "i64",
-      "i64",
-      "i64",
-      "i32",
       "pointer",
     ],
     result: "i32",
   },
-  // int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *stream);
-  ps_nn_relu_forward: { parameters: ["pointer", "pointer", "i64", "pointer"], result: "i32" },
-  // int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t count, void *stream);
+  // int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int32_t dtype,
+  //                         int64_t count, void *stream);
   ps_nn_relu_backward: {
     parameters: [
       "pointer",
       "pointer",
       "pointer",
+      "i32",
       "i64",
       "pointer",
     ],
     result: "i32",
   },
   // int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
-  //                       float *loss_sum, int32_t *correct, int64_t n, int64_t k, float scale,
-  //                       const float *device_scale, void *stream);
+  //                         int32_t dtype, float *loss_sum, int32_t *correct, int64_t n,
+  //                         int64_t k, float scale, const float *device_scale, void *stream);
   ps_nn_cross_entropy: {
     parameters: [
       "pointer",
       "pointer",
       "pointer",
+      "i32",
       "pointer",
       "pointer",
       "i64",

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct layout; ffi/ refuses a mismatch. */
-#define PS_ABI_VERSION 5
+#define PS_ABI_VERSION 6
 
 /* ---- status codes ------------------------------------------------------------------- */
 #define PS_OK 0
@@ -218,9 +218,11 @@ PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, vo
 /* ---- nn kernels (nn/) ----------------------------------------------------------------- */
 /* PS-SECTION nn: declarations added by the training work go here. */
 /*
- * Layout NCHW; activations and their gradients fp16; fp32 accumulation everywhere; fp32
- * parameters where named "f32". Every pointer is a device pointer. `*_dtype` arguments take
- * PS_NN_F32 / PS_NN_F16. "Overwrites" is the default; `accumulate` != 0 adds to the output.
+ * Layout NCHW; fp32 accumulation everywhere; fp32 parameters where named "f32". Every pointer
+ * is a device pointer. `*_dtype` arguments take PS_NN_F32 / PS_NN_F16; `dtype` is the one
+ * element type of a kernel's activations, their gradients and (for matmul and the
+ * convolutions) the weights it reads: fp16 for mixed-precision training, fp32 for the fp32
+ * path. "act" below means elements of that dtype. "Overwrites" is the default; `accumulate` != 0 adds to the output.
  * Shapes are int64 element counts; convolution output size is
  * OH = (H + 2*pad - kh) / stride + 1 (floor), likewise OW.
  */
@@ -228,78 +230,81 @@ PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, vo
 #define PS_NN_F16 1
 
 /* c[m,n] (+)= op(a) @ op(b). a: [m,k] row-major ([k,m] when trans_a), b: [k,n] ([n,k] when
- * trans_b), both fp16; c: [m,n] row-major, c_dtype. */
-PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, int64_t m,
-                        int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
+ * trans_b), both act; c: [m,n] row-major, c_dtype. */
+PS_API int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, int32_t c_dtype,
+                        int64_t m, int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
                         int32_t accumulate, void *stream);
 
-/* y[n,co,OH,OW] = conv(x[n,c,h,w], w[co,c,kh,kw]) (cross-correlation, zero padding). All fp16. */
-PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n, int64_t c,
-                                int64_t h, int64_t w_, int64_t co, int32_t kh, int32_t kw,
-                                int32_t stride, int32_t pad, void *stream);
-/* dx[n,c,h,w] = d(loss)/dx from dy[n,co,OH,OW] and w. All fp16; overwrites dx. */
-PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int64_t n,
-                                      int64_t c, int64_t h, int64_t w_, int64_t co,
+/* y[n,co,OH,OW] = conv(x[n,c,h,w], w[co,c,kh,kw]) (cross-correlation, zero padding). All act. */
+PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t dtype, int64_t n,
+                                int64_t c, int64_t h, int64_t w_, int64_t co, int32_t kh,
+                                int32_t kw, int32_t stride, int32_t pad, void *stream);
+/* dx[n,c,h,w] = d(loss)/dx from dy[n,co,OH,OW] and w. All act; overwrites dx. */
+PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int32_t dtype,
+                                      int64_t n, int64_t c, int64_t h, int64_t w_, int64_t co,
                                       int32_t kh, int32_t kw, int32_t stride, int32_t pad,
                                       void *stream);
-/* dw[co,c,kh,kw] (+)= sum over the batch of dy (x) x; x, dy fp16; dw dw_dtype. */
-PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
+/* dw[co,c,kh,kw] (+)= sum over the batch of dy (x) x; x, dy act; dw dw_dtype. */
+PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, int32_t dtype, void *dw,
                                         int32_t dw_dtype, int64_t n, int64_t c, int64_t h,
                                         int64_t w_, int64_t co, int32_t kh, int32_t kw,
                                         int32_t stride, int32_t pad, int32_t accumulate,
                                         void *stream);
 
-/* Max pooling without padding, OH = (h - kernel) / stride + 1. x, y fp16; indices int32
+/* Max pooling without padding, OH = (h - kernel) / stride + 1. x, y act; indices int32
  * [n,c,OH,OW] = argmax position within the input plane (iy*w + ix), or NULL. */
-PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n,
-                                   int64_t c, int64_t h, int64_t w_, int32_t kernel,
+PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t dtype, int32_t *indices,
+                                   int64_t n, int64_t c, int64_t h, int64_t w_, int32_t kernel,
                                    int32_t stride, void *stream);
-/* dx[n,c,h,w] = scatter-add of dy[n,c,oh,ow] at indices; overwrites dx. fp16. An index
+/* dx[n,c,h,w] = scatter-add of dy[n,c,oh,ow] at indices; overwrites dx. act. An index
  * outside its plane fails (cpu) / is skipped (cuda, where it cannot fail without a host round
  * trip). */
 PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx,
-                                    int64_t n, int64_t c, int64_t h, int64_t w_, int64_t oh,
-                                    int64_t ow, void *stream);
+                                    int32_t dtype, int64_t n, int64_t c, int64_t h, int64_t w_,
+                                    int64_t oh, int64_t ow, void *stream);
 
-/* Batch normalization over (n, hw) per channel c; x, y, dy, dx fp16 [n,c,hw]; the rest f32 [c].
+/* Batch normalization over (n, hw) per channel c; x, y, dy, dx act [n,c,hw]; the rest f32 [c].
  * Train: normalizes with the batch statistics, writes save_mean / save_invstd (1/sqrt(var+eps),
  * biased var) and updates run_mean / run_var with `momentum` (PyTorch: unbiased var). */
 PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta,
-                                         void *y, float *save_mean, float *save_invstd,
-                                         float *run_mean, float *run_var, int64_t n, int64_t c,
-                                         int64_t hw, float momentum, float eps, void *stream);
+                                         void *y, int32_t dtype, float *save_mean,
+                                         float *save_invstd, float *run_mean, float *run_var,
+                                         int64_t n, int64_t c, int64_t hw, float momentum,
+                                         float eps, void *stream);
 PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const float *beta,
                                         const float *run_mean, const float *run_var, void *y,
-                                        int64_t n, int64_t c, int64_t hw, float eps,
-                                        void *stream);
-/* Overwrites dx (fp16), dgamma and dbeta (f32). */
+                                        int32_t dtype, int64_t n, int64_t c, int64_t hw,
+                                        float eps, void *stream);
+/* Overwrites dx (act), dgamma and dbeta (f32). */
 PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
                                     const float *save_mean, const float *save_invstd, void *dx,
-                                    float *dgamma, float *dbeta, int64_t n, int64_t c,
-                                    int64_t hw, void *stream);
+                                    int32_t dtype, float *dgamma, float *dbeta, int64_t n,
+                                    int64_t c, int64_t hw, void *stream);
 
-/* y[n,c,hw] += bias[c] (y fp16, bias bias_dtype); [N,F] is hw = 1. */
-PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t n, int64_t c,
-                          int64_t hw, void *stream);
-/* dbias[c] (+)= sum over (n, hw) of dy (fp16); dbias dbias_dtype. */
-PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int64_t n,
-                           int64_t c, int64_t hw, int32_t accumulate, void *stream);
+/* y[n,c,hw] += bias[c] (y act, bias bias_dtype); [N,F] is hw = 1. */
+PS_API int ps_nn_bias_add(void *y, int32_t dtype, const void *bias, int32_t bias_dtype,
+                          int64_t n, int64_t c, int64_t hw, void *stream);
+/* dbias[c] (+)= sum over (n, hw) of dy (act); dbias dbias_dtype. */
+PS_API int ps_nn_bias_grad(const void *dy, int32_t dtype, void *dbias, int32_t dbias_dtype,
+                           int64_t n, int64_t c, int64_t hw, int32_t accumulate, void *stream);
 
-/* fp16, count elements; in place allowed (y == x, dx == dy). */
-PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *stream);
-PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t count,
-                               void *stream);
+/* act, count elements; in place allowed (y == x, dx == dy). ReLU decides on the sign bit:
+ * -0 and negatives (not negative NaNs) become +0 (rules.h). */
+PS_API int ps_nn_relu_forward(const void *x, void *y, int32_t dtype, int64_t count,
+                              void *stream);
+PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int32_t dtype,
+                               int64_t count, void *stream);
 
-/* Softmax cross-entropy over logits[n,k] fp16 with labels[n] int32 in [0,k):
+/* Softmax cross-entropy over logits[n,k] (act) with labels[n] int32 in [0,k):
  * *loss_sum += sum of per-sample losses (f32), *correct += count of argmax == label (int32),
- * and, when dlogits (fp16 [n,k]) is not NULL, dlogits = s * (softmax - onehot) / n (the
+ * and, when dlogits (act [n,k]) is not NULL, dlogits = s * (softmax - onehot) / n (the
  * gradient of s * mean loss) with s = scale * *device_scale, or s = scale when device_scale
  * is NULL. device_scale (f32, device memory) is read by the kernel: a loss scale that the
  * device updates (GradScaler) needs no host round trip. A label out of range fails (cpu) /
  * counts as wrong with zero gradient (cuda, where it cannot fail without a host round trip). */
 PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
-                               float *loss_sum, int32_t *correct, int64_t n, int64_t k,
-                               float scale, const float *device_scale, void *stream);
+                               int32_t dtype, float *loss_sum, int32_t *correct, int64_t n,
+                               int64_t k, float scale, const float *device_scale, void *stream);
 
 /* dst = (dst_dtype) src, count elements; f16 <-> f32 (and same-type copies, with memmove's
  * semantics: src and dst may overlap). */

@@ -212,6 +212,14 @@ PS_RULE uint16_t ps_relu_grad_f16(uint16_t y, uint16_t dy) {
   return (!(y & 0x8000u) && y != 0 && y <= 0x7c00u) ? dy : (uint16_t)0;
 }
 
+/* ps_relu_f16 and ps_relu_grad_f16 on fp32 bits (the fp32 path): the same decisions. */
+PS_RULE uint32_t ps_relu_f32(uint32_t x) {
+  return ((x & 0x80000000u) && (x & 0x7fffffffu) <= 0x7f800000u) ? 0u : x;
+}
+PS_RULE uint32_t ps_relu_grad_f32(uint32_t y, uint32_t dy) {
+  return (!(y & 0x80000000u) && y != 0 && y <= 0x7f800000u) ? dy : 0u;
+}
+
 /* An fp16 value that is inf or NaN (exponent bits all ones). */
 PS_RULE int ps_f16_nonfinite(uint16_t x) { return (x & 0x7c00u) == 0x7c00u; }
 

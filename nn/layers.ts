@@ -117,7 +117,7 @@ export class Linear extends Module {
       );
     }
     const n = x.shape[0];
-    const y = this.workspace("y", [n, this.outFeatures], "f16");
+    const y = this.workspace("y", [n, this.outFeatures], x.dtype);
     ops.matmul(x, this.weight.value, { out: y, transB: true });
     if (this.bias) ops.biasAdd(y, this.bias.value);
     this.#x = this.training ? x : null;
@@ -137,7 +137,7 @@ export class Linear extends Module {
     ops.matmul(dy, x, { out: this.weight.grad, transA: true });
     if (this.bias) ops.biasGrad(dy, this.bias.grad);
     if (options.inputGrad === false) return null;
-    const dx = this.workspace("dx", shapeOf(x), "f16");
+    const dx = this.workspace("dx", shapeOf(x), x.dtype);
     ops.matmul(dy, this.weight.value, { out: dx });
     return dx;
   }
@@ -257,7 +257,7 @@ export class Conv2d extends Module {
         `Cannot run Conv2d(${this.inChannels}, ${this.outChannels}): input shape [${x.shape}]`,
       );
     }
-    const y = this.workspace("y", this.outputShape(x.shape), "f16");
+    const y = this.workspace("y", this.outputShape(x.shape), x.dtype);
     ops.conv2dForward(x, y, {
       weight: this.weight.value,
       stride: this.stride,
@@ -282,7 +282,7 @@ export class Conv2d extends Module {
     ops.conv2dBackwardWeight(dy, this.weight.grad, { ...opts, x });
     if (this.bias) ops.biasGrad(dy, this.bias.grad);
     if (options.inputGrad === false) return null;
-    const dx = this.workspace("dx", shapeOf(x), "f16");
+    const dx = this.workspace("dx", shapeOf(x), x.dtype);
     ops.conv2dBackwardData(dy, dx, { ...opts, weight: this.weight.value });
     return dx;
   }
@@ -401,7 +401,7 @@ export class BatchNorm2d extends Module {
         `Cannot run BatchNorm2d(${this.numFeatures}): input shape [${x.shape}]`,
       );
     }
-    const y = this.workspace("y", shapeOf(x), "f16");
+    const y = this.workspace("y", shapeOf(x), x.dtype);
     if (this.training) {
       const c = this.numFeatures;
       // The running statistics before this batch, for revertRunningStats: whether the step
@@ -455,7 +455,7 @@ export class BatchNorm2d extends Module {
     const x = this.#x;
     if (!x) throw new TypeError("Cannot run BatchNorm2d.backward: no training forward before it");
     const c = this.numFeatures;
-    const dx = this.workspace("dx", shapeOf(x), "f16");
+    const dx = this.workspace("dx", shapeOf(x), x.dtype);
     ops.batchNormBackward(dy, dx, {
       x,
       gamma: this.weight.value,
@@ -493,7 +493,7 @@ export class ReLU extends Module {
    * @returns max(x, 0), fp16.
    */
   forward(x: Tensor): Tensor {
-    const y = this.workspace("y", shapeOf(x), "f16");
+    const y = this.workspace("y", shapeOf(x), x.dtype);
     ops.reluForward(x, y);
     this.#y = this.training ? y : null;
     return y;
@@ -510,7 +510,7 @@ export class ReLU extends Module {
     const y = this.#y;
     if (!y) throw new TypeError("Cannot run ReLU.backward: no training forward before it");
     if (options.inputGrad === false) return null;
-    const dx = this.workspace("dx", shapeOf(dy), "f16");
+    const dx = this.workspace("dx", shapeOf(dy), dy.dtype);
     ops.reluBackward(dy, dx, { y });
     return dx;
   }
@@ -573,7 +573,7 @@ export class MaxPool2d extends Module {
     }
     const oh = Math.floor((h - this.kernelSize) / this.stride) + 1;
     const ow = Math.floor((w - this.kernelSize) / this.stride) + 1;
-    const y = this.workspace("y", [n, c, oh, ow], "f16");
+    const y = this.workspace("y", [n, c, oh, ow], x.dtype);
     const indices = this.training ? this.workspace("idx", [n, c, oh, ow], "i32") : null;
     ops.maxPool2dForward(x, y, { kernel: this.kernelSize, stride: this.stride, indices });
     this.#xShape = this.training ? shapeOf(x) : null;
@@ -591,7 +591,7 @@ export class MaxPool2d extends Module {
     const xs = this.#xShape;
     if (!xs) throw new TypeError("Cannot run MaxPool2d.backward: no training forward before it");
     if (options.inputGrad === false) return null;
-    const dx = this.workspace("dx", xs, "f16");
+    const dx = this.workspace("dx", xs, dy.dtype);
     ops.maxPool2dBackward(dy, dx, { indices: this.workspace("idx", shapeOf(dy), "i32") });
     return dx;
   }

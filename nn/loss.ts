@@ -90,10 +90,10 @@ export class CrossEntropyLoss {
   forwardBackward(logits: Tensor, labels: Tensor, scaler?: GradScaler | null): Tensor {
     const [lossSum, correct] = this.#live();
     this.#checkShapes(logits, labels);
-    const key = logits.shape.join("x");
+    const key = `${logits.dtype}:${logits.shape.join("x")}`;
     let d = this.#dlogits.get(key);
     if (!d) {
-      d = Tensor.empty(this.#device, [...logits.shape], "f16");
+      d = Tensor.empty(this.#device, [...logits.shape], logits.dtype);
       this.#dlogits.set(key, d);
     }
     // The kernel reads the scaler's scale on the device: the host's copy may be stale (it is

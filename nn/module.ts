@@ -1,11 +1,18 @@
 /**
  * The base of every layer: parameters with fp32 master weights and fp16 compute copies,
- * buffers, train/eval modes, device placement and PyTorch-compatible state dicts.
+ * buffers, train/eval modes, device placement with a precision, and PyTorch-compatible state
+ * dicts.
  *
  * Parameters are created on the host (initialized there from a seeded generator, so weights
- * do not depend on the backend) and uploaded by {@linkcode Module.to}. A parameter that the
- * forward reads in fp16 keeps three device tensors: the fp32 master weight the optimizer
- * updates, the fp16 copy the kernels read, and the gradient.
+ * do not depend on the backend) and uploaded by {@linkcode Module.to}, which also chooses the
+ * model's precision:
+ *
+ * - `"fp16"` (the default, mixed precision as PyTorch's autocast + GradScaler): activations
+ *   and their gradients are fp16, every kernel accumulates in fp32, and a parameter that the
+ *   forward reads in fp16 keeps three device tensors: the fp32 master weight the optimizer
+ *   updates, the fp16 copy the kernels read, and the gradient.
+ * - `"fp32"`: everything is fp32 (PyTorch without autocast): the forward reads the master
+ *   weight itself, gradients are fp32, and no fp16 copy exists.
  *
  * @module
  */
@@ -16,16 +23,43 @@ import { type DType, Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import type { HostData, HostTensor } from "./safetensors.ts";
 
+/**
+ * A model's precision, chosen by {@linkcode Module.to}: `"fp16"` computes in fp16 with fp32
+ * accumulation and fp32 master weights (mixed precision), `"fp32"` computes in fp32.
+ */
+export type Precision = "fp16" | "fp32";
+
+/** The precisions {@linkcode Module.to} accepts. */
+export const PRECISIONS: readonly Precision[] = ["fp16", "fp32"];
+
+/** Options of {@linkcode Module.to}. */
+export interface ModuleToOptions {
+  /** The precision the model computes in (default "fp16": mixed precision). */
+  precision?: Precision;
+}
+
 /** Options of {@linkcode Parameter}. */
 export interface ParameterOptions {
   /**
-   * The dtype the forward reads: "f16" keeps an fp16 copy of the fp32 master weight (the
-   * default), "f32" makes the forward read the master weight itself (batch-norm affine
-   * parameters, which the kernels take in fp32).
+   * The dtype the forward reads under mixed precision: "f16" keeps an fp16 copy of the fp32
+   * master weight (the default), "f32" makes the forward read the master weight itself
+   * (biases and batch-norm affine parameters, which the kernels take in fp32). With
+   * precision "fp32" every parameter is read as f32.
    */
   computeDtype?: "f16" | "f32";
-  /** The gradient's dtype (default: the compute dtype). */
+  /** The gradient's dtype under mixed precision (default: the compute dtype); f32 with "fp32". */
   gradDtype?: "f16" | "f32";
+}
+
+/** Checks a precision option and returns it (default "fp16"). */
+function checkPrecision(p: unknown, action: string): Precision {
+  if (p === undefined) return "fp16";
+  if (!PRECISIONS.includes(p as Precision)) {
+    throw new TypeError(
+      `Cannot ${action}: precision must be "fp16" or "fp32", got ${JSON.stringify(p)}`,
+    );
+  }
+  return p as Precision;
 }
 
 /**
@@ -45,10 +79,8 @@ export interface ParameterOptions {
 export class Parameter implements Disposable {
   /** The shape (PyTorch's layout: Linear [out, in], Conv2d [out, in, kh, kw]). */
   readonly shape: number[];
-  /** The dtype the forward reads. */
-  readonly computeDtype: "f16" | "f32";
-  /** The gradient's dtype. */
-  readonly gradDtype: "f16" | "f32";
+  #computeDtype: "f16" | "f32";
+  #gradDtype: "f16" | "f32";
   #host: Float32Array | null;
   #device: Device | null = null;
   #master: Tensor | null = null;
@@ -72,8 +104,18 @@ export class Parameter implements Disposable {
     }
     this.shape = [...shape];
     this.#host = init.slice();
-    this.computeDtype = options.computeDtype ?? "f16";
-    this.gradDtype = options.gradDtype ?? this.computeDtype;
+    this.#computeDtype = options.computeDtype ?? "f16";
+    this.#gradDtype = options.gradDtype ?? this.#computeDtype;
+  }
+
+  /** The dtype the forward reads (f32 for every parameter of an "fp32" model). */
+  get computeDtype(): "f16" | "f32" {
+    return this.#computeDtype;
+  }
+
+  /** The gradient's dtype (f32 for every parameter of an "fp32" model). */
+  get gradDtype(): "f16" | "f32" {
+    return this.#gradDtype;
   }
 
   /** Number of elements. */
@@ -111,11 +153,14 @@ export class Parameter implements Disposable {
   }
 
   /**
-   * Uploads the parameter to `device` (a no-op when already there).
+   * Uploads the parameter to `device` (a no-op when already there with the same precision).
    *
    * @param device The device.
+   * @param precision "fp16" (default: the compute and gradient dtypes given at construction)
+   *   or "fp32" (the forward reads the master weight, the gradient is f32, no fp16 copy).
    * @returns This parameter.
-   * @throws {TypeError} When the parameter already lives on another device.
+   * @throws {TypeError} When the parameter already lives on another device, or on this one
+   *   with the other precision's dtypes.
    * @example
    * ```ts
    * import { Device } from "@pinstream/pinstream";
@@ -128,11 +173,23 @@ export class Parameter implements Disposable {
    * p.dispose();
    * ```
    */
-  to(device: Device): this {
-    if (this.#device === device) return this;
+  to(device: Device, precision: Precision = "fp16"): this {
+    const action = "move a parameter";
+    precision = checkPrecision(precision, action);
     if (this.#device !== null) {
-      throw new TypeError("Cannot move a parameter: it already lives on another device");
+      if (this.#device !== device) {
+        throw new TypeError(`Cannot ${action}: it already lives on another device`);
+      }
+      const want = precision === "fp32" ? "f32" : this.#computeDtype;
+      if (this.#half !== null ? want !== "f16" : want !== "f32") {
+        throw new TypeError(
+          `Cannot ${action}: it is already on ${device} with the other precision ` +
+            `(a model's precision is chosen once, by its first to())`,
+        );
+      }
+      return this;
     }
+    if (precision === "fp32") this.#computeDtype = this.#gradDtype = "f32";
     const host = this.#host!;
     this.#master = Tensor.fromHost(device, host, this.shape);
     if (this.computeDtype === "f16") {
@@ -391,6 +448,8 @@ export abstract class Module {
   training = true;
   /** The device, once {@linkcode Module.to} was called. */
   device: Device | null = null;
+  /** The precision {@linkcode Module.to} chose ("fp16" until then). */
+  precision: Precision = "fp16";
   /** Parameters registered by this module, by local name. */
   protected readonly params: Map<string, Parameter> = new Map();
   /** Buffers registered by this module, by local name. */
@@ -486,16 +545,39 @@ export abstract class Module {
   }
 
   /**
-   * Places the parameters and buffers on `device` (recursively).
+   * Places the parameters and buffers on `device` (recursively), computing in `precision`:
+   * "fp16" (the default, mixed precision) or "fp32". Feed an "fp32" model f32 inputs (a
+   * prefetcher with `dtype: "f32"`) and train it without loss scaling; the optimizer, the
+   * scheduler, checkpoints and state dicts work the same in both.
    *
    * @param device The device.
+   * @param options The precision.
    * @returns This module.
+   * @throws {TypeError} On an unknown option or precision, or when a parameter already lives
+   *   elsewhere or with the other precision.
+   * @example A model in fp32
+   * ```ts
+   * import { Device, Linear, Tensor } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using device = Device.open("cpu");
+   * using fc = new Linear(2, 1).to(device, { precision: "fp32" });
+   * fc.weight.write(new Float32Array([1, 2]));
+   * fc.bias!.write(new Float32Array([0.1]));
+   * assert.strictEqual(fc.precision, "fp32");
+   * assert.strictEqual(fc.weight.half, null);
+   * using x = Tensor.fromHost(device, new Float32Array([3, 4]), [1, 2]);
+   * const [y] = await fc.forward(x).toHost();
+   * assert.strictEqual(y, Math.fround(11 + Math.fround(0.1)));
+   * ```
    */
-  to(device: Device): this {
-    this.device = device;
-    for (const p of this.params.values()) p.to(device);
+  to(device: Device, options: ModuleToOptions = {}): this {
+    refuseUnknownKeys(options ?? {}, ["precision"], "move a module");
+    const precision = checkPrecision(options?.precision, "move a module");
+    for (const p of this.params.values()) p.to(device, precision);
     for (const b of this.buffers.values()) b.to(device);
-    for (const c of this.children.values()) c.to(device);
+    for (const c of this.children.values()) c.to(device, { precision });
+    this.device = device;
+    this.precision = precision;
     return this;
   }
 

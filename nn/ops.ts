@@ -267,6 +267,23 @@ function code(t: Tensor): number {
   return t.dtype === "f16" ? F16 : F32;
 }
 
+/** The dtypes an op's activations take: f16 (mixed precision) or f32 (the fp32 path). */
+const ACT: readonly DType[] = ["f16", "f32"];
+
+/**
+ * Checks that `t` is a Tensor of `ref`'s dtype: an op's activations, their gradients and the
+ * weights of matmul and the convolutions share one dtype.
+ */
+function sameDtype(t: unknown, name: string, ref: Tensor, refName: string, action: string): void {
+  tensor(t, name, ACT, action);
+  if ((t as Tensor).dtype !== ref.dtype) {
+    throw new TypeError(
+      `Cannot ${action}: ${name} is ${(t as Tensor).dtype} but ${refName} is ${ref.dtype} ` +
+        `(the op computes in one dtype: give every activation and weight f16, or every one f32)`,
+    );
+  }
+}
+
 function isTensor(t: unknown): t is Tensor {
   return typeof t === "object" && t !== null && "dtype" in t && "shape" in t && "device" in t;
 }
@@ -402,8 +419,8 @@ function tail(s: readonly number[], from: number): number {
 export function matmul(a: Tensor, b: Tensor, options: MatmulOptions): void {
   const action = "run matmul";
   const out = options?.out;
-  tensor(a, "a", ["f16"], action);
-  tensor(b, "b", ["f16"], action);
+  tensor(a, "a", ACT, action);
+  sameDtype(b, "b", a, "a", action);
   tensor(out, "out", ["f16", "f32"], action);
   rank(a, "a", [2], action);
   rank(b, "b", [2], action);
@@ -422,6 +439,7 @@ export function matmul(a: Tensor, b: Tensor, options: MatmulOptions): void {
     device.lib.symbols.ps_nn_matmul(
       a.pointer,
       b.pointer,
+      code(a),
       out.pointer,
       code(out),
       BigInt(m),
@@ -512,9 +530,9 @@ function convArgs(g: ConvGeometry): [bigint, bigint, bigint, bigint, bigint, num
 export function conv2dForward(x: Tensor, y: Tensor, options: Conv2dOptions): void {
   const action = "run conv2dForward";
   const w = options?.weight;
-  tensor(x, "x", ["f16"], action);
-  tensor(w, "weight", ["f16"], action);
-  tensor(y, "y", ["f16"], action);
+  tensor(x, "x", ACT, action);
+  sameDtype(w, "weight", x, "x", action);
+  sameDtype(y, "y", x, "x", action);
   const g = convGeometry(x, w, y, options, action, ["x", "y", "weight"]);
   using launched = launch(action, options, x, w, y);
   const { device, stream } = launched;
@@ -523,6 +541,7 @@ export function conv2dForward(x: Tensor, y: Tensor, options: Conv2dOptions): voi
       x.pointer,
       w.pointer,
       y.pointer,
+      code(x),
       ...convArgs(g),
       g.stride,
       g.pad,
@@ -557,9 +576,9 @@ export function conv2dForward(x: Tensor, y: Tensor, options: Conv2dOptions): voi
 export function conv2dBackwardData(dy: Tensor, dx: Tensor, options: Conv2dOptions): void {
   const action = "run conv2dBackwardData";
   const w = options?.weight;
-  tensor(dy, "dy", ["f16"], action);
-  tensor(w, "weight", ["f16"], action);
-  tensor(dx, "dx", ["f16"], action);
+  tensor(dy, "dy", ACT, action);
+  sameDtype(w, "weight", dy, "dy", action);
+  sameDtype(dx, "dx", dy, "dy", action);
   const g = convGeometry(dx, w, dy, options, action, ["dx", "dy", "weight"]);
   using launched = launch(action, options, dy, w, dx);
   const { device, stream } = launched;
@@ -568,6 +587,7 @@ export function conv2dBackwardData(dy: Tensor, dx: Tensor, options: Conv2dOption
       dy.pointer,
       w.pointer,
       dx.pointer,
+      code(dy),
       ...convArgs(g),
       g.stride,
       g.pad,
@@ -607,8 +627,8 @@ export function conv2dBackwardWeight(
 ): void {
   const action = "run conv2dBackwardWeight";
   const x = options?.x;
-  tensor(x, "x", ["f16"], action);
-  tensor(dy, "dy", ["f16"], action);
+  tensor(x, "x", ACT, action);
+  sameDtype(dy, "dy", x, "x", action);
   tensor(dw, "dw", ["f16", "f32"], action);
   const g = convGeometry(x, dw, dy, options, action, ["x", "dy", "dw"]);
   using launched = launch(action, options, x, dy, dw);
@@ -617,6 +637,7 @@ export function conv2dBackwardWeight(
     device.lib.symbols.ps_nn_conv2d_backward_weight(
       x.pointer,
       dy.pointer,
+      code(x),
       dw.pointer,
       code(dw),
       ...convArgs(g),
@@ -656,8 +677,8 @@ export function conv2dBackwardWeight(
 export function maxPool2dForward(x: Tensor, y: Tensor, options: MaxPool2dOptions): void {
   const action = "run maxPool2dForward";
   const indices = options?.indices ?? null;
-  tensor(x, "x", ["f16"], action);
-  tensor(y, "y", ["f16"], action);
+  tensor(x, "x", ACT, action);
+  sameDtype(y, "y", x, "x", action);
   if (indices !== null) tensor(indices, "indices", ["i32"], action);
   rank(x, "x", [4], action);
   const kernel = int(options?.kernel, "kernel", 1, action);
@@ -675,6 +696,7 @@ export function maxPool2dForward(x: Tensor, y: Tensor, options: MaxPool2dOptions
     device.lib.symbols.ps_nn_maxpool2d_forward(
       x.pointer,
       y.pointer,
+      code(x),
       ptr(indices),
       BigInt(n),
       BigInt(c),
@@ -718,9 +740,9 @@ export function maxPool2dBackward(
 ): void {
   const action = "run maxPool2dBackward";
   const indices = options?.indices;
-  tensor(dy, "dy", ["f16"], action);
+  tensor(dy, "dy", ACT, action);
   tensor(indices, "indices", ["i32"], action);
-  tensor(dx, "dx", ["f16"], action);
+  sameDtype(dx, "dx", dy, "dy", action);
   rank(dy, "dy", [4], action);
   rank(dx, "dx", [4], action);
   shape(indices, "indices", dy.shape, action);
@@ -734,6 +756,7 @@ export function maxPool2dBackward(
       dy.pointer,
       indices.pointer,
       dx.pointer,
+      code(dy),
       BigInt(n),
       BigInt(c),
       BigInt(h),
@@ -797,8 +820,8 @@ export function batchNormForwardTrain(
   const action = "run batchNormForwardTrain";
   const { gamma, beta, saveMean, saveInvStd } = options;
   const runMean = options.runMean ?? null, runVar = options.runVar ?? null;
-  tensor(x, "x", ["f16"], action);
-  tensor(y, "y", ["f16"], action);
+  tensor(x, "x", ACT, action);
+  sameDtype(y, "y", x, "x", action);
   const { n, c, hw } = bnShape(x, action);
   shape(y, "y", x.shape, action);
   params(
@@ -835,6 +858,7 @@ export function batchNormForwardTrain(
       gamma.pointer,
       beta.pointer,
       y.pointer,
+      code(x),
       saveMean.pointer,
       saveInvStd.pointer,
       ptr(runMean),
@@ -878,8 +902,8 @@ export function batchNormForwardTrain(
 export function batchNormForwardEval(x: Tensor, y: Tensor, options: BatchNormEvalOptions): void {
   const action = "run batchNormForwardEval";
   const { gamma, beta, runMean, runVar } = options;
-  tensor(x, "x", ["f16"], action);
-  tensor(y, "y", ["f16"], action);
+  tensor(x, "x", ACT, action);
+  sameDtype(y, "y", x, "x", action);
   const { n, c, hw } = bnShape(x, action);
   shape(y, "y", x.shape, action);
   params([[gamma, "gamma"], [beta, "beta"], [runMean, "runMean"], [runVar, "runVar"]], c, action);
@@ -894,6 +918,7 @@ export function batchNormForwardEval(x: Tensor, y: Tensor, options: BatchNormEva
       runMean.pointer,
       runVar.pointer,
       y.pointer,
+      code(x),
       BigInt(n),
       BigInt(c),
       BigInt(hw),
@@ -936,9 +961,9 @@ export function batchNormForwardEval(x: Tensor, y: Tensor, options: BatchNormEva
 export function batchNormBackward(dy: Tensor, dx: Tensor, options: BatchNormBackwardOptions): void {
   const action = "run batchNormBackward";
   const { x, gamma, saveMean, saveInvStd, dgamma, dbeta } = options;
-  tensor(dy, "dy", ["f16"], action);
-  tensor(x, "x", ["f16"], action);
-  tensor(dx, "dx", ["f16"], action);
+  tensor(dy, "dy", ACT, action);
+  sameDtype(x, "x", dy, "dy", action);
+  sameDtype(dx, "dx", dy, "dy", action);
   const { n, c, hw } = bnShape(x, action);
   shape(dy, "dy", x.shape, action);
   shape(dx, "dx", x.shape, action);
@@ -971,6 +996,7 @@ export function batchNormBackward(dy: Tensor, dx: Tensor, options: BatchNormBack
       saveMean.pointer,
       saveInvStd.pointer,
       dx.pointer,
+      code(dy),
       dgamma.pointer,
       dbeta.pointer,
       BigInt(n),
@@ -1012,7 +1038,7 @@ function channels(y: Tensor, name: string, action: string): { n: number; c: numb
  */
 export function biasAdd(y: Tensor, bias: Tensor, options: OpOptions = {}): void {
   const action = "run biasAdd";
-  tensor(y, "y", ["f16"], action);
+  tensor(y, "y", ACT, action);
   tensor(bias, "bias", ["f16", "f32"], action);
   const { n, c, hw } = channels(y, "y", action);
   shape(bias, "bias", [c], action);
@@ -1021,6 +1047,7 @@ export function biasAdd(y: Tensor, bias: Tensor, options: OpOptions = {}): void 
   device.check(
     device.lib.symbols.ps_nn_bias_add(
       y.pointer,
+      code(y),
       bias.pointer,
       code(bias),
       BigInt(n),
@@ -1055,7 +1082,7 @@ export function biasAdd(y: Tensor, bias: Tensor, options: OpOptions = {}): void 
  */
 export function biasGrad(dy: Tensor, dbias: Tensor, options: BiasGradOptions = {}): void {
   const action = "run biasGrad";
-  tensor(dy, "dy", ["f16"], action);
+  tensor(dy, "dy", ACT, action);
   tensor(dbias, "dbias", ["f16", "f32"], action);
   const { n, c, hw } = channels(dy, "dy", action);
   shape(dbias, "dbias", [c], action);
@@ -1064,6 +1091,7 @@ export function biasGrad(dy: Tensor, dbias: Tensor, options: BiasGradOptions = {
   device.check(
     device.lib.symbols.ps_nn_bias_grad(
       dy.pointer,
+      code(dy),
       dbias.pointer,
       code(dbias),
       BigInt(n),
@@ -1106,13 +1134,13 @@ function sameNumel(a: Tensor, b: Tensor, names: string, action: string): void {
  */
 export function reluForward(x: Tensor, y: Tensor, options: OpOptions = {}): void {
   const action = "run reluForward";
-  tensor(x, "x", ["f16"], action);
-  tensor(y, "y", ["f16"], action);
+  tensor(x, "x", ACT, action);
+  sameDtype(y, "y", x, "x", action);
   sameNumel(x, y, "x and y", action);
   using launched = launch(action, options, x, y);
   const { device, stream } = launched;
   device.check(
-    device.lib.symbols.ps_nn_relu_forward(x.pointer, y.pointer, BigInt(x.numel), stream),
+    device.lib.symbols.ps_nn_relu_forward(x.pointer, y.pointer, code(x), BigInt(x.numel), stream),
     action,
   );
 }
@@ -1141,9 +1169,9 @@ export function reluForward(x: Tensor, y: Tensor, options: OpOptions = {}): void
 export function reluBackward(dy: Tensor, dx: Tensor, options: ReluBackwardOptions): void {
   const action = "run reluBackward";
   const y = options?.y;
-  tensor(dy, "dy", ["f16"], action);
-  tensor(y, "y", ["f16"], action);
-  tensor(dx, "dx", ["f16"], action);
+  tensor(dy, "dy", ACT, action);
+  sameDtype(y, "y", dy, "dy", action);
+  sameDtype(dx, "dx", dy, "dy", action);
   sameNumel(dy, y, "dy and y", action);
   sameNumel(dy, dx, "dy and dx", action);
   using launched = launch(action, options, dy, y, dx);
@@ -1153,6 +1181,7 @@ export function reluBackward(dy: Tensor, dx: Tensor, options: ReluBackwardOption
       dy.pointer,
       y.pointer,
       dx.pointer,
+      code(dy),
       BigInt(dy.numel),
       stream,
     ),
@@ -1168,7 +1197,7 @@ function crossEntropy(
   options: CrossEntropyForwardOptions & Partial<CrossEntropyOptions>,
 ): void {
   const lossSum = options?.lossSum, correct = options?.correct;
-  tensor(logits, "logits", ["f16"], action);
+  tensor(logits, "logits", ACT, action);
   tensor(labels, "labels", ["i32"], action);
   tensor(lossSum, "lossSum", ["f32"], action);
   tensor(correct, "correct", ["i32"], action);
@@ -1176,7 +1205,7 @@ function crossEntropy(
   const [n, k] = logits.shape;
   shape(labels, "labels", [n], action);
   if (dlogits !== null) {
-    tensor(dlogits, "dlogits", ["f16"], action);
+    sameDtype(dlogits, "dlogits", logits, "logits", action);
     shape(dlogits, "dlogits", logits.shape, action);
   }
   scalar(lossSum, "lossSum", action);
@@ -1203,6 +1232,7 @@ function crossEntropy(
       logits.pointer,
       labels.pointer,
       ptr(dlogits),
+      code(logits),
       lossSum.pointer,
       correct.pointer,
       BigInt(n),

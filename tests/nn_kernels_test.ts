@@ -14,146 +14,23 @@ import { type Device, Tensor } from "../mod.ts";
 import { lastError, Status } from "../ffi/errors.ts";
 import * as ops from "../nn/ops.ts";
 import { testEachBackend } from "./_backends.ts";
-
-const SEED = crypto.getRandomValues(new Uint32Array(1))[0];
-
-function rng(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-/** A random generator per test, derived from the run's seed and the test's name. */
-function gen(name: string): () => number {
-  let h = SEED;
-  for (let i = 0; i < name.length; i++) h = Math.imul(h ^ name.charCodeAt(i), 0x9e3779b1);
-  return rng(h);
-}
-
-function randH(r: () => number, n: number, lo = -1, hi = 1): Float16Array {
-  const a = new Float16Array(n);
-  for (let i = 0; i < n; i++) a[i] = lo + (hi - lo) * r();
-  return a;
-}
-
-function randF(r: () => number, n: number, lo = -1, hi = 1): Float32Array {
-  const a = new Float32Array(n);
-  for (let i = 0; i < n; i++) a[i] = lo + (hi - lo) * r();
-  return a;
-}
-
-function assertClose(
-  actual: ArrayLike<number>,
-  expected: ArrayLike<number>,
-  atol: number,
-  rtol: number,
-  what: string,
-): void {
-  assert.strictEqual(actual.length, expected.length, `${what}: length`);
-  let worst = -1, worstExcess = 0;
-  for (let i = 0; i < expected.length; i++) {
-    const a = actual[i], e = expected[i];
-    if (Number.isNaN(e) && Number.isNaN(a)) continue;
-    if (a === e) continue;
-    const excess = Math.abs(a - e) - (atol + rtol * Math.abs(e));
-    if (!(excess <= 0) && (worst < 0 || !(excess <= worstExcess))) {
-      worst = i;
-      worstExcess = excess;
-    }
-  }
-  if (worst >= 0) {
-    assert.fail(
-      `${what} (seed ${SEED}): element ${worst} is ${actual[worst]}, expected ` +
-        `${expected[worst]} (atol ${atol}, rtol ${rtol})`,
-    );
-  }
-}
+import {
+  assertClose,
+  eachTap,
+  gen,
+  type Geo,
+  outSize,
+  randF,
+  randH,
+  refMatmul,
+  SEED,
+} from "./_nn_reference.ts";
 
 async function host(t: Tensor): Promise<number[]> {
   return [...(await t.toHost())];
 }
 
 const F16_ATOL = 2e-3, F16_RTOL = 2e-3;
-
-// ---- references (float64) ---------------------------------------------------------------
-
-function refMatmul(
-  a: ArrayLike<number>,
-  b: ArrayLike<number>,
-  m: number,
-  n: number,
-  k: number,
-  transA: boolean,
-  transB: boolean,
-): Float64Array {
-  const c = new Float64Array(m * n);
-  for (let i = 0; i < m; i++) {
-    for (let j = 0; j < n; j++) {
-      let s = 0;
-      for (let p = 0; p < k; p++) {
-        s += (transA ? a[p * m + i] : a[i * k + p]) * (transB ? b[j * k + p] : b[p * n + j]);
-      }
-      c[i * n + j] = s;
-    }
-  }
-  return c;
-}
-
-interface Geo {
-  n: number;
-  c: number;
-  h: number;
-  w: number;
-  co: number;
-  kh: number;
-  kw: number;
-  s: number;
-  p: number;
-}
-
-function outSize(g: Geo): [number, number] {
-  return [
-    Math.floor((g.h + 2 * g.p - g.kh) / g.s) + 1,
-    Math.floor((g.w + 2 * g.p - g.kw) / g.s) + 1,
-  ];
-}
-
-/** Calls f(n, o, c, oy, ox, ky, kx, xIndex, yIndex, wIndex) for every valid tap. */
-function eachTap(
-  g: Geo,
-  f: (xi: number, yi: number, wi: number) => void,
-): void {
-  const [oh, ow] = outSize(g);
-  for (let n = 0; n < g.n; n++) {
-    for (let o = 0; o < g.co; o++) {
-      for (let oy = 0; oy < oh; oy++) {
-        for (let ox = 0; ox < ow; ox++) {
-          const yi = ((n * g.co + o) * oh + oy) * ow + ox;
-          for (let c = 0; c < g.c; c++) {
-            for (let ky = 0; ky < g.kh; ky++) {
-              const iy = oy * g.s + ky - g.p;
-              if (iy < 0 || iy >= g.h) continue;
-              for (let kx = 0; kx < g.kw; kx++) {
-                const ix = ox * g.s + kx - g.p;
-                if (ix < 0 || ix >= g.w) continue;
-                f(
-                  ((n * g.c + c) * g.h + iy) * g.w + ix,
-                  yi,
-                  ((o * g.c + c) * g.kh + ky) * g.kw + kx,
-                );
-              }
-            }
-          }
-        }
-      }
-    }
-  }
-}
 
 // ---- matmul -------------------------------------------------------------------------------
 
@@ -759,6 +636,7 @@ testEachBackend(
             null,
             null,
             null,
+            1,
             null,
             null,
             null,
@@ -774,7 +652,20 @@ testEachBackend(
       [
         "ps_nn_batchnorm_forward_eval",
         () =>
-          s.ps_nn_batchnorm_forward_eval(null, null, null, null, null, null, 1n, c, 1n, 1e-5, null),
+          s.ps_nn_batchnorm_forward_eval(
+            null,
+            null,
+            null,
+            null,
+            null,
+            null,
+            1,
+            1n,
+            c,
+            1n,
+            1e-5,
+            null,
+          ),
       ],
       [
         "ps_nn_batchnorm_backward",
@@ -786,6 +677,7 @@ testEachBackend(
             null,
             null,
             null,
+            1,
             null,
             null,
             1n,
@@ -794,8 +686,8 @@ testEachBackend(
             null,
           ),
       ],
-      ["ps_nn_bias_add", () => s.ps_nn_bias_add(null, null, 0, 1n, c, 1n, null)],
-      ["ps_nn_bias_grad", () => s.ps_nn_bias_grad(null, null, 0, 1n, c, 1n, 0, null)],
+      ["ps_nn_bias_add", () => s.ps_nn_bias_add(null, 1, null, 0, 1n, c, 1n, null)],
+      ["ps_nn_bias_grad", () => s.ps_nn_bias_grad(null, 1, null, 0, 1n, c, 1n, 0, null)],
     ];
     for (const [fn, call] of calls) {
       assert.strictEqual(call(), Status.INVALID_ARGUMENT, fn);
@@ -804,7 +696,7 @@ testEachBackend(
     }
     // One channel fewer passes the shape check (and then fails on the null pointers).
     assert.strictEqual(
-      s.ps_nn_bias_add(null, null, 0, 1n, c - 1n, 1n, null),
+      s.ps_nn_bias_add(null, 1, null, 0, 1n, c - 1n, 1n, null),
       Status.INVALID_ARGUMENT,
     );
     assert.doesNotMatch(lastError(dev.lib), /bad shape/);

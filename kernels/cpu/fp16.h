@@ -262,6 +262,33 @@ static inline void transpose_to_f16(const float *s, int64_t lds, int64_t rows, i
 #endif
 }
 
+/* Activations of either dtype (f16 != 0: fp16, else fp32) at element offset `at`, as fp32
+ * rows and elements: the fp32 path reads and writes its tensors through these. */
+static inline const void *act_at(const void *p, int f16, int64_t at) {
+  return (const char *)p + at * (f16 ? 2 : 4);
+}
+static inline void act_load(const void *s, int f16, int64_t at, float *d, int64_t n) {
+  if (f16)
+    h2f_row((const half *)s + at, d, n);
+  else
+    memcpy(d, (const float *)s + at, (size_t)n * sizeof(float));
+}
+static inline void act_store(const float *s, void *d, int f16, int64_t at, int64_t n) {
+  if (f16)
+    f2h_row(s, (half *)d + at, n);
+  else
+    memcpy((float *)d + at, s, (size_t)n * sizeof(float));
+}
+static inline float act_get(const void *p, int f16, int64_t i) {
+  return f16 ? h2f(((const half *)p)[i]) : ((const float *)p)[i];
+}
+static inline void act_set(void *p, int f16, int64_t i, float v) {
+  if (f16)
+    ((half *)p)[i] = f2h(v);
+  else
+    ((float *)p)[i] = v;
+}
+
 /* Sum of an fp16 row in fp32 (16 lanes, then the lanes: not the sequential order). */
 static inline float sum_row(const half *s, int64_t n) {
   int64_t i = 0;

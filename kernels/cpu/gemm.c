@@ -368,14 +368,14 @@ static void matmul_task(void *vctx, int64_t p) {
   if (x->split_m) {
     int64_t i0 = t0 * MR, i1 = t1 * MR < x->m ? t1 * MR : x->m;
     mat_t Ap = *x->A;
-    Ap.p = (const half *)Ap.p + i0 * Ap.rs;
+    Ap.p = act_at(Ap.p, Ap.f16, i0 * Ap.rs);
     bad = gemm(i1 - i0, x->n, x->k, &Ap, x->B, x->out + i0 * x->n, x->n, x->acc, NULL, x->pre);
     if (!bad && x->out16)
       f2h_acc_row(x->out + i0 * x->n, x->out16 + i0 * x->n, (i1 - i0) * x->n, x->acc16);
   } else {
     int64_t j0 = t0 * NR, j1 = t1 * NR < x->n ? t1 * NR : x->n;
     mat_t Bp = *x->B;
-    Bp.p = (const half *)Bp.p + j0 * Bp.cs;
+    Bp.p = act_at(Bp.p, Bp.f16, j0 * Bp.cs);
     bad = gemm(x->m, j1 - j0, x->k, x->A, &Bp, x->out + j0, x->n, x->acc, x->pre, NULL);
     if (!bad && x->out16)
       for (int64_t i = 0; i < x->m; i++)
@@ -424,24 +424,26 @@ static int run_matmul(const mat_t *A, const mat_t *B, int64_t m, int64_t n, int6
   return atomic_load(&mc.failed);
 }
 
-PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, int64_t m,
-                        int64_t n, int64_t k, int32_t trans_a, int32_t trans_b, int32_t accumulate,
-                        void *stream) {
+PS_API int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, int32_t c_dtype,
+                        int64_t m, int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
+                        int32_t accumulate, void *stream) {
   (void)stream;
+  CHECK_DTYPE(dtype);
   CHECK_DTYPE(c_dtype);
   TRY(ps_check_matmul(m, n, k));
   if (m == 0 || n == 0) return PS_OK;
-  CHECK_RANGE(a, m * k * 2);
-  CHECK_RANGE(b, k * n * 2);
+  const int f16 = dtype == PS_NN_F16;
+  CHECK_RANGE(a, m * k * dtsize(dtype));
+  CHECK_RANGE(b, k * n * dtsize(dtype));
   CHECK_RANGE(c, m * n * dtsize(c_dtype));
-  const mat_t A = {.p = a, .f16 = 1, .rs = trans_a ? 1 : k, .cs = trans_a ? m : 1};
-  const mat_t B = {.p = b, .f16 = 1, .rs = trans_b ? 1 : n, .cs = trans_b ? k : 1};
+  const mat_t A = {.p = a, .f16 = f16, .rs = trans_a ? 1 : k, .cs = trans_a ? m : 1};
+  const mat_t B = {.p = b, .f16 = f16, .rs = trans_b ? 1 : n, .cs = trans_b ? k : 1};
   if (tile_waste(n, m) < 0.8 * tile_waste(m, n)) {
     /* A narrow output (a classifier's 10 columns: 10 of each 32-wide tile used) runs as
      * C^T[n][m] = B^T A^T, where the short side is the MR-tall one, then is transposed back
      * (m x n is small here). */
-    const mat_t At = {.p = b, .f16 = 1, .rs = B.cs, .cs = B.rs};
-    const mat_t Bt = {.p = a, .f16 = 1, .rs = A.cs, .cs = A.rs};
+    const mat_t At = {.p = b, .f16 = f16, .rs = B.cs, .cs = B.rs};
+    const mat_t Bt = {.p = a, .f16 = f16, .rs = A.cs, .cs = A.rs};
     float *t = ps_workspace(WS_MM_OUT, (size_t)(m * n));
     if (!t || run_matmul(&At, &Bt, n, m, k, t, NULL, 0, 0)) OOM();
     for (int64_t i = 0; i < m; i++)

@@ -50,21 +50,23 @@ static float chunk_sqdev(const float *v, int64_t n, float mean) {
   return lanes_total(acc);
 }
 
-/* y = x * a + b over one plane of fp16 values. */
-static void plane_affine(const half *p, half *q, int64_t hw, float a, float b) {
+/* y = x * a + b over the plane of hw values at element offset `at` (fp16 when f16, else fp32). */
+static void plane_affine(const void *x, void *y, int f16, int64_t at, int64_t hw, float a,
+                         float b) {
   float buf[BN_CHUNK];
   for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
     int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
-    h2f_row(p + j0, buf, m);
+    act_load(x, f16, at + j0, buf, m);
     for (int64_t j = 0; j < m; j++) buf[j] = buf[j] * a + b;
-    f2h_row(buf, q + j0, m);
+    act_store(buf, y, f16, at + j0, m);
   }
 }
 
 /* ps_nn_batchnorm_forward_train over channels [c0, c1). */
 typedef struct {
-  const half *x;
-  half *y;
+  const void *x;
+  void *y; /* x and y fp16 when f16, else fp32 */
+  int f16;
   const float *gamma, *beta;
   float *save_mean, *save_invstd, *run_mean, *run_var; /* run_* may be NULL */
   int64_t n, c, hw;
@@ -73,8 +75,9 @@ typedef struct {
 
 static void bn_train_range(void *vctx, int64_t c0, int64_t c1) {
   const bn_train_ctx *k = vctx;
-  const half *xh = k->x;
-  half *yh = k->y;
+  const void *xh = k->x;
+  void *yh = k->y;
+  const int f16 = k->f16;
   const float *gamma = k->gamma, *beta = k->beta;
   float *save_mean = k->save_mean, *save_invstd = k->save_invstd;
   float *run_mean = k->run_mean, *run_var = k->run_var, momentum = k->momentum, eps = k->eps;
@@ -84,19 +87,19 @@ static void bn_train_range(void *vctx, int64_t c0, int64_t c1) {
     /* Two passes (mean, then squared deviations): no cancellation for any data. */
     double s = 0.0;
     for (int64_t i = 0; i < n; i++) {
-      const half *p = xh + (i * c + ch) * hw;
+      const int64_t p = (i * c + ch) * hw;
       for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
         int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
-        h2f_row(p + j0, buf, m);
+        act_load(xh, f16, p + j0, buf, m);
         s += chunk_sum(buf, m);
       }
     }
     double mean = s / (double)cnt, ss = 0.0;
     for (int64_t i = 0; i < n; i++) {
-      const half *p = xh + (i * c + ch) * hw;
+      const int64_t p = (i * c + ch) * hw;
       for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
         int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
-        h2f_row(p + j0, buf, m);
+        act_load(xh, f16, p + j0, buf, m);
         ss += chunk_sqdev(buf, m, (float)mean);
       }
     }
@@ -111,19 +114,20 @@ static void bn_train_range(void *vctx, int64_t c0, int64_t c1) {
     }
     float a, b;
     ps_bn_affine(gamma[ch], beta[ch], (float)mean, invstd, &a, &b);
-    for (int64_t i = 0; i < n; i++)
-      plane_affine(xh + (i * c + ch) * hw, yh + (i * c + ch) * hw, hw, a, b);
+    for (int64_t i = 0; i < n; i++) plane_affine(xh, yh, f16, (i * c + ch) * hw, hw, a, b);
   }
 }
 
 PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta,
-                                         void *y, float *save_mean, float *save_invstd,
-                                         float *run_mean, float *run_var, int64_t n, int64_t c,
-                                         int64_t hw, float momentum, float eps, void *stream) {
+                                         void *y, int32_t dtype, float *save_mean,
+                                         float *save_invstd, float *run_mean, float *run_var,
+                                         int64_t n, int64_t c, int64_t hw, float momentum,
+                                         float eps, void *stream) {
   (void)stream;
+  CHECK_DTYPE(dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
-  CHECK_RANGE(x, n * c * hw * 2);
-  CHECK_RANGE(y, n * c * hw * 2);
+  CHECK_RANGE(x, n * c * hw * dtsize(dtype));
+  CHECK_RANGE(y, n * c * hw * dtsize(dtype));
   CHECK_RANGE(gamma, c * 4);
   CHECK_RANGE(beta, c * 4);
   CHECK_RANGE(save_mean, c * 4);
@@ -132,6 +136,7 @@ PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, cons
   if (run_var) CHECK_RANGE(run_var, c * 4);
   bn_train_ctx k = {.x = x,
                     .y = y,
+                    .f16 = dtype == PS_NN_F16,
                     .gamma = gamma,
                     .beta = beta,
                     .save_mean = save_mean,
@@ -149,8 +154,9 @@ PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, cons
 
 /* ps_nn_batchnorm_forward_eval over channels [c0, c1). */
 typedef struct {
-  const half *x;
-  half *y;
+  const void *x;
+  void *y; /* x and y fp16 when f16, else fp32 */
+  int f16;
   const float *gamma, *beta, *run_mean, *run_var;
   int64_t n, c, hw;
   float eps;
@@ -158,33 +164,35 @@ typedef struct {
 
 static void bn_eval_range(void *vctx, int64_t c0, int64_t c1) {
   const bn_eval_ctx *k = vctx;
-  const half *x = k->x;
-  half *y = k->y;
+  const void *x = k->x;
+  void *y = k->y;
   const float *gamma = k->gamma, *beta = k->beta, *run_mean = k->run_mean, *run_var = k->run_var;
   float eps = k->eps;
   int64_t n = k->n, c = k->c, hw = k->hw;
   for (int64_t ch = c0; ch < c1; ch++) {
     float a, b;
     ps_bn_eval_affine(gamma[ch], beta[ch], run_mean[ch], run_var[ch], eps, &a, &b);
-    for (int64_t i = 0; i < n; i++)
-      plane_affine(x + (i * c + ch) * hw, y + (i * c + ch) * hw, hw, a, b);
+    for (int64_t i = 0; i < n; i++) plane_affine(x, y, k->f16, (i * c + ch) * hw, hw, a, b);
   }
 }
 
 PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const float *beta,
                                         const float *run_mean, const float *run_var, void *y,
-                                        int64_t n, int64_t c, int64_t hw, float eps, void *stream) {
+                                        int32_t dtype, int64_t n, int64_t c, int64_t hw, float eps,
+                                        void *stream) {
   (void)stream;
+  CHECK_DTYPE(dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   if (n == 0) return PS_OK;
-  CHECK_RANGE(x, n * c * hw * 2);
-  CHECK_RANGE(y, n * c * hw * 2);
+  CHECK_RANGE(x, n * c * hw * dtsize(dtype));
+  CHECK_RANGE(y, n * c * hw * dtsize(dtype));
   CHECK_RANGE(gamma, c * 4);
   CHECK_RANGE(beta, c * 4);
   CHECK_RANGE(run_mean, c * 4);
   CHECK_RANGE(run_var, c * 4);
   bn_eval_ctx k = {.x = x,
                    .y = y,
+                   .f16 = dtype == PS_NN_F16,
                    .gamma = gamma,
                    .beta = beta,
                    .run_mean = run_mean,
@@ -199,8 +207,9 @@ PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const
 
 /* ps_nn_batchnorm_backward over channels [c0, c1). */
 typedef struct {
-  const half *x, *dy;
-  half *dx;
+  const void *x, *dy;
+  void *dx; /* x, dy and dx fp16 when f16, else fp32 */
+  int f16;
   const float *gamma, *save_mean, *save_invstd;
   float *dgamma, *dbeta;
   int64_t n, c, hw;
@@ -208,8 +217,9 @@ typedef struct {
 
 static void bn_bwd_range(void *vctx, int64_t c0, int64_t c1) {
   const bn_bwd_ctx *k = vctx;
-  const half *x = k->x, *dy = k->dy;
-  half *dx = k->dx;
+  const void *x = k->x, *dy = k->dy;
+  void *dx = k->dx;
+  const int f16 = k->f16;
   const float *gamma = k->gamma, *save_mean = k->save_mean, *save_invstd = k->save_invstd;
   float *dgamma = k->dgamma, *dbeta = k->dbeta;
   int64_t n = k->n, c = k->c, hw = k->hw, cnt = n * hw;
@@ -218,12 +228,11 @@ static void bn_bwd_range(void *vctx, int64_t c0, int64_t c1) {
     float mean = save_mean[ch], is = save_invstd[ch];
     double sdy = 0.0, sdyx = 0.0; /* sum dy, sum dy * xhat */
     for (int64_t i = 0; i < n; i++) {
-      const half *g = dy + (i * c + ch) * hw;
-      const half *p = x + (i * c + ch) * hw;
+      const int64_t p = (i * c + ch) * hw;
       for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
         int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
-        h2f_row(g + j0, gb, m);
-        h2f_row(p + j0, xb, m);
+        act_load(dy, f16, p + j0, gb, m);
+        act_load(x, f16, p + j0, xb, m);
         float a0[BN_LANES] = {0}, a1[BN_LANES] = {0};
         int64_t j = 0;
         for (; j + BN_LANES <= m; j += BN_LANES)
@@ -244,15 +253,13 @@ static void bn_bwd_range(void *vctx, int64_t c0, int64_t c1) {
     /* dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)) */
     float a = gamma[ch] * is, mdy = (float)(sdy / (double)cnt), mdyx = (float)(sdyx / (double)cnt);
     for (int64_t i = 0; i < n; i++) {
-      const half *g = dy + (i * c + ch) * hw;
-      const half *p = x + (i * c + ch) * hw;
-      half *q = dx + (i * c + ch) * hw;
+      const int64_t p = (i * c + ch) * hw;
       for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
         int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
-        h2f_row(g + j0, gb, m);
-        h2f_row(p + j0, xb, m);
+        act_load(dy, f16, p + j0, gb, m);
+        act_load(x, f16, p + j0, xb, m);
         for (int64_t j = 0; j < m; j++) gb[j] = ps_bn_grad(gb[j], xb[j], mean, is, a, mdy, mdyx);
-        f2h_row(gb, q + j0, m);
+        act_store(gb, dx, f16, p + j0, m);
       }
     }
   }
@@ -260,13 +267,14 @@ static void bn_bwd_range(void *vctx, int64_t c0, int64_t c1) {
 
 PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
                                     const float *save_mean, const float *save_invstd, void *dx,
-                                    float *dgamma, float *dbeta, int64_t n, int64_t c, int64_t hw,
-                                    void *stream) {
+                                    int32_t dtype, float *dgamma, float *dbeta, int64_t n,
+                                    int64_t c, int64_t hw, void *stream) {
   (void)stream;
+  CHECK_DTYPE(dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
-  CHECK_RANGE(dy, n * c * hw * 2);
-  CHECK_RANGE(x, n * c * hw * 2);
-  CHECK_RANGE(dx, n * c * hw * 2);
+  CHECK_RANGE(dy, n * c * hw * dtsize(dtype));
+  CHECK_RANGE(x, n * c * hw * dtsize(dtype));
+  CHECK_RANGE(dx, n * c * hw * dtsize(dtype));
   CHECK_RANGE(gamma, c * 4);
   CHECK_RANGE(save_mean, c * 4);
   CHECK_RANGE(save_invstd, c * 4);
@@ -275,6 +283,7 @@ PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *
   bn_bwd_ctx k = {.x = x,
                   .dy = dy,
                   .dx = dx,
+                  .f16 = dtype == PS_NN_F16,
                   .gamma = gamma,
                   .save_mean = save_mean,
                   .save_invstd = save_invstd,
@@ -290,14 +299,36 @@ PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *
 
 /* ps_nn_bias_add over rows [r0, r1) of [n*c][hw]. */
 typedef struct {
-  half *y;
+  void *y; /* fp16 when f16, else fp32 */
+  int f16;
   const void *bias;
   int32_t bias_dtype;
   int64_t c, hw;
 } bias_add_ctx;
 
+/* bias_add_range for fp32 y: plain loops, which GCC vectorizes (y + b is one fp32 rounding, as
+ * in the fp16 path before its cast). */
+static void bias_add_range_f32(const bias_add_ctx *k, int64_t r0, int64_t r1) {
+  float *y = k->y;
+  const int bf16 = k->bias_dtype == PS_NN_F16;
+  int64_t c = k->c, hw = k->hw;
+  for (int64_t r = r0; r < r1; r++) {
+    if (hw == 1) {
+      float *q = y + r * c;
+      for (int64_t ch = 0; ch < c; ch++) q[ch] += act_get(k->bias, bf16, ch);
+    } else {
+      float *q = y + r * hw, b = act_get(k->bias, bf16, r % c);
+      for (int64_t j = 0; j < hw; j++) q[j] += b;
+    }
+  }
+}
+
 static void bias_add_range(void *vctx, int64_t r0, int64_t r1) {
   const bias_add_ctx *k = vctx;
+  if (!k->f16) {
+    bias_add_range_f32(k, r0, r1);
+    return;
+  }
   half *y = k->y;
   const void *bias = k->bias;
   int32_t bias_dtype = k->bias_dtype;
@@ -359,62 +390,68 @@ static void bias_add_range(void *vctx, int64_t r0, int64_t r1) {
   }
 }
 
-PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t n, int64_t c,
-                          int64_t hw, void *stream) {
+PS_API int ps_nn_bias_add(void *y, int32_t dtype, const void *bias, int32_t bias_dtype, int64_t n,
+                          int64_t c, int64_t hw, void *stream) {
   (void)stream;
+  CHECK_DTYPE(dtype);
   CHECK_DTYPE(bias_dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   if (n == 0) return PS_OK;
-  CHECK_RANGE(y, n * c * hw * 2);
+  CHECK_RANGE(y, n * c * hw * dtsize(dtype));
   CHECK_RANGE(bias, c * dtsize(bias_dtype));
   /* hw == 1 (a Linear's [N,F]) splits by samples, the channel maps by (sample, channel). */
   int64_t rows = hw == 1 ? n : n * c;
-  bias_add_ctx k = {.y = y, .bias = bias, .bias_dtype = bias_dtype, .c = c, .hw = hw};
+  bias_add_ctx k = {
+      .y = y, .f16 = dtype == PS_NN_F16, .bias = bias, .bias_dtype = bias_dtype, .c = c, .hw = hw};
   ps_pool_range(rows, hw == 1 ? 8 : 64, n * c * hw, bias_add_range, &k);
   return PS_OK;
 }
 
 /* ps_nn_bias_grad's per-channel sums over channels [c0, c1). */
 typedef struct {
-  const half *dy;
+  const void *dy; /* fp16 when f16, else fp32 */
+  int f16;
   float *sum;
   int64_t n, c, hw;
 } bias_grad_ctx;
 
 static void bias_grad_range(void *vctx, int64_t c0, int64_t c1) {
   const bias_grad_ctx *k = vctx;
-  const half *dy = k->dy;
   float *sum = k->sum;
   int64_t n = k->n, c = k->c, hw = k->hw;
   for (int64_t ch = c0; ch < c1; ch++) {
     float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) s += sum_row(dy + (i * c + ch) * hw, hw);
+    for (int64_t i = 0; i < n; i++) {
+      int64_t at = (i * c + ch) * hw;
+      s +=
+          k->f16 ? sum_row((const half *)k->dy + at, hw) : chunk_sum((const float *)k->dy + at, hw);
+    }
     sum[ch] = s;
   }
 }
 
-PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int64_t n, int64_t c,
-                           int64_t hw, int32_t accumulate, void *stream) {
+PS_API int ps_nn_bias_grad(const void *dy, int32_t dtype, void *dbias, int32_t dbias_dtype,
+                           int64_t n, int64_t c, int64_t hw, int32_t accumulate, void *stream) {
   (void)stream;
+  CHECK_DTYPE(dtype);
   CHECK_DTYPE(dbias_dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
-  CHECK_RANGE(dy, n * c * hw * 2);
+  const int f16 = dtype == PS_NN_F16;
+  CHECK_RANGE(dy, n * c * hw * dtsize(dtype));
   CHECK_RANGE(dbias, c * dtsize(dbias_dtype));
   float *sum = calloc((size_t)c, sizeof(float));
   if (!sum) OOM();
   float *row = hw == 1 ? ps_workspace(WS_OUT, (size_t)c) : NULL;
   if (hw == 1 && row) { /* [N,F]: convert a row with the vector helper, then add it */
     for (int64_t i = 0; i < n; i++) {
-      h2f_row((const half *)dy + i * c, row, c);
+      act_load(dy, f16, i * c, row, c);
       for (int64_t ch = 0; ch < c; ch++) sum[ch] += row[ch];
     }
   } else if (hw == 1) {
-    for (int64_t i = 0; i < n; i++) {
-      const half *g = (const half *)dy + i * c;
-      for (int64_t ch = 0; ch < c; ch++) sum[ch] += h2f(g[ch]);
-    }
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t ch = 0; ch < c; ch++) sum[ch] += act_get(dy, f16, i * c + ch);
   } else {
-    bias_grad_ctx k = {.dy = dy, .sum = sum, .n = n, .c = c, .hw = hw};
+    bias_grad_ctx k = {.dy = dy, .f16 = f16, .sum = sum, .n = n, .c = c, .hw = hw};
     ps_pool_range(c, 1, n * c * hw, bias_grad_range, &k);
   }
   for (int64_t ch = 0; ch < c; ch++) {

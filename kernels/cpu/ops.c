@@ -102,8 +102,9 @@ static void maxpool_2x2_plane_avx2(const half *xp, half *yp, int32_t *ip, int64_
 
 /* ps_nn_maxpool2d_forward over planes [p0, p1). */
 typedef struct {
-  const half *x;
-  half *y;
+  const void *x;
+  void *y; /* x and y fp16 when f16, else fp32 */
+  int f16;
   int32_t *idx; /* may be NULL */
   int64_t h, w, oh, ow;
   int32_t kernel, stride;
@@ -113,32 +114,32 @@ static void maxpool_fwd_range(void *vctx, int64_t p0, int64_t p1) {
   const maxpool_fwd_ctx *c = vctx;
   int64_t h = c->h, w_ = c->w, oh = c->oh, ow = c->ow;
   int32_t kernel = c->kernel, stride = c->stride;
+  const int f16 = c->f16;
   for (int64_t pl = p0; pl < p1; pl++) {
-    const half *xp = c->x + pl * h * w_;
-    half *yp = c->y + pl * oh * ow;
+    const int64_t xp = pl * h * w_, yp = pl * oh * ow;
     int32_t *ip = c->idx ? c->idx + pl * oh * ow : NULL;
 #if defined(__AVX512F__)
-    if (kernel == 2 && stride == 2 && ip) {
-      maxpool_2x2_plane(xp, yp, ip, w_, oh, ow);
+    if (f16 && kernel == 2 && stride == 2 && ip) {
+      maxpool_2x2_plane((const half *)c->x + xp, (half *)c->y + yp, ip, w_, oh, ow);
       continue;
     }
 #elif defined(PS_POOL_AVX2)
-    if (kernel == 2 && stride == 2 && ip) {
-      maxpool_2x2_plane_avx2(xp, yp, ip, w_, oh, ow);
+    if (f16 && kernel == 2 && stride == 2 && ip) {
+      maxpool_2x2_plane_avx2((const half *)c->x + xp, (half *)c->y + yp, ip, w_, oh, ow);
       continue;
     }
 #endif
     for (int64_t oy = 0; oy < oh; oy++)
       for (int64_t ox = 0; ox < ow; ox++) {
         int64_t y0 = oy * stride, x0 = ox * stride, best = y0 * w_ + x0;
-        float m = h2f(xp[best]);
+        float m = act_get(c->x, f16, xp + best);
         for (int64_t ky = 0; ky < kernel; ky++)
           for (int64_t kx = 0; kx < kernel; kx++) {
             int64_t at = (y0 + ky) * w_ + x0 + kx;
-            float v = h2f(xp[at]);
+            float v = act_get(c->x, f16, xp + at);
             if (ps_pool_takes(v, m)) m = v, best = at;
           }
-        yp[oy * ow + ox] = f2h(m);
+        act_set(c->y, f16, yp + oy * ow + ox, m);
         if (ip) ip[oy * ow + ox] = (int32_t)best;
       }
   }
@@ -196,9 +197,10 @@ static int maxpool_bwd_2x2_plane(const half *dyp, const int32_t *ip, half *dxp, 
 
 /* ps_nn_maxpool2d_backward over planes [p0, p1). */
 typedef struct {
-  const half *dy;
+  const void *dy;
   const int32_t *idx;
-  half *dx;
+  void *dx; /* dy and dx fp16 when f16, else fp32 */
+  int f16;
   int64_t hw, ohw;
   int64_t w, oh, ow; /* w == 2*ow and hw == 2*oh*w: the 2x2 stride-2 fast path may apply */
   int halves;
@@ -208,38 +210,43 @@ typedef struct {
 static void maxpool_bwd_range(void *vctx, int64_t p0, int64_t p1) {
   maxpool_bwd_ctx *c = vctx;
   int64_t hw = c->hw, ohw = c->ohw;
+  const int f16 = c->f16;
   for (int64_t pl = p0; pl < p1; pl++) {
-    half *dxp = c->dx + pl * hw;
-    const half *dyp = c->dy + pl * ohw;
+    const int64_t dxp = pl * hw, dyp = pl * ohw;
     const int32_t *ip = c->idx + pl * ohw;
 #if defined(__AVX512F__)
-    if (c->halves && maxpool_bwd_2x2_plane(dyp, ip, dxp, c->w, c->oh, c->ow)) continue;
+    if (f16 && c->halves &&
+        maxpool_bwd_2x2_plane((const half *)c->dy + dyp, ip, (half *)c->dx + dxp, c->w, c->oh,
+                              c->ow))
+      continue;
 #endif
-    memset(dxp, 0, (size_t)hw * sizeof(half));
+    memset((char *)c->dx + dxp * (f16 ? 2 : 4), 0, (size_t)hw * (f16 ? 2 : 4));
     for (int64_t i = 0; i < ohw; i++) {
       int32_t at = ip[i];
       if (at < 0 || at >= hw) {
         atomic_store(&c->bad, 1);
         break;
       }
-      dxp[at] = f2h(h2f(dxp[at]) + h2f(dyp[i]));
+      act_set(c->dx, f16, dxp + at, act_get(c->dx, f16, dxp + at) + act_get(c->dy, f16, dyp + i));
     }
   }
 }
 
-PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n, int64_t c,
-                                   int64_t h, int64_t w_, int32_t kernel, int32_t stride,
-                                   void *stream) {
+PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t dtype, int32_t *indices,
+                                   int64_t n, int64_t c, int64_t h, int64_t w_, int32_t kernel,
+                                   int32_t stride, void *stream) {
   (void)stream;
+  CHECK_DTYPE(dtype);
   TRY(ps_check_maxpool_forward(n, c, h, w_, kernel, stride));
   int64_t oh = ps_pool_out(h, kernel, stride), ow = ps_pool_out(w_, kernel, stride);
   int64_t planes = n * c;
   if (planes == 0) return PS_OK;
-  CHECK_RANGE(x, planes * h * w_ * 2);
-  CHECK_RANGE(y, planes * oh * ow * 2);
+  CHECK_RANGE(x, planes * h * w_ * dtsize(dtype));
+  CHECK_RANGE(y, planes * oh * ow * dtsize(dtype));
   if (indices) CHECK_RANGE(indices, planes * oh * ow * 4);
   maxpool_fwd_ctx pc = {.x = x,
                         .y = y,
+                        .f16 = dtype == PS_NN_F16,
                         .idx = indices,
                         .h = h,
                         .w = w_,
@@ -251,19 +258,21 @@ PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int
   return PS_OK;
 }
 
-PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx, int64_t n,
-                                    int64_t c, int64_t h, int64_t w_, int64_t oh, int64_t ow,
-                                    void *stream) {
+PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx, int32_t dtype,
+                                    int64_t n, int64_t c, int64_t h, int64_t w_, int64_t oh,
+                                    int64_t ow, void *stream) {
   (void)stream;
+  CHECK_DTYPE(dtype);
   TRY(ps_check_maxpool_backward(n, c, h, w_, oh, ow));
   int64_t planes = n * c, hw = h * w_, ohw = oh * ow;
   if (planes == 0) return PS_OK;
-  CHECK_RANGE(dy, planes * ohw * 2);
+  CHECK_RANGE(dy, planes * ohw * dtsize(dtype));
   CHECK_RANGE(indices, planes * ohw * 4);
-  CHECK_RANGE(dx, planes * hw * 2);
+  CHECK_RANGE(dx, planes * hw * dtsize(dtype));
   maxpool_bwd_ctx pc = {.dy = dy,
                         .idx = indices,
                         .dx = dx,
+                        .f16 = dtype == PS_NN_F16,
                         .hw = hw,
                         .ohw = ohw,
                         .w = w_,
@@ -277,14 +286,21 @@ PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void
 }
 /* ---- relu ----------------------------------------------------------------------------- */
 
-/* ps_nn_relu_forward over elements [i, end), on the fp16 bits. */
+/* ps_nn_relu_forward over elements [i, end), on the fp16 or fp32 bits. */
 typedef struct {
-  const uint16_t *x;
-  uint16_t *y;
+  const void *x;
+  void *y;
+  int f16;
 } relu_fwd_ctx;
 
 static void relu_fwd_range(void *vctx, int64_t i, int64_t end) {
   const relu_fwd_ctx *k = vctx;
+  if (!k->f16) {
+    const uint32_t *s = k->x;
+    uint32_t *d = k->y;
+    for (; i < end; i++) d[i] = ps_relu_f32(s[i]);
+    return;
+  }
   const uint16_t *s = k->x;
   uint16_t *d = k->y;
 #if defined(__AVX512BW__)
@@ -303,27 +319,35 @@ static void relu_fwd_range(void *vctx, int64_t i, int64_t end) {
   }
 }
 
-PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *stream) {
+PS_API int ps_nn_relu_forward(const void *x, void *y, int32_t dtype, int64_t count, void *stream) {
   (void)stream;
+  CHECK_DTYPE(dtype);
   TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
-  CHECK_RANGE(x, count * 2);
-  CHECK_RANGE(y, count * 2);
+  CHECK_RANGE(x, count * dtsize(dtype));
+  CHECK_RANGE(y, count * dtsize(dtype));
   /* On the bits: max(x, 0) keeps NaN like torch.relu does not guarantee either way; a
    * negative-sign test maps -0 and negatives to +0 and leaves NaN payloads alone. */
-  relu_fwd_ctx k = {.x = x, .y = y};
+  relu_fwd_ctx k = {.x = x, .y = y, .f16 = dtype == PS_NN_F16};
   ps_pool_range(count, 16384, count, relu_fwd_range, &k);
   return PS_OK;
 }
 
-/* ps_nn_relu_backward over elements [i, end), on the fp16 bits. */
+/* ps_nn_relu_backward over elements [i, end), on the fp16 or fp32 bits. */
 typedef struct {
-  const uint16_t *dy, *y;
-  uint16_t *dx;
+  const void *dy, *y;
+  void *dx;
+  int f16;
 } relu_bwd_ctx;
 
 static void relu_bwd_range(void *vctx, int64_t i, int64_t end) {
   const relu_bwd_ctx *k = vctx;
+  if (!k->f16) {
+    const uint32_t *g = k->dy, *o = k->y;
+    uint32_t *d = k->dx;
+    for (; i < end; i++) d[i] = ps_relu_grad_f32(o[i], g[i]);
+    return;
+  }
   const uint16_t *g = k->dy, *o = k->y;
   uint16_t *d = k->dx;
 #if defined(__AVX512BW__)
@@ -340,16 +364,17 @@ static void relu_bwd_range(void *vctx, int64_t i, int64_t end) {
   }
 }
 
-PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t count,
-                               void *stream) {
+PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int32_t dtype,
+                               int64_t count, void *stream) {
   (void)stream;
+  CHECK_DTYPE(dtype);
   TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
-  CHECK_RANGE(dy, count * 2);
-  CHECK_RANGE(y, count * 2);
-  CHECK_RANGE(dx, count * 2);
+  CHECK_RANGE(dy, count * dtsize(dtype));
+  CHECK_RANGE(y, count * dtsize(dtype));
+  CHECK_RANGE(dx, count * dtsize(dtype));
   /* dx = y > 0 ? dy : 0; y is relu's output, so y > 0 <=> positive sign and nonzero. */
-  relu_bwd_ctx k = {.dy = dy, .y = y, .dx = dx};
+  relu_bwd_ctx k = {.dy = dy, .y = y, .dx = dx, .f16 = dtype == PS_NN_F16};
   ps_pool_range(count, 16384, count, relu_bwd_range, &k);
   return PS_OK;
 }
@@ -357,14 +382,16 @@ PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t 
 /* ---- loss ---------------------------------------------------------------------------- */
 
 PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
-                               float *loss_sum, int32_t *correct, int64_t n, int64_t k, float scale,
-                               const float *device_scale, void *stream) {
+                               int32_t dtype, float *loss_sum, int32_t *correct, int64_t n,
+                               int64_t k, float scale, const float *device_scale, void *stream) {
   (void)stream;
+  CHECK_DTYPE(dtype);
   TRY(ps_check_cross_entropy(n, k));
   if (n == 0) return PS_OK;
-  CHECK_RANGE(logits, n * k * 2);
+  const int f16 = dtype == PS_NN_F16;
+  CHECK_RANGE(logits, n * k * dtsize(dtype));
   CHECK_RANGE(labels, n * 4);
-  if (dlogits) CHECK_RANGE(dlogits, n * k * 2);
+  if (dlogits) CHECK_RANGE(dlogits, n * k * dtsize(dtype));
   if (loss_sum) CHECK_RANGE(loss_sum, 4);
   if (correct) CHECK_RANGE(correct, 4);
   if (device_scale) CHECK_RANGE(device_scale, 4);
@@ -379,11 +406,10 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
   if (!row) OOM();
   float g = ps_ce_grad_scale(scale, device_scale, n);
   for (int64_t i = 0; i < n; i++) {
-    const half *l = (const half *)logits + i * k;
     int64_t arg = -1;
     float m = 0.0f;
+    act_load(logits, f16, i * k, row, k);
     for (int64_t j = 0; j < k; j++) {
-      row[j] = h2f(l[j]);
       if (ps_argmax_takes(row[j], j, m, arg)) m = row[j], arg = j;
     }
     float s = 0.0f;
@@ -392,11 +418,10 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
     loss += (double)(lse - row[labels[i]]);
     hits += arg == labels[i];
     if (dlogits) {
-      half *d = (half *)dlogits + i * k;
       float inv = 1.0f / s;
       for (int64_t j = 0; j < k; j++) {
         float p = expf(row[j] - m) * inv;
-        d[j] = f2h(g * (p - (j == labels[i] ? 1.0f : 0.0f)));
+        act_set(dlogits, f16, i * k + j, g * (p - (j == labels[i] ? 1.0f : 0.0f)));
       }
     }
   }

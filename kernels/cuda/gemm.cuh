@@ -1,10 +1,17 @@
 /*
- * gemm.cuh — the CUDA backend's one tensor-core GEMM (included by nn.cu only): fp16 operands
- * staged in shared memory, WMMA 16x16x16 fragments accumulating in fp32, a 64x64 block tile
- * of four warps (32x32 each). Operands are read through small loader functors, so nn.cu's
+ * gemm.cuh — the CUDA backend's one GEMM (included by nn.cu only), in two element types:
+ *
+ *   fp16 operands: staged in shared memory, WMMA 16x16x16 tensor-core fragments accumulating
+ *     in fp32, a 64x64 block tile of four warps (32x32 each);
+ *   fp32 operands (the fp32 path): the same 64x64 block tile on the CUDA cores, each of the
+ *     128 threads accumulating an 8x4 register tile in fp32 (no TF32: fp32 means fp32, as
+ *     PyTorch's default for matmul).
+ *
+ * Operands are read through small loader functors templated on the element type, so nn.cu's
  * convolutions are implicit GEMMs (no im2col buffer in device memory), and results are
- * written by epilogue functors in fp32 or fp16; split-K partials are reduced in a fixed order
- * (reduce_partials), so results are deterministic. kernels/cpu/gemm.c is the CPU twin.
+ * written by epilogue functors in fp32 or the activation type; split-K partials are reduced
+ * in a fixed order (reduce_partials), so results are deterministic. kernels/cpu/gemm.c is the
+ * CPU twin.
  *
  * Internal to its one includer (an anonymous namespace): the templates are instantiated
  * there, next to the entry points that choose the loaders.
@@ -16,6 +23,8 @@
 #include <mma.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace {
@@ -24,49 +33,66 @@ using namespace nvcuda;
 
 constexpr int BM = 64, BN = 64, BK = 32, THREADS = 128;
 
-/* ---- operand loaders (element (i, k) as fp16, 0 outside) ------------------------------ */
+/* Activation elements (__half or float) to and from fp32; fp16 rounds to nearest even. */
+__device__ inline float to_f32(__half v) { return __half2float(v); }
+__device__ inline float to_f32(float v) { return v; }
+template <class T>
+__device__ inline T from_f32(float v);
+template <>
+__device__ inline __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ inline float from_f32<float>(float v) {
+  return v;
+}
 
+/* ---- operand loaders (element (i, k) of type T, 0 outside) ---------------------------- */
+
+template <class T>
 struct Strided { /* A(i, k) = p[i*rs + k*cs] */
-  const __half *p;
+  const T *p;
   int64_t rs, cs;
-  __device__ __half operator()(int64_t i, int64_t k) const { return p[i * rs + k * cs]; }
+  __device__ T operator()(int64_t i, int64_t k) const { return p[i * rs + k * cs]; }
 };
 
 using ConvGeo = ps_conv_geo;
 
 /* col(x)[kk, col]: kk = (c, ky, kx), col = (n, oy, ox). */
+template <class T>
 struct Im2col {
-  const __half *x;
+  const T *x;
   ConvGeo g;
-  __device__ __half operator()(int64_t kk, int64_t col) const {
+  __device__ T operator()(int64_t kk, int64_t col) const {
     int64_t kx = kk % g.kw, t = kk / g.kw, ky = t % g.kh, c = t / g.kh;
     int64_t ox = col % g.ow, t2 = col / g.ow, oy = t2 % g.oh, n = t2 / g.oh;
     int64_t iy = oy * g.s + ky - g.pad, ix = ox * g.s + kx - g.pad;
-    if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) return __float2half(0.0f);
+    if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) return from_f32<T>(0.0f);
     return x[((n * g.c + c) * g.h + iy) * g.w + ix];
   }
 };
 
 /* Transposed im2col for the weight gradient: B(t = (n,p), kk) = col(x)[kk, t]. */
+template <class T>
 struct Im2colT {
-  Im2col col;
-  __device__ __half operator()(int64_t t, int64_t kk) const { return col(kk, t); }
+  Im2col<T> col;
+  __device__ T operator()(int64_t t, int64_t kk) const { return col(kk, t); }
 };
 
 /* dY as A of the weight gradient: A(o, t = (n, p)) = dy[n][o][p]. */
+template <class T>
 struct DyRows {
-  const __half *dy;
+  const T *dy;
   int64_t co, P;
-  __device__ __half operator()(int64_t o, int64_t t) const {
-    return dy[((t / P) * co + o) * P + t % P];
-  }
+  __device__ T operator()(int64_t o, int64_t t) const { return dy[((t / P) * co + o) * P + t % P]; }
 };
 
 /* Weights as A of the data gradient: A(c, kk = (o, ky, kx)) = w[o][c][ky][kx]. */
+template <class T>
 struct WeightT {
-  const __half *w;
+  const T *w;
   ConvGeo g;
-  __device__ __half operator()(int64_t c, int64_t kk) const {
+  __device__ T operator()(int64_t c, int64_t kk) const {
     int64_t kx = kk % g.kw, t = kk / g.kw, ky = t % g.kh, o = t / g.kh;
     return w[((o * g.c + c) * g.kh + ky) * g.kw + kx];
   }
@@ -74,16 +100,17 @@ struct WeightT {
 
 /* B of the data gradient: B(kk = (o, ky, kx), col = (n, iy, ix)) = dy[n][o][oy][ox] where
  * oy*s + ky - pad = iy (and likewise x), or 0 when no output pixel reads that input. */
+template <class T>
 struct DyGather {
-  const __half *dy;
+  const T *dy;
   ConvGeo g;
-  __device__ __half operator()(int64_t kk, int64_t col) const {
+  __device__ T operator()(int64_t kk, int64_t col) const {
     int64_t kx = kk % g.kw, t = kk / g.kw, ky = t % g.kh, o = t / g.kh;
     int64_t ix = col % g.w, t2 = col / g.w, iy = t2 % g.h, n = t2 / g.h;
     int64_t ty = iy + g.pad - ky, tx = ix + g.pad - kx;
-    if (ty < 0 || tx < 0 || ty % g.s || tx % g.s) return __float2half(0.0f);
+    if (ty < 0 || tx < 0 || ty % g.s || tx % g.s) return from_f32<T>(0.0f);
     int64_t oy = ty / g.s, ox = tx / g.s;
-    if (oy >= g.oh || ox >= g.ow) return __float2half(0.0f);
+    if (oy >= g.oh || ox >= g.ow) return from_f32<T>(0.0f);
     return dy[((n * g.co + o) * g.oh + oy) * g.ow + ox];
   }
 };
@@ -106,19 +133,21 @@ struct StoreMat { /* c[i*n + j] (+)= v, fp32 or fp16 */
   }
 };
 
+template <class T>
 struct StoreConvY { /* y[n][o][p] for (o, col = (n, p)) */
-  __half *y;
+  T *y;
   int64_t co, P;
   __device__ void operator()(int64_t o, int64_t col, float v) const {
-    y[((col / P) * co + o) * P + col % P] = __float2half_rn(v);
+    y[((col / P) * co + o) * P + col % P] = from_f32<T>(v);
   }
 };
 
+template <class T>
 struct StoreConvDx { /* dx[n][c][q] for (c, col = (n, q)) */
-  __half *dx;
+  T *dx;
   int64_t c, HW;
   __device__ void operator()(int64_t ch, int64_t col, float v) const {
-    dx[((col / HW) * c + ch) * HW + col % HW] = __float2half_rn(v);
+    dx[((col / HW) * c + ch) * HW + col % HW] = from_f32<T>(v);
   }
 };
 
@@ -132,7 +161,8 @@ struct StorePartial { /* part[z][i][j] (split-K partials, reduced later) */
 
 /* ---- the GEMM ---------------------------------------------------------------------------- */
 
-/* C[M, N] = A[M, K] . B[K, N] over k in [z*kchunk, min(K, (z+1)*kchunk)) for blockIdx.z = z. */
+/* C[M, N] = A[M, K] . B[K, N] over k in [z*kchunk, min(K, (z+1)*kchunk)) for blockIdx.z = z,
+ * fp16 operands on the tensor cores. */
 template <class LA, class LB, class EP>
 __global__ void __launch_bounds__(THREADS)
     gemm_kernel(int64_t M, int64_t N, int64_t K, int64_t kchunk, LA la, LB lb, EP ep) {
@@ -184,6 +214,49 @@ __global__ void __launch_bounds__(THREADS)
   }
 }
 
+/* gemm_kernel for fp32 operands, on the CUDA cores: thread t owns rows (t / 16) * 8 + [0, 8) and
+ * columns (t % 16) * 4 + [0, 4) of the block tile; A is staged transposed (As[k][i]) so both
+ * operands are read along a row of shared memory. */
+template <class LA, class LB, class EP>
+__global__ void __launch_bounds__(THREADS)
+    gemm_kernel_f32(int64_t M, int64_t N, int64_t K, int64_t kchunk, LA la, LB lb, EP ep) {
+  PS_SHARED(float, As, [BK][BM + 4]);
+  PS_SHARED(float, Bs, [BK][BN + 4]);
+  const int tid = threadIdx.x, r0 = (tid / 16) * 8, c0 = (tid % 16) * 4;
+  const int64_t m0 = (int64_t)blockIdx.y * BM, n0 = (int64_t)blockIdx.x * BN;
+  const int64_t k_begin = (int64_t)blockIdx.z * kchunk;
+  const int64_t k_end = k_begin + kchunk < K ? k_begin + kchunk : K;
+  float acc[8][4];
+  for (int i = 0; i < 8; i++)
+    for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += BK) {
+    for (int e = tid; e < BM * BK; e += THREADS) {
+      int i = e / BK, k = e % BK;
+      int64_t gi = m0 + i, gk = k0 + k;
+      As[k][i] = (gi < M && gk < k_end) ? la(gi, gk) : 0.0f;
+    }
+    for (int e = tid; e < BK * BN; e += THREADS) {
+      int k = e / BN, j = e % BN;
+      int64_t gk = k0 + k, gj = n0 + j;
+      Bs[k][j] = (gk < k_end && gj < N) ? lb(gk, gj) : 0.0f;
+    }
+    __syncthreads();
+    for (int k = 0; k < BK; k++) {
+      float a[8], b[4];
+      for (int i = 0; i < 8; i++) a[i] = As[k][r0 + i];
+      for (int j = 0; j < 4; j++) b[j] = Bs[k][c0 + j];
+      for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+    }
+    __syncthreads();
+  }
+  for (int i = 0; i < 8; i++)
+    for (int j = 0; j < 4; j++) {
+      int64_t gi = m0 + r0 + i, gj = n0 + c0 + j;
+      if (gi < M && gj < N) ep(gi, gj, acc[i][j]);
+    }
+}
+
 template <class LA, class LB, class EP>
 int gemm(int64_t M, int64_t N, int64_t K, int splits, LA la, LB lb, EP ep, cudaStream_t st) {
   if (M <= 0 || N <= 0) return PS_OK;
@@ -194,7 +267,11 @@ int gemm(int64_t M, int64_t N, int64_t K, int splits, LA la, LB lb, EP ep, cudaS
   int64_t kchunk = splits > 1 ? ((K + splits - 1) / splits + BK - 1) / BK * BK : K;
   if (kchunk <= 0) kchunk = 1;
   dim3 grid((unsigned)gx, (unsigned)gy, (unsigned)splits);
-  PS_LAUNCH(gemm_kernel, grid, THREADS, 0, st, M, N, K, kchunk, la, lb, ep);
+  if constexpr (std::is_same<decltype(la(0, 0)), float>::value) {
+    PS_LAUNCH(gemm_kernel_f32, grid, THREADS, 0, st, M, N, K, kchunk, la, lb, ep);
+  } else {
+    PS_LAUNCH(gemm_kernel, grid, THREADS, 0, st, M, N, K, kchunk, la, lb, ep);
+  }
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }

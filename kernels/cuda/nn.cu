@@ -17,6 +17,10 @@
  * gradient) use one block per channel with a fixed tree, so results are deterministic too;
  * the loss sum and correct count use atomics (order-dependent in the last bits of the sum).
  *
+ * Every kernel takes its activations as fp16 (mixed precision) or fp32 (the fp32 path): the
+ * element kernels are templates on the type, and the GEMM has a tensor-core form for fp16 and
+ * a CUDA-core form for fp32 (gemm.cuh).
+ *
  * Status: compiled with nvcc for sm_80/sm_90; the author had no GPU, so these kernels have
  * not yet run on one (tests/nn_kernels_test.ts runs them wherever Device.open("cuda") works).
  */
@@ -59,22 +63,23 @@ __device__ void block_sum(float (&v)[N], float (*sh)[N]) {
 
 /* ---- pooling ------------------------------------------------------------------------------ */
 
-__global__ void maxpool_fwd(const __half *x, __half *y, int32_t *idx, int64_t planes, int64_t h,
-                            int64_t w, int64_t oh, int64_t ow, int k, int s) {
+template <class T>
+__global__ void maxpool_fwd(const T *x, T *y, int32_t *idx, int64_t planes, int64_t h, int64_t w,
+                            int64_t oh, int64_t ow, int k, int s) {
   int64_t total = planes * oh * ow;
   for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
        t += (int64_t)gridDim.x * blockDim.x) {
     int64_t ox = t % ow, oy = (t / ow) % oh, pl = t / (oh * ow);
-    const __half *xp = x + pl * h * w;
+    const T *xp = x + pl * h * w;
     int64_t best = oy * s * w + ox * s;
-    float m = __half2float(xp[best]);
+    float m = to_f32(xp[best]);
     for (int ky = 0; ky < k; ky++)
       for (int kx = 0; kx < k; kx++) {
         int64_t at = (oy * s + ky) * w + ox * s + kx;
-        float v = __half2float(xp[at]);
+        float v = to_f32(xp[at]);
         if (ps_pool_takes(v, m)) m = v, best = at;
       }
-    y[t] = __float2half_rn(m);
+    y[t] = from_f32<T>(m);
     if (idx) idx[t] = (int32_t)best;
   }
 }
@@ -83,8 +88,9 @@ __global__ void maxpool_fwd(const __half *x, __half *y, int32_t *idx, int64_t pl
  * overlap (stride >= kernel, the usual case) never share a position, so the result is exact
  * and deterministic; overlapping windows add in fp16 in an unspecified order (as the CPU
  * backend, which adds in output order). */
-__global__ void maxpool_bwd(const __half *dy, const int32_t *idx, __half *dx, int64_t planes,
-                            int64_t hw, int64_t ohw) {
+template <class T>
+__global__ void maxpool_bwd(const T *dy, const int32_t *idx, T *dx, int64_t planes, int64_t hw,
+                            int64_t ohw) {
   int64_t total = planes * ohw;
   for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
        t += (int64_t)gridDim.x * blockDim.x) {
@@ -96,19 +102,20 @@ __global__ void maxpool_bwd(const __half *dy, const int32_t *idx, __half *dx, in
 
 /* ---- batch normalization ------------------------------------------------------------------- */
 
-__global__ void bn_train(const __half *x, const float *gamma, const float *beta, __half *y,
-                         float *save_mean, float *save_invstd, float *run_mean, float *run_var,
-                         int64_t n, int64_t c, int64_t hw, float momentum, float eps) {
+template <class T>
+__global__ void bn_train(const T *x, const float *gamma, const float *beta, T *y, float *save_mean,
+                         float *save_invstd, float *run_mean, float *run_var, int64_t n, int64_t c,
+                         int64_t hw, float momentum, float eps) {
   PS_SHARED(float, sh, [32][1]);
   int64_t ch = blockIdx.x, cnt = n * hw;
   float v[1] = {0.0f};
   for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x)
-    v[0] += __half2float(x[((t / hw) * c + ch) * hw + t % hw]);
+    v[0] += to_f32(x[((t / hw) * c + ch) * hw + t % hw]);
   block_sum<1>(v, sh);
   float mean = v[0] / (float)cnt;
   v[0] = 0.0f;
   for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
-    float d = __half2float(x[((t / hw) * c + ch) * hw + t % hw]) - mean;
+    float d = to_f32(x[((t / hw) * c + ch) * hw + t % hw]) - mean;
     v[0] += d * d;
   }
   block_sum<1>(v, sh);
@@ -126,34 +133,36 @@ __global__ void bn_train(const __half *x, const float *gamma, const float *beta,
   ps_bn_affine(gamma[ch], beta[ch], mean, invstd, &a, &b);
   for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
     int64_t at = ((t / hw) * c + ch) * hw + t % hw;
-    y[at] = __float2half_rn(__half2float(x[at]) * a + b);
+    y[at] = from_f32<T>(to_f32(x[at]) * a + b);
   }
 }
 
-__global__ void bn_eval(const __half *x, const float *gamma, const float *beta,
-                        const float *run_mean, const float *run_var, __half *y, int64_t total,
-                        int64_t c, int64_t hw, float eps) {
+template <class T>
+__global__ void bn_eval(const T *x, const float *gamma, const float *beta, const float *run_mean,
+                        const float *run_var, T *y, int64_t total, int64_t c, int64_t hw,
+                        float eps) {
   for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
        t += (int64_t)gridDim.x * blockDim.x) {
     int64_t ch = (t / hw) % c;
     float a, b;
     ps_bn_eval_affine(gamma[ch], beta[ch], run_mean[ch], run_var[ch], eps, &a, &b);
-    y[t] = __float2half_rn(__half2float(x[t]) * a + b);
+    y[t] = from_f32<T>(to_f32(x[t]) * a + b);
   }
 }
 
-__global__ void bn_bwd(const __half *dy, const __half *x, const float *gamma,
-                       const float *save_mean, const float *save_invstd, __half *dx, float *dgamma,
-                       float *dbeta, int64_t n, int64_t c, int64_t hw) {
+template <class T>
+__global__ void bn_bwd(const T *dy, const T *x, const float *gamma, const float *save_mean,
+                       const float *save_invstd, T *dx, float *dgamma, float *dbeta, int64_t n,
+                       int64_t c, int64_t hw) {
   PS_SHARED(float, sh, [32][2]);
   int64_t ch = blockIdx.x, cnt = n * hw;
   float mean = save_mean[ch], is = save_invstd[ch];
   float v[2] = {0.0f, 0.0f};
   for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
     int64_t at = ((t / hw) * c + ch) * hw + t % hw;
-    float d = __half2float(dy[at]);
+    float d = to_f32(dy[at]);
     v[0] += d;
-    v[1] += d * ((__half2float(x[at]) - mean) * is);
+    v[1] += d * ((to_f32(x[at]) - mean) * is);
   }
   block_sum<2>(v, sh);
   if (threadIdx.x == 0) {
@@ -163,30 +172,30 @@ __global__ void bn_bwd(const __half *dy, const __half *x, const float *gamma,
   float a = gamma[ch] * is, mdy = v[0] / (float)cnt, mdyx = v[1] / (float)cnt;
   for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
     int64_t at = ((t / hw) * c + ch) * hw + t % hw;
-    dx[at] = __float2half_rn(
-        ps_bn_grad(__half2float(dy[at]), __half2float(x[at]), mean, is, a, mdy, mdyx));
+    dx[at] = from_f32<T>(ps_bn_grad(to_f32(dy[at]), to_f32(x[at]), mean, is, a, mdy, mdyx));
   }
 }
 
 /* ---- bias, relu, cast --------------------------------------------------------------------- */
 
-__global__ void bias_add(__half *y, const void *bias, int f16, int64_t total, int64_t c,
-                         int64_t hw) {
+template <class T>
+__global__ void bias_add(T *y, const void *bias, int f16, int64_t total, int64_t c, int64_t hw) {
   for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
        t += (int64_t)gridDim.x * blockDim.x) {
     int64_t ch = (t / hw) % c;
     float b = f16 ? __half2float(((const __half *)bias)[ch]) : ((const float *)bias)[ch];
-    y[t] = __float2half_rn(__half2float(y[t]) + b);
+    y[t] = from_f32<T>(to_f32(y[t]) + b);
   }
 }
 
-__global__ void bias_grad(const __half *dy, void *dbias, int f16, int64_t n, int64_t c, int64_t hw,
+template <class T>
+__global__ void bias_grad(const T *dy, void *dbias, int f16, int64_t n, int64_t c, int64_t hw,
                           int acc) {
   PS_SHARED(float, sh, [32][1]);
   int64_t ch = blockIdx.x, cnt = n * hw;
   float v[1] = {0.0f};
   for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x)
-    v[0] += __half2float(dy[((t / hw) * c + ch) * hw + t % hw]);
+    v[0] += to_f32(dy[((t / hw) * c + ch) * hw + t % hw]);
   block_sum<1>(v, sh);
   if (threadIdx.x == 0) {
     if (f16) {
@@ -199,17 +208,29 @@ __global__ void bias_grad(const __half *dy, void *dbias, int f16, int64_t n, int
   }
 }
 
-__global__ void relu_fwd(const uint16_t *x, uint16_t *y, int64_t n) {
+/* ReLU on the bits of fp16 (uint16_t) or fp32 (uint32_t) elements: the rules.h decisions. */
+__device__ inline uint16_t relu_bits(uint16_t x) { return ps_relu_f16(x); }
+__device__ inline uint32_t relu_bits(uint32_t x) { return ps_relu_f32(x); }
+__device__ inline uint16_t relu_grad_bits(uint16_t y, uint16_t dy) {
+  return ps_relu_grad_f16(y, dy);
+}
+__device__ inline uint32_t relu_grad_bits(uint32_t y, uint32_t dy) {
+  return ps_relu_grad_f32(y, dy);
+}
+
+template <class U>
+__global__ void relu_fwd(const U *x, U *y, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    y[i] = ps_relu_f16(x[i]);
+    y[i] = relu_bits(x[i]);
   }
 }
 
-__global__ void relu_bwd(const uint16_t *dy, const uint16_t *y, uint16_t *dx, int64_t n) {
+template <class U>
+__global__ void relu_bwd(const U *dy, const U *y, U *dx, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    dx[i] = ps_relu_grad_f16(y[i], dy[i]);
+    dx[i] = relu_grad_bits(y[i], dy[i]);
   }
 }
 
@@ -230,19 +251,20 @@ __global__ void cast_kernel(const void *src, int sf16, void *dst, int df16, int6
  * blocks (8 rows each), so without the loop rows past ~8.4M would be skipped silently. The
  * row is uniform across a warp (blockDim is a multiple of 32), so the full-mask shuffles
  * below always run with all 32 lanes. */
-__global__ void cross_entropy(const __half *logits, const int32_t *labels, __half *dlogits,
-                              float *loss_sum, int32_t *correct, int64_t n, int64_t k, float scale,
+template <class T>
+__global__ void cross_entropy(const T *logits, const int32_t *labels, T *dlogits, float *loss_sum,
+                              int32_t *correct, int64_t n, int64_t k, float scale,
                               const float *device_scale) {
   int lane = threadIdx.x % 32;
   float g = ps_ce_grad_scale(scale, device_scale, n);
   for (int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; row < n;
        row += (int64_t)gridDim.x * blockDim.x / 32) {
-    const __half *l = logits + row * k;
+    const T *l = logits + row * k;
     int32_t label = labels[row];
     float m = -INFINITY;
     int64_t arg = -1; /* none yet: a lane past k keeps it */
     for (int64_t j = lane; j < k; j += 32) {
-      float v = __half2float(l[j]);
+      float v = to_f32(l[j]);
       if (ps_argmax_takes(v, j, m, arg)) m = v, arg = j;
     }
     /* the argmax across the warp (the same rule: first maximum, NaN only at index 0) */
@@ -254,19 +276,19 @@ __global__ void cross_entropy(const __half *logits, const int32_t *labels, __hal
     m = __shfl_sync(0xffffffffu, m, 0);
     arg = __shfl_sync(0xffffffffu, arg, 0);
     float s = 0.0f;
-    for (int64_t j = lane; j < k; j += 32) s += expf(__half2float(l[j]) - m);
+    for (int64_t j = lane; j < k; j += 32) s += expf(to_f32(l[j]) - m);
     for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
     s = __shfl_sync(0xffffffffu, s, 0);
     bool ok = label >= 0 && label < k;
     if (lane == 0 && ok) {
-      if (loss_sum) atomicAdd(loss_sum, m + logf(s) - __half2float(l[label]));
+      if (loss_sum) atomicAdd(loss_sum, m + logf(s) - to_f32(l[label]));
       if (correct && arg == label) atomicAdd(correct, 1);
     }
     if (dlogits) {
       float inv = 1.0f / s;
       for (int64_t j = lane; j < k; j += 32) {
-        float p = expf(__half2float(l[j]) - m) * inv;
-        dlogits[row * k + j] = __float2half_rn(ok ? g * (p - (j == label ? 1.0f : 0.0f)) : 0.0f);
+        float p = expf(to_f32(l[j]) - m) * inv;
+        dlogits[row * k + j] = from_f32<T>(ok ? g * (p - (j == label ? 1.0f : 0.0f)) : 0.0f);
       }
     }
   }
@@ -319,6 +341,19 @@ __global__ void scaler_update_kernel(float *scale, int32_t *tracker, const int32
   ps_scaler_step(scale, tracker, *found_inf, growth, backoff, interval);
 }
 
+/* Runs the statements with T the activation type of dtype (PS_NN_F16: __half, PS_NN_F32: float);
+ * the caller has checked dtype. */
+#define WITH_ACT(dtype, ...)    \
+  do {                          \
+    if ((dtype) == PS_NN_F16) { \
+      using T = __half;         \
+      __VA_ARGS__;              \
+    } else {                    \
+      using T = float;          \
+      __VA_ARGS__;              \
+    }                           \
+  } while (0)
+
 #define NULL_CHECK(...)                                                                          \
   do {                                                                                           \
     const void *ps_ptrs_[] = {__VA_ARGS__};                                                      \
@@ -334,9 +369,10 @@ constexpr int EW = 256; /* threads of elementwise and per-channel kernels */
 
 extern "C" {
 
-PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, int64_t m,
-                        int64_t n, int64_t k, int32_t trans_a, int32_t trans_b, int32_t accumulate,
-                        void *stream) {
+PS_API int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, int32_t c_dtype,
+                        int64_t m, int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
+                        int32_t accumulate, void *stream) {
+  DTYPE_CHECK(dtype);
   DTYPE_CHECK(c_dtype);
   TRY(ps_check_matmul(m, n, k));
   if (m == 0 || n == 0) return PS_OK;
@@ -346,43 +382,60 @@ PS_API int ps_nn_matmul(const void *a, const void *b, void *c, int32_t c_dtype, 
   NULL_CHECK(c);
   if (k > 0) NULL_CHECK(a, b);
   cudaStream_t st = (cudaStream_t)stream;
-  Strided A{(const __half *)a, trans_a ? 1 : k, trans_a ? m : 1};
-  Strided B{(const __half *)b, trans_b ? 1 : n, trans_b ? k : 1};
   StoreMat ep{c, n, c_dtype == PS_NN_F16, accumulate != 0};
-  return gemm(m, n, k, 1, A, B, ep, st);
+  int r = PS_OK;
+  WITH_ACT(dtype, {
+    Strided<T> A{(const T *)a, trans_a ? 1 : k, trans_a ? m : 1};
+    Strided<T> B{(const T *)b, trans_b ? 1 : n, trans_b ? k : 1};
+    r = gemm(m, n, k, 1, A, B, ep, st);
+  });
+  return r;
 }
 
-PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int64_t n, int64_t c,
-                                int64_t h, int64_t w_, int64_t co, int32_t kh, int32_t kw,
-                                int32_t stride, int32_t pad, void *stream) {
+PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t dtype, int64_t n,
+                                int64_t c, int64_t h, int64_t w_, int64_t co, int32_t kh,
+                                int32_t kw, int32_t stride, int32_t pad, void *stream) {
+  DTYPE_CHECK(dtype);
   ConvGeo g{}; /* {}: gcc cannot see that ps_conv_geometry fills it before any use */
   TRY(ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad));
   if (n == 0) return PS_OK;
   NULL_CHECK(x, w, y);
   int64_t K = c * kh * kw, P = g.oh * g.ow;
-  Strided A{(const __half *)w, K, 1};
-  Im2col B{(const __half *)x, g};
-  StoreConvY ep{(__half *)y, co, P};
-  return gemm(co, n * P, K, 1, A, B, ep, (cudaStream_t)stream);
+  int r = PS_OK;
+  WITH_ACT(dtype, {
+    Strided<T> A{(const T *)w, K, 1};
+    Im2col<T> B{(const T *)x, g};
+    StoreConvY<T> ep{(T *)y, co, P};
+    r = gemm(co, n * P, K, 1, A, B, ep, (cudaStream_t)stream);
+  });
+  return r;
 }
 
-PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int64_t n, int64_t c,
-                                      int64_t h, int64_t w_, int64_t co, int32_t kh, int32_t kw,
-                                      int32_t stride, int32_t pad, void *stream) {
+PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int32_t dtype,
+                                      int64_t n, int64_t c, int64_t h, int64_t w_, int64_t co,
+                                      int32_t kh, int32_t kw, int32_t stride, int32_t pad,
+                                      void *stream) {
+  DTYPE_CHECK(dtype);
   ConvGeo g{}; /* {}: gcc cannot see that ps_conv_geometry fills it before any use */
   TRY(ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad));
   if (n == 0) return PS_OK;
   NULL_CHECK(dy, w, dx);
-  WeightT A{(const __half *)w, g};
-  DyGather B{(const __half *)dy, g};
-  StoreConvDx ep{(__half *)dx, c, h * w_};
-  return gemm(c, n * h * w_, co * kh * kw, 1, A, B, ep, (cudaStream_t)stream);
+  int r = PS_OK;
+  WITH_ACT(dtype, {
+    WeightT<T> A{(const T *)w, g};
+    DyGather<T> B{(const T *)dy, g};
+    StoreConvDx<T> ep{(T *)dx, c, h * w_};
+    r = gemm(c, n * h * w_, co * kh * kw, 1, A, B, ep, (cudaStream_t)stream);
+  });
+  return r;
 }
 
-PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw, int32_t dw_dtype,
-                                        int64_t n, int64_t c, int64_t h, int64_t w_, int64_t co,
-                                        int32_t kh, int32_t kw, int32_t stride, int32_t pad,
-                                        int32_t accumulate, void *stream) {
+PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, int32_t dtype, void *dw,
+                                        int32_t dw_dtype, int64_t n, int64_t c, int64_t h,
+                                        int64_t w_, int64_t co, int32_t kh, int32_t kw,
+                                        int32_t stride, int32_t pad, int32_t accumulate,
+                                        void *stream) {
+  DTYPE_CHECK(dtype);
   DTYPE_CHECK(dw_dtype);
   ConvGeo g{}; /* {}: gcc cannot see that ps_conv_geometry fills it before any use */
   TRY(ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad));
@@ -391,12 +444,12 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
   NULL_CHECK(dw);
   if (n > 0) NULL_CHECK(x, dy);
   cudaStream_t st = (cudaStream_t)stream;
-  int64_t K = c * kh * kw, P = g.oh * g.ow, T = n * P, mn = co * K;
+  int64_t K = c * kh * kw, P = g.oh * g.ow, cols = n * P, mn = co * K;
   /* Split the long (n, p) reduction so the few output tiles still fill the GPU: about 2
    * blocks per SM for a typical 100+ SM part, each chunk at least 8 BK steps. */
   int64_t tiles = ((co + BM - 1) / BM) * ((K + BN - 1) / BN);
   int64_t splits = 256 / (tiles > 0 ? tiles : 1);
-  int64_t max_splits = T / (8 * BK);
+  int64_t max_splits = cols / (8 * BK);
   if (splits > max_splits) splits = max_splits;
   if (splits < 1) splits = 1;
   if (splits > 256) splits = 256;
@@ -404,10 +457,13 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
    * default memory pool in stream order, or from cudaMalloc on a device without pools. */
   float *part = nullptr;
   TRY(ps_scratch_alloc((void **)&part, (size_t)(splits * mn) * sizeof(float), st));
-  DyRows A{(const __half *)dy, co, P};
-  Im2colT B{Im2col{(const __half *)x, g}};
   StorePartial ep{part, co, K};
-  int r = gemm(co, K, T, (int)splits, A, B, ep, st);
+  int r = PS_OK;
+  WITH_ACT(dtype, {
+    DyRows<T> A{(const T *)dy, co, P};
+    Im2colT<T> B{Im2col<T>{(const T *)x, g}};
+    r = gemm(co, K, cols, (int)splits, A, B, ep, st);
+  });
   if (r == PS_OK) {
     PS_LAUNCH(reduce_partials, blocks_for(mn, EW), EW, 0, st, part, (int)splits, mn, dw,
               dw_dtype == PS_NN_F16, accumulate != 0);
@@ -418,126 +474,150 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, void *dw,
   return r != PS_OK ? r : fr;
 }
 
-PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t *indices, int64_t n, int64_t c,
-                                   int64_t h, int64_t w_, int32_t kernel, int32_t stride,
-                                   void *stream) {
+PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t dtype, int32_t *indices,
+                                   int64_t n, int64_t c, int64_t h, int64_t w_, int32_t kernel,
+                                   int32_t stride, void *stream) {
+  DTYPE_CHECK(dtype);
   TRY(ps_check_maxpool_forward(n, c, h, w_, kernel, stride));
   int64_t oh = ps_pool_out(h, kernel, stride), ow = ps_pool_out(w_, kernel, stride);
   int64_t planes = n * c;
   if (planes == 0) return PS_OK;
   NULL_CHECK(x, y);
-  PS_LAUNCH(maxpool_fwd, blocks_for(planes * oh * ow, EW), EW, 0, (cudaStream_t)stream,
-            (const __half *)x, (__half *)y, indices, planes, h, w_, oh, ow, kernel, stride);
+  WITH_ACT(dtype,
+           PS_LAUNCH(maxpool_fwd<T>, blocks_for(planes * oh * ow, EW), EW, 0, (cudaStream_t)stream,
+                     (const T *)x, (T *)y, indices, planes, h, w_, oh, ow, kernel, stride));
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
-PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx, int64_t n,
-                                    int64_t c, int64_t h, int64_t w_, int64_t oh, int64_t ow,
-                                    void *stream) {
+PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx, int32_t dtype,
+                                    int64_t n, int64_t c, int64_t h, int64_t w_, int64_t oh,
+                                    int64_t ow, void *stream) {
+  DTYPE_CHECK(dtype);
   TRY(ps_check_maxpool_backward(n, c, h, w_, oh, ow));
   int64_t planes = n * c;
   if (planes == 0) return PS_OK;
   NULL_CHECK(dy, indices, dx);
   cudaStream_t st = (cudaStream_t)stream;
-  CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)(planes * h * w_) * 2, st));
-  PS_LAUNCH(maxpool_bwd, blocks_for(planes * oh * ow, EW), EW, 0, st, (const __half *)dy, indices,
-            (__half *)dx, planes, h * w_, oh * ow);
+  CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)(planes * h * w_) * (dtype == PS_NN_F16 ? 2 : 4), st));
+  WITH_ACT(dtype, PS_LAUNCH(maxpool_bwd<T>, blocks_for(planes * oh * ow, EW), EW, 0, st,
+                            (const T *)dy, indices, (T *)dx, planes, h * w_, oh * ow));
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
 PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta,
-                                         void *y, float *save_mean, float *save_invstd,
-                                         float *run_mean, float *run_var, int64_t n, int64_t c,
-                                         int64_t hw, float momentum, float eps, void *stream) {
+                                         void *y, int32_t dtype, float *save_mean,
+                                         float *save_invstd, float *run_mean, float *run_var,
+                                         int64_t n, int64_t c, int64_t hw, float momentum,
+                                         float eps, void *stream) {
+  DTYPE_CHECK(dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   NULL_CHECK(x, gamma, beta, y, save_mean, save_invstd);
-  PS_LAUNCH(bn_train, (unsigned)c, EW, 0, (cudaStream_t)stream, (const __half *)x, gamma, beta,
-            (__half *)y, save_mean, save_invstd, run_mean, run_var, n, c, hw, momentum, eps);
+  WITH_ACT(dtype, PS_LAUNCH(bn_train<T>, (unsigned)c, EW, 0, (cudaStream_t)stream, (const T *)x,
+                            gamma, beta, (T *)y, save_mean, save_invstd, run_mean, run_var, n, c,
+                            hw, momentum, eps));
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
 PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const float *beta,
                                         const float *run_mean, const float *run_var, void *y,
-                                        int64_t n, int64_t c, int64_t hw, float eps, void *stream) {
+                                        int32_t dtype, int64_t n, int64_t c, int64_t hw, float eps,
+                                        void *stream) {
+  DTYPE_CHECK(dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   if (n == 0) return PS_OK;
   NULL_CHECK(x, gamma, beta, run_mean, run_var, y);
-  PS_LAUNCH(bn_eval, blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream, (const __half *)x,
-            gamma, beta, run_mean, run_var, (__half *)y, n * c * hw, c, hw, eps);
+  WITH_ACT(dtype,
+           PS_LAUNCH(bn_eval<T>, blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream,
+                     (const T *)x, gamma, beta, run_mean, run_var, (T *)y, n * c * hw, c, hw, eps));
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
 PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
                                     const float *save_mean, const float *save_invstd, void *dx,
-                                    float *dgamma, float *dbeta, int64_t n, int64_t c, int64_t hw,
-                                    void *stream) {
+                                    int32_t dtype, float *dgamma, float *dbeta, int64_t n,
+                                    int64_t c, int64_t hw, void *stream) {
+  DTYPE_CHECK(dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   NULL_CHECK(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
-  PS_LAUNCH(bn_bwd, (unsigned)c, EW, 0, (cudaStream_t)stream, (const __half *)dy, (const __half *)x,
-            gamma, save_mean, save_invstd, (__half *)dx, dgamma, dbeta, n, c, hw);
+  WITH_ACT(dtype, PS_LAUNCH(bn_bwd<T>, (unsigned)c, EW, 0, (cudaStream_t)stream, (const T *)dy,
+                            (const T *)x, gamma, save_mean, save_invstd, (T *)dx, dgamma, dbeta, n,
+                            c, hw));
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
-PS_API int ps_nn_bias_add(void *y, const void *bias, int32_t bias_dtype, int64_t n, int64_t c,
-                          int64_t hw, void *stream) {
+PS_API int ps_nn_bias_add(void *y, int32_t dtype, const void *bias, int32_t bias_dtype, int64_t n,
+                          int64_t c, int64_t hw, void *stream) {
+  DTYPE_CHECK(dtype);
   DTYPE_CHECK(bias_dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   if (n == 0) return PS_OK;
   NULL_CHECK(y, bias);
-  PS_LAUNCH(bias_add, blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream, (__half *)y, bias,
-            bias_dtype == PS_NN_F16, n * c * hw, c, hw);
+  WITH_ACT(dtype, PS_LAUNCH(bias_add<T>, blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream,
+                            (T *)y, bias, bias_dtype == PS_NN_F16, n * c * hw, c, hw));
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
-PS_API int ps_nn_bias_grad(const void *dy, void *dbias, int32_t dbias_dtype, int64_t n, int64_t c,
-                           int64_t hw, int32_t accumulate, void *stream) {
+PS_API int ps_nn_bias_grad(const void *dy, int32_t dtype, void *dbias, int32_t dbias_dtype,
+                           int64_t n, int64_t c, int64_t hw, int32_t accumulate, void *stream) {
+  DTYPE_CHECK(dtype);
   DTYPE_CHECK(dbias_dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   NULL_CHECK(dbias);
   if (n > 0) NULL_CHECK(dy);
-  PS_LAUNCH(bias_grad, (unsigned)c, EW, 0, (cudaStream_t)stream, (const __half *)dy, dbias,
-            dbias_dtype == PS_NN_F16, n, c, hw, accumulate != 0);
+  WITH_ACT(dtype, PS_LAUNCH(bias_grad<T>, (unsigned)c, EW, 0, (cudaStream_t)stream, (const T *)dy,
+                            dbias, dbias_dtype == PS_NN_F16, n, c, hw, accumulate != 0));
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
-PS_API int ps_nn_relu_forward(const void *x, void *y, int64_t count, void *stream) {
+PS_API int ps_nn_relu_forward(const void *x, void *y, int32_t dtype, int64_t count, void *stream) {
+  DTYPE_CHECK(dtype);
   TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
   NULL_CHECK(x, y);
-  PS_LAUNCH(relu_fwd, blocks_for(count, EW), EW, 0, (cudaStream_t)stream, (const uint16_t *)x,
-            (uint16_t *)y, count);
+  if (dtype == PS_NN_F16)
+    PS_LAUNCH(relu_fwd<uint16_t>, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
+              (const uint16_t *)x, (uint16_t *)y, count);
+  else
+    PS_LAUNCH(relu_fwd<uint32_t>, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
+              (const uint32_t *)x, (uint32_t *)y, count);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
-PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int64_t count,
-                               void *stream) {
+PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int32_t dtype,
+                               int64_t count, void *stream) {
+  DTYPE_CHECK(dtype);
   TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
   NULL_CHECK(dy, y, dx);
-  PS_LAUNCH(relu_bwd, blocks_for(count, EW), EW, 0, (cudaStream_t)stream, (const uint16_t *)dy,
-            (const uint16_t *)y, (uint16_t *)dx, count);
+  if (dtype == PS_NN_F16)
+    PS_LAUNCH(relu_bwd<uint16_t>, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
+              (const uint16_t *)dy, (const uint16_t *)y, (uint16_t *)dx, count);
+  else
+    PS_LAUNCH(relu_bwd<uint32_t>, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
+              (const uint32_t *)dy, (const uint32_t *)y, (uint32_t *)dx, count);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
 PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
-                               float *loss_sum, int32_t *correct, int64_t n, int64_t k, float scale,
-                               const float *device_scale, void *stream) {
+                               int32_t dtype, float *loss_sum, int32_t *correct, int64_t n,
+                               int64_t k, float scale, const float *device_scale, void *stream) {
+  DTYPE_CHECK(dtype);
   TRY(ps_check_cross_entropy(n, k));
   if (n == 0) return PS_OK;
   NULL_CHECK(logits, labels);
   const int per_block = EW / 32;
-  PS_LAUNCH(cross_entropy, blocks_for(n, per_block), EW, 0, (cudaStream_t)stream,
-            (const __half *)logits, labels, (__half *)dlogits, loss_sum, correct, n, k, scale,
-            device_scale);
+  WITH_ACT(dtype, PS_LAUNCH(cross_entropy<T>, blocks_for(n, per_block), EW, 0, (cudaStream_t)stream,
+                            (const T *)logits, labels, (T *)dlogits, loss_sum, correct, n, k, scale,
+                            device_scale));
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
