@@ -14,6 +14,7 @@ import {
   loadCheckpoint,
   type LRScheduler,
   type Module,
+  type Precision,
   saveCheckpoint,
   SGD,
   Trainer,
@@ -36,7 +37,10 @@ export interface TrainArgs {
   /** Whether a one-cycle schedule may cycle the momentum (false when --momentum was given). */
   cycleMomentum: boolean;
   weightDecay: number;
-  fp16: boolean;
+  /** The model's precision: "fp16" (mixed precision) or "fp32". */
+  precision: Precision;
+  /** Dynamic loss scaling (GradScaler); default on with fp16, off with fp32. */
+  lossScaling: boolean;
   checkpoint?: string;
   /** Where each epoch's metrics go (JSON Lines); default beside the checkpoint. */
   log?: string;
@@ -107,12 +111,16 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
         "schedule; a given value is kept constant)",
     },
     "weight-decay": { kind: "number", min: 0, help: "SGD weight decay", default: d.weightDecay },
-    fp16: {
+    precision: {
+      kind: "string",
+      choices: ["fp16", "fp32"],
+      help: "fp16: mixed precision (fp16 activations, fp32 accumulation and master\n" +
+        "weights, dynamic loss scaling); fp32: everything in fp32",
+      default: d.precision,
+    },
+    "loss-scaling": {
       kind: "boolean",
-      default: true,
-      help: "turn off dynamic loss scaling. The kernels compute in fp16 with fp32\n" +
-        "accumulation and fp32 master weights either way; without loss scaling\n" +
-        "gradients are not scaled",
+      help: "dynamic loss scaling (default: on with fp16, off with fp32)",
     },
     model: {
       kind: "string",
@@ -183,7 +191,8 @@ export function parseTrainArgs(
     momentum: 0.9,
     cycleMomentum: true,
     weightDecay: 0,
-    fp16: true,
+    precision: "fp16",
+    lossScaling: true,
     resume: false,
     seed: 0,
     model: "cnn",
@@ -194,6 +203,15 @@ export function parseTrainArgs(
     ...defaults,
   };
   const spec = trainSpec(name, d, extra);
+  // Before the fp32 path, --no-fp16 turned loss scaling off (the kernels computed in fp16
+  // either way): say where it went rather than only that it is unknown.
+  const renamed = argv.find((a) => /^--(no-)?fp16(=|$)/.test(a));
+  if (renamed !== undefined) {
+    throw new UsageError(
+      `option ${renamed.replace(/=.*/, "")} is gone: --no-loss-scaling turns loss scaling off, ` +
+        `--precision fp32 computes in fp32; see --help`,
+    );
+  }
   const v = parseArgv(argv, spec);
   if (v === "help") {
     console.log(helpText(spec));
@@ -212,7 +230,12 @@ export function parseTrainArgs(
     momentum: get("momentum", d.momentum),
     cycleMomentum: !v.given.has("momentum"),
     weightDecay: get("weight-decay", d.weightDecay),
-    fp16: get("fp16", d.fp16),
+    precision: get("precision", d.precision) as Precision,
+    // On by default with fp16 (unless an example's defaults turn it off), off with fp32.
+    lossScaling: get<boolean>(
+      "loss-scaling",
+      get("precision", d.precision) === "fp16" && d.lossScaling,
+    ),
     model: get("model", d.model),
     checkpoint: get("checkpoint", d.checkpoint),
     resume: get("resume", false),
@@ -226,6 +249,11 @@ export function parseTrainArgs(
     extra: own,
   };
   return args;
+}
+
+/** The precision and loss scaling of a run, for its first line ("fp16 with loss scaling"). */
+export function precisionLine(args: TrainArgs): string {
+  return `${args.precision} ${args.lossScaling ? "with" : "without"} loss scaling`;
 }
 
 /** How the loader's uint8 image batches become normalized fp16 device batches. */
@@ -369,7 +397,8 @@ function fmtNum(x: number): string {
 /**
  * Trains `model` for `args.epochs` epochs, evaluating after each, printing one line per epoch.
  * Batches reach the device through the pipeline's {@linkcode DevicePrefetcher} (pinned ring,
- * copy stream, fused crop/flip/normalize/cast to fp16 on the device).
+ * copy stream, fused crop/flip/normalize/cast to the model's precision on the device). The
+ * model must be on `device` with `args.precision`.
  *
  * @returns The per-epoch reports.
  */
@@ -383,10 +412,22 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     momentum: args.momentum,
     weightDecay: args.weightDecay,
   });
-  const scaler = new GradScaler(device, { enabled: args.fp16 });
+  if (model.precision !== args.precision) {
+    throw new TypeError(
+      `Cannot train: the model computes in ${model.precision} but --precision is ` +
+        `${args.precision} (move it with model.to(device, { precision: "${args.precision}" }))`,
+    );
+  }
+  const scaler = new GradScaler(device, { enabled: args.lossScaling });
   const scheduler = o.scheduler?.(optimizer, trainLoader.length) ?? null;
   const trainer = new Trainer(model, { optimizer, scaler, scheduler });
-  const norm = { mean: spec.mean, std: spec.std, layout: spec.layout ?? "nchw", persistent: true };
+  const norm = {
+    mean: spec.mean,
+    std: spec.std,
+    layout: spec.layout ?? "nchw",
+    persistent: true,
+    dtype: args.precision === "fp32" ? "f32" as const : "f16" as const,
+  };
   const trainFeed = new DevicePrefetcher(trainLoader, device, {
     ...norm,
     padding: spec.padding ?? 0,
@@ -465,7 +506,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
           `test acc ${(100 * report.testAcc).toFixed(2)}%  ` +
           `${fmtNum(report.samplesPerSecond)} samples/s  ` +
           `input wait ${(100 * report.inputWaitShare).toFixed(1)}%  ` +
-          `(${report.seconds.toFixed(1)} s${args.fp16 ? `, loss scale ${lossScale}` : ""})`,
+          `(${report.seconds.toFixed(1)} s${args.lossScaling ? `, loss scale ${lossScale}` : ""})`,
       );
       o.onEpoch?.(report);
       await log?.append({ ...report, lr: optimizer.lr, data: o.dataNote ?? null });

@@ -34,7 +34,13 @@ import {
   Sequential,
   Xoshiro128,
 } from "../nn/mod.ts";
-import { type EpochReport, parseTrainArgs, runTraining, type TrainArgs } from "./_run.ts";
+import {
+  type EpochReport,
+  parseTrainArgs,
+  precisionLine,
+  runTraining,
+  type TrainArgs,
+} from "./_run.ts";
 import { CliError, runMain } from "./_cli.ts";
 import { generateShapes, SHAPE_CLASSES } from "./_shapes.ts";
 
@@ -276,7 +282,7 @@ export async function trainCifar(
     });
   }
   using device = Device.open(args.device);
-  const model = cifarModel(args.seed).to(device);
+  const model = cifarModel(args.seed).to(device, { precision: args.precision });
   const common = {
     batchSize: args.batchSize,
     numWorkers: args.workers,
@@ -296,7 +302,7 @@ export async function trainCifar(
     `training on ${source}: ${train.length} train / ${test.length} test samples, ` +
       `${args.epochs} epochs, device ${device.kind} (${device.props.name}), ` +
       `batch ${args.batchSize}, ${args.workers} workers, ` +
-      `fp16 ${args.fp16 ? "with loss scaling" : "without loss scaling"}`,
+      precisionLine(args),
   );
   try {
     return await runTraining({

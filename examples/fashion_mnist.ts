@@ -28,6 +28,7 @@ import {
 import {
   type EpochReport,
   parseTrainArgs,
+  precisionLine,
   runTraining,
   type TrainArgs,
   type TrainDefaults,
@@ -120,7 +121,7 @@ export async function trainFashion(args: TrainArgs): Promise<EpochReport[]> {
     });
   }
   using device = Device.open(args.device);
-  const model = fashionModel(args.model, args.seed).to(device);
+  const model = fashionModel(args.model, args.seed).to(device, { precision: args.precision });
   const common = {
     batchSize: args.batchSize,
     numWorkers: args.workers,
@@ -138,7 +139,7 @@ export async function trainFashion(args: TrainArgs): Promise<EpochReport[]> {
   console.log(
     `Fashion-MNIST ${trainSet.length}/${test.length} from ${root}, model ${args.model}, ` +
       `device ${device.kind} (${device.props.name}), batch ${args.batchSize}, ` +
-      `${args.workers} workers, fp16 ${args.fp16 ? "with loss scaling" : "without loss scaling"}`,
+      `${args.workers} workers, ${precisionLine(args)}`,
   );
   try {
     return await runTraining({

@@ -2,11 +2,13 @@
  * Layers with hand-written backward passes: Linear, Conv2d, BatchNorm2d, ReLU, MaxPool2d,
  * Flatten and Sequential.
  *
- * Activations and their gradients are fp16 (NCHW, or [N, F] for Linear); every kernel
- * accumulates in fp32. Weights keep an fp32 master copy (updated by the optimizer) and an fp16
- * copy the kernels read; biases and batch-norm parameters are read in fp32 directly. All
- * parameter gradients are fp32: they are written by fp32-accumulating kernels anyway, and fp32
- * keeps small per-element gradients that fp16 would flush to zero. Initializations are
+ * Activations and their gradients are fp16 under the default mixed precision (NCHW, or [N, F]
+ * for Linear); every kernel accumulates in fp32. Weights keep an fp32 master copy (updated by
+ * the optimizer) and an fp16 copy the kernels read; biases and batch-norm parameters are read
+ * in fp32 directly. All parameter gradients are fp32: they are written by fp32-accumulating
+ * kernels anyway, and fp32 keeps small per-element gradients that fp16 would flush to zero.
+ * A model moved with `to(device, { precision: "fp32" })` computes everything in fp32: each
+ * layer runs in its input's dtype, and Linear and Conv2d refuse an input of the other one. Initializations are
  * PyTorch's defaults, drawn on the host from a seeded generator.
  *
  * @module
@@ -32,6 +34,21 @@ function checkPositiveInt(what: string, v: number): void {
   if (!Number.isInteger(v) || v <= 0) {
     throw new RangeError(`Cannot create the layer: ${what} ${v} is not a positive integer`);
   }
+}
+
+/**
+ * Refuses an input whose dtype is not the one `weight` is read in: the model's precision
+ * (fp16 reads f16 activations, fp32 f32 ones).
+ */
+function checkInputDtype(x: Tensor, weight: Parameter, layer: string): void {
+  const want = weight.value.dtype;
+  if (x.dtype === want) return;
+  const precision = want === "f16" ? "fp16" : "fp32";
+  throw new TypeError(
+    `Cannot run ${layer}: the input is ${x.dtype} but the layer computes in ${precision}; ` +
+      `give it ${want} inputs (a DevicePrefetcher with dtype "${want}"), or move the model ` +
+      `with to(device, { precision: "${precision === "fp16" ? "fp32" : "fp16"}" })`,
+  );
 }
 
 function shapeOf(t: Tensor): number[] {
@@ -106,8 +123,8 @@ export class Linear extends Module {
   /**
    * Runs the layer.
    *
-   * @param x Input [N, inFeatures], fp16.
-   * @returns Output [N, outFeatures], fp16.
+   * @param x Input [N, inFeatures], f16 (precision fp16) or f32 (fp32).
+   * @returns Output [N, outFeatures], the input's dtype.
    * @throws {RangeError} When the input's shape does not fit.
    */
   forward(x: Tensor): Tensor {
@@ -116,6 +133,7 @@ export class Linear extends Module {
         `Cannot run Linear(${this.inFeatures}, ${this.outFeatures}): input shape [${x.shape}]`,
       );
     }
+    checkInputDtype(x, this.weight, `Linear(${this.inFeatures}, ${this.outFeatures})`);
     const n = x.shape[0];
     const y = this.workspace("y", [n, this.outFeatures], x.dtype);
     ops.matmul(x, this.weight.value, { out: y, transB: true });
@@ -127,9 +145,9 @@ export class Linear extends Module {
   /**
    * Back-propagates the output gradient: writes the parameter gradients, returns the input gradient.
    *
-   * @param dy Output gradient [N, outFeatures], fp16.
+   * @param dy Output gradient [N, outFeatures], f16 or f32.
    * @param options Whether to compute the input gradient.
-   * @returns Input gradient [N, inFeatures], fp16, or null.
+   * @returns Input gradient [N, inFeatures], the same dtype, or null.
    */
   backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
     const x = this.#x;
@@ -247,8 +265,8 @@ export class Conv2d extends Module {
   /**
    * Runs the layer.
    *
-   * @param x Input [N, inChannels, H, W], fp16.
-   * @returns Output [N, outChannels, OH, OW], fp16.
+   * @param x Input [N, inChannels, H, W], f16 (precision fp16) or f32 (fp32).
+   * @returns Output [N, outChannels, OH, OW], the input's dtype.
    * @throws {RangeError} When the input's shape does not fit.
    */
   forward(x: Tensor): Tensor {
@@ -257,6 +275,7 @@ export class Conv2d extends Module {
         `Cannot run Conv2d(${this.inChannels}, ${this.outChannels}): input shape [${x.shape}]`,
       );
     }
+    checkInputDtype(x, this.weight, `Conv2d(${this.inChannels}, ${this.outChannels})`);
     const y = this.workspace("y", this.outputShape(x.shape), x.dtype);
     ops.conv2dForward(x, y, {
       weight: this.weight.value,
@@ -271,9 +290,9 @@ export class Conv2d extends Module {
   /**
    * Back-propagates the output gradient: writes the parameter gradients, returns the input gradient.
    *
-   * @param dy Output gradient, fp16.
+   * @param dy Output gradient, f16 or f32.
    * @param options Whether to compute the input gradient.
-   * @returns Input gradient, fp16, or null.
+   * @returns Input gradient, the same dtype, or null.
    */
   backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
     const x = this.#x;
@@ -391,8 +410,8 @@ export class BatchNorm2d extends Module {
   /**
    * Runs the layer.
    *
-   * @param x Input [N, C, H, W], fp16.
-   * @returns Output, same shape, fp16.
+   * @param x Input [N, C, H, W], f16 or f32.
+   * @returns Output, same shape, the same dtype.
    * @throws {RangeError} When the channel count does not match.
    */
   forward(x: Tensor): Tensor {
@@ -447,9 +466,9 @@ export class BatchNorm2d extends Module {
   /**
    * Back-propagates the output gradient: writes the parameter gradients, returns the input gradient.
    *
-   * @param dy Output gradient, fp16.
+   * @param dy Output gradient, f16 or f32.
    * @param options Whether to compute the input gradient (batch norm computes it anyway).
-   * @returns Input gradient, fp16, or null.
+   * @returns Input gradient, the same dtype, or null.
    */
   backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
     const x = this.#x;
@@ -489,8 +508,8 @@ export class ReLU extends Module {
   /**
    * Runs the layer.
    *
-   * @param x Input, fp16, any shape.
-   * @returns max(x, 0), fp16.
+   * @param x Input, f16 or f32, any shape.
+   * @returns max(x, 0), the same dtype.
    */
   forward(x: Tensor): Tensor {
     const y = this.workspace("y", shapeOf(x), x.dtype);
@@ -562,8 +581,8 @@ export class MaxPool2d extends Module {
   /**
    * Runs the layer.
    *
-   * @param x Input [N, C, H, W], fp16.
-   * @returns Output [N, C, OH, OW], fp16.
+   * @param x Input [N, C, H, W], f16 or f32.
+   * @returns Output [N, C, OH, OW], the same dtype.
    * @throws {RangeError} When the input is not 4-D or smaller than the window.
    */
   forward(x: Tensor): Tensor {

@@ -30,7 +30,7 @@ import type { HostData, HostTensor } from "./safetensors.ts";
 export type Precision = "fp16" | "fp32";
 
 /** The precisions {@linkcode Module.to} accepts. */
-export const PRECISIONS: readonly Precision[] = ["fp16", "fp32"];
+const PRECISIONS: readonly Precision[] = ["fp16", "fp32"];
 
 /** Options of {@linkcode Module.to}. */
 export interface ModuleToOptions {
@@ -81,6 +81,7 @@ export class Parameter implements Disposable {
   readonly shape: number[];
   #computeDtype: "f16" | "f32";
   #gradDtype: "f16" | "f32";
+  #precision: Precision = "fp16";
   #host: Float32Array | null;
   #device: Device | null = null;
   #master: Tensor | null = null;
@@ -180,8 +181,7 @@ export class Parameter implements Disposable {
       if (this.#device !== device) {
         throw new TypeError(`Cannot ${action}: it already lives on another device`);
       }
-      const want = precision === "fp32" ? "f32" : this.#computeDtype;
-      if (this.#half !== null ? want !== "f16" : want !== "f32") {
+      if (precision !== this.#precision) {
         throw new TypeError(
           `Cannot ${action}: it is already on ${device} with the other precision ` +
             `(a model's precision is chosen once, by its first to())`,
@@ -190,6 +190,7 @@ export class Parameter implements Disposable {
       return this;
     }
     if (precision === "fp32") this.#computeDtype = this.#gradDtype = "f32";
+    this.#precision = precision;
     const host = this.#host!;
     this.#master = Tensor.fromHost(device, host, this.shape);
     if (this.computeDtype === "f16") {
@@ -573,6 +574,12 @@ export abstract class Module {
   to(device: Device, options: ModuleToOptions = {}): this {
     refuseUnknownKeys(options ?? {}, ["precision"], "move a module");
     const precision = checkPrecision(options?.precision, "move a module");
+    if (this.device !== null && precision !== this.precision) {
+      throw new TypeError(
+        `Cannot move a module: it is already on ${this.device} in ${this.precision} ` +
+          `(a model's precision is chosen once, by its first to())`,
+      );
+    }
     for (const p of this.params.values()) p.to(device, precision);
     for (const b of this.buffers.values()) b.to(device);
     for (const c of this.children.values()) c.to(device, { precision });

@@ -2,6 +2,7 @@
 // are one line with a hint and exit code 2, --help needs no permission.
 import assert from "node:assert";
 import { helpText, parseArgv, UsageError } from "../examples/_cli.ts";
+import { parseTrainArgs } from "../examples/_run.ts";
 
 const SPEC = {
   usage: "x.ts [options]",
@@ -183,4 +184,24 @@ Deno.test("a fresh cache runs an example without fetching anything (no npm packa
   } finally {
     await Deno.remove(cache, { recursive: true });
   }
+});
+
+Deno.test("the examples' --precision picks the loss scaling default and --no-fp16 says where it went", () => {
+  const parse = (argv: string[]) => parseTrainArgs(argv, "fashion", {});
+  assert.deepStrictEqual(
+    [parse([]).precision, parse([]).lossScaling],
+    ["fp16", true],
+  );
+  const fp32 = parse(["--precision", "fp32"]);
+  assert.deepStrictEqual([fp32.precision, fp32.lossScaling], ["fp32", false]);
+  assert.strictEqual(parse(["--precision", "fp32", "--loss-scaling"]).lossScaling, true);
+  assert.strictEqual(parse(["--no-loss-scaling"]).lossScaling, false);
+  assert.throws(() => parse(["--precision", "bf16"]), /--precision.*fp16, fp32/);
+  assert.throws(
+    () => parse(["--no-fp16"]),
+    (e: Error) =>
+      e instanceof UsageError &&
+      e.message === "option --no-fp16 is gone: --no-loss-scaling turns loss scaling off, " +
+          "--precision fp32 computes in fp32; see --help",
+  );
 });

@@ -1,5 +1,5 @@
 // End-to-end training on the CPU backend: DataLoader -> DevicePrefetcher -> fp16 layers ->
-// cross-entropy -> GradScaler + SGD, checked by test accuracy. On real Fashion-MNIST (when
+// cross-entropy -> GradScaler + SGD (and the same in fp32), checked by test accuracy. On real Fashion-MNIST (when
 // /usr/share/datasets/fashion-mnist is installed; .ci/run installs it) a subset is used;
 // otherwise a generated, learnable 10-class set of 28x28 images. The bounds are far above
 // chance (10%), so they cannot pass without learning. PINSTREAM_FASHION_ROOT overrides the
@@ -65,6 +65,7 @@ async function train(
   sizes: [number, number],
   epochs: number,
   lr: number,
+  precision: "fp16" | "fp32" = "fp16",
 ): Promise<{ reports: EpochReport[]; real: boolean }> {
   const data = await fashionSubset(...sizes);
   const args: TrainArgs = {
@@ -76,7 +77,8 @@ async function train(
     momentum: 0.9,
     cycleMomentum: true,
     weightDecay: 0,
-    fp16: true,
+    precision,
+    lossScaling: precision === "fp16",
     resume: false,
     seed: 0,
     model,
@@ -86,7 +88,7 @@ async function train(
     help: false,
   };
   using device = Device.open("cpu");
-  const net = fashionModel(model, 0).to(device);
+  const net = fashionModel(model, 0).to(device, { precision });
   const common = { batchSize: args.batchSize, numWorkers: 1, seed: 0, autoRelease: false };
   await using trainLoader = new DataLoader<RingBatch>(data.train, { ...common, shuffle: true });
   await using testLoader = new DataLoader<RingBatch>(data.test, common);
@@ -120,4 +122,11 @@ Deno.test("the small CNN learns Fashion-MNIST (or the generated set) well above 
   const { reports } = await train("cnn", [4000, 1000], 1, 0.05);
   const last = reports[0];
   assert.ok(last.testAcc >= 0.7, `test accuracy ${last.testAcc} < 0.7`);
+});
+
+Deno.test("the small CNN learns in fp32 too, with f32 batches and no loss scaling", async () => {
+  const { reports } = await train("cnn", [4000, 1000], 1, 0.05, "fp32");
+  const last = reports[0];
+  assert.ok(last.testAcc >= 0.7, `test accuracy ${last.testAcc} < 0.7`);
+  assert.strictEqual(last.lossScale, 1, "fp32 runs without a loss scale");
 });
