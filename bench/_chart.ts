@@ -14,7 +14,8 @@
  * - transfer: GB/s against copy size, pinned against pageable, both directions;
  * - pipeline: samples/s of each configuration, pinstream against PyTorch;
  * - train: seconds per epoch, pinstream against PyTorch;
- * - kernels: GFLOP/s (or ms) per kernel.
+ * - kernels: GFLOP/s (or ms) per kernel;
+ * - precision: step time and peak memory, fp16 against fp32, per model.
  *
  * @module
  */
@@ -212,7 +213,35 @@ function kernelsSpec(r: BenchResult): Spec {
   );
 }
 
+function precisionSpec(r: BenchResult): Spec {
+  const bars = (field: string, scale: number, title: string): Spec => ({
+    width: WIDTH,
+    height: 110,
+    data: {
+      values: r.rows.map((x) => ({
+        model: String(x.name).replace(/, fp(16|32)$/, ""),
+        precision: x.precision,
+        value: Number(x[field]) / scale,
+      })),
+    },
+    mark: { type: "bar" },
+    encoding: {
+      y: { field: "model", type: "nominal", title: null, sort: null, axis: { labelLimit: 200 } },
+      yOffset: { field: "precision", type: "nominal" },
+      x: { field: "value", type: "quantitative", title },
+      color: { field: "precision", type: "nominal", title: null, legend: { orient: "bottom" } },
+    },
+  });
+  return titled(r, "fp16 (mixed) against fp32: step time and memory", {
+    vconcat: [
+      bars("msPerStep", 1, "milliseconds per training step (lower is better)"),
+      bars("peakBytes", 2 ** 20, "peak device memory of a step, MiB"),
+    ],
+  });
+}
+
 const SPECS: Record<string, (r: BenchResult) => Spec> = {
+  precision: precisionSpec,
   loader: loaderSpec,
   transfer: transferSpec,
   pipeline: pipelineSpec,

@@ -14,6 +14,7 @@ const BENCHES: Record<string, () => Promise<{ main: (args: string[]) => Promise<
   pipeline: () => import("./pipeline.ts"),
   train: () => import("./train.ts"),
   kernels: () => import("./kernels.ts"),
+  precision: () => import("./precision.ts"),
 };
 
 const cli = parseCli(Deno.args, {

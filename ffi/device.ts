@@ -8,6 +8,7 @@
 import { refuseUnknownKeys } from "./_options.ts";
 import { checkCount, describe } from "./_checks.ts";
 import { Resource } from "./resource.ts";
+import { memoryCounter } from "./_memory_stats.ts";
 import { lastError, PinstreamError, Status, unwrap } from "./errors.ts";
 import {
   type Backend,
@@ -311,6 +312,66 @@ export class Device extends Resource {
     const free = new BigUint64Array(1), total = new BigUint64Array(1);
     this.check(this.lib.symbols.ps_mem_info(free, total), `read the memory of ${this}`);
     return { free: Number(free[0]), total: Number(total[0]) };
+  }
+
+  /**
+   * Bytes of device memory held by live {@linkcode DeviceBuffer}s (and so tensors) on this
+   * device, as PyTorch's `torch.cuda.memory_allocated()`. Counts pinstream's allocations
+   * only: not the kernels' short-lived scratch (split-K partials, CPU workspaces), the
+   * CUDA context, or memory of other libraries.
+   *
+   * @returns Bytes allocated now.
+   * @example
+   * ```ts
+   * import { Device, DeviceBuffer } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using dev = Device.open("cpu");
+   * const before = dev.memoryAllocated();
+   * const buf = DeviceBuffer.alloc(dev, 4096);
+   * assert.strictEqual(dev.memoryAllocated(), before + 4096);
+   * buf.dispose();
+   * assert.strictEqual(dev.memoryAllocated(), before);
+   * ```
+   */
+  memoryAllocated(): number {
+    return memoryCounter(String(this)).allocated;
+  }
+
+  /**
+   * The most bytes {@linkcode Device.memoryAllocated} reached since the process started or
+   * the last {@linkcode Device.resetPeakMemoryStats} (PyTorch's
+   * `torch.cuda.max_memory_allocated()`): the memory a training step needs at its peak.
+   *
+   * @returns Peak bytes allocated.
+   * @example
+   * ```ts
+   * import { Device, DeviceBuffer } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using dev = Device.open("cpu");
+   * dev.resetPeakMemoryStats();
+   * DeviceBuffer.alloc(dev, 1 << 20).dispose();
+   * assert.ok(dev.maxMemoryAllocated() >= 1 << 20);
+   * ```
+   */
+  maxMemoryAllocated(): number {
+    return memoryCounter(String(this)).peak;
+  }
+
+  /**
+   * Starts a new peak for {@linkcode Device.maxMemoryAllocated} at what is allocated now.
+   *
+   * @example
+   * ```ts
+   * import { Device } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using dev = Device.open("cpu");
+   * dev.resetPeakMemoryStats();
+   * assert.strictEqual(dev.maxMemoryAllocated(), dev.memoryAllocated());
+   * ```
+   */
+  resetPeakMemoryStats(): void {
+    const c = memoryCounter(String(this));
+    c.peak = c.allocated;
   }
 
   /**

@@ -22,6 +22,7 @@ import { refuseUnknownKeys } from "./_options.ts";
 import { checkCount, describe, offsetPointer } from "./_checks.ts";
 import { assertDevice, MemoryResource } from "./resource.ts";
 import type { Device } from "./device.ts";
+import { noteDeviceMemory } from "./_memory_stats.ts";
 import { assertStream, type Stream } from "./stream.ts";
 
 /** Host memory a copy can read or write: pinned, or plain JS memory. */
@@ -279,7 +280,8 @@ export class DeviceBuffer extends MemoryResource {
     const ptr = Deno.UnsafePointer.create(out[0])!;
     const buf = new DeviceBuffer(device, bytes, ptr);
     // Keyed on the pointer object: a kernel wrapper holding `buf.pointer` keeps it alive.
-    buf.guard(ptr, { device, address: out[0], kind: "device" });
+    buf.guard(ptr, { device, address: out[0], kind: "device", bytes });
+    noteDeviceMemory(String(device), bytes);
     return buf;
   }
 
@@ -406,6 +408,7 @@ export class DeviceBuffer extends MemoryResource {
   /** Frees the device memory. */
   protected release(): void {
     if (this.pointer === null) return;
+    noteDeviceMemory(String(this.device), -this.bytes);
     this.device.check(this.device.lib.symbols.ps_device_free(this.pointer), "free device memory");
   }
 }

@@ -15,6 +15,7 @@
 import { describe, offsetPointer } from "./_checks.ts";
 import type { Device } from "./device.ts";
 import type { Library } from "./symbols.ts";
+import { noteDeviceMemory } from "./_memory_stats.ts";
 
 /** How the backstop frees each kind of native object. */
 const FREE = {
@@ -31,11 +32,14 @@ interface Held {
   // or Stream registers its pointer object) would keep the target alive forever.
   address: bigint;
   kind: keyof typeof FREE;
+  /** Device memory: the device's name and the bytes, for Device.memoryAllocated. */
+  counted?: [string, number];
 }
 
-const backstop = new FinalizationRegistry<Held>(({ lib, address, kind }) => {
+const backstop = new FinalizationRegistry<Held>(({ lib, address, kind, counted }) => {
   // The native object became unreachable from JS without dispose(): free it so it does not
   // leak. Its status is dropped: there is nobody to report it to.
+  if (counted) noteDeviceMemory(counted[0], -counted[1]);
   FREE[kind](lib, Deno.UnsafePointer.create(address));
 });
 
@@ -126,12 +130,15 @@ export abstract class Resource implements Disposable {
       device: Device;
       address: bigint;
       kind: "host" | "registered" | "device" | "stream" | "event";
+      /** Device memory: its size, uncounted from Device.memoryAllocated when collected. */
+      bytes?: number;
     },
   ): void {
     backstop.register(target, {
       lib: native.device.lib,
       address: native.address,
       kind: native.kind,
+      counted: native.bytes === undefined ? undefined : [String(native.device), native.bytes],
     }, this);
   }
 
