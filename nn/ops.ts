@@ -8,24 +8,26 @@
  * kernel on `options.stream` (default: the device's default stream). Nothing here waits
  * for the device or reads device memory: results are read with `Tensor.toHost()`.
  *
- * Contract of each op (layout NCHW, fp16 activations and gradients, fp32 accumulation;
- * "overwrites" unless `accumulate`):
+ * Contract of each op (layout NCHW, fp32 accumulation; "overwrites" unless `accumulate`).
+ * "act" is the op's one activation dtype, f16 (mixed precision) or f32 (the fp32 path): its
+ * activations, their gradients and the weights of matmul and the convolutions are all f16 or
+ * all f32, and a mix is refused naming both tensors.
  *
  * | op | tensors | notes |
  * |----|---------|-------|
- * | `matmul(a, b, {out, transA, transB, accumulate})` | a, b f16 2-D; out f16/f32 [m, n] | out = op(a) @ op(b) (+ out) |
- * | `conv2dForward(x, y, {weight, stride, padding})` | x [N,C,H,W], weight [Co,C,kh,kw], y [N,Co,OH,OW], f16 | OH = (H + 2p - kh) / s + 1 (floor); any kh, kw |
- * | `conv2dBackwardData(dy, dx, {weight, stride, padding})` | f16 | overwrites dx; skip it for the first layer |
+ * | `matmul(a, b, {out, transA, transB, accumulate})` | a, b f16 or f32 2-D; out f16/f32 [m, n] | out = op(a) @ op(b) (+ out) |
+ * | `conv2dForward(x, y, {weight, stride, padding})` | x [N,C,H,W], weight [Co,C,kh,kw], y [N,Co,OH,OW], f16 or f32 | OH = (H + 2p - kh) / s + 1 (floor); any kh, kw |
+ * | `conv2dBackwardData(dy, dx, {weight, stride, padding})` | f16 or f32 | overwrites dx; skip it for the first layer |
  * | `conv2dBackwardWeight(dy, dw, {x, stride, padding, accumulate})` | dw f16 or f32 [Co,C,kh,kw] | sum over the batch |
  * | `maxPool2dForward(x, y, {kernel, stride, indices})` | indices i32 like y, or left out | no padding; stride defaults to kernel; NaN wins |
  * | `maxPool2dBackward(dy, dx, {indices})` | | overwrites dx (scatter-add) |
- * | `batchNormForwardTrain(x, y, {gamma, beta, saveMean, saveInvStd, runMean, runVar, momentum, eps})` | x, y f16 [N,C,…]; the rest f32 [C] | biased batch var for y, unbiased for runVar (PyTorch); runMean/runVar may be left out |
+ * | `batchNormForwardTrain(x, y, {gamma, beta, saveMean, saveInvStd, runMean, runVar, momentum, eps})` | x, y f16 or f32 [N,C,…]; the rest f32 [C] | biased batch var for y, unbiased for runVar (PyTorch); runMean/runVar may be left out |
  * | `batchNormForwardEval(x, y, {gamma, beta, runMean, runVar, eps})` | | |
  * | `batchNormBackward(dy, dx, {x, gamma, saveMean, saveInvStd, dgamma, dbeta})` | dgamma, dbeta f32 | overwrites dx, dgamma, dbeta |
- * | `biasAdd(y, bias)` | y f16 [N,C,…] or [N,F]; bias f16/f32 [C] | in place |
+ * | `biasAdd(y, bias)` | y f16 or f32 [N,C,…] or [N,F]; bias f16/f32 [C] | in place |
  * | `biasGrad(dy, dbias, {accumulate})` | dbias f16/f32 [C] | |
- * | `reluForward(x, y)`, `reluBackward(dy, dx, {y})` | f16, same numel | in place allowed; backward uses relu's output |
- * | `crossEntropyForwardBackward(logits, labels, {dlogits, lossSum, correct, scale})` | logits, dlogits f16 [N,K]; labels i32 [N]; lossSum f32 [1]; correct i32 [1] | lossSum += Σ loss, correct += Σ (argmax == label), dlogits = scale·(softmax − onehot)/N |
+ * | `reluForward(x, y)`, `reluBackward(dy, dx, {y})` | f16 or f32, same numel | in place allowed; backward uses relu's output |
+ * | `crossEntropyForwardBackward(logits, labels, {dlogits, lossSum, correct, scale})` | logits, dlogits f16 or f32 [N,K]; labels i32 [N]; lossSum f32 [1]; correct i32 [1] | lossSum += Σ loss, correct += Σ (argmax == label), dlogits = scale·(softmax − onehot)/N |
  * | `crossEntropyForward(logits, labels, {lossSum, correct})` | | same sums, no gradient |
  * | `cast(src, dst)` | f16/f32, same numel | |
  * | `unscaleAndCheck(grad, foundInf, {scale, invScale, inPlace})` | grad f16/f32; foundInf i32 [1]; scale f32 [1] or null | foundInf = 1 on any inf/NaN (never cleared); inPlace: grad *= 1/scale (or invScale) |
@@ -84,17 +86,17 @@ export interface Conv2dGeometry extends OpOptions {
 
 /**
  * Filter and options of {@linkcode conv2dForward} and {@linkcode conv2dBackwardData}. The
- * filter is named, not positional: x, weight and y are all f16 [4-D] and would type-check
+ * filter is named, not positional: x, weight and y are all f16 or f32 [4-D] and would type-check
  * when swapped.
  */
 export interface Conv2dOptions extends Conv2dGeometry {
-  /** The filter, f16 [Co, C, kh, kw]. */
+  /** The filter, f16 or f32 [Co, C, kh, kw]. */
   weight: Tensor;
 }
 
 /** The forward's input and options of {@linkcode conv2dBackwardWeight}. */
 export interface Conv2dBackwardWeightOptions extends Conv2dGeometry {
-  /** The forward's input, f16 [N, C, H, W]. */
+  /** The forward's input, f16 or f32 [N, C, H, W]. */
   x: Tensor;
   /** Add to `dw` instead of overwriting it. */
   accumulate?: boolean;
@@ -164,7 +166,7 @@ export interface BatchNormEvalOptions extends OpOptions {
 
 /** Tensors and options of {@linkcode batchNormBackward}. */
 export interface BatchNormBackwardOptions extends OpOptions {
-  /** The forward's input, f16 [N, C, ...]. */
+  /** The forward's input, f16 or f32 [N, C, ...]. */
   x: Tensor;
   /** Scale, f32 [C]. */
   gamma: Tensor;
@@ -194,7 +196,7 @@ export interface CrossEntropyForwardOptions extends OpOptions {
 
 /** Gradient, accumulators and options of {@linkcode crossEntropyForwardBackward}. */
 export interface CrossEntropyOptions extends CrossEntropyForwardOptions {
-  /** f16 [N, K], written: the gradient of the mean loss (times the scale). */
+  /** f16 or f32 [N, K], written: the gradient of the mean loss (times the scale). */
   dlogits: Tensor;
   /** Multiplies the gradient (the loss scale; default 1). */
   scale?: number;
@@ -394,11 +396,11 @@ function tail(s: readonly number[], from: number): number {
 }
 
 /**
- * Matrix product `out = op(a) @ op(b)` (`+ out` when accumulating): fp16 inputs, fp32
+ * Matrix product `out = op(a) @ op(b)` (`+ out` when accumulating): f16 or f32 inputs, fp32
  * accumulation, fp16 or fp32 output.
  *
- * @param a f16 [m, k] ([k, m] with `transA`).
- * @param b f16 [k, n] ([n, k] with `transB`).
+ * @param a f16 or f32 [m, k] ([k, m] with `transA`).
+ * @param b f16 or f32 [k, n] ([n, k] with `transB`).
  * @param options out (f16 or f32 [m, n]); transA, transB, accumulate, stream.
  * @throws {TypeError} On a wrong dtype or tensors on different devices.
  * @throws {RangeError} When the shapes do not agree.
@@ -508,9 +510,9 @@ function convArgs(g: ConvGeometry): [bigint, bigint, bigint, bigint, bigint, num
 /**
  * 2-D convolution (cross-correlation, zero padding), fp16 in and out.
  *
- * @param x f16 [N, C, H, W].
- * @param y f16 [N, Co, OH, OW], OH = floor((H + 2·padding − kh) / stride) + 1.
- * @param options weight (f16 [Co, C, kh, kw]); stride, padding, stream.
+ * @param x f16 or f32 [N, C, H, W].
+ * @param y f16 or f32 [N, Co, OH, OW], OH = floor((H + 2·padding − kh) / stride) + 1.
+ * @param options weight (f16 or f32 [Co, C, kh, kw]); stride, padding, stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
  * @example A 3x3 box filter
@@ -554,9 +556,9 @@ export function conv2dForward(x: Tensor, y: Tensor, options: Conv2dOptions): voi
 /**
  * Input gradient of {@linkcode conv2dForward} (overwrites `dx`).
  *
- * @param dy f16 [N, Co, OH, OW].
- * @param dx f16 [N, C, H, W], overwritten.
- * @param options weight (f16 [Co, C, kh, kw]); the forward's stride and padding; stream.
+ * @param dy f16 or f32 [N, Co, OH, OW].
+ * @param dx f16 or f32 [N, C, H, W], overwritten.
+ * @param options weight (f16 or f32 [Co, C, kh, kw]); the forward's stride and padding; stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
  * @example The adjoint of a 1x1 convolution
@@ -600,9 +602,9 @@ export function conv2dBackwardData(dy: Tensor, dx: Tensor, options: Conv2dOption
 /**
  * Weight gradient of {@linkcode conv2dForward}, summed over the batch.
  *
- * @param dy f16 [N, Co, OH, OW].
+ * @param dy f16 or f32 [N, Co, OH, OW].
  * @param dw f16 or f32 [Co, C, kh, kw], overwritten (added to with `accumulate`).
- * @param options x (the forward's input, f16 [N, C, H, W]); the forward's stride and
+ * @param options x (the forward's input, f16 or f32 [N, C, H, W]); the forward's stride and
  *   padding; accumulate; stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
@@ -653,8 +655,8 @@ export function conv2dBackwardWeight(
 /**
  * Max pooling (no padding, floor mode), optionally recording each maximum's position.
  *
- * @param x f16 [N, C, H, W].
- * @param y f16 [N, C, OH, OW], OH = floor((H − kernel) / stride) + 1.
+ * @param x f16 or f32 [N, C, H, W].
+ * @param y f16 or f32 [N, C, OH, OW], OH = floor((H − kernel) / stride) + 1.
  * @param options kernel, stride (default kernel); indices (i32 shaped like `y`: position
  *   iy·W + ix in the input plane; default null), stream.
  * @throws {TypeError} On a wrong dtype.
@@ -714,8 +716,8 @@ export function maxPool2dForward(x: Tensor, y: Tensor, options: MaxPool2dOptions
  * Input gradient of {@linkcode maxPool2dForward}: `dy` added at the recorded positions;
  * overwrites `dx`.
  *
- * @param dy f16 [N, C, OH, OW].
- * @param dx f16 [N, C, H, W], overwritten.
+ * @param dy f16 or f32 [N, C, OH, OW].
+ * @param dx f16 or f32 [N, C, H, W], overwritten.
  * @param options indices (i32 [N, C, OH, OW] from the forward), stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
@@ -788,8 +790,8 @@ function params(ts: [Tensor | null, string][], c: number, action: string): void 
  * Batch normalization in training mode: normalizes with the batch statistics, saves them
  * for the backward and updates the running statistics (PyTorch's momentum convention).
  *
- * @param x f16 [N, C, ...].
- * @param y f16 like x.
+ * @param x f16 or f32 [N, C, ...].
+ * @param y f16 or f32 like x.
  * @param options gamma, beta, saveMean, saveInvStd (f32 [C]); runMean, runVar (f32 [C] or
  *   null); momentum (0.1), eps (1e-5), stream.
  * @throws {TypeError} On a wrong dtype.
@@ -877,8 +879,8 @@ export function batchNormForwardTrain(
 /**
  * Batch normalization in evaluation mode (running statistics).
  *
- * @param x f16 [N, C, ...].
- * @param y f16 like x.
+ * @param x f16 or f32 [N, C, ...].
+ * @param y f16 or f32 like x.
  * @param options gamma, beta, runMean, runVar (f32 [C]); eps (1e-5), stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
@@ -932,9 +934,9 @@ export function batchNormForwardEval(x: Tensor, y: Tensor, options: BatchNormEva
 /**
  * Gradients of {@linkcode batchNormForwardTrain}: overwrites dx, dgamma and dbeta.
  *
- * @param dy f16 like x.
- * @param dx f16 like x, overwritten.
- * @param options x (the forward's input, f16 [N, C, ...]); gamma, saveMean, saveInvStd,
+ * @param dy f16 or f32 like x.
+ * @param dx f16 or f32 like x, overwritten.
+ * @param options x (the forward's input, f16 or f32 [N, C, ...]); gamma, saveMean, saveInvStd,
  *   dgamma, dbeta (f32 [C]); stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
@@ -1018,7 +1020,7 @@ function channels(y: Tensor, name: string, action: string): { n: number; c: numb
 /**
  * Adds a per-channel bias in place: `y[n, c, ...] += bias[c]` ([N, F] for linear layers).
  *
- * @param y f16 [N, C, ...].
+ * @param y f16 or f32 (f16 or f32) [N, C, ...].
  * @param bias f16 or f32 [C].
  * @param options stream.
  * @throws {TypeError} On a wrong dtype.
@@ -1062,7 +1064,7 @@ export function biasAdd(y: Tensor, bias: Tensor, options: OpOptions = {}): void 
 /**
  * Bias gradient: `dbias[c] = Σ dy[n, c, ...]` (added when accumulating).
  *
- * @param dy f16 [N, C, ...].
+ * @param dy f16 or f32 [N, C, ...].
  * @param dbias f16 or f32 [C].
  * @param options accumulate, stream.
  * @throws {TypeError} On a wrong dtype.
@@ -1115,8 +1117,8 @@ function sameNumel(a: Tensor, b: Tensor, names: string, action: string): void {
 /**
  * `y = max(x, 0)` elementwise (in place when `y` is `x`).
  *
- * @param x f16.
- * @param y f16, same number of elements.
+ * @param x f16 or f32.
+ * @param y f16 or f32, same number of elements.
  * @param options stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the sizes differ.
@@ -1148,8 +1150,8 @@ export function reluForward(x: Tensor, y: Tensor, options: OpOptions = {}): void
 /**
  * `dx = y > 0 ? dy : 0` from relu's output `y` (in place when `dx` is `dy`).
  *
- * @param dy f16.
- * @param dx f16, same number of elements (may be `dy`).
+ * @param dy f16 or f32.
+ * @param dx f16 or f32, same number of elements (may be `dy`).
  * @param options y (f16, the forward's output), stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the sizes differ.
@@ -1250,9 +1252,9 @@ function crossEntropy(
  * its correct count to `correct` (both stay on the device), and writes
  * `dlogits = scale · (softmax(logits) − onehot(labels)) / N`.
  *
- * @param logits f16 [N, K].
+ * @param logits f16 or f32 [N, K].
  * @param labels i32 [N], each in [0, K).
- * @param options dlogits (f16 [N, K], written), lossSum (f32 [1], added to), correct (i32
+ * @param options dlogits (f16 or f32 [N, K], written), lossSum (f32 [1], added to), correct (i32
  *   [1], added to); scale (the loss scale, default 1) or scaleTensor, stream.
  * @throws {TypeError} On a wrong dtype.
  * @throws {RangeError} When the shapes do not agree.
@@ -1287,7 +1289,7 @@ export function crossEntropyForwardBackward(
  * Softmax cross-entropy for evaluation: the sums of {@linkcode crossEntropyForwardBackward}
  * without the gradient.
  *
- * @param logits f16 [N, K].
+ * @param logits f16 or f32 [N, K].
  * @param labels i32 [N].
  * @param options lossSum (f32 [1], added to), correct (i32 [1], added to), stream.
  * @throws {TypeError} On a wrong dtype.
