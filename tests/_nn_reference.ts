@@ -142,3 +142,99 @@ export function eachTap(
     }
   }
 }
+
+/** conv2d's forward, data gradient and weight gradient in float64 (cross-correlation, zero padding). */
+export function refConv(
+  g: Geo,
+  x: ArrayLike<number>,
+  w: ArrayLike<number>,
+  dy: ArrayLike<number>,
+): { y: Float64Array; dx: Float64Array; dw: Float64Array } {
+  const y = new Float64Array(dy.length), dx = new Float64Array(x.length);
+  const dw = new Float64Array(w.length);
+  eachTap(g, (xi, yi, wi) => {
+    y[yi] += x[xi] * w[wi];
+    dx[xi] += dy[yi] * w[wi];
+    dw[wi] += x[xi] * dy[yi];
+  });
+  return { y, dx, dw };
+}
+
+/** Batch norm over [n, c, hw] in float64: what the train, eval and backward kernels write. */
+export interface BatchNormReference {
+  /** Train-mode output (batch statistics, biased variance). */
+  y: Float64Array;
+  /** Eval-mode output (running statistics rm0, rv0). */
+  ye: Float64Array;
+  /** Input gradient of the train-mode forward. */
+  dx: Float64Array;
+  mean: Float64Array;
+  invstd: Float64Array;
+  /** Running statistics after the train-mode update (unbiased variance). */
+  rm: Float64Array;
+  rv: Float64Array;
+  dgamma: Float64Array;
+  dbeta: Float64Array;
+}
+
+/** The float64 batch norm of x (and its backward for dy); see {@linkcode BatchNormReference}. */
+export function refBatchNorm(
+  x: ArrayLike<number>,
+  dy: ArrayLike<number>,
+  p: {
+    n: number;
+    c: number;
+    hw: number;
+    gamma: ArrayLike<number>;
+    beta: ArrayLike<number>;
+    rm0: ArrayLike<number>;
+    rv0: ArrayLike<number>;
+    eps: number;
+    momentum: number;
+  },
+): BatchNormReference {
+  const { n, c, hw, gamma, beta, rm0, rv0, eps, momentum } = p;
+  const cnt = n * hw;
+  const r: BatchNormReference = {
+    y: new Float64Array(x.length),
+    ye: new Float64Array(x.length),
+    dx: new Float64Array(x.length),
+    mean: new Float64Array(c),
+    invstd: new Float64Array(c),
+    rm: new Float64Array(c),
+    rv: new Float64Array(c),
+    dgamma: new Float64Array(c),
+    dbeta: new Float64Array(c),
+  };
+  const at = (i: number, ch: number, j: number) => (i * c + ch) * hw + j;
+  for (let ch = 0; ch < c; ch++) {
+    let s = 0, ss = 0;
+    for (let i = 0; i < n; i++) for (let j = 0; j < hw; j++) s += x[at(i, ch, j)];
+    const mu = s / cnt;
+    for (let i = 0; i < n; i++) for (let j = 0; j < hw; j++) ss += (x[at(i, ch, j)] - mu) ** 2;
+    const is = 1 / Math.sqrt(ss / cnt + eps);
+    r.mean[ch] = mu;
+    r.invstd[ch] = is;
+    r.rm[ch] = (1 - momentum) * rm0[ch] + momentum * mu;
+    r.rv[ch] = (1 - momentum) * rv0[ch] + momentum * ss / (cnt - 1);
+    let sdy = 0, sdyx = 0;
+    for (let i = 0; i < n; i++) {
+      for (let j = 0; j < hw; j++) {
+        const v = x[at(i, ch, j)], xh = (v - mu) * is;
+        r.y[at(i, ch, j)] = gamma[ch] * xh + beta[ch];
+        r.ye[at(i, ch, j)] = gamma[ch] * (v - rm0[ch]) / Math.sqrt(rv0[ch] + eps) + beta[ch];
+        sdy += dy[at(i, ch, j)];
+        sdyx += dy[at(i, ch, j)] * xh;
+      }
+    }
+    r.dgamma[ch] = sdyx;
+    r.dbeta[ch] = sdy;
+    for (let i = 0; i < n; i++) {
+      for (let j = 0; j < hw; j++) {
+        const xh = (x[at(i, ch, j)] - mu) * is;
+        r.dx[at(i, ch, j)] = gamma[ch] * is * (dy[at(i, ch, j)] - sdy / cnt - xh * sdyx / cnt);
+      }
+    }
+  }
+  return r;
+}

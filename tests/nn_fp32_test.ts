@@ -13,11 +13,12 @@ import * as ops from "../nn/ops.ts";
 import { testEachBackend } from "./_backends.ts";
 import {
   assertClose,
-  eachTap,
   gen,
   type Geo,
   outSize,
   randF,
+  refBatchNorm,
+  refConv,
   refMatmul,
   SEED,
 } from "./_nn_reference.ts";
@@ -80,13 +81,7 @@ testEachBackend(
       const xs = [g.n, g.c, g.h, g.w], ws = [g.co, g.c, g.kh, g.kw], ys = [g.n, g.co, oh, ow];
       const x = randF(r, g.n * g.c * g.h * g.w), w = randF(r, g.co * g.c * g.kh * g.kw);
       const dy = randF(r, g.n * g.co * oh * ow);
-      const y = new Float64Array(dy.length), dx = new Float64Array(x.length);
-      const dw = new Float64Array(w.length);
-      eachTap(g, (xi, yi, wi) => {
-        y[yi] += x[xi] * w[wi];
-        dx[xi] += dy[yi] * w[wi];
-        dw[wi] += x[xi] * dy[yi];
-      });
+      const { y, dx, dw } = refConv(g, x, w, dy);
       using tx = f32(dev, x, xs);
       using tw = f32(dev, w, ws);
       using tdy = f32(dev, dy, ys);
@@ -148,32 +143,8 @@ testEachBackend("fp32 batchNorm train, eval and backward match float64", async (
     const gamma = randF(r, c, 0.5, 1.5), beta = randF(r, c);
     const rm0 = randF(r, c), rv0 = randF(r, c, 0.5, 2);
     const eps = 1e-5, cnt = n * hw;
-    const y = new Float64Array(x.length), ye = new Float64Array(x.length);
-    const dx = new Float64Array(x.length);
-    const at = (i: number, ch: number, j: number) => (i * c + ch) * hw + j;
-    for (let ch = 0; ch < c; ch++) {
-      let s = 0, ss = 0;
-      for (let i = 0; i < n; i++) for (let j = 0; j < hw; j++) s += x[at(i, ch, j)];
-      const mu = s / cnt;
-      for (let i = 0; i < n; i++) for (let j = 0; j < hw; j++) ss += (x[at(i, ch, j)] - mu) ** 2;
-      const is = 1 / Math.sqrt(ss / cnt + eps);
-      let sdy = 0, sdyx = 0;
-      for (let i = 0; i < n; i++) {
-        for (let j = 0; j < hw; j++) {
-          const v = x[at(i, ch, j)], xh = (v - mu) * is;
-          y[at(i, ch, j)] = gamma[ch] * xh + beta[ch];
-          ye[at(i, ch, j)] = gamma[ch] * (v - rm0[ch]) / Math.sqrt(rv0[ch] + eps) + beta[ch];
-          sdy += dy[at(i, ch, j)];
-          sdyx += dy[at(i, ch, j)] * xh;
-        }
-      }
-      for (let i = 0; i < n; i++) {
-        for (let j = 0; j < hw; j++) {
-          const xh = (x[at(i, ch, j)] - mu) * is;
-          dx[at(i, ch, j)] = gamma[ch] * is * (dy[at(i, ch, j)] - sdy / cnt - xh * sdyx / cnt);
-        }
-      }
-    }
+    const p = { n, c, hw, gamma, beta, rm0, rv0, eps, momentum: 0.1 };
+    const { y, ye, dx } = refBatchNorm(x, dy, p);
     const shape = [n, c, hw];
     using tx = f32(dev, x, shape);
     using tdy = f32(dev, dy, shape);

@@ -16,12 +16,13 @@ import * as ops from "../nn/ops.ts";
 import { testEachBackend } from "./_backends.ts";
 import {
   assertClose,
-  eachTap,
   gen,
   type Geo,
   outSize,
   randF,
   randH,
+  refBatchNorm,
+  refConv,
   refMatmul,
   SEED,
 } from "./_nn_reference.ts";
@@ -118,13 +119,7 @@ testEachBackend(
       const xs = [g.n, g.c, g.h, g.w], ws = [g.co, g.c, g.kh, g.kw], ys = [g.n, g.co, oh, ow];
       const x = randH(r, g.n * g.c * g.h * g.w), w = randH(r, g.co * g.c * g.kh * g.kw);
       const dy = randH(r, g.n * g.co * oh * ow);
-      const y = new Float64Array(dy.length), dx = new Float64Array(x.length);
-      const dw = new Float64Array(w.length);
-      eachTap(g, (xi, yi, wi) => {
-        y[yi] += x[xi] * w[wi];
-        dx[xi] += dy[yi] * w[wi];
-        dw[wi] += x[xi] * dy[yi];
-      });
+      const { y, dx, dw } = refConv(g, x, w, dy);
       using tx = Tensor.fromHost(dev, x, xs);
       using tw = Tensor.fromHost(dev, w, ws);
       using tdy = Tensor.fromHost(dev, dy, ys);
@@ -232,42 +227,8 @@ testEachBackend("batchNorm train, eval and backward match float64 references", a
     const gamma = randF(r, c, 0.5, 1.5), beta = randF(r, c);
     const rm0 = randF(r, c), rv0 = randF(r, c, 0.5, 2);
     const momentum = 0.1, eps = 1e-5, cnt = n * hw;
-    const y = new Float64Array(x.length), dx = new Float64Array(x.length);
-    const ye = new Float64Array(x.length);
-    const mean = new Float64Array(c), invstd = new Float64Array(c);
-    const rm = new Float64Array(c), rv = new Float64Array(c);
-    const dg = new Float64Array(c), db = new Float64Array(c);
-    const at = (i: number, ch: number, j: number) => (i * c + ch) * hw + j;
-    for (let ch = 0; ch < c; ch++) {
-      let s = 0, ss = 0;
-      for (let i = 0; i < n; i++) for (let j = 0; j < hw; j++) s += x[at(i, ch, j)];
-      const mu = s / cnt;
-      for (let i = 0; i < n; i++) for (let j = 0; j < hw; j++) ss += (x[at(i, ch, j)] - mu) ** 2;
-      const is = 1 / Math.sqrt(ss / cnt + eps);
-      mean[ch] = mu;
-      invstd[ch] = is;
-      rm[ch] = (1 - momentum) * rm0[ch] + momentum * mu;
-      rv[ch] = (1 - momentum) * rv0[ch] + momentum * ss / (cnt - 1);
-      let sdy = 0, sdyx = 0;
-      for (let i = 0; i < n; i++) {
-        for (let j = 0; j < hw; j++) {
-          const xh = (x[at(i, ch, j)] - mu) * is;
-          y[at(i, ch, j)] = gamma[ch] * xh + beta[ch];
-          ye[at(i, ch, j)] = gamma[ch] * (x[at(i, ch, j)] - rm0[ch]) / Math.sqrt(rv0[ch] + eps) +
-            beta[ch];
-          sdy += dy[at(i, ch, j)];
-          sdyx += dy[at(i, ch, j)] * xh;
-        }
-      }
-      dg[ch] = sdyx;
-      db[ch] = sdy;
-      for (let i = 0; i < n; i++) {
-        for (let j = 0; j < hw; j++) {
-          const xh = (x[at(i, ch, j)] - mu) * is;
-          dx[at(i, ch, j)] = gamma[ch] * is * (dy[at(i, ch, j)] - sdy / cnt - xh * sdyx / cnt);
-        }
-      }
-    }
+    const ref = refBatchNorm(x, dy, { n, c, hw, gamma, beta, rm0, rv0, eps, momentum });
+    const { y, ye, dx, mean, invstd, rm, rv } = ref, dg = ref.dgamma, db = ref.dbeta;
     const shape = [n, c, hw];
     using tx = Tensor.fromHost(dev, x, shape);
     using tdy = Tensor.fromHost(dev, dy, shape);

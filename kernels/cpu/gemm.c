@@ -173,65 +173,66 @@ static void pack_b(float *restrict dst, const mat_t *b, int64_t k0, int64_t kc, 
  * with AVX2: gemm.h). */
 static void kernel_tile(int64_t kc, const float *restrict a, const float *restrict b,
                         float *restrict c, int64_t ldc, int first) {
+#if defined(__AVX512F__) || defined(PS_GEMM_AVX2)
+  /* One body for both vector ISAs: MR rows, each two vectors of NR / 2 lanes, held in
+   * registers for the whole k loop; a[i] is broadcast and multiplied into both. */
 #if defined(__AVX512F__)
+  typedef __m512 vec;
+#define PS_W 16
 #define PS_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
-#define PS_DECL(i) __m512 c##i##a = _mm512_setzero_ps(), c##i##b = _mm512_setzero_ps();
-#define PS_FMA(i)                               \
-  {                                             \
-    __m512 ai = _mm512_set1_ps(a[i]);           \
-    c##i##a = _mm512_fmadd_ps(ai, b0, c##i##a); \
-    c##i##b = _mm512_fmadd_ps(ai, b1, c##i##b); \
-  }
-#define PS_STORE(i)                                              \
-  {                                                              \
-    float *r = c + (i)*ldc;                                      \
-    if (!first) {                                                \
-      c##i##a = _mm512_add_ps(c##i##a, _mm512_loadu_ps(r));      \
-      c##i##b = _mm512_add_ps(c##i##b, _mm512_loadu_ps(r + 16)); \
-    }                                                            \
-    _mm512_storeu_ps(r, c##i##a);                                \
-    _mm512_storeu_ps(r + 16, c##i##b);                           \
-  }
-  PS_ROWS(PS_DECL)
-  for (int64_t k = 0; k < kc; k++) {
-    __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
-    PS_ROWS(PS_FMA)
-    a += MR;
-    b += NR;
-  }
-  PS_ROWS(PS_STORE)
-#undef PS_ROWS
-#undef PS_DECL
-#undef PS_FMA
-#undef PS_STORE
-#elif defined(PS_GEMM_AVX2)
+#define PS_ZERO() _mm512_setzero_ps()
+#define PS_SET1(p) _mm512_set1_ps(*(p))
+#define PS_FMADD(x, y, z) _mm512_fmadd_ps(x, y, z)
+#define PS_ADD(x, y) _mm512_add_ps(x, y)
+#define PS_LOAD(p) _mm512_load_ps(p)
+#define PS_LOADU(p) _mm512_loadu_ps(p)
+#define PS_STOREU(p, v) _mm512_storeu_ps(p, v)
+#else
+  typedef __m256 vec;
+#define PS_W 8
 #define PS_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
-#define PS_DECL(i) __m256 c##i##a = _mm256_setzero_ps(), c##i##b = _mm256_setzero_ps();
-#define PS_FMA(i)                               \
-  {                                             \
-    __m256 ai = _mm256_broadcast_ss(a + (i));   \
-    c##i##a = _mm256_fmadd_ps(ai, b0, c##i##a); \
-    c##i##b = _mm256_fmadd_ps(ai, b1, c##i##b); \
+#define PS_ZERO() _mm256_setzero_ps()
+#define PS_SET1(p) _mm256_broadcast_ss(p)
+#define PS_FMADD(x, y, z) _mm256_fmadd_ps(x, y, z)
+#define PS_ADD(x, y) _mm256_add_ps(x, y)
+#define PS_LOAD(p) _mm256_load_ps(p)
+#define PS_LOADU(p) _mm256_loadu_ps(p)
+#define PS_STOREU(p, v) _mm256_storeu_ps(p, v)
+#endif
+#define PS_DECL(i) vec c##i##a = PS_ZERO(), c##i##b = PS_ZERO();
+#define PS_FMA(i)                        \
+  {                                      \
+    vec ai = PS_SET1(a + (i));           \
+    c##i##a = PS_FMADD(ai, b0, c##i##a); \
+    c##i##b = PS_FMADD(ai, b1, c##i##b); \
   }
-#define PS_STORE(i)                                             \
-  {                                                             \
-    float *r = c + (i)*ldc;                                     \
-    if (!first) {                                               \
-      c##i##a = _mm256_add_ps(c##i##a, _mm256_loadu_ps(r));     \
-      c##i##b = _mm256_add_ps(c##i##b, _mm256_loadu_ps(r + 8)); \
-    }                                                           \
-    _mm256_storeu_ps(r, c##i##a);                               \
-    _mm256_storeu_ps(r + 8, c##i##b);                           \
+#define PS_STORE(i)                                  \
+  {                                                  \
+    float *r = c + (i)*ldc;                          \
+    if (!first) {                                    \
+      c##i##a = PS_ADD(c##i##a, PS_LOADU(r));        \
+      c##i##b = PS_ADD(c##i##b, PS_LOADU(r + PS_W)); \
+    }                                                \
+    PS_STOREU(r, c##i##a);                           \
+    PS_STOREU(r + PS_W, c##i##b);                    \
   }
   PS_ROWS(PS_DECL)
   for (int64_t k = 0; k < kc; k++) {
-    __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+    vec b0 = PS_LOAD(b), b1 = PS_LOAD(b + PS_W);
     PS_ROWS(PS_FMA)
     a += MR;
     b += NR;
   }
   PS_ROWS(PS_STORE)
+#undef PS_W
 #undef PS_ROWS
+#undef PS_ZERO
+#undef PS_SET1
+#undef PS_FMADD
+#undef PS_ADD
+#undef PS_LOAD
+#undef PS_LOADU
+#undef PS_STOREU
 #undef PS_DECL
 #undef PS_FMA
 #undef PS_STORE
