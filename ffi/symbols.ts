@@ -13,7 +13,7 @@
  */
 
 /** The ABI version this table matches (`PS_ABI_VERSION` in kernels/pinstream.h). */
-export const ABI_VERSION = 5;
+export const ABI_VERSION = 6;
 
 /** The dlopen symbol table of a pinstream backend library. */
 export const symbols = {
