@@ -74,7 +74,7 @@ import { allocShared, memoryOf } from "./_wasm_gather.ts";
  * assert.strictEqual(AUGMENT_RECORD_LENGTH, 9);
  * ```
  */
-export const AUGMENT_RECORD_LENGTH = RECORD_WORDS;
+export const AUGMENT_RECORD_LENGTH: number = RECORD_WORDS;
 
 /**
  * The `augment` record the loader writes for the sample at `position` (0-based, across the
