@@ -68,15 +68,18 @@ static void plane_color(const uint8_t *t, int64_t len, const float *color, float
   }
 }
 
-/* Writes +0.0 over the sample's cutout square in each of its c output planes. */
-static void cutout(const ps_image_sample *sm, int32_t c, int32_t h, int32_t w, int32_t out_dtype,
-                   void *out) {
-  const int32_t run = sm->cut_x1 - sm->cut_x0;
-  if (run <= 0 || sm->cut_y1 <= sm->cut_y0) return;
+/* Writes +0.0 over rows [y0, y1) x columns [x0, x1) in each of a sample's c output planes.
+ * Out of line and called only for a sample with a cutout: inlined into augment_range, it made
+ * the loop without cutouts ~40% slower on NHWC CIFAR batches. */
+static __attribute__((noinline)) void cutout(int32_t y0, int32_t y1, int32_t x0, int32_t x1,
+                                             int32_t c, int32_t h, int32_t w, int32_t out_dtype,
+                                             void *out) {
+  const int32_t run = x1 - x0;
+  if (run <= 0 || y1 <= y0) return;
   const size_t esize = out_dtype == PS_IMAGE_F16 ? 2 : 4;
   for (int32_t ch = 0; ch < c; ch++) {
-    for (int32_t y = sm->cut_y0; y < sm->cut_y1; y++) {
-      const int64_t at = ((int64_t)ch * h + y) * w + sm->cut_x0;
+    for (int32_t y = y0; y < y1; y++) {
+      const int64_t at = ((int64_t)ch * h + y) * w + x0;
       /* +0.0 is all-zero bits in fp16 and fp32. */
       memset((char *)out + at * (int64_t)esize, 0, (size_t)run * esize);
     }
@@ -93,9 +96,13 @@ static void gather_plane(const uint8_t *img, int32_t layout, int32_t c, int32_t 
   int32_t lo = -ox, hi = w - ox; /* xs range with 0 <= sx < w */
   if (lo < 0) lo = 0;
   if (hi > w) hi = w;
+  /* Output row y reads source row sy = (vflip ? h-1-y : y) + oy, stepped rather than
+   * recomputed per row (a select per row measured ~20% slower on NHWC CIFAR batches). */
+  const int32_t sy_step = vflip ? -1 : 1;
+  int32_t sy = (vflip ? h - 1 : 0) + oy - sy_step;
   for (int32_t y = 0; y < h; y++) {
     uint8_t *row = t + (int64_t)y * w;
-    int32_t sy = (vflip ? h - 1 - y : y) + oy;
+    sy += sy_step;
     if (sy < 0 || sy >= h || lo >= hi) {
       memset(row, 0, (size_t)w);
       continue;
@@ -160,8 +167,10 @@ static inline __attribute__((always_inline)) void sample_nchw_avx512(
     /* A padding pixel is the byte 0 through the same multiply and add. */
     const __m512 zero = _mm512_add_ps(_mm512_mul_ps(_mm512_setzero_ps(), vs), vb);
     const uint8_t *src = img + ch * plane;
+    const int32_t sy_step = vflip ? -1 : 1;
+    int32_t sy = (vflip ? h - 1 : 0) + oy - sy_step;
     for (int32_t y = 0; y < h; y++) {
-      const int32_t sy = (vflip ? h - 1 - y : y) + oy;
+      sy += sy_step;
       const int64_t o = ch * plane + (int64_t)y * w;
       const int inside = sy >= 0 && sy < h;
       const uint8_t *srow = src + (int64_t)sy * w;
@@ -235,7 +244,8 @@ static void augment_range(void *vctx, int64_t i0, int64_t i1) {
       } else {
         sample_nchw_avx512(img, c, h, w, oy, ox, 0, vflip, sc, bi, PS_IMAGE_F32, so);
       }
-      cutout(&sm, c, h, w, out_dtype, so);
+      if (sm.cut_y1 > sm.cut_y0)
+        cutout(sm.cut_y0, sm.cut_y1, sm.cut_x0, sm.cut_x1, c, h, w, out_dtype, so);
       continue;
     }
 #endif
@@ -255,7 +265,8 @@ static void augment_range(void *vctx, int64_t i0, int64_t i1) {
         plane_to_f32(t, plane, sc[ch], bi[ch], (float *)out + o);
       }
     }
-    cutout(&sm, c, h, w, out_dtype, so);
+    if (sm.cut_y1 > sm.cut_y0)
+      cutout(sm.cut_y0, sm.cut_y1, sm.cut_x0, sm.cut_x1, c, h, w, out_dtype, so);
   }
   if (t != stack_buf) free(t);
 }
