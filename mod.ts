@@ -43,8 +43,10 @@ export { ABI_VERSION, symbols } from "./ffi/symbols.ts";
 
 // loader
 export {
+  AUGMENT_RECORD_LENGTH,
   augmentFromDraw,
   type AugmentOptions,
+  augmentRecord,
   type BatchOf,
   BatchSampler,
   type BatchSamplerLike,

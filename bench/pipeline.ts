@@ -42,7 +42,7 @@ import { Device } from "../ffi/device.ts";
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import { DataLoader } from "../loader/data_loader.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
-import { type RingBatch, ringLayout } from "../loader/ring.ts";
+import { AUGMENT_RECORD_LENGTH, type RingBatch, ringLayout } from "../loader/ring.ts";
 import { toDevice, type ToDeviceOptions } from "../pipeline/prefetcher.ts";
 
 const BATCH = 128;
@@ -64,7 +64,7 @@ const BATCH_BYTES = (() => {
     { name: "image", dtype: "u8", shape: [3, 32, 32] },
     { name: "label", dtype: "i32", shape: [] },
     { name: "indices", dtype: "i32", shape: [] },
-    { name: "augment", dtype: "i32", shape: [3] },
+    { name: "augment", dtype: "i32", shape: [AUGMENT_RECORD_LENGTH] },
   ], BATCH);
   return Math.max(...fields.map((f) => f.byteOffset + f.byteLength));
 })();
@@ -258,9 +258,15 @@ function kernelRow(device: Device): Row {
   const img = 3072, ring = 64;
   using src = DeviceBuffer.alloc(device, BATCH * img * ring);
   using out = DeviceBuffer.alloc(device, BATCH * img * 2 * 4);
-  using prm = DeviceBuffer.alloc(device, BATCH * 12 * ring);
+  // Crop and flip records, the other augmentations off (colour factors 1.0).
+  const R = AUGMENT_RECORD_LENGTH, recordBytes = 4 * R;
+  using prm = DeviceBuffer.alloc(device, BATCH * recordBytes * ring);
   src.copyFrom(new Uint8Array(BATCH * img * ring).map((_, i) => (i * 2654435761) >>> 24));
-  prm.copyFrom(new Int32Array(BATCH * 3 * ring).map((_, i) => i % 3 === 2 ? i & 1 : (i * 7) % 9));
+  prm.copyFrom(
+    new Int32Array(BATCH * R * ring).map((_, i) =>
+      i % R === 2 ? i & 1 : i % R < 2 ? (i * 7) % 9 : i % R >= 7 ? 0x3f800000 : 0
+    ),
+  );
   const scale = Float32Array.from(STD, (s) => 1 / (255 * s));
   const bias = Float32Array.from(MEAN, (m, i) => -m / STD[i]);
   const call = (b: number) =>
@@ -273,7 +279,7 @@ function kernelRow(device: Device): Row {
         32,
         32,
         PAD,
-        Deno.UnsafePointer.offset(prm.pointer!, (b % ring) * BATCH * 12),
+        Deno.UnsafePointer.offset(prm.pointer!, (b % ring) * BATCH * recordBytes),
         scale,
         bias,
         Deno.UnsafePointer.offset(out.pointer!, (b % 4) * BATCH * img * 2),

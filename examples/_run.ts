@@ -7,7 +7,7 @@
 import { MetricsLog } from "../nn/metrics.ts";
 import { type CliOption, type CliSpec, helpText, parseArgv, UsageError } from "./_cli.ts";
 import type { Device } from "../ffi/device.ts";
-import type { DataLoader, RingBatch } from "../loader/mod.ts";
+import type { AugmentOptions, DataLoader, RingBatch } from "../loader/mod.ts";
 import { DevicePrefetcher } from "../pipeline/prefetcher.ts";
 import {
   GradScaler,
@@ -55,6 +55,12 @@ export interface TrainArgs {
   given?: ReadonlySet<string>;
   /** Values of the example's own options (`extra.options`), by name. */
   extra?: Readonly<Record<string, string | number | boolean | undefined>>;
+  /**
+   * The training loader's augmentation: the example's default (as a default, shown in --help)
+   * with the augmentation flags applied; `null` for none (--no-augment, or every flag off);
+   * undefined when neither a default nor a flag says anything (the example picks).
+   */
+  augment?: AugmentOptions | null;
 }
 
 /** Defaults an example may change. */
@@ -154,6 +160,51 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
       help: "append each epoch's metrics to PATH (JSON Lines) and draw their\n" +
         "curves to PATH.svg (default: beside the checkpoint)",
     },
+    augment: {
+      kind: "boolean",
+      default: true,
+      help: "train without augmentation: none of the augmentations below,\n" +
+        "whatever the example's default",
+    },
+    "crop-padding": {
+      kind: "int",
+      min: 0,
+      metavar: "N",
+      help: "random crop from the image zero-padded by N pixels",
+      default: d.augment?.padding ?? 0,
+    },
+    // A boolean that defaults to true is shown as --no-<flag>: its help says what that does.
+    flip: {
+      kind: "boolean",
+      help: d.augment?.flip ? "no random horizontal flips" : "random horizontal flips",
+      default: d.augment?.flip ?? false,
+    },
+    vflip: {
+      kind: "boolean",
+      help: d.augment?.vflip ? "no random vertical flips" : "random vertical flips",
+      default: d.augment?.vflip ?? false,
+    },
+    cutout: {
+      kind: "int",
+      min: 0,
+      metavar: "N",
+      help: "cut out a random N x N square of each image (0: off)",
+      default: d.augment?.cutout ?? 0,
+    },
+    brightness: {
+      kind: "number",
+      min: 0,
+      metavar: "J",
+      help: "brightness jitter: factors in [max(0, 1 - J), 1 + J]",
+      default: d.augment?.brightness ?? 0,
+    },
+    contrast: {
+      kind: "number",
+      min: 0,
+      metavar: "J",
+      help: "contrast jitter toward mid-grey: factors in\n[max(0, 1 - J), 1 + J]",
+      default: d.augment?.contrast ?? 0,
+    },
     ...extra.options,
   };
   return {
@@ -247,6 +298,7 @@ export function parseTrainArgs(
     help: false,
     given: v.given,
     extra: own,
+    augment: augmentArgs(v, d.augment),
   };
   return args;
 }
@@ -254,6 +306,59 @@ export function parseTrainArgs(
 /** The precision and loss scaling of a run, for its first line ("fp16 with loss scaling"). */
 export function precisionLine(args: TrainArgs): string {
   return `${args.precision} ${args.lossScaling ? "with" : "without"} loss scaling`;
+}
+
+/** The augmentation flags, in the order --help lists them. */
+const AUGMENT_FLAGS = ["crop-padding", "flip", "vflip", "cutout", "brightness", "contrast"];
+
+/**
+ * The training augmentation from the parsed flags over the example's default: null for none,
+ * undefined when neither says anything.
+ */
+function augmentArgs(
+  v: Record<string, unknown> & { given: ReadonlySet<string> },
+  dflt: AugmentOptions | null | undefined,
+): AugmentOptions | null | undefined {
+  const flags = AUGMENT_FLAGS.filter((k) => v.given.has(k));
+  if (v.augment === false) {
+    if (flags.length > 0) {
+      throw new UsageError(
+        `option --no-augment contradicts --${flags[0]}; leave one out (see --help)`,
+      );
+    }
+    return null;
+  }
+  if (flags.length === 0 && !dflt) return dflt;
+  const a: Required<AugmentOptions> = {
+    padding: (v["crop-padding"] as number | undefined) ?? dflt?.padding ?? 0,
+    flip: (v.flip as boolean | undefined) ?? dflt?.flip ?? false,
+    vflip: (v.vflip as boolean | undefined) ?? dflt?.vflip ?? false,
+    cutout: (v.cutout as number | undefined) ?? dflt?.cutout ?? 0,
+    brightness: (v.brightness as number | undefined) ?? dflt?.brightness ?? 0,
+    contrast: (v.contrast as number | undefined) ?? dflt?.contrast ?? 0,
+  };
+  const on = a.padding > 0 || a.flip || a.vflip || a.cutout > 0 || a.brightness > 0 ||
+    a.contrast > 0;
+  return on ? a : null;
+}
+
+/**
+ * One line describing a training augmentation, for the examples' start-up line.
+ *
+ * @param a The augmentation (null or undefined: none).
+ * @returns e.g. "augment crop 4 + flip + cutout 8", or "no augmentation".
+ */
+export function augmentNote(a: AugmentOptions | null | undefined): string {
+  if (!a) return "no augmentation";
+  const parts = [
+    a.padding ? `crop ${a.padding}` : "",
+    a.flip ? "flip" : "",
+    a.vflip ? "vflip" : "",
+    a.cutout ? `cutout ${a.cutout}` : "",
+    a.brightness ? `brightness ${a.brightness}` : "",
+    a.contrast ? `contrast ${a.contrast}` : "",
+  ].filter((x) => x !== "");
+  return parts.length > 0 ? `augment ${parts.join(" + ")}` : "no augmentation";
 }
 
 /** How the loader's uint8 image batches become normalized fp16 device batches. */
@@ -397,8 +502,8 @@ function fmtNum(x: number): string {
 /**
  * Trains `model` for `args.epochs` epochs, evaluating after each, printing one line per epoch.
  * Batches reach the device through the pipeline's {@linkcode DevicePrefetcher} (pinned ring,
- * copy stream, fused crop/flip/normalize/cast to the model's precision on the device). The
- * model must be on `device` with `args.precision`.
+ * copy stream, the loader's augmentation, normalize and cast to the model's precision fused on
+ * the device). The model must be on `device` with `args.precision`.
  *
  * @returns The per-epoch reports.
  */

@@ -1,11 +1,14 @@
 /**
  * Trains a small convolutional network on CIFAR-10 with pinstream: DataLoader workers, fp16
- * compute with fp32 master weights and dynamic loss scaling, random crop + flip.
+ * compute with fp32 master weights and dynamic loss scaling, random crop + flip on the device
+ * (more with --cutout, --vflip, --brightness, --contrast; none with --no-augment).
  *
  * ```sh
  * deno task cifar                                   # download CIFAR-10 (or use --data DIR)
  * deno run -A examples/cifar.ts --data ~/cifar-10-batches-bin --epochs 10 --device cuda
  * deno run -A examples/cifar.ts --synthetic          # the generated stand-in, on purpose
+ * deno run -A examples/cifar.ts --cutout 12 --brightness 0.2 --contrast 0.2
+ * deno run -A examples/cifar.ts --no-augment        # no crop, flip or anything else
  * ```
  *
  * Without --data it downloads the official archive into the cache directory. When that fails
@@ -19,7 +22,7 @@
 
 import { Device } from "../ffi/device.ts";
 import { DataLoader } from "../loader/mod.ts";
-import type { Dataset, RingBatch } from "../loader/mod.ts";
+import type { AugmentOptions, Dataset, RingBatch } from "../loader/mod.ts";
 import { CIFAR10, CIFAR10_URL } from "../loader/datasets/cifar10.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import {
@@ -35,6 +38,7 @@ import {
   Xoshiro128,
 } from "../nn/mod.ts";
 import {
+  augmentNote,
   type EpochReport,
   parseTrainArgs,
   precisionLine,
@@ -48,6 +52,8 @@ import { generateShapes, SHAPE_CLASSES } from "./_shapes.ts";
 export const CIFAR_MEAN = [0.4914, 0.4822, 0.4465];
 /** CIFAR-10's per-channel standard deviation. */
 export const CIFAR_STD = [0.2470, 0.2435, 0.2616];
+/** The training augmentation unless the command line says otherwise: crop 4 + flip. */
+export const CIFAR_AUGMENT: Readonly<AugmentOptions> = { padding: 4, flip: true };
 
 /**
  * The example's network: three conv-BN-ReLU stages with max pooling, then a linear
@@ -291,18 +297,19 @@ export async function trainCifar(
     autoRelease: false,
   };
   const workers = args.workers > 0 ? { persistentWorkers: true } : {};
+  const augment = args.augment === undefined ? CIFAR_AUGMENT : args.augment;
   await using trainLoader = new DataLoader<RingBatch>(train, {
     ...common,
     ...workers,
     shuffle: true,
-    augment: { padding: 4, flip: true },
+    ...(augment ? { augment } : {}),
   });
   await using testLoader = new DataLoader<RingBatch>(test, { ...common, ...workers });
   console.log(
     `training on ${source}: ${train.length} train / ${test.length} test samples, ` +
       `${args.epochs} epochs, device ${device.kind} (${device.props.name}), ` +
       `batch ${args.batchSize}, ${args.workers} workers, ` +
-      precisionLine(args),
+      `${precisionLine(args)}, ${augmentNote(augment)}`,
   );
   try {
     return await runTraining({
@@ -312,7 +319,7 @@ export async function trainCifar(
       trainLoader,
       testLoader,
       dataNote: source,
-      spec: { mean: CIFAR_MEAN, std: CIFAR_STD, padding: 4 },
+      spec: { mean: CIFAR_MEAN, std: CIFAR_STD, padding: augment?.padding ?? 0 },
       scheduler: (opt, steps) =>
         new OneCycleLR(opt, {
           maxLr: args.lr,
@@ -330,7 +337,14 @@ if (import.meta.main) {
     const args = parseTrainArgs(
       Deno.args,
       "cifar.ts",
-      { epochs: 10, batchSize: 128, lr: 0.1, weightDecay: 5e-4, model: "cnn" },
+      {
+        epochs: 10,
+        batchSize: 128,
+        lr: 0.1,
+        weightDecay: 5e-4,
+        model: "cnn",
+        augment: CIFAR_AUGMENT,
+      },
       {
         summary: "Trains a small CNN on CIFAR-10 (conv-BN-ReLU x5, max pooling, linear; " +
           "160,234 parameters).",

@@ -26,6 +26,7 @@ import {
   Xoshiro128,
 } from "../nn/mod.ts";
 import {
+  augmentNote,
   type EpochReport,
   parseTrainArgs,
   precisionLine,
@@ -130,16 +131,19 @@ export async function trainFashion(args: TrainArgs): Promise<EpochReport[]> {
     autoRelease: false,
   };
   const workers = args.workers > 0 ? { persistentWorkers: true } : {};
+  // No augmentation by default; the command line's flags add some (--cutout 6, --flip, ...).
+  const augment = args.augment ?? undefined;
   await using trainLoader = new DataLoader(trainSet, {
     ...common,
     ...workers,
     shuffle: true,
+    ...(augment ? { augment } : {}),
   });
   await using testLoader = new DataLoader(test, { ...common, ...workers });
   console.log(
     `Fashion-MNIST ${trainSet.length}/${test.length} from ${root}, model ${args.model}, ` +
       `device ${device.kind} (${device.props.name}), batch ${args.batchSize}, ` +
-      `${args.workers} workers, ${precisionLine(args)}`,
+      `${args.workers} workers, ${precisionLine(args)}, ${augmentNote(augment)}`,
   );
   try {
     return await runTraining({
@@ -149,7 +153,7 @@ export async function trainFashion(args: TrainArgs): Promise<EpochReport[]> {
       trainLoader,
       testLoader,
       dataNote: `Fashion-MNIST from ${root}`,
-      spec: { mean: [FASHION_MEAN], std: [FASHION_STD] },
+      spec: { mean: [FASHION_MEAN], std: [FASHION_STD], padding: augment?.padding ?? 0 },
       scheduler: (opt, steps) =>
         new OneCycleLR(opt, {
           maxLr: args.lr,

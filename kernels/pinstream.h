@@ -178,23 +178,48 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
 /* scale/bias are passed by value into the launch: at most this many channels. */
 #define PS_IMAGE_MAX_CHANNELS 16
 
+/* int32 words of one sample's ps_image_augment record (the loader's `augment` field). */
+#define PS_IMAGE_PARAMS 9
+/* The grey that contrast blends toward, in byte units (the middle of [0, 255]). */
+#define PS_IMAGE_CONTRAST_CENTER 127.5f
+
 /* One fused pass over a batch of uint8 images, queued on `stream`: per-sample crop from the
- * image zero-padded by `pad` on every side, optional horizontal flip (after the crop, as
- * torchvision's RandomCrop then RandomHorizontalFlip), per-channel normalize, cast; NCHW out.
+ * image zero-padded by `pad` on every side, optional horizontal and vertical flips (after the
+ * crop, as torchvision's RandomCrop then RandomHorizontalFlip / RandomVerticalFlip), brightness
+ * then contrast (ColorJitter's blends, in a fixed order), per-channel normalize, cutout (a
+ * square of zeros in the normalized output, as Cutout / RandomErasing after Normalize), cast;
+ * NCHW out.
  *
- *   out[i][ch][y][x] = cast(fp32(fp32(float(v) * scale[ch]) + bias[ch]))
- *   v = src pixel (i, ch, y + dy - pad, xs + dx - pad), 0 outside the image,
- *   xs = flip ? w - 1 - x : x
+ *   out[i][ch][y][x] = 0 (+0.0) when (y, x) is inside sample i's cutout square, else
+ *                      cast(fp32(fp32(t * scale[ch]) + bias[ch]))
+ *   t = clamp(fp32(fp32(u * ct) + cs)),  cs = fp32(fp32(1 - ct) * PS_IMAGE_CONTRAST_CENTER)
+ *   u = clamp(fp32(float(v) * br)),      clamp(a) = a < 0 ? 0 : a > 255 ? 255 : a
+ *   v = src pixel (i, ch, ys + dy - pad, xs + dx - pad), 0 outside the image,
+ *   xs = flip ? w - 1 - x : x,  ys = vflip ? h - 1 - y : y
  *
- * The multiply and the add are two fp32 roundings (never a fused multiply-add) and the cast
- * to fp16 rounds to nearest even, so both backends give the same bits for the same inputs.
- * The caller computes scale = 1 / (255 * std), bias = -mean / std in fp32.
+ * Every operation is one fp32 rounding (never a fused multiply-add; rules.h writes them once)
+ * and the cast to fp16 rounds to nearest even, so both backends give the same bits for the
+ * same inputs. With br = ct = 1 the colour steps are exact identities (u = t = v), so they are
+ * skipped. The caller computes scale = 1 / (255 * std), bias = -mean / std in fp32. Contrast
+ * blends toward a fixed grey rather than torchvision's per-image mean grey (as DALI's
+ * brightness_contrast does): a per-image mean needs a reduction over the whole transformed
+ * image before its first output element, which a single pass cannot have.
  *
  * src:    device, n images, uint8, contiguous; `layout` PS_IMAGE_NHWC or PS_IMAGE_NCHW.
- * params: device, n x 3 int32 (dy, dx, flip): the crop window's top-left corner in the padded
- *         image (0..2*pad for a window inside it; any int32 value is memory-safe and exact,
- *         dy - pad computed without overflow: pixels outside the image read as 0) and
- *         flip != 0 to mirror. NULL: dy = dx = pad, no flip.
+ * params: device, n records of PS_IMAGE_PARAMS int32, or NULL (dy = dx = pad, nothing else):
+ *           [0] dy, [1] dx  the crop window's top-left corner in the padded image (0..2*pad
+ *                           for a window inside it; any int32 value is memory-safe and exact,
+ *                           dy - pad computed without overflow: pixels outside read as 0)
+ *           [2] flip        != 0 mirrors left-right
+ *           [3] vflip       != 0 mirrors top-bottom
+ *           [4] cut_y, [5] cut_x  the cutout square's centre pixel as a fraction of the
+ *                           height and width in 1/65536 units, clamped to 0..65535: centre row
+ *                           cy = floor(cut_y * h / 65536) (so 0 <= cy < h), likewise cx
+ *           [6] cut_size    the square's side in pixels: rows cy - floor(cut_size / 2) and the
+ *                           cut_size - 1 below it, likewise columns, clipped to the image; a
+ *                           value <= 0: no cutout
+ *           [7] br, [8] ct  brightness and contrast factors, the bits of fp32 values (1.0f,
+ *                           0x3f800000, leaves the image as it is).
  * scale, bias: HOST, c floats each (copied into the launch; c <= PS_IMAGE_MAX_CHANNELS).
  * out:    device, n x c x h x w, fp16 (out_dtype PS_IMAGE_F16) or fp32 (PS_IMAGE_F32).
  * n == 0 is a no-op. src and out must not overlap. */

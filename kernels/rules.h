@@ -14,6 +14,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "errors.h"
 #include "pinstream.h"
@@ -180,16 +181,21 @@ PS_CHECK int ps_check_labels_buffers(const void *src, const void *out) {
 
 /* ---- element rules ----------------------------------------------------------------------- */
 
-/* ps_image_augment: two fp32 roundings, never a fused multiply-add. On the GPU the _rn
- * intrinsics, which nvcc never fuses; on the host (cpu/image.c, the CUDA emulator) plain
+/* ps_image_augment's normalize: two fp32 roundings, never a fused multiply-add. On the GPU the
+ * _rn intrinsics, which nvcc never fuses; on the host (cpu/image.c, the CUDA emulator) plain
  * operations in code built without contraction. */
-PS_RULE float ps_image_value(uint32_t byte, float scale, float bias) {
+PS_RULE float ps_image_normalize(float t, float scale, float bias) {
 #if defined(__CUDA_ARCH__)
-  return __fadd_rn(__fmul_rn((float)byte, scale), bias);
+  return __fadd_rn(__fmul_rn(t, scale), bias);
 #else
-  const float scaled = (float)byte * scale;
+  const float scaled = t * scale;
   return scaled + bias;
 #endif
+}
+
+/* ps_image_augment's normalize of a byte with the colour steps off (float(byte) is exact). */
+PS_RULE float ps_image_value(uint32_t byte, float scale, float bias) {
+  return ps_image_normalize((float)byte, scale, bias);
 }
 
 /* ps_image_augment: the offset of the crop in the source along an axis of `extent` pixels,
@@ -431,6 +437,95 @@ PS_RULE PS_NO_CONTRACT int32_t ps_fill_int(int32_t mode, double a, double b, uin
   if (!(v > -2147483649.0)) return v != v ? 0 : INT32_MIN;
   if (!(v < 2147483648.0)) return INT32_MAX;
   return (int32_t)v;
+}
+
+/* ---- ps_image_augment's per-sample record ------------------------------------------------- */
+
+/* The fp32 value whose bits are `bits` (the record's brightness and contrast words). */
+PS_RULE float ps_f32_from_bits(int32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __int_as_float(bits);
+#else
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
+/* One sample's transform, decoded from its PS_IMAGE_PARAMS record (pinstream.h). */
+typedef struct ps_image_sample {
+  int32_t oy, ox;                         /* crop offsets in the source (ps_image_offset) */
+  int32_t flip, vflip;                    /* 0 or 1 */
+  int32_t cut_y0, cut_y1, cut_x0, cut_x1; /* cutout rows [y0, y1), columns [x0, x1); or empty */
+  int32_t color;    /* brightness or contrast is not 1: the colour steps run */
+  float br, ct, cs; /* brightness, contrast and its shift (ps_image_contrast_shift) */
+} ps_image_sample;
+
+/* The cutout's extent along an axis of `extent` pixels: [*lo, *hi), empty (0, 0) when
+ * size <= 0. The centre pixel c = floor(clamp(frac, 0, 65535) * extent / 2^16) lies inside the
+ * axis (extent <= 2^24 keeps the product in 40 bits), and the span c - floor(size / 2) ..
+ * + size, clipped, always holds it. 64-bit sums: size is any int32. */
+PS_RULE void ps_image_cutout_span(int32_t frac, int32_t size, int32_t extent, int32_t *lo,
+                                  int32_t *hi) {
+  if (size <= 0) {
+    *lo = *hi = 0;
+    return;
+  }
+  const int64_t f = frac < 0 ? 0 : frac > 65535 ? 65535 : frac;
+  const int64_t c = (f * extent) >> 16;
+  const int64_t a = c - (size >> 1), b = a + size;
+  *lo = (int32_t)(a < 0 ? 0 : a);
+  *hi = (int32_t)(b > extent ? extent : b);
+}
+
+/* Contrast's per-sample constant: fp32(fp32(1 - ct) * PS_IMAGE_CONTRAST_CENTER), so that the
+ * blend ct * u + (1 - ct) * centre is one multiply and one add per element (0 when ct = 1). */
+PS_RULE PS_NO_CONTRACT float ps_image_contrast_shift(float ct) {
+  const float keep = PS_FSUB(1.0f, ct);
+  return PS_FMUL(keep, PS_IMAGE_CONTRAST_CENTER);
+}
+
+/* Decodes sample `rec` (PS_IMAGE_PARAMS words, or NULL: centred window, nothing else) of a
+ * batch with padding `pad` and images of h x w. */
+PS_RULE void ps_image_sample_decode(const int32_t *rec, int32_t pad, int32_t h, int32_t w,
+                                    ps_image_sample *s) {
+  int32_t dy = pad, dx = pad;
+  s->flip = s->vflip = 0;
+  s->cut_y0 = s->cut_y1 = s->cut_x0 = s->cut_x1 = 0;
+  s->br = s->ct = 1.0f;
+  if (rec != 0) {
+    dy = rec[0];
+    dx = rec[1];
+    s->flip = rec[2] != 0;
+    s->vflip = rec[3] != 0;
+    ps_image_cutout_span(rec[4], rec[6], h, &s->cut_y0, &s->cut_y1);
+    ps_image_cutout_span(rec[5], rec[6], w, &s->cut_x0, &s->cut_x1);
+    s->br = ps_f32_from_bits(rec[7]);
+    s->ct = ps_f32_from_bits(rec[8]);
+  }
+  /* dy - pad can overflow int32: ps_image_offset computes it in 64 bits and clamps. */
+  s->oy = ps_image_offset(dy, pad, h);
+  s->ox = ps_image_offset(dx, pad, w);
+  /* Factors of exactly 1 make both colour steps identities (ps_image_color), so skipping
+   * them changes no bit; a NaN factor is not 1 and runs them. */
+  s->color = !(s->br == 1.0f && s->ct == 1.0f);
+  s->cs = ps_image_contrast_shift(s->ct);
+}
+
+/* ps_image_augment's clamp of a colour step to the byte range; NaN passes through. */
+PS_RULE float ps_image_clamp255(float a) { return a < 0.0f ? 0.0f : a > 255.0f ? 255.0f : a; }
+
+/* Brightness then contrast on one byte, each an fp32 multiply (and add) then a clamp:
+ * u = clamp(byte * br), t = clamp(u * ct + cs). With br = ct = 1 (cs = 0): t = byte exactly. */
+PS_RULE PS_NO_CONTRACT float ps_image_color(uint32_t byte, float br, float ct, float cs) {
+  const float u = ps_image_clamp255(PS_FMUL((float)byte, br));
+  const float blended = PS_FMUL(u, ct);
+  return ps_image_clamp255(PS_FADD(blended, cs));
+}
+
+/* Is output pixel (y, x) inside the sample's cutout square (written as +0.0)? */
+PS_RULE int ps_image_cut(const ps_image_sample *s, int32_t y, int32_t x) {
+  return y >= s->cut_y0 && y < s->cut_y1 && x >= s->cut_x0 && x < s->cut_x1;
 }
 
 #endif /* PINSTREAM_RULES_H */

@@ -6,6 +6,9 @@
 import { hash4, seedWords, STREAM_SAMPLE } from "./_rng.ts";
 import { type WasmGather, wasmGather } from "./_wasm_gather.ts";
 
+/** int32 words of one sample's augment record (ring.ts's AUGMENT_RECORD_LENGTH). */
+export const AUGMENT_RECORD_LENGTH = 9;
+
 export interface GatherSource {
   buffer: SharedArrayBuffer;
   /** The WebAssembly.Memory behind `buffer`, enabling the memory.copy gather. */
@@ -23,10 +26,64 @@ export interface GatherSpec {
   indicesOffset: number;
   /** -1 when the loader draws no augmentation parameters. */
   augmentOffset: number;
-  padding: number;
-  flip: boolean;
+  /** What the loader draws (unused when augmentOffset is -1). */
+  augment: AugmentSpec;
   length: number;
   seed: number;
+}
+
+/** The loader's augment options, defaults filled in (`loader.augment`). */
+export interface AugmentSpec {
+  padding: number;
+  flip: boolean;
+  vflip: boolean;
+  cutout: number;
+  brightness: number;
+  contrast: number;
+}
+
+/** Draw k of the sample stream at `position` (CounterRandom's output k for that key). */
+function draw(k0: number, position: number, k: number): number {
+  return hash4(k0, position, k, 0x243f6a88);
+}
+
+/** The bits of fp32 1.0: a brightness or contrast factor that changes nothing. */
+const F32_ONE = 0x3f800000;
+const f32 = new Float32Array(1), f32Bits = new Int32Array(f32.buffer);
+
+/** The fp32 bits of a factor uniform in [max(0, 1 - jitter), 1 + jitter] from draw `u`. */
+function factorBits(u: number, jitter: number): number {
+  if (jitter === 0) return F32_ONE;
+  const lo = Math.max(0, 1 - jitter), hi = 1 + jitter;
+  f32[0] = lo + (hi - lo) * (u / 0x1_0000_0000);
+  return f32Bits[0];
+}
+
+/**
+ * Writes one sample's record at `out[at]` from its stream's key `k0` (hash of seed, epoch and
+ * STREAM_SAMPLE) and its position; draw k is `CounterRandom`'s output k for that position.
+ * The gather's hot loop: no allocation, one hash per option in use.
+ */
+export function writeAugmentRecord(
+  out: Int32Array,
+  at: number,
+  k0: number,
+  position: number,
+  augment: AugmentSpec,
+): void {
+  const p = position >>> 0;
+  const u = draw(k0, p, 0), span = 2 * augment.padding + 1;
+  // Words 0-2 as augmentFromDraw splits draw 0.
+  out[at] = Math.floor(((u & 0xffff) / 65536) * span);
+  out[at + 1] = Math.floor((((u >>> 16) & 0x7fff) / 32768) * span);
+  out[at + 2] = augment.flip ? u >>> 31 : 0;
+  out[at + 3] = augment.vflip ? draw(k0, p, 1) >>> 31 : 0;
+  const cut = augment.cutout > 0 ? draw(k0, p, 2) : 0;
+  out[at + 4] = cut & 0xffff;
+  out[at + 5] = cut >>> 16;
+  out[at + 6] = augment.cutout;
+  out[at + 7] = factorBits(augment.brightness > 0 ? draw(k0, p, 3) : 0, augment.brightness);
+  out[at + 8] = factorBits(augment.contrast > 0 ? draw(k0, p, 4) : 0, augment.contrast);
 }
 
 /** An error in one sample, carrying its dataset index. */
@@ -106,16 +163,9 @@ export class Gatherer {
     }
     if (spec.augmentOffset >= 0) {
       const a32 = (base + spec.augmentOffset) >>> 2;
-      const span = 2 * spec.padding + 1;
       const k0 = hash4(this.#seedLo, this.#seedHi, epoch >>> 0, STREAM_SAMPLE);
-      const flip = spec.flip ? 1 : 0;
       for (let k = 0; k < count; k++) {
-        // The first draw of CounterRandom(seed, epoch, STREAM_SAMPLE, position), split as in
-        // augmentFromDraw (ring.ts).
-        const u = hash4(k0, (position + k) >>> 0, 0, 0x243f6a88);
-        ring32[a32 + 3 * k] = Math.floor(((u & 0xffff) / 65536) * span);
-        ring32[a32 + 3 * k + 1] = Math.floor((((u >>> 16) & 0x7fff) / 32768) * span);
-        ring32[a32 + 3 * k + 2] = (u >>> 31) & flip;
+        writeAugmentRecord(ring32, a32 + AUGMENT_RECORD_LENGTH * k, k0, position + k, spec.augment);
       }
     }
   }

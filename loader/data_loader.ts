@@ -44,7 +44,7 @@ import {
   type SharedField,
   type SharedFieldsOf,
 } from "./dataset.ts";
-import { RingBatch, StagingRing } from "./ring.ts";
+import { AUGMENT_RECORD_LENGTH, RingBatch, StagingRing } from "./ring.ts";
 import {
   BatchSampler,
   type BatchSamplerLike,
@@ -58,12 +58,38 @@ import {
 export { WorkerError } from "./_engine.ts";
 export type { ModuleRef } from "./_protocol.ts";
 
-/** Per-sample augmentation parameters drawn by the loader (zero-copy path). */
+/**
+ * Per-sample augmentation parameters drawn by the loader (zero-copy path), each from the
+ * sample's seeded stream, into the batch's `augment` records (see {@linkcode augmentRecord});
+ * the {@linkcode DevicePrefetcher} and {@linkcode DeviceLoader} apply them in one fused kernel.
+ * Every option defaults to off, and an option that is off changes no output bit.
+ */
 export interface AugmentOptions {
   /** Random-crop padding p: `dy, dx` drawn in [0, 2p] (default 0: no crop). */
   padding?: number;
-  /** Draw a horizontal-flip bit per sample (default false). */
+  /** Draw a horizontal-flip bit per sample, torchvision's RandomHorizontalFlip (default false). */
   flip?: boolean;
+  /** Draw a vertical-flip bit per sample, torchvision's RandomVerticalFlip (default false). */
+  vflip?: boolean;
+  /**
+   * Cutout: the side in pixels of a square, centred on a random pixel of each image and
+   * clipped at its borders, whose normalized values become 0 (the channel mean), as Cutout
+   * (DeVries & Taylor) or RandomErasing after Normalize (default 0: off).
+   */
+  cutout?: number;
+  /**
+   * Brightness jitter j: each image's bytes are multiplied by a factor drawn uniformly in
+   * [max(0, 1 - j), 1 + j] and clamped to [0, 255], as torchvision's ColorJitter(brightness=j)
+   * (default 0: off).
+   */
+  brightness?: number;
+  /**
+   * Contrast jitter j: a factor f drawn uniformly in [max(0, 1 - j), 1 + j] blends each
+   * (brightness-adjusted) byte toward the grey 127.5, `f * v + (1 - f) * 127.5`, clamped to
+   * [0, 255]. ColorJitter(contrast=j) blends toward each image's mean grey instead; a fixed
+   * grey (as DALI's brightness_contrast) keeps the transform one pass (default 0: off).
+   */
+  contrast?: number;
 }
 
 /**
@@ -274,7 +300,16 @@ const OPTION_NAMES = new Set([
   "workerResourceLimits",
 ]);
 
-const AUGMENT_KEYS = ["padding", "flip"];
+/** No augmentation: what the gather spec carries when the loader draws nothing. */
+const AUGMENT_OFF: Readonly<Required<AugmentOptions>> = Object.freeze({
+  padding: 0,
+  flip: false,
+  vflip: false,
+  cutout: 0,
+  brightness: 0,
+  contrast: 0,
+});
+const AUGMENT_KEYS = ["padding", "flip", "vflip", "cutout", "brightness", "contrast"];
 const LIMIT_KEYS = ["maxOldGenerationSizeMb", "maxYoungGenerationSizeMb", "stackSizeMb"];
 
 /** " (did you mean X?)" for a near miss among `names`, else "" (the shared rule of ffi/_options.ts). */
@@ -492,9 +527,10 @@ export interface DataLoader<B = unknown> extends AsyncIterable<B>, AsyncDisposab
   readonly ring: StagingRing | undefined;
   /**
    * The per-sample augmentation this loader draws (zero-copy path), with defaults filled in
-   * and frozen; undefined when it draws none. Each batch's `augment` field holds crop offsets
-   * `dy, dx` in [0, 2 * padding] and a flip bit: whoever applies them (the DevicePrefetcher
-   * takes its crop padding from here) must crop with this padding.
+   * and frozen; undefined when it draws none. Each batch's `augment` field holds one record
+   * per sample ({@linkcode augmentRecord}): crop offsets `dy, dx` in [0, 2 * padding], flip
+   * bits, the cutout square and the colour factors. Whoever applies them (the
+   * DevicePrefetcher takes its crop padding from here) must crop with this padding.
    *
    * @example The configuration, with defaults filled in
    * ```ts
@@ -506,7 +542,14 @@ export interface DataLoader<B = unknown> extends AsyncIterable<B>, AsyncDisposab
    *   label: { data: new Uint8Array(4), shape: [] },
    * });
    * await using loader = new DataLoader(ds, { batchSize: 2, augment: { padding: 2 } });
-   * assert.deepStrictEqual(loader.augment, { padding: 2, flip: false });
+   * assert.deepStrictEqual(loader.augment, {
+   *   padding: 2,
+   *   flip: false,
+   *   vflip: false,
+   *   cutout: 0,
+   *   brightness: 0,
+   *   contrast: 0,
+   * });
    * assert.ok(Object.isFrozen(loader.augment));
    * ```
    */
@@ -851,10 +894,36 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
       if (!Number.isInteger(padding) || padding < 0) {
         fail("augment", `padding should be a non-negative integer, got ${String(padding)}`);
       }
+      const cutout = o.augment.cutout ?? 0;
+      if (!Number.isInteger(cutout) || cutout < 0 || cutout > 2 ** 31 - 1) {
+        fail(
+          "augment.cutout",
+          `should be an integer in 0..2147483647 (the square's side in pixels, 0: off), got ${
+            String(cutout)
+          }`,
+        );
+      }
+      const jitter = (key: "brightness" | "contrast"): number => {
+        const j = o.augment![key] ?? 0;
+        if (typeof j !== "number") {
+          fail(`augment.${key}`, `should be a number (a jitter j >= 0), got ${String(j)}`, "type");
+        }
+        if (!Number.isFinite(j) || j < 0) {
+          fail(
+            `augment.${key}`,
+            `should be a finite number >= 0 (factors drawn in [max(0, 1 - j), 1 + j]), got ${j}`,
+          );
+        }
+        return j;
+      };
       // Frozen: the public `augment` getter hands out this very object.
       this.#augment = Object.freeze({
         padding,
         flip: checkBool("augment.flip", o.augment.flip, false),
+        vflip: checkBool("augment.vflip", o.augment.vflip, false),
+        cutout,
+        brightness: jitter("brightness"),
+        contrast: jitter("contrast"),
       });
     }
     if (o.workerInit !== undefined && !isModuleRef(o.workerInit)) {
@@ -967,7 +1036,9 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
     const ringFields = [
       ...fields.map((f) => ({ name: f.name, dtype: f.dtype, shape: f.shape })),
       { name: "indices", dtype: "i32" as const, shape: [] },
-      ...(this.#augment ? [{ name: "augment", dtype: "i32" as const, shape: [3] }] : []),
+      ...(this.#augment
+        ? [{ name: "augment", dtype: "i32" as const, shape: [AUGMENT_RECORD_LENGTH] }]
+        : []),
     ];
     let maxBatch = this.batchSize ?? 0;
     if (this.batchSize !== null && this.sampler !== undefined) {
@@ -1023,8 +1094,7 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
       }),
       indicesOffset: ring.field("indices").byteOffset,
       augmentOffset: this.#augment ? ring.field("augment").byteOffset : -1,
-      padding: this.#augment?.padding ?? 0,
-      flip: this.#augment?.flip ?? false,
+      augment: { ...(this.#augment ?? AUGMENT_OFF) },
       length: this.#recordCount,
       seed: this.seed,
     };

@@ -13,19 +13,36 @@
  *
  * - the dataset's shared fields (e.g. CIFAR-10: `image` u8 [3,32,32] CHW, `label` i32 []),
  * - `indices` i32 []: the dataset index of each sample,
- * - `augment` i32 [3], only with the loader's `augment` option: per sample `dy, dx, flip`.
+ * - `augment` i32 [{@linkcode AUGMENT_RECORD_LENGTH}], only with the loader's `augment`
+ *   option: per sample the record below.
  *
  * ## Augmentation parameters
  *
- * With `augment: { padding: p, flip: true }`, sample k's `augment` record is
- * `[dy, dx, flip]`, `dy, dx` in `[0, 2p]`, `flip` in `{0, 1}`: the output image of the same
- * size H x W is the window whose top-left corner is `(dy, dx)` in the image zero-padded by `p`
- * on every side (torchvision's `RandomCrop(size, padding=p)`), then mirrored left-right
- * when `flip` is 1 (`RandomHorizontalFlip`). Per output pixel (y, x):
- * `xs = flip ? W - 1 - x : x; src = (y + dy - p, xs + dx - p)`, value 0 when `src` is
- * outside the image. With `padding: 0`, `dy = dx = 0`. The three values come from the first
- * 32-bit draw `u` of the sample's stream (seed, epoch, position in the epoch), the same as
- * `ctx.u32()` in `get(index, ctx)`: see {@linkcode augmentFromDraw}.
+ * With the loader's `augment` option, sample k's `augment` record is 9 int32 words (the
+ * `PS_IMAGE_PARAMS` record of `ps_image_augment` in kernels/pinstream.h):
+ *
+ * | word | meaning | off |
+ * |------|---------|-----|
+ * | 0, 1 | `dy, dx` in `[0, 2p]`: the crop window's top-left corner in the image zero-padded by `p = padding` on every side (torchvision's `RandomCrop(size, padding=p)`) | `0, 0` with padding 0 |
+ * | 2 | `flip` in `{0, 1}`: mirror left-right (`RandomHorizontalFlip`) | 0 |
+ * | 3 | `vflip` in `{0, 1}`: mirror top-bottom (`RandomVerticalFlip`) | 0 |
+ * | 4, 5 | the cutout square's centre row and column as fractions of the height and width in 1/65536 units, each in `[0, 65535]` | 0, 0 |
+ * | 6 | the cutout square's side in pixels (`cutout`) | 0: none |
+ * | 7, 8 | brightness and contrast factors as the bits of fp32 values, each drawn uniformly in `[max(0, 1 - j), 1 + j]` for `brightness: j` / `contrast: j` (ColorJitter) | `1.0` (`0x3f800000`) |
+ *
+ * Per output pixel (y, x) of an H x W image: `xs = flip ? W - 1 - x : x`,
+ * `ys = vflip ? H - 1 - y : y`, source pixel `(ys + dy - p, xs + dx - p)`, 0 outside the image;
+ * then brightness and contrast (contrast blends toward the fixed grey 127.5, see
+ * `augmentHost`), the normalization, and cutout sets the normalized value to 0 inside the
+ * square (rows `cy - floor(side / 2)` .. `+ side`, `cy = floor(word4 * H / 65536)`, likewise
+ * columns, clipped to the image).
+ *
+ * The words come from the sample's stream of uint32 draws, a pure function of (seed, epoch,
+ * position in the epoch) and the same as `ctx.u32()` in `get(index, ctx)`: draw 0 gives words
+ * 0-2 (see {@linkcode augmentFromDraw}: the same bits as before the record grew), draw 1 the
+ * vertical flip, draw 2 the cutout centre, draws 3 and 4 the brightness and contrast factors.
+ * Each option has its own draw, so turning one on or off leaves the others' values as they
+ * were. See {@linkcode augmentRecord}.
  *
  * ## Ownership
  *
@@ -41,7 +58,56 @@
  */
 
 import { DTYPES, type FieldDType, recordBytes, type TypedArray } from "./dataset.ts";
+import type { AugmentOptions } from "./data_loader.ts";
+import { hash4, seedWords, STREAM_SAMPLE } from "./_rng.ts";
+import { AUGMENT_RECORD_LENGTH as RECORD_WORDS, writeAugmentRecord } from "./_gather.ts";
 import { allocShared, memoryOf } from "./_wasm_gather.ts";
+
+/**
+ * int32 words of one sample's `augment` record (`PS_IMAGE_PARAMS` in kernels/pinstream.h):
+ * `[dy, dx, flip, vflip, cutY, cutX, cutSize, brightnessBits, contrastBits]`.
+ *
+ * @example
+ * ```ts
+ * import { AUGMENT_RECORD_LENGTH } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * assert.strictEqual(AUGMENT_RECORD_LENGTH, 9);
+ * ```
+ */
+export const AUGMENT_RECORD_LENGTH: number = RECORD_WORDS;
+
+/**
+ * The `augment` record the loader writes for the sample at `position` (0-based, across the
+ * epoch's batches) of `epoch`: a pure function of the seed, the epoch, the position and the
+ * options, whatever worker loads the sample and however many there are. See the module
+ * documentation for the words.
+ *
+ * @param seed the loader's seed
+ * @param epoch the epoch
+ * @param position the sample's position in the epoch's order
+ * @param augment the loader's augment options with defaults filled in (`loader.augment`)
+ * @returns the record, {@linkcode AUGMENT_RECORD_LENGTH} int32 words
+ * @example The record of the first sample, every augmentation off but the crop
+ * ```ts
+ * import { augmentRecord } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * const off = { padding: 4, flip: false, vflip: false, cutout: 0, brightness: 0, contrast: 0 };
+ * const r = augmentRecord(1, 0, 0, off);
+ * assert.ok(r[0] >= 0 && r[0] <= 8 && r[1] >= 0 && r[1] <= 8);
+ * assert.deepStrictEqual([...r.slice(2)], [0, 0, 0, 0, 0, 0x3f800000, 0x3f800000]);
+ * ```
+ */
+export function augmentRecord(
+  seed: number,
+  epoch: number,
+  position: number,
+  augment: Readonly<Required<AugmentOptions>>,
+): Int32Array {
+  const [lo, hi] = seedWords(seed);
+  const out = new Int32Array(AUGMENT_RECORD_LENGTH);
+  writeAugmentRecord(out, 0, hash4(lo, hi, epoch >>> 0, STREAM_SAMPLE), position, augment);
+  return out;
+}
 
 /**
  * The crop offsets and flip bit of one sample from one 32-bit draw `u`:
@@ -291,7 +357,10 @@ export class RingBatch<F extends Record<string, TypedArray> = Record<string, Typ
   readonly fields: Readonly<F>;
   /** Dataset index of each sample. */
   readonly indices: Int32Array;
-  /** `[dy, dx, flip]` per sample when the loader has `augment`, else undefined. */
+  /**
+   * The per-sample augmentation records ({@linkcode AUGMENT_RECORD_LENGTH} int32 words each, see
+   * the module documentation) when the loader has `augment`, else undefined.
+   */
   readonly augment: Int32Array | undefined;
   #release: ((batch: RingBatch) => void) | undefined;
 

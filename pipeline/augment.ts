@@ -1,17 +1,22 @@
 /**
- * The arithmetic of the fused image transform (crop with zero padding, horizontal flip,
- * per-channel normalize, cast), shared by the device kernel (`ps_image_augment`) and the
- * host-side path of the prefetcher (`augmentOn: "host"`).
+ * The arithmetic of the fused image transform (crop with zero padding, horizontal and
+ * vertical flips, brightness, contrast, per-channel normalize, cutout, cast), shared by the
+ * device kernel (`ps_image_augment`) and the host-side path of the prefetcher
+ * (`augmentOn: "host"`).
  *
- * Every output element is `cast(fround(fround(v * scale[c]) + bias[c]))`: a fp32 multiply
+ * Every output element is `cast(fround(fround(t * scale[c]) + bias[c]))`: a fp32 multiply
  * and a fp32 add, each rounded, then one round-to-nearest-even cast to fp16 (or none for
- * f32). The kernels do exactly this (no fused multiply-add), so the host path, the CPU
- * backend and the CUDA backend give the same bits.
+ * f32), where `t` is the source byte, or with a colour jitter the byte after
+ * `u = clamp(fround(v * br))`, `t = clamp(fround(fround(u * ct) + fround(fround(1 - ct) *
+ * 127.5)))` (clamp to [0, 255]); a pixel inside the sample's cutout square is +0 instead. The
+ * kernels do exactly this (no fused multiply-add; kernels/rules.h writes their side once), so
+ * the host path, the CPU backend and the CUDA backend give the same bits.
  *
  * @module
  */
 
 import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { AUGMENT_RECORD_LENGTH } from "../loader/ring.ts";
 
 /** Memory order of the uint8 source images: channels last or channels first. */
 export type ImageLayout = "nhwc" | "nchw";
@@ -57,6 +62,9 @@ const AUGMENT_HOST_KEYS = Object.keys(
     affine: true,
   } satisfies Record<keyof AugmentHostOptions, true>,
 );
+
+/** The grey that contrast blends toward, in byte units (`PS_IMAGE_CONTRAST_CENTER`). */
+const CONTRAST_CENTER = 127.5;
 
 /** Most channels the kernels accept (`PS_IMAGE_MAX_CHANNELS`). */
 export const MAX_CHANNELS = 16;
@@ -112,11 +120,13 @@ export function normalizeAffine(
 
 /**
  * The host-side twin of the device kernel: crops (window top-left `dy, dx` in the image
- * padded by `pad` zeros), flips, normalizes and casts a batch of uint8 images into NCHW
- * `out`. Same bits as `ps_image_augment` on either backend.
+ * padded by `pad` zeros), flips, jitters brightness and contrast, normalizes, cuts out and
+ * casts a batch of uint8 images into NCHW `out`, as each sample's record says (see
+ * {@linkcode augmentRecord}). Same bits as `ps_image_augment` on either backend.
  *
  * @param src `n` images, uint8, `layout` order, contiguous.
- * @param params `n x 3` int32 `(dy, dx, flip)`, or `null` for no crop and no flip.
+ * @param params `n` records of {@linkcode AUGMENT_RECORD_LENGTH} int32 (the loader's
+ * `batch.augment`), or `null` for the centred window and nothing else.
  * @param out `n x channels x height x width` elements; Float16Array for f16, Float32Array
  * for f32.
  * @param options Shape, layout, padding and normalization.
@@ -130,11 +140,28 @@ export function normalizeAffine(
  * import assert from "node:assert";
  *
  * const out = new Float32Array(2);
- * augmentHost(new Uint8Array([0, 255]), new Int32Array([0, 0, 1]), out, {
+ * const one = 0x3f800000; // fp32 1.0: brightness and contrast unchanged
+ * augmentHost(new Uint8Array([0, 255]), new Int32Array([0, 0, 1, 0, 0, 0, 0, one, one]), out, {
  *   n: 1, channels: 1, height: 1, width: 2, layout: "nchw", pad: 0,
  *   affine: normalizeAffine([0], [1]),
  * });
  * assert.deepStrictEqual([...out], [1, 0]);
+ * ```
+ *
+ * @example Brightness 0.5 and a 1-pixel cutout
+ * ```ts
+ * import { augmentHost, normalizeAffine } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ *
+ * const half = new Int32Array(new Float32Array([0.5, 1]).buffer);
+ * // The cutout's centre at fraction 0 of the height and width: pixel (0, 0).
+ * const rec = new Int32Array([0, 0, 0, 0, 0, 0, 1, half[0], half[1]]);
+ * const out = new Float32Array(2);
+ * augmentHost(new Uint8Array([100, 200]), rec, out, {
+ *   n: 1, channels: 1, height: 1, width: 2, layout: "nchw", pad: 0,
+ *   affine: normalizeAffine([0], [1 / 255]), // out = byte value
+ * });
+ * assert.deepStrictEqual([...out], [0, 100]);
  * ```
  */
 export function augmentHost(
@@ -151,34 +178,53 @@ export function augmentHost(
         `${affine.scale.length} and ${affine.bias.length}`,
     );
   }
-  const plane = h * w, img = plane * c;
-  if (src.length < n * img || out.length < n * img || (params && params.length < 3 * n)) {
+  const plane = h * w, img = plane * c, R = AUGMENT_RECORD_LENGTH;
+  if (src.length < n * img || out.length < n * img || (params && params.length < R * n)) {
     throw new RangeError(
       `Cannot augment: ${n} images of ${c}x${h}x${w} need ${n * img} source bytes, ` +
-        `${n * img} output elements and ${3 * n} params; got ${src.length}, ${out.length}, ` +
+        `${n * img} output elements and ${R * n} params; got ${src.length}, ${out.length}, ` +
         `${params?.length ?? "null"}`,
     );
   }
   // A byte has 256 values: normalize each once per channel into a table of the output type
   // (the typed-array store does the final rounding: fp32, or fp16 to nearest even), then
-  // every pixel is a lookup. Same bits as computing it per pixel.
+  // every pixel is a lookup. Same bits as computing it per pixel. A sample with a colour
+  // jitter gets its own table, through the colour steps first.
   const f = Math.fround;
-  const lut = out instanceof Float32Array ? new Float32Array(256 * c) : new Float16Array(256 * c);
+  const table = () =>
+    out instanceof Float32Array ? new Float32Array(256 * c) : new Float16Array(256 * c);
+  const plain = table(), jittered = table();
   for (let ch = 0; ch < c; ch++) {
     const s = affine.scale[ch], b = affine.bias[ch];
-    for (let v = 0; v < 256; v++) lut[ch * 256 + v] = f(f(v * s) + b);
+    for (let v = 0; v < 256; v++) plain[ch * 256 + v] = f(f(v * s) + b);
   }
+  const factors = params ? new Float32Array(params.buffer, params.byteOffset, R * n) : null;
   for (let i = 0; i < n; i++) {
-    const dy = params ? params[3 * i] : pad;
-    const dx = params ? params[3 * i + 1] : pad;
-    const flip = params ? params[3 * i + 2] !== 0 : false;
+    const r = R * i;
+    const dy = params ? params[r] : pad;
+    const dx = params ? params[r + 1] : pad;
+    const flip = params ? params[r + 2] !== 0 : false;
+    const vflip = params ? params[r + 3] !== 0 : false;
+    const br = factors ? factors[r + 7] : 1, ct = factors ? factors[r + 8] : 1;
+    let lut = plain;
+    // Factors of exactly 1 are identities (the kernels skip them too).
+    if (!(br === 1 && ct === 1)) {
+      lut = jittered;
+      const cs = f(f(1 - ct) * CONTRAST_CENTER);
+      for (let v = 0; v < 256; v++) {
+        const t = clamp255(f(f(clamp255(f(v * br)) * ct) + cs));
+        for (let ch = 0; ch < c; ch++) {
+          lut[ch * 256 + v] = f(f(t * affine.scale[ch]) + affine.bias[ch]);
+        }
+      }
+    }
     const oy = dy - pad, ox = dx - pad;
     const base = i * img;
     for (let ch = 0; ch < c; ch++) {
       const t = ch * 256, zero = lut[t];
       for (let y = 0; y < h; y++) {
         const o = base + ch * plane + y * w;
-        const sy = y + oy;
+        const sy = (vflip ? h - 1 - y : y) + oy;
         if (sy < 0 || sy >= h) {
           out.fill(zero, o, o + w);
           continue;
@@ -200,7 +246,32 @@ export function augmentHost(
         }
       }
     }
+    if (params && params[r + 6] > 0) {
+      const [y0, y1] = cutoutSpan(params[r + 4], params[r + 6], h);
+      const [x0, x1] = cutoutSpan(params[r + 5], params[r + 6], w);
+      for (let ch = 0; ch < c; ch++) {
+        for (let y = y0; y < y1; y++) {
+          const o = base + ch * plane + y * w;
+          out.fill(0, o + x0, o + x1);
+        }
+      }
+    }
   }
+}
+
+/** A colour step's clamp to the byte range (NaN passes through, as in kernels/rules.h). */
+function clamp255(a: number): number {
+  return a < 0 ? 0 : a > 255 ? 255 : a;
+}
+
+/**
+ * The cutout's [lo, hi) along an axis of `extent` pixels for `size` > 0 (ps_image_cutout_span):
+ * centre floor(clamp(frac, 0, 65535) * extent / 2^16), from centre - floor(size / 2), clipped.
+ */
+function cutoutSpan(frac: number, size: number, extent: number): [number, number] {
+  const centre = Math.floor((Math.min(Math.max(frac, 0), 65535) * extent) / 65536);
+  const lo = centre - Math.floor(size / 2);
+  return [Math.max(lo, 0), Math.min(lo + size, extent)];
 }
 
 /**

@@ -18,6 +18,7 @@ import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import type { Device } from "../ffi/device.ts";
 import type { Stream } from "../ffi/stream.ts";
 import type { Tensor } from "../ffi/tensor.ts";
+import { AUGMENT_RECORD_LENGTH } from "../loader/ring.ts";
 import { type ImageLayout, MAX_CHANNELS, type NormalizeAffine } from "./augment.ts";
 
 /** Raw bytes a kernel reads or writes: a buffer (bounds-checked) or a bare pointer (not). */
@@ -38,13 +39,14 @@ export interface ImageAugmentOptions extends ImageOpOptions {
   /** Zero padding on every side before the crop (default 0). */
   padding?: number;
   /**
-   * n x 3 int32 (dy, dx, flip) on the device: each crop window's top-left corner in the
-   * padded image and a non-zero flip to mirror (default null: the centred window, no flip).
+   * n records of {@linkcode AUGMENT_RECORD_LENGTH} int32 on the device (the loader's `augment`
+   * field, see {@linkcode augmentRecord}): crop window, flips, cutout square and colour factors
+   * (default null: the centred window and nothing else).
    */
   params?: RawMemory;
   /** Byte offset of the first image in `src` (default 0). */
   srcOffset?: number;
-  /** Byte offset of the first triple in `params` (default 0). */
+  /** Byte offset of the first record in `params` (default 0). */
   paramsOffset?: number;
 }
 
@@ -148,12 +150,13 @@ function streamOf(options: ImageOpOptions, device: Device, action: string): Deno
 
 /**
  * One fused pass over a batch of uint8 images on the device: per-sample crop from the image
- * zero-padded by `padding`, optional horizontal flip, per-channel normalize, cast to the
- * output's dtype; NCHW out, the same bits as {@linkcode augmentHost} on either backend.
+ * zero-padded by `padding`, optional horizontal and vertical flips, brightness and contrast,
+ * per-channel normalize, cutout, cast to the output's dtype; NCHW out, the same bits as
+ * {@linkcode augmentHost} on either backend.
  *
  * @param src n uint8 images of `out`'s size, contiguous, in `options.layout` order.
  * @param out f16 or f32 [n, c, h, w], written; its shape gives the batch's geometry.
- * @param options layout, affine (c entries), padding (0), params (n x 3 int32 or null),
+ * @param options layout, affine (c entries), padding (0), params (n records or null),
  *   srcOffset, paramsOffset, stream.
  * @throws {TypeError} On a wrong dtype, layout or memory kind, or memory of another device.
  * @throws {RangeError} On a wrong shape, padding, channel count or a buffer too small.
@@ -206,7 +209,7 @@ export function imageAugment(src: RawMemory, out: Tensor, options: ImageAugmentO
   const params = options.params ?? null;
   const paramsPtr = params === null
     ? null
-    : region(params, "params", options.paramsOffset, n * 12, device, action);
+    : region(params, "params", options.paramsOffset, n * 4 * AUGMENT_RECORD_LENGTH, device, action);
   const stream = streamOf(options, device, action);
   device.makeCurrent();
   device.check(

@@ -6,7 +6,7 @@
  * Host batches to device batches: the loader's staging ring pinned in place, one
  * host-to-device copy per batch on a dedicated copy stream, an event handing each batch to
  * the compute stream (which waits on the device; the host does not), the fused
- * crop/flip/normalize/cast kernel on the compute stream, and a ring of device slots so that
+ * crop/flip/colour/normalize/cutout/cast kernel on the compute stream, and a ring of device slots so that
  * `depth` batches are in flight while the consumer works on one.
  *
  * ## Lifetimes (who may touch what, when)
@@ -55,7 +55,8 @@ export interface ToDeviceOptions {
   /** Batches in flight on the device besides the one the consumer holds (default 2). */
   depth?: number;
   /**
-   * Where crop/flip/normalize/cast run: "device" (default; uint8 bytes cross to the
+   * Where the augmentation (the loader's per-sample records), the normalize and the cast run:
+   * "device" (default; uint8 bytes cross to the
    * device, one fused kernel there) or "host" (floats built on the host, then sent).
    */
   augmentOn?: "device" | "host";
@@ -222,8 +223,8 @@ const OPTION_NAMES = Object.keys(OPTION_KEYS);
 
 // Keys people bring from other libraries' prefetchers, and where that setting lives here.
 const OPTION_HINTS: Record<string, string> = {
-  augment: "crop and flip parameters are drawn by the loader (the DataLoader's augment " +
-    "option) and applied here with its padding",
+  augment: "crop, flip, cutout and colour parameters are drawn by the loader (the " +
+    "DataLoader's augment option) and applied here with its padding",
   normalize: "pass the mean and std options",
 };
 

@@ -1,8 +1,8 @@
 /**
  * A dataset that lives in device memory (the FFCV / airbench way, for sets that fit: CIFAR-10 is
  * 150 MB of uint8): uploaded once, then every batch is gathered, cropped, flipped, normalized
- * and cast on the device from the shuffled indices, with nothing but the indices and crop
- * parameters (16 bytes a sample) crossing from the host per step.
+ * and cast on the device from the shuffled indices, with nothing but the indices and
+ * augmentation records (40 bytes a sample) crossing from the host per step.
  *
  * {@linkcode DeviceDataset.loader} gives the same batches, bit for bit, as a DataLoader with the
  * same `seed`, `shuffle`, `dropLast` and `augment` feeding a {@linkcode DevicePrefetcher} with
@@ -41,7 +41,7 @@ import { refuseUnknownKeys } from "../ffi/_options.ts";
 import { DataLoader } from "../loader/data_loader.ts";
 import { type Dataset, recordBytes, type SharedField } from "../loader/dataset.ts";
 import type { AugmentOptions } from "../loader/data_loader.ts";
-import type { RingBatch } from "../loader/ring.ts";
+import { AUGMENT_RECORD_LENGTH, type RingBatch } from "../loader/ring.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import {
   type ImageDtype,
@@ -73,7 +73,10 @@ export interface DeviceLoaderOptions {
   seed?: number;
   /** Drop the last short batch (default false). */
   dropLast?: boolean;
-  /** Crop padding and flips, drawn per sample as the DataLoader draws them. */
+  /**
+   * Crop padding, flips, cutout and colour jitter, drawn per sample as the DataLoader draws
+   * them (and validated by it).
+   */
   augment?: AugmentOptions;
   /** Per-channel mean, in [0, 1] units (default 0). */
   mean?: ArrayLike<number>;
@@ -86,6 +89,8 @@ export interface DeviceLoaderOptions {
 }
 
 const LABEL_BYTES: Record<string, number> = { u8: 1, u16: 2, i32: 4 };
+/** Bytes of one sample's augment record. */
+const RECORD_BYTES = 4 * AUGMENT_RECORD_LENGTH;
 
 /**
  * A dataset uploaded to device memory once. Dispose it to free that memory.
@@ -365,7 +370,7 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
       });
       const params = rb.augment;
       if (params !== undefined && params !== null) {
-        bufs.params.copyFrom(new Uint8Array(params.buffer, params.byteOffset, n * 12), {
+        bufs.params.copyFrom(new Uint8Array(params.buffer, params.byteOffset, n * RECORD_BYTES), {
           stream: this.#stream,
         });
       }
@@ -391,7 +396,7 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
       const dev = this.dataset.device, b = Math.max(1, this.#batchSize);
       const made: DeviceBuffer[] = [];
       try {
-        for (const bytes of [b * 4, b * 12, b * imageBytes, b * labelBytes]) {
+        for (const bytes of [b * 4, b * RECORD_BYTES, b * imageBytes, b * labelBytes]) {
           made.push(DeviceBuffer.alloc(dev, bytes));
         }
       } catch (err) {

@@ -1,16 +1,39 @@
 /**
  * An independent TypeScript reference of the fused image transform, written the long way
- * (torchvision's order of operations: pad the image, take the crop window, mirror it, then
- * normalize each pixel), for the bit-for-bit tests of the kernels and of the pipeline. It
- * shares no code with pipeline/augment.ts.
+ * (torchvision's order of operations: pad the image, take the crop window, mirror it left-right
+ * then top-bottom, jitter brightness then contrast, normalize each pixel, then cut a square
+ * out of the normalized image), for the bit-for-bit tests of the kernels and of the pipeline.
+ * It shares no code with pipeline/augment.ts or loader/ring.ts: it reads the record words as
+ * kernels/pinstream.h documents them.
  *
  * @module
  */
 
+/** int32 words of one sample's record (PS_IMAGE_PARAMS). */
+export const RECORD = 9;
+/** fp32 1.0 as int32 bits: a colour factor that changes nothing. */
+export const ONE_BITS = 0x3f800000;
+
+/** The int32 bits of fp32 `x`. */
+export function f32Bits(x: number): number {
+  return new Int32Array(new Float32Array([x]).buffer)[0];
+}
+
+/** Records of n samples with only (dy, dx, flip) set, everything else off. */
+export function cropRecords(triples: ArrayLike<number>): Int32Array {
+  const n = triples.length / 3;
+  const out = new Int32Array(RECORD * n);
+  for (let i = 0; i < n; i++) {
+    out.set([triples[3 * i], triples[3 * i + 1], triples[3 * i + 2]], RECORD * i);
+    out[RECORD * i + 7] = out[RECORD * i + 8] = ONE_BITS;
+  }
+  return out;
+}
+
 /** One batch worth of inputs for {@linkcode referenceAugment}. */
 export interface ReferenceInput {
   src: Uint8Array;
-  /** n x 3 (dy, dx, flip) or null (centre window, no flip). */
+  /** n records of RECORD words or null (centre window, nothing else). */
   params: Int32Array | null;
   n: number;
   c: number;
@@ -28,10 +51,23 @@ export function referenceAugment(input: ReferenceInput): number[] {
   const { src, params, n, c, h, w, pad, layout, mean, std, dtype } = input;
   const f32 = Math.fround;
   const out: number[] = [];
+  const word = (i: number, k: number, off: number) => params ? params[i * RECORD + k] : off;
+  const asF32 = (bits: number) => new Float32Array(new Int32Array([bits]).buffer)[0];
+  const clamp = (x: number) => (x < 0 ? 0 : x > 255 ? 255 : x);
   for (let i = 0; i < n; i++) {
-    const dy = params ? params[i * 3] : pad;
-    const dx = params ? params[i * 3 + 1] : pad;
-    const flip = params ? params[i * 3 + 2] !== 0 : false;
+    const dy = word(i, 0, pad);
+    const dx = word(i, 1, pad);
+    const flip = word(i, 2, 0) !== 0;
+    const vflip = word(i, 3, 0) !== 0;
+    const brightness = asF32(word(i, 7, ONE_BITS)), contrast = asF32(word(i, 8, ONE_BITS));
+    // The cutout square: centre pixel from the clamped 16-bit fractions, side `size`, clipped.
+    const size = word(i, 6, 0);
+    const centre = (frac: number, extent: number) =>
+      Math.floor((Math.min(65535, Math.max(0, frac)) * extent) / 65536);
+    const cy = centre(word(i, 4, 0), h), cx = centre(word(i, 5, 0), w);
+    const inCut = (y: number, x: number) =>
+      size > 0 && y >= cy - Math.floor(size / 2) && y < cy - Math.floor(size / 2) + size &&
+      x >= cx - Math.floor(size / 2) && x < cx - Math.floor(size / 2) + size;
     for (let ch = 0; ch < c; ch++) {
       // The host-side constants, as C computes them in fp32.
       const sd = f32(std[ch]);
@@ -54,10 +90,17 @@ export function referenceAugment(input: ReferenceInput): number[] {
       };
       for (let y = 0; y < h; y++) {
         for (let x = 0; x < w; x++) {
-          // 3. flip the crop.
-          const v = flip ? cropped(y, w - 1 - x) : cropped(y, x);
-          // 4. normalize: fp32 multiply, fp32 add, then the cast.
-          const r = f32(f32(v * scale) + bias);
+          // 3. flip the crop: left-right, then top-bottom.
+          const yy = vflip ? h - 1 - y : y;
+          let v = flip ? cropped(yy, w - 1 - x) : cropped(yy, x);
+          // 4. brightness, then contrast toward the grey 127.5, each clamped to [0, 255]
+          // (skipped when both factors are 1, where they change nothing).
+          if (brightness !== 1 || contrast !== 1) {
+            v = clamp(f32(v * brightness));
+            v = clamp(f32(f32(contrast * v) + f32(f32(1 - contrast) * 127.5)));
+          }
+          // 5. normalize: fp32 multiply, fp32 add; 6. cutout; then the cast.
+          const r = inCut(y, x) ? 0 : f32(f32(v * scale) + bias);
           out.push(dtype === "f16" ? Math.f16round(r) : r);
         }
       }

@@ -205,3 +205,41 @@ Deno.test("the examples' --precision picks the loss scaling default and --no-fp1
           "--precision fp32 computes in fp32; see --help",
   );
 });
+
+Deno.test("the examples' augmentation flags change the example's default, --no-augment drops it", () => {
+  const cifar = (argv: string[]) =>
+    parseTrainArgs(argv, "cifar.ts", { augment: { padding: 4, flip: true } }).augment;
+  const off = { vflip: false, cutout: 0, brightness: 0, contrast: 0 };
+  assert.deepStrictEqual(cifar([]), { padding: 4, flip: true, ...off });
+  assert.strictEqual(cifar(["--no-augment"]), null);
+  assert.deepStrictEqual(
+    cifar(["--cutout", "8", "--brightness=0.2", "--contrast", "0.3", "--vflip"]),
+    {
+      padding: 4,
+      flip: true,
+      vflip: true,
+      cutout: 8,
+      brightness: 0.2,
+      contrast: 0.3,
+    },
+  );
+  // Every augmentation turned off one by one is no augmentation.
+  assert.strictEqual(cifar(["--crop-padding", "0", "--no-flip"]), null);
+  // An example without a default augmentation: nothing unless asked.
+  const plain = (argv: string[]) => parseTrainArgs(argv, "fashion_mnist.ts", {}).augment;
+  assert.strictEqual(plain([]), undefined);
+  assert.deepStrictEqual(plain(["--flip", "--cutout", "6"]), {
+    padding: 0,
+    flip: true,
+    ...off,
+    cutout: 6,
+  });
+  assert.throws(() => cifar(["--no-augment", "--vflip"]), {
+    name: "UsageError",
+    message: "option --no-augment contradicts --vflip; leave one out (see --help)",
+  });
+  assert.throws(() => cifar(["--brightness", "-0.5"]), {
+    name: "UsageError",
+    message: /invalid value for --brightness: "-0\.5" \(expected a number >= 0\)/,
+  });
+});

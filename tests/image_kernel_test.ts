@@ -1,6 +1,7 @@
 // ps_image_augment / ps_image_labels_i32 at the C ABI, on every backend present: the output
 // equals the independent TypeScript reference (tests/_image_reference.ts) bit for bit, for
-// random images, random crop/flip parameters (in range and out of range), both layouts,
+// random images, random crop/flip parameters (in range and out of range), vertical flips,
+// cutout squares and brightness/contrast factors (alone, together and wild), both layouts,
 // both output types and odd shapes. The CPU backend always runs; CUDA runs when a device is
 // present and is reported as ignored otherwise.
 
@@ -8,7 +9,7 @@ import assert from "node:assert";
 import { type Library, loadLibrary } from "../ffi/library.ts";
 import { unwrap } from "../ffi/errors.ts";
 import { normalizeAffine } from "../pipeline/augment.ts";
-import { bitDiff, referenceAugment, rng } from "./_image_reference.ts";
+import { bitDiff, f32Bits, ONE_BITS, RECORD, referenceAugment, rng } from "./_image_reference.ts";
 import { BACKENDS } from "./_backends.ts";
 import { Scratch } from "./_scratch.ts";
 
@@ -23,7 +24,11 @@ interface Case {
   layout: "nhwc" | "nchw";
   dtype: "f16" | "f32";
   params: "random" | "wild" | "extreme" | "none";
+  /** The augmentations besides the crop and the horizontal flip (default none: all off). */
+  extra?: readonly Extra[];
 }
+
+type Extra = "vflip" | "cutout" | "color";
 
 const INT32_MIN = -(2 ** 31), INT32_MAX = 2 ** 31 - 1;
 
@@ -49,6 +54,41 @@ function extremeOffsets(pad: number, extent: number): number[] {
   return all.filter((d) => d >= INT32_MIN && d <= INT32_MAX);
 }
 
+/** Any int32, the ends of the range more often than not. */
+function anyInt32(r: () => number): number {
+  const ends = [INT32_MIN, INT32_MIN + 1, -65537, -1, 0, 65535, 65536, INT32_MAX - 1, INT32_MAX];
+  return r() < 0.5 ? ends[Math.floor(r() * ends.length)] : (r() * 2 ** 32) | 0;
+}
+
+/** Colour factors: ordinary ones, the ends of torchvision's ranges, and out-of-range ones. */
+const WILD_FACTORS = [0, 1, 2, 1e-30, 0.999999, 1.0000001, 37.5, 1e30, -0.5, -0];
+
+/**
+ * Fills the words of one augmentation in the record at `at`: in range (what the loader draws)
+ * or, when `wild`, any int32 the ABI must take safely and exactly.
+ */
+function extraWords(
+  extra: Extra,
+  p: Int32Array,
+  at: number,
+  wild: boolean,
+  r: () => number,
+  h: number,
+  w: number,
+): void {
+  if (extra === "vflip") {
+    p[at + 3] = wild ? Math.floor(r() * 7) - 3 : r() < 0.5 ? 1 : 0;
+  } else if (extra === "cutout") {
+    p[at + 4] = wild ? anyInt32(r) : Math.floor(r() * 65536);
+    p[at + 5] = wild ? anyInt32(r) : Math.floor(r() * 65536);
+    p[at + 6] = wild ? anyInt32(r) : Math.floor(r() * (Math.max(h, w) + 2));
+  } else {
+    for (const k of [7, 8]) {
+      p[at + k] = f32Bits(wild ? WILD_FACTORS[Math.floor(r() * WILD_FACTORS.length)] : r() * 2);
+    }
+  }
+}
+
 async function runCase(lib: Library, k: Case, seed: number): Promise<void> {
   const r = rng(seed);
   const { n, c, h, w, pad } = k;
@@ -56,21 +96,25 @@ async function runCase(lib: Library, k: Case, seed: number): Promise<void> {
   for (let i = 0; i < src.length; i++) src[i] = (r() * 256) | 0;
   let params: Int32Array | null = null;
   if (k.params !== "none") {
-    params = new Int32Array(3 * n);
+    params = new Int32Array(RECORD * n);
     const ys = extremeOffsets(pad, h), xs = extremeOffsets(pad, w);
+    const wild = k.params !== "random";
     for (let i = 0; i < n; i++) {
+      const at = RECORD * i;
+      params[at + 7] = params[at + 8] = ONE_BITS;
       if (k.params === "extreme") {
-        params[3 * i] = ys[Math.floor(r() * ys.length)];
-        params[3 * i + 1] = xs[Math.floor(r() * xs.length)];
-        params[3 * i + 2] = r() < 0.5 ? 1 : 0;
-        continue;
+        params[at] = ys[Math.floor(r() * ys.length)];
+        params[at + 1] = xs[Math.floor(r() * xs.length)];
+        params[at + 2] = r() < 0.5 ? 1 : 0;
+      } else {
+        // "wild": windows partly or wholly outside the padded image must read zeros, safely.
+        const span = k.params === "wild" ? 2 * pad + 2 * Math.max(h, w) + 5 : 2 * pad + 1;
+        const lo = k.params === "wild" ? -Math.max(h, w) - 2 : 0;
+        params[at] = lo + Math.floor(r() * span);
+        params[at + 1] = lo + Math.floor(r() * span);
+        params[at + 2] = k.params === "wild" ? Math.floor(r() * 7) - 3 : r() < 0.5 ? 1 : 0;
       }
-      // "wild": windows partly or wholly outside the padded image must read zeros, safely.
-      const span = k.params === "wild" ? 2 * pad + 2 * Math.max(h, w) + 5 : 2 * pad + 1;
-      const lo = k.params === "wild" ? -Math.max(h, w) - 2 : 0;
-      params[3 * i] = lo + Math.floor(r() * span);
-      params[3 * i + 1] = lo + Math.floor(r() * span);
-      params[3 * i + 2] = k.params === "wild" ? Math.floor(r() * 7) - 3 : r() < 0.5 ? 1 : 0;
+      for (const extra of k.extra ?? []) extraWords(extra, params, at, wild, r, h, w);
     }
   }
   const mean = Array.from({ length: c }, () => r() * 2 - 0.5);
@@ -139,6 +183,51 @@ const CASES: Case[] = [
   { n: 24, c: 2, h: 7, w: 4, pad: 2 ** 30 + 3, layout: "nchw", dtype: "f16", params: "extreme" },
   { n: 24, c: 3, h: 9, w: 40, pad: INT32_MAX - 5, layout: "nchw", dtype: "f32", params: "extreme" },
   { n: 3, c: 3, h: 5, w: 6, pad: INT32_MAX, layout: "nhwc", dtype: "f16", params: "none" },
+  // Each new augmentation alone, then all of them, in range and wild.
+  ...(["vflip", "cutout", "color"] as const).flatMap((e): Case[] => [
+    {
+      n: 7,
+      c: 3,
+      h: 32,
+      w: 32,
+      pad: 4,
+      layout: "nchw",
+      dtype: "f16",
+      params: "random",
+      extra: [e],
+    },
+    {
+      n: 5,
+      c: 3,
+      h: 32,
+      w: 32,
+      pad: 4,
+      layout: "nhwc",
+      dtype: "f32",
+      params: "random",
+      extra: [e],
+    },
+    { n: 9, c: 2, h: 5, w: 3, pad: 6, layout: "nchw", dtype: "f16", params: "wild", extra: [e] },
+  ]),
+  ...([["vflip", "cutout", "color"]] as const).flatMap((e): Case[] => [
+    { n: 8, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f16", params: "random", extra: e },
+    { n: 8, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f32", params: "random", extra: e },
+    { n: 6, c: 1, h: 28, w: 28, pad: 2, layout: "nhwc", dtype: "f16", params: "random", extra: e },
+    { n: 9, c: 4, h: 6, w: 17, pad: 1, layout: "nhwc", dtype: "f16", params: "wild", extra: e },
+    {
+      n: 24,
+      c: 2,
+      h: 7,
+      w: 4,
+      pad: 2 ** 30,
+      layout: "nchw",
+      dtype: "f32",
+      params: "extreme",
+      extra: e,
+    },
+    // Wider than the CPU backend's row path (16 x 64 pixels): the plane path with vflip.
+    { n: 2, c: 2, h: 3, w: 1100, pad: 5, layout: "nchw", dtype: "f16", params: "random", extra: e },
+  ]),
 ];
 
 for (const { kind: backend, ignore } of BACKENDS) {

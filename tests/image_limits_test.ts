@@ -3,13 +3,14 @@
 // the kernel grid-strides over the rest. A plane of more than 1024 x 256 pixels and a batch
 // of more than 65535 planes, in odd shapes, both layouts and both output types: the CPU
 // backend equals the TypeScript reference bit for bit, and CUDA (a GPU, or the emulator with
-// PINSTREAM_CUDA_EMULATOR=1) equals the CPU backend byte for byte.
+// PINSTREAM_CUDA_EMULATOR=1) equals the CPU backend byte for byte. Every other sample also
+// vertically flips, cuts out a square and jitters brightness and contrast.
 
 import assert from "node:assert";
 import { type Library, loadLibrary } from "../ffi/library.ts";
 import { unwrap } from "../ffi/errors.ts";
 import { normalizeAffine } from "../pipeline/augment.ts";
-import { bitDiff, referenceAugment, rng } from "./_image_reference.ts";
+import { bitDiff, f32Bits, ONE_BITS, RECORD, referenceAugment, rng } from "./_image_reference.ts";
 import { CUDA } from "./_backends.ts";
 import { Scratch } from "./_scratch.ts";
 
@@ -38,16 +39,29 @@ interface Batch {
   std: number[];
 }
 
-/** Random pixels and crop/flip parameters; windows reach up to 2 pixels past the padding. */
+/**
+ * Random pixels and crop/flip parameters, windows reaching up to 2 pixels past the padding;
+ * every other sample also has a vertical flip bit, a cutout square and colour factors.
+ */
 function batch(s: Shape, seed: number): Batch {
   const r = rng(seed);
   const src = new Uint8Array(s.n * s.c * s.h * s.w);
   for (let i = 0; i < src.length; i++) src[i] = (r() * 256) | 0;
-  const params = new Int32Array(3 * s.n);
+  const params = new Int32Array(RECORD * s.n);
   for (let i = 0; i < s.n; i++) {
-    params[3 * i] = Math.floor(r() * (2 * s.pad + 5)) - 2;
-    params[3 * i + 1] = Math.floor(r() * (2 * s.pad + 5)) - 2;
-    params[3 * i + 2] = r() < 0.5 ? 1 : 0;
+    const at = RECORD * i;
+    params[at] = Math.floor(r() * (2 * s.pad + 5)) - 2;
+    params[at + 1] = Math.floor(r() * (2 * s.pad + 5)) - 2;
+    params[at + 2] = r() < 0.5 ? 1 : 0;
+    params[at + 7] = params[at + 8] = ONE_BITS;
+    if (i % 2 === 1) {
+      params[at + 3] = r() < 0.5 ? 1 : 0;
+      params[at + 4] = Math.floor(r() * 65536);
+      params[at + 5] = Math.floor(r() * 65536);
+      params[at + 6] = Math.floor(r() * Math.max(s.h, s.w));
+      params[at + 7] = f32Bits(r() * 2);
+      params[at + 8] = f32Bits(r() * 2);
+    }
   }
   const mean = Array.from({ length: s.c }, () => r());
   const std = Array.from({ length: s.c }, () => 0.05 + r());

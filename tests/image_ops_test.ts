@@ -11,12 +11,22 @@ import {
   normalizeAffine,
   Tensor,
 } from "../mod.ts";
+import { testEachBackend } from "./_backends.ts";
+import {
+  bitDiff,
+  cropRecords,
+  f32Bits,
+  ONE_BITS,
+  RECORD,
+  referenceAugment,
+  rng,
+} from "./_image_reference.ts";
 
 Deno.test("[cpu] imageAugment equals augmentHost with params, padding and either layout", async () => {
   using dev = Device.open("cpu");
   const n = 3, c = 3, h = 5, w = 4, pad = 2;
   const bytes = Uint8Array.from({ length: n * c * h * w }, (_, i) => (i * 37 + 11) & 255);
-  const params = new Int32Array([0, 0, 1, 2, 3, 0, 4, 4, 1]);
+  const params = cropRecords([0, 0, 1, 2, 3, 0, 4, 4, 1]);
   const affine = normalizeAffine([0.5, 0.4, 0.3], [0.2, 0.25, 0.3]);
   using src = DeviceBuffer.alloc(dev, bytes.length + 8);
   src.copyFrom(bytes, { dstOffset: 8 });
@@ -62,7 +72,7 @@ Deno.test("[cpu] image wrappers name the argument at fault", () => {
   using small = DeviceBuffer.alloc(dev, 8);
   assert.throws(() => imageAugment(src, out, { layout: "nhwc", affine, params: small }), {
     name: "RangeError",
-    message: /params must hold 12 bytes/,
+    message: /params must hold 36 bytes/,
   });
   using i32 = Tensor.empty(dev, [1, 3, 2, 2], "i32");
   assert.throws(() => imageAugment(src, i32, { layout: "nhwc", affine }), {
@@ -104,3 +114,72 @@ Deno.test("[cpu] imageLabelsI32 widens uint16 labels and gatherRows refuses an i
   using dst = DeviceBuffer.alloc(dev, 2);
   assert.throws(() => gatherRows(src, dst, { indices: idx, count: 1, rowBytes: 2 }));
 });
+
+/** n records with every augmentation: random crops, flips, cutouts and colour factors. */
+function fullRecords(n: number, pad: number, r: () => number): Int32Array {
+  const p = new Int32Array(RECORD * n);
+  for (let i = 0; i < n; i++) {
+    const on = (k: number) => (i >> k) & 1; // every combination of the four among 16 samples
+    p.set([
+      Math.floor(r() * (2 * pad + 1)),
+      Math.floor(r() * (2 * pad + 1)),
+      r() < 0.5 ? 1 : 0,
+      on(0),
+      Math.floor(r() * 65536),
+      Math.floor(r() * 65536),
+      on(1) ? 1 + Math.floor(r() * 6) : 0,
+      on(2) ? f32Bits(0.5 + r()) : ONE_BITS,
+      on(3) ? f32Bits(r() * 2) : ONE_BITS,
+    ], RECORD * i);
+  }
+  return p;
+}
+
+testEachBackend(
+  "imageAugment and augmentHost give the reference's bits with vflip, cutout, brightness and contrast",
+  async (dev) => {
+    const r = rng(31);
+    const n = 16, pad = 3, mean = [0.49, 0.48, 0.45], std = [0.25, 0.24, 0.26];
+    const affine = normalizeAffine(mean, std);
+    for (const [c, h, w] of [[3, 32, 32], [3, 7, 11]]) {
+      const bytes = Uint8Array.from({ length: n * c * h * w }, () => (r() * 256) | 0);
+      const params = fullRecords(n, pad, r);
+      using src = DeviceBuffer.alloc(dev, bytes.length);
+      src.copyFrom(bytes);
+      using p = DeviceBuffer.alloc(dev, params.byteLength);
+      p.copyFrom(params);
+      for (const layout of ["nhwc", "nchw"] as const) {
+        for (const dtype of ["f16", "f32"] as const) {
+          const what = `${c}x${h}x${w} ${layout} ${dtype}`;
+          const want = referenceAugment({
+            src: bytes,
+            params,
+            n,
+            c,
+            h,
+            w,
+            pad,
+            layout,
+            mean,
+            std,
+            dtype,
+          });
+          using out = Tensor.empty(dev, [n, c, h, w], dtype);
+          imageAugment(src, out, { layout, affine, padding: pad, params: p });
+          assert.deepStrictEqual(bitDiff(await out.toHost(), want), [], `device ${what}`);
+          const host = dtype === "f16" ? new Float16Array(out.numel) : new Float32Array(out.numel);
+          augmentHost(bytes, params, host, {
+            n,
+            channels: c,
+            height: h,
+            width: w,
+            layout,
+            pad,
+            affine,
+          });
+          assert.deepStrictEqual(bitDiff(host, want), [], `host ${what}`);
+        }
+      }
+    }
+  },
+);

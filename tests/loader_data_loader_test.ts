@@ -2,7 +2,13 @@ import assert from "node:assert";
 import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
 import type { Dataset } from "../loader/dataset.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
-import { augmentFromDraw, type RingBatch, type StagingRing } from "../loader/ring.ts";
+import {
+  AUGMENT_RECORD_LENGTH,
+  augmentFromDraw,
+  augmentRecord,
+  type RingBatch,
+  type StagingRing,
+} from "../loader/ring.ts";
 import { DistributedSampler, SequentialSampler } from "../loader/sampler.ts";
 import { FaultyDataset, type FaultySample } from "./loader_fixtures.ts";
 
@@ -134,11 +140,14 @@ Deno.test("DataLoader batches are identical for numWorkers 0, 1, 2 and 4 (zero-c
     if (reference === undefined) {
       reference = epochs;
       const aug = epochs[0].flatMap((b) => b.augment);
-      for (let k = 0; k < aug.length; k += 3) {
+      const R = AUGMENT_RECORD_LENGTH;
+      for (let k = 0; k < aug.length; k += R) {
         assert.ok(aug[k] >= 0 && aug[k] <= 8 && aug[k + 1] >= 0 && aug[k + 1] <= 8);
         assert.ok(aug[k + 2] === 0 || aug[k + 2] === 1);
+        // The augmentations not asked for are off: no vflip, no cutout, factors 1.0.
+        assert.deepStrictEqual(aug.slice(k + 3, k + R), [0, 0, 0, 0, 0x3f800000, 0x3f800000]);
       }
-      assert.ok(new Set(aug.filter((_, k) => k % 3 === 0)).size > 5, "crop offsets vary");
+      assert.ok(new Set(aug.filter((_, k) => k % R === 0)).size > 5, "crop offsets vary");
     } else assert.deepStrictEqual(epochs, reference, `numWorkers ${numWorkers}`);
   }
   assert.strictEqual(DataLoader.liveWorkers, 0);
@@ -164,24 +173,130 @@ Deno.test("DataLoader generic path gives the same batches and random streams for
   }
 });
 
+/** fp32 of the int32 bits `b`. */
+const fromBits = (b: number) => new Float32Array(new Int32Array([b]).buffer)[0];
+
+/**
+ * The record the documentation (loader/ring.ts) promises for one sample, computed from its
+ * stream's first five draws (`ctx.u32()`), independently of the loader's code.
+ */
+function documentedRecord(
+  draws: number[],
+  o: { padding: number; flip: boolean; vflip: boolean; cutout: number; b: number; c: number },
+): number[] {
+  const [u, v, cut, ub, uc] = draws;
+  const span = 2 * o.padding + 1;
+  const factor = (j: number, d: number) =>
+    j === 0 ? 1 : Math.fround(Math.max(0, 1 - j) + (1 + j - Math.max(0, 1 - j)) * (d / 2 ** 32));
+  const bits = (x: number) => new Int32Array(new Float32Array([x]).buffer)[0];
+  return [
+    Math.floor(((u & 0xffff) / 65536) * span),
+    Math.floor((((u >>> 16) & 0x7fff) / 32768) * span),
+    o.flip ? u >>> 31 : 0,
+    o.vflip ? v >>> 31 : 0,
+    o.cutout > 0 ? cut & 0xffff : 0,
+    o.cutout > 0 ? cut >>> 16 : 0,
+    o.cutout,
+    bits(factor(o.b, ub)),
+    bits(factor(o.c, uc)),
+  ];
+}
+
 Deno.test("DataLoader augment parameters match the sample's stream in get(i, ctx)", async () => {
-  // The zero-copy draws are the first three draws of the per-sample stream.
+  // Words 0-2 come from the first draw of the per-sample stream, split as augmentFromDraw
+  // says (the same bits as when the record was three words); the others from draws 1-4.
   const ds = imageDataset(20);
-  await using zc = new DataLoader<RingBatch>(ds, {
-    batchSize: 6,
-    shuffle: true,
-    seed: 5,
-    augment: { padding: 2, flip: true },
-  });
-  const zAug = (await collectRing(zc)).flatMap((b) => b.augment);
-  const drawing: Dataset = {
-    length: 20,
-    get: (_i, ctx) => new Int32Array(augmentFromDraw(ctx!.u32(), 2, true)),
+  for (
+    const o of [
+      { padding: 2, flip: true, vflip: false, cutout: 0, b: 0, c: 0 },
+      { padding: 2, flip: true, vflip: true, cutout: 5, b: 0.4, c: 1.5 },
+      { padding: 0, flip: false, vflip: true, cutout: 0, b: 0, c: 0.2 },
+    ]
+  ) {
+    const augment = {
+      padding: o.padding,
+      flip: o.flip,
+      vflip: o.vflip,
+      cutout: o.cutout,
+      brightness: o.b,
+      contrast: o.c,
+    };
+    await using zc = new DataLoader<RingBatch>(ds, {
+      batchSize: 6,
+      shuffle: true,
+      seed: 5,
+      augment,
+    });
+    const zAug = (await collectRing(zc)).flatMap((b) => b.augment);
+    const drawing: Dataset = {
+      length: 20,
+      get: (_i, ctx) => {
+        const draws = [0, 1, 2, 3, 4].map(() => ctx!.u32());
+        const record = documentedRecord(draws, o);
+        assert.deepStrictEqual(record.slice(0, 3), augmentFromDraw(draws[0], o.padding, o.flip));
+        return new Int32Array(record);
+      },
+    };
+    await using gen = new DataLoader<Int32Array>(drawing, { batchSize: 6, shuffle: true, seed: 5 });
+    const gAug: number[] = [];
+    for await (const b of gen) gAug.push(...b);
+    assert.deepStrictEqual(zAug, gAug, JSON.stringify(o));
+    // augmentRecord gives the same record from (seed, epoch, position).
+    const R = AUGMENT_RECORD_LENGTH;
+    for (let pos = 0; pos < 20; pos++) {
+      assert.deepStrictEqual(
+        [...augmentRecord(5, 0, pos, zc.augment!)],
+        zAug.slice(R * pos, R * pos + R),
+      );
+    }
+  }
+});
+
+Deno.test("DataLoader draws every augmentation independently of numWorkers 0, 2 and 3", async () => {
+  const ds = imageDataset(57);
+  const augment = {
+    padding: 3,
+    flip: true,
+    vflip: true,
+    cutout: 4,
+    brightness: 0.4,
+    contrast: 0.6,
   };
-  await using gen = new DataLoader<Int32Array>(drawing, { batchSize: 6, shuffle: true, seed: 5 });
-  const gAug: number[] = [];
-  for await (const b of gen) gAug.push(...b);
-  assert.deepStrictEqual(zAug, gAug);
+  const R = AUGMENT_RECORD_LENGTH;
+  let reference: number[][] | undefined;
+  for (const numWorkers of [0, 2, 3]) {
+    await using loader = new DataLoader<RingBatch>(ds, {
+      batchSize: 5,
+      shuffle: true,
+      seed: 77,
+      numWorkers,
+      augment,
+    });
+    loader.setEpoch(3);
+    const got = [(await collectRing(loader)).flatMap((b) => b.augment)];
+    got.push((await collectRing(loader)).flatMap((b) => b.augment));
+    if (reference === undefined) {
+      reference = got;
+      for (const [e, aug] of got.entries()) {
+        for (let k = 0; k < aug.length; k += R) {
+          assert.deepStrictEqual(aug.slice(k, k + R), [
+            ...augmentRecord(77, 3 + e, k / R, augment),
+          ]);
+          assert.ok(aug[k + 3] === 0 || aug[k + 3] === 1);
+          assert.ok(aug[k + 4] >= 0 && aug[k + 4] < 65536 && aug[k + 5] >= 0 && aug[k + 5] < 65536);
+          assert.strictEqual(aug[k + 6], 4);
+          const br = fromBits(aug[k + 7]), ct = fromBits(aug[k + 8]);
+          assert.ok(br >= 0.6 && br <= 1.4, `brightness ${br}`);
+          assert.ok(ct >= 0.4 && ct <= 1.6, `contrast ${ct}`);
+        }
+        const words = (w: number) => new Set(aug.filter((_, k) => k % R === w)).size;
+        assert.strictEqual(words(3), 2, "vertical flips vary");
+        for (const w of [4, 5, 7, 8]) assert.ok(words(w) > 40, `word ${w} varies`);
+      }
+      assert.notDeepStrictEqual(got[0], got[1], "each epoch draws anew");
+    } else assert.deepStrictEqual(got, reference, `numWorkers ${numWorkers}`);
+  }
+  assert.strictEqual(DataLoader.liveWorkers, 0);
 });
 
 Deno.test("DataLoader inOrder false yields every batch of the epoch", async () => {
@@ -539,6 +654,47 @@ Deno.test("DataLoader rejects invalid options, naming the option", () => {
     [ds, { pinMemory: "yes" as unknown as boolean }, /pinMemory option/],
     [ds, { heldBatches: -1 }, /heldBatches option/],
     [ds, { augment: { padding: -1 } }, /augment option/],
+    [
+      ds,
+      { augment: { vflip: 1 as unknown as boolean } },
+      /augment\.vflip option should be a boolean value, got 1/,
+    ],
+    [
+      ds,
+      { augment: { cutout: -2 } },
+      /augment\.cutout option should be an integer in 0\.\.2147483647 \(the square's side in pixels, 0: off\), got -2/,
+    ],
+    [ds, { augment: { cutout: 2.5 } }, /augment\.cutout option should be an integer/],
+    [
+      ds,
+      { augment: { cutout: 2 ** 31 } },
+      /augment\.cutout option should be an integer in 0\.\.2147483647/,
+    ],
+    [
+      ds,
+      { augment: { brightness: -0.1 } },
+      /augment\.brightness option should be a finite number >= 0 \(factors drawn in \[max\(0, 1 - j\), 1 \+ j\]\), got -0\.1/,
+    ],
+    [
+      ds,
+      { augment: { brightness: Infinity } },
+      /augment\.brightness option should be a finite number >= 0/,
+    ],
+    [
+      ds,
+      { augment: { contrast: NaN } },
+      /augment\.contrast option should be a finite number >= 0.*got NaN/,
+    ],
+    [
+      ds,
+      { augment: { contrast: "0.4" as unknown as number } },
+      /augment\.contrast option should be a number \(a jitter j >= 0\), got 0\.4/,
+    ],
+    [
+      ds,
+      { augment: { cutuot: 4 } as unknown as { cutout: number } },
+      /augment\.cutuot option is unknown \(did you mean cutout\?\); augment takes padding, flip, vflip, cutout, brightness, contrast/,
+    ],
     [generic, { augment: { padding: 4 } }, /augment option needs the zero-copy path/],
     [generic, { zeroCopy: true }, /zeroCopy option needs a dataset with sharedFields/],
     [

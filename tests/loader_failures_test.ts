@@ -298,8 +298,8 @@ for (const [fault, shown] of [["throwString", "injected string at 17"], ["throwN
 Deno.test("DataLoader refuses unknown augment keys, naming the key", () => {
   const ds = new TensorDataset({ x: new Int32Array(8) });
   assert.throws(
-    () => new DataLoader(ds, { batchSize: 2, augment: { padding: 1, vflip: true } as never }),
-    /Cannot create DataLoader: augment\.vflip option is unknown.*augment takes padding, flip/,
+    () => new DataLoader(ds, { batchSize: 2, augment: { padding: 1, rotate: 15 } as never }),
+    /Cannot create DataLoader: augment\.rotate option is unknown; augment takes padding, flip, vflip, cutout, brightness, contrast/,
   );
   assert.throws(
     () => new DataLoader(ds, { batchSize: 2, augment: { paddng: 1 } as never }),

@@ -112,7 +112,14 @@ Deno.test("[cpu] augmentHost refuses normalization constants shorter than the ch
 Deno.test("[cpu] DataLoader exposes its augment configuration, frozen", async () => {
   const d = makeData(8, [3, 8, 8], 1);
   await using withAugment = makeLoader(d, { augment: { padding: 2 } });
-  assert.deepStrictEqual(withAugment.augment, { padding: 2, flip: false });
+  assert.deepStrictEqual(withAugment.augment, {
+    padding: 2,
+    flip: false,
+    vflip: false,
+    cutout: 0,
+    brightness: 0,
+    contrast: 0,
+  });
   assert.ok(Object.isFrozen(withAugment.augment));
   assert.throws(() => {
     (withAugment.augment as { padding: number }).padding = 4;
@@ -177,7 +184,7 @@ Deno.test("[cpu] DevicePrefetcher refuses unknown option keys, naming the key", 
     [{ Mean: MEAN }, /unknown option "Mean" \(did you mean "mean"\?\)/],
     [
       { augment: { vflip: true } },
-      /unknown option "augment": crop and flip parameters are drawn by the loader \(the DataLoader's augment option\)/,
+      /unknown option "augment": crop, flip, cutout and colour parameters are drawn by the loader \(the DataLoader's augment option\)/,
     ],
     [
       { normalize: { mean: MEAN, std: STD } },

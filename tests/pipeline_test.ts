@@ -12,7 +12,7 @@ import type { TensorDataset } from "../loader/datasets/tensor.ts";
 import { RingBatch } from "../loader/ring.ts";
 import { augmentHost, normalizeAffine } from "../pipeline/augment.ts";
 import { DevicePrefetcher, toDevice, type ToDeviceOptions } from "../pipeline/prefetcher.ts";
-import { bitDiff, referenceAugment, rng } from "./_image_reference.ts";
+import { bitDiff, cropRecords, referenceAugment, rng } from "./_image_reference.ts";
 import { BACKENDS } from "./_backends.ts";
 import {
   expectedBatch,
@@ -88,6 +88,69 @@ for (const { kind, ignore } of BACKENDS) {
       },
     });
   }
+
+  Deno.test({
+    name: `[${kind}] pipeline applies vflip, cutout, brightness and contrast as the reference ` +
+      "(device and host, 0 and 2 workers)",
+    ignore,
+    async fn() {
+      using device = Device.open(kind);
+      const d = makeData(40, [3, 32, 32], 12);
+      const augment = {
+        padding: 4,
+        flip: true,
+        vflip: true,
+        cutout: 8,
+        brightness: 0.4,
+        contrast: 0.4,
+      };
+      const expected = await plainBatches(d, { augment });
+      for (
+        const [augmentOn, numWorkers, dtype] of [
+          ["device", 2, "f16"],
+          ["device", 0, "f32"],
+          ["host", 2, "f16"],
+        ] as const
+      ) {
+        await using loader = makeLoader(d, { numWorkers, augment });
+        await using p = toDevice(loader, device, { augmentOn, dtype, mean: MEAN, std: STD });
+        let k = 0;
+        for await (const b of p) {
+          const e = expected[k];
+          const want = expectedBatch(d, e.indices, e.params, "nchw", dtype, 4);
+          const what = `${augmentOn} ${numWorkers} workers batch ${k}`;
+          assert.deepStrictEqual(bitDiff((await readBatch(b)).images, want.images), [], what);
+          k++;
+        }
+        assert.strictEqual(k, 3);
+      }
+    },
+  });
+
+  Deno.test({
+    name: `[${kind}] crop and flip alone keep the bits they had before the other augmentations`,
+    ignore,
+    async fn() {
+      // FNV-1a of every batch's image bytes for a fixed seed, taken with the three-word
+      // (dy, dx, flip) record: the new options, off, shift no seeded result.
+      using device = Device.open(kind);
+      const d = makeData(40, [3, 32, 32], 11);
+      const got: string[] = [];
+      for (const dtype of ["f16", "f32"] as const) {
+        await using loader = makeLoader(d, { numWorkers: 0, seed: 2024 });
+        await using p = toDevice(loader, device, { mean: MEAN, std: STD, dtype });
+        let h = 0x811c9dc5;
+        for await (const b of p) {
+          const x = await b.images.toHost();
+          for (const v of new Uint8Array(x.buffer, x.byteOffset, x.byteLength)) {
+            h = Math.imul(h ^ v, 0x01000193) >>> 0;
+          }
+        }
+        got.push(`${dtype} ${h.toString(16)}`);
+      }
+      assert.deepStrictEqual(got, ["f16 d804bb4e", "f32 483ea32f"]);
+    },
+  });
 
   Deno.test({
     name: `[${kind}] pipeline handles NHWC and single-channel images`,
@@ -318,10 +381,10 @@ Deno.test("[cpu] host-side augment equals the reference on random params, both l
       const src = Uint8Array.from({ length: n * c * h * w }, () => (r() * 256) | 0);
       // wild: windows partly or wholly outside the padded image read zeros.
       const span = wild ? 2 * pad + 2 * w + 5 : 2 * pad + 1, lo = wild ? -w - 2 : 0;
-      const params = Int32Array.from(
+      const params = cropRecords(Int32Array.from(
         { length: 3 * n },
         (_, i) => i % 3 === 2 ? (r() < 0.5 ? 1 : 0) : lo + Math.floor(r() * span),
-      );
+      ));
       const out = dtype === "f16" ? new Float16Array(src.length) : new Float32Array(src.length);
       augmentHost(src, params, out, {
         n,

@@ -35,13 +35,18 @@ function bytes(a: ArrayBufferView): number[] {
 
 for (
   const cfg of [
-    { shape: [3, 9, 7], layout: "nchw", labelBytes: 4, dtype: "f16", dropLast: false },
-    { shape: [9, 7, 3], layout: "nhwc", labelBytes: 1, dtype: "f32", dropLast: true },
-    { shape: [12, 10], layout: "nchw", labelBytes: 1, dtype: "f16", dropLast: false },
+    { shape: [3, 9, 7], layout: "nchw", labelBytes: 4, dtype: "f16", dropLast: false, all: false },
+    { shape: [9, 7, 3], layout: "nhwc", labelBytes: 1, dtype: "f32", dropLast: true, all: false },
+    { shape: [12, 10], layout: "nchw", labelBytes: 1, dtype: "f16", dropLast: false, all: false },
+    // Every augmentation: vertical flips, cutout and colour jitter too.
+    { shape: [3, 9, 7], layout: "nchw", labelBytes: 4, dtype: "f16", dropLast: false, all: true },
+    { shape: [9, 7, 3], layout: "nhwc", labelBytes: 1, dtype: "f32", dropLast: true, all: true },
   ] as const
 ) {
   testEachBackend(
-    `a device-resident dataset yields the streamed path's batches bit for bit (${cfg.layout} ${cfg.shape}, ${cfg.dtype}, dropLast ${cfg.dropLast})`,
+    `a device-resident dataset yields the streamed path's batches bit for bit (${cfg.layout} ${cfg.shape}, ${cfg.dtype}, dropLast ${cfg.dropLast}${
+      cfg.all ? ", every augmentation" : ""
+    })`,
     async (dev) => {
       const ds = data(101, [...cfg.shape], cfg.labelBytes);
       const c = cfg.shape.length === 2 ? 1 : cfg.layout === "nchw" ? cfg.shape[0] : cfg.shape[2];
@@ -52,7 +57,9 @@ for (
         shuffle: true,
         seed: 77,
         dropLast: cfg.dropLast,
-        augment: { padding: 3, flip: true },
+        augment: cfg.all
+          ? { padding: 3, flip: true, vflip: true, cutout: 3, brightness: 0.5, contrast: 0.3 }
+          : { padding: 3, flip: true },
       };
       const before = dev.liveObjects().allocations;
       {

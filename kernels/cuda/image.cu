@@ -2,10 +2,11 @@
  * image.cu — CUDA backend of the PS-SECTION image kernels. kernels/cpu/image.c is the
  * reference: for the same inputs both give the same bits.
  *
- * Numerics: ps_image_value (kernels/rules.h): float(v) is exact for a byte; then __fmul_rn
- * and __fadd_rn, two fp32 roundings that nvcc never contracts into an FMA (a plain
- * `v * s + b` would be fused by default, -fmad=true, and differ from the CPU in the last
- * bit); __float2half_rn rounds to nearest even like the CPU's vcvtps2ph / _Float16 cast.
+ * Numerics: ps_image_value, ps_image_color and ps_image_normalize (kernels/rules.h): float(v)
+ * is exact for a byte; then __fmul_rn and __fadd_rn, fp32 roundings that nvcc never contracts
+ * into an FMA (a plain `v * s + b` would be fused by default, -fmad=true, and differ from the
+ * CPU in the last bit); __float2half_rn rounds to nearest even like the CPU's vcvtps2ph /
+ * _Float16 cast.
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -39,15 +40,16 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
   for (int64_t pl = blockIdx.y; pl < planes; pl += gridDim.y) {
     const int64_t s = pl / c;
     const int32_t ch = (int32_t)(pl - s * c);
-    int32_t dy = pad, dx = pad, flip = 0;
+    /* One sample's record, read once per plane (every thread of the block reads the same
+     * words: cached loads). */
+    int32_t rec[PS_IMAGE_PARAMS];
     if (params != nullptr) {
-      dy = __ldg(params + 3 * s);
-      dx = __ldg(params + 3 * s + 1);
-      flip = __ldg(params + 3 * s + 2) != 0;
+      for (int k = 0; k < PS_IMAGE_PARAMS; k++) rec[k] = __ldg(params + PS_IMAGE_PARAMS * s + k);
     }
-    /* dy - pad can overflow int32: ps_image_offset computes it in 64 bits and clamps it to
-     * [-h, h] (resp. [-w, w]), which keeps sy and sx below within int32. */
-    const int32_t oy = ps_image_offset(dy, pad, h), ox = ps_image_offset(dx, pad, w);
+    /* dy - pad can overflow int32: ps_image_offset (in the decode) computes it in 64 bits and
+     * clamps it to [-h, h] (resp. [-w, w]), which keeps sy and sx below within int32. */
+    ps_image_sample sm;
+    ps_image_sample_decode(params != nullptr ? rec : nullptr, pad, h, w, &sm);
     const uint8_t *img = src + s * ((int64_t)c * plane);
     const float scale = aff.scale[ch], bias = aff.bias[ch];
     Out *o = out + pl * plane;
@@ -56,14 +58,24 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
     for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < plane;
          i += gridDim.x * blockDim.x) {
       const int32_t y = i / w, x = i - y * w;
-      const int32_t sy = y + oy;
-      const int32_t sx = (flip ? w - 1 - x : x) + ox;
+      const int32_t sy = (sm.vflip ? h - 1 - y : y) + sm.oy;
+      const int32_t sx = (sm.flip ? w - 1 - x : x) + sm.ox;
       uint32_t v = 0;
       if (sy >= 0 && sy < h && sx >= 0 && sx < w) {
         v = Layout == PS_IMAGE_NCHW ? __ldg(img + (int64_t)ch * plane + sy * w + sx)
                                     : __ldg(img + ((int64_t)sy * w + sx) * c + ch);
       }
-      store(o, i, ps_image_value(v, scale, bias));
+      /* The branches are uniform per sample (the whole block takes the same one) except the
+       * cutout's, which splits a row at most twice. */
+      float r;
+      if (ps_image_cut(&sm, y, x)) {
+        r = 0.0f;
+      } else if (sm.color) {
+        r = ps_image_normalize(ps_image_color(v, sm.br, sm.ct, sm.cs), scale, bias);
+      } else {
+        r = ps_image_value(v, scale, bias);
+      }
+      store(o, i, r);
     }
   }
 }
