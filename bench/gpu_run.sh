@@ -8,7 +8,7 @@
 #
 # Everything lands in "$OUT/gpu-logs/" (./gpu-logs when OUT is unset): summary.log first
 # (date, GPU, driver, commit, then one line per step with its status and seconds), one log
-# per step, and a copy of bench/results/*.json. Data sets are generated here, never carried.
+# per step, and a copy of the benchmarks' bench/out/*.json and charts. Data sets are generated here, never carried.
 # A step that fails does not stop the others; a step that would overrun the budget is
 # skipped and says so.
 set -uo pipefail
@@ -98,9 +98,10 @@ fi
 # ---- the whole suite (cpu and cuda cases)
 step test-all 240 deno task test
 
-# ---- benchmarks on the GPU (each writes bench/results/<name>.json)
+# ---- benchmarks on the GPU (each writes bench/out/<name>.json and .svg)
 step bench-transfer 60 deno run -A bench/transfer.ts --device cuda --max-mib 256
 step bench-kernels 60 deno run -A bench/kernels.ts --device cuda
+step bench-precision 60 deno run -A bench/precision.ts --device cuda
 
 # ---- a short training run on generated CIFAR-shaped data (300 steps of 128), GPU sampled
 nvidia-smi dmon -s um -d 1 >"$LOGS/cifar-dmon.log" 2>&1 &
@@ -119,11 +120,11 @@ step bench-pipeline 120 deno run -A bench/pipeline.ts --epochs 3 $TORCH_FLAG
 # ---- shared-memory races in the GEMM and the block reductions, with what time is left
 if [ -n "$SANITIZER" ]; then
   step sanitize-racecheck 90 "$SANITIZER" --tool racecheck \
-    deno test -A --filter '[cuda]' tests/nn_kernels_test.ts
+    deno test -A --filter '[cuda]' tests/nn_kernels_test.ts tests/nn_fp32_test.ts
 fi
 
 # ---- collect ----------------------------------------------------------------------------
-cp bench/results/*.json "$LOGS/" 2>/dev/null || true
+cp bench/out/*.json bench/out/*.svg "$LOGS/" 2>/dev/null || true
 say ""
 say "total: $(elapsed)s"
 for t in test-kernels test-all; do
