@@ -15,7 +15,8 @@
  * - pipeline: samples/s of each configuration, pinstream against PyTorch;
  * - train: seconds per epoch, pinstream against PyTorch;
  * - kernels: GFLOP/s (or ms) per kernel;
- * - precision: step time and peak memory, fp16 against fp32, per model.
+ * - precision: step time and peak memory, fp16 against fp32, per model;
+ * - doctor (`deno task doctor`): training samples/s of each run against a device-resident batch.
  *
  * @module
  */
@@ -213,6 +214,38 @@ function kernelsSpec(r: BenchResult): Spec {
   );
 }
 
+/** A run of `deno task doctor` as doctor.json holds it (nn/doctor.ts's DoctorReport). */
+interface DoctorRun {
+  name: string;
+  samplesPerSecond: number;
+}
+
+function doctorSpec(r: BenchResult): Spec {
+  const d = r as unknown as {
+    data?: string;
+    synthetic: DoctorRun;
+    sweep: DoctorRun[];
+    depth1: DoctorRun;
+    pageable: DoctorRun;
+    resident?: DoctorRun | null;
+  };
+  const fed = [...d.sweep, d.depth1, d.pageable];
+  if (d.resident) fed.push({ ...d.resident, name: "data resident on the device" });
+  return barSpec(
+    { ...r, machine: r.machine ?? d.data },
+    "Does training wait for data? Training samples/s per run",
+    [
+      {
+        name: "device-resident batch (no loader)",
+        value: d.synthetic.samplesPerSecond,
+        who: "no input",
+      },
+      ...fed.map((x) => ({ name: x.name, value: x.samplesPerSecond, who: "fed by the loader" })),
+    ],
+    "training samples/s (higher is better)",
+  );
+}
+
 function precisionSpec(r: BenchResult): Spec {
   const bars = (field: string, scale: number, title: string): Spec => ({
     width: WIDTH,
@@ -241,6 +274,7 @@ function precisionSpec(r: BenchResult): Spec {
 }
 
 const SPECS: Record<string, (r: BenchResult) => Spec> = {
+  doctor: doctorSpec,
   precision: precisionSpec,
   loader: loaderSpec,
   transfer: transferSpec,

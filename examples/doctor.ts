@@ -126,37 +126,6 @@ function table(r: DoctorReport): string {
   ].join("\n");
 }
 
-async function chart(r: DoctorReport, note: string): Promise<string> {
-  const { chartSvg } = await import(CHARTS);
-  const rows = [
-    {
-      name: "device-resident batch (no loader)",
-      samplesPerSecond: r.synthetic.samplesPerSecond,
-      impl: "bound",
-    },
-    ...[...r.sweep, r.depth1, r.pageable].map((s) => ({
-      name: s.name,
-      samplesPerSecond: s.samplesPerSecond,
-      impl: "pinstream",
-    })),
-    ...(r.resident
-      ? [{
-        name: "data resident on the device",
-        samplesPerSecond: r.resident.samplesPerSecond,
-        impl: "pinstream",
-      }]
-      : []),
-  ];
-  const svg = await chartSvg(
-    { benchmark: "pipeline", date: new Date().toISOString(), machine: note, rows },
-    "pipeline",
-  );
-  return svg!.replace(
-    "Device pipeline: normalized batches per second",
-    "Doctor: training samples/s",
-  );
-}
-
 async function main(): Promise<void> {
   const cli = parseCli(Deno.args, CLI);
   let workers: number[] | undefined;
@@ -189,13 +158,12 @@ async function main(): Promise<void> {
   console.log(`\nverdict: ${report.verdict}`);
   const out = cli.out!.replace(/\/$/, "");
   await Deno.mkdir(out, { recursive: true });
-  await Deno.writeTextFile(
-    `${out}/doctor.json`,
-    JSON.stringify({ date: new Date().toISOString(), data: d.note, ...report }, null, 2) + "\n",
-  );
+  const result = { date: new Date().toISOString(), data: d.note, ...report };
+  await Deno.writeTextFile(`${out}/doctor.json`, JSON.stringify(result, null, 2) + "\n");
   let drawn = "";
   try {
-    await Deno.writeTextFile(`${out}/doctor.svg`, await chart(report, d.note));
+    const { chartSvg } = await import(CHARTS);
+    await Deno.writeTextFile(`${out}/doctor.svg`, (await chartSvg(result, "doctor"))!);
     drawn = ` and ${out}/doctor.svg`;
   } catch (err) {
     drawn = ` (no chart: ${(err as Error).message.split("\n")[0]})`;

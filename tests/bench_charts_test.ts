@@ -4,7 +4,7 @@
 // ignored, visibly; CI installs it.
 
 import assert from "node:assert";
-import { chartSvg } from "../bench/_chart.ts";
+import { type BenchResult, chartSvg } from "../bench/_chart.ts";
 import { checkInBrowser, decodePng, inkAndColours } from "../bench/charts.ts";
 
 const RESULTS = new URL("../bench/results/", import.meta.url);
@@ -115,4 +115,28 @@ Deno.test({
       await Deno.remove(dir, { recursive: true });
     }
   },
+});
+
+Deno.test("a doctor report draws its own chart: each run against the device-resident batch", async () => {
+  const run = (name: string, samplesPerSecond: number) => ({ name, samplesPerSecond });
+  const report = {
+    date: "2026-11-25T00:00:00Z",
+    data: "Fashion-MNIST",
+    synthetic: run("device-resident batch", 5000),
+    sweep: [run("numWorkers 0", 4900), run("numWorkers 2", 4100)],
+    depth1: run("numWorkers 0, depth 1", 4800),
+    pageable: run("numWorkers 0, pin none", 4700),
+    resident: run("resident", 4950),
+  };
+  const svg = await chartSvg(report as unknown as BenchResult, "doctor");
+  assert.ok(svg !== undefined);
+  for (
+    const text of [
+      "Does training wait for data?",
+      "numWorkers 2",
+      "data resident on the device",
+      "fed by the loader",
+      "no input",
+    ]
+  ) assert.ok(svg.includes(text), `${text} missing from the doctor chart`);
 });
