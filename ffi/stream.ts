@@ -129,17 +129,10 @@ export class Stream extends Resource {
    * @throws {PinstreamError} When queued work failed.
    */
   synchronize(): Promise<void> {
-    const action = "synchronize a stream";
-    const { lib } = this.device;
-    return this.whileInFlight(
-      action,
-      () =>
-        waitCall(
-          lib,
-          action,
-          (msg, cap) => lib.symbols.ps_stream_synchronize(this.device.index, this.handle, msg, cap),
-        ),
-    );
+    const action = "synchronize a stream", { lib, index } = this.device;
+    const wait = (msg: Uint8Array, cap: bigint) =>
+      lib.symbols.ps_stream_synchronize(index, this.handle, msg, cap);
+    return this.whileInFlight(action, () => waitCall(lib, action, wait));
   }
 
   /**
@@ -325,17 +318,10 @@ export class Event extends Resource {
    * @throws {PinstreamError} When the recorded work failed.
    */
   synchronize(): Promise<void> {
-    const action = "synchronize an event";
-    const { lib } = this.device;
-    return this.whileInFlight(
-      action,
-      () =>
-        waitCall(
-          lib,
-          action,
-          (msg, cap) => lib.symbols.ps_event_synchronize(this.handle, msg, cap),
-        ),
-    );
+    const action = "synchronize an event", { lib } = this.device;
+    const wait = (msg: Uint8Array, cap: bigint) =>
+      lib.symbols.ps_event_synchronize(this.handle, msg, cap);
+    return this.whileInFlight(action, () => waitCall(lib, action, wait));
   }
 
   /**
