@@ -84,6 +84,10 @@ Deno.test("an example run with --log writes one line per epoch and the curves be
         "64",
         "--quiet",
         "--synthetic", // never downloads CIFAR-10
+        // The suite runs with the CUDA emulator as the cuda device: "auto" would train on it,
+        // correct but a hundred times slower, and the log is what this test is about.
+        "--device",
+        "cpu",
         "--checkpoint",
         `${dir}/ck.safetensors`,
         "--log",
