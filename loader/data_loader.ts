@@ -218,9 +218,12 @@ const MAX_AUTO_PREFETCH = 8;
  * numWorkers / prefetchFactor "auto": a coordinate search on the consumer's samples per
  * second, one trial per finished epoch. The first epoch warms up (workers start, caches fill)
  * and is not counted; then each worker count from the start outwards runs an epoch at a
- * prefetch of 2, the fastest wins, then deeper prefetches (4, 8) run at that count, the
- * fastest wins, and the search stops there. With a settled choice nothing changes again. The
- * counts never change the sample order.
+ * prefetch of 2, then deeper prefetches (4, 8) run at the fastest count, and, when that count
+ * is 0 (nothing in flight to deepen), at the fastest count with workers: a deeper prefetch can
+ * lift a count that lost at depth 2 past the one that won (measured: 2 workers at depth 8
+ * beat 0 workers, which beat 2 workers at depth 2). The fastest trial wins and the search
+ * stops there. With a settled choice nothing changes again. The counts never change the
+ * sample order.
  *
  * @internal Exported for its tests.
  */
@@ -259,11 +262,18 @@ export class Tuner {
       this.#results.push({ ...cur, rate: s.samplesPerSecond });
     }
     if (this.#trials.length === 0 && this.#phase === "workers") {
-      const best = this.#best();
       this.#phase = "prefetch";
-      this.#trials = [4, 8].filter((p) => p > best.prefetch && p >= this.#p.min && p <= this.#p.max)
-        .map((prefetch) => ({ workers: best.workers, prefetch }));
-      if (best.workers === 0) this.#trials = []; // no workers, nothing in flight
+      // Deeper at the fastest count; with no workers (nothing in flight) at the fastest count
+      // that has some.
+      const withWorkers = this.#results.filter((r) => r.workers > 0);
+      const at = this.#best().workers > 0
+        ? this.#best()
+        : withWorkers.length > 0
+        ? withWorkers.reduce((a, b) => (b.rate > a.rate ? b : a))
+        : undefined;
+      this.#trials = at === undefined ? [] : [4, 8]
+        .filter((p) => p > at.prefetch && p >= this.#p.min && p <= this.#p.max)
+        .map((prefetch) => ({ workers: at.workers, prefetch }));
     }
     const trial = this.#trials.shift();
     if (trial !== undefined) return trial;
