@@ -238,3 +238,36 @@ export function refBatchNorm(
   }
   return r;
 }
+
+/**
+ * Max pooling without padding over n*c planes of h x w (kernel k, stride s) in float64: the
+ * outputs, the chosen positions (first maximum) and the scatter-added input gradient of dy.
+ */
+export function refMaxPool(
+  x: ArrayLike<number>,
+  dy: ArrayLike<number>,
+  g: { n: number; c: number; h: number; w: number; k: number; s: number },
+): { y: Float64Array; idx: Int32Array; dx: Float64Array; oh: number; ow: number } {
+  const { n, c, h, w, k, s } = g;
+  const oh = Math.floor((h - k) / s) + 1, ow = Math.floor((w - k) / s) + 1;
+  const y = new Float64Array(n * c * oh * ow), idx = new Int32Array(y.length);
+  const dx = new Float64Array(x.length);
+  for (let pl = 0; pl < n * c; pl++) {
+    for (let oy = 0; oy < oh; oy++) {
+      for (let ox = 0; ox < ow; ox++) {
+        let best = oy * s * w + ox * s, m = x[pl * h * w + best];
+        for (let ky = 0; ky < k; ky++) {
+          for (let kx = 0; kx < k; kx++) {
+            const at = (oy * s + ky) * w + ox * s + kx;
+            if (x[pl * h * w + at] > m) [m, best] = [x[pl * h * w + at], at];
+          }
+        }
+        const o = (pl * oh + oy) * ow + ox;
+        y[o] = m;
+        idx[o] = best;
+        dx[pl * h * w + best] += dy[o];
+      }
+    }
+  }
+  return { y, idx, dx, oh, ow };
+}

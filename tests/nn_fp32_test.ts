@@ -20,6 +20,7 @@ import {
   refBatchNorm,
   refConv,
   refMatmul,
+  refMaxPool,
   SEED,
 } from "./_nn_reference.ts";
 
@@ -106,23 +107,7 @@ testEachBackend("fp32 maxPool2d keeps every value exactly and routes the gradien
   for (const [n, c, h, w, k, s] of [[2, 3, 8, 8, 2, 2], [2, 3, 7, 9, 2, 2], [1, 2, 8, 8, 3, 2]]) {
     const oh = Math.floor((h - k) / s) + 1, ow = Math.floor((w - k) / s) + 1;
     const x = randF(r, n * c * h * w), dy = randF(r, n * c * oh * ow);
-    const y = new Float32Array(n * c * oh * ow), dx = new Float64Array(x.length);
-    for (let pl = 0; pl < n * c; pl++) {
-      for (let oy = 0; oy < oh; oy++) {
-        for (let ox = 0; ox < ow; ox++) {
-          let best = oy * s * w + ox * s, m = x[pl * h * w + best];
-          for (let ky = 0; ky < k; ky++) {
-            for (let kx = 0; kx < k; kx++) {
-              const at = (oy * s + ky) * w + ox * s + kx;
-              if (x[pl * h * w + at] > m) [m, best] = [x[pl * h * w + at], at];
-            }
-          }
-          const o = (pl * oh + oy) * ow + ox;
-          y[o] = m;
-          dx[pl * h * w + best] += dy[o];
-        }
-      }
-    }
+    const { y, dx } = refMaxPool(x, dy, { n, c, h, w, k, s });
     using tx = f32(dev, x, [n, c, h, w]);
     using ty = Tensor.empty(dev, [n, c, oh, ow], "f32");
     using ti = Tensor.empty(dev, [n, c, oh, ow], "i32");

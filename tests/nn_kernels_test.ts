@@ -24,6 +24,7 @@ import {
   refBatchNorm,
   refConv,
   refMatmul,
+  refMaxPool,
   SEED,
 } from "./_nn_reference.ts";
 
@@ -177,25 +178,7 @@ testEachBackend(
     ) {
       const oh = Math.floor((h - k) / s) + 1, ow = Math.floor((w - k) / s) + 1;
       const x = randH(r, n * c * h * w), dy = randH(r, n * c * oh * ow);
-      const y = new Float64Array(n * c * oh * ow), idx = new Int32Array(y.length);
-      const dx = new Float64Array(x.length);
-      for (let pl = 0; pl < n * c; pl++) {
-        for (let oy = 0; oy < oh; oy++) {
-          for (let ox = 0; ox < ow; ox++) {
-            let best = oy * s * w + ox * s, m = x[pl * h * w + best];
-            for (let ky = 0; ky < k; ky++) {
-              for (let kx = 0; kx < k; kx++) {
-                const at = (oy * s + ky) * w + ox * s + kx;
-                if (x[pl * h * w + at] > m) [m, best] = [x[pl * h * w + at], at];
-              }
-            }
-            const o = (pl * oh + oy) * ow + ox;
-            y[o] = m;
-            idx[o] = best;
-            dx[pl * h * w + best] += dy[o];
-          }
-        }
-      }
+      const { y, idx, dx } = refMaxPool(x, dy, { n, c, h, w, k, s });
       using tx = Tensor.fromHost(dev, x, [n, c, h, w]);
       using ty = Tensor.empty(dev, [n, c, oh, ow], "f16");
       using ti = Tensor.empty(dev, [n, c, oh, ow], "i32");
