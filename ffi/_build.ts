@@ -87,7 +87,8 @@ export const CPU_FLAGS: readonly string[] = [
  * included first as nvcc includes cuda_runtime.h.
  */
 export const EMULATOR_FLAGS: readonly string[] = [
-  "-std=c++17",
+  // C++20 as nvcc is given: designated initializers name the kernels' functor fields.
+  "-std=c++20",
   "-O2",
   "-fPIC",
   "-shared",
@@ -208,7 +209,7 @@ function findCompiler(target: Target): Compiler {
     throw new LibraryError("no-permission", backend, permissionMessage(denied)!, { cause: denied });
   }
   const install = target === "emulator"
-    ? "install a C++17 compiler (Debian/Ubuntu: apt-get install g++) or set CXX"
+    ? "install a C++20 compiler (Debian/Ubuntu: apt-get install g++) or set CXX"
     : backend === "cpu"
     ? "install a C compiler (Debian/Ubuntu: apt-get install gcc; Fedora: dnf install gcc) or set CC"
     : "install the CUDA toolkit (https://developer.nvidia.com/cuda-downloads) or set NVCC / CUDA_HOME";
@@ -335,7 +336,16 @@ function cudaArchs(): string[] {
 
 /** nvcc flags: one SASS per arch, plus PTX of the newest for GPUs newer than all of them. */
 function cudaFlags(archs: string[]): string[] {
-  const flags = ["-O3", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden", "-cudart", "static"];
+  // C++20: designated initializers name the kernels' functor fields (kernels/cuda/nn.cu).
+  const flags = [
+    "-O3",
+    "-std=c++20",
+    "-shared",
+    "-Xcompiler",
+    "-fPIC,-fvisibility=hidden",
+    "-cudart",
+    "static",
+  ];
   for (const a of archs) flags.push("-gencode", `arch=compute_${a},code=sm_${a}`);
   const newest = archs[archs.length - 1];
   flags.push("-gencode", `arch=compute_${newest},code=compute_${newest}`);

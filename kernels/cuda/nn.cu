@@ -382,11 +382,11 @@ PS_API int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, in
   NULL_CHECK(c);
   if (k > 0) NULL_CHECK(a, b);
   cudaStream_t st = (cudaStream_t)stream;
-  StoreMat ep{c, n, c_dtype == PS_NN_F16, accumulate != 0};
+  StoreMat ep{.c = c, .n = n, .f16 = c_dtype == PS_NN_F16, .acc = accumulate != 0};
   int r = PS_OK;
   WITH_ACT(dtype, {
-    Strided<T> A{(const T *)a, trans_a ? 1 : k, trans_a ? m : 1};
-    Strided<T> B{(const T *)b, trans_b ? 1 : n, trans_b ? k : 1};
+    Strided<T> A{.p = (const T *)a, .rs = trans_a ? 1 : k, .cs = trans_a ? m : 1};
+    Strided<T> B{.p = (const T *)b, .rs = trans_b ? 1 : n, .cs = trans_b ? k : 1};
     r = gemm(m, n, k, 1, A, B, ep, st);
   });
   return r;
@@ -403,9 +403,9 @@ PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t d
   int64_t K = c * kh * kw, P = g.oh * g.ow;
   int r = PS_OK;
   WITH_ACT(dtype, {
-    Strided<T> A{(const T *)w, K, 1};
+    Strided<T> A{.p = (const T *)w, .rs = K, .cs = 1};
     Im2col<T> B{(const T *)x, g};
-    StoreConvY<T> ep{(T *)y, co, P};
+    StoreConvY<T> ep{.y = (T *)y, .co = co, .P = P};
     r = gemm(co, n * P, K, 1, A, B, ep, (cudaStream_t)stream);
   });
   return r;
@@ -422,9 +422,9 @@ PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, i
   NULL_CHECK(dy, w, dx);
   int r = PS_OK;
   WITH_ACT(dtype, {
-    WeightT<T> A{(const T *)w, g};
-    DyGather<T> B{(const T *)dy, g};
-    StoreConvDx<T> ep{(T *)dx, c, h * w_};
+    WeightT<T> A{.w = (const T *)w, .g = g};
+    DyGather<T> B{.dy = (const T *)dy, .g = g};
+    StoreConvDx<T> ep{.dx = (T *)dx, .c = c, .HW = h * w_};
     r = gemm(c, n * h * w_, co * kh * kw, 1, A, B, ep, (cudaStream_t)stream);
   });
   return r;
@@ -457,11 +457,11 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, int32_t d
    * default memory pool in stream order, or from cudaMalloc on a device without pools. */
   float *part = nullptr;
   TRY(ps_scratch_alloc((void **)&part, (size_t)(splits * mn) * sizeof(float), st));
-  StorePartial ep{part, co, K};
+  StorePartial ep{.part = part, .m = co, .n = K};
   int r = PS_OK;
   WITH_ACT(dtype, {
-    DyRows<T> A{(const T *)dy, co, P};
-    Im2colT<T> B{Im2col<T>{(const T *)x, g}};
+    DyRows<T> A{.dy = (const T *)dy, .co = co, .P = P};
+    Im2colT<T> B{.col = Im2col<T>{.x = (const T *)x, .g = g}};
     r = gemm(co, K, cols, (int)splits, A, B, ep, st);
   });
   if (r == PS_OK) {
