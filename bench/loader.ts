@@ -222,10 +222,15 @@ async function runLoader(
     rates.push(n / ((performance.now() - t0) / 1000));
   }
   const measured = rates.slice(WARMUP_EPOCHS);
+  // Runs of epochs with the same counts, e.g. "2w/pf2 x13, 1w/pf2 x12".
+  const runs: [string, number][] = [];
+  for (const st of loader.history) {
+    const k = `${st.numWorkers}w/pf${st.prefetchFactor}`;
+    if (runs.length > 0 && runs[runs.length - 1][0] === k) runs[runs.length - 1][1]++;
+    else runs.push([k, 1]);
+  }
   const tuned = loader.autotune
-    ? `epochs ran with ${
-      loader.history.map((s) => `${s.numWorkers}w/pf${s.prefetchFactor}`).join(", ")
-    }`
+    ? `epochs ran with ${runs.map(([k, n]) => (n > 1 ? `${k} x${n}` : k)).join(", ")}`
     : undefined;
   return {
     name,
@@ -372,13 +377,16 @@ export async function main(args: string[] = Deno.args): Promise<void> {
             seed: SEED,
             numWorkers: "auto",
             prefetchFactor: "auto",
+            // As the hand-picked rows with workers: no worker start per epoch.
+            persistentWorkers: true,
             augment: { padding: PAD, flip: true },
           }),
-        Math.max(epochs, 10),
+        Math.max(epochs, 100),
       );
-      // The search takes an epoch per trial (about 6 here): the row is the settled choice's
-      // rate (the last 2 epochs); every epoch is in `epochs`.
-      const settled = row.epochs!.slice(-2);
+      // A trial takes epochs adding up to MIN_TRIAL_SECONDS (about 12 of these 20 ms epochs;
+      // 5 or 6 trials): the row is the settled choice's rate (the last 10 epochs); every epoch
+      // is in `epochs`.
+      const settled = row.epochs!.slice(-10);
       rows.push({
         ...row,
         numWorkers: null,

@@ -215,6 +215,13 @@ export interface EpochStats {
 const MAX_AUTO_PREFETCH = 8;
 
 /**
+ * The shortest trial "auto" judges by: a trial whose epochs are shorter runs more epochs with
+ * the same counts until they add up to this (20 ms epochs of small samples measured up to
+ * 20% apart from one epoch to the next; a quarter second of them settles to a few percent).
+ */
+export const MIN_TRIAL_SECONDS = 0.25;
+
+/**
  * numWorkers / prefetchFactor "auto": a coordinate search on the consumer's samples per
  * second, one trial per finished epoch. The first epoch warms up (workers start, caches fill)
  * and is not counted; then each worker count from the start outwards runs an epoch at a
@@ -222,8 +229,10 @@ const MAX_AUTO_PREFETCH = 8;
  * is 0 (nothing in flight to deepen), at the fastest count with workers: a deeper prefetch can
  * lift a count that lost at depth 2 past the one that won (measured: 2 workers at depth 8
  * beat 0 workers, which beat 2 workers at depth 2). The fastest trial wins and the search
- * stops there. With a settled choice nothing changes again. The counts never change the
- * sample order.
+ * stops there. A trial is one epoch, or as many as make {@linkcode MIN_TRIAL_SECONDS}, judged
+ * by their samples over their seconds after each epoch's first batch (a new worker set starts
+ * in that wait). With a settled choice nothing changes again. The
+ * counts never change the sample order.
  *
  * @internal Exported for its tests.
  */
@@ -233,6 +242,8 @@ export class Tuner {
   #w: { min: number; max: number };
   #p: { min: number; max: number };
   #phase: "warmup" | "workers" | "prefetch" | "settled" = "warmup";
+  /** The running trial's epochs so far: samples and seconds. */
+  #acc = { samples: 0, seconds: 0 };
 
   constructor(w: { min: number; max: number }, p: { min: number; max: number }) {
     this.#w = w;
@@ -259,7 +270,15 @@ export class Tuner {
       const prefetch = Math.max(this.#p.min, Math.min(2, this.#p.max));
       this.#trials = out.map((workers) => ({ workers, prefetch }));
     } else {
-      this.#results.push({ ...cur, rate: s.samplesPerSecond });
+      // Steady-state rate: the wait for the first batch is left out, since it holds the start
+      // of a new worker set whenever a trial changes the count (tens of ms, which in short
+      // epochs made every trial with workers lose to 0 workers).
+      this.#acc.samples += s.samples;
+      this.#acc.seconds += Math.max(0, s.seconds - s.firstBatchSeconds);
+      // A short trial runs another epoch with the same counts.
+      if (this.#acc.seconds < MIN_TRIAL_SECONDS) return cur;
+      this.#results.push({ ...cur, rate: this.#acc.samples / this.#acc.seconds });
+      this.#acc = { samples: 0, seconds: 0 };
     }
     if (this.#trials.length === 0 && this.#phase === "workers") {
       this.#phase = "prefetch";

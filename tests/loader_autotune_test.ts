@@ -3,7 +3,7 @@
 // ran, and the tuner climbs, takes back a step that did not pay, and settles.
 
 import assert from "node:assert";
-import { DataLoader, type EpochStats, Tuner } from "../loader/data_loader.ts";
+import { DataLoader, type EpochStats, MIN_TRIAL_SECONDS, Tuner } from "../loader/data_loader.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import type { RingBatch } from "../loader/ring.ts";
 
@@ -13,12 +13,19 @@ function dataset(n: number): TensorDataset {
   return new TensorDataset({ image: { data: images, shape: [3, 4, 4] }, label: labels });
 }
 
-function stats(workers: number, prefetch: number, rate: number, wait: number): EpochStats {
+/** A finished epoch of `seconds` (default 1) at `rate` samples/s with the given counts. */
+function stats(
+  workers: number,
+  prefetch: number,
+  rate: number,
+  wait: number,
+  seconds = 1,
+): EpochStats {
   return {
     epoch: 0,
     batches: 10,
-    samples: 1000,
-    seconds: 1,
+    samples: rate * seconds,
+    seconds,
     waitSeconds: wait,
     firstBatchSeconds: 0,
     batchesPerSecond: 10,
@@ -82,6 +89,31 @@ Deno.test("when 0 workers win, deeper prefetches run at the fastest count with w
   assert.deepStrictEqual(u.next(stats(0, 0, 2000, 0.2)), { workers: 1, prefetch: 4 });
   assert.deepStrictEqual(u.next(stats(1, 4, 1100, 0.2)), { workers: 1, prefetch: 8 });
   assert.deepStrictEqual(u.next(stats(1, 8, 1200, 0.2)), { workers: 0, prefetch: 2 }, "0 wins");
+});
+
+Deno.test("short epochs make one trial until they add up to MIN_TRIAL_SECONDS, judged together", () => {
+  const t = new Tuner({ min: 1, max: 2 }, { min: 2, max: 2 });
+  const ms20 = 0.02;
+  t.next(stats(2, 2, 100, 0.5, ms20)); // warm-up
+  // 2 workers: one lucky 20 ms epoch at 3000, then 12 at 1000: judged at about 1150, not 3000.
+  assert.deepStrictEqual(t.next(stats(2, 2, 3000, 0, ms20)), { workers: 2, prefetch: 2 });
+  const epochs = Math.ceil(MIN_TRIAL_SECONDS / ms20) - 1;
+  for (let i = 1; i < epochs; i++) {
+    assert.deepStrictEqual(t.next(stats(2, 2, 1000, 0, ms20)), { workers: 2, prefetch: 2 }, `${i}`);
+  }
+  assert.deepStrictEqual(t.next(stats(2, 2, 1000, 0, ms20)), { workers: 1, prefetch: 2 }, "next");
+  // 1 worker: steady 1500 over one long epoch wins.
+  assert.deepStrictEqual(t.next(stats(1, 2, 1500, 0, 1)), { workers: 1, prefetch: 2 }, "1 wins");
+});
+
+Deno.test("a trial is judged after its first batch: starting a worker set costs it nothing", () => {
+  const t = new Tuner({ min: 0, max: 1 }, { min: 2, max: 2 });
+  t.next(stats(1, 2, 100, 0.5));
+  // 1 worker: 1 s epoch, 0.3 s of it waiting for the first batch (workers starting): 1000
+  // samples in 0.7 s of steady loading beat 0 workers' 1200 samples/s.
+  const slowStart = { ...stats(1, 2, 1000, 0), firstBatchSeconds: 0.3 };
+  assert.deepStrictEqual(t.next(slowStart), { workers: 0, prefetch: 2 });
+  assert.deepStrictEqual(t.next(stats(0, 0, 1200, 0)), { workers: 1, prefetch: 2 }, "1 wins");
 });
 
 Deno.test("the tuner tries no prefetch without any workers, nor beyond a fixed prefetch", () => {
