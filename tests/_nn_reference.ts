@@ -271,3 +271,29 @@ export function refMaxPool(
   }
   return { y, idx, dx, oh, ow };
 }
+
+/**
+ * Softmax cross-entropy of logits [n, k] in float64: the summed loss, the count of rows whose
+ * first maximum is the label, and the gradient of `scale` times the mean loss.
+ */
+export function refCrossEntropy(
+  logits: ArrayLike<number>,
+  labels: ArrayLike<number>,
+  n: number,
+  k: number,
+  scale: number,
+): { loss: number; hits: number; dlogits: Float64Array } {
+  let loss = 0, hits = 0;
+  const d = new Float64Array(n * k);
+  for (let i = 0; i < n; i++) {
+    const row = Array.from({ length: k }, (_, j) => logits[i * k + j]);
+    const m = Math.max(...row);
+    const s = row.reduce((a, v) => a + Math.exp(v - m), 0);
+    loss += m + Math.log(s) - row[labels[i]];
+    if (row.indexOf(m) === labels[i]) hits++;
+    for (let j = 0; j < k; j++) {
+      d[i * k + j] = scale * (Math.exp(row[j] - m) / s - (j === labels[i] ? 1 : 0)) / n;
+    }
+  }
+  return { loss, hits, dlogits: d };
+}
