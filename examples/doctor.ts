@@ -31,6 +31,12 @@ const CLI = {
   summary: "Does training wait for data? Synthetic against real steps, a worker sweep, prefetch " +
     "depth and pinned staging, on an example's data and model; a verdict in words, JSON and SVG.",
   options: {
+    precision: {
+      kind: "string",
+      choices: ["fp16", "fp32"],
+      default: "fp16",
+      help: "the model's precision (batches follow it)",
+    },
     example: {
       kind: "string",
       choices: ["fashion", "cifar"],
@@ -140,9 +146,10 @@ async function main(): Promise<void> {
   }
   const d = await data(cli.example!, cli.data);
   using device = Device.open(cli.device as "auto" | "cpu" | "cuda");
-  using model = d.model.to(device);
+  using model = d.model.to(device, { precision: cli.precision as "fp16" | "fp32" });
   console.log(
-    `doctor: ${d.note}, ${cli.example} model, ${device}, batch ${cli["batch-size"]}, ` +
+    `doctor: ${d.note}, ${cli.example} model (${cli.precision}), ${device}, ` +
+      `batch ${cli["batch-size"]}, ` +
       `${cli.steps} steps per measurement`,
   );
   const report = await diagnose({

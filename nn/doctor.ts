@@ -70,7 +70,10 @@ export interface DoctorOptions {
   workers?: readonly number[];
   /** Other DataLoader options of every run (augment, seed, ...; not batchSize, numWorkers). */
   loader?: DataLoaderOptions;
-  /** Prefetcher options of every run (mean, std, padding, dtype, ...; not depth, pin). */
+  /**
+   * Prefetcher options of every run (mean, std, padding, dtype, ...; not depth, pin). The dtype
+   * defaults to the model's precision: f32 batches for a model moved with precision "fp32".
+   */
   prefetcher?: ToDeviceOptions;
   /** Learning rate of the SGD steps (default 0). */
   lr?: number;
@@ -200,8 +203,12 @@ export async function diagnose(options: DoctorOptions): Promise<DoctorReport> {
       `Cannot diagnose: workers must be non-negative integers, got [${workers.join(", ")}]`,
     );
   }
+  // Batches in the model's precision unless the caller says otherwise; loss scaling as the
+  // examples do it (fp16 only).
+  const dtype = model.precision === "fp32" ? "f32" : "f16";
+  options = { ...options, prefetcher: { dtype, ...options.prefetcher } };
   const opt = new SGD(model.parameters(), { lr: options.lr ?? 0 });
-  const scaler = new GradScaler(device);
+  const scaler = new GradScaler(device, { enabled: model.precision === "fp16" });
   const trainer = new Trainer(model, { optimizer: opt, scaler });
   try {
     const fed = (name: string, numWorkers: number, depth: number, pin: DoctorRun["pin"]) =>

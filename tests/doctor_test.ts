@@ -94,3 +94,23 @@ Deno.test("deno task doctor refuses a bad --workers in one line, exit code 2", a
   assert.strictEqual(out.code, 2, err);
   assert.match(err, /^error: invalid value for --workers: "0,x" \(expected whole numbers >= 0/);
 });
+
+Deno.test("diagnose feeds an fp32 model f32 batches without being told", async () => {
+  using device = Device.open("cpu");
+  using model = new Sequential([new Flatten(), new Linear(192, 10)]).to(device, {
+    precision: "fp32",
+  });
+  const r = await diagnose({
+    device,
+    model,
+    dataset: tiny(64),
+    batchSize: 32,
+    steps: 2,
+    workers: [0],
+    repeat: 1,
+    prefetcher: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] },
+  });
+  // Every run trained: with f16 batches the fp32 Linear would have refused the input.
+  const runs = [r.synthetic, ...r.sweep, r.depth1, r.pageable, r.resident!];
+  runs.forEach((run, i) => assert.ok(run.stepsPerSecond > 0, `run ${i}`));
+});
