@@ -273,6 +273,19 @@ function code(t: Tensor): number {
 const ACT: readonly DType[] = ["f16", "f32"];
 
 /**
+ * Checks an op's activation tensors (with the weights of matmul and the convolutions): the
+ * first f16 or f32, every other of its dtype, in the order given.
+ *
+ * @returns The kernels' code of that one dtype.
+ */
+function activations(action: string, ...named: [unknown, string][]): number {
+  const [first, firstName] = named[0];
+  const ref = tensor(first, firstName, ACT, action);
+  for (const [t, name] of named.slice(1)) sameDtype(t, name, ref, firstName, action);
+  return code(ref);
+}
+
+/**
  * Checks that `t` is a Tensor of `ref`'s dtype: an op's activations, their gradients and the
  * weights of matmul and the convolutions share one dtype.
  */
@@ -421,8 +434,7 @@ function tail(s: readonly number[], from: number): number {
 export function matmul(a: Tensor, b: Tensor, options: MatmulOptions): void {
   const action = "run matmul";
   const out = options?.out;
-  tensor(a, "a", ACT, action);
-  sameDtype(b, "b", a, "a", action);
+  const dt = activations(action, [a, "a"], [b, "b"]);
   tensor(out, "out", ["f16", "f32"], action);
   rank(a, "a", [2], action);
   rank(b, "b", [2], action);
@@ -441,7 +453,7 @@ export function matmul(a: Tensor, b: Tensor, options: MatmulOptions): void {
     device.lib.symbols.ps_nn_matmul(
       a.pointer,
       b.pointer,
-      code(a),
+      dt,
       out.pointer,
       code(out),
       BigInt(m),
@@ -532,9 +544,7 @@ function convArgs(g: ConvGeometry): [bigint, bigint, bigint, bigint, bigint, num
 export function conv2dForward(x: Tensor, y: Tensor, options: Conv2dOptions): void {
   const action = "run conv2dForward";
   const w = options?.weight;
-  tensor(x, "x", ACT, action);
-  sameDtype(w, "weight", x, "x", action);
-  sameDtype(y, "y", x, "x", action);
+  const dt = activations(action, [x, "x"], [w, "weight"], [y, "y"]);
   const g = convGeometry(x, w, y, options, action, ["x", "y", "weight"]);
   using launched = launch(action, options, x, w, y);
   const { device, stream } = launched;
@@ -543,7 +553,7 @@ export function conv2dForward(x: Tensor, y: Tensor, options: Conv2dOptions): voi
       x.pointer,
       w.pointer,
       y.pointer,
-      code(x),
+      dt,
       ...convArgs(g),
       g.stride,
       g.pad,
@@ -578,9 +588,7 @@ export function conv2dForward(x: Tensor, y: Tensor, options: Conv2dOptions): voi
 export function conv2dBackwardData(dy: Tensor, dx: Tensor, options: Conv2dOptions): void {
   const action = "run conv2dBackwardData";
   const w = options?.weight;
-  tensor(dy, "dy", ACT, action);
-  sameDtype(w, "weight", dy, "dy", action);
-  sameDtype(dx, "dx", dy, "dy", action);
+  const dt = activations(action, [dy, "dy"], [w, "weight"], [dx, "dx"]);
   const g = convGeometry(dx, w, dy, options, action, ["dx", "dy", "weight"]);
   using launched = launch(action, options, dy, w, dx);
   const { device, stream } = launched;
@@ -589,7 +597,7 @@ export function conv2dBackwardData(dy: Tensor, dx: Tensor, options: Conv2dOption
       dy.pointer,
       w.pointer,
       dx.pointer,
-      code(dy),
+      dt,
       ...convArgs(g),
       g.stride,
       g.pad,
@@ -629,8 +637,7 @@ export function conv2dBackwardWeight(
 ): void {
   const action = "run conv2dBackwardWeight";
   const x = options?.x;
-  tensor(x, "x", ACT, action);
-  sameDtype(dy, "dy", x, "x", action);
+  const dt = activations(action, [x, "x"], [dy, "dy"]);
   tensor(dw, "dw", ["f16", "f32"], action);
   const g = convGeometry(x, dw, dy, options, action, ["x", "dy", "dw"]);
   using launched = launch(action, options, x, dy, dw);
@@ -639,7 +646,7 @@ export function conv2dBackwardWeight(
     device.lib.symbols.ps_nn_conv2d_backward_weight(
       x.pointer,
       dy.pointer,
-      code(x),
+      dt,
       dw.pointer,
       code(dw),
       ...convArgs(g),
@@ -679,8 +686,7 @@ export function conv2dBackwardWeight(
 export function maxPool2dForward(x: Tensor, y: Tensor, options: MaxPool2dOptions): void {
   const action = "run maxPool2dForward";
   const indices = options?.indices ?? null;
-  tensor(x, "x", ACT, action);
-  sameDtype(y, "y", x, "x", action);
+  const dt = activations(action, [x, "x"], [y, "y"]);
   if (indices !== null) tensor(indices, "indices", ["i32"], action);
   rank(x, "x", [4], action);
   const kernel = int(options?.kernel, "kernel", 1, action);
@@ -698,7 +704,7 @@ export function maxPool2dForward(x: Tensor, y: Tensor, options: MaxPool2dOptions
     device.lib.symbols.ps_nn_maxpool2d_forward(
       x.pointer,
       y.pointer,
-      code(x),
+      dt,
       ptr(indices),
       BigInt(n),
       BigInt(c),
@@ -742,7 +748,7 @@ export function maxPool2dBackward(
 ): void {
   const action = "run maxPool2dBackward";
   const indices = options?.indices;
-  tensor(dy, "dy", ACT, action);
+  const dt = activations(action, [dy, "dy"]);
   tensor(indices, "indices", ["i32"], action);
   sameDtype(dx, "dx", dy, "dy", action);
   rank(dy, "dy", [4], action);
@@ -758,7 +764,7 @@ export function maxPool2dBackward(
       dy.pointer,
       indices.pointer,
       dx.pointer,
-      code(dy),
+      dt,
       BigInt(n),
       BigInt(c),
       BigInt(h),
@@ -822,8 +828,7 @@ export function batchNormForwardTrain(
   const action = "run batchNormForwardTrain";
   const { gamma, beta, saveMean, saveInvStd } = options;
   const runMean = options.runMean ?? null, runVar = options.runVar ?? null;
-  tensor(x, "x", ACT, action);
-  sameDtype(y, "y", x, "x", action);
+  const dt = activations(action, [x, "x"], [y, "y"]);
   const { n, c, hw } = bnShape(x, action);
   shape(y, "y", x.shape, action);
   params(
@@ -860,7 +865,7 @@ export function batchNormForwardTrain(
       gamma.pointer,
       beta.pointer,
       y.pointer,
-      code(x),
+      dt,
       saveMean.pointer,
       saveInvStd.pointer,
       ptr(runMean),
@@ -904,8 +909,7 @@ export function batchNormForwardTrain(
 export function batchNormForwardEval(x: Tensor, y: Tensor, options: BatchNormEvalOptions): void {
   const action = "run batchNormForwardEval";
   const { gamma, beta, runMean, runVar } = options;
-  tensor(x, "x", ACT, action);
-  sameDtype(y, "y", x, "x", action);
+  const dt = activations(action, [x, "x"], [y, "y"]);
   const { n, c, hw } = bnShape(x, action);
   shape(y, "y", x.shape, action);
   params([[gamma, "gamma"], [beta, "beta"], [runMean, "runMean"], [runVar, "runVar"]], c, action);
@@ -920,7 +924,7 @@ export function batchNormForwardEval(x: Tensor, y: Tensor, options: BatchNormEva
       runMean.pointer,
       runVar.pointer,
       y.pointer,
-      code(x),
+      dt,
       BigInt(n),
       BigInt(c),
       BigInt(hw),
@@ -963,9 +967,7 @@ export function batchNormForwardEval(x: Tensor, y: Tensor, options: BatchNormEva
 export function batchNormBackward(dy: Tensor, dx: Tensor, options: BatchNormBackwardOptions): void {
   const action = "run batchNormBackward";
   const { x, gamma, saveMean, saveInvStd, dgamma, dbeta } = options;
-  tensor(dy, "dy", ACT, action);
-  sameDtype(x, "x", dy, "dy", action);
-  sameDtype(dx, "dx", dy, "dy", action);
+  const dt = activations(action, [dy, "dy"], [x, "x"], [dx, "dx"]);
   const { n, c, hw } = bnShape(x, action);
   shape(dy, "dy", x.shape, action);
   shape(dx, "dx", x.shape, action);
@@ -998,7 +1000,7 @@ export function batchNormBackward(dy: Tensor, dx: Tensor, options: BatchNormBack
       saveMean.pointer,
       saveInvStd.pointer,
       dx.pointer,
-      code(dy),
+      dt,
       dgamma.pointer,
       dbeta.pointer,
       BigInt(n),
@@ -1040,7 +1042,7 @@ function channels(y: Tensor, name: string, action: string): { n: number; c: numb
  */
 export function biasAdd(y: Tensor, bias: Tensor, options: OpOptions = {}): void {
   const action = "run biasAdd";
-  tensor(y, "y", ACT, action);
+  const dt = activations(action, [y, "y"]);
   tensor(bias, "bias", ["f16", "f32"], action);
   const { n, c, hw } = channels(y, "y", action);
   shape(bias, "bias", [c], action);
@@ -1049,7 +1051,7 @@ export function biasAdd(y: Tensor, bias: Tensor, options: OpOptions = {}): void 
   device.check(
     device.lib.symbols.ps_nn_bias_add(
       y.pointer,
-      code(y),
+      dt,
       bias.pointer,
       code(bias),
       BigInt(n),
@@ -1084,7 +1086,7 @@ export function biasAdd(y: Tensor, bias: Tensor, options: OpOptions = {}): void 
  */
 export function biasGrad(dy: Tensor, dbias: Tensor, options: BiasGradOptions = {}): void {
   const action = "run biasGrad";
-  tensor(dy, "dy", ACT, action);
+  const dt = activations(action, [dy, "dy"]);
   tensor(dbias, "dbias", ["f16", "f32"], action);
   const { n, c, hw } = channels(dy, "dy", action);
   shape(dbias, "dbias", [c], action);
@@ -1093,7 +1095,7 @@ export function biasGrad(dy: Tensor, dbias: Tensor, options: BiasGradOptions = {
   device.check(
     device.lib.symbols.ps_nn_bias_grad(
       dy.pointer,
-      code(dy),
+      dt,
       dbias.pointer,
       code(dbias),
       BigInt(n),
@@ -1136,13 +1138,12 @@ function sameNumel(a: Tensor, b: Tensor, names: string, action: string): void {
  */
 export function reluForward(x: Tensor, y: Tensor, options: OpOptions = {}): void {
   const action = "run reluForward";
-  tensor(x, "x", ACT, action);
-  sameDtype(y, "y", x, "x", action);
+  const dt = activations(action, [x, "x"], [y, "y"]);
   sameNumel(x, y, "x and y", action);
   using launched = launch(action, options, x, y);
   const { device, stream } = launched;
   device.check(
-    device.lib.symbols.ps_nn_relu_forward(x.pointer, y.pointer, code(x), BigInt(x.numel), stream),
+    device.lib.symbols.ps_nn_relu_forward(x.pointer, y.pointer, dt, BigInt(x.numel), stream),
     action,
   );
 }
@@ -1171,9 +1172,7 @@ export function reluForward(x: Tensor, y: Tensor, options: OpOptions = {}): void
 export function reluBackward(dy: Tensor, dx: Tensor, options: ReluBackwardOptions): void {
   const action = "run reluBackward";
   const y = options?.y;
-  tensor(dy, "dy", ACT, action);
-  sameDtype(y, "y", dy, "dy", action);
-  sameDtype(dx, "dx", dy, "dy", action);
+  const dt = activations(action, [dy, "dy"], [y, "y"], [dx, "dx"]);
   sameNumel(dy, y, "dy and y", action);
   sameNumel(dy, dx, "dy and dx", action);
   using launched = launch(action, options, dy, y, dx);
@@ -1183,7 +1182,7 @@ export function reluBackward(dy: Tensor, dx: Tensor, options: ReluBackwardOption
       dy.pointer,
       y.pointer,
       dx.pointer,
-      code(dy),
+      dt,
       BigInt(dy.numel),
       stream,
     ),
@@ -1199,7 +1198,7 @@ function crossEntropy(
   options: CrossEntropyForwardOptions & Partial<CrossEntropyOptions>,
 ): void {
   const lossSum = options?.lossSum, correct = options?.correct;
-  tensor(logits, "logits", ACT, action);
+  const dt = activations(action, [logits, "logits"]);
   tensor(labels, "labels", ["i32"], action);
   tensor(lossSum, "lossSum", ["f32"], action);
   tensor(correct, "correct", ["i32"], action);
@@ -1234,7 +1233,7 @@ function crossEntropy(
       logits.pointer,
       labels.pointer,
       ptr(dlogits),
-      code(logits),
+      dt,
       lossSum.pointer,
       correct.pointer,
       BigInt(n),
