@@ -269,6 +269,7 @@ export function parseTrainArgs(
     Deno.exit(0);
   }
   const get = <T>(k: string, dflt: T): T => (v[k] as T | undefined) ?? dflt;
+  const precision = get("precision", d.precision) as Precision;
   const own: Record<string, string | number | boolean | undefined> = {};
   for (const k of Object.keys(extra.options ?? {})) own[k] = v[k] as typeof own[string];
   const args: TrainArgs = {
@@ -281,12 +282,9 @@ export function parseTrainArgs(
     momentum: get("momentum", d.momentum),
     cycleMomentum: !v.given.has("momentum"),
     weightDecay: get("weight-decay", d.weightDecay),
-    precision: get("precision", d.precision) as Precision,
+    precision,
     // On by default with fp16 (unless an example's defaults turn it off), off with fp32.
-    lossScaling: get<boolean>(
-      "loss-scaling",
-      get("precision", d.precision) === "fp16" && d.lossScaling,
-    ),
+    lossScaling: get<boolean>("loss-scaling", precision === "fp16" && d.lossScaling),
     model: get("model", d.model),
     checkpoint: get("checkpoint", d.checkpoint),
     resume: get("resume", false),

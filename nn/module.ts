@@ -79,8 +79,8 @@ function checkPrecision(p: unknown, action: string): Precision {
 export class Parameter implements Disposable {
   /** The shape (PyTorch's layout: Linear [out, in], Conv2d [out, in, kh, kw]). */
   readonly shape: number[];
-  #computeDtype: "f16" | "f32";
-  #gradDtype: "f16" | "f32";
+  /** The dtypes given at construction: what mixed precision ("fp16") reads and writes. */
+  #mixed: { compute: "f16" | "f32"; grad: "f16" | "f32" };
   #precision: Precision = "fp16";
   #host: Float32Array | null;
   #device: Device | null = null;
@@ -105,18 +105,18 @@ export class Parameter implements Disposable {
     }
     this.shape = [...shape];
     this.#host = init.slice();
-    this.#computeDtype = options.computeDtype ?? "f16";
-    this.#gradDtype = options.gradDtype ?? this.#computeDtype;
+    const compute = options.computeDtype ?? "f16";
+    this.#mixed = { compute, grad: options.gradDtype ?? compute };
   }
 
   /** The dtype the forward reads (f32 for every parameter of an "fp32" model). */
   get computeDtype(): "f16" | "f32" {
-    return this.#computeDtype;
+    return this.#precision === "fp32" ? "f32" : this.#mixed.compute;
   }
 
   /** The gradient's dtype (f32 for every parameter of an "fp32" model). */
   get gradDtype(): "f16" | "f32" {
-    return this.#gradDtype;
+    return this.#precision === "fp32" ? "f32" : this.#mixed.grad;
   }
 
   /** Number of elements. */
@@ -189,7 +189,6 @@ export class Parameter implements Disposable {
       }
       return this;
     }
-    if (precision === "fp32") this.#computeDtype = this.#gradDtype = "f32";
     this.#precision = precision;
     const host = this.#host!;
     this.#master = Tensor.fromHost(device, host, this.shape);
