@@ -8,19 +8,9 @@
  */
 
 import assert from "node:assert";
+import { rng } from "./_image_reference.ts";
 
 export const SEED = crypto.getRandomValues(new Uint32Array(1))[0];
-
-export function rng(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** A random generator per test, derived from the run's seed and the test's name. */
 export function gen(name: string): () => number {

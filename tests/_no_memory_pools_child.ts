@@ -10,25 +10,8 @@ import { loadLibrary } from "../ffi/library.ts";
 import { Tensor } from "../mod.ts";
 import * as ops from "../nn/ops.ts";
 import { rng } from "./_image_reference.ts";
+import { assertClose } from "./_nn_reference.ts";
 import { checkOverlappingCopies } from "./_overlap_copy.ts";
-
-/** The tolerance check of tests/nn_kernels_test.ts: |a - e| <= atol + rtol * |e|. */
-function assertClose(
-  actual: ArrayLike<number>,
-  expected: ArrayLike<number>,
-  atol: number,
-  rtol: number,
-  what: string,
-): void {
-  assert.strictEqual(actual.length, expected.length, `${what}: length`);
-  for (let i = 0; i < expected.length; i++) {
-    const a = actual[i], e = expected[i];
-    assert.ok(
-      Math.abs(a - e) <= atol + rtol * Math.abs(e),
-      `${what}: element ${i} is ${a}, expected ${e} (atol ${atol}, rtol ${rtol})`,
-    );
-  }
-}
 
 using cuda = Device.open("cuda");
 using cpu = Device.open("cpu");
