@@ -1,5 +1,5 @@
 // Soak: multi-worker loaders looped at real data sizes, every batch checked against the
-// dataset. The stall this guards against (a ring-queue cell overwritten before the worker
+// dataset (and, on the zero-copy path, every sample's augmentation record against its draw). The stall this guards against (a ring-queue cell overwritten before the worker
 // holding its ticket had read it: one batch lost, the in-order consumer waiting forever)
 // showed within one to three rounds of the Fashion-MNIST loop below and never in the small
 // cases of the other suites. `deno task test` runs a short version (SOAK_ROUNDS unset);
@@ -12,7 +12,7 @@ import { Buffer } from "node:buffer";
 import { Device } from "../ffi/device.ts";
 import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
 import { FASHION_MNIST_DEBIAN_ROOT, FashionMNIST, MNIST } from "../loader/datasets/mnist.ts";
-import type { RingBatch } from "../loader/ring.ts";
+import { AUGMENT_RECORD_LENGTH, augmentRecord, type RingBatch } from "../loader/ring.ts";
 import { DevicePrefetcher } from "../pipeline/prefetcher.ts";
 
 // Unset: the short version of every test run. Three zero-copy rounds failed 3 runs out of 3
@@ -84,6 +84,29 @@ function checkSamples(
   }
 }
 
+/** Checks each sample's augmentation record (written by the workers) against its draw. */
+function checkAugment(
+  where: string,
+  rb: RingBatch,
+  augment: NonNullable<DataLoader<unknown>["augment"]>,
+  seed: number,
+  epoch: number,
+  first: number,
+): void {
+  const got = rb.augment!;
+  for (let k = 0; k < rb.size; k++) {
+    const want = augmentRecord(seed, epoch, first + k, augment);
+    for (let j = 0; j < AUGMENT_RECORD_LENGTH; j++) {
+      if (got[k * AUGMENT_RECORD_LENGTH + j] !== want[j]) {
+        assert.fail(`${where}: word ${j} of sample ${k}'s augment record differs from its draw`);
+      }
+    }
+  }
+}
+
+/** Every augmentation on: the zero-copy soak checks the records the workers write. */
+const AUGMENT = { padding: 2, flip: true, vflip: true, cutout: 8, brightness: 0.2, contrast: 0.3 };
+
 type Path = "zero-copy" | "generic" | "prefetcher";
 
 async function runLoader(
@@ -114,7 +137,8 @@ async function runLoader(
     })
     : undefined;
   for (let e = 0; e < epochs; e++) {
-    const plan = Array.from(loader.batchSampler.batches(loader.epoch));
+    const epoch = loader.epoch;
+    const plan = Array.from(loader.batchSampler.batches(epoch));
     const seen = new Uint8Array(data.length);
     let b = 0;
     const source: AsyncIterable<unknown> = prefetcher ?? loader;
@@ -126,6 +150,7 @@ async function runLoader(
         const rb = batch as RingBatch;
         assert.deepStrictEqual(Array.from(rb.indices), Array.from(indices), where);
         checkSamples(where, indices, rb.fields.image as Uint8Array, rb.fields.label);
+        if (loader.augment) checkAugment(where, rb, loader.augment, opts.seed!, epoch, b * 64);
       } else if (path === "generic") {
         const gb = batch as { image: Uint8Array; label: ArrayLike<number> };
         checkSamples(where, indices, gb.image, gb.label);
@@ -171,7 +196,12 @@ for (const path of ["zero-copy", "generic", "prefetcher"] as const) {
             for (const persistentWorkers of [false, true]) {
               const run = runLoader(
                 path,
-                { numWorkers, persistentWorkers, seed: 1000 * r + numWorkers },
+                {
+                  numWorkers,
+                  persistentWorkers,
+                  seed: 1000 * r + numWorkers,
+                  ...(path === "zero-copy" ? { augment: AUGMENT } : {}),
+                },
                 epochs,
                 progress,
                 device,
