@@ -13,7 +13,7 @@
  */
 
 /** The ABI version this table matches (`PS_ABI_VERSION` in kernels/pinstream.h). */
-export const ABI_VERSION = 6;
+export const ABI_VERSION = 7;
 
 /** The dlopen symbol table of a pinstream backend library. */
 export const symbols = {
@@ -125,13 +125,16 @@ export const symbols = {
   },
 
   // PS-SECTION image: entries added by the pipeline work go here.
-  // int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t c, int32_t h,
-  //                      int32_t w, int32_t pad, const void *params, const float *scale,
+  // int ps_image_augment(const void *src, const int32_t *indices, int64_t rows,
+  //                      int32_t layout, int32_t n, int32_t c, int32_t h, int32_t w,
+  //                      int32_t pad, const void *params, const float *scale,
   //                      const float *bias, void *out, int32_t out_dtype, void *stream);
   // scale and bias are HOST arrays (Float32Array), read before the call returns.
   ps_image_augment: {
     parameters: [
       "pointer",
+      "pointer",
+      "i64",
       "i32",
       "i32",
       "i32",

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct layout; ffi/ refuses a mismatch. */
-#define PS_ABI_VERSION 6
+#define PS_ABI_VERSION 7
 
 /* ---- status codes ------------------------------------------------------------------- */
 #define PS_OK 0
@@ -194,7 +194,8 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
  *                      cast(fp32(fp32(t * scale[ch]) + bias[ch]))
  *   t = clamp(fp32(fp32(u * ct) + cs)),  cs = fp32(fp32(1 - ct) * PS_IMAGE_CONTRAST_CENTER)
  *   u = clamp(fp32(float(v) * br)),      clamp(a) = a < 0 ? 0 : a > 255 ? 255 : a
- *   v = src pixel (i, ch, ys + dy - pad, xs + dx - pad), 0 outside the image,
+ *   v = pixel (ch, ys + dy - pad, xs + dx - pad) of image j, 0 outside the image,
+ *   j = indices != NULL ? indices[i] : i,
  *   xs = flip ? w - 1 - x : x,  ys = vflip ? h - 1 - y : y
  *
  * Every operation is one fp32 rounding (never a fused multiply-add; rules.h writes them once)
@@ -205,7 +206,13 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
  * brightness_contrast does): a per-image mean needs a reduction over the whole transformed
  * image before its first output element, which a single pass cannot have.
  *
- * src:    device, n images, uint8, contiguous; `layout` PS_IMAGE_NHWC or PS_IMAGE_NCHW.
+ * src:    device, uint8 images, contiguous; `layout` PS_IMAGE_NHWC or PS_IMAGE_NCHW. Without
+ *         indices, the batch's n images (rows is ignored).
+ * indices, rows: the batch gathered from a device-resident set in the same pass (no gathered
+ *         copy in between): src holds `rows` images and sample i reads image indices[i].
+ *         indices: device, n int32, each in [0, rows) (checked on the CPU backend; on CUDA a
+ *         sample whose index is outside is skipped, its output left as it was, as the kernel
+ *         cannot fail; ps_gather_rows has the same rule). NULL: sample i reads image i.
  * params: device, n records of PS_IMAGE_PARAMS int32, or NULL (dy = dx = pad, nothing else):
  *           [0] dy, [1] dx  the crop window's top-left corner in the padded image (0..2*pad
  *                           for a window inside it; any int32 value is memory-safe and exact,
@@ -223,9 +230,10 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
  * scale, bias: HOST, c floats each (copied into the launch; c <= PS_IMAGE_MAX_CHANNELS).
  * out:    device, n x c x h x w, fp16 (out_dtype PS_IMAGE_F16) or fp32 (PS_IMAGE_F32).
  * n == 0 is a no-op. src and out must not overlap. */
-PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t c, int32_t h,
-                            int32_t w, int32_t pad, const void *params, const float *scale,
-                            const float *bias, void *out, int32_t out_dtype, void *stream);
+PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t rows, int32_t layout,
+                            int32_t n, int32_t c, int32_t h, int32_t w, int32_t pad,
+                            const void *params, const float *scale, const float *bias, void *out,
+                            int32_t out_dtype, void *stream);
 
 /* Gathers rows of a device-resident dataset on the device: dst row k = src row indices[k], each
  * row_bytes bytes (dst[k * row_bytes ...] = src[indices[k] * row_bytes ...]), for n rows.

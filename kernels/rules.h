@@ -163,11 +163,16 @@ PS_CHECK int ps_check_scaler_update(int32_t growth_interval) {
   return PS_OK;
 }
 
-/* ps_image_augment's buffers (params may be NULL). */
-PS_CHECK int ps_check_image_buffers(const void *src, const void *out, const float *scale,
-                                    const float *bias) {
+/* ps_image_augment's buffers (params and indices may be NULL; rows counts only with indices). */
+PS_CHECK int ps_check_image_buffers(const void *src, const int32_t *indices, int64_t rows,
+                                    const void *out, const float *scale, const float *bias) {
   if (src == 0 || out == 0 || scale == 0 || bias == 0) {
     PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: null src, out, scale or bias");
+  }
+  if (indices != 0 && rows <= 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
+                 "ps_image_augment: rows=%lld with indices (src must hold at least one image)",
+                 (long long)rows);
   }
   return PS_OK;
 }

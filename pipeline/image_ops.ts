@@ -44,10 +44,25 @@ export interface ImageAugmentOptions extends ImageOpOptions {
    * (default null: the centred window and nothing else).
    */
   params?: RawMemory;
+  /**
+   * Gathers the batch from a device-resident set in the same pass: n int32 image indices on
+   * the device, sample i reading image `indices[i]` of `src` (which then holds `rows` images),
+   * with no gathered copy in between (default null: sample i is image i of `src`). An index
+   * outside [0, rows) fails on the CPU backend; on CUDA that sample is skipped and its output
+   * left as it was (the kernel cannot fail), as in {@linkcode gatherRows}.
+   */
+  indices?: RawMemory | null;
+  /**
+   * Images in `src` when `indices` is given (default: as many whole images as a buffer `src`
+   * holds after `srcOffset`; required for a bare pointer).
+   */
+  rows?: number;
   /** Byte offset of the first image in `src` (default 0). */
   srcOffset?: number;
   /** Byte offset of the first record in `params` (default 0). */
   paramsOffset?: number;
+  /** Byte offset of the first index in `indices` (default 0). */
+  indicesOffset?: number;
 }
 
 /** Source description of {@linkcode imageLabelsI32}. */
@@ -154,13 +169,15 @@ function streamOf(options: ImageOpOptions, device: Device, action: string): Deno
  * per-channel normalize, cutout, cast to the output's dtype; NCHW out, the same bits as
  * {@linkcode augmentHost} on either backend.
  *
- * @param src n uint8 images of `out`'s size, contiguous, in `options.layout` order.
+ * @param src n uint8 images of `out`'s size, contiguous, in `options.layout` order (with
+ *   `options.indices`: the `rows` images the batch is gathered from).
  * @param out f16 or f32 [n, c, h, w], written; its shape gives the batch's geometry.
  * @param options layout, affine (c entries), padding (0), params (n records or null),
- *   srcOffset, paramsOffset, stream.
+ *   indices (n int32 or null) and rows, srcOffset, paramsOffset, indicesOffset, stream.
  * @throws {TypeError} On a wrong dtype, layout or memory kind, or memory of another device.
  * @throws {RangeError} On a wrong shape, padding, channel count or a buffer too small.
- * @throws {PinstreamError} When the backend refuses the launch.
+ * @throws {PinstreamError} When the backend refuses the launch (on the CPU backend: an index
+ *   outside [0, rows)).
  * @example Normalize two 1x1 RGB pixels to [0, 1]
  * ```ts
  * import { Device, DeviceBuffer, imageAugment, normalizeAffine, Tensor } from "@pinstream/pinstream";
@@ -173,6 +190,19 @@ function streamOf(options: ImageOpOptions, device: Device, action: string): Deno
  * imageAugment(src, out, { layout: "nhwc", affine });
  * const got = [...await out.toHost()].map((v) => Math.round(v * 255));
  * assert.deepStrictEqual(got, [0, 51, 255, 255, 0, 102]);
+ * ```
+ * @example Gather images 2 and 0 of a resident set of three 1x2 grey images, in one pass
+ * ```ts
+ * import { Device, DeviceBuffer, imageAugment, normalizeAffine, Tensor } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using set = DeviceBuffer.alloc(dev, 6);
+ * set.copyFrom(new Uint8Array([10, 11, 20, 21, 30, 31]));
+ * using indices = DeviceBuffer.alloc(dev, 8);
+ * indices.copyFrom(new Int32Array([2, 0]));
+ * using out = Tensor.empty(dev, [2, 1, 1, 2], "f32");
+ * imageAugment(set, out, { layout: "nchw", affine: normalizeAffine([0], [1 / 255]), indices });
+ * assert.deepStrictEqual([...await out.toHost()], [30, 31, 10, 11]);
  * ```
  */
 export function imageAugment(src: RawMemory, out: Tensor, options: ImageAugmentOptions): void {
@@ -205,7 +235,27 @@ export function imageAugment(src: RawMemory, out: Tensor, options: ImageAugmentO
   }
   const padding = int(options.padding ?? 0, "padding", 0, I32_MAX, action);
   const device = out.device;
-  const srcPtr = region(src, "src", options.srcOffset, n * c * h * w, device, action);
+  const imageBytes = c * h * w;
+  const indices = options.indices ?? null;
+  let rows = n, indicesPtr: Deno.PointerValue = null;
+  if (indices !== null) {
+    const sized = src instanceof DeviceBuffer || src instanceof HostBuffer;
+    if (options.rows === undefined && !sized) {
+      throw new TypeError(`Cannot ${action}: rows is needed with indices and a bare src pointer`);
+    }
+    const at = int(options.srcOffset ?? 0, "src offset", 0, Number.MAX_SAFE_INTEGER, action);
+    rows = int(
+      options.rows ?? Math.floor(((src as DeviceBuffer).bytes - at) / imageBytes),
+      "rows",
+      1,
+      Number.MAX_SAFE_INTEGER,
+      action,
+    );
+    indicesPtr = region(indices, "indices", options.indicesOffset, n * 4, device, action);
+  } else if (options.rows !== undefined || options.indicesOffset !== undefined) {
+    throw new TypeError(`Cannot ${action}: rows and indicesOffset go with indices, got none`);
+  }
+  const srcPtr = region(src, "src", options.srcOffset, rows * imageBytes, device, action);
   const params = options.params ?? null;
   const paramsPtr = params === null
     ? null
@@ -215,6 +265,8 @@ export function imageAugment(src: RawMemory, out: Tensor, options: ImageAugmentO
   device.check(
     device.lib.symbols.ps_image_augment(
       srcPtr,
+      indicesPtr,
+      BigInt(indices === null ? 0 : rows),
       LAYOUT[layout],
       n,
       c,

@@ -267,9 +267,7 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
   readonly #padding: number;
   readonly #stream: Stream | undefined;
   readonly #batchSize: number;
-  #buffers:
-    | { idx: DeviceBuffer; params: DeviceBuffer; raw: DeviceBuffer; lab: DeviceBuffer }
-    | undefined;
+  #buffers: { idx: DeviceBuffer; params: DeviceBuffer; lab: DeviceBuffer } | undefined;
   #views = new Map<number, { images: Tensor; labels: Tensor }>();
   #disposed = false;
 
@@ -358,7 +356,7 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
   async *[Symbol.asyncIterator](): AsyncIterator<DeviceBatch> {
     if (this.#disposed) throw new Error("Cannot iterate a DeviceLoader: it is disposed");
     const ds = this.dataset, dev = ds.device, src = ds._source();
-    const bufs = this.#buffersFor(src.imageBytes, src.labelBytes);
+    const bufs = this.#buffersFor(src.labelBytes);
     const stream = this.#stream;
     let index = 0;
     for await (const rb of this.#order) {
@@ -376,35 +374,42 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
       }
       const { images, labels } = this.#viewsFor(n);
       dev.makeCurrent();
-      const rows = { indices: bufs.idx, count: n, rows: ds.length, stream };
-      gatherRows(src.images, bufs.raw, { ...rows, rowBytes: src.imageBytes });
-      imageAugment(bufs.raw, images, {
+      // The images gathered in the kernel's own pass (no gathered copy in between).
+      imageAugment(src.images, images, {
         layout: ds.layout,
         affine: this.#affine,
         padding: this.#padding,
         params: params ? bufs.params : null,
+        indices: bufs.idx,
+        rows: ds.length,
         stream,
       });
-      gatherRows(src.labels, bufs.lab, { ...rows, rowBytes: src.labelBytes });
+      gatherRows(src.labels, bufs.lab, {
+        indices: bufs.idx,
+        count: n,
+        rows: ds.length,
+        rowBytes: src.labelBytes,
+        stream,
+      });
       imageLabelsI32(bufs.lab, labels, { labelBytes: src.labelBytes, stream });
       yield { images, labels, size: n, index: index++, epoch: rb.epoch };
     }
   }
 
-  #buffersFor(imageBytes: number, labelBytes: number) {
+  #buffersFor(labelBytes: number) {
     if (this.#buffers === undefined) {
       const dev = this.dataset.device, b = Math.max(1, this.#batchSize);
       const made: DeviceBuffer[] = [];
       try {
-        for (const bytes of [b * 4, b * RECORD_BYTES, b * imageBytes, b * labelBytes]) {
+        for (const bytes of [b * 4, b * RECORD_BYTES, b * labelBytes]) {
           made.push(DeviceBuffer.alloc(dev, bytes));
         }
       } catch (err) {
         for (const m of made) m.dispose();
         throw err;
       }
-      const [idx, params, raw, lab] = made;
-      this.#buffers = { idx, params, raw, lab };
+      const [idx, params, lab] = made;
+      this.#buffers = { idx, params, lab };
     }
     return this.#buffers;
   }

@@ -7,7 +7,7 @@
 
 import assert from "node:assert";
 import { type Library, loadLibrary } from "../ffi/library.ts";
-import { unwrap } from "../ffi/errors.ts";
+import { lastError, unwrap } from "../ffi/errors.ts";
 import { normalizeAffine } from "../pipeline/augment.ts";
 import { bitDiff, f32Bits, ONE_BITS, RECORD, referenceAugment, rng } from "./_image_reference.ts";
 import { BACKENDS } from "./_backends.ts";
@@ -26,6 +26,8 @@ interface Case {
   params: "random" | "wild" | "extreme" | "none";
   /** The augmentations besides the crop and the horizontal flip (default none: all off). */
   extra?: readonly Extra[];
+  /** Gather the batch from a bigger set by indices in the kernel's pass (default: no). */
+  gather?: boolean;
 }
 
 type Extra = "vflip" | "cutout" | "color";
@@ -94,6 +96,16 @@ async function runCase(lib: Library, k: Case, seed: number): Promise<void> {
   const { n, c, h, w, pad } = k;
   const src = new Uint8Array(n * c * h * w);
   for (let i = 0; i < src.length; i++) src[i] = (r() * 256) | 0;
+  // Gathered: a bigger set of random images, and the batch is its rows at random indices
+  // (repeats included), which the kernel reads there.
+  const rows = k.gather ? 2 * n + 3 : 0;
+  const indices = Int32Array.from({ length: k.gather ? n : 0 }, () => Math.floor(r() * rows));
+  let set = src;
+  if (k.gather) {
+    const img = c * h * w;
+    set = Uint8Array.from({ length: rows * img }, () => (r() * 256) | 0);
+    indices.forEach((j, i) => src.set(set.subarray(j * img, (j + 1) * img), i * img));
+  }
   let params: Int32Array | null = null;
   if (k.params !== "none") {
     params = new Int32Array(RECORD * n);
@@ -137,11 +149,13 @@ async function runCase(lib: Library, k: Case, seed: number): Promise<void> {
   const mem = new Scratch(lib);
   try {
     const count = n * c * h * w;
-    const dSrc = mem.upload(src);
+    const dSrc = mem.upload(set);
     const dParams = params ? mem.upload(params) : NULL;
     const dOut = mem.alloc(count * (k.dtype === "f16" ? 2 : 4));
     const status = lib.symbols.ps_image_augment(
       dSrc,
+      k.gather ? mem.upload(indices) : NULL,
+      BigInt(rows),
       k.layout === "nhwc" ? 0 : 1,
       n,
       c,
@@ -228,6 +242,26 @@ const CASES: Case[] = [
     // Wider than the CPU backend's row path (16 x 64 pixels): the plane path with vflip.
     { n: 2, c: 2, h: 3, w: 1100, pad: 5, layout: "nchw", dtype: "f16", params: "random", extra: e },
   ]),
+  // Gathered from a bigger set by indices, in the kernel's pass: the row path, the plane path
+  // (NHWC, colour, wide), wild windows and no records.
+  ...([
+    { n: 19, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f16", params: "random" },
+    { n: 7, c: 3, h: 32, w: 32, pad: 4, layout: "nhwc", dtype: "f32", params: "random" },
+    { n: 9, c: 2, h: 5, w: 3, pad: 6, layout: "nchw", dtype: "f16", params: "wild" },
+    { n: 4, c: 3, h: 32, w: 32, pad: 0, layout: "nchw", dtype: "f32", params: "none" },
+    {
+      n: 8,
+      c: 3,
+      h: 32,
+      w: 32,
+      pad: 4,
+      layout: "nchw",
+      dtype: "f16",
+      params: "random",
+      extra: ["vflip", "cutout", "color"],
+    },
+    { n: 3, c: 2, h: 3, w: 1100, pad: 5, layout: "nchw", dtype: "f16", params: "random" },
+  ] as Case[]).map((k): Case => ({ ...k, gather: true })),
 ];
 
 for (const { kind: backend, ignore } of BACKENDS) {
@@ -278,6 +312,8 @@ for (const { kind: backend, ignore } of BACKENDS) {
             lib,
             lib.symbols.ps_image_augment(
               dSrc,
+              NULL,
+              0n,
               1,
               1,
               c,
@@ -326,6 +362,8 @@ for (const { kind: backend, ignore } of BACKENDS) {
         for (const [layout, n, c, h, w, pad, dt] of bad) {
           const st = lib.symbols.ps_image_augment(
             src,
+            NULL,
+            0n,
             layout,
             n,
             c,
@@ -343,9 +381,87 @@ for (const { kind: backend, ignore } of BACKENDS) {
         }
         // n = 0 is a no-op even with null pointers.
         assert.strictEqual(
-          lib.symbols.ps_image_augment(NULL, 1, 0, 3, 4, 4, 0, NULL, one, one, NULL, 0, NULL),
+          lib.symbols.ps_image_augment(
+            NULL,
+            NULL,
+            0n,
+            1,
+            0,
+            3,
+            4,
+            4,
+            0,
+            NULL,
+            one,
+            one,
+            NULL,
+            0,
+            NULL,
+          ),
           0,
         );
+      } finally {
+        mem.free();
+      }
+    },
+  });
+
+  Deno.test({
+    name: `[${backend}] ps_image_augment with indices: an index outside the set is refused ` +
+      "(cpu) or its sample left as it was (cuda); rows must be positive",
+    ignore,
+    async fn() {
+      const lib = loadLibrary(backend);
+      const mem = new Scratch(lib);
+      try {
+        const one = new Float32Array([1]), zero = new Float32Array([0]);
+        const rows = 3, img = 4; // 1 x 2 x 2 images holding 10 * (row + 1)
+        const set = mem.upload(
+          Uint8Array.from({ length: rows * img }, (_, i) => 10 * (1 + (i >> 2))),
+        );
+        const call = (indices: Deno.PointerValue, setRows: bigint, out: Deno.PointerValue) =>
+          lib.symbols.ps_image_augment(
+            set,
+            indices,
+            setRows,
+            1,
+            3,
+            1,
+            2,
+            2,
+            0,
+            NULL,
+            one,
+            zero,
+            out,
+            1, // f32
+            NULL,
+          );
+        for (const bad of [[2, 3, 0], [0, -1, 1], [2, 2 ** 31 - 1, 0]]) {
+          const sentinel = new Float32Array(3 * img).fill(-7);
+          const out = mem.upload(sentinel);
+          const st = call(mem.upload(Int32Array.from(bad)), BigInt(rows), out);
+          const got = await mem.download(out, new Float32Array(3 * img));
+          const at = bad.findIndex((j) => j < 0 || j >= rows);
+          if (backend === "cpu") {
+            assert.strictEqual(st, 1, `indices ${bad}`);
+            assert.match(
+              lastError(lib),
+              new RegExp(`indices\\[${at}\\] = ${bad[at]} is outside \\[0, 3\\)`),
+            );
+            assert.deepStrictEqual([...got], [...sentinel], "nothing written");
+          } else {
+            unwrap(lib, st, "ps_image_augment");
+            const want = bad.flatMap((j) =>
+              new Array(img).fill(j >= 0 && j < rows ? 10 * (j + 1) : -7)
+            );
+            assert.deepStrictEqual([...got], want, `indices ${bad}`);
+          }
+        }
+        // rows <= 0 with indices is refused on every backend, before any launch.
+        const out = mem.alloc(3 * img * 4), idx = mem.upload(new Int32Array([0, 0, 0]));
+        for (const r of [0n, -1n]) assert.strictEqual(call(idx, r, out), 1, `rows ${r}`);
+        assert.match(lastError(lib), /rows=-1 with indices/);
       } finally {
         mem.free();
       }
@@ -393,11 +509,29 @@ Deno.test("[cpu] ps_image_augment refuses a freed or too-short device buffer", (
   try {
     const one = new Float32Array([1]);
     const src = mem.alloc(3 * 4 * 4), out = mem.alloc(2 * 3 * 4 * 4 - 2);
-    const st = lib.symbols.ps_image_augment(src, 1, 1, 3, 4, 4, 0, NULL, one, one, out, 0, NULL);
+    const st = lib.symbols.ps_image_augment(
+      src,
+      NULL,
+      0n,
+      1,
+      1,
+      3,
+      4,
+      4,
+      0,
+      NULL,
+      one,
+      one,
+      out,
+      0,
+      NULL,
+    );
     assert.strictEqual(st, 1);
     const host = new Uint8Array(48);
     const st2 = lib.symbols.ps_image_augment(
       Deno.UnsafePointer.of(host),
+      NULL,
+      0n,
       1,
       1,
       3,

@@ -85,6 +85,8 @@ async function augment(
       lib,
       lib.symbols.ps_image_augment(
         mem.upload(b.src),
+        null,
+        0n,
         layout === "nhwc" ? 0 : 1,
         s.n,
         s.c,

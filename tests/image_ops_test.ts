@@ -51,6 +51,51 @@ Deno.test("[cpu] imageAugment equals augmentHost with params, padding and either
   }
 });
 
+Deno.test("[cpu] imageAugment with indices gathers in its pass: the rows of gatherRows then imageAugment", async () => {
+  using dev = Device.open("cpu");
+  const rows = 7, c = 3, h = 5, w = 4, img = c * h * w, n = 4, pad = 2;
+  using set = DeviceBuffer.alloc(dev, 16 + rows * img);
+  set.copyFrom(Uint8Array.from({ length: rows * img }, (_, i) => (i * 53 + 7) & 255), {
+    dstOffset: 16,
+  });
+  using idx = DeviceBuffer.alloc(dev, 4 + 4 * n);
+  idx.copyFrom(new Int32Array([6, 0, 6, 3]), { dstOffset: 4 });
+  using p = DeviceBuffer.alloc(dev, 4 * RECORD * n);
+  p.copyFrom(cropRecords([0, 0, 1, 4, 4, 0, 1, 3, 1, 2, 2, 0]));
+  using raw = DeviceBuffer.alloc(dev, n * img);
+  gatherRows(set, raw, { indices: idx, indicesOffset: 4, count: n, rowBytes: img, srcOffset: 16 });
+  const affine = normalizeAffine([0.5, 0.4, 0.3], [0.2, 0.25, 0.3]);
+  for (const layout of ["nhwc", "nchw"] as const) {
+    using want = Tensor.empty(dev, [n, c, h, w], "f16");
+    imageAugment(raw, want, { layout, affine, padding: pad, params: p });
+    using got = Tensor.empty(dev, [n, c, h, w], "f16");
+    imageAugment(set, got, {
+      layout,
+      affine,
+      padding: pad,
+      params: p,
+      indices: idx,
+      indicesOffset: 4,
+      srcOffset: 16,
+    });
+    assert.deepStrictEqual(bitDiff(await got.toHost(), await want.toHost()), [], layout);
+  }
+  // An index outside the set (rows derived from the buffer: 7) is refused, naming it.
+  idx.copyFrom(new Int32Array([7]), { dstOffset: 8 });
+  using out = Tensor.empty(dev, [n, c, h, w], "f32");
+  assert.throws(
+    () =>
+      imageAugment(set, out, {
+        layout: "nchw",
+        affine,
+        indices: idx,
+        indicesOffset: 4,
+        srcOffset: 16,
+      }),
+    { message: /indices\[1\] = 7 is outside \[0, 7\)/ },
+  );
+});
+
 Deno.test("[cpu] image wrappers name the argument at fault", () => {
   using dev = Device.open("cpu");
   using src = DeviceBuffer.alloc(dev, 12);
@@ -78,6 +123,28 @@ Deno.test("[cpu] image wrappers name the argument at fault", () => {
   assert.throws(() => imageAugment(src, i32, { layout: "nhwc", affine }), {
     name: "TypeError",
     message: /out must be f16 or f32, got i32/,
+  });
+  // Gathering: rows, indicesOffset only with indices; rows needed for a bare pointer; the set,
+  // the indices and rows checked against their buffers.
+  assert.throws(() => imageAugment(src, out, { layout: "nhwc", affine, rows: 1 }), {
+    name: "TypeError",
+    message: /rows and indicesOffset go with indices, got none/,
+  });
+  assert.throws(
+    () => imageAugment(src.pointer, out, { layout: "nhwc", affine, indices: small }),
+    { name: "TypeError", message: /rows is needed with indices and a bare src pointer/ },
+  );
+  assert.throws(() => imageAugment(src, out, { layout: "nhwc", affine, indices: small, rows: 2 }), {
+    name: "RangeError",
+    message: /src must hold 24 bytes from offset 0, got a buffer of 12/,
+  });
+  assert.throws(
+    () => imageAugment(src, out, { layout: "nhwc", affine, indices: small, indicesOffset: 6 }),
+    { name: "RangeError", message: /indices must hold 4 bytes from offset 6, got a buffer of 8/ },
+  );
+  assert.throws(() => imageAugment(small, out, { layout: "nhwc", affine, indices: small }), {
+    name: "RangeError",
+    message: /rows must be an integer in 1\.\.\d+, got 0/,
   });
   using labels = Tensor.empty(dev, [4], "i32");
   assert.throws(() => imageLabelsI32(src, labels, { labelBytes: 3 }), {

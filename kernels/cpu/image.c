@@ -140,7 +140,8 @@ static void gather_plane(const uint8_t *img, int32_t layout, int32_t c, int32_t 
  * sample's (dx, flip), so they are computed once per sample, not per row. */
 static inline __attribute__((always_inline)) void sample_nchw_avx512(
     const uint8_t *img, int32_t c, int32_t h, int32_t w, int32_t oy, int32_t ox, int32_t flip,
-    int32_t vflip, const float *sc, const float *bi, int32_t out_dtype, void *out) {
+    int32_t vflip, const float *sc, const float *bi, int32_t out_dtype, void *out,
+    const char *ahead) {
   const __m128i rev = _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const int32_t chunks = (w + 15) / 16;
   int32_t first[PS_ROW_CHUNKS];
@@ -172,6 +173,9 @@ static inline __attribute__((always_inline)) void sample_nchw_avx512(
     for (int32_t y = 0; y < h; y++) {
       sy += sy_step;
       const int64_t o = ch * plane + (int64_t)y * w;
+      /* The same row of a later gathered image, one line per row: spread over the sample so
+       * the misses overlap the arithmetic instead of queueing at its start. */
+      if (ahead != NULL) __builtin_prefetch(ahead + o, 0, 3);
       const int inside = sy >= 0 && sy < h;
       const uint8_t *srow = src + (int64_t)sy * w;
       for (int32_t j = 0; j < chunks; j++) {
@@ -196,10 +200,14 @@ static inline __attribute__((always_inline)) void sample_nchw_avx512(
 }
 #endif
 
+/* How many samples ahead a gathered sample's image is prefetched. */
+#define PS_GATHER_AHEAD 2
+
 /* ps_image_augment over samples [i0, i1). */
 typedef struct {
   const uint8_t *src;
-  const int32_t *params; /* PS_IMAGE_PARAMS per sample, or NULL: centre crop, nothing else */
+  const int32_t *indices; /* sample i reads image indices[i], or NULL: image i */
+  const int32_t *params;  /* PS_IMAGE_PARAMS per sample, or NULL: centre crop, nothing else */
   void *out;
   int32_t layout, c, h, w, pad, out_dtype;
   float scale[PS_IMAGE_MAX_CHANNELS], bias[PS_IMAGE_MAX_CHANNELS];
@@ -228,7 +236,13 @@ static void augment_range(void *vctx, int64_t i0, int64_t i1) {
   for (int64_t i = i0; i < i1; i++) {
     ps_image_sample sm;
     ps_image_sample_decode(prm != NULL ? prm + PS_IMAGE_PARAMS * i : NULL, pad, h, w, &sm);
-    const uint8_t *img = k->src + i * img_bytes;
+    const int32_t *idx = k->indices;
+    const uint8_t *img = k->src + (idx != NULL ? (int64_t)idx[i] : i) * img_bytes;
+    /* Gathered images are scattered over a set bigger than the caches, and the hardware
+     * prefetcher does not cross into a new image: a later sample's image is fetched ahead. */
+    const char *ahead = idx != NULL && i + PS_GATHER_AHEAD < i1
+                            ? (const char *)(k->src + (int64_t)idx[i + PS_GATHER_AHEAD] * img_bytes)
+                            : NULL;
     const int32_t oy = sm.oy, ox = sm.ox, flip = sm.flip, vflip = sm.vflip;
     char *so = (char *)out + i * img_bytes * (out_dtype == PS_IMAGE_F16 ? 2 : 4);
 #if defined(PS_IMAGE_ROW_AVX512)
@@ -236,19 +250,22 @@ static void augment_range(void *vctx, int64_t i0, int64_t i1) {
       /* Constant flip and dtype per call: the compiler drops both branches from the
        * inner loop. */
       if (out_dtype == PS_IMAGE_F16 && flip) {
-        sample_nchw_avx512(img, c, h, w, oy, ox, 1, vflip, sc, bi, PS_IMAGE_F16, so);
+        sample_nchw_avx512(img, c, h, w, oy, ox, 1, vflip, sc, bi, PS_IMAGE_F16, so, ahead);
       } else if (out_dtype == PS_IMAGE_F16) {
-        sample_nchw_avx512(img, c, h, w, oy, ox, 0, vflip, sc, bi, PS_IMAGE_F16, so);
+        sample_nchw_avx512(img, c, h, w, oy, ox, 0, vflip, sc, bi, PS_IMAGE_F16, so, ahead);
       } else if (flip) {
-        sample_nchw_avx512(img, c, h, w, oy, ox, 1, vflip, sc, bi, PS_IMAGE_F32, so);
+        sample_nchw_avx512(img, c, h, w, oy, ox, 1, vflip, sc, bi, PS_IMAGE_F32, so, ahead);
       } else {
-        sample_nchw_avx512(img, c, h, w, oy, ox, 0, vflip, sc, bi, PS_IMAGE_F32, so);
+        sample_nchw_avx512(img, c, h, w, oy, ox, 0, vflip, sc, bi, PS_IMAGE_F32, so, ahead);
       }
       if (sm.cut_y1 > sm.cut_y0)
         cutout(sm.cut_y0, sm.cut_y1, sm.cut_x0, sm.cut_x1, c, h, w, out_dtype, so);
       continue;
     }
 #endif
+    if (ahead != NULL) {
+      for (int64_t b = 0; b < img_bytes; b += 64) __builtin_prefetch(ahead + b, 0, 3);
+    }
     float color[256];
     if (sm.color) {
       for (uint32_t v = 0; v < 256; v++) color[v] = ps_image_color(v, sm.br, sm.ct, sm.cs);
@@ -271,24 +288,35 @@ static void augment_range(void *vctx, int64_t i0, int64_t i1) {
   if (t != stack_buf) free(t);
 }
 
-PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t c, int32_t h,
-                            int32_t w, int32_t pad, const void *params, const float *scale,
-                            const float *bias, void *out, int32_t out_dtype, void *stream) {
+PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t rows, int32_t layout,
+                            int32_t n, int32_t c, int32_t h, int32_t w, int32_t pad,
+                            const void *params, const float *scale, const float *bias, void *out,
+                            int32_t out_dtype, void *stream) {
   (void)stream; /* the cpu backend is synchronous */
   TRY(ps_check_image_augment(layout, n, c, h, w, pad, out_dtype));
   if (n == 0) return PS_OK;
-  TRY(ps_check_image_buffers(src, out, scale, bias));
+  TRY(ps_check_image_buffers(src, indices, rows, out, scale, bias));
   const int64_t plane = (int64_t)h * w, img_bytes = plane * c;
-  /* Catches stale or short device buffers here, where CUDA would fault mid-kernel. */
-  if (!ps_is_live_range(src, (uint64_t)(n * img_bytes)) ||
+  const int64_t src_images = indices != NULL ? rows : n;
+  /* Catches stale or short device buffers here, where CUDA would fault mid-kernel (the
+   * product overflows only past 2^63 bytes: rows of at most 2^24 * 16 bytes). */
+  if ((indices != NULL &&
+       (rows > INT64_MAX / img_bytes || !ps_is_live_range(indices, (uint64_t)n * 4u))) ||
+      !ps_is_live_range(src, (uint64_t)(src_images * img_bytes)) ||
       !ps_is_live_range(out, (uint64_t)(n * img_bytes) * (out_dtype == PS_IMAGE_F16 ? 2u : 4u)) ||
       (params != NULL && !ps_is_live_range(params, (uint64_t)n * 4u * PS_IMAGE_PARAMS))) {
     PS_FAIL(PS_ERR_INVALID_ARGUMENT,
-            "ps_image_augment: src, params or out is not a live buffer of the batch's size "
-            "(n=%d c=%d h=%d w=%d)",
-            n, c, h, w);
+            "ps_image_augment: src, indices, params or out is not a live buffer of the batch's "
+            "size (n=%d c=%d h=%d w=%d, src images %lld)",
+            n, c, h, w, (long long)src_images);
+  }
+  for (int32_t i = 0; indices != NULL && i < n; i++) {
+    if (indices[i] < 0 || indices[i] >= rows)
+      PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: indices[%d] = %d is outside [0, %lld)", i,
+              indices[i], (long long)rows);
   }
   augment_ctx k = {.src = src,
+                   .indices = indices,
                    .params = params,
                    .out = out,
                    .layout = layout,

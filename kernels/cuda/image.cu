@@ -32,9 +32,10 @@ __device__ __forceinline__ void store(float *o, int64_t i, float r) { o[i] = r; 
  * the same sample's parameters (one cached load). Consecutive threads write consecutive x:
  * the stores coalesce, and the reads of one source row stay within one or two segments. */
 template <typename Out, int Layout>
-__global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *__restrict__ params,
-                               Affine aff, Out *__restrict__ out, int32_t n, int32_t c, int32_t h,
-                               int32_t w, int32_t pad) {
+__global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *__restrict__ indices,
+                               int64_t rows, const int32_t *__restrict__ params, Affine aff,
+                               Out *__restrict__ out, int32_t n, int32_t c, int32_t h, int32_t w,
+                               int32_t pad) {
   const int32_t plane = h * w;
   const int64_t planes = (int64_t)n * c;
   for (int64_t pl = blockIdx.y; pl < planes; pl += gridDim.y) {
@@ -50,7 +51,14 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
      * clamps it to [-h, h] (resp. [-w, w]), which keeps sy and sx below within int32. */
     ps_image_sample sm;
     ps_image_sample_decode(params != nullptr ? rec : nullptr, pad, h, w, &sm);
-    const uint8_t *img = src + s * ((int64_t)c * plane);
+    /* A gathered sample whose index is outside the set is skipped (ps_gather_rows' rule):
+     * the same value for the whole block, so no thread waits at a barrier it skips. */
+    int64_t j = s;
+    if (indices != nullptr) {
+      j = __ldg(indices + s);
+      if (j < 0 || j >= rows) continue;
+    }
+    const uint8_t *img = src + j * ((int64_t)c * plane);
     const float scale = aff.scale[ch], bias = aff.bias[ch];
     Out *o = out + pl * plane;
     /* int32 is enough: plane <= 2^24 (ps_check_image_augment) and launch_augment's grid.x
@@ -97,20 +105,20 @@ int grid_for(int64_t total, int block) {
 }
 
 template <typename Out>
-void launch_augment(const uint8_t *src, int32_t layout, const int32_t *params, const Affine &aff,
-                    Out *out, int32_t n, int32_t c, int32_t h, int32_t w, int32_t pad,
-                    cudaStream_t st) {
+void launch_augment(const uint8_t *src, const int32_t *indices, int64_t rows, int32_t layout,
+                    const int32_t *params, const Affine &aff, Out *out, int32_t n, int32_t c,
+                    int32_t h, int32_t w, int32_t pad, cudaStream_t st) {
   const int block = 256;
   const int64_t plane = (int64_t)h * w, planes = (int64_t)n * c;
   const dim3 grid(
       (unsigned)((plane + block - 1) / block < 1024 ? (plane + block - 1) / block : 1024),
       (unsigned)(planes < 65535 ? planes : 65535));
   if (layout == PS_IMAGE_NCHW) {
-    PS_LAUNCH((augment_kernel<Out, PS_IMAGE_NCHW>), grid, block, 0, st, src, params, aff, out, n, c,
-              h, w, pad);
+    PS_LAUNCH((augment_kernel<Out, PS_IMAGE_NCHW>), grid, block, 0, st, src, indices, rows, params,
+              aff, out, n, c, h, w, pad);
   } else {
-    PS_LAUNCH((augment_kernel<Out, PS_IMAGE_NHWC>), grid, block, 0, st, src, params, aff, out, n, c,
-              h, w, pad);
+    PS_LAUNCH((augment_kernel<Out, PS_IMAGE_NHWC>), grid, block, 0, st, src, indices, rows, params,
+              aff, out, n, c, h, w, pad);
   }
 }
 
@@ -118,12 +126,13 @@ void launch_augment(const uint8_t *src, int32_t layout, const int32_t *params, c
 
 extern "C" {
 
-PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t c, int32_t h,
-                            int32_t w, int32_t pad, const void *params, const float *scale,
-                            const float *bias, void *out, int32_t out_dtype, void *stream) {
+PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t rows, int32_t layout,
+                            int32_t n, int32_t c, int32_t h, int32_t w, int32_t pad,
+                            const void *params, const float *scale, const float *bias, void *out,
+                            int32_t out_dtype, void *stream) {
   TRY(ps_check_image_augment(layout, n, c, h, w, pad, out_dtype));
   if (n == 0) return PS_OK;
-  TRY(ps_check_image_buffers(src, out, scale, bias));
+  TRY(ps_check_image_buffers(src, indices, rows, out, scale, bias));
   Affine aff;
   for (int32_t i = 0; i < PS_IMAGE_MAX_CHANNELS; i++) {
     aff.scale[i] = i < c ? scale[i] : 0.0f;
@@ -133,9 +142,9 @@ PS_API int ps_image_augment(const void *src, int32_t layout, int32_t n, int32_t 
   const uint8_t *s8 = (const uint8_t *)src;
   const int32_t *prm = (const int32_t *)params;
   if (out_dtype == PS_IMAGE_F16) {
-    launch_augment(s8, layout, prm, aff, (__half *)out, n, c, h, w, pad, st);
+    launch_augment(s8, indices, rows, layout, prm, aff, (__half *)out, n, c, h, w, pad, st);
   } else {
-    launch_augment(s8, layout, prm, aff, (float *)out, n, c, h, w, pad, st);
+    launch_augment(s8, indices, rows, layout, prm, aff, (float *)out, n, c, h, w, pad, st);
   }
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
