@@ -24,7 +24,9 @@
  *   the pipeline as built: the loader reads the u8 sample (3,072 B) and writes it to the ring
  *   (3,072 B), the kernel reads it (3,072 B) and writes fp16 (6,144 B), 15,360 B in all. The
  *   least any pipeline must move (read u8 once, write fp16 once: 9,216 B) gives a second,
- *   higher bound, reported beside it.
+ *   higher bound, reported beside it. And the random-read bound: `gatherRows` of shuffled
+ *   batches from the 150 MB set (each sample read once and written once), since a plain copy
+ *   reads sequentially and a shuffled pipeline does not.
  *
  * With a CUDA device present it adds the GPU mode: pinstream on the GPU, PyTorch with
  * pin_memory=True, persistent_workers=True and a side-stream prefetcher, and the raw
@@ -48,6 +50,7 @@ import { TensorDataset } from "../loader/datasets/tensor.ts";
 import { AUGMENT_RECORD_LENGTH, type RingBatch, ringLayout } from "../loader/ring.ts";
 import { toDevice, type ToDeviceOptions } from "../pipeline/prefetcher.ts";
 import { DeviceDataset } from "../pipeline/resident.ts";
+import { gatherRows } from "../pipeline/image_ops.ts";
 
 const BATCH = 128;
 const PAD = 4;
@@ -294,6 +297,59 @@ async function bestCopyBandwidth(): Promise<{ bytesPerSecond: number; threads: n
     }
   }
   return best;
+}
+
+/**
+ * The random-read bound: `ps_gather_rows` (memcpy per row, on the CPU backend's threads) of
+ * shuffled 128-sample batches from the 150 MB set, reading each u8 sample once and writing it
+ * once. A pipeline that draws samples in a random order reads them this way; the plain-copy
+ * bound above is sequential, which DRAM serves faster.
+ */
+function gatherBoundRow(device: Device, ds: TensorDataset, samples: number): Row {
+  const img = 3072;
+  const field = ds.sharedFields().find((f) => f.name === "image")!;
+  using set = DeviceBuffer.alloc(device, samples * img);
+  set.copyFrom(new Uint8Array(field.buffer, field.byteOffset ?? 0, samples * img));
+  using idx = DeviceBuffer.alloc(device, samples * 4);
+  using dst = DeviceBuffer.alloc(device, BATCH * img);
+  // A fixed shuffle (the permutation's source does not matter, only that it is random).
+  const perm = Int32Array.from({ length: samples }, (_, i) => i);
+  let x = 12345;
+  for (let i = samples - 1; i > 0; i--) {
+    x = (Math.imul(x, 1103515245) + 12345) >>> 0;
+    const j = x % (i + 1);
+    [perm[i], perm[j]] = [perm[j], perm[i]];
+  }
+  idx.copyFrom(perm);
+  const batches = Math.floor(samples / BATCH);
+  const epoch = () => {
+    for (let b = 0; b < batches; b++) {
+      gatherRows(set, dst, {
+        indices: idx,
+        indicesOffset: 4 * BATCH * b,
+        count: BATCH,
+        rowBytes: img,
+      });
+    }
+  };
+  epoch(); // warm-up
+  const rates: number[] = [];
+  for (let r = 0; r < 5; r++) {
+    const t0 = performance.now();
+    epoch();
+    rates.push((batches * BATCH) / ((performance.now() - t0) / 1000));
+  }
+  const best = Math.max(...rates);
+  return {
+    name: `random-read bound: gatherRows of shuffled batches from the set (${
+      (best * 2 * img / 1e9).toFixed(1)
+    } GB/s read + written)`,
+    impl: "bound",
+    device: "cpu",
+    samplesPerSecond: best,
+    medianSamplesPerSecond: median(rates),
+    epochs: rates,
+  };
 }
 
 /** The fused kernel alone on the CPU backend: batches from a ring bigger than the caches. */
@@ -543,6 +599,7 @@ export async function main(args: string[] = Deno.args): Promise<void> {
     rows.push(await residentRow(ds, cpu, epochs));
     rows.push(await loaderRow(ds, epochs));
     rows.push(kernelRow(cpu));
+    rows.push(gatherBoundRow(cpu, ds, samples));
     copyAfter = await bestCopyBandwidth();
   }
   const copy = copyAfter.bytesPerSecond > copyBefore.bytesPerSecond ? copyAfter : copyBefore;
@@ -651,6 +708,11 @@ export async function main(args: string[] = Deno.args): Promise<void> {
       : null,
     residentVsTorchVectorizedBest: resident && torchVecBest
       ? resident.samplesPerSecond / torchVecBest.samplesPerSecond
+      : null,
+    // Against the random-read bound: both read 3,072 B per sample in a random order.
+    residentVsRandomReadBound: resident
+      ? resident.samplesPerSecond /
+        find((r) => r.name.startsWith("random-read bound"))!.samplesPerSecond
       : null,
     kernelAloneVsBandwidthBoundKernelBytes:
       find((r) => r.name.startsWith("fused kernel alone"))!.samplesPerSecond /
