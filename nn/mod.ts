@@ -8,6 +8,7 @@
 
 export * from "./init.ts";
 export * from "./module.ts";
+export { BufferTensor, Parameter, type ParameterOptions, type Precision } from "./parameter.ts";
 export * from "./layers.ts";
 export * from "./loss.ts";
 export * from "./optim.ts";

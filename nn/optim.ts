@@ -13,7 +13,7 @@
 import { refuseUnknownKeys } from "../ffi/_options.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
-import type { Parameter } from "./module.ts";
+import type { Parameter } from "./parameter.ts";
 
 /** Options of {@linkcode SGD} (PyTorch's names and defaults). */
 export interface SGDOptions {
