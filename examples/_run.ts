@@ -6,14 +6,22 @@
 
 import { MetricsLog } from "../nn/metrics.ts";
 import { type CliOption, type CliSpec, helpText, parseArgv, UsageError } from "./_cli.ts";
-import type { Device } from "../ffi/device.ts";
-import type { AugmentOptions, DataLoader, RingBatch } from "../loader/mod.ts";
+import { Device } from "../ffi/device.ts";
+import {
+  type AugmentOptions,
+  DataLoader,
+  type Dataset,
+  LabeledImages,
+  type RingBatch,
+} from "../loader/mod.ts";
+import { TensorDataset } from "../loader/datasets/tensor.ts";
 import { DevicePrefetcher } from "../pipeline/prefetcher.ts";
 import {
   GradScaler,
   loadCheckpoint,
   type LRScheduler,
   type Module,
+  OneCycleLR,
   type Precision,
   saveCheckpoint,
   SGD,
@@ -642,4 +650,97 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     }),
   );
   return reports;
+}
+
+/**
+ * The first `limit` samples of a labeled image set held in memory (--limit), as a
+ * TensorDataset over the same memory; any other set, or a limit of 0 or not below the set's
+ * length, gives the set itself.
+ *
+ * @param set The training set.
+ * @param limit The sample count to keep (0: all).
+ * @returns The set, or its first `limit` samples.
+ */
+export function firstSamples(set: Dataset, limit: number): Dataset {
+  if (!(set instanceof LabeledImages) || limit <= 0 || limit >= set.length) return set;
+  const shape = set.sharedFields()[0].shape;
+  const bytes = shape.reduce((a, b) => a * b, 1);
+  return new TensorDataset({
+    image: { data: set.images.subarray(0, limit * bytes), shape: [...shape] },
+    label: set.labels.subarray(0, limit),
+  });
+}
+
+/** What {@linkcode trainImages} trains on, and how it says so. */
+export interface ImageRun {
+  /** The training set. */
+  train: Dataset;
+  /** The test set. */
+  test: Dataset;
+  /** Builds the model on the host (called once the device is open). */
+  model: () => Module;
+  /** Per-channel mean and standard deviation of the data (of x / 255). */
+  mean: number[];
+  /** See `mean`. */
+  std: number[];
+  /** The training augmentation (null or undefined: none). */
+  augment: AugmentOptions | null | undefined;
+  /** The start of the start-up line, before the device (e.g. "training on ..."). */
+  intro: string;
+  /** What the data is, for the closing summary. */
+  dataNote: string;
+}
+
+/**
+ * Trains an image example: opens `args.device`, builds the model there in `args.precision`,
+ * loads batches with the loader's workers (shuffled and augmented for training), prints the
+ * start-up line and runs {@linkcode runTraining} with a one-cycle schedule peaking at
+ * `args.lr`.
+ *
+ * @param args The options (see --help).
+ * @param run The data, the model and the start-up line.
+ * @returns The per-epoch reports.
+ */
+export async function trainImages(args: TrainArgs, run: ImageRun): Promise<EpochReport[]> {
+  const { train, test, augment } = run;
+  using device = Device.open(args.device);
+  const model = run.model().to(device, { precision: args.precision });
+  const common = {
+    batchSize: args.batchSize,
+    numWorkers: args.workers,
+    seed: args.seed,
+    // Slots go back to the loader only once their copy to the device has fired.
+    autoRelease: false,
+  };
+  const workers = args.workers > 0 ? { persistentWorkers: true } : {};
+  await using trainLoader = new DataLoader<RingBatch>(train, {
+    ...common,
+    ...workers,
+    shuffle: true,
+    ...(augment ? { augment } : {}),
+  });
+  await using testLoader = new DataLoader<RingBatch>(test, { ...common, ...workers });
+  console.log(
+    `${run.intro}, device ${device.kind} (${device.props.name}), batch ${args.batchSize}, ` +
+      `${args.workers} workers, ${precisionLine(args)}, ${augmentNote(augment)}`,
+  );
+  try {
+    return await runTraining({
+      args,
+      device,
+      model,
+      trainLoader,
+      testLoader,
+      dataNote: run.dataNote,
+      spec: { mean: run.mean, std: run.std, padding: augment?.padding ?? 0 },
+      scheduler: (opt, steps) =>
+        new OneCycleLR(opt, {
+          maxLr: args.lr,
+          totalSteps: args.epochs * steps,
+          cycleMomentum: args.cycleMomentum,
+        }),
+    });
+  } finally {
+    model.dispose();
+  }
 }

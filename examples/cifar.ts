@@ -20,9 +20,7 @@
  * @module
  */
 
-import { Device } from "../ffi/device.ts";
-import { DataLoader } from "../loader/mod.ts";
-import type { AugmentOptions, Dataset, RingBatch } from "../loader/mod.ts";
+import type { AugmentOptions, Dataset } from "../loader/mod.ts";
 import { CIFAR10, CIFAR10_URL } from "../loader/datasets/cifar10.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import {
@@ -32,18 +30,16 @@ import {
   Linear,
   MaxPool2d,
   type Module,
-  OneCycleLR,
   ReLU,
   Sequential,
   Xoshiro128,
 } from "../nn/mod.ts";
 import {
-  augmentNote,
   type EpochReport,
+  firstSamples,
   parseTrainArgs,
-  precisionLine,
-  runTraining,
   type TrainArgs,
+  trainImages,
 } from "./_run.ts";
 import { CliError, runMain } from "./_cli.ts";
 import { generateShapes, SHAPE_CLASSES } from "./_shapes.ts";
@@ -281,55 +277,19 @@ export async function trainCifar(
     const dir = args.checkpoint.replace(/[\\/][^\\/]*$/, "");
     if (dir !== args.checkpoint) await Deno.mkdir(dir, { recursive: true });
   }
-  if (args.limit > 0 && train instanceof CIFAR10 && args.limit < train.length) {
-    train = new TensorDataset({
-      image: { data: train.images.subarray(0, args.limit * 3072), shape: [3, 32, 32] },
-      label: train.labels.subarray(0, args.limit),
-    });
-  }
-  using device = Device.open(args.device);
-  const model = cifarModel(args.seed).to(device, { precision: args.precision });
-  const common = {
-    batchSize: args.batchSize,
-    numWorkers: args.workers,
-    seed: args.seed,
-    // Slots go back to the loader only once their copy to the device has fired.
-    autoRelease: false,
-  };
-  const workers = args.workers > 0 ? { persistentWorkers: true } : {};
+  train = firstSamples(train, args.limit);
   const augment = args.augment === undefined ? CIFAR_AUGMENT : args.augment;
-  await using trainLoader = new DataLoader<RingBatch>(train, {
-    ...common,
-    ...workers,
-    shuffle: true,
-    ...(augment ? { augment } : {}),
+  return await trainImages(args, {
+    train,
+    test,
+    model: () => cifarModel(args.seed),
+    mean: CIFAR_MEAN,
+    std: CIFAR_STD,
+    augment,
+    intro: `training on ${source}: ${train.length} train / ${test.length} test samples, ` +
+      `${args.epochs} epochs`,
+    dataNote: source,
   });
-  await using testLoader = new DataLoader<RingBatch>(test, { ...common, ...workers });
-  console.log(
-    `training on ${source}: ${train.length} train / ${test.length} test samples, ` +
-      `${args.epochs} epochs, device ${device.kind} (${device.props.name}), ` +
-      `batch ${args.batchSize}, ${args.workers} workers, ` +
-      `${precisionLine(args)}, ${augmentNote(augment)}`,
-  );
-  try {
-    return await runTraining({
-      args,
-      device,
-      model,
-      trainLoader,
-      testLoader,
-      dataNote: source,
-      spec: { mean: CIFAR_MEAN, std: CIFAR_STD, padding: augment?.padding ?? 0 },
-      scheduler: (opt, steps) =>
-        new OneCycleLR(opt, {
-          maxLr: args.lr,
-          totalSteps: args.epochs * steps,
-          cycleMomentum: args.cycleMomentum,
-        }),
-    });
-  } finally {
-    model.dispose();
-  }
 }
 
 if (import.meta.main) {

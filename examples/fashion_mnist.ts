@@ -10,29 +10,24 @@
  * @module
  */
 
-import { Device } from "../ffi/device.ts";
-import { DataLoader } from "../loader/mod.ts";
 import { FASHION_MNIST_DEBIAN_ROOT, FashionMNIST } from "../loader/datasets/mnist.ts";
-import { TensorDataset } from "../loader/datasets/tensor.ts";
 import {
   Conv2d,
   Flatten,
   Linear,
   MaxPool2d,
   type Module,
-  OneCycleLR,
   ReLU,
   Sequential,
   Xoshiro128,
 } from "../nn/mod.ts";
 import {
-  augmentNote,
   type EpochReport,
+  firstSamples,
   parseTrainArgs,
-  precisionLine,
-  runTraining,
   type TrainArgs,
   type TrainDefaults,
+  trainImages,
 } from "./_run.ts";
 import { CliError, runMain } from "./_cli.ts";
 
@@ -114,56 +109,18 @@ export async function trainFashion(args: TrainArgs): Promise<EpochReport[]> {
   ]).catch((e: Error) => {
     throw new CliError(e.message, { cause: e });
   });
-  let trainSet: FashionMNIST | TensorDataset = train;
-  if (args.limit > 0 && args.limit < train.length) {
-    trainSet = new TensorDataset({
-      image: { data: train.images.subarray(0, args.limit * 784), shape: [1, 28, 28] },
-      label: train.labels.subarray(0, args.limit),
-    });
-  }
-  using device = Device.open(args.device);
-  const model = fashionModel(args.model, args.seed).to(device, { precision: args.precision });
-  const common = {
-    batchSize: args.batchSize,
-    numWorkers: args.workers,
-    seed: args.seed,
-    // Slots go back to the loader only once their copy to the device has fired.
-    autoRelease: false,
-  };
-  const workers = args.workers > 0 ? { persistentWorkers: true } : {};
-  // No augmentation by default; the command line's flags add some (--cutout 6, --flip, ...).
-  const augment = args.augment ?? undefined;
-  await using trainLoader = new DataLoader(trainSet, {
-    ...common,
-    ...workers,
-    shuffle: true,
-    ...(augment ? { augment } : {}),
+  const trainSet = firstSamples(train, args.limit);
+  return await trainImages(args, {
+    train: trainSet,
+    test,
+    model: () => fashionModel(args.model, args.seed),
+    mean: [FASHION_MEAN],
+    std: [FASHION_STD],
+    // No augmentation by default; the command line's flags add some (--cutout 6, --flip, ...).
+    augment: args.augment,
+    intro: `Fashion-MNIST ${trainSet.length}/${test.length} from ${root}, model ${args.model}`,
+    dataNote: `Fashion-MNIST from ${root}`,
   });
-  await using testLoader = new DataLoader(test, { ...common, ...workers });
-  console.log(
-    `Fashion-MNIST ${trainSet.length}/${test.length} from ${root}, model ${args.model}, ` +
-      `device ${device.kind} (${device.props.name}), batch ${args.batchSize}, ` +
-      `${args.workers} workers, ${precisionLine(args)}, ${augmentNote(augment)}`,
-  );
-  try {
-    return await runTraining({
-      args,
-      device,
-      model,
-      trainLoader,
-      testLoader,
-      dataNote: `Fashion-MNIST from ${root}`,
-      spec: { mean: [FASHION_MEAN], std: [FASHION_STD], padding: augment?.padding ?? 0 },
-      scheduler: (opt, steps) =>
-        new OneCycleLR(opt, {
-          maxLr: args.lr,
-          totalSteps: args.epochs * steps,
-          cycleMomentum: args.cycleMomentum,
-        }),
-    });
-  } finally {
-    model.dispose();
-  }
 }
 
 /**

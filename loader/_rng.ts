@@ -30,6 +30,16 @@ export function hash4(a: number, b: number, c: number, d: number): number {
   return mix32((h ^ d) + 0xbb67ae85);
 }
 
+/** A double in [0, 1) from two uint32 draws: the top 27 bits of `a` and 26 of `b`. */
+function unitDouble(a: number, b: number): number {
+  return ((a >>> 5) * 67108864 + (b >>> 6)) / 9007199254740992;
+}
+
+/** An integer in [0, n) from a uint32 draw, for n <= 2^32. */
+function below(u: number, n: number): number {
+  return Math.floor((u / 0x1_0000_0000) * n);
+}
+
 /** Streams of one key: a sampler's permutation, a sample's augmentation, a worker seed. */
 export const STREAM_SAMPLER = 1;
 export const STREAM_SAMPLE = 2;
@@ -57,14 +67,12 @@ export class CounterRandom {
 
   /** A double in [0, 1) with 53 random bits. */
   random(): number {
-    const a = this.nextU32() >>> 5;
-    const b = this.nextU32() >>> 6;
-    return (a * 67108864 + b) / 9007199254740992;
+    return unitDouble(this.nextU32(), this.nextU32());
   }
 
   /** An integer in [0, n) for n <= 2^32 (bias below 2^-32 * n, irrelevant here). */
   int(n: number): number {
-    return Math.floor((this.nextU32() / 0x1_0000_0000) * n);
+    return below(this.nextU32(), n);
   }
 }
 
@@ -104,14 +112,12 @@ export class SequenceRandom {
 
   /** A double in [0, 1) with 53 random bits. */
   random(): number {
-    const a = this.nextU32() >>> 5;
-    const b = this.nextU32() >>> 6;
-    return (a * 67108864 + b) / 9007199254740992;
+    return unitDouble(this.nextU32(), this.nextU32());
   }
 
   /** An integer in [0, n) for n <= 2^32. */
   int(n: number): number {
-    return Math.floor((this.nextU32() / 0x1_0000_0000) * n);
+    return below(this.nextU32(), n);
   }
 
   /** Fisher-Yates shuffle of `out` in place, the generator inlined (the epoch-plan hot loop). */

@@ -69,6 +69,16 @@ static void shift_of(const conv_t *g, int64_t ky, int64_t kx, shift_t *t) {
   ox_range(g, kx, &t->lo, &t->hi);
 }
 
+/* Zeroes the columns of a row of col that wrapped around from the neighbouring image row
+ * (ox < lo or ox >= hi) in output rows [q0, q1). */
+static inline void zero_wrapped(const conv_t *g, const shift_t *t, float *row) {
+  if (t->lo > 0 || t->hi < g->ow)
+    for (int64_t q = t->q0; q < t->q1; q += g->ow) {
+      for (int64_t ox = 0; ox < t->lo; ox++) row[q + ox] = 0.0f;
+      for (int64_t ox = t->hi; ox < g->ow; ox++) row[q + ox] = 0.0f;
+    }
+}
+
 static void im2col_same(const conv_t *g, const void *x, int f16, int64_t at, float *col) {
   int64_t P = g->oh * g->ow, HW = g->h * g->w;
   for (int64_t ky = 0; ky < g->kh; ky++)
@@ -80,11 +90,7 @@ static void im2col_same(const conv_t *g, const void *x, int f16, int64_t at, flo
         zero_f(row, t.qa);
         act_load(x, f16, at + c * HW + t.qa + t.off, row + t.qa, t.qb - t.qa);
         zero_f(row + t.qb, P - t.qb);
-        if (t.lo > 0 || t.hi < g->ow)
-          for (int64_t q = t.q0; q < t.q1; q += g->ow) {
-            for (int64_t ox = 0; ox < t.lo; ox++) row[q + ox] = 0.0f;
-            for (int64_t ox = t.hi; ox < g->ow; ox++) row[q + ox] = 0.0f;
-          }
+        zero_wrapped(g, &t, row);
       }
     }
 }
@@ -98,11 +104,7 @@ static void col2im_same(const conv_t *g, float *col, float *img) {
       shift_of(g, ky, kx, &t);
       for (int64_t c = 0; c < g->c; c++) {
         float *row = col + ((c * g->kh + ky) * g->kw + kx) * P;
-        if (t.lo > 0 || t.hi < g->ow)
-          for (int64_t q = t.q0; q < t.q1; q += g->ow) {
-            for (int64_t ox = 0; ox < t.lo; ox++) row[q + ox] = 0.0f;
-            for (int64_t ox = t.hi; ox < g->ow; ox++) row[q + ox] = 0.0f;
-          }
+        zero_wrapped(g, &t, row);
         float *d = img + c * HW + t.off;
         int64_t q = t.qa;
 #if defined(__AVX512F__)

@@ -98,6 +98,25 @@ static inline void f2h_row(const float *s, half *d, int64_t n) {
 #endif
 }
 
+/* The first two stages of the in-register transposes tr16 and tr8, as function NAME over N
+ * vectors of type V (intrinsics prefix P: _mm512 or _mm256): rows interleaved in pairs, then
+ * pairs of pairs, so that u[4g + e], 128-bit lane L, holds rows 4g..4g+3 of column 4L + e.
+ * u may be r. */
+#define PS_TR_LANE_STAGES(NAME, V, P, N)                                                  \
+  static inline void NAME(V r[N], V u[N]) {                                               \
+    V t[N];                                                                               \
+    for (int i = 0; i < N / 2; i++) {                                                     \
+      t[2 * i] = P##_unpacklo_ps(r[2 * i], r[2 * i + 1]);                                 \
+      t[2 * i + 1] = P##_unpackhi_ps(r[2 * i], r[2 * i + 1]);                             \
+    }                                                                                     \
+    for (int g = 0; g < N / 4; g++) {                                                     \
+      u[4 * g] = P##_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));         \
+      u[4 * g + 1] = P##_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));     \
+      u[4 * g + 2] = P##_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0)); \
+      u[4 * g + 3] = P##_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2)); \
+    }                                                                                     \
+  }
+
 #if defined(__AVX512F__)
 static inline __mmask16 mask16(int64_t n) {
   return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n > 0 ? n : 0)) - 1u);
@@ -107,20 +126,12 @@ static inline __m512 load16(const void *p, int f16, int64_t n) {
   __mmask16 m = mask16(n);
   return f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)) : _mm512_maskz_loadu_ps(m, p);
 }
+PS_TR_LANE_STAGES(tr16_lanes, __m512, _mm512, 16)
 /* In-register transpose of 16 rows of 16 floats: r[i] lane j <- r[j] lane i. */
 static inline void tr16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 8; i++) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int g = 0; g < 4; g++) {
-    r[4 * g] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
+  tr16_lanes(r, r);
   /* r[4g + e], 128-bit lane L, now holds rows 4g..4g+3 of column 4L + e. */
+  __m512 t[16];
   for (int e = 0; e < 4; e++) {
     __m512 a0 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88);
     __m512 a1 = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xdd);
@@ -149,19 +160,11 @@ static inline __m256 load8(const void *p, int f16, int64_t n) {
   if (n > 0) memcpy(&v, p, (size_t)n * 2);
   return _mm256_cvtph_ps(v);
 }
+PS_TR_LANE_STAGES(tr8_lanes, __m256, _mm256, 8)
 /* In-register transpose of 8 rows of 8 floats: r[i] lane j <- r[j] lane i. */
 static inline void tr8(__m256 r[8]) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 4; i++) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int g = 0; g < 2; g++) {
-    u[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
+  __m256 u[8];
+  tr8_lanes(r, u);
   /* u[4g + e], 128-bit half L, holds rows 4g..4g+3 of column 4L + e. */
   for (int e = 0; e < 4; e++) {
     r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);

@@ -58,14 +58,25 @@ struct Strided { /* A(i, k) = p[i*rs + k*cs] */
 
 using ConvGeo = ps_conv_geo;
 
+/* The three indices of v in a [.][h][w] grid, {v / (w*h), (v / w) % h, v % w}, the extents
+ * given in the order the divisions use them (w, then h): kk into (c, ky, kx), a column into
+ * (n, oy, ox). */
+struct Idx3 {
+  int64_t outer, row, col;
+};
+__device__ inline Idx3 split3(int64_t v, int64_t w, int64_t h) {
+  int64_t t = v / w;
+  return {t / h, t % h, v % w};
+}
+
 /* col(x)[kk, col]: kk = (c, ky, kx), col = (n, oy, ox). */
 template <class T>
 struct Im2col {
   const T *x;
   ConvGeo g;
   __device__ T operator()(int64_t kk, int64_t col) const {
-    int64_t kx = kk % g.kw, t = kk / g.kw, ky = t % g.kh, c = t / g.kh;
-    int64_t ox = col % g.ow, t2 = col / g.ow, oy = t2 % g.oh, n = t2 / g.oh;
+    auto [c, ky, kx] = split3(kk, g.kw, g.kh);
+    auto [n, oy, ox] = split3(col, g.ow, g.oh);
     int64_t iy = oy * g.s + ky - g.pad, ix = ox * g.s + kx - g.pad;
     if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) return from_f32<T>(0.0f);
     return x[((n * g.c + c) * g.h + iy) * g.w + ix];
@@ -93,7 +104,7 @@ struct WeightT {
   const T *w;
   ConvGeo g;
   __device__ T operator()(int64_t c, int64_t kk) const {
-    int64_t kx = kk % g.kw, t = kk / g.kw, ky = t % g.kh, o = t / g.kh;
+    auto [o, ky, kx] = split3(kk, g.kw, g.kh);
     return w[((o * g.c + c) * g.kh + ky) * g.kw + kx];
   }
 };
@@ -105,8 +116,8 @@ struct DyGather {
   const T *dy;
   ConvGeo g;
   __device__ T operator()(int64_t kk, int64_t col) const {
-    int64_t kx = kk % g.kw, t = kk / g.kw, ky = t % g.kh, o = t / g.kh;
-    int64_t ix = col % g.w, t2 = col / g.w, iy = t2 % g.h, n = t2 / g.h;
+    auto [o, ky, kx] = split3(kk, g.kw, g.kh);
+    auto [n, iy, ix] = split3(col, g.w, g.h);
     int64_t ty = iy + g.pad - ky, tx = ix + g.pad - kx;
     if (ty < 0 || tx < 0 || ty % g.s || tx % g.s) return from_f32<T>(0.0f);
     int64_t oy = ty / g.s, ox = tx / g.s;

@@ -61,6 +61,23 @@ __device__ void block_sum(float (&v)[N], float (*sh)[N]) {
   __syncthreads();
 }
 
+/* ---- per-channel sums over [n, c, hw] ----------------------------------------------------- */
+
+/* Index of value t of channel ch (t < n * hw) in an [n, c, hw] tensor. */
+__device__ inline int64_t plane_at(int64_t t, int64_t ch, int64_t c, int64_t hw) {
+  return ((t / hw) * c + ch) * hw + t % hw;
+}
+
+/* The sum of channel ch's cnt = n * hw values of x, in every thread of the block. */
+template <class T>
+__device__ float channel_sum(const T *x, int64_t ch, int64_t c, int64_t hw, int64_t cnt,
+                             float (*sh)[1]) {
+  float v[1] = {0.0f};
+  for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) v[0] += to_f32(x[plane_at(t, ch, c, hw)]);
+  block_sum<1>(v, sh);
+  return v[0];
+}
+
 /* ---- pooling ------------------------------------------------------------------------------ */
 
 template <class T>
@@ -108,14 +125,10 @@ __global__ void bn_train(const T *x, const float *gamma, const float *beta, T *y
                          int64_t hw, float momentum, float eps) {
   PS_SHARED(float, sh, [32][1]);
   int64_t ch = blockIdx.x, cnt = n * hw;
+  float mean = channel_sum(x, ch, c, hw, cnt, sh) / (float)cnt;
   float v[1] = {0.0f};
-  for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x)
-    v[0] += to_f32(x[((t / hw) * c + ch) * hw + t % hw]);
-  block_sum<1>(v, sh);
-  float mean = v[0] / (float)cnt;
-  v[0] = 0.0f;
   for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
-    float d = to_f32(x[((t / hw) * c + ch) * hw + t % hw]) - mean;
+    float d = to_f32(x[plane_at(t, ch, c, hw)]) - mean;
     v[0] += d * d;
   }
   block_sum<1>(v, sh);
@@ -132,7 +145,7 @@ __global__ void bn_train(const T *x, const float *gamma, const float *beta, T *y
   float a, b;
   ps_bn_affine(gamma[ch], beta[ch], mean, invstd, &a, &b);
   for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
-    int64_t at = ((t / hw) * c + ch) * hw + t % hw;
+    int64_t at = plane_at(t, ch, c, hw);
     y[at] = from_f32<T>(to_f32(x[at]) * a + b);
   }
 }
@@ -159,7 +172,7 @@ __global__ void bn_bwd(const T *dy, const T *x, const float *gamma, const float 
   float mean = save_mean[ch], is = save_invstd[ch];
   float v[2] = {0.0f, 0.0f};
   for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
-    int64_t at = ((t / hw) * c + ch) * hw + t % hw;
+    int64_t at = plane_at(t, ch, c, hw);
     float d = to_f32(dy[at]);
     v[0] += d;
     v[1] += d * ((to_f32(x[at]) - mean) * is);
@@ -171,7 +184,7 @@ __global__ void bn_bwd(const T *dy, const T *x, const float *gamma, const float 
   }
   float a = gamma[ch] * is, mdy = v[0] / (float)cnt, mdyx = v[1] / (float)cnt;
   for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) {
-    int64_t at = ((t / hw) * c + ch) * hw + t % hw;
+    int64_t at = plane_at(t, ch, c, hw);
     dx[at] = from_f32<T>(ps_bn_grad(to_f32(dy[at]), to_f32(x[at]), mean, is, a, mdy, mdyx));
   }
 }
@@ -192,18 +205,15 @@ template <class T>
 __global__ void bias_grad(const T *dy, void *dbias, int f16, int64_t n, int64_t c, int64_t hw,
                           int acc) {
   PS_SHARED(float, sh, [32][1]);
-  int64_t ch = blockIdx.x, cnt = n * hw;
-  float v[1] = {0.0f};
-  for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x)
-    v[0] += to_f32(dy[((t / hw) * c + ch) * hw + t % hw]);
-  block_sum<1>(v, sh);
+  int64_t ch = blockIdx.x;
+  float s = channel_sum(dy, ch, c, hw, n * hw, sh);
   if (threadIdx.x == 0) {
     if (f16) {
       __half *p = (__half *)dbias + ch;
-      *p = __float2half_rn(acc ? __half2float(*p) + v[0] : v[0]);
+      *p = __float2half_rn(acc ? __half2float(*p) + s : s);
     } else {
       float *p = (float *)dbias + ch;
-      *p = acc ? *p + v[0] : v[0];
+      *p = acc ? *p + s : s;
     }
   }
 }
