@@ -262,6 +262,21 @@ const CASES: Case[] = [
     },
     { n: 3, c: 2, h: 3, w: 1100, pad: 5, layout: "nchw", dtype: "f16", params: "random" },
   ] as Case[]).map((k): Case => ({ ...k, gather: true })),
+  // Batches of 64 KiB and more: the CPU backend splits them over its threads.
+  { n: 40, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f16", params: "random" },
+  { n: 37, c: 3, h: 32, w: 32, pad: 4, layout: "nhwc", dtype: "f32", params: "wild" },
+  {
+    n: 41,
+    c: 3,
+    h: 32,
+    w: 32,
+    pad: 4,
+    layout: "nchw",
+    dtype: "f16",
+    params: "random",
+    extra: ["vflip", "cutout", "color"],
+    gather: true,
+  },
 ];
 
 for (const { kind: backend, ignore } of BACKENDS) {
@@ -547,6 +562,95 @@ Deno.test("[cpu] ps_image_augment refuses a freed or too-short device buffer", (
     );
     assert.strictEqual(st2, 1);
   } finally {
+    mem.free();
+  }
+});
+
+Deno.test("[cpu] ps_image_augment gives the same bits split over the threads, backing off and serial, with the cores busy part of the time", async () => {
+  // A CIFAR batch of 128 is split over the CPU backend's threads unless a helper keeps the call
+  // waiting, after which the call site runs serially for a while (kernels/cpu/threads.c).
+  // Spinning workers in the middle rounds force stalls and the backoff's transitions; every
+  // round must give the reference's bits.
+  const lib = loadLibrary("cpu");
+  const mem = new Scratch(lib);
+  const r = rng(2024);
+  const n = 128, c = 3, h = 32, w = 32, pad = 4, rows = 300;
+  const set = Uint8Array.from({ length: rows * c * h * w }, () => (r() * 256) | 0);
+  const indices = Int32Array.from({ length: n }, () => Math.floor(r() * rows));
+  const src = new Uint8Array(n * c * h * w);
+  indices.forEach((j, i) => src.set(set.subarray(j * 3072, (j + 1) * 3072), i * 3072));
+  const params = new Int32Array(RECORD * n);
+  for (let i = 0; i < n; i++) {
+    params.set([(r() * 9) | 0, (r() * 9) | 0, r() < 0.5 ? 1 : 0], RECORD * i);
+    params[RECORD * i + 7] = params[RECORD * i + 8] = ONE_BITS;
+  }
+  const mean = [0.4914, 0.4822, 0.4465], std = [0.247, 0.2435, 0.2616];
+  const { scale, bias } = normalizeAffine(mean, std);
+  const expected = referenceAugment({
+    src,
+    params,
+    n,
+    c,
+    h,
+    w,
+    pad,
+    layout: "nchw",
+    mean,
+    std,
+    dtype: "f16",
+  });
+  const stop = new Int32Array(new SharedArrayBuffer(4));
+  const code = "self.onmessage = (e) => { const f = new Int32Array(e.data); " +
+    "while (Atomics.load(f, 0) === 0) {} self.postMessage(0); };";
+  const url = URL.createObjectURL(new Blob([code], { type: "application/javascript" }));
+  const spinners: Worker[] = [];
+  try {
+    const dSet = mem.upload(set), dIdx = mem.upload(indices), dPrm = mem.upload(params);
+    const dOut = mem.alloc(n * c * h * w * 2);
+    let first: Uint8Array | undefined;
+    for (let round = 0; round < 300; round++) {
+      if (round === 100) {
+        for (let k = 0; k < 2; k++) {
+          const wk = new Worker(url, { type: "module" });
+          wk.postMessage(stop.buffer);
+          spinners.push(wk);
+        }
+      }
+      if (round === 200) Atomics.store(stop, 0, 1);
+      unwrap(
+        lib,
+        lib.symbols.ps_image_augment(
+          dSet,
+          dIdx,
+          BigInt(rows),
+          1,
+          n,
+          c,
+          h,
+          w,
+          pad,
+          dPrm,
+          scale,
+          bias,
+          dOut,
+          0,
+          NULL,
+        ),
+        "ps_image_augment",
+      );
+      const got = await mem.download(dOut, new Float16Array(n * c * h * w));
+      const bytes = new Uint8Array(got.buffer);
+      if (first === undefined) {
+        assert.deepStrictEqual(bitDiff(got, expected), []);
+        first = bytes.slice();
+      } else {
+        assert.ok(bytes.every((v, i) => v === first![i]), `round ${round} differs`);
+      }
+    }
+  } finally {
+    Atomics.store(stop, 0, 1);
+    for (const wk of spinners) wk.terminate();
+    URL.revokeObjectURL(url);
     mem.free();
   }
 });

@@ -327,15 +327,15 @@ PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t row
                    .out_dtype = out_dtype};
   memcpy(k.scale, scale, sizeof(float) * (size_t)c);
   memcpy(k.bias, bias, sizeof(float) * (size_t)c);
-  /* Threads only for big batches (>= 4 MiB of pixels): in the pipeline the loader's
-   * workers own the other cores, and for a CIFAR batch (384 KiB) a second thread measured
-   * slower end to end (2 workers + 2 OpenMP threads on 2 cores: 0.27-0.40 M samples/s,
-   * against 0.50 M single-threaded). About 4 ranges per thread, so a preempted thread holds
-   * the others up for a short while only. Measured on a 256x3x96x96 batch (2 cores): 0.39 ms
-   * with a free second core, ~0.8 ms (serial speed) when it is busy, where OpenMP's barrier
-   * took 7-14 ms. */
-  const int64_t grain = (n + 4 * ps_pool_threads() - 1) / (4 * ps_pool_threads());
-  ps_pool_range_min(n, grain, n * img_bytes, (int64_t)1 << 22, augment_range, &k);
+  /* Split over the pool when a batch has at least 64 KiB of pixels (a CIFAR batch of 128:
+   * 384 KiB), about 8 ranges per thread so a late helper holds little. The loader's workers
+   * may own the other cores: ps_pool_range_adaptive backs off when a helper keeps this call
+   * waiting (threads.c has the measurements). Before it, a fixed 4 MiB threshold kept CIFAR
+   * batches serial. */
+  static ps_pool_backoff backoff;
+  const int64_t ranges = 8 * (int64_t)ps_pool_threads();
+  const int64_t grain = n * img_bytes < 65536 ? n : (n + ranges - 1) / ranges;
+  ps_pool_range_adaptive(n, grain, augment_range, &k, &backoff);
   if (atomic_load(&k.failed))
     PS_FAIL(PS_ERR_OUT_OF_MEMORY, "ps_image_augment: no memory for a %lld-byte plane",
             (long long)plane);

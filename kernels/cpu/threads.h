@@ -7,6 +7,7 @@
 #ifndef PINSTREAM_CPU_THREADS_H
 #define PINSTREAM_CPU_THREADS_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,6 +30,18 @@ PS_INTERNAL void ps_pool_for(int64_t n, ps_task fn, void *ctx);
  * rough count of elements touched) is below `min_work`, too small to pay for waking a helper. */
 PS_INTERNAL void ps_pool_range_min(int64_t total, int64_t grain, int64_t work, int64_t min_work,
                                    ps_range_fn fn, void *ctx);
+
+/* A call site's record of stalls for ps_pool_range_adaptive: a zero-initialized static. */
+typedef struct {
+  _Atomic uint32_t skip;  /* calls still to run serially */
+  _Atomic uint32_t level; /* the last backoff was 2^level calls */
+} ps_pool_backoff;
+
+/* fn(ctx, begin, end) over [0, total) in pieces of `grain` on the pool, for jobs too short to
+ * survive a preempted helper: after a stall (the caller kept waiting for a helper's range) the
+ * call site runs its next 2, 4, ... 4096 calls serially, then tries again (threads.c). */
+PS_INTERNAL void ps_pool_range_adaptive(int64_t total, int64_t grain, ps_range_fn fn, void *ctx,
+                                        ps_pool_backoff *b);
 
 /* ps_pool_range_min with the kernels' usual threshold (64 Ki elements). */
 static inline void ps_pool_range(int64_t total, int64_t grain, int64_t work, ps_range_fn fn,
