@@ -179,6 +179,10 @@ async function runCase(lib: Library, k: Case, seed: number): Promise<void> {
   }
 }
 
+/** A CIFAR image's geometry, with the usual crop padding. */
+const CIFAR = { c: 3, h: 32, w: 32, pad: 4 } as const;
+const ALL_EXTRAS: readonly Extra[] = ["vflip", "cutout", "color"];
+
 const CASES: Case[] = [
   { n: 7, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f16", params: "random" },
   { n: 5, c: 3, h: 32, w: 32, pad: 4, layout: "nhwc", dtype: "f16", params: "random" },
@@ -245,36 +249,23 @@ const CASES: Case[] = [
   // Gathered from a bigger set by indices, in the kernel's pass: the row path, the plane path
   // (NHWC, colour, wide), wild windows and no records.
   ...([
-    { n: 19, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f16", params: "random" },
-    { n: 7, c: 3, h: 32, w: 32, pad: 4, layout: "nhwc", dtype: "f32", params: "random" },
+    { ...CIFAR, n: 19, layout: "nchw", dtype: "f16", params: "random" },
+    { ...CIFAR, n: 7, layout: "nhwc", dtype: "f32", params: "random" },
     { n: 9, c: 2, h: 5, w: 3, pad: 6, layout: "nchw", dtype: "f16", params: "wild" },
-    { n: 4, c: 3, h: 32, w: 32, pad: 0, layout: "nchw", dtype: "f32", params: "none" },
-    {
-      n: 8,
-      c: 3,
-      h: 32,
-      w: 32,
-      pad: 4,
-      layout: "nchw",
-      dtype: "f16",
-      params: "random",
-      extra: ["vflip", "cutout", "color"],
-    },
+    { ...CIFAR, n: 4, pad: 0, layout: "nchw", dtype: "f32", params: "none" },
+    { ...CIFAR, n: 8, layout: "nchw", dtype: "f16", params: "random", extra: ALL_EXTRAS },
     { n: 3, c: 2, h: 3, w: 1100, pad: 5, layout: "nchw", dtype: "f16", params: "random" },
   ] as Case[]).map((k): Case => ({ ...k, gather: true })),
   // Batches of 64 KiB and more: the CPU backend splits them over its threads.
-  { n: 40, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f16", params: "random" },
-  { n: 37, c: 3, h: 32, w: 32, pad: 4, layout: "nhwc", dtype: "f32", params: "wild" },
+  { ...CIFAR, n: 40, layout: "nchw", dtype: "f16", params: "random" },
+  { ...CIFAR, n: 37, layout: "nhwc", dtype: "f32", params: "wild" },
   {
+    ...CIFAR,
     n: 41,
-    c: 3,
-    h: 32,
-    w: 32,
-    pad: 4,
     layout: "nchw",
     dtype: "f16",
     params: "random",
-    extra: ["vflip", "cutout", "color"],
+    extra: ALL_EXTRAS,
     gather: true,
   },
 ];
