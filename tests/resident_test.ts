@@ -142,6 +142,50 @@ Deno.test("[cpu] at CIFAR-10 size, the resident batches equal those streamed by 
   }
 });
 
+testEachBackend(
+  "a resident loader slices its order into batches across chunks, dropLast as the DataLoader",
+  async (dev) => {
+    // The order is drawn in chunks of about 2,048 samples (whole batches); 5,000 samples in
+    // batches of 7 span three chunks, and the short last batch exists only in the last one.
+    const ds = data(5000, [1, 4, 4], 1);
+    for (const dropLast of [true, false]) {
+      const common = {
+        batchSize: 7,
+        shuffle: true,
+        seed: 5,
+        dropLast,
+        augment: { padding: 1, flip: true },
+      };
+      using resident = new DeviceDataset(dev, ds);
+      await using fast = resident.loader({ ...common, dtype: "f32" });
+      await using loader = new DataLoader(ds, { ...common, numWorkers: 0, autoRelease: false });
+      await using slow = toDevice(loader, dev, { dtype: "f32" });
+      assert.strictEqual(fast.length, dropLast ? 714 : 715);
+      assert.strictEqual(fast.length, loader.length);
+      for (let epoch = 0; epoch < 2; epoch++) {
+        const want: number[][] = [];
+        for await (const x of slow) {
+          want.push([...await x.images.toHost(), ...await x.labels.toHost()]);
+        }
+        let k = 0;
+        for await (const x of fast) {
+          assert.strictEqual(x.index, k);
+          assert.deepStrictEqual(
+            [...await x.images.toHost(), ...await x.labels.toHost()],
+            want[k],
+            `dropLast ${dropLast} epoch ${epoch} batch ${k}`,
+          );
+          k++;
+        }
+        assert.strictEqual(k, want.length);
+        assert.strictEqual(k, fast.length);
+        fast.setEpoch(epoch + 1);
+        loader.setEpoch(epoch + 1);
+      }
+    }
+  },
+);
+
 Deno.test("[cpu] a gather index outside the dataset is refused (CUDA skips the row)", () => {
   using dev = Device.open("cpu");
   using src = DeviceBuffer.alloc(dev, 16), idx = DeviceBuffer.alloc(dev, 8);
