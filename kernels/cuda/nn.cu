@@ -1,7 +1,8 @@
 /*
- * (About 730 lines: the CUDA side of four CPU files, gemm.c, conv.c, norm.c and ops.c, kept in one
- * translation unit so that nvcc compiles the GEMM template and its loader and epilogue functors
- * once, at first use on the user's machine, rather than once per file.)
+ * (About 730 lines: the CUDA side of four CPU files, gemm.c, conv.c, norm.c and ops.c. Its
+ * pooling, normalization, bias and loss kernels share the block reduction, the per-channel
+ * helpers and the launch checks at its top, and the GEMM itself already lives in gemm.cuh, so a
+ * split would move those helpers into one more header and save nothing.)
  *
  * nn.cu — CUDA backend of the PS-SECTION nn kernels (kernels/cpu/gemm.c, conv.c, norm.c and ops.c
  * are the reference; tests/nn_kernels_test.ts holds both to the same float64 references).
