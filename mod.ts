@@ -84,6 +84,7 @@ export {
   type SampleOf,
   type Sampler,
   SequentialSampler,
+  sharedArray,
   type SharedField,
   type SharedFieldsOf,
   StagingRing,

@@ -46,6 +46,7 @@ import { parseCli } from "../examples/_cli.ts";
 import { Device } from "../ffi/device.ts";
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import { DataLoader } from "../loader/data_loader.ts";
+import { sharedArray } from "../loader/dataset.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import { AUGMENT_RECORD_LENGTH, type RingBatch, ringLayout } from "../loader/ring.ts";
 import { toDevice, type ToDeviceOptions } from "../pipeline/prefetcher.ts";
@@ -115,8 +116,10 @@ function parseArgs(
 }
 
 function cifarShaped(samples: number): TensorDataset {
-  // Random bytes: the content does not change the work, and every row sees the same data.
-  const images = new Uint8Array(new SharedArrayBuffer(samples * 3072));
+  // Random bytes: the content does not change the work, and every row sees the same data. In
+  // the memory the CIFAR10 reader allocates (sharedArray: a shared WebAssembly.Memory, which
+  // the workers gather from with memory.copy).
+  const images = sharedArray("u8", samples * 3072) as Uint8Array;
   let x = 0x9e3779b9;
   const words = new Uint32Array(images.buffer, 0, images.length >>> 2);
   for (let i = 0; i < words.length; i++) {
@@ -125,7 +128,7 @@ function cifarShaped(samples: number): TensorDataset {
     x ^= x << 5;
     words[i] = x >>> 0;
   }
-  const labels = new Int32Array(new SharedArrayBuffer(samples * 4));
+  const labels = sharedArray("i32", samples) as Int32Array;
   for (let i = 0; i < samples; i++) labels[i] = i % 10;
   return new TensorDataset({
     image: { data: images, shape: [3, 32, 32] },

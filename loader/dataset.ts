@@ -221,10 +221,13 @@ export function recordBytes(field: { dtype: FieldDType; shape: readonly number[]
  *   the zero-copy path gather it with `memory.copy`; datasets should allocate with this.
  * @example Shared labels
  * ```ts
- * import { sharedArray } from "./dataset.ts";
+ * import { sharedArray, TensorDataset } from "@pinstream/pinstream";
  * import assert from "node:assert";
- * const labels = sharedArray("i32", 4);
+ * const images = sharedArray("u8", 10 * 3 * 8 * 8) as Uint8Array;
+ * const labels = sharedArray("i32", 10) as Int32Array;
  * assert.ok(labels.buffer instanceof SharedArrayBuffer);
+ * const ds = new TensorDataset({ image: { data: images, shape: [3, 8, 8] }, label: labels });
+ * assert.strictEqual(ds.length, 10);
  * ```
  */
 export function sharedArray(dtype: FieldDType, length: number): TypedArray {

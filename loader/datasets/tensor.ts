@@ -66,7 +66,11 @@ export interface TensorDatasetState {
 /**
  * Samples are the i-th records of each field: `{ name: view }` for fields with a shape,
  * `{ name: number }` for scalar fields (shape `[]`, the default for a bare typed array).
- * Arrays not already in a SharedArrayBuffer are copied into one at construction.
+ * Arrays not already in a SharedArrayBuffer are copied into one at construction (from
+ * {@linkcode sharedArray}). Arrays already in one are used in place; allocate them with
+ * `sharedArray` too: its memory is a shared WebAssembly.Memory, which the loader's workers gather
+ * from with a native copy, where a plain `new SharedArrayBuffer` is copied by a JavaScript loop
+ * (the loader alone with one worker, CIFAR-sized samples: 1.1M against 1.8-2.0M samples/s).
  * `get` returns views into shared memory: copy them to keep them past the batch.
  *
  * The field names and array types are kept in the type: a DataLoader over
