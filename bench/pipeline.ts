@@ -387,6 +387,7 @@ function kernelRow(device: Device): Row {
         scale,
         bias,
         Deno.UnsafePointer.offset(out.pointer!, (b % 4) * BATCH * img * 2),
+        0,
         0, // fp16
         null,
       ),

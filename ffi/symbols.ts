@@ -128,7 +128,8 @@ export const symbols = {
   // int ps_image_augment(const void *src, const int32_t *indices, int64_t rows,
   //                      int32_t layout, int32_t n, int32_t c, int32_t h, int32_t w,
   //                      int32_t pad, const void *params, const float *scale,
-  //                      const float *bias, void *out, int32_t out_dtype, void *stream);
+  //                      const float *bias, void *out, int32_t out_dtype, int32_t flags,
+  //                      void *stream);
   // scale and bias are HOST arrays (Float32Array), read before the call returns.
   ps_image_augment: {
     parameters: [
@@ -145,6 +146,7 @@ export const symbols = {
       "buffer",
       "buffer",
       "pointer",
+      "i32",
       "i32",
       "pointer",
     ],

@@ -175,6 +175,11 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
 /* Output element types of ps_image_augment. */
 #define PS_IMAGE_F16 0
 #define PS_IMAGE_F32 1
+/* ps_image_augment's flags. PS_IMAGE_SERIAL: the CPU backend runs the batch on the calling
+ * thread alone, for a caller whose other cores are busy (a loader's workers); without it a batch
+ * of 64 KiB or more is split over the backend's threads, backing off while a helper stalls it.
+ * CUDA ignores it. */
+#define PS_IMAGE_SERIAL 1
 /* scale/bias are passed by value into the launch: at most this many channels. */
 #define PS_IMAGE_MAX_CHANNELS 16
 
@@ -229,11 +234,12 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
  *                           0x3f800000, leaves the image as it is).
  * scale, bias: HOST, c floats each (copied into the launch; c <= PS_IMAGE_MAX_CHANNELS).
  * out:    device, n x c x h x w, fp16 (out_dtype PS_IMAGE_F16) or fp32 (PS_IMAGE_F32).
+ * flags:  0 or PS_IMAGE_SERIAL (other bits are refused).
  * n == 0 is a no-op. src and out must not overlap. */
 PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t rows, int32_t layout,
                             int32_t n, int32_t c, int32_t h, int32_t w, int32_t pad,
                             const void *params, const float *scale, const float *bias, void *out,
-                            int32_t out_dtype, void *stream);
+                            int32_t out_dtype, int32_t flags, void *stream);
 
 /* Gathers rows of a device-resident dataset on the device: dst row k = src row indices[k], each
  * row_bytes bytes (dst[k * row_bytes ...] = src[indices[k] * row_bytes ...]), for n rows.

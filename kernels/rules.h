@@ -44,7 +44,10 @@ PS_CHECK int ps_check_count(const char *fn, int64_t count) {
 }
 
 PS_CHECK int ps_check_image_augment(int32_t layout, int32_t n, int32_t c, int32_t h, int32_t w,
-                                    int32_t pad, int32_t out_dtype) {
+                                    int32_t pad, int32_t out_dtype, int32_t flags) {
+  if ((flags & ~PS_IMAGE_SERIAL) != 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: unknown flags 0x%x", (unsigned)flags);
+  }
   if (n < 0 || c <= 0 || c > PS_IMAGE_MAX_CHANNELS || h <= 0 || w <= 0 || pad < 0) {
     PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
                  "ps_image_augment: bad shape n=%d c=%d h=%d w=%d pad=%d (c <= %d)", n, c, h, w,

@@ -63,6 +63,13 @@ export interface ImageAugmentOptions extends ImageOpOptions {
   paramsOffset?: number;
   /** Byte offset of the first index in `indices` (default 0). */
   indicesOffset?: number;
+  /**
+   * CPU backend: run the batch on the calling thread alone (default false: a batch of 64 KiB or
+   * more is split over the backend's threads, which backs off while a thread is held up). For
+   * a caller whose other cores are busy, such as a loader's workers on a small machine;
+   * {@linkcode DevicePrefetcher} sets it then. CUDA ignores it.
+   */
+  serial?: boolean;
 }
 
 /** Source description of {@linkcode imageLabelsI32}. */
@@ -93,7 +100,7 @@ export interface GatherRowsOptions extends ImageOpOptions {
 
 // The C ABI's codes (kernels/pinstream.h).
 const LAYOUT: Readonly<Record<ImageLayout, number>> = { nhwc: 0, nchw: 1 };
-const IMAGE_F16 = 0, IMAGE_F32 = 1;
+const IMAGE_F16 = 0, IMAGE_F32 = 1, IMAGE_SERIAL = 1;
 const I32_MAX = 2 ** 31 - 1;
 
 function isTensor(t: unknown): t is Tensor {
@@ -173,7 +180,7 @@ function streamOf(options: ImageOpOptions, device: Device, action: string): Deno
  *   `options.indices`: the `rows` images the batch is gathered from).
  * @param out f16 or f32 [n, c, h, w], written; its shape gives the batch's geometry.
  * @param options layout, affine (c entries), padding (0), params (n records or null),
- *   indices (n int32 or null) and rows, srcOffset, paramsOffset, indicesOffset, stream.
+ *   indices (n int32 or null) and rows, srcOffset, paramsOffset, indicesOffset, serial, stream.
  * @throws {TypeError} On a wrong dtype, layout or memory kind, or memory of another device.
  * @throws {RangeError} On a wrong shape, padding, channel count or a buffer too small.
  * @throws {PinstreamError} When the backend refuses the launch (on the CPU backend: an index
@@ -278,6 +285,7 @@ export function imageAugment(src: RawMemory, out: Tensor, options: ImageAugmentO
       affine.bias,
       out.pointer,
       out.dtype === "f16" ? IMAGE_F16 : IMAGE_F32,
+      options.serial ? IMAGE_SERIAL : 0,
       stream,
     ),
     `${action} [${out.shape}] ${layout}`,

@@ -167,6 +167,7 @@ async function runCase(lib: Library, k: Case, seed: number): Promise<void> {
       bias,
       dOut,
       k.dtype === "f16" ? 0 : 1,
+      0,
       NULL,
     );
     unwrap(lib, status, "ps_image_augment");
@@ -331,6 +332,7 @@ for (const { kind: backend, ignore } of BACKENDS) {
               bias,
               dOut,
               dtype === "f16" ? 0 : 1,
+              0,
               NULL,
             ),
             "augment",
@@ -381,9 +383,33 @@ for (const { kind: backend, ignore } of BACKENDS) {
             one,
             out,
             dt,
+            0,
             NULL,
           );
           assert.strictEqual(st, 1, `expected PS_ERR_INVALID_ARGUMENT for ${[layout, n, c, h, w]}`);
+        }
+        // Flags other than PS_IMAGE_SERIAL are refused.
+        for (const flags of [2, -1, 0x100]) {
+          const st = lib.symbols.ps_image_augment(
+            src,
+            NULL,
+            0n,
+            1,
+            1,
+            3,
+            4,
+            4,
+            0,
+            NULL,
+            one,
+            one,
+            out,
+            0,
+            flags,
+            NULL,
+          );
+          assert.strictEqual(st, 1, `flags ${flags}`);
+          assert.match(lastError(lib), /unknown flags/);
         }
         // n = 0 is a no-op even with null pointers.
         assert.strictEqual(
@@ -401,6 +427,7 @@ for (const { kind: backend, ignore } of BACKENDS) {
             one,
             one,
             NULL,
+            0,
             0,
             NULL,
           ),
@@ -441,6 +468,7 @@ for (const { kind: backend, ignore } of BACKENDS) {
             zero,
             out,
             1, // f32
+            0,
             NULL,
           );
         for (const bad of [[2, 3, 0], [0, -1, 1], [2, 2 ** 31 - 1, 0]]) {
@@ -530,6 +558,7 @@ Deno.test("[cpu] ps_image_augment refuses a freed or too-short device buffer", (
       one,
       out,
       0,
+      0,
       NULL,
     );
     assert.strictEqual(st, 1);
@@ -549,6 +578,7 @@ Deno.test("[cpu] ps_image_augment refuses a freed or too-short device buffer", (
       one,
       mem.alloc(96),
       0,
+      0,
       NULL,
     );
     assert.strictEqual(st2, 1);
@@ -557,7 +587,7 @@ Deno.test("[cpu] ps_image_augment refuses a freed or too-short device buffer", (
   }
 });
 
-Deno.test("[cpu] ps_image_augment gives the same bits split over the threads, backing off and serial, with the cores busy part of the time", async () => {
+Deno.test("[cpu] ps_image_augment gives the same bits split over the threads, backing off and serial (PS_IMAGE_SERIAL), with the cores busy part of the time", async () => {
   // A CIFAR batch of 128 is split over the CPU backend's threads unless a helper keeps the call
   // waiting, after which the call site runs serially for a while (kernels/cpu/threads.c).
   // Spinning workers in the middle rounds force stalls and the backoff's transitions; every
@@ -625,6 +655,7 @@ Deno.test("[cpu] ps_image_augment gives the same bits split over the threads, ba
           bias,
           dOut,
           0,
+          round % 3 === 0 ? 1 : 0, // every third round PS_IMAGE_SERIAL
           NULL,
         ),
         "ps_image_augment",

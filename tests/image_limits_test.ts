@@ -98,6 +98,7 @@ async function augment(
         bias,
         out,
         dtype === "f16" ? 0 : 1,
+        0,
         null,
       ),
       "ps_image_augment",

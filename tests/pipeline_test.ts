@@ -373,6 +373,19 @@ Deno.test("[cpu] pipeline works with the loader's autoRelease: true (waits on ea
   assert.strictEqual(k, 3);
 });
 
+Deno.test("[cpu] the fused kernel runs serially while the loader's workers own the other cores, split without workers", async () => {
+  using device = Device.open("cpu");
+  const d = makeData(8, [3, 4, 4], 4);
+  const cores = navigator.hardwareConcurrency;
+  for (
+    const [workers, serial] of [[0, false], [cores, true], [Math.max(1, cores - 1), true]] as const
+  ) {
+    await using loader = makeLoader(d, { autoRelease: false, numWorkers: workers });
+    await using p = toDevice(loader, device, { mean: MEAN, std: STD });
+    assert.strictEqual(p._serialKernel(), serial, `${workers} workers on ${cores} cores`);
+  }
+});
+
 Deno.test("[cpu] host-side augment equals the reference on random params, both layouts", () => {
   const r = rng(77);
   for (const layout of ["nchw", "nhwc"] as const) {

@@ -293,9 +293,9 @@ static void augment_range(void *vctx, int64_t i0, int64_t i1) {
 PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t rows, int32_t layout,
                             int32_t n, int32_t c, int32_t h, int32_t w, int32_t pad,
                             const void *params, const float *scale, const float *bias, void *out,
-                            int32_t out_dtype, void *stream) {
+                            int32_t out_dtype, int32_t flags, void *stream) {
   (void)stream; /* the cpu backend is synchronous */
-  TRY(ps_check_image_augment(layout, n, c, h, w, pad, out_dtype));
+  TRY(ps_check_image_augment(layout, n, c, h, w, pad, out_dtype, flags));
   if (n == 0) return PS_OK;
   TRY(ps_check_image_buffers(src, indices, rows, out, scale, bias));
   const int64_t plane = (int64_t)h * w, img_bytes = plane * c;
@@ -330,13 +330,16 @@ PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t row
   memcpy(k.scale, scale, sizeof(float) * (size_t)c);
   memcpy(k.bias, bias, sizeof(float) * (size_t)c);
   /* Split over the pool when a batch has at least 64 KiB of pixels (a CIFAR batch of 128:
-   * 384 KiB), about 8 ranges per thread so a late helper holds little. The loader's workers
-   * may own the other cores: ps_pool_range_adaptive backs off when a helper keeps this call
-   * waiting (threads.c has the measurements). Before it, a fixed 4 MiB threshold kept CIFAR
-   * batches serial. */
+   * 384 KiB), about 8 ranges per thread so a late helper holds little, unless the caller says
+   * the other cores are busy (PS_IMAGE_SERIAL: the prefetcher, when the loader's workers own
+   * them). ps_pool_range_adaptive backs off when a helper keeps this call waiting anyway
+   * (threads.c). Measured on 2 cores, the streamed pipeline with 1 worker: 1.22-1.54M
+   * samples/s serial against 0.65-0.98M split (the helper took the worker's core); the
+   * resident set, no workers: split 1.50-1.86M against 1.09-1.41M serial. */
   static ps_pool_backoff backoff;
   const int64_t ranges = 8 * (int64_t)ps_pool_threads();
-  const int64_t grain = n * img_bytes < 65536 ? n : (n + ranges - 1) / ranges;
+  const int64_t grain =
+      (flags & PS_IMAGE_SERIAL) || n * img_bytes < 65536 ? n : (n + ranges - 1) / ranges;
   ps_pool_range_adaptive(n, grain, augment_range, &k, &backoff);
   if (atomic_load(&k.failed))
     PS_FAIL(PS_ERR_OUT_OF_MEMORY, "ps_image_augment: no memory for a %lld-byte plane",

@@ -129,8 +129,8 @@ extern "C" {
 PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t rows, int32_t layout,
                             int32_t n, int32_t c, int32_t h, int32_t w, int32_t pad,
                             const void *params, const float *scale, const float *bias, void *out,
-                            int32_t out_dtype, void *stream) {
-  TRY(ps_check_image_augment(layout, n, c, h, w, pad, out_dtype));
+                            int32_t out_dtype, int32_t flags, void *stream) {
+  TRY(ps_check_image_augment(layout, n, c, h, w, pad, out_dtype, flags));
   if (n == 0) return PS_OK;
   TRY(ps_check_image_buffers(src, indices, rows, out, scale, bias));
   Affine aff;
