@@ -91,6 +91,34 @@ function extraWords(
   }
 }
 
+/** ps_image_augment of one 3x4x4 NCHW image to f16: no records, scale and bias 1. */
+function augmentOne(
+  lib: Library,
+  src: Deno.PointerValue,
+  out: Deno.PointerValue,
+  flags = 0,
+): number {
+  const one = new Float32Array([1]);
+  return lib.symbols.ps_image_augment(
+    src,
+    NULL,
+    0n,
+    1,
+    1,
+    3,
+    4,
+    4,
+    0,
+    NULL,
+    one,
+    one,
+    out,
+    0,
+    flags,
+    NULL,
+  );
+}
+
 async function runCase(lib: Library, k: Case, seed: number): Promise<void> {
   const r = rng(seed);
   const { n, c, h, w, pad } = k;
@@ -390,25 +418,7 @@ for (const { kind: backend, ignore } of BACKENDS) {
         }
         // Flags other than PS_IMAGE_SERIAL are refused.
         for (const flags of [2, -1, 0x100]) {
-          const st = lib.symbols.ps_image_augment(
-            src,
-            NULL,
-            0n,
-            1,
-            1,
-            3,
-            4,
-            4,
-            0,
-            NULL,
-            one,
-            one,
-            out,
-            0,
-            flags,
-            NULL,
-          );
-          assert.strictEqual(st, 1, `flags ${flags}`);
+          assert.strictEqual(augmentOne(lib, src, out, flags), 1, `flags ${flags}`);
           assert.match(lastError(lib), /unknown flags/);
         }
         // n = 0 is a no-op even with null pointers.
@@ -543,25 +553,7 @@ Deno.test("[cpu] ps_image_augment refuses a freed or too-short device buffer", (
   try {
     const one = new Float32Array([1]);
     const src = mem.alloc(3 * 4 * 4), out = mem.alloc(2 * 3 * 4 * 4 - 2);
-    const st = lib.symbols.ps_image_augment(
-      src,
-      NULL,
-      0n,
-      1,
-      1,
-      3,
-      4,
-      4,
-      0,
-      NULL,
-      one,
-      one,
-      out,
-      0,
-      0,
-      NULL,
-    );
-    assert.strictEqual(st, 1);
+    assert.strictEqual(augmentOne(lib, src, out), 1);
     const host = new Uint8Array(48);
     const st2 = lib.symbols.ps_image_augment(
       Deno.UnsafePointer.of(host),
