@@ -217,9 +217,13 @@ void ps_pool_range_min(int64_t total, int64_t grain, int64_t work, int64_t min_w
 void ps_pool_range_adaptive(int64_t total, int64_t grain, ps_range_fn fn, void *ctx,
                             ps_pool_backoff *b) {
   if (total <= 0) return;
+  if (total <= grain) { /* one range: nothing to split, and no call that counts */
+    fn(ctx, 0, total);
+    return;
+  }
   uint32_t skip = atomic_load_explicit(&b->skip, memory_order_relaxed);
-  if (total <= grain || skip > 0) {
-    if (skip > 0) atomic_store_explicit(&b->skip, skip - 1, memory_order_relaxed);
+  if (skip > 0) {
+    atomic_store_explicit(&b->skip, skip - 1, memory_order_relaxed);
     fn(ctx, 0, total);
     return;
   }
