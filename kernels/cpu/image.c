@@ -168,10 +168,9 @@ static inline __attribute__((always_inline)) void sample_nchw_avx512(
     /* A padding pixel is the byte 0 through the same multiply and add. */
     const __m512 zero = _mm512_add_ps(_mm512_mul_ps(_mm512_setzero_ps(), vs), vb);
     const uint8_t *src = img + ch * plane;
-    const int32_t sy_step = vflip ? -1 : 1;
-    int32_t sy = (vflip ? h - 1 : 0) + oy - sy_step;
     for (int32_t y = 0; y < h; y++) {
-      sy += sy_step;
+      /* vflip is a constant of this copy (sample_dispatch): no select per row. */
+      const int32_t sy = (vflip ? h - 1 - y : y) + oy;
       const int64_t o = ch * plane + (int64_t)y * w;
       /* The same row of a later gathered image, one line per row: spread over the sample so
        * the misses overlap the arithmetic instead of queueing at its start. */
@@ -197,6 +196,41 @@ static inline __attribute__((always_inline)) void sample_nchw_avx512(
       }
     }
   }
+}
+
+/* sample_nchw_avx512 with flip, vflip, the output type and whether to prefetch as constants:
+ * each combination is its own copy, with no branch on them left in the inner loops. */
+static inline __attribute__((always_inline)) void sample_dispatch(
+    const uint8_t *img, int32_t c, int32_t h, int32_t w, int32_t oy, int32_t ox, int32_t flip,
+    int32_t vflip, const float *sc, const float *bi, int32_t out_dtype, void *so,
+    const char *ahead) {
+#define PS_S(F, V, D, A) sample_nchw_avx512(img, c, h, w, oy, ox, F, V, sc, bi, D, so, A)
+#define PS_SD(F, V, A)           \
+  if (out_dtype == PS_IMAGE_F16) \
+    PS_S(F, V, PS_IMAGE_F16, A); \
+  else                           \
+    PS_S(F, V, PS_IMAGE_F32, A)
+#define PS_SV(F, A) \
+  if (vflip) {      \
+    PS_SD(F, 1, A); \
+  } else {          \
+    PS_SD(F, 0, A); \
+  }
+#define PS_SF(A) \
+  if (flip) {    \
+    PS_SV(1, A); \
+  } else {       \
+    PS_SV(0, A); \
+  }
+  if (ahead != NULL) {
+    PS_SF(ahead);
+  } else {
+    PS_SF(NULL);
+  }
+#undef PS_SF
+#undef PS_SV
+#undef PS_SD
+#undef PS_S
 }
 #endif
 
@@ -249,17 +283,7 @@ static void augment_range(void *vctx, int64_t i0, int64_t i1) {
     char *so = (char *)out + i * img_bytes * (out_dtype == PS_IMAGE_F16 ? 2 : 4);
 #if defined(PS_IMAGE_ROW_AVX512)
     if (layout == PS_IMAGE_NCHW && w <= 16 * PS_ROW_CHUNKS && !sm.color) {
-      /* Constant flip and dtype per call: the compiler drops both branches from the
-       * inner loop. */
-      if (out_dtype == PS_IMAGE_F16 && flip) {
-        sample_nchw_avx512(img, c, h, w, oy, ox, 1, vflip, sc, bi, PS_IMAGE_F16, so, ahead);
-      } else if (out_dtype == PS_IMAGE_F16) {
-        sample_nchw_avx512(img, c, h, w, oy, ox, 0, vflip, sc, bi, PS_IMAGE_F16, so, ahead);
-      } else if (flip) {
-        sample_nchw_avx512(img, c, h, w, oy, ox, 1, vflip, sc, bi, PS_IMAGE_F32, so, ahead);
-      } else {
-        sample_nchw_avx512(img, c, h, w, oy, ox, 0, vflip, sc, bi, PS_IMAGE_F32, so, ahead);
-      }
+      sample_dispatch(img, c, h, w, oy, ox, flip, vflip, sc, bi, out_dtype, so, ahead);
       if (sm.cut_y1 > sm.cut_y0)
         cutout(sm.cut_y0, sm.cut_y1, sm.cut_x0, sm.cut_x1, c, h, w, out_dtype, so);
       continue;
