@@ -387,8 +387,8 @@ function kernelRow(device: Device): Row {
         scale,
         bias,
         Deno.UnsafePointer.offset(out.pointer!, (b % 4) * BATCH * img * 2),
-        0,
         0, // fp16
+        1, // PS_IMAGE_SERIAL: one thread, as the prefetcher runs it beside loader workers
         null,
       ),
       "time the fused kernel",
