@@ -27,4 +27,9 @@ PS_INTERNAL void ps_live_add(ps_live_kind kind, int64_t delta);
  * that the CUDA backend would report as illegal addresses. */
 PS_INTERNAL int ps_is_live_range(const void *ptr, uint64_t bytes);
 
+/* PS_OK when each of the n indices lies in [0, rows); else fails naming `fn` and the first index
+ * outside (the gathers of ps_gather_rows and ps_image_augment; CUDA skips such a row). */
+PS_INTERNAL int ps_check_row_indices(const char *fn, const int32_t *indices, int32_t n,
+                                     int64_t rows);
+
 #endif /* PINSTREAM_CPU_COMMON_H */

@@ -65,6 +65,15 @@ static void gather_range(void *p, int64_t begin, int64_t end) {
            (size_t)c->row_bytes);
 }
 
+int ps_check_row_indices(const char *fn, const int32_t *indices, int32_t n, int64_t rows) {
+  for (int32_t k = 0; k < n; k++) {
+    if (indices[k] < 0 || indices[k] >= rows)
+      PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: indices[%d] = %d is outside [0, %lld)", fn, k,
+              indices[k], (long long)rows);
+  }
+  return PS_OK;
+}
+
 PS_API int ps_gather_rows(const void *src, int64_t rows, int64_t row_bytes, const int32_t *indices,
                           int32_t n, void *dst, void *stream) {
   (void)stream;
@@ -73,11 +82,7 @@ PS_API int ps_gather_rows(const void *src, int64_t rows, int64_t row_bytes, cons
   CHECK_RANGE(indices, (int64_t)n * 4);
   CHECK_RANGE(dst, (int64_t)n * row_bytes);
   CHECK_RANGE(src, rows * row_bytes);
-  for (int32_t k = 0; k < n; k++) {
-    if (indices[k] < 0 || indices[k] >= rows)
-      PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: indices[%d] = %d is outside [0, %lld)", __func__, k,
-              indices[k], (long long)rows);
-  }
+  TRY(ps_check_row_indices(__func__, indices, n, rows));
   gather_ctx c = {.src = (const uint8_t *)src,
                   .indices = indices,
                   .dst = (uint8_t *)dst,

@@ -336,11 +336,7 @@ PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t row
             "size (n=%d c=%d h=%d w=%d, src images %lld)",
             n, c, h, w, (long long)src_images);
   }
-  for (int32_t i = 0; indices != NULL && i < n; i++) {
-    if (indices[i] < 0 || indices[i] >= rows)
-      PS_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: indices[%d] = %d is outside [0, %lld)", i,
-              indices[i], (long long)rows);
-  }
+  if (indices != NULL) TRY(ps_check_row_indices("ps_image_augment", indices, n, rows));
   augment_ctx k = {.src = src,
                    .indices = indices,
                    .params = params,
