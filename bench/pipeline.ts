@@ -47,6 +47,7 @@ import { Device } from "../ffi/device.ts";
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import { DataLoader } from "../loader/data_loader.ts";
 import { sharedArray } from "../loader/dataset.ts";
+import { RandomSampler } from "../loader/sampler.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import { AUGMENT_RECORD_LENGTH, type RingBatch, ringLayout } from "../loader/ring.ts";
 import { toDevice, type ToDeviceOptions } from "../pipeline/prefetcher.ts";
@@ -315,15 +316,8 @@ function gatherBoundRow(device: Device, ds: TensorDataset, samples: number): Row
   set.copyFrom(new Uint8Array(field.buffer, field.byteOffset ?? 0, samples * img));
   using idx = DeviceBuffer.alloc(device, samples * 4);
   using dst = DeviceBuffer.alloc(device, BATCH * img);
-  // A fixed shuffle (the permutation's source does not matter, only that it is random).
-  const perm = Int32Array.from({ length: samples }, (_, i) => i);
-  let x = 12345;
-  for (let i = samples - 1; i > 0; i--) {
-    x = (Math.imul(x, 1103515245) + 12345) >>> 0;
-    const j = x % (i + 1);
-    [perm[i], perm[j]] = [perm[j], perm[i]];
-  }
-  idx.copyFrom(perm);
+  // One shuffled epoch, as the loader's sampler draws it.
+  idx.copyFrom(new RandomSampler(samples, { seed: 0 }).indices(0));
   const batches = Math.floor(samples / BATCH);
   const epoch = () => {
     for (let b = 0; b < batches; b++) {
