@@ -2,7 +2,6 @@
 // errors that name the argument at fault before anything reaches the kernel.
 import assert from "node:assert";
 import {
-  augmentHost,
   Device,
   DeviceBuffer,
   gatherRows,
@@ -12,6 +11,7 @@ import {
   Tensor,
 } from "../mod.ts";
 import { testEachBackend } from "./_backends.ts";
+import { hostAugmented } from "./pipeline_fixtures.ts";
 import {
   bitDiff,
   cropRecords,
@@ -36,16 +36,7 @@ Deno.test("[cpu] imageAugment equals augmentHost with params, padding and either
     for (const dtype of ["f16", "f32"] as const) {
       using out = Tensor.empty(dev, [n, c, h, w], dtype);
       imageAugment(src, out, { layout, affine, padding: pad, params: p, srcOffset: 8 });
-      const ref = dtype === "f16" ? new Float16Array(out.numel) : new Float32Array(out.numel);
-      augmentHost(bytes, params, ref, {
-        n,
-        channels: c,
-        height: h,
-        width: w,
-        layout,
-        pad,
-        affine,
-      });
+      const ref = hostAugmented(bytes, params, dtype, { n, c, h, w, layout, pad, affine });
       assert.deepStrictEqual([...await out.toHost()], [...ref], `${layout} ${dtype}`);
     }
   }
@@ -234,16 +225,7 @@ testEachBackend(
           using out = Tensor.empty(dev, [n, c, h, w], dtype);
           imageAugment(src, out, { layout, affine, padding: pad, params: p });
           assert.deepStrictEqual(bitDiff(await out.toHost(), want), [], `device ${what}`);
-          const host = dtype === "f16" ? new Float16Array(out.numel) : new Float32Array(out.numel);
-          augmentHost(bytes, params, host, {
-            n,
-            channels: c,
-            height: h,
-            width: w,
-            layout,
-            pad,
-            affine,
-          });
+          const host = hostAugmented(bytes, params, dtype, { n, c, h, w, layout, pad, affine });
           assert.deepStrictEqual(bitDiff(host, want), [], `host ${what}`);
         }
       }

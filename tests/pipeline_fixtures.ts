@@ -10,6 +10,7 @@ import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import type { RingBatch } from "../loader/ring.ts";
 import type { DeviceBatch } from "../pipeline/prefetcher.ts";
+import { augmentHost, type NormalizeAffine } from "../pipeline/augment.ts";
 import { referenceAugment, rng } from "./_image_reference.ts";
 
 /** CIFAR-10's per-channel mean, in [0, 1] units. */
@@ -103,4 +104,36 @@ export async function readBatch(b: DeviceBatch): Promise<{ images: number[]; lab
   const images = await b.images.toHost();
   const labels = await b.labels.toHost();
   return { images: [...images], labels: [...labels] };
+}
+
+/** Geometry and normalization of {@linkcode hostAugmented}. */
+export interface HostAugmentGeometry {
+  n: number;
+  c: number;
+  h: number;
+  w: number;
+  layout: "nhwc" | "nchw";
+  pad: number;
+  affine: NormalizeAffine;
+}
+
+/** `augmentHost` of a batch into a new f16 or f32 NCHW array. */
+export function hostAugmented(
+  src: Uint8Array,
+  params: Int32Array | null,
+  dtype: "f16" | "f32",
+  g: HostAugmentGeometry,
+): Float16Array | Float32Array {
+  const count = g.n * g.c * g.h * g.w;
+  const out = dtype === "f16" ? new Float16Array(count) : new Float32Array(count);
+  augmentHost(src, params, out, {
+    n: g.n,
+    channels: g.c,
+    height: g.h,
+    width: g.w,
+    layout: g.layout,
+    pad: g.pad,
+    affine: g.affine,
+  });
+  return out;
 }

@@ -10,12 +10,13 @@ import { Event } from "../ffi/stream.ts";
 import { DataLoader } from "../loader/data_loader.ts";
 import type { TensorDataset } from "../loader/datasets/tensor.ts";
 import { RingBatch } from "../loader/ring.ts";
-import { augmentHost, normalizeAffine } from "../pipeline/augment.ts";
+import { normalizeAffine } from "../pipeline/augment.ts";
 import { DevicePrefetcher, toDevice, type ToDeviceOptions } from "../pipeline/prefetcher.ts";
 import { bitDiff, cropRecords, referenceAugment, rng } from "./_image_reference.ts";
 import { BACKENDS } from "./_backends.ts";
 import {
   expectedBatch,
+  hostAugmented,
   makeData,
   makeLoader,
   MEAN,
@@ -398,16 +399,8 @@ Deno.test("[cpu] host-side augment equals the reference on random params, both l
         { length: 3 * n },
         (_, i) => i % 3 === 2 ? (r() < 0.5 ? 1 : 0) : lo + Math.floor(r() * span),
       ));
-      const out = dtype === "f16" ? new Float16Array(src.length) : new Float32Array(src.length);
-      augmentHost(src, params, out, {
-        n,
-        channels: c,
-        height: h,
-        width: w,
-        layout,
-        pad,
-        affine: normalizeAffine(MEAN, STD),
-      });
+      const affine = normalizeAffine(MEAN, STD);
+      const out = hostAugmented(src, params, dtype, { n, c, h, w, layout, pad, affine });
       const want = referenceAugment({
         src,
         params,
