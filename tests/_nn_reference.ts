@@ -9,6 +9,16 @@
 
 import assert from "node:assert";
 import { rng } from "./_image_reference.ts";
+import {
+  BatchNorm2d,
+  Conv2d,
+  Flatten,
+  Linear,
+  MaxPool2d,
+  ReLU,
+  Sequential,
+  Xoshiro128,
+} from "../nn/mod.ts";
 
 export const SEED = crypto.getRandomValues(new Uint32Array(1))[0];
 
@@ -286,4 +296,17 @@ export function refCrossEntropy(
     }
   }
   return { loss, hits, dlogits: d };
+}
+
+/** A small CNN on 1x8x8 inputs (conv, batch norm, ReLU, pool, linear to 3 classes), seeded. */
+export function smallCnn(seed: number): Sequential {
+  const rng = new Xoshiro128(seed);
+  return new Sequential([
+    new Conv2d(1, 4, { kernelSize: 3, padding: 1, rng }),
+    new BatchNorm2d(4),
+    new ReLU(),
+    new MaxPool2d(2),
+    new Flatten(),
+    new Linear(4 * 4 * 4, 3, { rng }),
+  ]);
 }

@@ -25,6 +25,7 @@ import {
   SGD,
   Trainer,
 } from "../nn/mod.ts";
+import { smallCnn } from "./_nn_reference.ts";
 
 function assertClose(actual: number, expected: number, atol: number, rtol: number, what = "") {
   const tol = atol + rtol * Math.abs(expected);
@@ -881,18 +882,6 @@ Deno.test("a disabled GradScaler is a pass-through", async () => {
 
 // ---- checkpoints ----------------------------------------------------------------------------
 
-function smallNet(seed: number): Sequential {
-  const rng = new Xoshiro128(seed);
-  return new Sequential([
-    new Conv2d(1, 4, { kernelSize: 3, padding: 1, rng }),
-    new BatchNorm2d(4),
-    new ReLU(),
-    new MaxPool2d(2),
-    new Flatten(),
-    new Linear(4 * 4 * 4, 3, { rng }),
-  ]);
-}
-
 async function snapshot(model: Module): Promise<number[][]> {
   const out: number[][] = [];
   for (const [, t] of await model.stateDict()) {
@@ -911,7 +900,7 @@ Deno.test("checkpoint save, load and resume give the same next step, bit for bit
   using x = Tensor.empty(device, [6, 1, 8, 8], "f16");
   using y = Tensor.empty(device, [6], "i32");
   const build = (seed: number) => {
-    const model = smallNet(seed).to(device);
+    const model = smallCnn(seed).to(device);
     const optimizer = new SGD(model.parameters(), {
       lr: 0.1,
       momentum: 0.9,

@@ -7,21 +7,9 @@
 
 import assert from "node:assert";
 import { Tensor } from "../mod.ts";
-import {
-  BatchNorm2d,
-  Conv2d,
-  CrossEntropyLoss,
-  Flatten,
-  Linear,
-  MaxPool2d,
-  ReLU,
-  Sequential,
-  SGD,
-  Trainer,
-  Xoshiro128,
-} from "../nn/mod.ts";
+import { CrossEntropyLoss, Linear, ReLU, Sequential, SGD, Trainer } from "../nn/mod.ts";
 import { testEachBackend } from "./_backends.ts";
-import { assertClose, gen, randF } from "./_nn_reference.ts";
+import { assertClose, gen, randF, smallCnn } from "./_nn_reference.ts";
 
 /** Linear(5, 7) -> ReLU -> Linear(7, 3), the float64 forward and backward of it. */
 function refMlp(
@@ -87,18 +75,6 @@ testEachBackend(
     assertClose(await fc1.bias!.grad.toHost(), ref.db1, 1e-5, 1e-5, "fp32 MLP db1");
   },
 );
-
-function smallCnn(seed: number): Sequential {
-  const rng = new Xoshiro128(seed);
-  return new Sequential([
-    new Conv2d(1, 4, { kernelSize: 3, padding: 1, rng }),
-    new BatchNorm2d(4),
-    new ReLU(),
-    new MaxPool2d(2),
-    new Flatten(),
-    new Linear(4 * 4 * 4, 3, { rng }),
-  ]);
-}
 
 testEachBackend("an fp32 model keeps no fp16 copies and its gradients are f32", (dev) => {
   using fp32 = smallCnn(1).to(dev, { precision: "fp32" });
