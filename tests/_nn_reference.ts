@@ -2,7 +2,7 @@
  * What the nn kernel tests share: a seeded generator per test (the run's seed is printed in
  * every failure), random inputs, a tolerance check that names the worst element, and float64
  * references of the GEMM-based kernels. Used by tests/nn_kernels_test.ts (fp16) and
- * tests/nn_fp32_test.ts (the fp32 path).
+ * tests/nn_fp32_test.ts (the fp32 path); the layer tests take its small seeded CNN.
  *
  * @module
  */
