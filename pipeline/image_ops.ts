@@ -252,7 +252,7 @@ export function imageAugment(src: RawMemory, out: Tensor, options: ImageAugmentO
     }
     const at = int(options.srcOffset ?? 0, "src offset", 0, Number.MAX_SAFE_INTEGER, action);
     rows = int(
-      options.rows ?? Math.floor(((src as DeviceBuffer).bytes - at) / imageBytes),
+      options.rows ?? Math.floor(((src as DeviceBuffer | HostBuffer).bytes - at) / imageBytes),
       "rows",
       1,
       Number.MAX_SAFE_INTEGER,
