@@ -1,21 +1,22 @@
 #!/usr/bin/env bash
 # One command for a GPU machine (see bench/GPU.md): build both backends for sm_90, run the
 # whole test suite (the [cuda] cases run there), the GPU benchmarks, a short CIFAR-shaped
-# training run, and the CUDA kernel tests under compute-sanitizer, within one device call
-# (10 minutes; this script keeps to about 9). Run from the project root:
+# training run, and the CUDA kernel tests under compute-sanitizer, within 10 minutes (this
+# script keeps to about 9). Run from the project root:
 #
 #   source .gpu/env.sh && bash bench/gpu_run.sh
 #
-# Everything lands in "$OUT/gpu-logs/" (./gpu-logs when OUT is unset): summary.log first
+# Everything lands in ./gpu-logs/ (GPU_LOGS to choose): summary.log first
 # (date, GPU, driver, commit, then one line per step with its status and seconds), one log
-# per step, and a copy of the benchmarks' bench/out/*.json and charts. Data sets are generated here, never carried.
+# per step, and a copy of the benchmarks' bench/out/*.json and charts; with OUT set, also
+# "$OUT/gpu-logs.tgz" and "$OUT/summary.log". Data sets are generated here, never carried.
 # A step that fails does not stop the others; a step that would overrun the budget is
 # skipped and says so.
 set -uo pipefail
 
 BUDGET_S=${GPU_RUN_BUDGET_S:-540}
 START=$(date +%s)
-LOGS="${OUT:-$PWD}/gpu-logs"
+LOGS="${GPU_LOGS:-$PWD/gpu-logs}"
 mkdir -p "$LOGS"
 SUMMARY="$LOGS/summary.log"
 : >"$SUMMARY"
@@ -69,8 +70,13 @@ say ""
 nvidia-smi >"$LOGS/nvidia-smi.log" 2>&1 || true
 cat "$LOGS/nvidia-smi.log"
 
+# The benchmarks prefer /usr/bin/python3 (a distribution's PyTorch); here the python3 on PATH
+# is the one to use when it has PyTorch with CUDA (and numpy, which bench/pipeline_torch.py reads).
 TORCH_FLAG=--no-torch
-if python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then TORCH_FLAG=""; fi
+if python3 -c 'import numpy, torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+  TORCH_FLAG=""
+  export PYTHON=${PYTHON:-$(command -v python3)}
+fi
 
 # ---- build, then make sure the cuda backend really opens (else every [cuda] test is skipped)
 step build 150 deno task build --require cpu,cuda
@@ -96,7 +102,7 @@ else
   say "compute-sanitizer not found: sanitizer steps skipped"
 fi
 # ---- the whole suite (cpu and cuda cases)
-step test-all 240 deno task test
+step test-all 330 deno task test
 
 # ---- benchmarks on the GPU (each writes bench/out/<name>.json and .svg)
 step bench-transfer 60 deno run -A bench/transfer.ts --device cuda --max-mib 256
@@ -141,6 +147,14 @@ done
 [ -f "$LOGS/cifar-torch.log" ] && say "cifar-torch: $(tail -1 "$LOGS/cifar-torch.log")"
 say ""
 say "logs in $LOGS: $(ls "$LOGS" | tr '\n' ' ')"
+# Where the caller collects results from a folder OUT (a remote runner that returns a few
+# files): the logs in one archive, the summary beside it.
+if [ -n "${OUT:-}" ]; then
+  mkdir -p "$OUT"
+  cp "$SUMMARY" "$OUT/summary.log"
+  tar czf "$OUT/gpu-logs.tgz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")"
+  say "packed: $OUT/gpu-logs.tgz"
+fi
 # The failures, at the end of the output where a remote runner's tail shows them.
 if [ -f "$LOGS/test-all.log" ]; then
   echo "---- failures (test-all) ----"

@@ -21,6 +21,20 @@ export const PERMISSION_USES: Readonly<Record<string, string>> = {
   sys: "the benchmarks record the machine's load and memory",
 };
 
+/** A permission Deno denied, as {@linkcode missingPermission} reads it. */
+interface Missing {
+  /** The permission: "ffi", "run", "env", ..., or "unknown". */
+  name: string;
+  /** What it was denied for (`"\"HOME\""`), or "". */
+  target: string;
+  /**
+   * The environment variable that made Deno refuse to start a program although `--allow-run`
+   * lists it: with `LD_LIBRARY_PATH` or `LD_PRELOAD` set, only an unlisted `--allow-run` lets a
+   * program start (a CUDA machine often sets `LD_LIBRARY_PATH`).
+   */
+  variable?: string;
+}
+
 /**
  * The permission a Deno error says is missing (`NotCapable`, or `PermissionDenied` from a
  * prompt the user declined), or undefined for any other error.
@@ -34,17 +48,26 @@ export const PERMISSION_USES: Readonly<Record<string, string>> = {
  * import assert from "node:assert";
  * const err = new Deno.errors.NotCapable('Requires env access to "HOME", run again with the --allow-env flag');
  * assert.deepStrictEqual(missingPermission(err), { name: "env", target: '"HOME"' });
+ * const ld = new Deno.errors.NotCapable("Requires --allow-run permissions to spawn subprocess with LD_LIBRARY_PATH environment variable. Alternatively, spawn with the environment variable unset.");
+ * assert.deepStrictEqual(missingPermission(ld), { name: "run", target: "", variable: "LD_LIBRARY_PATH" });
  * assert.strictEqual(missingPermission(new Error("other")), undefined);
  * ```
  */
-export function missingPermission(err: unknown): { name: string; target: string } | undefined {
+export function missingPermission(err: unknown): Missing | undefined {
   if (err instanceof PermissionError) return missingPermission(err.cause);
   if (!(err instanceof Deno.errors.NotCapable || err instanceof Deno.errors.PermissionDenied)) {
     return undefined;
   }
   const m = /Requires (\w+) access(?: to (.+?))?, (?:run again|specify)/.exec(err.message);
-  if (m === null) return { name: "unknown", target: "" };
-  return { name: m[1], target: m[2] ?? "" };
+  if (m !== null) return { name: m[1], target: m[2] ?? "" };
+  // "Requires --allow-run permissions to spawn subprocess with LD_LIBRARY_PATH environment
+  // variable": a listed --allow-run does not cover a child that inherits LD_* variables.
+  const flag = /Requires --allow-(\w+) permissions?\b(?:.*? with (\w+) environment variable)?/
+    .exec(err.message);
+  if (flag === null) return { name: "unknown", target: "" };
+  return flag[2] === undefined
+    ? { name: flag[1], target: "" }
+    : { name: flag[1], target: "", variable: flag[2] };
 }
 
 /**
@@ -68,6 +91,11 @@ export function permissionMessage(err: unknown): string | undefined {
   if (p === undefined) return undefined;
   if (p.name === "unknown") return `Deno denied a permission: ${(err as Error).message}`;
   const why = PERMISSION_USES[p.name];
+  if (p.variable !== undefined) {
+    return `Deno denied ${p.name} access to a program started while ${p.variable} is set: run with ` +
+      `--allow-${p.name} without a list of programs, or unset ${p.variable}` +
+      (why ? ` (${why})` : "");
+  }
   return `Deno denied ${p.name} access${
     p.target ? ` to ${p.target}` : ""
   }: run with --allow-${p.name}` +

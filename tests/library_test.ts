@@ -142,6 +142,16 @@ Deno.test("a GPU the CUDA library was not built for is named with the setting th
 });
 
 /** Loads the cpu backend in a child with exactly `perms` (no prompt) and reports it. */
+/**
+ * The child's environment: this process's, less the LD_* variables that change what Deno asks
+ * of --allow-run (a GPU machine often sets LD_LIBRARY_PATH), plus `env`.
+ */
+function childEnv(env: Record<string, string>): Record<string, string> {
+  const base = Deno.env.toObject();
+  for (const name of Object.keys(base)) if (name.startsWith("LD_")) delete base[name];
+  return { ...base, NO_COLOR: "1", ...env };
+}
+
 async function loadWithPermissions(perms: string[], env: Record<string, string>): Promise<Outcome> {
   const script = `import { libraryPath, loadLibrary } from ${JSON.stringify(LIBRARY_URL)};
     try { loadLibrary("cpu"); console.log(JSON.stringify({ path: libraryPath("cpu") })); }
@@ -151,7 +161,8 @@ async function loadWithPermissions(perms: string[], env: Record<string, string>)
     await Deno.writeTextFile(file, script);
     const out = await new Deno.Command(Deno.execPath(), {
       args: ["run", "--no-prompt", ...perms, file], // loading modules needs no permission
-      env: { NO_COLOR: "1", ...env },
+      env: childEnv(env),
+      clearEnv: true,
       stdout: "piped",
       stderr: "piped",
     }).output();
@@ -216,6 +227,34 @@ Deno.test("a missing permission is named with its flag, never as a missing drive
       noFfi.message!,
       /Deno denied ffi access to ".*libpinstream_cpu_.*": run with --allow-ffi \(pinstream loads its native library with Deno.dlopen\)/,
     );
+  } finally {
+    await Deno.remove(cache, { recursive: true });
+  }
+});
+
+Deno.test("with LD_LIBRARY_PATH set, a listed or missing --allow-run is named with the variable and both ways out", async () => {
+  const cache = await Deno.makeTempDir();
+  try {
+    // A CUDA machine often sets LD_LIBRARY_PATH; Deno then starts a program only under an
+    // unlisted --allow-run, so the compiler (the cache key asks its version) is refused.
+    const env = {
+      PINSTREAM_CACHE: cache,
+      PINSTREAM_LIB: "",
+      PINSTREAM_LIB_CPU: "",
+      LD_LIBRARY_PATH: "/nonexistent/lib64",
+    };
+    const rest = ["--allow-read", "--allow-write", "--allow-env", "--allow-ffi"];
+    for (const run of [[], ["--allow-run=cc,gcc,clang,nvcc"]]) {
+      const got = await loadWithPermissions([...rest, ...run], env);
+      assert.strictEqual(got.reason, "no-permission", `${run}: ${JSON.stringify(got)}`);
+      assert.match(
+        got.message!,
+        /^Cannot load the cpu backend: Deno denied run access to a program started while LD_LIBRARY_PATH is set: run with --allow-run without a list of programs, or unset LD_LIBRARY_PATH \(pinstream asks the C\/CUDA compiler/,
+      );
+    }
+    // Unlisted, the same environment builds and loads.
+    const ok = await loadWithPermissions([...rest, "--allow-run"], env);
+    assert.ok(ok.path?.startsWith(cache), JSON.stringify(ok));
   } finally {
     await Deno.remove(cache, { recursive: true });
   }
