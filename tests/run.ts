@@ -15,6 +15,7 @@
  *     deno task test                      # all of the above
  *     deno task test --filter "loader"    # only step 1, with deno test's arguments
  *     PINSTREAM_EMU_SEED=0x5eed deno task test   # another random order in step 2
+ *     PINSTREAM_TEST_GPU_ONLY=1 deno task test    # with a GPU: step 1 on it, no emulator passes
  *
  * `deno task test:emulator` runs more emulator passes (reverse orders, random rounds, delays).
  *
@@ -69,6 +70,13 @@ async function main(args: string[]): Promise<number> {
       args: ["test", "-A", ...args],
       env: emulated,
     }).output();
+    return code;
+  }
+  if (gpu && Deno.env.get("PINSTREAM_TEST_GPU_ONLY") === "1") {
+    // The emulator passes are the same on every machine (CI runs them): on a GPU machine
+    // with little time, the suite on the GPU alone.
+    console.log("== PINSTREAM_TEST_GPU_ONLY=1: the whole suite on the GPU, no emulator passes");
+    const { code } = await new Deno.Command(Deno.execPath(), { args: SUITE }).output();
     return code;
   }
   const emu = { PINSTREAM_CUDA_EMULATOR: "1" };
