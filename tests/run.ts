@@ -69,6 +69,8 @@ async function main(args: string[]): Promise<number> {
     const { code } = await new Deno.Command(Deno.execPath(), {
       args: ["test", "-A", ...args],
       env: emulated,
+      stdout: "inherit",
+      stderr: "inherit",
     }).output();
     return code;
   }
@@ -76,7 +78,11 @@ async function main(args: string[]): Promise<number> {
     // The emulator passes are the same on every machine (CI runs them): on a GPU machine
     // with little time, the suite on the GPU alone.
     console.log("== PINSTREAM_TEST_GPU_ONLY=1: the whole suite on the GPU, no emulator passes");
-    const { code } = await new Deno.Command(Deno.execPath(), { args: SUITE }).output();
+    const { code } = await new Deno.Command(Deno.execPath(), {
+      args: SUITE,
+      stdout: "inherit",
+      stderr: "inherit",
+    }).output();
     return code;
   }
   const emu = { PINSTREAM_CUDA_EMULATOR: "1" };
