@@ -120,7 +120,7 @@ function cifarShaped(samples: number): TensorDataset {
   // Random bytes: the content does not change the work, and every row sees the same data. In
   // the memory the CIFAR10 reader allocates (sharedArray: a shared WebAssembly.Memory, which
   // the workers gather from with memory.copy).
-  const images = sharedArray("u8", samples * 3072) as Uint8Array;
+  const images = sharedArray("u8", samples * 3072);
   let x = 0x9e3779b9;
   const words = new Uint32Array(images.buffer, 0, images.length >>> 2);
   for (let i = 0; i < words.length; i++) {
@@ -129,7 +129,7 @@ function cifarShaped(samples: number): TensorDataset {
     x ^= x << 5;
     words[i] = x >>> 0;
   }
-  const labels = sharedArray("i32", samples) as Int32Array;
+  const labels = sharedArray("i32", samples);
   for (let i = 0; i < samples; i++) labels[i] = i % 10;
   return new TensorDataset({
     image: { data: images, shape: [3, 32, 32] },

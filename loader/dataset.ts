@@ -219,20 +219,33 @@ export function recordBytes(field: { dtype: FieldDType; shape: readonly number[]
  * @returns the array; its buffer is shared by every worker it is sent to. The buffer is the
  *   memory of a shared WebAssembly.Memory (up to 4 GiB, rounded up to 64 KiB), which lets
  *   the zero-copy path gather it with `memory.copy`; datasets should allocate with this.
+ * @throws {TypeError} dtype is not a {@linkcode FieldDType} ("u8", not "uint8").
+ * @throws {RangeError} length is not a non-negative integer.
  * @example Shared labels
  * ```ts
  * import { sharedArray, TensorDataset } from "@pinstream/pinstream";
  * import assert from "node:assert";
- * const images = sharedArray("u8", 10 * 3 * 8 * 8) as Uint8Array;
- * const labels = sharedArray("i32", 10) as Int32Array;
+ * const images = sharedArray("u8", 10 * 3 * 8 * 8); // a Uint8Array
+ * const labels = sharedArray("i32", 10); // an Int32Array
  * assert.ok(labels.buffer instanceof SharedArrayBuffer);
  * const ds = new TensorDataset({ image: { data: images, shape: [3, 8, 8] }, label: labels });
  * assert.strictEqual(ds.length, 10);
  * ```
  */
-export function sharedArray(dtype: FieldDType, length: number): TypedArray {
+export function sharedArray<D extends FieldDType>(dtype: D, length: number): FieldArray<D> {
+  if (!Object.hasOwn(DTYPES, dtype)) {
+    throw new TypeError(
+      `Cannot allocate a shared array: dtype must be one of ${Object.keys(DTYPES).join(", ")}, ` +
+        `got ${JSON.stringify(dtype)}`,
+    );
+  }
+  if (!Number.isSafeInteger(length) || length < 0) {
+    throw new RangeError(
+      `Cannot allocate a shared array: length must be a non-negative integer, got ${length}`,
+    );
+  }
   const { bytes, ctor } = DTYPES[dtype];
-  return new ctor(allocShared(length * bytes), 0, length);
+  return new ctor(allocShared(length * bytes), 0, length) as FieldArray<D>;
 }
 
 /**

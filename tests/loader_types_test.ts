@@ -7,7 +7,7 @@
 import assert from "node:assert";
 import { type Collated, defaultCollate } from "../loader/collate.ts";
 import { type BatchOf, DataLoader } from "../loader/data_loader.ts";
-import type { Dataset, SharedFieldsOf } from "../loader/dataset.ts";
+import { type Dataset, sharedArray, type SharedFieldsOf } from "../loader/dataset.ts";
 import type { CIFAR10 } from "../loader/datasets/cifar10.ts";
 import type { FashionMNIST, MNIST } from "../loader/datasets/mnist.ts";
 import { Subset } from "../loader/datasets/subset.ts";
@@ -159,5 +159,40 @@ Deno.test("Explicit batch types keep compiling, and typed loaders are DataLoader
   for await (const b of sub) {
     assert.ok(b instanceof RingBatch);
     assert.deepStrictEqual([...b.fields.label], [1]);
+  }
+});
+
+Deno.test("sharedArray returns the dtype's typed array on shared memory and refuses a bad dtype or length", () => {
+  const images = sharedArray("u8", 3 * 32 * 32);
+  expectType<Equal<typeof images, Uint8Array>>(true);
+  const labels = sharedArray("i32", 10);
+  expectType<Equal<typeof labels, Int32Array>>(true);
+  const f16 = sharedArray("f16", 4);
+  expectType<Equal<typeof f16, Float16Array>>(true);
+  assert.ok(images instanceof Uint8Array && images.length === 3072);
+  assert.ok(labels instanceof Int32Array && labels.length === 10);
+  assert.ok(labels.buffer instanceof SharedArrayBuffer);
+  assert.strictEqual(sharedArray("f64", 0).length, 0);
+  // Spelled as PyTorch or NumPy would: named, with the accepted spellings.
+  for (const bad of ["uint8", "float32", "", "U8"]) {
+    assert.throws(
+      // @ts-expect-error: not a FieldDType
+      () => sharedArray(bad, 4),
+      (e: Error) =>
+        e instanceof TypeError &&
+        e.message ===
+          `Cannot allocate a shared array: dtype must be one of u8, i8, u16, i16, u32, i32, f16, f32, f64, got ${
+            JSON.stringify(bad)
+          }`,
+    );
+  }
+  for (const bad of [-1, 1.5, NaN, Infinity]) {
+    assert.throws(
+      () => sharedArray("u8", bad),
+      (e: Error) =>
+        e instanceof RangeError &&
+        e.message ===
+          `Cannot allocate a shared array: length must be a non-negative integer, got ${bad}`,
+    );
   }
 });

@@ -129,8 +129,8 @@ export class CIFAR10 extends LabeledImages {
       );
     }
     const n = names.length * CIFAR10_RECORDS_PER_FILE;
-    const images = sharedArray("u8", n * 3072) as Uint8Array;
-    const labels = sharedArray("i32", n) as Int32Array;
+    const images = sharedArray("u8", n * 3072);
+    const labels = sharedArray("i32", n);
     let r = 0;
     for (const name of names) {
       const path = join(dir, name);

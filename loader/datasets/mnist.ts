@@ -139,9 +139,9 @@ async function loadIdxPair(root: string, train: boolean, what: string) {
     );
   }
   const n = images.dims[0];
-  const sImages = sharedArray("u8", n * 784) as Uint8Array;
+  const sImages = sharedArray("u8", n * 784);
   sImages.set(images.data);
-  const sLabels = sharedArray("i32", n) as Int32Array;
+  const sLabels = sharedArray("i32", n);
   for (let i = 0; i < n; i++) {
     const l = labels.data[i];
     if (l > 9) {
