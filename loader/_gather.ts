@@ -86,6 +86,12 @@ export function writeAugmentRecord(
   out[at + 8] = factorBits(augment.contrast > 0 ? draw(k0, p, 4) : 0, augment.contrast);
 }
 
+/**
+ * Records up to this many bytes are copied byte by byte: below it, a `subarray` per sample
+ * (an allocation) costs more than the copy.
+ */
+const SMALL_RECORD = 16;
+
 /** An error in one sample, carrying its dataset index. */
 export class SampleError extends Error {
   readonly index: number;
@@ -154,6 +160,15 @@ export class Gatherer {
         const d32 = dst >>> 2;
         const s32 = s.byteOffset >>> 2;
         for (let k = 0; k < count; k++) ring32[d32 + k] = i32[s32 + ring32[idxBase + k]];
+      } else if (rb === 1) {
+        // One byte a sample (a u8 label, the resident loader's index set).
+        for (let k = 0; k < count; k++) ring8[dst + k] = u8[s.byteOffset + ring32[idxBase + k]];
+      } else if (rb <= SMALL_RECORD) {
+        // A subarray per sample costs more than copying a few bytes one by one.
+        for (let k = 0; k < count; k++) {
+          const from = s.byteOffset + ring32[idxBase + k] * rb, to = dst + k * rb;
+          for (let j = 0; j < rb; j++) ring8[to + j] = u8[from + j];
+        }
       } else {
         for (let k = 0; k < count; k++) {
           const from = s.byteOffset + ring32[idxBase + k] * rb;

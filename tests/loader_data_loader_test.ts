@@ -1,6 +1,6 @@
 import assert from "node:assert";
 import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
-import type { Dataset } from "../loader/dataset.ts";
+import { type Dataset, sharedArray } from "../loader/dataset.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import {
   AUGMENT_RECORD_LENGTH,
@@ -76,6 +76,47 @@ Deno.test("DataLoader zero-copy batches hold the samples' fields, indices and la
   assert.deepStrictEqual(got.map((b) => b.labels), got.map((b) => b.indices));
   assert.deepStrictEqual(got.map((b) => b.image0), got.map((b) => b.indices));
 });
+
+for (const numWorkers of [0, 2]) {
+  Deno.test(`DataLoader zero-copy batches hold fields of every small record size byte for byte (numWorkers ${numWorkers})`, async () => {
+    // Records of 1, 2, 3, 5, 7, 8, 16, 17 and 31 bytes, unaligned and aligned: each sample's
+    // bytes are a function of (sample, field, byte), so a copy from the wrong sample, offset or
+    // length shows.
+    const n = 97, sizes = [1, 2, 3, 5, 7, 8, 16, 17, 31];
+    const byteOf = (i: number, f: number, j: number) => (i * 31 + f * 7 + j * 13 + 1) & 0xff;
+    const fields: Record<string, { data: Uint8Array; shape: number[] }> = {};
+    sizes.forEach((rb, f) => {
+      const data = sharedArray("u8", n * rb);
+      for (let i = 0; i < n; i++) for (let j = 0; j < rb; j++) data[i * rb + j] = byteOf(i, f, j);
+      fields[`f${rb}`] = { data, shape: rb === 1 ? [] : [rb] };
+    });
+    await using loader = new DataLoader<RingBatch>(new TensorDataset(fields), {
+      batchSize: 10,
+      shuffle: true,
+      seed: 5,
+      numWorkers,
+    });
+    assert.ok(loader.zeroCopy);
+    let seen = 0;
+    for await (const b of loader) {
+      sizes.forEach((rb, f) => {
+        const got = b.fields[`f${rb}`] as Uint8Array;
+        assert.strictEqual(got.length, b.size * rb);
+        b.indices.forEach((i, k) => {
+          for (let j = 0; j < rb; j++) {
+            assert.strictEqual(
+              got[k * rb + j],
+              byteOf(i, f, j),
+              `sample ${i} field ${rb} byte ${j}`,
+            );
+          }
+        });
+      });
+      seen += b.size;
+    }
+    assert.strictEqual(seen, n);
+  });
+}
 
 Deno.test("DataLoader shuffle visits every sample once per epoch, differently each epoch", async () => {
   const ds = imageDataset(50);
