@@ -285,6 +285,30 @@ const CASES: Case[] = [
     { ...CIFAR, n: 8, layout: "nchw", dtype: "f16", params: "random", extra: ALL_EXTRAS },
     { n: 3, c: 2, h: 3, w: 1100, pad: 5, layout: "nchw", dtype: "f16", params: "random" },
   ] as Case[]).map((k): Case => ({ ...k, gather: true })),
+  // NHWC with 3 channels: the CPU backend's de-interleave into planes, with a plane of no
+  // whole 16-pixel chunks (63 pixels), gathered with every extra, and wider than its row path.
+  { n: 6, c: 3, h: 7, w: 9, pad: 2, layout: "nhwc", dtype: "f16", params: "random" },
+  { n: 5, c: 3, h: 1, w: 15, pad: 3, layout: "nhwc", dtype: "f32", params: "wild" },
+  {
+    ...CIFAR,
+    n: 9,
+    layout: "nhwc",
+    dtype: "f16",
+    params: "random",
+    extra: ALL_EXTRAS,
+    gather: true,
+  },
+  {
+    n: 2,
+    c: 3,
+    h: 3,
+    w: 1100,
+    pad: 5,
+    layout: "nhwc",
+    dtype: "f32",
+    params: "random",
+    extra: ["vflip"],
+  },
   // Batches of 64 KiB and more: the CPU backend splits them over its threads.
   { ...CIFAR, n: 40, layout: "nchw", dtype: "f16", params: "random" },
   { ...CIFAR, n: 37, layout: "nhwc", dtype: "f32", params: "wild" },
