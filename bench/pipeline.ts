@@ -349,8 +349,11 @@ function gatherBoundRow(device: Device, ds: TensorDataset, samples: number): Row
   };
 }
 
-/** The fused kernel alone on the CPU backend: batches from a ring bigger than the caches. */
-function kernelRow(device: Device): Row {
+/**
+ * The fused kernel alone on the CPU backend: batches from a ring bigger than the caches, their
+ * images NCHW (as CIFAR's files and the resident set) or NHWC (as image decoders give them).
+ */
+function kernelRow(device: Device, layout: "nchw" | "nhwc"): Row {
   const img = 3072, ring = 64;
   using src = DeviceBuffer.alloc(device, BATCH * img * ring);
   using out = DeviceBuffer.alloc(device, BATCH * img * 2 * 4);
@@ -371,7 +374,7 @@ function kernelRow(device: Device): Row {
         Deno.UnsafePointer.offset(src.pointer!, (b % ring) * BATCH * img),
         null,
         0n,
-        1, // NCHW
+        layout === "nchw" ? 1 : 0,
         BATCH,
         3,
         32,
@@ -395,7 +398,9 @@ function kernelRow(device: Device): Row {
     rates.push((4 * ring * BATCH) / ((performance.now() - t0) / 1000));
   }
   return {
-    name: "fused kernel alone (u8 ring slot -> fp16 batch), 1 thread",
+    name: `fused kernel alone (u8 ring slot -> fp16 batch${
+      layout === "nhwc" ? ", NHWC images" : ""
+    }), 1 thread`,
     impl: "bound",
     device: "cpu",
     samplesPerSecond: Math.max(...rates),
@@ -596,7 +601,8 @@ export async function main(args: string[] = Deno.args): Promise<void> {
     );
     rows.push(await residentRow(ds, cpu, epochs));
     rows.push(await loaderRow(ds, epochs));
-    rows.push(kernelRow(cpu));
+    rows.push(kernelRow(cpu, "nchw"));
+    rows.push(kernelRow(cpu, "nhwc"));
     rows.push(gatherBoundRow(cpu, ds, samples));
     copyAfter = await bestCopyBandwidth();
   }
@@ -713,7 +719,8 @@ export async function main(args: string[] = Deno.args): Promise<void> {
         find((r) => r.name.startsWith("random-read bound"))!.samplesPerSecond
       : null,
     kernelAloneVsBandwidthBoundKernelBytes:
-      find((r) => r.name.startsWith("fused kernel alone"))!.samplesPerSecond /
+      find((r) => r.name.startsWith("fused kernel alone (u8 ring slot -> fp16 batch)"))!
+        .samplesPerSecond /
       (copy.bytesPerSecond / SAMPLE_BYTES_MIN),
   };
   const gpuHead = find((r) => r.impl === "pinstream" && r.device === "cuda");
