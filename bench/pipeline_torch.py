@@ -156,7 +156,7 @@ def vectorized(data_nchw, batch, max_batches, seed=0, device=None, half=False):
         flip = (torch.rand(b, generator=g) < 0.5).to(dev)
         # Crop and flip as one gather on the padded uint8 batch, flattened per sample: element
         # (c, y, x) reads c * 1600 + (dy + y) * 40 + dx + x (x reversed for flipped samples).
-        # Earlier sessions found a gather per axis fastest among a 4-index advanced index,
+        # Earlier measurements found a gather per axis fastest among a 4-index advanced index,
         # torch.take and unfold + index; this one gather beat it by 24% (2026-11-23, a one-off
         # script timing both on 50,000 random CIFAR-shaped samples, batch 128, 2 threads:
         # 119,709 vs 96,625 samples/s; torch.equal on their outputs).
