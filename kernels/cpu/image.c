@@ -247,23 +247,30 @@ static inline __attribute__((always_inline)) void sample_dispatch(
  * (the row path's vector loads, the flat plane conversions) serve NHWC batches too: read with
  * a stride of c per channel, the NHWC plane gather was ~3.5x slower on CIFAR batches. The
  * values are bytes moved, so the result's bits do not depend on the layout. */
+#if defined(__SSSE3__)
+/* The byte shuffles of a 3-channel de-interleave, 16 pixels (48 bytes, three loads) at a time:
+ * [ch][q][L] is where lane L of channel ch (byte 3L + ch) lies in load q, 3L + ch - 16q, or -1
+ * (top bit set: the shuffle gives 0) when it lies in another load. */
+static const int8_t NHWC3_SHUFFLE[3][3][16] = {
+    {{0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1},
+     {-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1},
+     {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13}},
+    {{1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1},
+     {-1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1},
+     {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14}},
+    {{2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1},
+     {-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1},
+     {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15}},
+};
+#endif
+
 static void nhwc_to_planes(const uint8_t *img, int32_t c, int64_t plane, uint8_t *t) {
   int64_t p = 0;
 #if defined(__SSSE3__)
   if (c == 3) {
-    /* 16 pixels (48 bytes, three loads) at a time: lane L of channel ch is byte 3L + ch,
-     * found in load q at 3L + ch - 16q; each lane is taken from one load (a shuffle index
-     * with its top bit set gives 0 for the others). */
     __m128i m[3][3];
     for (int ch = 0; ch < 3; ch++) {
-      for (int q = 0; q < 3; q++) {
-        uint8_t b[16];
-        for (int l = 0; l < 16; l++) {
-          int at = 3 * l + ch - 16 * q;
-          b[l] = at >= 0 && at < 16 ? (uint8_t)at : 0x80u;
-        }
-        m[ch][q] = _mm_loadu_si128((const __m128i *)b);
-      }
+      for (int q = 0; q < 3; q++) m[ch][q] = _mm_loadu_si128((const __m128i *)NHWC3_SHUFFLE[ch][q]);
     }
     for (; p + 16 <= plane; p += 16) {
       const __m128i a0 = _mm_loadu_si128((const __m128i *)(img + 3 * p));
