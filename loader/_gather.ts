@@ -160,11 +160,9 @@ export class Gatherer {
         const d32 = dst >>> 2;
         const s32 = s.byteOffset >>> 2;
         for (let k = 0; k < count; k++) ring32[d32 + k] = i32[s32 + ring32[idxBase + k]];
-      } else if (rb === 1) {
-        // One byte a sample (a u8 label, the resident loader's index set).
-        for (let k = 0; k < count; k++) ring8[dst + k] = u8[s.byteOffset + ring32[idxBase + k]];
       } else if (rb <= SMALL_RECORD) {
-        // A subarray per sample costs more than copying a few bytes one by one.
+        // A subarray per sample costs more than copying a few bytes one by one (u8 labels,
+        // the resident loader's one-byte index set).
         for (let k = 0; k < count; k++) {
           const from = s.byteOffset + ring32[idxBase + k] * rb, to = dst + k * rb;
           for (let j = 0; j < rb; j++) ring8[to + j] = u8[from + j];
