@@ -54,6 +54,17 @@ function haveGpu(): boolean {
   }
 }
 
+/** Runs deno with `args`, its output on this terminal (`output()` would pipe it), its exit code. */
+async function deno(args: string[], env: Record<string, string>): Promise<number> {
+  const out = new Deno.Command(Deno.execPath(), {
+    args,
+    env,
+    stdout: "inherit",
+    stderr: "inherit",
+  });
+  return (await out.output()).code;
+}
+
 async function main(args: string[]): Promise<number> {
   const gpu = haveGpu();
   const seed = Deno.env.get("PINSTREAM_EMU_SEED") ?? "1";
@@ -66,24 +77,13 @@ async function main(args: string[]): Promise<number> {
       : "== no GPU here: the [cuda] cases run on the CUDA emulator (kernels/emu)",
   );
   if (args.length > 0) {
-    const { code } = await new Deno.Command(Deno.execPath(), {
-      args: ["test", "-A", ...args],
-      env: emulated,
-      stdout: "inherit",
-      stderr: "inherit",
-    }).output();
-    return code;
+    return await deno(["test", "-A", ...args], emulated);
   }
   if (gpu && Deno.env.get("PINSTREAM_TEST_GPU_ONLY") === "1") {
     // The emulator passes are the same on every machine (CI runs them): on a GPU machine
     // with little time, the suite on the GPU alone.
     console.log("== PINSTREAM_TEST_GPU_ONLY=1: the whole suite on the GPU, no emulator passes");
-    const { code } = await new Deno.Command(Deno.execPath(), {
-      args: SUITE,
-      stdout: "inherit",
-      stderr: "inherit",
-    }).output();
-    return code;
+    return await deno(SUITE, {});
   }
   const emu = { PINSTREAM_CUDA_EMULATOR: "1" };
   return await runCovering([
