@@ -222,6 +222,13 @@ const CASES: Case[] = [
   { n: 9, c: 4, h: 6, w: 17, pad: 1, layout: "nhwc", dtype: "f16", params: "wild" },
   { n: 2, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f16", params: "none" },
   { n: 1, c: 16, h: 1, w: 1, pad: 0, layout: "nhwc", dtype: "f32", params: "random" },
+  // Rows of 1, 2, 3 and 4 chunks of 16 (the CPU row path has a copy for each count but 3):
+  // whole and partial last chunks.
+  { n: 5, c: 3, h: 16, w: 16, pad: 3, layout: "nchw", dtype: "f16", params: "random" },
+  { n: 4, c: 3, h: 64, w: 64, pad: 8, layout: "nchw", dtype: "f16", params: "random" },
+  { n: 7, c: 2, h: 9, w: 53, pad: 5, layout: "nchw", dtype: "f32", params: "wild" },
+  { n: 7, c: 2, h: 6, w: 49, pad: 60, layout: "nchw", dtype: "f16", params: "wild" },
+  { n: 6, c: 3, h: 5, w: 47, pad: 4, layout: "nhwc", dtype: "f16", params: "random" },
   // Offsets at the ends of int32: exactly the zero-padded crop, never a wrapped index.
   { n: 24, c: 2, h: 5, w: 7, pad: INT32_MAX, layout: "nchw", dtype: "f16", params: "extreme" },
   { n: 24, c: 3, h: 6, w: 3, pad: INT32_MAX, layout: "nhwc", dtype: "f32", params: "extreme" },
