@@ -229,6 +229,12 @@ const CASES: Case[] = [
   { n: 7, c: 2, h: 9, w: 53, pad: 5, layout: "nchw", dtype: "f32", params: "wild" },
   { n: 7, c: 2, h: 6, w: 49, pad: 60, layout: "nchw", dtype: "f16", params: "wild" },
   { n: 6, c: 3, h: 5, w: 47, pad: 4, layout: "nhwc", dtype: "f16", params: "random" },
+  // Rows of 32 to fp16 (the CPU backend's table path, two rows a step): windows wholly or
+  // partly outside the image, flipped both ways, NHWC, and an odd height (the row path).
+  { n: 24, c: 2, h: 6, w: 32, pad: INT32_MAX, layout: "nchw", dtype: "f16", params: "extreme" },
+  { n: 24, c: 3, h: 4, w: 32, pad: 40, layout: "nchw", dtype: "f16", params: "wild" },
+  { n: 6, c: 3, h: 8, w: 32, pad: 33, layout: "nhwc", dtype: "f16", params: "wild" },
+  { n: 5, c: 3, h: 7, w: 32, pad: 4, layout: "nchw", dtype: "f16", params: "random" },
   // Offsets at the ends of int32: exactly the zero-padded crop, never a wrapped index.
   { n: 24, c: 2, h: 5, w: 7, pad: INT32_MAX, layout: "nchw", dtype: "f16", params: "extreme" },
   { n: 24, c: 3, h: 6, w: 3, pad: INT32_MAX, layout: "nhwc", dtype: "f32", params: "extreme" },
