@@ -201,6 +201,25 @@ Deno.test("the cpu backend rejects stale and foreign pointers instead of faultin
   assert.match(msg, /not inside a live allocation/);
 });
 
+Deno.test("the cpu backend aligns big allocations to 2 MiB for huge pages, small ones to a page", () => {
+  // A resident dataset is read at random; on Linux the backend advises allocations of 4 MiB or
+  // more into transparent huge pages, which needs them 2 MiB-aligned (core.c, PS_HUGE_MIN).
+  const s = loadLibrary("cpu").symbols;
+  const out = new BigUint64Array(1);
+  for (
+    const [bytes, align] of [[64n, 4096n], [(4n << 20n) - 1n, 4096n], [4n << 20n, 2n << 20n], [
+      (9n << 20n) + 5n,
+      2n << 20n,
+    ]]
+  ) {
+    assert.strictEqual(s.ps_device_alloc(bytes, out), 0);
+    const p = Deno.UnsafePointer.create(out[0])!;
+    assert.strictEqual(out[0] % align, 0n, `${bytes} bytes at ${out[0].toString(16)}`);
+    assert.strictEqual(s.ps_memset_async(p, 7, bytes, null), 0, "the whole allocation is usable");
+    assert.strictEqual(s.ps_device_free(p), 0);
+  }
+});
+
 // ---- devices --------------------------------------------------------------------------------
 
 testEachBackend("Device reports its properties, memory and live objects", async (dev) => {

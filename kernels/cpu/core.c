@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/sysinfo.h>
 #include <time.h>
 #include <unistd.h>
@@ -220,6 +221,14 @@ PS_API int ps_mem_info(uint64_t *free_bytes, uint64_t *total_bytes) {
 /* Page alignment, like cudaHostAlloc: vector loads never straddle an allocation's start and
  * registered/allocated ranges never share a page. */
 #define PS_ALIGN 4096
+/* Allocations of PS_HUGE_MIN bytes or more are aligned to 2 MiB and advised into transparent
+ * huge pages (Linux, where THP is "madvise" or "always"): a resident dataset is read at random,
+ * a sample or a row at a time, and with 4 KiB pages nearly every read is a TLB miss (a
+ * two-dimensional page walk in a VM). Measured with a C harness on the 2-core VM: the resident
+ * CIFAR kernel (128 shuffled images from the 150 MB set to fp16) 56-62 -> 48-49 us a batch
+ * serial, 29-45 -> 27-28 us split over 2 threads. */
+#define PS_HUGE_MIN ((uint64_t)4 << 20)
+#define PS_HUGE_PAGE ((size_t)2 << 20)
 
 static int aligned_alloc_entry(uint64_t bytes, void **out, entry_kind kind, const char *what) {
   PS_REQUIRE(out != NULL);
@@ -229,11 +238,17 @@ static int aligned_alloc_entry(uint64_t bytes, void **out, entry_kind kind, cons
     PS_FAIL(PS_ERR_OUT_OF_MEMORY, "%s of %llu bytes: too large", what, (unsigned long long)bytes);
   }
   void *p = NULL;
-  int rc = posix_memalign(&p, PS_ALIGN, (size_t)bytes);
+  const int huge = bytes >= PS_HUGE_MIN;
+  int rc = posix_memalign(&p, huge ? PS_HUGE_PAGE : PS_ALIGN, (size_t)bytes);
   if (rc != 0 || p == NULL) {
     PS_FAIL(PS_ERR_OUT_OF_MEMORY, "%s of %llu bytes failed: %s", what, (unsigned long long)bytes,
             strerror(rc));
   }
+#if defined(MADV_HUGEPAGE)
+  /* Advice only: without transparent huge pages (or with them off) it fails and changes
+   * nothing. */
+  if (huge) (void)madvise(p, (size_t)bytes & ~(size_t)(PS_HUGE_PAGE - 1), MADV_HUGEPAGE);
+#endif
   int st = reg_insert(p, bytes, kind);
   if (st != PS_OK) {
     free(p);
