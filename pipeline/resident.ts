@@ -42,6 +42,8 @@ import { DataLoader } from "../loader/data_loader.ts";
 import { type Dataset, recordBytes, type SharedField } from "../loader/dataset.ts";
 import type { AugmentOptions } from "../loader/data_loader.ts";
 import { AUGMENT_RECORD_LENGTH, type RingBatch } from "../loader/ring.ts";
+import { writeAugmentRecord } from "../loader/_gather.ts";
+import { hash4, seedWords, STREAM_SAMPLE } from "../loader/_rng.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import {
   type ImageDtype,
@@ -89,7 +91,7 @@ export interface DeviceLoaderOptions {
 }
 
 const LABEL_BYTES: Record<string, number> = { u8: 1, u16: 2, i32: 4 };
-/** About how many samples the order loader draws at once (whole batches of them). */
+/** About how many samples' augment records go up at once (whole batches of them). */
 const CHUNK_SAMPLES = 2048;
 /** Bytes of one sample's augment record. */
 const RECORD_BYTES = 4 * AUGMENT_RECORD_LENGTH;
@@ -272,7 +274,9 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
   readonly #dropLast: boolean;
   /** Batches in one chunk of the order loader. */
   readonly #perChunk: number;
-  #buffers: { idx: DeviceBuffer; params: DeviceBuffer; lab: DeviceBuffer } | undefined;
+  #buffers:
+    | { idx: DeviceBuffer; params: DeviceBuffer; lab: DeviceBuffer; staged: Int32Array }
+    | undefined;
   #views = new Map<number, { images: Tensor; labels: Tensor }>();
   #disposed = false;
 
@@ -323,19 +327,20 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     }
     this.#batchSize = batchSize;
     this.#dropLast = options.dropLast ?? false;
-    // The order and the draws: a DataLoader over the indices alone (one byte a sample), so the
-    // batches are the streamed path's for the same seed, shuffle and augment. It makes chunks
-    // of several batches at once (its per-batch work measured about a quarter of a CIFAR
-    // batch's time on the CPU backend): the sampler's order does not depend on the batch size,
-    // and each sample's draws depend on its position in the epoch alone, so slicing a chunk
-    // gives the batches a loader of `batchSize` gives. `dropLast` is applied to the slices.
+    // The order and the draws are a DataLoader's over the indices alone (one byte a sample),
+    // so the batches are the streamed path's for the same seed, shuffle and augment: it
+    // validates the options and holds the seed, the epoch and the sampler, and the iterator
+    // draws each sample's record with the function its workers use. It is never iterated:
+    // its batch machinery cost about a fifth of a resident CIFAR batch's time on the CPU
+    // backend, in bursts of a chunk that also let the kernel's helper threads fall asleep.
+    // The records are uploaded a chunk of whole batches at a time.
     this.#perChunk = Math.max(1, Math.floor(CHUNK_SAMPLES / batchSize));
     const n = dataset.length;
     const index = new Uint8Array(new SharedArrayBuffer(Math.max(1, n)));
     this.#order = new DataLoader<RingBatch>(
       new TensorDataset({ index: { data: index.subarray(0, n), shape: [] } }),
       {
-        batchSize: batchSize * this.#perChunk,
+        batchSize,
         shuffle: options.shuffle ?? false,
         seed: options.seed,
         dropLast: false,
@@ -376,52 +381,75 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     const ds = this.dataset, dev = ds.device, src = ds._source();
     const bufs = this.#buffersFor(src.labelBytes);
     const stream = this.#stream;
-    const b = this.#batchSize;
-    let index = 0;
-    for await (const chunk of this.#order) {
-      const total = chunk.size;
-      // Pageable host memory: the copy stages it at the call, so the next chunk may reuse it
-      // (and it is ordered after the kernels of this one on the stream).
-      bufs.idx.copyFrom(
-        new Uint8Array(chunk.indices.buffer, chunk.indices.byteOffset, total * 4),
-        { stream },
-      );
-      const params = chunk.augment;
-      if (params !== undefined && params !== null) {
+    const order = this.#order, b = this.#batchSize, n = ds.length;
+    // As a DataLoader's iteration: take the next epoch (setEpoch picks it), its sampler's order
+    // and, per sample, the records its workers would draw (the same function of seed, epoch and
+    // position). The whole order goes up at once; the records a chunk at a time, the next
+    // chunk's drawn a batch's worth per batch, so no batch waits for a chunk's worth of draws.
+    const epoch = order.epoch;
+    order.setEpoch(epoch + 1);
+    const drawnOrder = order.sampler!.indices(epoch); // a Random- or SequentialSampler's
+    const indices = drawnOrder instanceof Int32Array ? drawnOrder : Int32Array.from(drawnOrder);
+    if (n > 0) bufs.idx.copyFrom(indices.subarray(0, n), { stream });
+    const spec = order.augment;
+    const [lo, hi] = seedWords(order.seed);
+    const k0 = hash4(lo, hi, epoch >>> 0, STREAM_SAMPLE);
+    const chunk = b * this.#perChunk, staged = bufs.staged;
+    /** Draws the records of positions [from, to) into the staging array (chunk-relative). */
+    const draw = (from: number, to: number) => {
+      const base = Math.floor(from / chunk) * chunk;
+      for (let p = from; p < to; p++) {
+        writeAugmentRecord(staged, AUGMENT_RECORD_LENGTH * (p - base), k0, p, spec!);
+      }
+    };
+    const batches = this.length;
+    let drawn = 0; // positions whose records are staged or uploaded
+    for (let k = 0; k < batches; k++) {
+      const at = k * b, size = Math.min(b, n - at);
+      if (spec !== undefined && at % chunk === 0) {
+        // A new chunk: finish its draws (all of them for an epoch's first) and upload them;
+        // the copy is ordered after the kernels still reading the last chunk's.
+        const end = Math.min(at + chunk, n);
+        draw(drawn, end);
+        drawn = end;
         bufs.params.copyFrom(
-          new Uint8Array(params.buffer, params.byteOffset, total * RECORD_BYTES),
+          new Uint8Array(staged.buffer, 0, (end - at) * RECORD_BYTES),
           { stream },
         );
       }
-      for (let at = 0; at < total; at += b) {
-        const n = Math.min(b, total - at);
-        if (n < b && this.#dropLast) break;
-        using _ = range("resident.batch", { stream: stream ?? dev.defaultStream });
-        const { images, labels } = this.#viewsFor(n);
-        dev.makeCurrent();
-        // The images gathered in the kernel's own pass (no gathered copy in between).
-        imageAugment(src.images, images, {
-          layout: ds.layout,
-          affine: this.#affine,
-          padding: this.#padding,
-          params: params ? bufs.params : null,
-          paramsOffset: params ? at * RECORD_BYTES : undefined,
-          indices: bufs.idx,
-          indicesOffset: at * 4,
-          rows: ds.length,
-          stream,
-        });
-        gatherRows(src.labels, bufs.lab, {
-          indices: bufs.idx,
-          indicesOffset: at * 4,
-          count: n,
-          rows: ds.length,
-          rowBytes: src.labelBytes,
-          stream,
-        });
-        imageLabelsI32(bufs.lab, labels, { labelBytes: src.labelBytes, stream });
-        yield { images, labels, size: n, index: index++, epoch: chunk.epoch };
+      using _ = range("resident.batch", { stream: stream ?? dev.defaultStream });
+      const { images, labels } = this.#viewsFor(size);
+      dev.makeCurrent();
+      const paramsOffset = (at % chunk) * RECORD_BYTES;
+      // The images gathered in the kernel's own pass (no gathered copy in between).
+      imageAugment(src.images, images, {
+        layout: ds.layout,
+        affine: this.#affine,
+        padding: this.#padding,
+        params: spec !== undefined ? bufs.params : null,
+        paramsOffset: spec !== undefined ? paramsOffset : undefined,
+        indices: bufs.idx,
+        indicesOffset: at * 4,
+        rows: n,
+        stream,
+      });
+      gatherRows(src.labels, bufs.lab, {
+        indices: bufs.idx,
+        indicesOffset: at * 4,
+        count: size,
+        rows: n,
+        rowBytes: src.labelBytes,
+        stream,
+      });
+      imageLabelsI32(bufs.lab, labels, { labelBytes: src.labelBytes, stream });
+      // A batch's worth of the next chunk's draws.
+      if (spec !== undefined && drawn < n) {
+        // (A chunk's batches draw exactly the next chunk: it is whole when it starts.)
+        const end = Math.min(drawn + b, n);
+        draw(drawn, end);
+        drawn = end;
       }
+      yield { images, labels, size, index: k, epoch };
     }
   }
 
@@ -430,7 +458,8 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
       const dev = this.dataset.device, b = this.#batchSize, chunk = b * this.#perChunk;
       const made: DeviceBuffer[] = [];
       try {
-        for (const bytes of [chunk * 4, chunk * RECORD_BYTES, b * labelBytes]) {
+        // The epoch's order, a chunk's records, a batch's labels.
+        for (const bytes of [this.dataset.length * 4, chunk * RECORD_BYTES, b * labelBytes]) {
           made.push(DeviceBuffer.alloc(dev, bytes));
         }
       } catch (err) {
@@ -438,7 +467,12 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
         throw err;
       }
       const [idx, params, lab] = made;
-      this.#buffers = { idx, params, lab };
+      this.#buffers = {
+        idx,
+        params,
+        lab,
+        staged: new Int32Array(chunk * AUGMENT_RECORD_LENGTH),
+      };
     }
     return this.#buffers;
   }
@@ -470,7 +504,9 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
       v.labels.dispose();
     }
     this.#views.clear();
-    if (this.#buffers) { for (const b of Object.values(this.#buffers)) b.dispose(); }
+    if (this.#buffers) {
+      for (const b of [this.#buffers.idx, this.#buffers.params, this.#buffers.lab]) b.dispose();
+    }
     this.#buffers = undefined;
   }
 }

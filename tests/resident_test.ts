@@ -148,9 +148,10 @@ testEachBackend(
     // The order is drawn in chunks of about 2,048 samples (whole batches: 6 of 300 here);
     // 4,000 samples span three chunks, and the short last batch exists only in the last one.
     const ds = data(4000, [1, 4, 4], 1);
-    for (const dropLast of [true, false]) {
+    // And batches bigger than a chunk (one batch a chunk).
+    for (const [dropLast, batchSize] of [[true, 300], [false, 300], [false, 2500]] as const) {
       const common = {
-        batchSize: 300,
+        batchSize,
         shuffle: true,
         seed: 5,
         dropLast,
@@ -160,7 +161,7 @@ testEachBackend(
       await using fast = resident.loader({ ...common, dtype: "f32" });
       await using loader = new DataLoader(ds, { ...common, numWorkers: 0, autoRelease: false });
       await using slow = toDevice(loader, dev, { dtype: "f32" });
-      assert.strictEqual(fast.length, dropLast ? 13 : 14);
+      assert.strictEqual(fast.length, batchSize === 2500 ? 2 : dropLast ? 13 : 14);
       assert.strictEqual(fast.length, loader.length);
       for (let epoch = 0; epoch < 2; epoch++) {
         const want: number[][] = [];
@@ -181,6 +182,44 @@ testEachBackend(
         assert.strictEqual(k, fast.length);
         fast.setEpoch(epoch + 1);
         loader.setEpoch(epoch + 1);
+      }
+    }
+  },
+);
+
+testEachBackend(
+  "a resident loader advances its epoch per iteration as the DataLoader, with or without shuffle and draws",
+  async (dev) => {
+    // No setEpoch: each for-await takes the next epoch, an early exit included; without
+    // augment the centred window, without shuffle the dataset's order.
+    const ds = data(50, [3, 6, 5], 4);
+    for (const opts of [{ shuffle: true, seed: 9 }, { shuffle: false, augment: undefined }]) {
+      const common = { batchSize: 8, augment: { padding: 2, flip: true }, ...opts };
+      using resident = new DeviceDataset(dev, ds);
+      await using fast = resident.loader({ ...common, dtype: "f32" });
+      await using loader = new DataLoader(ds, { ...common, numWorkers: 0, autoRelease: false });
+      await using slow = toDevice(loader, dev, {
+        dtype: "f32",
+        padding: common.augment ? 2 : undefined,
+      });
+      for (let epoch = 0; epoch < 3; epoch++) {
+        const want: number[][] = [];
+        for await (const x of slow) {
+          want.push([...await x.images.toHost(), ...await x.labels.toHost()]);
+          if (epoch === 1 && want.length === 2) break;
+        }
+        let k = 0;
+        for await (const x of fast) {
+          assert.strictEqual(x.epoch, epoch);
+          assert.deepStrictEqual(
+            [...await x.images.toHost(), ...await x.labels.toHost()],
+            want[k],
+            `${JSON.stringify(opts)} epoch ${epoch} batch ${k}`,
+          );
+          if (++k === want.length) break;
+        }
+        assert.strictEqual(k, epoch === 1 ? 2 : 7);
+        assert.strictEqual(fast.epoch, epoch + 1);
       }
     }
   },
