@@ -272,7 +272,7 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
   readonly #stream: Stream | undefined;
   readonly #batchSize: number;
   readonly #dropLast: boolean;
-  /** Batches in one chunk of the order loader. */
+  /** Batches whose augment records go up at once (a chunk). */
   readonly #perChunk: number;
   #buffers:
     | { idx: DeviceBuffer; params: DeviceBuffer; lab: DeviceBuffer; staged: Int32Array }
@@ -407,8 +407,9 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     for (let k = 0; k < batches; k++) {
       const at = k * b, size = Math.min(b, n - at);
       if (spec !== undefined && at % chunk === 0) {
-        // A new chunk: finish its draws (all of them for an epoch's first) and upload them;
-        // the copy is ordered after the kernels still reading the last chunk's.
+        // A new chunk: finish its draws (all of them for an epoch's first) and upload them.
+        // The copy is ordered after the kernels still reading the last chunk's, and it stages
+        // the pageable staging array at the call, so the next chunk's draws may overwrite it.
         const end = Math.min(at + chunk, n);
         draw(drawn, end);
         drawn = end;

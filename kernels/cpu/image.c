@@ -149,10 +149,9 @@ static void gather_plane(const uint8_t *img, int32_t layout, int32_t c, int32_t 
  * 250 ns a sample; shuffled from the 150 MB set 50-57 -> 47-52 us a batch, and split over 2
  * threads 34-35 -> 26-29 us.
  *
- * Tried and left out: fp16 through a 256-entry table per channel (vpermi2b, 64 pixels a step,
- * a third of the instructions), on the copy with the chunk count unknown. One thread, 128
- * CIFAR images to fp16: 50-52 us a batch from the caches either way, 58-59 us from DRAM either
- * way. */
+ * Rows of exactly 32 to fp16 that are not gathered take a table instead (sample_lut32). An
+ * earlier table version, on this path before its chunk count was a constant, measured no faster
+ * (50-52 us a batch from the caches either way, 58-59 us from DRAM). */
 static inline __attribute__((always_inline)) void sample_nchw_avx512(
     const uint8_t *img, int32_t c, int32_t h, int32_t w, int32_t chunks, int32_t oy, int32_t ox,
     int32_t flip, int32_t vflip, const float *sc, const float *bi, int32_t out_dtype, void *out,
@@ -319,8 +318,7 @@ static inline __attribute__((always_inline)) __m512i lut32_lookup(const __m512i 
 
 /* One sample, NCHW rows of 32, h even, fp16 out, no colour step (cutout is applied after). */
 static void sample_lut32(const uint8_t *img, int32_t c, int32_t h, int32_t oy, int32_t ox,
-                         int32_t flip, int32_t vflip, const lut32_table *tables, void *out,
-                         const char *ahead) {
+                         int32_t flip, int32_t vflip, const lut32_table *tables, void *out) {
   /* Lanes whose source column ox + k lies in [0, 32); none when |ox| >= 32. */
   const int32_t lo = ox < 0 ? -ox : 0, hi = ox > 0 ? 32 - ox : 32;
   const __mmask32 cols =
@@ -332,7 +330,6 @@ static void sample_lut32(const uint8_t *img, int32_t c, int32_t h, int32_t oy, i
     const uint8_t *src = img + ch * plane;
     uint16_t *o = (uint16_t *)out + ch * plane;
     for (int32_t y = 0; y < h; y += 2) {
-      if (ahead != NULL) __builtin_prefetch(ahead + ch * plane + (int64_t)y * 32, 0, 3);
       const int32_t sy0 = (vflip ? h - 1 - y : y) + oy, sy1 = (vflip ? h - 2 - y : y + 1) + oy;
       const __mmask32 m0 = sy0 >= 0 && sy0 < h ? cols : 0, m1 = sy1 >= 0 && sy1 < h ? cols : 0;
       /* Only lanes in the mask are read; the window's start may lie outside the image. */
@@ -401,9 +398,7 @@ static void nhwc_to_planes(const uint8_t *img, int32_t c, int64_t plane, uint8_t
 /* How many samples ahead a gathered sample's image is prefetched. Measured with a C harness
  * (50,000 CIFAR images, shuffled batches of 128, split over 2 threads): 1 ahead 36-38 us a batch,
  * 2 ahead 39-40, 4 ahead 46-56 (the lines arrive too early for the L1), none 56-57. */
-#ifndef PS_GATHER_AHEAD
 #define PS_GATHER_AHEAD 1
-#endif
 
 /* ps_image_augment over samples [i0, i1). */
 typedef struct {
@@ -468,7 +463,7 @@ static void augment_range(void *vctx, int64_t i0, int64_t i1) {
     }
 #if defined(PS_IMAGE_LUT32)
     if (lut32 && !sm.color) {
-      sample_lut32(img, c, h, oy, ox, flip, vflip, tables, so, ahead);
+      sample_lut32(img, c, h, oy, ox, flip, vflip, tables, so);
       if (sm.cut_y1 > sm.cut_y0)
         cutout(sm.cut_y0, sm.cut_y1, sm.cut_x0, sm.cut_x1, c, h, w, out_dtype, so);
       continue;
