@@ -149,9 +149,9 @@ static void gather_plane(const uint8_t *img, int32_t layout, int32_t c, int32_t 
  * 250 ns a sample; shuffled from the 150 MB set 50-57 -> 47-52 us a batch, and split over 2
  * threads 34-35 -> 26-29 us.
  *
- * Rows of exactly 32 to fp16 that are not gathered take a table instead (sample_lut32). An
- * earlier table version, on this path before its chunk count was a constant, measured no faster
- * (50-52 us a batch from the caches either way, 58-59 us from DRAM). */
+ * Rows of exactly 32 to fp16 (h even) take a table instead (sample_lut32). An earlier table
+ * version, on this path before its chunk count was a constant, measured no faster (50-52 us a
+ * batch from the caches either way, 58-59 us from DRAM). */
 static inline __attribute__((always_inline)) void sample_nchw_avx512(
     const uint8_t *img, int32_t c, int32_t h, int32_t w, int32_t chunks, int32_t oy, int32_t ox,
     int32_t flip, int32_t vflip, const float *sc, const float *bi, int32_t out_dtype, void *out,
@@ -318,7 +318,8 @@ static inline __attribute__((always_inline)) __m512i lut32_lookup(const __m512i 
 
 /* One sample, NCHW rows of 32, h even, fp16 out, no colour step (cutout is applied after). */
 static void sample_lut32(const uint8_t *img, int32_t c, int32_t h, int32_t oy, int32_t ox,
-                         int32_t flip, int32_t vflip, const lut32_table *tables, void *out) {
+                         int32_t flip, int32_t vflip, const lut32_table *tables, void *out,
+                         const char *ahead) {
   /* Lanes whose source column ox + k lies in [0, 32); none when |ox| >= 32. */
   const int32_t lo = ox < 0 ? -ox : 0, hi = ox > 0 ? 32 - ox : 32;
   const __mmask32 cols =
@@ -330,6 +331,8 @@ static void sample_lut32(const uint8_t *img, int32_t c, int32_t h, int32_t oy, i
     const uint8_t *src = img + ch * plane;
     uint16_t *o = (uint16_t *)out + ch * plane;
     for (int32_t y = 0; y < h; y += 2) {
+      /* A gathered batch: the same two rows (one line) of the next image, as the row path. */
+      if (ahead != NULL) __builtin_prefetch(ahead + ch * plane + (int64_t)y * 32, 0, 3);
       const int32_t sy0 = (vflip ? h - 1 - y : y) + oy, sy1 = (vflip ? h - 2 - y : y + 1) + oy;
       const __mmask32 m0 = sy0 >= 0 && sy0 < h ? cols : 0, m1 = sy1 >= 0 && sy1 < h ? cols : 0;
       /* Only lanes in the mask are read; the window's start may lie outside the image. */
@@ -395,10 +398,18 @@ static void nhwc_to_planes(const uint8_t *img, int32_t c, int64_t plane, uint8_t
   }
 }
 
-/* How many samples ahead a gathered sample's image is prefetched. Measured with a C harness
- * (50,000 CIFAR images, shuffled batches of 128, split over 2 threads): 1 ahead 36-38 us a batch,
- * 2 ahead 39-40, 4 ahead 46-56 (the lines arrive too early for the L1), none 56-57. */
+/* How many samples ahead a gathered sample's image is prefetched into the L1, a line per row
+ * (or two) as the sample is worked on. Measured with a C harness (50,000 CIFAR images,
+ * shuffled batches of 128, split over 2 threads): 1 ahead 36-38 us a batch, 2 ahead 39-40, 4
+ * ahead 46-56 (the lines arrive too early for the L1), none 56-57. */
 #define PS_GATHER_AHEAD 1
+/* And how many ahead it is fetched whole into the L2 when a sample starts, so that the L1
+ * prefetches above find their lines there rather than in DRAM. Measured with the same harness
+ * (with huge pages), together with the table path for gathered rows of 32: one thread 47-49 ->
+ * 34-36 us a batch, split over 2 threads 27-28 -> 24-26 us; 3 ahead measured the same or
+ * slower, 5 slower. The table path without this prefetch was slower than the row path
+ * (29-30 against 28-29 us split). */
+#define PS_GATHER_FAR 2
 
 /* ps_image_augment over samples [i0, i1). */
 typedef struct {
@@ -437,11 +448,8 @@ static void augment_range(void *vctx, int64_t i0, int64_t i1) {
   /* The layout the sample is read in: NHWC images are made planes first (c == 1 is both). */
   const int32_t read_layout = planes != NULL || c == 1 ? PS_IMAGE_NCHW : layout;
 #if defined(PS_IMAGE_LUT32)
-  /* Not for gathered images: they come from DRAM in a random order, where the row path's
-   * prefetches, spread over more work, keep the batch faster (resident CIFAR set, 2 threads:
-   * 28-29 us a batch against 29-30 with the table). */
-  const int lut32 = k->indices == NULL && read_layout == PS_IMAGE_NCHW && w == 32 && h % 2 == 0 &&
-                    out_dtype == PS_IMAGE_F16;
+  const int lut32 =
+      read_layout == PS_IMAGE_NCHW && w == 32 && h % 2 == 0 && out_dtype == PS_IMAGE_F16;
   lut32_table tables[PS_IMAGE_MAX_CHANNELS];
   for (int32_t ch = 0; lut32 && ch < c; ch++) lut32_build(sc[ch], bi[ch], &tables[ch]);
 #endif
@@ -455,6 +463,10 @@ static void augment_range(void *vctx, int64_t i0, int64_t i1) {
     const char *ahead = idx != NULL && i + PS_GATHER_AHEAD < i1
                             ? (const char *)(k->src + (int64_t)idx[i + PS_GATHER_AHEAD] * img_bytes)
                             : NULL;
+    if (idx != NULL && i + PS_GATHER_FAR < i1) {
+      const char *far = (const char *)(k->src + (int64_t)idx[i + PS_GATHER_FAR] * img_bytes);
+      for (int64_t b = 0; b < img_bytes; b += 64) __builtin_prefetch(far + b, 0, 2);
+    }
     const int32_t oy = sm.oy, ox = sm.ox, flip = sm.flip, vflip = sm.vflip;
     char *so = (char *)out + i * img_bytes * (out_dtype == PS_IMAGE_F16 ? 2 : 4);
     if (planes != NULL) {
@@ -463,7 +475,7 @@ static void augment_range(void *vctx, int64_t i0, int64_t i1) {
     }
 #if defined(PS_IMAGE_LUT32)
     if (lut32 && !sm.color) {
-      sample_lut32(img, c, h, oy, ox, flip, vflip, tables, so);
+      sample_lut32(img, c, h, oy, ox, flip, vflip, tables, so, ahead);
       if (sm.cut_y1 > sm.cut_y0)
         cutout(sm.cut_y0, sm.cut_y1, sm.cut_x0, sm.cut_x1, c, h, w, out_dtype, so);
       continue;
