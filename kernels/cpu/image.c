@@ -317,14 +317,14 @@ static inline __attribute__((always_inline)) __m512i lut32_lookup(const __m512i 
 }
 
 /* One sample, NCHW rows of 32, h even, fp16 out, no colour step (cutout is applied after). */
+/* `arrange` is lut32_arrange(flip), made once per range. */
 static void sample_lut32(const uint8_t *img, int32_t c, int32_t h, int32_t oy, int32_t ox,
-                         int32_t flip, int32_t vflip, const lut32_table *tables, void *out,
+                         __m512i arrange, int32_t vflip, const lut32_table *tables, void *out,
                          const char *ahead) {
   /* Lanes whose source column ox + k lies in [0, 32); none when |ox| >= 32. */
   const int32_t lo = ox < 0 ? -ox : 0, hi = ox > 0 ? 32 - ox : 32;
   const __mmask32 cols =
       lo < hi ? (__mmask32)((((uint64_t)1 << hi) - 1) & ~(((uint64_t)1 << lo) - 1)) : 0;
-  const __m512i arrange = lut32_arrange(flip);
   const int64_t plane = (int64_t)h * 32;
   for (int32_t ch = 0; ch < c; ch++) {
     const lut32_table *t = &tables[ch];
@@ -452,6 +452,7 @@ static void augment_range(void *vctx, int64_t i0, int64_t i1) {
       read_layout == PS_IMAGE_NCHW && w == 32 && h % 2 == 0 && out_dtype == PS_IMAGE_F16;
   lut32_table tables[PS_IMAGE_MAX_CHANNELS];
   for (int32_t ch = 0; lut32 && ch < c; ch++) lut32_build(sc[ch], bi[ch], &tables[ch]);
+  const __m512i arrange[2] = {lut32_arrange(0), lut32_arrange(1)};
 #endif
   for (int64_t i = i0; i < i1; i++) {
     ps_image_sample sm;
@@ -475,7 +476,7 @@ static void augment_range(void *vctx, int64_t i0, int64_t i1) {
     }
 #if defined(PS_IMAGE_LUT32)
     if (lut32 && !sm.color) {
-      sample_lut32(img, c, h, oy, ox, flip, vflip, tables, so, ahead);
+      sample_lut32(img, c, h, oy, ox, arrange[flip != 0], vflip, tables, so, ahead);
       if (sm.cut_y1 > sm.cut_y0)
         cutout(sm.cut_y0, sm.cut_y1, sm.cut_x0, sm.cut_x1, c, h, w, out_dtype, so);
       continue;
