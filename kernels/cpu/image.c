@@ -145,9 +145,9 @@ static void gather_plane(const uint8_t *img, int32_t layout, int32_t c, int32_t 
  *
  * `chunks` is (w + 15) / 16, a constant in the copies for the common widths (sample_dispatch):
  * with the chunk loop unrolled, the windows and masks stay in registers. Measured with a C
- * harness, one thread, 128 CIFAR images to fp16: one image over and over (all in L1) 400 ->
- * 250 ns a sample; shuffled from the 150 MB set 50-57 -> 47-52 us a batch, and split over 2
- * threads 34-35 -> 26-29 us.
+ * harness, 128 CIFAR images to fp16, interleaved runs: one image over and over (all in L1)
+ * 397-415 -> 247-253 ns a sample; shuffled from the 150 MB set, one thread 61-67 -> 47-55 us a
+ * batch, split over 2 threads 34-41 -> 26-35 us.
  *
  * Rows of exactly 32 to fp16 (h even) take a table instead (sample_lut32). An earlier table
  * version, on this path before its chunk count was a constant, measured no faster (50-52 us a
