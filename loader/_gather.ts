@@ -86,6 +86,29 @@ export function writeAugmentRecord(
   out[at + 8] = factorBits(augment.contrast > 0 ? draw(k0, p, 4) : 0, augment.contrast);
 }
 
+/** The key of an epoch's per-sample streams (the `k0` of {@linkcode writeAugmentRecord}). */
+export function sampleKey(seed: number, epoch: number): number {
+  const [lo, hi] = seedWords(seed);
+  return hash4(lo, hi, epoch >>> 0, STREAM_SAMPLE);
+}
+
+/**
+ * Writes the records of `count` samples from epoch position `position` on, one after another
+ * from `out[at]`, with the epoch's key `k0` ({@linkcode sampleKey}).
+ */
+export function writeAugmentRecords(
+  out: Int32Array,
+  at: number,
+  k0: number,
+  position: number,
+  count: number,
+  augment: AugmentSpec,
+): void {
+  for (let k = 0; k < count; k++) {
+    writeAugmentRecord(out, at + AUGMENT_RECORD_LENGTH * k, k0, position + k, augment);
+  }
+}
+
 /**
  * Records up to this many bytes are copied byte by byte: below it, a `subarray` per sample
  * (an allocation) costs more than the copy.
@@ -112,8 +135,6 @@ export class Gatherer {
     wasm: WasmGather | undefined;
     s: GatherSource;
   }[];
-  #seedLo: number;
-  #seedHi: number;
 
   constructor(spec: GatherSpec) {
     this.#spec = spec;
@@ -131,7 +152,6 @@ export class Gatherer {
         ? new Int32Array(s.buffer, 0, s.buffer.byteLength >>> 2)
         : undefined,
     }));
-    [this.#seedLo, this.#seedHi] = seedWords(spec.seed);
   }
 
   /** Fills `count` records of `slot` from the indices already written in its indices field. */
@@ -176,10 +196,7 @@ export class Gatherer {
     }
     if (spec.augmentOffset >= 0) {
       const a32 = (base + spec.augmentOffset) >>> 2;
-      const k0 = hash4(this.#seedLo, this.#seedHi, epoch >>> 0, STREAM_SAMPLE);
-      for (let k = 0; k < count; k++) {
-        writeAugmentRecord(ring32, a32 + AUGMENT_RECORD_LENGTH * k, k0, position + k, spec.augment);
-      }
+      writeAugmentRecords(ring32, a32, sampleKey(spec.seed, epoch), position, count, spec.augment);
     }
   }
 }

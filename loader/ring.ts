@@ -59,8 +59,7 @@
 
 import { DTYPES, type FieldDType, recordBytes, type TypedArray } from "./dataset.ts";
 import type { AugmentOptions } from "./data_loader.ts";
-import { hash4, seedWords, STREAM_SAMPLE } from "./_rng.ts";
-import { AUGMENT_RECORD_LENGTH as RECORD_WORDS, writeAugmentRecord } from "./_gather.ts";
+import { AUGMENT_RECORD_LENGTH as RECORD_WORDS, sampleKey, writeAugmentRecord } from "./_gather.ts";
 import { allocShared, memoryOf } from "./_wasm_gather.ts";
 
 /**
@@ -103,9 +102,8 @@ export function augmentRecord(
   position: number,
   augment: Readonly<Required<AugmentOptions>>,
 ): Int32Array {
-  const [lo, hi] = seedWords(seed);
   const out = new Int32Array(AUGMENT_RECORD_LENGTH);
-  writeAugmentRecord(out, 0, hash4(lo, hi, epoch >>> 0, STREAM_SAMPLE), position, augment);
+  writeAugmentRecord(out, 0, sampleKey(seed, epoch), position, augment);
   return out;
 }
 

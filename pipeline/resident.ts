@@ -42,8 +42,8 @@ import { DataLoader } from "../loader/data_loader.ts";
 import { type Dataset, recordBytes, type SharedField } from "../loader/dataset.ts";
 import type { AugmentOptions } from "../loader/data_loader.ts";
 import { AUGMENT_RECORD_LENGTH, type RingBatch } from "../loader/ring.ts";
-import { writeAugmentRecord } from "../loader/_gather.ts";
-import { hash4, seedWords, STREAM_SAMPLE } from "../loader/_rng.ts";
+import { sampleKey, writeAugmentRecords } from "../loader/_gather.ts";
+import { toIndices } from "../loader/sampler.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import {
   type ImageDtype,
@@ -388,20 +388,21 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     // chunk's drawn a batch's worth per batch, so no batch waits for a chunk's worth of draws.
     const epoch = order.epoch;
     order.setEpoch(epoch + 1);
-    const drawnOrder = order.sampler!.indices(epoch); // a Random- or SequentialSampler's
-    const indices = drawnOrder instanceof Int32Array ? drawnOrder : Int32Array.from(drawnOrder);
-    if (n > 0) bufs.idx.copyFrom(indices.subarray(0, n), { stream });
-    const spec = order.augment;
-    const [lo, hi] = seedWords(order.seed);
-    const k0 = hash4(lo, hi, epoch >>> 0, STREAM_SAMPLE);
+    if (n > 0) {
+      bufs.idx.copyFrom(toIndices(order.sampler!.indices(epoch), epoch, b), { stream });
+    }
+    const spec = order.augment, k0 = sampleKey(order.seed, epoch);
     const chunk = b * this.#perChunk, staged = bufs.staged;
     /** Draws the records of positions [from, to) into the staging array (chunk-relative). */
-    const draw = (from: number, to: number) => {
-      const base = Math.floor(from / chunk) * chunk;
-      for (let p = from; p < to; p++) {
-        writeAugmentRecord(staged, AUGMENT_RECORD_LENGTH * (p - base), k0, p, spec!);
-      }
-    };
+    const draw = (from: number, to: number) =>
+      writeAugmentRecords(
+        staged,
+        AUGMENT_RECORD_LENGTH * (from % chunk),
+        k0,
+        from,
+        to - from,
+        spec!,
+      );
     const batches = this.length;
     let drawn = 0; // positions whose records are staged or uploaded
     for (let k = 0; k < batches; k++) {
