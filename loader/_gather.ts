@@ -59,34 +59,7 @@ function factorBits(u: number, jitter: number): number {
   return f32Bits[0];
 }
 
-/**
- * Writes one sample's record at `out[at]` from its stream's key `k0` (hash of seed, epoch and
- * STREAM_SAMPLE) and its position; draw k is `CounterRandom`'s output k for that position.
- * The gather's hot loop: no allocation, one hash per option in use.
- */
-export function writeAugmentRecord(
-  out: Int32Array,
-  at: number,
-  k0: number,
-  position: number,
-  augment: AugmentSpec,
-): void {
-  const p = position >>> 0;
-  const u = draw(k0, p, 0), span = 2 * augment.padding + 1;
-  // Words 0-2 as augmentFromDraw splits draw 0.
-  out[at] = Math.floor(((u & 0xffff) / 65536) * span);
-  out[at + 1] = Math.floor((((u >>> 16) & 0x7fff) / 32768) * span);
-  out[at + 2] = augment.flip ? u >>> 31 : 0;
-  out[at + 3] = augment.vflip ? draw(k0, p, 1) >>> 31 : 0;
-  const cut = augment.cutout > 0 ? draw(k0, p, 2) : 0;
-  out[at + 4] = cut & 0xffff;
-  out[at + 5] = cut >>> 16;
-  out[at + 6] = augment.cutout;
-  out[at + 7] = factorBits(augment.brightness > 0 ? draw(k0, p, 3) : 0, augment.brightness);
-  out[at + 8] = factorBits(augment.contrast > 0 ? draw(k0, p, 4) : 0, augment.contrast);
-}
-
-/** The key of an epoch's per-sample streams (the `k0` of {@linkcode writeAugmentRecord}). */
+/** The key of an epoch's per-sample streams (the `k0` of {@linkcode writeAugmentRecords}). */
 export function sampleKey(seed: number, epoch: number): number {
   const [lo, hi] = seedWords(seed);
   return hash4(lo, hi, epoch >>> 0, STREAM_SAMPLE);
@@ -94,7 +67,10 @@ export function sampleKey(seed: number, epoch: number): number {
 
 /**
  * Writes the records of `count` samples from epoch position `position` on, one after another
- * from `out[at]`, with the epoch's key `k0` ({@linkcode sampleKey}).
+ * from `out[at]`, from the epoch's key `k0` ({@linkcode sampleKey}); draw k of a sample is
+ * `CounterRandom`'s output k for its position. The gather's hot loop: no allocation, one hash
+ * per option in use, and no call per sample (one measured 10-45% slower in the order loader:
+ * 4.4-5.7 against 3.9-4.0 us per 128 samples, a throwaway timing script).
  */
 export function writeAugmentRecords(
   out: Int32Array,
@@ -104,8 +80,21 @@ export function writeAugmentRecords(
   count: number,
   augment: AugmentSpec,
 ): void {
-  for (let k = 0; k < count; k++) {
-    writeAugmentRecord(out, at + AUGMENT_RECORD_LENGTH * k, k0, position + k, augment);
+  const span = 2 * augment.padding + 1;
+  for (let k = 0, o = at; k < count; k++, o += AUGMENT_RECORD_LENGTH) {
+    const p = (position + k) >>> 0;
+    const u = draw(k0, p, 0);
+    // Words 0-2 as augmentFromDraw splits draw 0.
+    out[o] = Math.floor(((u & 0xffff) / 65536) * span);
+    out[o + 1] = Math.floor((((u >>> 16) & 0x7fff) / 32768) * span);
+    out[o + 2] = augment.flip ? u >>> 31 : 0;
+    out[o + 3] = augment.vflip ? draw(k0, p, 1) >>> 31 : 0;
+    const cut = augment.cutout > 0 ? draw(k0, p, 2) : 0;
+    out[o + 4] = cut & 0xffff;
+    out[o + 5] = cut >>> 16;
+    out[o + 6] = augment.cutout;
+    out[o + 7] = factorBits(augment.brightness > 0 ? draw(k0, p, 3) : 0, augment.brightness);
+    out[o + 8] = factorBits(augment.contrast > 0 ? draw(k0, p, 4) : 0, augment.contrast);
   }
 }
 

@@ -59,7 +59,11 @@
 
 import { DTYPES, type FieldDType, recordBytes, type TypedArray } from "./dataset.ts";
 import type { AugmentOptions } from "./data_loader.ts";
-import { AUGMENT_RECORD_LENGTH as RECORD_WORDS, sampleKey, writeAugmentRecord } from "./_gather.ts";
+import {
+  AUGMENT_RECORD_LENGTH as RECORD_WORDS,
+  sampleKey,
+  writeAugmentRecords,
+} from "./_gather.ts";
 import { allocShared, memoryOf } from "./_wasm_gather.ts";
 
 /**
@@ -103,7 +107,7 @@ export function augmentRecord(
   augment: Readonly<Required<AugmentOptions>>,
 ): Int32Array {
   const out = new Int32Array(AUGMENT_RECORD_LENGTH);
-  writeAugmentRecord(out, 0, sampleKey(seed, epoch), position, augment);
+  writeAugmentRecords(out, 0, sampleKey(seed, epoch), position, 1, augment);
   return out;
 }
 
