@@ -13,7 +13,7 @@
  */
 
 /** The ABI version this table matches (`PS_ABI_VERSION` in kernels/pinstream.h). */
-export const ABI_VERSION = 7;
+export const ABI_VERSION = 8;
 
 /** The dlopen symbol table of a pinstream backend library. */
 export const symbols = {
@@ -102,6 +102,18 @@ export const symbols = {
   },
   // int ps_event_elapsed_ms(void *start, void *end, float *out_ms);
   ps_event_elapsed_ms: { parameters: ["pointer", "pointer", "buffer"], result: "i32" },
+
+  // ---- graphs
+  // int ps_graph_capture_begin(void *stream);
+  ps_graph_capture_begin: { parameters: ["pointer"], result: "i32" },
+  // int ps_graph_capture_end(void *stream, void **out);
+  ps_graph_capture_end: { parameters: ["pointer", "buffer"], result: "i32" },
+  // int ps_graph_launch(void *graph, void *stream);
+  ps_graph_launch: { parameters: ["pointer", "pointer"], result: "i32" },
+  // int ps_graph_destroy(void *graph);
+  ps_graph_destroy: { parameters: ["pointer"], result: "i32" },
+  // int ps_graph_live(int64_t *out);
+  ps_graph_live: { parameters: ["buffer"], result: "i32" },
 
   // ---- benchmark helper
   // [wait] int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint64_t bytes,
@@ -464,7 +476,8 @@ export const symbols = {
   // int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype, float *momentum_buf,
   //                  void *param_half, int64_t count, float lr, float momentum, float dampening,
   //                  float weight_decay, int32_t nesterov, const float *scale,
-  //                  const int32_t *found_inf, const int32_t *steps_done, void *stream);
+  //                  const int32_t *found_inf, const int32_t *steps_done, const float *hyper,
+  //                  void *stream);
   ps_nn_sgd_step: {
     parameters: [
       "pointer",
@@ -478,6 +491,7 @@ export const symbols = {
       "f32",
       "f32",
       "i32",
+      "pointer",
       "pointer",
       "pointer",
       "pointer",

@@ -32,7 +32,7 @@ export type HostArray<D extends DType = DType> = {
 
 /** Options of {@linkcode Tensor.toHost}. */
 export interface ToHostOptions {
-  /** The stream the tensor's producers ran on (default: the device's default stream). */
+  /** The stream the tensor's producers ran on (default: the device's current stream). */
   stream?: Stream;
 }
 
@@ -72,7 +72,7 @@ function checkShape(shape: unknown, action: string): { shape: readonly number[];
 export interface TensorFillOptions {
   /** "f32" (default), "f16" or "i32". */
   dtype?: "f32" | "f16" | "i32";
-  /** The stream to fill on (default: the device's default stream). */
+  /** The stream to fill on (default: the device's current stream). */
   stream?: Stream;
 }
 
@@ -94,7 +94,7 @@ export interface RandOptions {
   high?: number;
   /** "f32" (default) or "f16". */
   dtype?: "f32" | "f16";
-  /** The stream to fill on (default: the device's default stream). */
+  /** The stream to fill on (default: the device's current stream). */
   stream?: Stream;
 }
 
@@ -108,7 +108,7 @@ export interface RandnOptions {
   std?: number;
   /** "f32" (default) or "f16". */
   dtype?: "f32" | "f16";
-  /** The stream to fill on (default: the device's default stream). */
+  /** The stream to fill on (default: the device's current stream). */
   stream?: Stream;
 }
 
@@ -160,7 +160,7 @@ function fill(
         b,
         seed,
         0n,
-        stream?.handle ?? null,
+        (stream ?? device.currentStream).handle,
       ),
       `${action} [${t.shape.join(", ")}] ${dtype}`,
     );
@@ -484,7 +484,7 @@ export class Tensor implements Disposable {
    */
   async toHost(options: ToHostOptions = {}): Promise<HostArray> {
     refuseUnknownKeys(options ?? {}, ["stream"], "copy a tensor to the host");
-    const stream = options.stream ?? this.device.defaultStream;
+    const stream = options.stream ?? this.device.currentStream;
     this.buffer.pointerAt(0, "copy a tensor to the host");
     // Wait first (off-thread), so the copy below never blocks the JS thread behind queued
     // work: on CUDA a copy into pageable memory returns only once it is done.

@@ -5,7 +5,7 @@
  *
  * Typed wrappers over the `ps_nn_*` kernels of kernels/pinstream.h: each checks dtypes,
  * shapes and devices (TypeError / RangeError naming the offending value) and then queues the
- * kernel on `options.stream` (default: the device's default stream). Nothing here waits
+ * kernel on `options.stream` (default: the device's current stream). Nothing here waits
  * for the device or reads device memory: results are read with `Tensor.toHost()`.
  *
  * Contract of each op (layout NCHW, fp32 accumulation; "overwrites" unless `accumulate`).
@@ -60,7 +60,7 @@ import { activeProfiler, range } from "../ffi/profiler.ts";
 
 /** Options shared by every op. */
 export interface OpOptions {
-  /** The stream to queue the kernel on (default: the device's default stream). */
+  /** The stream to queue the kernel on (default: the device's current stream). */
   stream?: Stream;
 }
 
@@ -242,6 +242,12 @@ export interface SgdStepOptions extends OpOptions {
   foundInf?: Tensor | null;
   /** i32 [1]: completed steps; 0 makes the momentum buffer a copy of the gradient. */
   stepsDone?: Tensor | null;
+  /**
+   * f32 [2]: lr and momentum read on the device in place of `lr` and `momentum` (momentum
+   * applies only with a `momentumBuf`), so a recorded step replays with the values of the
+   * moment (default null).
+   */
+  hyper?: Tensor | null;
 }
 
 /** The found-inf flag and options of {@linkcode scalerUpdate} (PyTorch GradScaler's defaults). */
@@ -388,11 +394,11 @@ function launch(
   device.makeCurrent();
   const timed = activeProfiler() === undefined ? undefined : range(
     `nn.${action.replace(/^run /, "")}`,
-    { stream: stream ?? device.defaultStream },
+    { stream: stream ?? device.currentStream },
   );
   return {
     device,
-    stream: stream?.handle ?? null,
+    stream: (stream ?? device.currentStream).handle,
     [Symbol.dispose]: () => timed?.[Symbol.dispose](),
   };
 }
@@ -1487,6 +1493,13 @@ export function sgdStep(param: Tensor, grad: Tensor, options: SgdStepOptions): v
     tensor(t, name, [dt], action);
     scalar(t, name, action);
   }
+  const hyper = options.hyper ?? null;
+  if (hyper !== null) {
+    tensor(hyper, "hyper", ["f32"], action);
+    if (hyper.numel !== 2) {
+      throw new RangeError(`Cannot ${action}: hyper must hold 2 elements, got [${hyper.shape}]`);
+    }
+  }
   using launched = launch(
     action,
     options,
@@ -1497,6 +1510,7 @@ export function sgdStep(param: Tensor, grad: Tensor, options: SgdStepOptions): v
     scale,
     foundInf,
     stepsDone,
+    hyper,
   );
   const { device, stream } = launched;
   device.check(
@@ -1515,6 +1529,7 @@ export function sgdStep(param: Tensor, grad: Tensor, options: SgdStepOptions): v
       ptr(scale),
       ptr(foundInf),
       ptr(stepsDone),
+      ptr(hyper),
       stream,
     ),
     `${action} [${param.shape}]`,

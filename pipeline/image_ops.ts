@@ -2,7 +2,7 @@
  * Typed wrappers over the image kernels of kernels/pinstream.h (`ps_image_augment`,
  * `ps_image_labels_i32`, `ps_gather_rows`), as nn/ops.ts is over the `ps_nn_*` kernels: each
  * checks its arguments (TypeError / RangeError naming the offending one), makes the device
- * current and queues the kernel on `options.stream` (default: the device's default stream).
+ * current and queues the kernel on `options.stream` (default: the device's current stream).
  * Nothing here waits for the device.
  *
  * Raw bytes come as a {@linkcode DeviceBuffer} or {@linkcode HostBuffer} (memory the kernel
@@ -26,7 +26,7 @@ export type RawMemory = DeviceBuffer | HostBuffer | Deno.PointerValue;
 
 /** Options shared by the image ops. */
 export interface ImageOpOptions {
-  /** The stream to queue the kernel on (default: the device's default stream). */
+  /** The stream to queue the kernel on (default: the device's current stream). */
   stream?: Stream;
 }
 
@@ -167,7 +167,7 @@ function streamOf(options: ImageOpOptions, device: Device, action: string): Deno
   if (stream !== undefined && stream.device !== device) {
     throw new TypeError(`Cannot ${action}: the stream belongs to ${stream.device}, not ${device}`);
   }
-  return stream?.handle ?? null;
+  return (stream ?? device.currentStream).handle;
 }
 
 /**
