@@ -24,8 +24,10 @@
  * beside the targets, then renames the weights and then the state. Killed before the first
  * rename, the old checkpoint is intact; killed between the renames, the complete new state
  * file is still at its `.tmp` name and binds the new weights by hash, so the load takes it and
- * resumes from the new checkpoint. A save that fails removes its temporary files. One process
- * saves to a path at a time.
+ * resumes from the new checkpoint. Before it overwrites the temporary state name, a save first
+ * finishes such an interrupted commit (renames the pending state into place), so any sequence
+ * of interrupted saves leaves the last complete checkpoint loadable. A save that fails removes
+ * its temporary files. One process saves to a path at a time.
  *
  * @module
  */
@@ -219,6 +221,10 @@ export async function saveCheckpoint(
   await checkTarget(path, "weights");
   await checkTarget(sp, "training state");
   const [wTmp, sTmp] = [tmpFor(path), tmpFor(sp)];
+  // The temporary state name is about to be overwritten; if it holds the state of the weights
+  // now in place (an earlier save killed between its renames), that pair is the last complete
+  // checkpoint, so its commit is finished first.
+  await settlePendingState(path, sp);
   try {
     await writeSynced(wTmp, weightsBytes);
     await writeSynced(sTmp, stateBytes);
@@ -231,6 +237,28 @@ export async function saveCheckpoint(
     await removeIfPresent(sTmp);
     throw e;
   }
+}
+
+/**
+ * Finishes the commit of a save that was killed between its two renames: when the state file
+ * at its temporary name binds the weights at `path` and the state file in place does not, the
+ * temporary one is renamed into place. Anything else (no weights, a partial or foreign
+ * temporary file) is left alone.
+ */
+async function settlePendingState(path: string, sp: string): Promise<void> {
+  const pending = await readState(tmpFor(sp)).catch(() => null);
+  if (!pending) return;
+  let digest: string;
+  try {
+    digest = await sha256Hex(await Deno.readFile(path));
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) return;
+    throw e;
+  }
+  if (pending.state.weights.sha256 !== digest) return;
+  const current = await readState(sp).catch(() => null);
+  if (current?.state.weights.sha256 === digest) return;
+  await Deno.rename(tmpFor(sp), sp);
 }
 
 /** A decoded, structurally valid state file. */
