@@ -39,6 +39,16 @@ import type { LRScheduler, LRSchedulerState } from "./lr_scheduler.ts";
 import { type RngState, Xoshiro128 } from "./init.ts";
 import { dirname } from "node:path";
 import { decodeSafetensors, encodeSafetensors, type HostTensor } from "./safetensors.ts";
+import { refuseUnknownKeys } from "../ffi/_options.ts";
+
+const PARTS = ["model", "optimizer", "scaler", "scheduler", "rng"] as const;
+const PROGRESS = ["epoch", "step", "extra"] as const;
+
+/** Refuses misspelt parts (a typo would silently save or restore nothing of that part). */
+function checkParts(parts: CheckpointParts, action: string): void {
+  refuseUnknownKeys(parts, PARTS, action);
+  if (!parts.model) throw new TypeError(`Cannot ${action}: parts.model is required`);
+}
 
 /** What {@linkcode saveCheckpoint} saves and {@linkcode loadCheckpoint} restores. */
 export interface CheckpointParts {
@@ -165,6 +175,8 @@ async function removeIfPresent(path: string): Promise<void> {
  * @param parts Model, optimizer, scaler, scheduler, generator.
  * @param progress Epoch, step and extra JSON.
  * @returns When both files are written.
+ * @throws {TypeError} When `parts` or `progress` has an unknown key (a misspelt part would
+ *   silently go unsaved), or epoch/step is not a non-negative integer.
  * @throws {Deno.errors.NotFound} When the directory does not exist.
  * @throws {Deno.errors.IsADirectory} When the weights or state path is a directory.
  * @example
@@ -188,6 +200,17 @@ export async function saveCheckpoint(
   parts: CheckpointParts,
   progress: CheckpointProgress = { epoch: 0, step: 0 },
 ): Promise<void> {
+  checkParts(parts, "save the checkpoint");
+  refuseUnknownKeys(progress, PROGRESS, "save the checkpoint");
+  for (const k of ["epoch", "step"] as const) {
+    if (!Number.isSafeInteger(progress[k]) || progress[k] < 0) {
+      throw new TypeError(
+        `Cannot save the checkpoint: progress.${k} must be a non-negative integer, got ${
+          progress[k]
+        }`,
+      );
+    }
+  }
   const sp = statePathFor(path);
   const weightsBytes = encodeSafetensors(await parts.model.stateDict(), {
     format: "pt",
@@ -410,6 +433,8 @@ function momentumBuffersFor(parts: CheckpointParts, loaded: LoadedState): Float3
  * @param path The weights file.
  * @param parts The objects to restore into (built as for the saved run).
  * @returns The saved epoch, step and extra data (zeros when there is no state file).
+ * @throws {TypeError} When `parts` has an unknown key (a misspelt part would silently stay
+ *   unrestored).
  * @throws {RangeError} When a file is malformed, the two files do not belong together, or a
  *   file does not match the objects; the message names the file and the tensor or field.
  * @throws {Deno.errors.NotFound} When a needed file is missing.
@@ -425,6 +450,7 @@ export async function loadCheckpoint(
   path: string,
   parts: CheckpointParts,
 ): Promise<CheckpointProgress> {
+  checkParts(parts, "load the checkpoint");
   const weightsBytes = await Deno.readFile(path);
   const w = decodeSafetensors(weightsBytes, path);
   const digest = await sha256Hex(weightsBytes);
