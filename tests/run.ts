@@ -31,6 +31,7 @@ import { CUDA_CASES, runCovering } from "./run_emulator.ts";
 const SUITE = [
   "test",
   "-A",
+  "--lock=deno.lock",
   "--doc",
   "tests/",
   "ffi/",
