@@ -35,6 +35,7 @@ const SUITE = [
   "tests/",
   "ffi/",
   "loader/",
+  "decode/",
   "pipeline/",
   "nn/",
   "examples/",
