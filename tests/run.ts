@@ -36,6 +36,7 @@ const SUITE = [
   "tests/",
   "ffi/",
   "loader/",
+  "decode/",
   "pipeline/",
   "nn/",
   "examples/",
