@@ -33,6 +33,8 @@ const SUITE = [
   "-A",
   "--doc",
   "tests/",
+  "internal/",
+  "augment/",
   "ffi/",
   "loader/",
   "pipeline/",
