@@ -34,6 +34,8 @@ const SUITE = [
   "--lock=deno.lock",
   "--doc",
   "tests/",
+  "internal/",
+  "augment/",
   "ffi/",
   "loader/",
   "decode/",
