@@ -226,6 +226,7 @@ export class SGD {
    * ```
    */
   step(options: SGDStepOptions = {}): void {
+    refuseUnknownKeys(options ?? {}, ["scale", "foundInf"], "take an SGD step");
     const stepsDone = this.stepsDone;
     this.syncHyperParameters();
     const hyper = this.hyperParameters;
