@@ -31,11 +31,11 @@ export type {
   TensorFillOptions,
   ToHostOptions,
 } from "./ffi/tensor.ts";
-export { PinstreamError } from "./ffi/errors.ts";
+export { PinstreamError } from "./internal/errors.ts";
 export { MemoryResource, Resource } from "./ffi/resource.ts";
-export type { PinstreamErrorCode } from "./ffi/errors.ts";
+export type { PinstreamErrorCode } from "./internal/errors.ts";
 export { LibraryError, loadLibrary } from "./ffi/library.ts";
-export { PermissionError } from "./ffi/_permissions.ts";
+export { PermissionError } from "./internal/permissions.ts";
 export { activeProfiler, Profiler, range, span } from "./ffi/profiler.ts";
 export type { ChromeTrace, ProfilerOptions, ProfileRow, RangeOptions } from "./ffi/profiler.ts";
 export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";

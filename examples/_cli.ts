@@ -8,8 +8,8 @@
 //
 // Not part of the public API (leading underscore).
 
-import { closest } from "../ffi/_options.ts";
-import { missingPermission, permissionMessage } from "../ffi/_permissions.ts";
+import { closest } from "../internal/options.ts";
+import { missingPermission, permissionMessage } from "../internal/permissions.ts";
 
 /** One option of a script. The flag is `--<key>`; a boolean also takes `--no-<key>`. */
 export type CliOption =

@@ -19,9 +19,9 @@
  * @module
  */
 
-import { range } from "../ffi/profiler.ts";
+import { range } from "../internal/trace.ts";
 import v8 from "node:v8";
-import { closest } from "../ffi/_options.ts";
+import { closest } from "../internal/options.ts";
 import {
   Engine,
   type EngineConfig,
@@ -341,7 +341,7 @@ const AUGMENT_OFF: Readonly<Required<AugmentOptions>> = Object.freeze({
 const AUGMENT_KEYS = ["padding", "flip", "vflip", "cutout", "brightness", "contrast"];
 const LIMIT_KEYS = ["maxOldGenerationSizeMb", "maxYoungGenerationSizeMb", "stackSizeMb"];
 
-/** " (did you mean X?)" for a near miss among `names`, else "" (the shared rule of ffi/_options.ts). */
+/** " (did you mean X?)" for a near miss among `names`, else "" (the shared rule of internal/options.ts). */
 function didYouMean(key: string, names: Iterable<string>): string {
   const near = closest(key, [...names]);
   return near === undefined ? "" : ` (did you mean ${near}?)`;

@@ -43,7 +43,7 @@
 
 import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
 import type { Dataset } from "../loader/dataset.ts";
 import { toDevice, type ToDeviceOptions } from "../pipeline/prefetcher.ts";
@@ -51,7 +51,7 @@ import type { Module } from "./module.ts";
 import { SGD } from "./optim.ts";
 import { GradScaler } from "./grad_scaler.ts";
 import { Trainer } from "./trainer.ts";
-import { PinstreamError } from "../ffi/errors.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import { DeviceDataset } from "../pipeline/resident.ts";
 
 /** What {@linkcode diagnose} runs on. */

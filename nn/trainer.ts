@@ -7,8 +7,8 @@
  * @module
  */
 
-import { range } from "../ffi/profiler.ts";
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { range } from "../internal/trace.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Tensor } from "../ffi/tensor.ts";
 import { CrossEntropyLoss, type LossStats } from "./loss.ts";
 import type { GradScaler } from "./grad_scaler.ts";

@@ -15,7 +15,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { AUGMENT_RECORD_LENGTH } from "../loader/ring.ts";
 
 /** Memory order of the uint8 source images: channels last or channels first. */

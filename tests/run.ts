@@ -23,7 +23,7 @@
  */
 
 import { Device } from "../ffi/device.ts";
-import { PinstreamError } from "../ffi/errors.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import { cudaEmulated } from "../ffi/library.ts";
 import { CUDA_CASES, runCovering } from "./run_emulator.ts";
 
@@ -33,6 +33,7 @@ const SUITE = [
   "-A",
   "--doc",
   "tests/",
+  "internal/",
   "ffi/",
   "loader/",
   "pipeline/",
