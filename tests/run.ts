@@ -38,6 +38,7 @@ const SUITE = [
   "loader/",
   "pipeline/",
   "nn/",
+  "train/",
   "examples/",
   "mod.ts",
   "README.md",
