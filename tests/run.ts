@@ -34,6 +34,7 @@ const SUITE = [
   "--doc",
   "tests/",
   "ffi/",
+  "ops/",
   "loader/",
   "pipeline/",
   "nn/",
