@@ -56,12 +56,24 @@ export type { ImageAugmentOptions, ImageLabelsOptions, ImageOpOptions } from "./
 export { gatherRows } from "./ops/gather.ts";
 export type { GatherRowsOptions } from "./ops/gather.ts";
 
-// loader
+// augment
 export {
   AUGMENT_RECORD_LENGTH,
   augmentFromDraw,
+  augmentHost,
+  type AugmentHostOptions,
   type AugmentOptions,
   augmentRecord,
+  type AugmentSpec,
+  type ImageDtype,
+  type ImageLayout,
+  imageShape,
+  type NormalizeAffine,
+  normalizeAffine,
+} from "./augment/mod.ts";
+
+// loader
+export {
   type BatchOf,
   BatchSampler,
   type BatchSamplerLike,
@@ -117,15 +129,6 @@ export {
 } from "./loader/mod.ts";
 
 // pipeline
-export {
-  augmentHost,
-  type AugmentHostOptions,
-  type ImageDtype,
-  type ImageLayout,
-  imageShape,
-  type NormalizeAffine,
-  normalizeAffine,
-} from "./pipeline/augment.ts";
 export {
   type DeviceBatch,
   DevicePrefetcher,

@@ -17,8 +17,8 @@
 
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import type { Tensor } from "../ffi/tensor.ts";
-import { AUGMENT_RECORD_LENGTH } from "../loader/ring.ts";
-import { type ImageLayout, MAX_CHANNELS, type NormalizeAffine } from "../pipeline/augment.ts";
+import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
+import { type ImageLayout, MAX_CHANNELS, type NormalizeAffine } from "../augment/image.ts";
 import type { Operand, OpOptions, RawMemory } from "./backend.ts";
 import { queue, streamOn } from "./_launch.ts";
 import { I32_MAX, intIn, region } from "./_memory.ts";
