@@ -15,7 +15,7 @@
 import type { Device } from "./device.ts";
 import type { DeviceBuffer, HostBuffer } from "./memory.ts";
 import type { Stream } from "./stream.ts";
-import { signatures } from "./symbols.ts";
+import { type Param, signatures } from "./symbols.ts";
 import { Tensor } from "./tensor.ts";
 
 /** The kernel entry points and the ABI function behind each. */
@@ -96,28 +96,44 @@ export type KernelEntry<K extends KernelName> = (args: KernelArgs<K>, action: st
 export type KernelEntries = { readonly [K in KernelName]: KernelEntry<K> };
 
 function address(v: unknown, action: string): Deno.PointerValue {
-  if (v === null || v === undefined) return null;
   if (v instanceof Tensor) return v.numel === 0 ? null : v.pointer;
+  if (v === null || v === undefined) return null;
   const at = v as Partial<MemoryAt>;
   if (at.memory !== undefined) return at.memory.pointerAt(at.offset ?? 0, action);
   return v as Deno.PointerObject;
 }
 
-/** Calls `symbol` with the bag's values in the prototype's order, on `device`. */
-function call(device: Device, symbol: keyof typeof signatures, args: object, action: string) {
-  const params = signatures[symbol].params;
-  const bag = args as Record<string, unknown>;
-  const values: unknown[] = new Array(params.length);
-  for (let i = 0; i < params.length; i++) {
-    const [name, type] = params[i];
-    const v = bag[name];
-    if (name === "stream") values[i] = (v as Stream | null | undefined)?.handle ?? null;
-    else if (type === "pointer") values[i] = address(v, action);
-    else values[i] = v;
-  }
-  device.makeCurrent();
-  const fn = device.lib.symbols[symbol] as unknown as (...a: unknown[]) => number;
-  device.check(fn(...values), action);
+/** A 64-bit integer as a bigint: given as a number it would take Deno's slow FFI call path. */
+function int64(v: unknown): unknown {
+  return typeof v === "number" ? BigInt(v) : v;
+}
+
+function handle(v: unknown): Deno.PointerValue {
+  return (v as Stream | null | undefined)?.handle ?? null;
+}
+
+/** An entry point's body: reads the bag, makes the device current, calls, checks. */
+type Caller = (args: object, action: string) => void;
+
+/**
+ * The caller of ABI function `symbol` on `device`, made once per kernel from its signature.
+ * It is generated source (one direct call with the prototype's arity, each bag key read by
+ * name) because Deno's fast FFI path needs a call site of fixed arity bound to one symbol: a
+ * loop over the parameters and a spread call took three to ten times as long per op.
+ */
+function callerOf(device: Device, symbol: keyof typeof signatures): Caller {
+  const params: readonly Param[] = signatures[symbol].params;
+  const values = params.map(([name, type]) => {
+    const v = `a[${JSON.stringify(name)}]`;
+    if (name === "stream") return `handle(${v})`;
+    if (type === "pointer") return `address(${v}, action)`;
+    if (type === "i64" || type === "u64") return `int64(${v})`;
+    return v;
+  });
+  const body = "return (a, action) => { device.makeCurrent(); " +
+    `device.check(fn(${values.join(", ")}), action); };`;
+  const make = new Function("fn", "device", "address", "int64", "handle", body);
+  return make(device.lib.symbols[symbol], device, address, int64, handle);
 }
 
 const BACKENDS = new WeakMap<Device, NativeBackend>();
@@ -149,6 +165,9 @@ export class NativeBackend {
   private constructor(device: Device) {
     this.device = device;
     this.name = device.kind;
+    for (const [name, symbol] of Object.entries(KERNELS)) {
+      Object.defineProperty(this, name, { value: callerOf(device, symbol) });
+    }
   }
 
   /**
@@ -164,13 +183,5 @@ export class NativeBackend {
   }
 }
 
-/** Every kernel entry point (defined on the prototype from {@linkcode KERNELS}). */
+/** Every kernel entry point (defined by the constructor from {@linkcode KERNELS}). */
 export interface NativeBackend extends KernelEntries {}
-
-for (const [name, symbol] of Object.entries(KERNELS)) {
-  Object.defineProperty(NativeBackend.prototype, name, {
-    value: function (this: NativeBackend, args: object, action: string): void {
-      call(this.device, symbol, args, action);
-    },
-  });
-}

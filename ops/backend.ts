@@ -67,7 +67,9 @@ const installed = new WeakMap<Device, KernelBackend>();
  * ```
  */
 export function backendOf(device: Device): KernelBackend {
-  return installed.get(device) ?? NativeBackend.of(device);
+  let backend = installed.get(device);
+  if (backend === undefined) installed.set(device, backend = NativeBackend.of(device));
+  return backend;
 }
 
 /**
@@ -102,8 +104,7 @@ export function useBackend(device: Device, backend: KernelBackend): Disposable {
   installed.set(device, backend);
   return {
     [Symbol.dispose]() {
-      if (previous === undefined) installed.delete(device);
-      else installed.set(device, previous);
+      installed.set(device, previous ?? NativeBackend.of(device));
     },
   };
 }
