@@ -75,6 +75,8 @@ export {
   DistributedSampler,
   downloadCIFAR10,
   type DTypeOf,
+  EpochOrder,
+  type EpochOrderOptions,
   type EpochStats,
   FashionMNIST,
   type FieldArray,

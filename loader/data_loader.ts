@@ -20,12 +20,7 @@
  */
 
 import { range } from "../ffi/profiler.ts";
-import {
-  AUGMENT_OFF,
-  type AugmentOptions,
-  type AugmentSpec,
-  resolveAugment,
-} from "../augment/options.ts";
+import { AUGMENT_OFF, type AugmentOptions, type AugmentSpec } from "../augment/options.ts";
 import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
 import v8 from "node:v8";
 import { closest } from "../ffi/_options.ts";
@@ -41,7 +36,6 @@ import {
 } from "./_engine.ts";
 import type { GatherSpec } from "./_gather.ts";
 import type { ModuleRef } from "./_protocol.ts";
-import { randomSeed } from "../internal/random.ts";
 import { memoryOf } from "./_wasm_gather.ts";
 import type { Collated, CollateFn } from "./collate.ts";
 import {
@@ -52,15 +46,8 @@ import {
   type SharedFieldsOf,
 } from "./dataset.ts";
 import { RingBatch, StagingRing } from "./ring.ts";
-import {
-  BatchSampler,
-  type BatchSamplerLike,
-  DistributedSampler,
-  RandomSampler,
-  type Sampler,
-  SequentialSampler,
-  toIndices,
-} from "./sampler.ts";
+import { EpochOrder } from "./order.ts";
+import type { BatchSamplerLike, Sampler } from "./sampler.ts";
 
 export { WorkerError } from "./_engine.ts";
 export type { AugmentOptions } from "../augment/options.ts";
@@ -477,6 +464,12 @@ export interface DataLoaderConstructor {
 export interface DataLoader<B = unknown> extends AsyncIterable<B>, AsyncDisposable, Disposable {
   /** The dataset. */
   readonly dataset: Dataset;
+  /**
+   * The order of the loader's epochs: seed, epoch counter, sampler, and the batches and
+   * augment records of each epoch (what a loader over the same dataset with the same options,
+   * a DeviceLoader, or a resumed run shares).
+   */
+  readonly order: EpochOrder;
   /** Samples per batch, or null without batching. */
   readonly batchSize: number | null;
   /** Worker count (the next epoch's, when tuned: see {@linkcode DataLoaderOptions.numWorkers}). */
@@ -615,7 +608,22 @@ export interface DataLoader<B = unknown> extends AsyncIterable<B>, AsyncDisposab
 class DataLoaderImpl<B = unknown> implements DataLoader<B> {
   // The public members are documented once, on the DataLoader interface above.
   readonly dataset: Dataset;
-  readonly batchSize: number | null;
+  readonly order: EpochOrder;
+  get batchSize(): number | null {
+    return this.order.batchSize;
+  }
+  get dropLast(): boolean {
+    return this.order.dropLast;
+  }
+  get seed(): number {
+    return this.order.seed;
+  }
+  get sampler(): Sampler | undefined {
+    return this.order.sampler;
+  }
+  get batchSampler(): BatchSamplerLike {
+    return this.order.batchSampler;
+  }
   get numWorkers(): number {
     return this.#workers;
   }
@@ -632,16 +640,12 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
   #autoPrefetch = false;
   readonly persistentWorkers: boolean;
   readonly inOrder: boolean;
-  readonly dropLast: boolean;
   readonly timeout: number;
   readonly watchdog: number;
-  readonly seed: number;
   readonly zeroCopy: boolean;
   readonly pinMemory: boolean;
   readonly autoRelease: boolean;
   #maxHeldBatches = 0;
-  readonly sampler: Sampler | undefined;
-  readonly batchSampler: BatchSamplerLike;
   readonly history: EpochStats[] = [];
 
   #ring: StagingRing | undefined;
@@ -650,7 +654,6 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
   #gather: GatherSpec | undefined;
   #pinned: Disposable | undefined;
   #engine: Engine | undefined;
-  #epoch = 0;
   #active: EpochIterator<B> | undefined;
   #disposed = false;
   #collateFn: CollateFn<unknown, B> | undefined;
@@ -660,8 +663,6 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
   /** Zero-copy: records the shared fields hold. */
   #recordCount = 0;
   #workerInit: ModuleRef | undefined;
-  #canPlanAhead: boolean;
-  #augment: AugmentSpec | undefined;
 
   /**
    * Creates it; see the class documentation.
@@ -741,16 +742,8 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
     if (this.persistentWorkers && numWorkers === 0) {
       fail("persistentWorkers", "requires numWorkers > 0");
     }
-    const shuffle = checkBool("shuffle", o.shuffle, false);
-    this.dropLast = checkBool("dropLast", o.dropLast, false);
     this.inOrder = checkBool("inOrder", o.inOrder, true);
     this.autoRelease = checkBool("autoRelease", o.autoRelease, true);
-    if (o.seed !== undefined) {
-      if (!Number.isInteger(o.seed) || o.seed < 0 || o.seed > 2 ** 53 - 1) {
-        fail("seed", `should be an integer in [0, 2^53), got ${String(o.seed)}`);
-      }
-    }
-    this.seed = o.seed ?? randomSeed();
     const heldBatches = o.heldBatches ?? 2;
     if (!Number.isInteger(heldBatches) || heldBatches < 0) {
       fail("heldBatches", `should be a non-negative integer, got ${String(heldBatches)}`);
@@ -771,87 +764,12 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
       maxOldGenerationSizeMb: limits.maxOldGenerationSizeMb ?? mainHeapLimitMb(),
     };
 
-    // Batching: the same checks, in the same order, as torch.utils.data.DataLoader.
-    const batchSize = o.batchSize === undefined ? 1 : o.batchSize;
-    if (batchSize !== null && (!Number.isInteger(batchSize) || batchSize < 1)) {
-      fail("batchSize", `should be a positive integer or null, got ${String(batchSize)}`);
-    }
-    if (o.sampler !== undefined && shuffle) {
-      fail("sampler", "is mutually exclusive with shuffle", "type");
-    }
-    if (o.batchSampler !== undefined) {
-      if (batchSize !== 1 || shuffle || o.sampler !== undefined || this.dropLast) {
-        fail(
-          "batchSampler",
-          "is mutually exclusive with batchSize, shuffle, sampler, and dropLast",
-          "type",
-        );
-      }
-    } else if (batchSize === null && this.dropLast) {
-      fail(
-        "dropLast",
-        "is mutually exclusive with batchSize null (which disables batching)",
-        "type",
-      );
-    }
-
-    let canPlanAhead = true;
-    if (o.batchSampler !== undefined) {
-      this.batchSize = null;
-      this.sampler = undefined;
-      const bs = o.batchSampler;
-      if (typeof bs !== "object" || bs === null || typeof bs.length !== "number") {
-        fail(
-          "batchSampler",
-          "should have a numeric length and batches(epoch) or be iterable",
-          "type",
-        );
-      }
-      if (typeof (bs as BatchSamplerLike).batches === "function") {
-        this.batchSampler = bs as BatchSamplerLike;
-      } else if (Symbol.iterator in bs) {
-        canPlanAhead = false;
-        const it = bs as Iterable<Iterable<number>> & { length: number };
-        this.batchSampler = {
-          get length() {
-            return it.length;
-          },
-          batches: () => it,
-        };
-      } else {
-        fail("batchSampler", "should have batches(epoch) or be iterable", "type");
-      }
-    } else {
-      this.batchSize = batchSize;
-      let sampler: Sampler;
-      if (o.sampler !== undefined) {
-        const s = o.sampler;
-        if (typeof s !== "object" || s === null || typeof s.length !== "number") {
-          fail("sampler", "should have a numeric length and indices(epoch) or be iterable", "type");
-        }
-        if (typeof (s as Sampler).indices === "function") sampler = s as Sampler;
-        else if (Symbol.iterator in s) {
-          canPlanAhead = false;
-          const it = s as Iterable<number> & { length: number };
-          sampler = {
-            get length() {
-              return it.length;
-            },
-            indices: () => it,
-          };
-        } else fail("sampler", "should have indices(epoch) or be iterable", "type");
-      } else if (shuffle) {
-        sampler = new RandomSampler(dataset.length, { seed: this.seed });
-      } else {
-        sampler = new SequentialSampler(dataset.length);
-      }
-      this.sampler = sampler;
-      this.batchSampler = new BatchSampler(sampler, {
-        batchSize: batchSize ?? 1,
-        dropLast: this.dropLast,
-      });
-    }
-    this.#canPlanAhead = canPlanAhead;
+    const { batchSize, shuffle, sampler, batchSampler, dropLast, seed, augment } = o;
+    this.order = new EpochOrder(
+      dataset.length,
+      { batchSize, shuffle, sampler, batchSampler, dropLast, seed, augment },
+      "create DataLoader",
+    );
 
     // Path selection.
     const shared = typeof dataset.sharedFields === "function";
@@ -871,16 +789,12 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
     }
     this.zeroCopy = checkBool("zeroCopy", o.zeroCopy, shared && o.collate === undefined) &&
       shared && o.collate === undefined && this.batchSize !== null;
-    if (o.augment !== undefined) {
-      if (!this.zeroCopy) {
-        fail(
-          "augment",
-          "needs the zero-copy path (a dataset with sharedFields(), no collate, batches)",
-          "type",
-        );
-      }
-      // Frozen: the public `augment` getter hands out this very object.
-      this.#augment = resolveAugment(o.augment, "create DataLoader");
+    if (o.augment !== undefined && !this.zeroCopy) {
+      fail(
+        "augment",
+        "needs the zero-copy path (a dataset with sharedFields(), no collate, batches)",
+        "type",
+      );
     }
     if (o.workerInit !== undefined && !isModuleRef(o.workerInit)) {
       fail(
@@ -992,36 +906,26 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
     const ringFields = [
       ...fields.map((f) => ({ name: f.name, dtype: f.dtype, shape: f.shape })),
       { name: "indices", dtype: "i32" as const, shape: [] },
-      ...(this.#augment
+      ...(this.order.augment
         ? [{ name: "augment", dtype: "i32" as const, shape: [AUGMENT_RECORD_LENGTH] }]
         : []),
     ];
-    let maxBatch = this.batchSize ?? 0;
-    if (this.batchSize !== null && this.sampler !== undefined) {
-      // A batch never holds more indices than an epoch has: batchSize 1e6 on 10 samples
-      // needs slots of 10 records, not of a million (a sampler that yields more than its
-      // length is refused when the epoch is planned).
-      maxBatch = Math.min(maxBatch, Math.max(1, this.sampler.length));
-    }
-    if (this.batchSize === null) {
-      // A batchSampler: size slots for its largest batch of epoch 0.
-      let k = 0;
-      for (const b of this.batchSampler.batches(0)) {
-        maxBatch = Math.max(maxBatch, toIndices(b, 0, Infinity, k++).length);
-      }
-    }
+    // A batch never holds more indices than an epoch has: batchSize 1e6 on 10 samples needs
+    // slots of 10 records, not of a million (a sampler that yields more than its length is
+    // refused when the epoch is planned).
+    const maxBatch = this.order.maxBatchSize();
     // In flight + held by the consumer + one per worker: a worker takes its next slot before
     // it takes its next task, so an idle worker holds one.
     const slots = this.prefetchFactor * Math.max(1, this.numWorkers) + Math.max(1, heldBatches) +
       this.numWorkers;
     let ring: StagingRing;
     try {
-      ring = new StagingRing(ringFields, Math.max(1, maxBatch), slots);
+      ring = new StagingRing(ringFields, maxBatch, slots);
     } catch (e) {
       const perSample = ringFields.reduce((n, f) => n + recordBytes(f), 0);
       throw new RangeError(
         `Cannot create DataLoader: the staging ring needs about ${
-          ((slots * Math.max(1, maxBatch) * perSample) / 2 ** 20).toFixed(0)
+          ((slots * maxBatch * perSample) / 2 ** 20).toFixed(0)
         } MiB (${slots} slots of ${maxBatch} samples of ${perSample} bytes) and could not be ` +
           `allocated (${(e as Error)?.message ?? e}); lower batchSize, prefetchFactor, ` +
           "numWorkers or heldBatches",
@@ -1049,8 +953,8 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
         };
       }),
       indicesOffset: ring.field("indices").byteOffset,
-      augmentOffset: this.#augment ? ring.field("augment").byteOffset : -1,
-      augment: { ...(this.#augment ?? AUGMENT_OFF) },
+      augmentOffset: this.order.augment ? ring.field("augment").byteOffset : -1,
+      augment: { ...(this.order.augment ?? AUGMENT_OFF) },
       length: this.#recordCount,
       seed: this.seed,
     };
@@ -1068,12 +972,12 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
 
   /** See {@linkcode DataLoader.augment}. */
   get augment(): AugmentSpec | undefined {
-    return this.#augment;
+    return this.order.augment;
   }
 
   /** The epoch the next iteration will load (0-based). */
   get epoch(): number {
-    return this.#epoch;
+    return this.order.epoch;
   }
 
   /**
@@ -1084,10 +988,7 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
    * @throws {RangeError} for anything else
    */
   setEpoch(epoch: number): void {
-    if (!Number.isInteger(epoch) || epoch < 0) {
-      throw new RangeError(`Cannot set epoch: expected a non-negative integer, got ${epoch}`);
-    }
-    this.#epoch = epoch;
+    this.order.setEpoch(epoch);
   }
 
   /** See {@linkcode DataLoader.maxHeldBatches}. */
@@ -1119,11 +1020,7 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
    */
   [Symbol.asyncIterator](): AsyncIterableIterator<B> {
     if (this.#disposed) throw new Error("Cannot iterate: the DataLoader was disposed");
-    // PyTorch's `sampler.set_epoch(e)` before each epoch (or once, to resume) picks the epoch.
-    const source = this.sampler ?? (this.batchSampler as { sampler?: unknown }).sampler;
-    const set = source instanceof DistributedSampler ? source._takeSetEpoch() : undefined;
-    if (set !== undefined) this.#epoch = set;
-    const epoch = this.#epoch++;
+    const epoch = this.order.nextEpoch();
     this.#active?.stop(epoch);
     const it = new EpochIterator<B>(this, epoch);
     this.#active = it;
@@ -1165,18 +1062,8 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
       timeout: this.timeout,
       watchdog: this.watchdog,
       seed: this.seed,
-      plan: (epoch) => {
-        const batches = Array.from(
-          this.batchSampler.batches(epoch),
-          (b, k) => toIndices(b, epoch, Infinity, k),
-        );
-        const map = this.#recordMap;
-        if (map === undefined) return batches;
-        // Sample -> record; an index outside the dataset becomes -1, which the gather
-        // reports as out of range.
-        return batches.map((b) => b.map((i) => (i >= 0 && i < map.length ? map[i] : -1)));
-      },
-      canPlanAhead: this.#canPlanAhead,
+      order: this.order,
+      recordMap: this.#recordMap,
       persistent: this.persistentWorkers,
       ring: this.#ring,
       gather: this.#gather,

@@ -14,6 +14,7 @@ export {
   type ModuleRef,
   WorkerError,
 } from "./data_loader.ts";
+export { EpochOrder, type EpochOrderOptions } from "./order.ts";
 export {
   BatchSampler,
   type BatchSamplerLike,
