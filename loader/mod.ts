@@ -9,6 +9,7 @@ export {
   type BatchOf,
   DataLoader,
   type DataLoaderConstructor,
+  DataLoaderImpl,
   type DataLoaderOptions,
   type EpochStats,
   type ModuleRef,
