@@ -20,7 +20,6 @@
  */
 
 import { Device, type DeviceKind } from "../ffi/device.ts";
-import { Tensor } from "../ffi/tensor.ts";
 import { full, randn } from "../ops/fill.ts";
 import { GradScaler, type Module, type Precision, SGD } from "../nn/mod.ts";
 import { Trainer } from "../train/trainer.ts";
