@@ -27,10 +27,11 @@ import { captureRefused, CudaGraph } from "../ffi/graph.ts";
 import { Profiler } from "../ffi/profiler.ts";
 import { Stream } from "../ffi/stream.ts";
 import { Tensor } from "../ffi/tensor.ts";
-import { GradScaler, type Precision, SGD, Trainer } from "../nn/mod.ts";
-import * as ops from "../nn/ops.ts";
-import { cifarModel } from "../examples/cifar.ts";
-import { parseCli, runMain } from "../examples/_cli.ts";
+import { GradScaler, type Precision, SGD } from "../nn/mod.ts";
+import * as ops from "../ops/mod.ts";
+import { Trainer } from "../train/trainer.ts";
+import { cifarModel } from "../train/models.ts";
+import { parseCli, runMain } from "../train/cli.ts";
 import { assertMeasurable, commitStamp, machine, writeResult } from "./_results.ts";
 
 const CLI = {
@@ -67,7 +68,7 @@ function setup(device: Device, precision: Precision, batch: number, cudaGraphs: 
   const scaler = new GradScaler(device, { enabled: precision === "fp16" });
   const trainer = new Trainer(model, { optimizer, scaler, cudaGraphs });
   const dtype = precision === "fp16" ? "f16" : "f32";
-  const x = Tensor.randn(device, [batch, 3, 32, 32], { seed: 1, dtype });
+  const x = ops.randn(device, [batch, 3, 32, 32], { seed: 1, dtype });
   const labels = Tensor.fromHost(device, new Int32Array(batch).map((_, i) => (i * 7919) % 10));
   return {
     trainer,

@@ -22,10 +22,10 @@ import {
   ReLU,
   Sequential,
   SGD,
-  Trainer,
   Xoshiro128,
 } from "../nn/mod.ts";
-import * as ops from "../nn/ops.ts";
+import * as ops from "../ops/mod.ts";
+import { Trainer } from "../train/trainer.ts";
 
 function model(side: number): Module {
   const rng = new Xoshiro128(3);
@@ -69,7 +69,7 @@ export async function train(
   using trainer = new Trainer(net, { optimizer: opt, scaler, scheduler, cudaGraphs });
   const dtype = precision === "fp16" ? "f16" : "f32";
   batches.forEach((n, i) => {
-    using x32 = Tensor.randn(device, [n, 3, side, side], { seed: 100 + i });
+    using x32 = ops.randn(device, [n, 3, side, side], { seed: 100 + i });
     using x = dtype === "f16" ? Tensor.empty(device, [n, 3, side, side], "f16") : null;
     if (x) ops.cast(x32, x);
     using y = Tensor.fromHost(device, Int32Array.from({ length: n }, (_, k) => (k * 7 + i) % 10));

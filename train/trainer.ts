@@ -4,23 +4,27 @@
  * scheduler. Everything is queued on the device; loss and accuracy accumulate there and are
  * read by {@linkcode Trainer.readTrain} / {@linkcode Trainer.readEval} once per log interval.
  *
+ * Between backward and the optimizer step is the place where dist/ plugs in: data-parallel
+ * training averages the gradients across processes there, through a gradient hook of nn/, so
+ * neither this step nor the fit loop above it changes for a run on several processes.
+ *
  * On CUDA the whole step is recorded once per input shape as a CUDA graph and replayed with
  * one launch (see docs/cuda_graphs.md).
  *
  * @module
  */
 
-import { activeProfiler, range } from "../ffi/profiler.ts";
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { activeRecorder, range } from "../internal/trace.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import { Event, Stream } from "../ffi/stream.ts";
 import { captureRefused, CudaGraph } from "../ffi/graph.ts";
-import { CrossEntropyLoss, type LossStats } from "./loss.ts";
-import { BatchNorm2d } from "./layers.ts";
-import type { GradScaler } from "./grad_scaler.ts";
-import type { LRScheduler } from "./lr_scheduler.ts";
-import type { Module } from "./module.ts";
-import type { SGD } from "./optim.ts";
+import { CrossEntropyLoss, type LossStats } from "../nn/loss.ts";
+import { BatchNorm2d } from "../nn/layers.ts";
+import type { GradScaler } from "../nn/grad_scaler.ts";
+import type { LRScheduler } from "../nn/lr_scheduler.ts";
+import type { Module } from "../nn/module.ts";
+import type { SGD } from "../nn/optim.ts";
 
 /** Options of {@linkcode Trainer}. */
 export interface TrainerOptions {
@@ -147,7 +151,7 @@ export class Trainer {
     if (!this.model.training) this.model.train();
     using _step = range("train.step");
     // A profiler times each op on its stream: it needs the ops queued one by one.
-    if (this.cudaGraphsActive && activeProfiler() === undefined) this.#graphStep(x, labels);
+    if (this.cudaGraphsActive && activeRecorder() === undefined) this.#graphStep(x, labels);
     else this.#queueStep(x, labels);
     this.steps++;
     if (this.scheduler && this.schedulerInterval === "batch") this.scheduler.step();
@@ -176,6 +180,7 @@ export class Trainer {
       using _ = range("train.backward");
       this.model.backward(dlogits, { inputGrad: false });
     }
+    // The gradients are complete here: the place where dist/ plugs in (see the module doc).
     using _opt = range("train.optimizer");
     if (this.scaler) {
       this.scaler.step(this.optimizer, { model: this.revertStatsOnSkip ? this.model : null });
