@@ -32,7 +32,6 @@
 //
 // BYTES is that text assembled by WABT 1.0.39 (`wat2wasm --enable-threads
 // --enable-multi-memory`, or npm wabt's parseWat with multi_memory and threads), in base64.
-// The same 114 bytes were written here by hand, one per line, before.
 const BYTES = Uint8Array.from(
   atob(
     "AGFzbQEAAAABCQFgBX9/f39/AAIVAgFlAWQCAwCAgAQBZQFzAgMAgIAEAwIBAAcFAQFnAAAKOwE5AQF/AkADQCAF" +

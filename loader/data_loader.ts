@@ -1,9 +1,9 @@
 /**
- * (About 1,400 lines: the public `DataLoader` interface, documented member by member for
- * `deno doc`, the implementation class behind it, its options checking and the epoch
- * iterator; loading itself is in _engine.ts and the _transport_*.ts modules.)
+ * Over 800 lines because the public `DataLoader` interface, documented member by member for
+ * `deno doc`, sits beside the implementation class behind it, its options checking and the
+ * epoch iterator; loading itself is in _engine.ts and the _transport_*.ts modules.
  *
- * `DataLoader`: PyTorch's DataLoader for Deno, with Web Workers, a zero-copy staging ring in
+ * `DataLoader`: PyTorch's DataLoader for Deno, with worker threads, a zero-copy staging ring in
  * shared memory, prefetch across epochs and seeded per-sample augmentation parameters.
  *
  * Two paths:
@@ -443,13 +443,13 @@ export interface DataLoaderConstructor {
  * Iterates a dataset in batches, like `torch.utils.data.DataLoader`.
  *
  * Each `for await` (or `stream()`) is one epoch; `length` is the number of batches per
- * epoch. Workers are Deno Web Workers; with `persistentWorkers` they live across epochs
- * and start on the next epoch while the consumer finishes the current one. Leaving a loop
- * early stops the epoch (and, without persistentWorkers, terminates the workers); dispose
- * the loader (`await using`) to terminate everything. Running workers keep the process alive
- * (a Web Worker cannot be unref'd): a loader with persistent workers, or one whose iterator
- * was left without finishing or `break` (PyTorch's `next(iter(loader))` peek), must be
- * disposed for the program to exit.
+ * epoch. Workers are `node:worker_threads` workers; with `persistentWorkers` they live
+ * across epochs and start on the next epoch while the consumer finishes the current one.
+ * Leaving a loop early stops the epoch (and, without persistentWorkers, terminates the
+ * workers); dispose the loader (`await using`) to terminate everything. Running workers keep
+ * the process alive: a loader with persistent workers, or one whose iterator was left
+ * without finishing or `break` (PyTorch's `next(iter(loader))` peek), must be disposed for
+ * the program to exit.
  *
  * The batch type `B` is inferred by `new DataLoader(dataset, options)` (see
  * {@linkcode BatchOf}): a dataset with typed shared fields gives

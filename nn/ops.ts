@@ -1,7 +1,7 @@
 /**
- * (About 1,600 lines: one wrapper per `ps_nn_*` function of the ABI, 21 of them, each with the
- * same check-then-queue shape, its options interface, JSDoc and a runnable example; kept in
- * one module so the checks and the argument rule stay uniform.)
+ * Over 800 lines because it holds one wrapper per `ps_nn_*` function of the ABI, each with the
+ * same check-then-queue shape, its options interface, JSDoc and a runnable example, kept in
+ * one module so the checks and the argument rule stay uniform.
  *
  * Typed wrappers over the `ps_nn_*` kernels of kernels/pinstream.h: each checks dtypes,
  * shapes and devices (TypeError / RangeError naming the offending value) and then queues the

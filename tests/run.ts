@@ -45,6 +45,7 @@ const SUITE = [
   "examples/",
   "mod.ts",
   "README.md",
+  "docs/",
 ];
 
 /** Whether a real GPU answers as the cuda backend here. */
