@@ -18,7 +18,7 @@
  * @module
  */
 
-import { range } from "../ffi/profiler.ts";
+import { range } from "../internal/trace.ts";
 import type { AugmentSpec } from "../augment/options.ts";
 import { WorkerCounts } from "./_autotune.ts";
 import {

@@ -7,7 +7,7 @@
  */
 
 import v8 from "node:v8";
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import type { WorkerResourceLimits } from "./_transport.ts";
 import type { ModuleRef } from "./_protocol.ts";
 import type { CollateFn } from "./collate.ts";
