@@ -20,7 +20,7 @@
 
 import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Tensor } from "../ffi/tensor.ts";
-import * as ops from "./ops.ts";
+import * as ops from "../ops/mod.ts";
 import { kaimingUniform, uniform, Xoshiro128 } from "./init.ts";
 import { type BackwardOptions, type ExtraStateLoad, Module } from "./module.ts";
 import { BufferTensor, Parameter } from "./parameter.ts";

@@ -12,7 +12,7 @@
 
 import { refuseUnknownKeys } from "../internal/options.ts";
 import { Tensor } from "../ffi/tensor.ts";
-import * as ops from "./ops.ts";
+import * as ops from "../ops/mod.ts";
 import type { Parameter } from "./parameter.ts";
 
 /** Options of {@linkcode SGD} (PyTorch's names and defaults). */

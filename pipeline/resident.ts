@@ -49,7 +49,8 @@ import {
   type NormalizeAffine,
   normalizeAffine,
 } from "../augment/image.ts";
-import { gatherRows, imageAugment, imageLabelsI32 } from "./image_ops.ts";
+import { gatherRows } from "../ops/gather.ts";
+import { imageAugment, imageLabelsI32 } from "../ops/image.ts";
 import type { DeviceBatch } from "./prefetcher.ts";
 
 /** Options of a {@linkcode DeviceDataset}. */
