@@ -2,8 +2,8 @@
 // expected), the launch of an op on its device and stream, and the call into the backend.
 
 import type { Device } from "../ffi/device.ts";
-import { PinstreamError } from "../ffi/errors.ts";
-import { activeProfiler, range } from "../ffi/profiler.ts";
+import { PinstreamError } from "../internal/errors.ts";
+import { activeRecorder, range } from "../internal/trace.ts";
 import type { Stream } from "../ffi/stream.ts";
 import type { DType, Tensor } from "../ffi/tensor.ts";
 import {
@@ -124,7 +124,7 @@ export interface Launched extends Disposable {
 
 /**
  * The common device of the tensors (made current) and the stream to queue on; with a
- * profiler active (ffi/profiler.ts), the op is a range named after it, timed on the host and on
+ * profiler active (internal/trace.ts), the op is a range named after it, timed on the host and on
  * its stream until the returned object is disposed (`using`).
  */
 export function launch(
@@ -145,7 +145,7 @@ export function launch(
   if (device === undefined) throw new TypeError(`Cannot ${action}: no tensors`);
   const stream = streamOn(options, device, action);
   device.makeCurrent();
-  const timed = activeProfiler() === undefined ? undefined : range(
+  const timed = activeRecorder() === undefined ? undefined : range(
     `nn.${action.replace(/^run /, "")}`,
     { stream: stream ?? device.defaultStream },
   );
