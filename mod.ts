@@ -1,5 +1,5 @@
 /**
- * pinstream keeps a GPU fed during training: a Web-Worker DataLoader that builds batches
+ * pinstream keeps a GPU fed during training: a worker-thread DataLoader that builds batches
  * straight into pinned shared memory, a side-stream prefetcher that copies them to the
  * device as bytes and augments them there in fp16, and a mixed-precision training stack.
  *
@@ -84,12 +84,15 @@ export {
   ConcatDataset,
   DataLoader,
   type DataLoaderConstructor,
+  DataLoaderImpl,
   type DataLoaderOptions,
   type Dataset,
   defaultCollate,
   DistributedSampler,
   downloadCIFAR10,
   type DTypeOf,
+  EpochOrder,
+  type EpochOrderOptions,
   type EpochStats,
   FashionMNIST,
   type FieldArray,
