@@ -2,7 +2,7 @@
 // expected), the launch of an op on its device and stream, and the call into the backend.
 
 import type { Device } from "../ffi/device.ts";
-import { PinstreamError } from "../ffi/errors.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import { activeRecorder, range } from "../internal/trace.ts";
 import type { Stream } from "../ffi/stream.ts";
 import type { DType, Tensor } from "../ffi/tensor.ts";

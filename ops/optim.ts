@@ -1,5 +1,7 @@
 /**
- * The optimizer step and the loss scaler on the device: SGD on fp32 master weights, the inf/NaN check, the step counter and the scale update, none of them needing a host round trip.
+ * The optimizer step and the loss scaler on the device: SGD on fp32 master weights, the
+ * inf/NaN check, the step counter and the scale update, none of them needing a host round
+ * trip.
  *
  * Unscaling fp16 gradients in place (`inPlace: true`) can flush small values to zero: the
  * loss scale exists to keep them representable. The fused path (`sgdStep` with `scale`)
