@@ -9,11 +9,13 @@ export {
   type BatchOf,
   DataLoader,
   type DataLoaderConstructor,
+  DataLoaderImpl,
   type DataLoaderOptions,
   type EpochStats,
   type ModuleRef,
   WorkerError,
 } from "./data_loader.ts";
+export { EpochOrder, type EpochOrderOptions } from "./order.ts";
 export {
   BatchSampler,
   type BatchSamplerLike,
@@ -49,15 +51,7 @@ export {
   type TypedArrayCtor,
   type WorkerSpec,
 } from "./dataset.ts";
-export {
-  AUGMENT_RECORD_LENGTH,
-  augmentFromDraw,
-  augmentRecord,
-  RingBatch,
-  type RingField,
-  ringLayout,
-  StagingRing,
-} from "./ring.ts";
+export { RingBatch, type RingField, ringLayout, StagingRing } from "./ring.ts";
 export { getWorkerInfo, type WorkerInfo } from "./worker_info.ts";
 export {
   TensorDataset,

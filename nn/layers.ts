@@ -1,8 +1,4 @@
 /**
- * (About 740 lines: seven layers, each a forward, a hand-written backward, its state-dict keys
- * and a documented, runnable example; they share the precision checks and the workspace
- * rules of {@linkcode Module}, which one file keeps uniform.)
- *
  * Layers with hand-written backward passes: Linear, Conv2d, BatchNorm2d, ReLU, MaxPool2d,
  * Flatten and Sequential.
  *
@@ -18,9 +14,9 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Tensor } from "../ffi/tensor.ts";
-import * as ops from "./ops.ts";
+import * as ops from "../ops/mod.ts";
 import { kaimingUniform, uniform, Xoshiro128 } from "./init.ts";
 import { type BackwardOptions, type ExtraStateLoad, Module } from "./module.ts";
 import { BufferTensor, Parameter } from "./parameter.ts";
@@ -217,6 +213,11 @@ export class Conv2d extends Module {
    */
   constructor(inChannels: number, outChannels: number, options: Conv2dOptions = {}) {
     super();
+    refuseUnknownKeys(
+      options ?? {},
+      ["kernelSize", "stride", "padding", "bias", "rng"],
+      "create Conv2d",
+    );
     checkPositiveInt("inChannels", inChannels);
     checkPositiveInt("outChannels", outChannels);
     this.inChannels = inChannels;
@@ -362,6 +363,7 @@ export class BatchNorm2d extends Module {
    */
   constructor(numFeatures: number, options: BatchNorm2dOptions = {}) {
     super();
+    refuseUnknownKeys(options ?? {}, ["eps", "momentum"], "create BatchNorm2d");
     checkPositiveInt("numFeatures", numFeatures);
     this.numFeatures = numFeatures;
     this.eps = options.eps ?? 1e-5;
@@ -571,6 +573,7 @@ export class MaxPool2d extends Module {
    */
   constructor(kernelSize: number, options: MaxPool2dOptions = {}) {
     super();
+    refuseUnknownKeys(options ?? {}, ["stride"], "create MaxPool2d");
     checkPositiveInt("kernelSize", kernelSize);
     this.kernelSize = kernelSize;
     this.stride = options.stride ?? kernelSize;

@@ -2,13 +2,8 @@ import assert from "node:assert";
 import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
 import { type Dataset, sharedArray } from "../loader/dataset.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
-import {
-  AUGMENT_RECORD_LENGTH,
-  augmentFromDraw,
-  augmentRecord,
-  type RingBatch,
-  type StagingRing,
-} from "../loader/ring.ts";
+import { AUGMENT_RECORD_LENGTH, augmentFromDraw, augmentRecord } from "../augment/record.ts";
+import type { RingBatch, StagingRing } from "../loader/ring.ts";
 import { DistributedSampler, SequentialSampler } from "../loader/sampler.ts";
 import { FaultyDataset, type FaultySample } from "./loader_fixtures.ts";
 
@@ -694,7 +689,11 @@ Deno.test("DataLoader rejects invalid options, naming the option", () => {
     ],
     [ds, { pinMemory: "yes" as unknown as boolean }, /pinMemory option/],
     [ds, { heldBatches: -1 }, /heldBatches option/],
-    [ds, { augment: { padding: -1 } }, /augment option/],
+    [
+      ds,
+      { augment: { padding: -1 } },
+      /augment\.padding option should be a non-negative integer, got -1/,
+    ],
     [
       ds,
       { augment: { vflip: 1 as unknown as boolean } },
@@ -734,7 +733,7 @@ Deno.test("DataLoader rejects invalid options, naming the option", () => {
     [
       ds,
       { augment: { cutuot: 4 } as unknown as { cutout: number } },
-      /augment\.cutuot option is unknown \(did you mean cutout\?\); augment takes padding, flip, vflip, cutout, brightness, contrast/,
+      /Cannot create DataLoader with augment: unknown option "cutuot" \(did you mean "cutout"\?\); options are padding, flip, vflip, cutout, brightness, contrast/,
     ],
     [generic, { augment: { padding: 4 } }, /augment option needs the zero-copy path/],
     [generic, { zeroCopy: true }, /zeroCopy option needs a dataset with sharedFields/],
@@ -748,7 +747,16 @@ Deno.test("DataLoader rejects invalid options, naming the option", () => {
       { numWorkers: 2 },
       /numWorkers option 2 needs a dataset that workers can rebuild: implement workerSpec\(\)/,
     ],
-    [ds, { batch_size: 4 } as unknown as DataLoaderOptions, /batch_size option is unknown/],
+    [
+      ds,
+      { batch_size: 4 } as unknown as DataLoaderOptions,
+      /Cannot create DataLoader: unknown option "batch_size" \(did you mean "batchSize"\?\); options are batchSize, shuffle/,
+    ],
+    [
+      ds,
+      { workerResourceLimits: { stackSize: 4 } } as unknown as DataLoaderOptions,
+      /Cannot create DataLoader with workerResourceLimits: unknown option "stackSize" \(did you mean "stackSizeMb"\?\)/,
+    ],
   ];
   for (const [dataset, options, pattern] of cases) {
     assert.throws(() => new DataLoader(dataset, options), pattern, JSON.stringify(options));

@@ -23,7 +23,7 @@
  */
 
 import { Device } from "../ffi/device.ts";
-import { PinstreamError } from "../ffi/errors.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import { cudaEmulated } from "../ffi/library.ts";
 import { CUDA_CASES, runCovering } from "./run_emulator.ts";
 
@@ -31,15 +31,22 @@ import { CUDA_CASES, runCovering } from "./run_emulator.ts";
 const SUITE = [
   "test",
   "-A",
+  "--lock=deno.lock",
   "--doc",
   "tests/",
+  "internal/",
+  "augment/",
   "ffi/",
+  "ops/",
   "loader/",
+  "decode/",
   "pipeline/",
   "nn/",
+  "train/",
   "examples/",
   "mod.ts",
   "README.md",
+  "docs/",
 ];
 
 /** Whether a real GPU answers as the cuda backend here. */

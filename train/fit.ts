@@ -1,0 +1,747 @@
+// The fit loop of the training examples (examples/cifar.ts, examples/fashion_mnist.ts) and
+// the training benchmarks: command line, host batches to device tensors, the epoch loop with a
+// progress bar on a terminal, one summary line per epoch, checkpoint and resume, and the loss
+// curves (drawn by train/_chart.ts, loaded only when asked for).
+//
+// Not exported from mod.ts, but small enough to copy into a script.
+
+import { MetricsLog } from "./metrics.ts";
+import { type CliOption, type CliSpec, helpText, parseArgv, UsageError } from "./cli.ts";
+import { Device } from "../ffi/device.ts";
+import {
+  type AugmentOptions,
+  DataLoader,
+  type Dataset,
+  LabeledImages,
+  type RingBatch,
+} from "../loader/mod.ts";
+import { TensorDataset } from "../loader/datasets/tensor.ts";
+import { DevicePrefetcher } from "../pipeline/prefetcher.ts";
+import {
+  GradScaler,
+  loadCheckpoint,
+  type LRScheduler,
+  type Module,
+  OneCycleLR,
+  type Precision,
+  saveCheckpoint,
+  SGD,
+} from "../nn/mod.ts";
+import { Trainer } from "./trainer.ts";
+import { statePathFor } from "../nn/checkpoint.ts";
+
+/** The chart module, loaded only when a chart is drawn: its npm packages are fetched then, and
+ * a run that draws none needs no network (a literal specifier would be fetched up front). */
+const CHARTS: string = new URL("./_chart.ts", import.meta.url).href;
+
+/** Command-line options shared by the examples. */
+export interface TrainArgs {
+  data?: string;
+  device: "auto" | "cpu" | "cuda";
+  epochs: number;
+  batchSize: number;
+  workers: number;
+  lr: number;
+  momentum: number;
+  /** Whether a one-cycle schedule may cycle the momentum (false when --momentum was given). */
+  cycleMomentum: boolean;
+  weightDecay: number;
+  /** The model's precision: "fp16" (mixed precision) or "fp32". */
+  precision: Precision;
+  /** Dynamic loss scaling (GradScaler); default on with fp16, off with fp32. */
+  lossScaling: boolean;
+  checkpoint?: string;
+  /** Where each epoch's metrics go (JSON Lines); default beside the checkpoint. */
+  log?: string;
+  resume: boolean;
+  seed: number;
+  model: string;
+  limit: number;
+  stopAfter: number;
+  quiet: boolean;
+  help: boolean;
+  /** The options given on the command line (the others hold defaults). */
+  given?: ReadonlySet<string>;
+  /** Values of the example's own options (`extra.options`), by name. */
+  extra?: Readonly<Record<string, string | number | boolean | undefined>>;
+  /**
+   * The training loader's augmentation: the example's default (as a default, shown in --help)
+   * with the augmentation flags applied; `null` for none (--no-augment, or every flag off);
+   * undefined when neither a default nor a flag says anything (the example picks).
+   */
+  augment?: AugmentOptions | null;
+}
+
+/** Defaults an example may change. */
+export type TrainDefaults = Partial<TrainArgs>;
+
+/** What an example adds to the shared command line. */
+export interface TrainCliExtra {
+  /** What the example does, under the usage line of --help. */
+  summary?: string;
+  /** Help of --data (default "data set directory"). */
+  dataHelp?: string;
+  /** Help of --model; the accepted names (default: only the default model). */
+  models?: { help: string; choices: readonly string[] };
+  /** Help of --checkpoint (default: no checkpoint unless given). */
+  checkpointHelp?: string;
+  /** The example's own options (returned in `TrainArgs.extra`). */
+  options?: Readonly<Record<string, CliOption>>;
+  /** Text after the options in --help. */
+  epilog?: string;
+}
+
+/**
+ * The command line of a training example: the shared options with the example's defaults,
+ * then its own.
+ *
+ * @param name The example's file name, for the usage line.
+ * @param d The defaults.
+ * @param extra What the example adds.
+ * @returns The spec for {@linkcode parseArgv}.
+ */
+export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {}): CliSpec {
+  const options: Record<string, CliOption> = {
+    data: {
+      kind: "string",
+      metavar: "DIR",
+      help: extra.dataHelp ?? "data set directory",
+      default: d.data,
+    },
+    device: {
+      kind: "string",
+      choices: ["auto", "cpu", "cuda"],
+      help: "where to train; auto falls back to cpu",
+      default: d.device,
+    },
+    epochs: { kind: "int", min: 1, help: "epochs", default: d.epochs },
+    "batch-size": { kind: "int", min: 1, help: "batch size", default: d.batchSize },
+    workers: { kind: "int", min: 0, help: "DataLoader workers", default: d.workers },
+    lr: { kind: "number", min: 0, exclusiveMin: true, help: "peak learning rate", default: d.lr },
+    momentum: {
+      kind: "number",
+      min: 0,
+      max: 1,
+      help: "SGD momentum (default: cycled 0.95 -> 0.85 -> 0.95 by the one-cycle\n" +
+        "schedule; a given value is kept constant)",
+    },
+    "weight-decay": { kind: "number", min: 0, help: "SGD weight decay", default: d.weightDecay },
+    precision: {
+      kind: "string",
+      choices: ["fp16", "fp32"],
+      help: "fp16: mixed precision (fp16 activations, fp32 accumulation and master\n" +
+        "weights, dynamic loss scaling); fp32: everything in fp32",
+      default: d.precision,
+    },
+    "loss-scaling": {
+      kind: "boolean",
+      help: "dynamic loss scaling (default: on with fp16, off with fp32)",
+    },
+    model: {
+      kind: "string",
+      choices: extra.models?.choices ?? [d.model],
+      help: extra.models?.help ?? "the model",
+      default: d.model,
+    },
+    checkpoint: {
+      kind: "string",
+      metavar: "PATH",
+      help: extra.checkpointHelp ??
+        "save weights (safetensors) + training state after every epoch",
+    },
+    resume: {
+      kind: "boolean",
+      help: "continue from --checkpoint (same next step as an\n" +
+        "uninterrupted run)",
+    },
+    limit: { kind: "int", min: 0, help: "use only the first N training samples (quick runs)" },
+    "stop-after": {
+      kind: "int",
+      min: 0,
+      help: "stop after epoch N of --epochs (simulates an interruption; the\n" +
+        "schedule still spans --epochs, so --resume continues it exactly)",
+    },
+    seed: { kind: "int", min: 0, help: "seed of initialization and data order", default: d.seed },
+    quiet: { kind: "boolean", help: "no progress bar" },
+    log: {
+      kind: "string",
+      metavar: "PATH",
+      help: "append each epoch's metrics to PATH (JSON Lines) and draw their\n" +
+        "curves to PATH.svg (default: beside the checkpoint)",
+    },
+    augment: {
+      kind: "boolean",
+      default: true,
+      help: "train without augmentation: none of the augmentations below,\n" +
+        "whatever the example's default",
+    },
+    "crop-padding": {
+      kind: "int",
+      min: 0,
+      metavar: "N",
+      help: "random crop from the image zero-padded by N pixels",
+      default: d.augment?.padding ?? 0,
+    },
+    // A boolean that defaults to true is shown as --no-<flag>: its help says what that does.
+    flip: {
+      kind: "boolean",
+      help: d.augment?.flip ? "no random horizontal flips" : "random horizontal flips",
+      default: d.augment?.flip ?? false,
+    },
+    vflip: {
+      kind: "boolean",
+      help: d.augment?.vflip ? "no random vertical flips" : "random vertical flips",
+      default: d.augment?.vflip ?? false,
+    },
+    cutout: {
+      kind: "int",
+      min: 0,
+      metavar: "N",
+      help: "cut out a random N x N square of each image (0: off)",
+      default: d.augment?.cutout ?? 0,
+    },
+    brightness: {
+      kind: "number",
+      min: 0,
+      metavar: "J",
+      help: "brightness jitter: factors in [max(0, 1 - J), 1 + J]",
+      default: d.augment?.brightness ?? 0,
+    },
+    contrast: {
+      kind: "number",
+      min: 0,
+      metavar: "J",
+      help: "contrast jitter toward mid-grey: factors in\n[max(0, 1 - J), 1 + J]",
+      default: d.augment?.contrast ?? 0,
+    },
+    ...extra.options,
+  };
+  return {
+    usage: `deno run -A examples/${name} [options]`,
+    summary: extra.summary,
+    options,
+    epilog: extra.epilog,
+  };
+}
+
+/**
+ * Parses the shared options (and the example's own). Reads nothing but `argv`: --help needs
+ * no permission.
+ *
+ * @param argv Command-line arguments.
+ * @param name The example's file name, for --help.
+ * @param defaults Example-specific defaults.
+ * @param extra The example's own options and help text.
+ * @returns The options; prints the help and exits 0 on --help.
+ * @throws {UsageError} For an unknown option or a bad value (naming the option and what it
+ *   takes); `runMain` prints it as one line and exits 2.
+ */
+export function parseTrainArgs(
+  argv: string[],
+  name: string,
+  defaults: TrainDefaults,
+  extra: TrainCliExtra = {},
+): TrainArgs {
+  const d: TrainArgs = {
+    device: "auto",
+    epochs: 5,
+    batchSize: 128,
+    workers: 2,
+    lr: 0.05,
+    momentum: 0.9,
+    cycleMomentum: true,
+    weightDecay: 0,
+    precision: "fp16",
+    lossScaling: true,
+    resume: false,
+    seed: 0,
+    model: "cnn",
+    limit: 0,
+    stopAfter: 0,
+    quiet: false,
+    help: false,
+    ...defaults,
+  };
+  const spec = trainSpec(name, d, extra);
+  // Before the fp32 path, --no-fp16 turned loss scaling off (the kernels computed in fp16
+  // either way): say where it went rather than only that it is unknown.
+  const renamed = argv.find((a) => /^--(no-)?fp16(=|$)/.test(a));
+  if (renamed !== undefined) {
+    throw new UsageError(
+      `option ${renamed.replace(/=.*/, "")} is gone: --no-loss-scaling turns loss scaling off, ` +
+        `--precision fp32 computes in fp32; see --help`,
+    );
+  }
+  const v = parseArgv(argv, spec);
+  if (v === "help") {
+    console.log(helpText(spec));
+    Deno.exit(0);
+  }
+  const get = <T>(k: string, dflt: T): T => (v[k] as T | undefined) ?? dflt;
+  const precision = get("precision", d.precision) as Precision;
+  const own: Record<string, string | number | boolean | undefined> = {};
+  for (const k of Object.keys(extra.options ?? {})) own[k] = v[k] as typeof own[string];
+  const args: TrainArgs = {
+    data: get("data", d.data),
+    device: get("device", d.device),
+    epochs: get("epochs", d.epochs),
+    batchSize: get("batch-size", d.batchSize),
+    workers: get("workers", d.workers),
+    lr: get("lr", d.lr),
+    momentum: get("momentum", d.momentum),
+    cycleMomentum: !v.given.has("momentum"),
+    weightDecay: get("weight-decay", d.weightDecay),
+    precision,
+    // On by default with fp16 (unless an example's defaults turn it off), off with fp32.
+    lossScaling: get<boolean>("loss-scaling", precision === "fp16" && d.lossScaling),
+    model: get("model", d.model),
+    checkpoint: get("checkpoint", d.checkpoint),
+    resume: get("resume", false),
+    limit: get("limit", d.limit),
+    stopAfter: get("stop-after", d.stopAfter),
+    seed: get("seed", d.seed),
+    quiet: get("quiet", d.quiet),
+    log: get("log", d.log),
+    help: false,
+    given: v.given,
+    extra: own,
+    augment: augmentArgs(v, d.augment),
+  };
+  return args;
+}
+
+/** The precision and loss scaling of a run, for its first line ("fp16 with loss scaling"). */
+export function precisionLine(args: TrainArgs): string {
+  return `${args.precision} ${args.lossScaling ? "with" : "without"} loss scaling`;
+}
+
+/** The augmentation flags, in the order --help lists them. */
+const AUGMENT_FLAGS = ["crop-padding", "flip", "vflip", "cutout", "brightness", "contrast"];
+
+/**
+ * The training augmentation from the parsed flags over the example's default: null for none,
+ * undefined when neither says anything.
+ */
+function augmentArgs(
+  v: Record<string, unknown> & { given: ReadonlySet<string> },
+  dflt: AugmentOptions | null | undefined,
+): AugmentOptions | null | undefined {
+  const flags = AUGMENT_FLAGS.filter((k) => v.given.has(k));
+  if (v.augment === false) {
+    if (flags.length > 0) {
+      throw new UsageError(
+        `option --no-augment contradicts --${flags[0]}; leave one out (see --help)`,
+      );
+    }
+    return null;
+  }
+  if (flags.length === 0 && !dflt) return dflt;
+  const a: Required<AugmentOptions> = {
+    padding: (v["crop-padding"] as number | undefined) ?? dflt?.padding ?? 0,
+    flip: (v.flip as boolean | undefined) ?? dflt?.flip ?? false,
+    vflip: (v.vflip as boolean | undefined) ?? dflt?.vflip ?? false,
+    cutout: (v.cutout as number | undefined) ?? dflt?.cutout ?? 0,
+    brightness: (v.brightness as number | undefined) ?? dflt?.brightness ?? 0,
+    contrast: (v.contrast as number | undefined) ?? dflt?.contrast ?? 0,
+  };
+  const on = a.padding > 0 || a.flip || a.vflip || a.cutout > 0 || a.brightness > 0 ||
+    a.contrast > 0;
+  return on ? a : null;
+}
+
+/**
+ * One line describing a training augmentation, for the examples' start-up line.
+ *
+ * @param a The augmentation (null or undefined: none).
+ * @returns e.g. "augment crop 4 + flip + cutout 8", or "no augmentation".
+ */
+export function augmentNote(a: AugmentOptions | null | undefined): string {
+  if (!a) return "no augmentation";
+  const parts = [
+    a.padding ? `crop ${a.padding}` : "",
+    a.flip ? "flip" : "",
+    a.vflip ? "vflip" : "",
+    a.cutout ? `cutout ${a.cutout}` : "",
+    a.brightness ? `brightness ${a.brightness}` : "",
+    a.contrast ? `contrast ${a.contrast}` : "",
+  ].filter((x) => x !== "");
+  return parts.length > 0 ? `augment ${parts.join(" + ")}` : "no augmentation";
+}
+
+/** How the loader's uint8 image batches become normalized fp16 device batches. */
+export interface ImageSpec {
+  /** Per-channel mean in [0, 1] units. */
+  mean: number[];
+  /** Per-channel std in [0, 1] units. */
+  std: number[];
+  /** Memory order of the dataset's image records (default "nchw"). */
+  layout?: "nchw" | "nhwc";
+  /** The random-crop padding the training loader's `augment` was built with (default 0). */
+  padding?: number;
+}
+
+/** A progress bar on a terminal, redrawn at most every 100 ms; silent otherwise. */
+export class Progress {
+  /** Whether the bar is drawn (stdout is a terminal and not --quiet). */
+  readonly enabled: boolean;
+  #last = 0;
+  #enc = new TextEncoder();
+  #shown = false;
+
+  constructor(enabled: boolean) {
+    this.enabled = enabled && Deno.stdout.isTerminal();
+  }
+
+  update(label: string, done: number, total: number, extra = ""): void {
+    if (!this.enabled) return;
+    const now = performance.now();
+    if (now - this.#last < 100 && done < total) return;
+    this.#last = now;
+    const width = 30;
+    const filled = Math.round(width * done / Math.max(1, total));
+    const bar = "#".repeat(filled) + ".".repeat(width - filled);
+    const line = `\r${label} [${bar}] ${done}/${total} ${extra}`;
+    Deno.stdout.writeSync(this.#enc.encode(line.padEnd(100)));
+    this.#shown = true;
+  }
+
+  clear(): void {
+    if (!this.#shown) return;
+    Deno.stdout.writeSync(this.#enc.encode("\r" + " ".repeat(100) + "\r"));
+    this.#shown = false;
+  }
+}
+
+/** What a training run reports per epoch. */
+export interface EpochReport {
+  epoch: number;
+  trainLoss: number;
+  trainAcc: number;
+  testLoss: number;
+  testAcc: number;
+  samplesPerSecond: number;
+  inputWaitShare: number;
+  seconds: number;
+  lossScale: number;
+}
+
+/** Everything {@linkcode runTraining} needs. */
+export interface RunOptions {
+  args: TrainArgs;
+  device: Device;
+  model: Module;
+  trainLoader: DataLoader<RingBatch>;
+  testLoader: DataLoader<RingBatch>;
+  spec: ImageSpec;
+  /** Builds the scheduler for the optimizer (stepped per batch). */
+  scheduler?: (opt: SGD, stepsPerEpoch: number) => LRScheduler;
+  /** Called with each epoch's report (the line is printed already). */
+  onEpoch?: (r: EpochReport) => void;
+  /** What the data is, for the closing summary (e.g. "CIFAR-10 from DIR"). */
+  dataNote?: string;
+}
+
+/**
+ * The closing summary of a run: what it trained on, speed, input-wait share, test accuracy
+ * per epoch, and where the checkpoint is.
+ *
+ * @param reports The run's epochs.
+ * @param o What the summary names: device kind, data, checkpoint path.
+ * @returns The lines, joined by newlines.
+ * @example
+ * ```ts
+ * import { summaryText } from "./fit.ts";
+ * import assert from "node:assert";
+ * const r = { epoch: 1, trainLoss: 1, trainAcc: 0.5, testLoss: 1, testAcc: 0.42,
+ *   samplesPerSecond: 100, inputWaitShare: 0.1, seconds: 2, lossScale: 1 };
+ * assert.match(summaryText([r], { device: "cpu" }), /test accuracy +42\.00%/);
+ * ```
+ */
+export function summaryText(
+  reports: readonly EpochReport[],
+  o: { device: string; data?: string; checkpoint?: string; metrics?: string },
+): string {
+  if (reports.length === 0) return "summary: no epoch ran";
+  const seconds = reports.reduce((a, r) => a + r.seconds, 0);
+  const samples = reports.reduce((a, r) => a + r.samplesPerSecond * r.seconds, 0);
+  const wait = reports.reduce((a, r) => a + r.inputWaitShare * r.seconds, 0) / seconds;
+  const last = reports[reports.length - 1];
+  const pct = (x: number) => `${(100 * x).toFixed(2)}%`;
+  const lines = [
+    `summary: ${reports.length} epoch${reports.length > 1 ? "s" : ""} on ${o.device}` +
+    `${o.data ? `, ${o.data}` : ""}`,
+    `  training speed  ${fmtNum(samples / seconds)} samples/s (${
+      seconds.toFixed(1)
+    } s of training)`,
+    `  input wait      ${(100 * wait).toFixed(1)}% of the training step time`,
+    `  test accuracy   ${pct(last.testAcc)} after epoch ${last.epoch}` +
+    (reports.length > 1 ? ` (by epoch: ${reports.map((r) => pct(r.testAcc)).join(", ")})` : ""),
+    `  checkpoint      ${
+      o.checkpoint
+        ? `${o.checkpoint} (+ ${statePathFor(o.checkpoint)})`
+        : "not saved (pass --checkpoint PATH)"
+    }`,
+    ...(o.metrics ? [`  metrics         ${o.metrics}`] : []),
+  ];
+  return lines.join("\n");
+}
+
+/**
+ * Draws the log's loss and accuracy curves to `<log>.svg` (Vega-Lite, train/_chart.ts).
+ * Returns " (+ curves: PATH)", or why none was drawn: the chart library comes from npm, and a
+ * machine that cannot reach it still trains.
+ */
+async function drawCurves(logPath: string): Promise<string> {
+  try {
+    const { curvesSvg } = await import(CHARTS);
+    const svg = await curvesSvg(await MetricsLog.read(logPath));
+    await Deno.writeTextFile(`${logPath}.svg`, svg);
+    return ` (+ curves: ${logPath}.svg)`;
+  } catch (err) {
+    return ` (no curves drawn: ${(err as Error).message.split("\n")[0]})`;
+  }
+}
+
+function fmtNum(x: number): string {
+  return Math.round(x).toLocaleString("en-US");
+}
+
+/**
+ * Trains `model` for `args.epochs` epochs, evaluating after each, printing one line per epoch.
+ * Batches reach the device through the pipeline's {@linkcode DevicePrefetcher} (pinned ring,
+ * copy stream, the loader's augmentation, normalize and cast to the model's precision fused on
+ * the device). The model must be on `device` with `args.precision`.
+ *
+ * @returns The per-epoch reports.
+ */
+export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
+  const { args, device, model, trainLoader, testLoader, spec } = o;
+  if (args.resume && !args.checkpoint) {
+    throw new UsageError("option --resume needs --checkpoint PATH; see --help");
+  }
+  const optimizer = new SGD(model.parameters(), {
+    lr: args.lr,
+    momentum: args.momentum,
+    weightDecay: args.weightDecay,
+  });
+  if (model.precision !== args.precision) {
+    throw new TypeError(
+      `Cannot train: the model computes in ${model.precision} but --precision is ` +
+        `${args.precision} (move it with model.to(device, { precision: "${args.precision}" }))`,
+    );
+  }
+  const scaler = new GradScaler(device, { enabled: args.lossScaling });
+  const scheduler = o.scheduler?.(optimizer, trainLoader.length) ?? null;
+  const trainer = new Trainer(model, { optimizer, scaler, scheduler });
+  const norm = {
+    mean: spec.mean,
+    std: spec.std,
+    layout: spec.layout ?? "nchw",
+    persistent: true,
+    dtype: args.precision === "fp32" ? "f32" as const : "f16" as const,
+  };
+  const trainFeed = new DevicePrefetcher(trainLoader, device, {
+    ...norm,
+    padding: spec.padding ?? 0,
+  });
+  const testFeed = new DevicePrefetcher(testLoader, device, { ...norm, padding: 0 });
+  const progress = new Progress(!args.quiet);
+  const reports: EpochReport[] = [];
+  const logPath = args.log ??
+    (args.checkpoint
+      ? `${args.checkpoint.replace(/\.safetensors$/, "")}.metrics.jsonl`
+      : undefined);
+  // A resumed run goes on appending; a new one starts the log afresh.
+  const log = logPath ? await MetricsLog.open(logPath, { append: args.resume }) : undefined;
+  let startEpoch = 0;
+  let step = 0;
+  try {
+    if (args.resume && args.checkpoint) {
+      const p = await loadCheckpoint(args.checkpoint, { model, optimizer, scaler, scheduler });
+      startEpoch = p.epoch;
+      step = p.step;
+      console.log(`resumed from ${args.checkpoint} after epoch ${startEpoch} (step ${step})`);
+    }
+    for (let epoch = startEpoch; epoch < args.epochs; epoch++) {
+      // The data order is a pure function of (seed, epoch): a resumed run sees the same batches.
+      if (trainLoader.epoch !== epoch) trainLoader.setEpoch(epoch);
+      const total = trainLoader.length;
+      const logEvery = Math.max(1, Math.min(50, Math.floor(total / 10)));
+      let done = 0, lossSum = 0, correct = 0, seen = 0;
+      const t0 = performance.now();
+      for await (const b of trainFeed) {
+        trainer.trainStep(b.images, b.labels);
+        done++;
+        step++;
+        if (done % logEvery === 0 && progress.enabled) {
+          // One device read per log interval (design decision 5), not per step.
+          const s = await trainer.readTrain();
+          lossSum += s.loss * s.samples;
+          correct += s.accuracy * s.samples;
+          seen += s.samples;
+          progress.update(
+            `epoch ${epoch + 1}/${args.epochs}`,
+            done,
+            total,
+            `loss ${(lossSum / seen).toFixed(4)} acc ${(100 * correct / seen).toFixed(1)}%`,
+          );
+        }
+      }
+      const tail = await trainer.readTrain();
+      if (tail.samples) {
+        lossSum += tail.loss * tail.samples;
+        correct += tail.accuracy * tail.samples;
+        seen += tail.samples;
+      }
+      await device.synchronize();
+      const trainMs = performance.now() - t0;
+      const stats = trainFeed.stats;
+      progress.clear();
+      for await (const b of testFeed) trainer.evalStep(b.images, b.labels);
+      const test = await trainer.readEval();
+      const lossScale = await scaler.getScale();
+      const report: EpochReport = {
+        epoch: epoch + 1,
+        trainLoss: lossSum / seen,
+        trainAcc: correct / seen,
+        testLoss: test.loss,
+        testAcc: test.accuracy,
+        samplesPerSecond: seen / (trainMs / 1000),
+        inputWaitShare: stats ? stats.waitMs / trainMs : NaN,
+        seconds: trainMs / 1000,
+        lossScale,
+      };
+      reports.push(report);
+      console.log(
+        `epoch ${report.epoch}/${args.epochs}  train loss ${report.trainLoss.toFixed(4)}  ` +
+          `train acc ${(100 * report.trainAcc).toFixed(2)}%  ` +
+          `test acc ${(100 * report.testAcc).toFixed(2)}%  ` +
+          `${fmtNum(report.samplesPerSecond)} samples/s  ` +
+          `input wait ${(100 * report.inputWaitShare).toFixed(1)}%  ` +
+          `(${report.seconds.toFixed(1)} s${args.lossScaling ? `, loss scale ${lossScale}` : ""})`,
+      );
+      o.onEpoch?.(report);
+      await log?.append({ ...report, lr: optimizer.lr, data: o.dataNote ?? null });
+      trainer.endEpoch();
+      if (args.checkpoint) {
+        await saveCheckpoint(args.checkpoint, { model, optimizer, scaler, scheduler }, {
+          epoch: epoch + 1,
+          step,
+          extra: { seed: args.seed, model: args.model },
+        });
+      }
+      if (args.stopAfter > 0 && epoch + 1 >= args.stopAfter) break;
+    }
+  } finally {
+    log?.[Symbol.dispose]();
+    progress.clear();
+    await trainFeed[Symbol.asyncDispose]();
+    await testFeed[Symbol.asyncDispose]();
+    trainer.dispose();
+    scaler.dispose();
+    optimizer.dispose();
+  }
+  const metrics = logPath ? `${logPath}${await drawCurves(logPath)}` : undefined;
+  console.log(
+    summaryText(reports, {
+      device: device.kind,
+      data: o.dataNote,
+      checkpoint: args.checkpoint,
+      metrics,
+    }),
+  );
+  return reports;
+}
+
+/**
+ * The first `limit` samples of a labeled image set held in memory (--limit), as a
+ * TensorDataset over the same memory; any other set, or a limit of 0 or not below the set's
+ * length, gives the set itself.
+ *
+ * @param set The training set.
+ * @param limit The sample count to keep (0: all).
+ * @returns The set, or its first `limit` samples.
+ */
+export function firstSamples(set: Dataset, limit: number): Dataset {
+  if (!(set instanceof LabeledImages) || limit <= 0 || limit >= set.length) return set;
+  const shape = set.sharedFields()[0].shape;
+  const bytes = shape.reduce((a, b) => a * b, 1);
+  return new TensorDataset({
+    image: { data: set.images.subarray(0, limit * bytes), shape: [...shape] },
+    label: set.labels.subarray(0, limit),
+  });
+}
+
+/** What {@linkcode trainImages} trains on, and how it says so. */
+export interface ImageRun {
+  /** The training set. */
+  train: Dataset;
+  /** The test set. */
+  test: Dataset;
+  /** Builds the model on the host (called once the device is open). */
+  model: () => Module;
+  /** Per-channel mean and standard deviation of the data (of x / 255). */
+  mean: number[];
+  /** See `mean`. */
+  std: number[];
+  /** The training augmentation (null or undefined: none). */
+  augment: AugmentOptions | null | undefined;
+  /** The start of the start-up line, before the device (e.g. "training on ..."). */
+  intro: string;
+  /** What the data is, for the closing summary. */
+  dataNote: string;
+}
+
+/**
+ * Trains an image example: opens `args.device`, builds the model there in `args.precision`,
+ * loads batches with the loader's workers (shuffled and augmented for training), prints the
+ * start-up line and runs {@linkcode runTraining} with a one-cycle schedule peaking at
+ * `args.lr`.
+ *
+ * @param args The options (see --help).
+ * @param run The data, the model and the start-up line.
+ * @returns The per-epoch reports.
+ */
+export async function trainImages(args: TrainArgs, run: ImageRun): Promise<EpochReport[]> {
+  const { train, test, augment } = run;
+  using device = Device.open(args.device);
+  const model = run.model().to(device, { precision: args.precision });
+  const common = {
+    batchSize: args.batchSize,
+    numWorkers: args.workers,
+    seed: args.seed,
+    // Slots go back to the loader only once their copy to the device has fired.
+    autoRelease: false,
+  };
+  const workers = args.workers > 0 ? { persistentWorkers: true } : {};
+  await using trainLoader = new DataLoader<RingBatch>(train, {
+    ...common,
+    ...workers,
+    shuffle: true,
+    ...(augment ? { augment } : {}),
+  });
+  await using testLoader = new DataLoader<RingBatch>(test, { ...common, ...workers });
+  console.log(
+    `${run.intro}, device ${device.kind} (${device.props.name}), batch ${args.batchSize}, ` +
+      `${args.workers} workers, ${precisionLine(args)}, ${augmentNote(augment)}`,
+  );
+  try {
+    return await runTraining({
+      args,
+      device,
+      model,
+      trainLoader,
+      testLoader,
+      dataNote: run.dataNote,
+      spec: { mean: run.mean, std: run.std, padding: augment?.padding ?? 0 },
+      scheduler: (opt, steps) =>
+        new OneCycleLR(opt, {
+          maxLr: args.lr,
+          totalSteps: args.epochs * steps,
+          cycleMomentum: args.cycleMomentum,
+        }),
+    });
+  } finally {
+    model.dispose();
+  }
+}
