@@ -18,6 +18,7 @@ export type {
   MemInfo,
 } from "./ffi/device.ts";
 export { Event, Stream } from "./ffi/stream.ts";
+export { captureRefused, CudaGraph } from "./ffi/graph.ts";
 export type { EventOptions, StreamOptions } from "./ffi/stream.ts";
 export { DeviceBuffer, HostBuffer, isPinnedMemory } from "./ffi/memory.ts";
 export type { CopyOptions, FillOptions, HostMemory } from "./ffi/memory.ts";
@@ -49,8 +50,14 @@ export type {
   ParamsOf,
   RawMemory,
 } from "./ops/backend.ts";
-export { arange, full, ones, rand, randn, zeros } from "./ops/fill.ts";
-export type { ArangeOptions, RandnOptions, RandOptions, TensorFillOptions } from "./ops/fill.ts";
+export { arange, fillInPlace, full, ones, rand, randn, zeros } from "./ops/fill.ts";
+export type {
+  ArangeOptions,
+  FillInPlaceOptions,
+  RandnOptions,
+  RandOptions,
+  TensorFillOptions,
+} from "./ops/fill.ts";
 export { imageAugment, imageLabelsI32 } from "./ops/image.ts";
 export type { ImageAugmentOptions, ImageLabelsOptions, ImageOpOptions } from "./ops/image.ts";
 export { gatherRows } from "./ops/gather.ts";

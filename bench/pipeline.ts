@@ -737,6 +737,23 @@ export async function main(args: string[] = Deno.args): Promise<void> {
     ratios.gpuVsTorchStandard = gpuTorch
       ? gpuHead.samplesPerSecond / gpuTorch.samplesPerSecond
       : null;
+    // The fair peers (bench/pipeline_torch.py): the streamed row against PyTorch's streamed
+    // form through a reused pinned ring, the resident row against PyTorch's best resident form.
+    const torchRing = find((r) =>
+      r.impl === "torch" && r.device === "cuda" && /pinned ring reused/.test(r.name)
+    );
+    ratios.gpuVsTorchStreamedReused = torchRing
+      ? gpuHead.samplesPerSecond / torchRing.samplesPerSecond
+      : null;
+    const gpuResident = find((r) =>
+      r.impl === "pinstream" && r.device === "cuda" && /resident|DeviceDataset/.test(r.name)
+    );
+    const torchResident = rows.filter((r) =>
+      r.impl === "torch" && r.device === "cuda" && /resident/.test(r.name)
+    ).sort((a, b) => b.samplesPerSecond - a.samplesPerSecond)[0];
+    ratios.gpuResidentVsTorchResidentBest = gpuResident && torchResident
+      ? gpuResident.samplesPerSecond / torchResident.samplesPerSecond
+      : null;
     const s = gpuHead.stats;
     // Copy stage: bytes per ms of copy events, against the raw bound's bytes per ms.
     if (s && raw && s.copyMs > 0 && s.copiesTimed > 0) {

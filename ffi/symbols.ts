@@ -15,7 +15,7 @@
  */
 
 /** The ABI version this table matches (`PS_ABI_VERSION` in kernels/pinstream.h). */
-export const ABI_VERSION = 7;
+export const ABI_VERSION = 8;
 
 /** One C parameter: its name in kernels/pinstream.h and its FFI type. */
 export type Param = readonly [name: string, type: Deno.NativeType];
@@ -110,6 +110,13 @@ export const signatures = {
     params: [["start", "pointer"], ["end", "pointer"], ["out_ms", "buffer"]],
     result: "i32",
   },
+
+  // ---- graphs
+  ps_graph_capture_begin: { params: [["stream", "pointer"]], result: "i32" },
+  ps_graph_capture_end: { params: [["stream", "pointer"], ["out", "buffer"]], result: "i32" },
+  ps_graph_launch: { params: [["graph", "pointer"], ["stream", "pointer"]], result: "i32" },
+  ps_graph_destroy: { params: [["graph", "pointer"]], result: "i32" },
+  ps_graph_live: { params: [["out", "buffer"]], result: "i32" },
 
   // ---- benchmark helper
   // [wait]
@@ -443,6 +450,7 @@ export const signatures = {
       ["scale", "pointer"],
       ["found_inf", "pointer"],
       ["steps_done", "pointer"],
+      ["hyper", "pointer"],
       ["stream", "pointer"],
     ],
     result: "i32",

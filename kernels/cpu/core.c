@@ -410,6 +410,39 @@ PS_API int ps_stream_wait_event(void *stream, void *event) {
   return PS_OK; /* work is synchronous: whatever the event marks has already happened */
 }
 
+/* ---- graphs: nothing to record, as every call runs when it is made ---------------------- */
+
+PS_API int ps_graph_capture_begin(void *stream) {
+  TRY(check_stream(stream));
+  PS_FAIL(PS_ERR_UNSUPPORTED,
+          "ps_graph_capture_begin: the cpu backend runs each call as it is made; there is no "
+          "queue to capture (run the work directly)");
+}
+
+PS_API int ps_graph_capture_end(void *stream, void **out) {
+  PS_REQUIRE(out != NULL);
+  *out = NULL;
+  TRY(check_stream(stream));
+  PS_FAIL(PS_ERR_UNSUPPORTED, "ps_graph_capture_end: the cpu backend never captures");
+}
+
+PS_API int ps_graph_launch(void *graph, void *stream) {
+  (void)stream;
+  PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+          "ps_graph_launch: %p is not a graph (the cpu backend makes none)", graph);
+}
+
+PS_API int ps_graph_destroy(void *graph) {
+  PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+          "ps_graph_destroy: %p is not a graph (the cpu backend makes none)", graph);
+}
+
+PS_API int ps_graph_live(int64_t *out) {
+  PS_REQUIRE(out != NULL);
+  *out = 0;
+  return PS_OK;
+}
+
 PS_API int ps_event_create(int32_t flags, void **out) {
   PS_REQUIRE(out != NULL);
   /* PS_EVENT_BLOCKING_SYNC changes nothing here: events fire when recorded. */
