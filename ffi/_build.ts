@@ -23,6 +23,7 @@ const CUDA_SOURCES = [
   "cuda/core.cu",
   "cuda/image.cu",
   "cuda/nn.cu",
+  "cuda/bn.cu",
   "cuda/fill.cu",
 ];
 

@@ -13,7 +13,7 @@
  */
 
 /** The ABI version this table matches (`PS_ABI_VERSION` in kernels/pinstream.h). */
-export const ABI_VERSION = 7;
+export const ABI_VERSION = 8;
 
 /** The dlopen symbol table of a pinstream backend library. */
 export const symbols = {
@@ -352,6 +352,61 @@ export const symbols = {
       "i64",
       "i64",
       "i64",
+      "pointer",
+    ],
+    result: "i32",
+  },
+  // int ps_nn_batchnorm_workspace(int64_t n, int64_t c, int64_t hw, int64_t *floats);
+  ps_nn_batchnorm_workspace: { parameters: ["i64", "i64", "i64", "buffer"], result: "i32" },
+  // int ps_nn_batchnorm_act_forward_train(const void *x, const float *gamma, const float *beta,
+  //     void *y, int32_t dtype, float *save_mean, float *save_invstd, float *run_mean,
+  //     float *run_var, float *work, int64_t work_floats, int64_t n, int64_t c, int64_t hw,
+  //     float momentum, float eps, int32_t act, void *stream);
+  ps_nn_batchnorm_act_forward_train: {
+    parameters: [
+      "pointer",
+      "pointer",
+      "pointer",
+      "pointer",
+      "i32",
+      "pointer",
+      "pointer",
+      "pointer",
+      "pointer",
+      "pointer",
+      "i64",
+      "i64",
+      "i64",
+      "i64",
+      "f32",
+      "f32",
+      "i32",
+      "pointer",
+    ],
+    result: "i32",
+  },
+  // int ps_nn_batchnorm_act_backward(const void *dy, const void *x, const void *y,
+  //     const float *gamma, const float *save_mean, const float *save_invstd, void *dx,
+  //     int32_t dtype, float *dgamma, float *dbeta, float *work, int64_t work_floats,
+  //     int64_t n, int64_t c, int64_t hw, int32_t act, void *stream);
+  ps_nn_batchnorm_act_backward: {
+    parameters: [
+      "pointer",
+      "pointer",
+      "pointer",
+      "pointer",
+      "pointer",
+      "pointer",
+      "pointer",
+      "i32",
+      "pointer",
+      "pointer",
+      "pointer",
+      "i64",
+      "i64",
+      "i64",
+      "i64",
+      "i32",
       "pointer",
     ],
     result: "i32",

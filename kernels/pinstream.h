@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct layout; ffi/ refuses a mismatch. */
-#define PS_ABI_VERSION 7
+#define PS_ABI_VERSION 8
 
 /* ---- status codes ------------------------------------------------------------------- */
 #define PS_OK 0
@@ -319,6 +319,28 @@ PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *
                                     const float *save_mean, const float *save_invstd, void *dx,
                                     int32_t dtype, float *dgamma, float *dbeta, int64_t n,
                                     int64_t c, int64_t hw, void *stream);
+
+/* Batch norm with an activation fused in (act 0: none, PS_BN_RELU: y = relu(bn(x)), and the
+ * backward masks dy by y > 0 first, as ps_nn_relu_backward would), reduced over a fixed
+ * partition of each channel in a fixed order (rules.h ps_bn_groups): results are the same run
+ * to run. `work` (f32, at least ps_nn_batchnorm_workspace floats, device memory) holds the
+ * per-group partial statistics; NULL takes stream-ordered scratch on every call (CUDA), so a
+ * training loop passes a workspace it keeps. The backward takes y (the forward's output) when
+ * act is PS_BN_RELU (else it may be NULL). */
+#define PS_BN_RELU 1
+PS_API int ps_nn_batchnorm_workspace(int64_t n, int64_t c, int64_t hw, int64_t *floats);
+PS_API int ps_nn_batchnorm_act_forward_train(const void *x, const float *gamma, const float *beta,
+                                             void *y, int32_t dtype, float *save_mean,
+                                             float *save_invstd, float *run_mean, float *run_var,
+                                             float *work, int64_t work_floats, int64_t n,
+                                             int64_t c, int64_t hw, float momentum, float eps,
+                                             int32_t act, void *stream);
+PS_API int ps_nn_batchnorm_act_backward(const void *dy, const void *x, const void *y,
+                                        const float *gamma, const float *save_mean,
+                                        const float *save_invstd, void *dx, int32_t dtype,
+                                        float *dgamma, float *dbeta, float *work,
+                                        int64_t work_floats, int64_t n, int64_t c, int64_t hw,
+                                        int32_t act, void *stream);
 
 /* y[n,c,hw] += bias[c] (y act, bias bias_dtype); [N,F] is hw = 1. */
 PS_API int ps_nn_bias_add(void *y, int32_t dtype, const void *bias, int32_t bias_dtype,

@@ -148,6 +148,13 @@ export interface BatchNormTrainOptions extends OpOptions {
   momentum?: number;
   /** Added to the variance (default 1e-5). */
   eps?: number;
+  /** Apply ReLU to the output in the same pass (default false): y = relu(bn(x)). */
+  relu?: boolean;
+  /**
+   * f32, at least {@linkcode batchNormWorkspaceSize} elements: the per-group partial statistics.
+   * Without it each call takes scratch memory of its own (a stream-ordered allocation on CUDA).
+   */
+  workspace?: Tensor | null;
 }
 
 /** Tensors and options of {@linkcode batchNormForwardEval}. */
@@ -178,6 +185,12 @@ export interface BatchNormBackwardOptions extends OpOptions {
   dgamma: Tensor;
   /** f32 [C], overwritten. */
   dbeta: Tensor;
+  /** The forward ran with `relu`: dy is masked by y > 0 first (default false). */
+  relu?: boolean;
+  /** The forward's output, f16 or f32 like x: needed with `relu`. */
+  y?: Tensor | null;
+  /** As {@linkcode BatchNormTrainOptions.workspace}. */
+  workspace?: Tensor | null;
 }
 
 /** Options of {@linkcode biasGrad}. */
@@ -792,6 +805,51 @@ function params(ts: [Tensor | null, string][], c: number, action: string): void 
   }
 }
 
+/** PS_BN_RELU of kernels/pinstream.h. */
+const BN_RELU = 1;
+
+function workspaceOf(w: Tensor | null | undefined, action: string): Tensor | null {
+  if (!w) return null;
+  tensor(w, "workspace", ["f32"], action);
+  return w;
+}
+
+/**
+ * The f32 elements of workspace that batch norm over `x`'s shape takes (the per-group partial
+ * statistics of its fixed two-phase reduction): allocate it once, pass it as `workspace` to
+ * {@linkcode batchNormForwardTrain} and {@linkcode batchNormBackward}.
+ *
+ * @param device The device the batch norm runs on.
+ * @param shape x's shape, [N, C, ...].
+ * @returns The element count.
+ * @throws {RangeError} When the shape is not [N, C, ...] with N >= 1.
+ * @example
+ * ```ts
+ * import { Device } from "@pinstream/pinstream";
+ * import { batchNormWorkspaceSize } from "./ops.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * assert.ok(batchNormWorkspaceSize(dev, [128, 32, 32, 32]) >= 3 * 32);
+ * ```
+ */
+export function batchNormWorkspaceSize(device: Device, shape: readonly number[]): number {
+  const action = "size a batch-norm workspace";
+  if (shape.length < 2 || !shape.every((d) => Number.isInteger(d) && d >= 0)) {
+    throw new RangeError(`Cannot ${action}: shape must be [N, C, ...], got [${shape}]`);
+  }
+  const out = new BigInt64Array(1);
+  device.check(
+    device.lib.symbols.ps_nn_batchnorm_workspace(
+      BigInt(shape[0]),
+      BigInt(shape[1]),
+      BigInt(tail(shape, 2)),
+      out,
+    ),
+    `${action} [${shape}]`,
+  );
+  return Number(out[0]);
+}
+
 /**
  * Batch normalization in training mode: normalizes with the batch statistics, saves them
  * for the backward and updates the running statistics (PyTorch's momentum convention).
@@ -846,6 +904,7 @@ export function batchNormForwardTrain(
   }
   const momentum = num(options.momentum ?? 0.1, "momentum", action);
   const eps = num(options.eps ?? 1e-5, "eps", action);
+  const work = workspaceOf(options.workspace, action);
   using launched = launch(
     action,
     options,
@@ -857,10 +916,11 @@ export function batchNormForwardTrain(
     saveInvStd,
     runMean,
     runVar,
+    work,
   );
   const { device, stream } = launched;
   device.check(
-    device.lib.symbols.ps_nn_batchnorm_forward_train(
+    device.lib.symbols.ps_nn_batchnorm_act_forward_train(
       x.pointer,
       gamma.pointer,
       beta.pointer,
@@ -870,11 +930,14 @@ export function batchNormForwardTrain(
       saveInvStd.pointer,
       ptr(runMean),
       ptr(runVar),
+      ptr(work),
+      BigInt(work?.numel ?? 0),
       BigInt(n),
       BigInt(c),
       BigInt(hw),
       momentum,
       eps,
+      options.relu ? BN_RELU : 0,
       stream,
     ),
     `${action} x [${x.shape}]`,
@@ -979,23 +1042,34 @@ export function batchNormBackward(dy: Tensor, dx: Tensor, options: BatchNormBack
     c,
     action,
   );
+  const relu = options.relu ?? false;
+  const y = options.y ?? null;
+  if (relu) {
+    if (!y) throw new TypeError(`Cannot ${action}: relu needs the forward's output y`);
+    activations(action, [y, "y"], [x, "x"]);
+    shape(y, "y", x.shape, action);
+  }
+  const work = workspaceOf(options.workspace, action);
   using launched = launch(
     action,
     options,
     dy,
     x,
+    relu ? y : null,
     gamma,
     saveMean,
     saveInvStd,
     dx,
     dgamma,
     dbeta,
+    work,
   );
   const { device, stream } = launched;
   device.check(
-    device.lib.symbols.ps_nn_batchnorm_backward(
+    device.lib.symbols.ps_nn_batchnorm_act_backward(
       dy.pointer,
       x.pointer,
+      relu ? ptr(y) : null,
       gamma.pointer,
       saveMean.pointer,
       saveInvStd.pointer,
@@ -1003,9 +1077,12 @@ export function batchNormBackward(dy: Tensor, dx: Tensor, options: BatchNormBack
       dt,
       dgamma.pointer,
       dbeta.pointer,
+      ptr(work),
+      BigInt(work?.numel ?? 0),
       BigInt(n),
       BigInt(c),
       BigInt(hw),
+      relu ? BN_RELU : 0,
       stream,
     ),
     `${action} x [${x.shape}]`,

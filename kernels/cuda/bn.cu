@@ -1,0 +1,392 @@
+/*
+ * bn.cu — CUDA backend of batch normalization in training with a fused activation
+ * (ps_nn_batchnorm_act_forward_train, ps_nn_batchnorm_act_backward; kernels/cpu/norm.c is the
+ * CPU twin).
+ *
+ * Each channel's samples are cut into the groups of rules.h (ps_bn_groups, a partition that
+ * depends on the shape only), one block per (group, channel), so a 32-channel layer runs
+ * ~1024 blocks instead of 32. Two launches a direction:
+ *
+ *   statistics   each block reduces its group (forward: its mean, then squared deviations from
+ *                it; backward: sum dy and sum dy * xhat) into the workspace;
+ *   apply        each block merges its channel's partials in group order (the same fixed order
+ *                in every block, so every block gets the same bits), writes its group's output,
+ *                and the group-0 block writes the per-channel results.
+ *
+ * Block sums are a fixed shuffle tree, so results are identical run to run and in every
+ * emulator order. Elements are read 16 bytes at a time when a plane allows it (hw a multiple of
+ * 8 fp16 or 4 fp32 values and a 16-byte aligned tensor), with 32-bit index arithmetic and one
+ * 32-bit division per vector, none per element. ReLU acts on the stored value's bits and its
+ * gradient on the output's bits (rules.h), as the separate ReLU kernels would.
+ */
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <initializer_list>
+
+#include "../pinstream.h"
+#include "common.cuh"
+
+namespace {
+
+constexpr int BT = 256; /* threads of a batch-norm block */
+
+__device__ inline float bn_f32(__half v) { return __half2float(v); }
+__device__ inline float bn_f32(float v) { return v; }
+
+/* Stores v as T, then applies the activation to the stored bits. */
+__device__ inline __half bn_out(float v, __half, int relu) {
+  __half h = __float2half_rn(v);
+  return relu ? __ushort_as_half(ps_relu_f16(__half_as_ushort(h))) : h;
+}
+__device__ inline float bn_out(float v, float, int relu) {
+  return relu ? __uint_as_float(ps_relu_f32(__float_as_uint(v))) : v;
+}
+
+/* dy masked by the forward's output y > 0 (when relu), as fp32. */
+__device__ inline float bn_dy(__half dy, __half y, int relu) {
+  return relu ? __half2float(
+                    __ushort_as_half(ps_relu_grad_f16(__half_as_ushort(y), __half_as_ushort(dy))))
+              : __half2float(dy);
+}
+__device__ inline float bn_dy(float dy, float y, int relu) {
+  return relu ? __uint_as_float(ps_relu_grad_f32(__float_as_uint(y), __float_as_uint(dy))) : dy;
+}
+
+/* 16 bytes of elements, loaded and stored whole. */
+struct alignas(16) Pack {
+  uint32_t w[4];
+};
+
+template <class T, int V>
+__device__ inline void load_v(const T *p, T (&v)[V]) {
+  if constexpr (V * sizeof(T) == 16) {
+    Pack k = *reinterpret_cast<const Pack *>(p);
+    memcpy(&v, &k, 16);
+  } else {
+    for (int e = 0; e < V; e++) v[e] = p[e];
+  }
+}
+
+template <class T, int V>
+__device__ inline void store_v(T *p, const T (&v)[V]) {
+  if constexpr (V * sizeof(T) == 16) {
+    Pack k;
+    memcpy(&k, &v, 16);
+    *reinterpret_cast<Pack *>(p) = k;
+  } else {
+    for (int e = 0; e < V; e++) p[e] = v[e];
+  }
+}
+
+/* The sum of v over the block (BT threads), in every thread: a fixed shuffle tree. */
+template <int N>
+__device__ void bn_block_sum(float (&v)[N], float (*sh)[N]) {
+  for (int k = 0; k < N; k++)
+    for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_down_sync(0xffffffffu, v[k], o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0)
+    for (int k = 0; k < N; k++) sh[warp][k] = v[k];
+  __syncthreads();
+  if (warp == 0) {
+    for (int k = 0; k < N; k++) v[k] = lane < BT / 32 ? sh[lane][k] : 0.0f;
+    for (int k = 0; k < N; k++)
+      for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_down_sync(0xffffffffu, v[k], o);
+    if (lane == 0)
+      for (int k = 0; k < N; k++) sh[0][k] = v[k];
+  }
+  __syncthreads();
+  for (int k = 0; k < N; k++) v[k] = sh[0][k];
+  __syncthreads();
+}
+
+/* Where a block works: channel ch, samples [s0, s1) of its group. */
+struct Group {
+  int32_t ch, g, s0, s1;
+};
+
+__device__ inline Group bn_group(int32_t n, int32_t groups) {
+  Group q;
+  q.ch = (int32_t)(blockIdx.x / (uint32_t)groups);
+  q.g = (int32_t)(blockIdx.x - (uint32_t)q.ch * (uint32_t)groups);
+  q.s0 = (int32_t)ps_bn_group_start(n, groups, q.g);
+  q.s1 = (int32_t)ps_bn_group_start(n, groups, q.g + 1);
+  return q;
+}
+
+/* Calls f(offset of the vector's first element, vector index) for the block's share of the
+ * V-element vectors of its group's planes: plane i of the group is sample s0 + i, hwv = hw / V
+ * vectors each. */
+template <int V, class F>
+__device__ inline void for_group(const Group &q, int32_t c, int32_t hw, F f) {
+  const uint32_t hwv = (uint32_t)hw / V, nv = (uint32_t)(q.s1 - q.s0) * hwv;
+  for (uint32_t t = threadIdx.x; t < nv; t += BT) {
+    const uint32_t i = t / hwv, j = t - i * hwv;
+    f(((int64_t)(q.s0 + (int32_t)i) * c + q.ch) * hw + (int64_t)j * V);
+  }
+}
+
+template <class T, int V>
+__global__ void bn_stats(const T *x, float *work, int32_t n, int32_t c, int32_t hw,
+                         int32_t groups) {
+  PS_SHARED(float, sh, [BT / 32][1]);
+  const Group q = bn_group(n, groups);
+  float v[1] = {0.0f};
+  for_group<V>(q, c, hw, [&](int64_t at) {
+    T e[V];
+    load_v<T, V>(x + at, e);
+    for (int k = 0; k < V; k++) v[0] += bn_f32(e[k]);
+  });
+  bn_block_sum<1>(v, sh);
+  const float mb = v[0] / (float)((int64_t)(q.s1 - q.s0) * hw);
+  v[0] = 0.0f;
+  for_group<V>(q, c, hw, [&](int64_t at) {
+    T e[V];
+    load_v<T, V>(x + at, e);
+    for (int k = 0; k < V; k++) {
+      const float d = bn_f32(e[k]) - mb;
+      v[0] += d * d;
+    }
+  });
+  bn_block_sum<1>(v, sh);
+  if (threadIdx.x == 0) {
+    float *w = work + 3 * (int64_t)blockIdx.x;
+    w[0] = mb;
+    w[1] = v[0];
+  }
+}
+
+template <class T, int V>
+__global__ void bn_apply(const T *x, const float *gamma, const float *beta, T *y, float *save_mean,
+                         float *save_invstd, float *run_mean, float *run_var, const float *work,
+                         int32_t n, int32_t c, int32_t hw, int32_t groups, float momentum,
+                         float eps, int relu) {
+  PS_SHARED(float, ab, [2]);
+  const Group q = bn_group(n, groups);
+  if (threadIdx.x == 0) {
+    int64_t cnt = 0;
+    float mean = 0.0f, m2 = 0.0f;
+    const float *w = work + 3 * (int64_t)q.ch * groups;
+    for (int32_t g = 0; g < groups; g++) {
+      const int64_t cb =
+          (ps_bn_group_start(n, groups, g + 1) - ps_bn_group_start(n, groups, g)) * hw;
+      ps_bn_merge(&cnt, &mean, &m2, cb, w[3 * g], w[3 * g + 1]);
+    }
+    const float invstd = ps_bn_invstd(m2, cnt, eps);
+    if (q.g == 0) {
+      save_mean[q.ch] = mean;
+      save_invstd[q.ch] = invstd;
+      if (run_mean) run_mean[q.ch] = ps_bn_running(run_mean[q.ch], mean, momentum);
+      if (run_var) run_var[q.ch] = ps_bn_running(run_var[q.ch], ps_bn_unbiased(m2, cnt), momentum);
+    }
+    ps_bn_affine(gamma[q.ch], beta[q.ch], mean, invstd, &ab[0], &ab[1]);
+  }
+  __syncthreads();
+  const float a = ab[0], b = ab[1];
+  for_group<V>(q, c, hw, [&](int64_t at) {
+    T e[V];
+    load_v<T, V>(x + at, e);
+    for (int k = 0; k < V; k++) e[k] = bn_out(bn_f32(e[k]) * a + b, e[k], relu);
+    store_v<T, V>(y + at, e);
+  });
+}
+
+template <class T, int V>
+__global__ void bn_grad_stats(const T *dy, const T *x, const T *y, const float *save_mean,
+                              const float *save_invstd, float *work, int32_t n, int32_t c,
+                              int32_t hw, int32_t groups, int relu) {
+  PS_SHARED(float, sh, [BT / 32][2]);
+  const Group q = bn_group(n, groups);
+  const float mean = save_mean[q.ch], is = save_invstd[q.ch];
+  float v[2] = {0.0f, 0.0f};
+  for_group<V>(q, c, hw, [&](int64_t at) {
+    T d[V], e[V], o[V];
+    load_v<T, V>(dy + at, d);
+    load_v<T, V>(x + at, e);
+    if (relu) load_v<T, V>(y + at, o);
+    for (int k = 0; k < V; k++) {
+      const float g = bn_dy(d[k], relu ? o[k] : d[k], relu);
+      v[0] += g;
+      v[1] += g * ((bn_f32(e[k]) - mean) * is);
+    }
+  });
+  bn_block_sum<2>(v, sh);
+  if (threadIdx.x == 0) {
+    float *w = work + 3 * (int64_t)blockIdx.x;
+    w[0] = v[0];
+    w[1] = v[1];
+  }
+}
+
+template <class T, int V>
+__global__ void bn_grad_apply(const T *dy, const T *x, const T *y, const float *gamma,
+                              const float *save_mean, const float *save_invstd, T *dx,
+                              float *dgamma, float *dbeta, const float *work, int32_t n, int32_t c,
+                              int32_t hw, int32_t groups, int relu) {
+  PS_SHARED(float, sums, [2]);
+  const Group q = bn_group(n, groups);
+  if (threadIdx.x == 0) {
+    float sdy = 0.0f, sdyx = 0.0f;
+    const float *w = work + 3 * (int64_t)q.ch * groups;
+    for (int32_t g = 0; g < groups; g++) {
+      sdy += w[3 * g];
+      sdyx += w[3 * g + 1];
+    }
+    if (q.g == 0) {
+      dbeta[q.ch] = sdy;
+      dgamma[q.ch] = sdyx;
+    }
+    sums[0] = sdy;
+    sums[1] = sdyx;
+  }
+  __syncthreads();
+  const int64_t cnt = (int64_t)n * hw;
+  const float mean = save_mean[q.ch], is = save_invstd[q.ch], a = gamma[q.ch] * is;
+  const float mdy = sums[0] / (float)cnt, mdyx = sums[1] / (float)cnt;
+  for_group<V>(q, c, hw, [&](int64_t at) {
+    T d[V], e[V], o[V];
+    load_v<T, V>(dy + at, d);
+    load_v<T, V>(x + at, e);
+    if (relu) load_v<T, V>(y + at, o);
+    for (int k = 0; k < V; k++) {
+      const float g = bn_dy(d[k], relu ? o[k] : d[k], relu);
+      d[k] = bn_out(ps_bn_grad(g, bn_f32(e[k]), mean, is, a, mdy, mdyx), d[k], 0);
+    }
+    store_v<T, V>(dx + at, d);
+  });
+}
+
+/* Whether every plane of these tensors starts on a 16-byte boundary. */
+inline bool bn_vectors(int64_t hw, int32_t dtype, std::initializer_list<const void *> ptrs) {
+  const int64_t v = dtype == PS_NN_F16 ? 8 : 4;
+  if (hw % v != 0) return false;
+  for (const void *p : ptrs)
+    if (p && ((uintptr_t)p & 15u) != 0) return false;
+  return true;
+}
+
+/* Runs the statements with T the activation type and V the vector width. */
+#define BN_DISPATCH(dtype, vec, ...) \
+  do {                               \
+    if ((dtype) == PS_NN_F16) {      \
+      using T = __half;              \
+      if (vec) {                     \
+        constexpr int V = 8;         \
+        __VA_ARGS__;                 \
+      } else {                       \
+        constexpr int V = 1;         \
+        __VA_ARGS__;                 \
+      }                              \
+    } else {                         \
+      using T = float;               \
+      if (vec) {                     \
+        constexpr int V = 4;         \
+        __VA_ARGS__;                 \
+      } else {                       \
+        constexpr int V = 1;         \
+        __VA_ARGS__;                 \
+      }                              \
+    }                                \
+  } while (0)
+
+#define BN_NULL_CHECK(...)                                                                       \
+  do {                                                                                           \
+    const void *ps_ptrs_[] = {__VA_ARGS__};                                                      \
+    for (const void *ps_p_ : ps_ptrs_)                                                           \
+      if (!ps_p_)                                                                                \
+        PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: null pointer among (%s)", __func__, #__VA_ARGS__); \
+  } while (0)
+
+/* The kernels' 32-bit index arithmetic: a channel's n * hw values fit an int32. */
+inline int bn_check_int32(const char *fn, int64_t n, int64_t c, int64_t hw) {
+  if (n * hw > INT32_MAX)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: shape n=%lld c=%lld hw=%lld too large", fn, (long long)n,
+            (long long)c, (long long)hw);
+  return PS_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+PS_API int ps_nn_batchnorm_workspace(int64_t n, int64_t c, int64_t hw, int64_t *floats) {
+  TRY(ps_check_per_channel(__func__, n, c, hw, 1));
+  if (!floats) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: null out", __func__);
+  *floats = ps_bn_work_floats(n, c, hw);
+  return PS_OK;
+}
+
+PS_API int ps_nn_batchnorm_act_forward_train(const void *x, const float *gamma, const float *beta,
+                                             void *y, int32_t dtype, float *save_mean,
+                                             float *save_invstd, float *run_mean, float *run_var,
+                                             float *work, int64_t work_floats, int64_t n, int64_t c,
+                                             int64_t hw, float momentum, float eps, int32_t act,
+                                             void *stream) {
+  TRY(ps_check_dtype(__func__, "dtype", dtype));
+  TRY(ps_check_per_channel(__func__, n, c, hw, 1));
+  TRY(ps_check_bn_work(__func__, work, work_floats, n, c, hw, act));
+  TRY(bn_check_int32(__func__, n, c, hw));
+  BN_NULL_CHECK(x, gamma, beta, y, save_mean, save_invstd);
+  cudaStream_t st = (cudaStream_t)stream;
+  const int32_t groups = ps_bn_groups(n, c, hw);
+  const unsigned blocks = (unsigned)(c * groups);
+  float *w = work;
+  if (!w) TRY(ps_scratch_alloc((void **)&w, (size_t)ps_bn_work_floats(n, c, hw) * 4, st));
+  const bool vec = bn_vectors(hw, dtype, {x, y});
+  const int relu = act == PS_BN_RELU;
+  int r = PS_OK;
+  BN_DISPATCH(dtype, vec, {
+    PS_LAUNCH((bn_stats<T, V>), blocks, BT, 0, st, (const T *)x, w, (int32_t)n, (int32_t)c,
+              (int32_t)hw, groups);
+    PS_LAUNCH((bn_apply<T, V>), blocks, BT, 0, st, (const T *)x, gamma, beta, (T *)y, save_mean,
+              save_invstd, run_mean, run_var, (const float *)w, (int32_t)n, (int32_t)c, (int32_t)hw,
+              groups, momentum, eps, relu);
+  });
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) r = ps_record_cuda_error(e, "bn_stats/bn_apply<<<>>>", __FILE__, __LINE__);
+  if (!work) {
+    const int fr = ps_scratch_free(w, st);
+    if (r == PS_OK) r = fr;
+  }
+  return r;
+}
+
+PS_API int ps_nn_batchnorm_act_backward(const void *dy, const void *x, const void *y,
+                                        const float *gamma, const float *save_mean,
+                                        const float *save_invstd, void *dx, int32_t dtype,
+                                        float *dgamma, float *dbeta, float *work,
+                                        int64_t work_floats, int64_t n, int64_t c, int64_t hw,
+                                        int32_t act, void *stream) {
+  TRY(ps_check_dtype(__func__, "dtype", dtype));
+  TRY(ps_check_per_channel(__func__, n, c, hw, 1));
+  TRY(ps_check_bn_work(__func__, work, work_floats, n, c, hw, act));
+  TRY(bn_check_int32(__func__, n, c, hw));
+  BN_NULL_CHECK(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+  const int relu = act == PS_BN_RELU;
+  if (relu) BN_NULL_CHECK(y);
+  cudaStream_t st = (cudaStream_t)stream;
+  const int32_t groups = ps_bn_groups(n, c, hw);
+  const unsigned blocks = (unsigned)(c * groups);
+  float *w = work;
+  if (!w) TRY(ps_scratch_alloc((void **)&w, (size_t)ps_bn_work_floats(n, c, hw) * 4, st));
+  const bool vec = bn_vectors(hw, dtype, {dy, x, relu ? y : nullptr, dx});
+  int r = PS_OK;
+  BN_DISPATCH(dtype, vec, {
+    PS_LAUNCH((bn_grad_stats<T, V>), blocks, BT, 0, st, (const T *)dy, (const T *)x, (const T *)y,
+              save_mean, save_invstd, w, (int32_t)n, (int32_t)c, (int32_t)hw, groups, relu);
+    PS_LAUNCH((bn_grad_apply<T, V>), blocks, BT, 0, st, (const T *)dy, (const T *)x, (const T *)y,
+              gamma, save_mean, save_invstd, (T *)dx, dgamma, dbeta, (const float *)w, (int32_t)n,
+              (int32_t)c, (int32_t)hw, groups, relu);
+  });
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    r = ps_record_cuda_error(e, "bn_grad_stats/bn_grad_apply<<<>>>", __FILE__, __LINE__);
+  if (!work) {
+    const int fr = ps_scratch_free(w, st);
+    if (r == PS_OK) r = fr;
+  }
+  return r;
+}
+
+}  // extern "C"
