@@ -24,6 +24,7 @@ const CUDA_SOURCES = [
   "cuda/image.cu",
   "cuda/nn.cu",
   "cuda/bn.cu",
+  "cuda/multi_tensor.cu",
   "cuda/fill.cu",
 ];
 

@@ -360,8 +360,8 @@ export const symbols = {
   ps_nn_batchnorm_workspace: { parameters: ["i64", "i64", "i64", "buffer"], result: "i32" },
   // int ps_nn_batchnorm_act_forward_train(const void *x, const float *gamma, const float *beta,
   //     void *y, int32_t dtype, float *save_mean, float *save_invstd, float *run_mean,
-  //     float *run_var, float *work, int64_t work_floats, int64_t n, int64_t c, int64_t hw,
-  //     float momentum, float eps, int32_t act, void *stream);
+  //     float *run_var, float *run_backup, float *work, int64_t work_floats, int64_t n,
+  //     int64_t c, int64_t hw, float momentum, float eps, int32_t act, void *stream);
   ps_nn_batchnorm_act_forward_train: {
     parameters: [
       "pointer",
@@ -369,6 +369,7 @@ export const symbols = {
       "pointer",
       "pointer",
       "i32",
+      "pointer",
       "pointer",
       "pointer",
       "pointer",
@@ -555,6 +556,38 @@ export const symbols = {
       "i32",
       "pointer",
     ],
+    result: "i32",
+  },
+  // int ps_nn_multi_unscale_check(const int64_t *list, int32_t n, int64_t max_count,
+  //     const float *scale, float inv_scale, int32_t in_place, int32_t *found_inf, void *stream);
+  ps_nn_multi_unscale_check: {
+    parameters: ["pointer", "i32", "i64", "pointer", "f32", "i32", "pointer", "pointer"],
+    result: "i32",
+  },
+  // int ps_nn_multi_sgd_step(const int64_t *list, int32_t n, int64_t max_count, float lr,
+  //     float momentum, float dampening, float weight_decay, int32_t nesterov,
+  //     const float *scale, const int32_t *found_inf, const int32_t *steps_done, void *stream);
+  ps_nn_multi_sgd_step: {
+    parameters: [
+      "pointer",
+      "i32",
+      "i64",
+      "f32",
+      "f32",
+      "f32",
+      "f32",
+      "i32",
+      "pointer",
+      "pointer",
+      "pointer",
+      "pointer",
+    ],
+    result: "i32",
+  },
+  // int ps_nn_multi_copy_if(const int64_t *list, int32_t n, int64_t max_count,
+  //     const int32_t *flag, void *stream);
+  ps_nn_multi_copy_if: {
+    parameters: ["pointer", "i32", "i64", "pointer", "pointer"],
     result: "i32",
   },
   // int ps_nn_copy_if(float *dst, const float *src, int64_t count, const int32_t *flag,

@@ -158,6 +158,17 @@ PS_CHECK int ps_check_sgd(int64_t count, float momentum, const float *momentum_b
   return PS_OK;
 }
 
+/* A multi-tensor call (ps_nn_multi_*): n entries (0: nothing to do), at most 65535 (one
+ * launch row each on CUDA). */
+PS_CHECK int ps_check_multi(const char *fn, const int64_t *list, int32_t n, int64_t max_count) {
+  if (n < 0 || n > 65535 || max_count < 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad list of %d entries, max_count %lld", fn, (int)n,
+                 (long long)max_count);
+  }
+  if (n > 0 && list == 0) PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: null list", fn);
+  return PS_OK;
+}
+
 PS_CHECK int ps_check_scaler_update(int32_t growth_interval) {
   if (growth_interval <= 0) {
     PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_scaler_update: bad growth_interval %d",

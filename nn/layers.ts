@@ -25,6 +25,7 @@ import { kaimingUniform, uniform, Xoshiro128 } from "./init.ts";
 import { type BackwardOptions, type ExtraStateLoad, Module } from "./module.ts";
 import { BufferTensor, Parameter } from "./parameter.ts";
 import type { HostTensor } from "./safetensors.ts";
+import type { CopyEntry } from "./tensor_list.ts";
 
 /** The generator layers draw their initial weights from when none is given. */
 export const defaultInitRng: Xoshiro128 = new Xoshiro128(0);
@@ -448,10 +449,9 @@ export class BatchNorm2d extends Module {
     const y = this.workspace("y", shapeOf(x), x.dtype);
     if (this.training) {
       const c = this.numFeatures;
-      // The running statistics before this batch, for revertRunningStats: whether the step
-      // is skipped is known only on the device, after backward. Two copies of C floats.
-      ops.cast(this.runningMean.tensor, this.workspace("prevMean", [c], "f32"));
-      ops.cast(this.runningVar.tensor, this.workspace("prevVar", [c], "f32"));
+      // The kernel saves the running statistics before this batch's update, for
+      // revertRunningStats: whether the step is skipped is known only on the device, after
+      // backward.
       this.#statsSaved = true;
       ops.batchNormForwardTrain(x, y, {
         gamma: this.weight.value,
@@ -464,6 +464,7 @@ export class BatchNorm2d extends Module {
         eps: this.eps,
         relu,
         workspace: this.#work(x),
+        runBackup: this.workspace("runBackup", [2 * c], "f32"),
       });
       this.numBatchesTracked++;
       this.#x = x;
@@ -495,14 +496,15 @@ export class BatchNorm2d extends Module {
     return this.workspace("work", [size], "f32");
   }
 
-  /** Restores the running statistics saved by the last training forward when `flag` is set. */
-  protected override revertOwnRunningStats(flag: Tensor): void {
-    if (!this.#statsSaved) return;
-    const c = this.numFeatures;
-    ops.copyIf(this.workspace("prevMean", [c], "f32"), this.runningMean.tensor, { flag });
-    ops.copyIf(this.workspace("prevVar", [c], "f32"), this.runningVar.tensor, { flag });
-    // Once per forward: a second call must not restore statistics a later step has built on.
+  /** The running statistics saved by the last training forward, and where they go back. */
+  protected override runningStatsBackup(): CopyEntry[] {
+    if (!this.#statsSaved) return [];
+    const c = this.numFeatures, saved = this.workspace("runBackup", [2 * c], "f32");
     this.#statsSaved = false;
+    return [
+      { dst: this.runningMean.tensor, src: saved, count: c },
+      { dst: this.runningVar.tensor, src: saved, srcOffset: c, count: c },
+    ];
   }
 
   /**

@@ -57,6 +57,7 @@ import type { Device } from "../ffi/device.ts";
 import type { DType, Tensor } from "../ffi/tensor.ts";
 import type { Stream } from "../ffi/stream.ts";
 import { activeProfiler, range } from "../ffi/profiler.ts";
+import type { TensorList } from "./tensor_list.ts";
 
 /** Options shared by every op. */
 export interface OpOptions {
@@ -150,6 +151,11 @@ export interface BatchNormTrainOptions extends OpOptions {
   eps?: number;
   /** Apply ReLU to the output in the same pass (default false): y = relu(bn(x)). */
   relu?: boolean;
+  /**
+   * f32 [2C], written before the update (default null): the running mean, then the running
+   * variance, as they were, so a skipped step can restore them ({@linkcode multiCopyIf}).
+   */
+  runBackup?: Tensor | null;
   /**
    * f32, at least {@linkcode batchNormWorkspaceSize} elements: the per-group partial statistics.
    * Without it each call takes scratch memory of its own (a stream-ordered allocation on CUDA).
@@ -394,6 +400,10 @@ function launch(
     }
   }
   if (device === undefined) throw new TypeError(`Cannot ${action}: no tensors`);
+  return launchDevice(device, action, options);
+}
+
+function launchDevice(device: Device, action: string, options: OpOptions): Launched {
   const stream = options.stream;
   if (stream !== undefined && stream.device !== device) {
     throw new TypeError(`Cannot ${action}: the stream belongs to ${stream.device}, not ${device}`);
@@ -905,6 +915,11 @@ export function batchNormForwardTrain(
   const momentum = num(options.momentum ?? 0.1, "momentum", action);
   const eps = num(options.eps ?? 1e-5, "eps", action);
   const work = workspaceOf(options.workspace, action);
+  const runBackup = options.runBackup ?? null;
+  if (runBackup) {
+    tensor(runBackup, "runBackup", ["f32"], action);
+    shape(runBackup, "runBackup", [2 * c], action);
+  }
   using launched = launch(
     action,
     options,
@@ -916,6 +931,7 @@ export function batchNormForwardTrain(
     saveInvStd,
     runMean,
     runVar,
+    runBackup,
     work,
   );
   const { device, stream } = launched;
@@ -930,6 +946,7 @@ export function batchNormForwardTrain(
       saveInvStd.pointer,
       ptr(runMean),
       ptr(runVar),
+      ptr(runBackup),
       ptr(work),
       BigInt(work?.numel ?? 0),
       BigInt(n),
@@ -1746,4 +1763,222 @@ export function copyIf(src: Tensor, dst: Tensor, options: CopyIfOptions): void {
     ),
     `${action} [${dst.shape}]`,
   );
+}
+
+/**
+ * {@linkcode unscaleAndCheck} over every gradient of an "sgd" {@linkcode TensorList}, in one
+ * launch: sets `foundInf` to 1 when any element of any gradient is inf or NaN.
+ *
+ * @param list The parameters (their gradients are checked).
+ * @param foundInf i32 [1].
+ * @param options scale (f32 [1]; the kernel uses 1 / scale) or invScale, inPlace, stream.
+ * @throws {TypeError} On a wrong dtype, list kind or device.
+ * @example
+ * ```ts
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
+ * import { multiUnscaleAndCheck } from "./ops.ts";
+ * import { TensorList } from "./tensor_list.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using p = Tensor.fromHost(dev, new Float32Array([1]));
+ * using g = Tensor.fromHost(dev, new Float16Array([Infinity]));
+ * using flag = Tensor.fromHost(dev, new Int32Array([0]));
+ * using list = new TensorList(dev, "sgd");
+ * list.setSgd([{ param: p, grad: g, momentumBuf: null, paramHalf: null }]);
+ * multiUnscaleAndCheck(list, flag);
+ * assert.deepStrictEqual([...await flag.toHost()], [1]);
+ * ```
+ */
+export function multiUnscaleAndCheck(
+  list: TensorList,
+  foundInf: Tensor,
+  options: UnscaleOptions = {},
+): void {
+  const action = "run multiUnscaleAndCheck";
+  listOf(list, "sgd", action);
+  tensor(foundInf, "foundInf", ["i32"], action);
+  scalar(foundInf, "foundInf", action);
+  const scale = options.scale ?? null;
+  if (scale !== null) {
+    tensor(scale, "scale", ["f32"], action);
+    scalar(scale, "scale", action);
+  }
+  const inv = num(options.invScale ?? 1, "invScale", action);
+  using launched = launchOn(list.device, action, options, foundInf, scale);
+  const { device, stream } = launched;
+  device.check(
+    device.lib.symbols.ps_nn_multi_unscale_check(
+      list.pointer,
+      list.length,
+      BigInt(list.maxCount),
+      ptr(scale),
+      inv,
+      options.inPlace ? 1 : 0,
+      foundInf.pointer,
+      stream,
+    ),
+    `${action} (${list.length} tensors)`,
+  );
+}
+
+/** Hyper-parameters and device scalars of {@linkcode multiSgdStep}. */
+export type MultiSgdStepOptions = Omit<SgdStepOptions, "momentumBuf" | "paramHalf">;
+
+/**
+ * {@linkcode sgdStep} on every parameter of an "sgd" {@linkcode TensorList}, in one launch,
+ * with the same hyper-parameters: the same bits as one call per parameter. Each entry needs a
+ * momentum buffer when momentum is not 0 (the list's builder checks; the CUDA kernel cannot).
+ *
+ * @param list The parameters, gradients, momentum buffers and fp16 copies.
+ * @param options lr; momentum, dampening, nesterov, weightDecay, scale, foundInf, stepsDone,
+ *   stream.
+ * @throws {TypeError} On a wrong dtype, list kind or device.
+ * @throws {RangeError} On a bad hyper-parameter.
+ * @example
+ * ```ts
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
+ * import { multiSgdStep } from "./ops.ts";
+ * import { TensorList } from "./tensor_list.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using a = Tensor.fromHost(dev, new Float32Array([1]));
+ * using b = Tensor.fromHost(dev, new Float32Array([2, 3]));
+ * using ga = Tensor.fromHost(dev, new Float16Array([1]));
+ * using gb = Tensor.fromHost(dev, new Float16Array([2, -2]));
+ * using list = new TensorList(dev, "sgd");
+ * list.setSgd([
+ *   { param: a, grad: ga, momentumBuf: null, paramHalf: null },
+ *   { param: b, grad: gb, momentumBuf: null, paramHalf: null },
+ * ]);
+ * multiSgdStep(list, { lr: 0.5 });
+ * assert.deepStrictEqual([...await a.toHost()], [0.5]);
+ * assert.deepStrictEqual([...await b.toHost()], [1, 4]);
+ * ```
+ */
+export function multiSgdStep(list: TensorList, options: MultiSgdStepOptions): void {
+  const action = "run multiSgdStep";
+  listOf(list, "sgd", action);
+  const lr = num(options?.lr, "lr", action);
+  const momentum = num(options.momentum ?? 0, "momentum", action);
+  const dampening = num(options.dampening ?? 0, "dampening", action);
+  const weightDecay = num(options.weightDecay ?? 0, "weightDecay", action);
+  if (momentum < 0) {
+    throw new RangeError(`Cannot ${action}: momentum must be >= 0, got ${momentum}`);
+  }
+  if (options.nesterov && (momentum <= 0 || dampening !== 0)) {
+    throw new RangeError(
+      `Cannot ${action}: Nesterov momentum requires a momentum and zero dampening ` +
+        `(momentum ${momentum}, dampening ${dampening})`,
+    );
+  }
+  const scale = options.scale ?? null;
+  const foundInf = options.foundInf ?? null;
+  const stepsDone = options.stepsDone ?? null;
+  for (
+    const [t, name, dt] of [[scale, "scale", "f32"], [foundInf, "foundInf", "i32"], [
+      stepsDone,
+      "stepsDone",
+      "i32",
+    ]] as const
+  ) {
+    if (t === null) continue;
+    tensor(t, name, [dt], action);
+    scalar(t, name, action);
+  }
+  using launched = launchOn(list.device, action, options, scale, foundInf, stepsDone);
+  const { device, stream } = launched;
+  device.check(
+    device.lib.symbols.ps_nn_multi_sgd_step(
+      list.pointer,
+      list.length,
+      BigInt(list.maxCount),
+      lr,
+      momentum,
+      dampening,
+      weightDecay,
+      options.nesterov ? 1 : 0,
+      ptr(scale),
+      ptr(foundInf),
+      ptr(stepsDone),
+      stream,
+    ),
+    `${action} (${list.length} tensors)`,
+  );
+}
+
+/**
+ * {@linkcode copyIf} on every entry of a "copy" {@linkcode TensorList}, in one launch: the
+ * copies happen when the device flag is non-zero (always when `flag` is null).
+ *
+ * @param list The copies.
+ * @param options flag (i32 [1] or null), stream.
+ * @throws {TypeError} On a wrong dtype, list kind or device.
+ * @example
+ * ```ts
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
+ * import { multiCopyIf } from "./ops.ts";
+ * import { TensorList } from "./tensor_list.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using saved = Tensor.fromHost(dev, new Float32Array([1, 2]));
+ * using x = Tensor.fromHost(dev, new Float32Array([NaN, NaN]));
+ * using set = Tensor.fromHost(dev, new Int32Array([1]));
+ * using list = new TensorList(dev, "copy");
+ * list.setCopies([{ dst: x, src: saved }]);
+ * multiCopyIf(list, { flag: set });
+ * assert.deepStrictEqual([...await x.toHost()], [1, 2]);
+ * ```
+ */
+export function multiCopyIf(list: TensorList, options: MultiCopyIfOptions): void {
+  const action = "run multiCopyIf";
+  listOf(list, "copy", action);
+  const flag = options?.flag ?? null;
+  if (flag !== null) {
+    tensor(flag, "flag", ["i32"], action);
+    scalar(flag, "flag", action);
+  }
+  using launched = launchOn(list.device, action, options, flag);
+  const { device, stream } = launched;
+  device.check(
+    device.lib.symbols.ps_nn_multi_copy_if(
+      list.pointer,
+      list.length,
+      BigInt(list.maxCount),
+      ptr(flag),
+      stream,
+    ),
+    `${action} (${list.length} tensors)`,
+  );
+}
+
+/** Options of {@linkcode multiCopyIf}. */
+export interface MultiCopyIfOptions extends OpOptions {
+  /** i32 [1]: copy when non-zero (null: always). */
+  flag: Tensor | null;
+}
+
+function listOf(list: TensorList, kind: "sgd" | "copy", action: string): void {
+  if (list?.kind !== kind) {
+    throw new TypeError(`Cannot ${action}: expected a "${kind}" TensorList, got ${list?.kind}`);
+  }
+}
+
+/** launch() for a kernel whose tensors may all be in a list on `device`. */
+function launchOn(
+  device: Device,
+  action: string,
+  options: OpOptions,
+  ...ts: (Tensor | null | undefined)[]
+): Launched {
+  for (const t of ts) {
+    if (t && t.device !== device) {
+      throw new TypeError(
+        `Cannot ${action}: tensors on different devices (${device}, ${t.device})`,
+      );
+    }
+  }
+  return launchDevice(device, action, options);
 }

@@ -104,6 +104,7 @@ typedef struct {
   int f16, relu;
   const float *gamma, *beta;
   float *save_mean, *save_invstd, *run_mean, *run_var; /* run_* may be NULL */
+  float *run_backup;                                   /* may be NULL */
   int64_t n, c, hw;
   float momentum, eps;
 } bn_train_ctx;
@@ -152,6 +153,10 @@ static void bn_train_range(void *vctx, int64_t c0, int64_t c1) {
     float invstd = ps_bn_invstd(m2, cnt, eps);
     save_mean[ch] = mean;
     save_invstd[ch] = invstd;
+    if (k->run_backup) {
+      k->run_backup[ch] = run_mean ? run_mean[ch] : 0.0f;
+      k->run_backup[c + ch] = run_var ? run_var[ch] : 0.0f;
+    }
     if (run_mean) run_mean[ch] = ps_bn_running(run_mean[ch], mean, momentum);
     if (run_var) run_var[ch] = ps_bn_running(run_var[ch], ps_bn_unbiased(m2, cnt), momentum);
     float a, b;
@@ -170,9 +175,9 @@ PS_API int ps_nn_batchnorm_workspace(int64_t n, int64_t c, int64_t hw, int64_t *
 PS_API int ps_nn_batchnorm_act_forward_train(const void *x, const float *gamma, const float *beta,
                                              void *y, int32_t dtype, float *save_mean,
                                              float *save_invstd, float *run_mean, float *run_var,
-                                             float *work, int64_t work_floats, int64_t n, int64_t c,
-                                             int64_t hw, float momentum, float eps, int32_t act,
-                                             void *stream) {
+                                             float *run_backup, float *work, int64_t work_floats,
+                                             int64_t n, int64_t c, int64_t hw, float momentum,
+                                             float eps, int32_t act, void *stream) {
   (void)stream;
   CHECK_DTYPE(dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
@@ -185,6 +190,7 @@ PS_API int ps_nn_batchnorm_act_forward_train(const void *x, const float *gamma, 
   CHECK_RANGE(save_invstd, c * 4);
   if (run_mean) CHECK_RANGE(run_mean, c * 4);
   if (run_var) CHECK_RANGE(run_var, c * 4);
+  if (run_backup) CHECK_RANGE(run_backup, 2 * c * 4);
   /* The partials stay in each task's locals: the workspace is checked, not needed. */
   if (work) CHECK_RANGE(work, ps_bn_work_floats(n, c, hw) * 4);
   bn_train_ctx k = {.x = x,
@@ -197,6 +203,7 @@ PS_API int ps_nn_batchnorm_act_forward_train(const void *x, const float *gamma, 
                     .save_invstd = save_invstd,
                     .run_mean = run_mean,
                     .run_var = run_var,
+                    .run_backup = run_backup,
                     .n = n,
                     .c = c,
                     .hw = hw,
@@ -212,8 +219,8 @@ PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, cons
                                          int64_t n, int64_t c, int64_t hw, float momentum,
                                          float eps, void *stream) {
   return ps_nn_batchnorm_act_forward_train(x, gamma, beta, y, dtype, save_mean, save_invstd,
-                                           run_mean, run_var, NULL, 0, n, c, hw, momentum, eps, 0,
-                                           stream);
+                                           run_mean, run_var, NULL, NULL, 0, n, c, hw, momentum,
+                                           eps, 0, stream);
 }
 
 /* ps_nn_batchnorm_forward_eval over channels [c0, c1). */

@@ -159,9 +159,9 @@ __global__ void bn_stats(const T *x, float *work, int32_t n, int32_t c, int32_t 
 
 template <class T, int V>
 __global__ void bn_apply(const T *x, const float *gamma, const float *beta, T *y, float *save_mean,
-                         float *save_invstd, float *run_mean, float *run_var, const float *work,
-                         int32_t n, int32_t c, int32_t hw, int32_t groups, float momentum,
-                         float eps, int relu) {
+                         float *save_invstd, float *run_mean, float *run_var, float *run_backup,
+                         const float *work, int32_t n, int32_t c, int32_t hw, int32_t groups,
+                         float momentum, float eps, int relu) {
   PS_SHARED(float, ab, [2]);
   const Group q = bn_group(n, groups);
   if (threadIdx.x == 0) {
@@ -177,6 +177,10 @@ __global__ void bn_apply(const T *x, const float *gamma, const float *beta, T *y
     if (q.g == 0) {
       save_mean[q.ch] = mean;
       save_invstd[q.ch] = invstd;
+      if (run_backup) {
+        run_backup[q.ch] = run_mean ? run_mean[q.ch] : 0.0f;
+        run_backup[c + q.ch] = run_var ? run_var[q.ch] : 0.0f;
+      }
       if (run_mean) run_mean[q.ch] = ps_bn_running(run_mean[q.ch], mean, momentum);
       if (run_var) run_var[q.ch] = ps_bn_running(run_var[q.ch], ps_bn_unbiased(m2, cnt), momentum);
     }
@@ -320,9 +324,9 @@ PS_API int ps_nn_batchnorm_workspace(int64_t n, int64_t c, int64_t hw, int64_t *
 PS_API int ps_nn_batchnorm_act_forward_train(const void *x, const float *gamma, const float *beta,
                                              void *y, int32_t dtype, float *save_mean,
                                              float *save_invstd, float *run_mean, float *run_var,
-                                             float *work, int64_t work_floats, int64_t n, int64_t c,
-                                             int64_t hw, float momentum, float eps, int32_t act,
-                                             void *stream) {
+                                             float *run_backup, float *work, int64_t work_floats,
+                                             int64_t n, int64_t c, int64_t hw, float momentum,
+                                             float eps, int32_t act, void *stream) {
   TRY(ps_check_dtype(__func__, "dtype", dtype));
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   TRY(ps_check_bn_work(__func__, work, work_floats, n, c, hw, act));
@@ -340,8 +344,8 @@ PS_API int ps_nn_batchnorm_act_forward_train(const void *x, const float *gamma, 
     PS_LAUNCH((bn_stats<T, V>), blocks, BT, 0, st, (const T *)x, w, (int32_t)n, (int32_t)c,
               (int32_t)hw, groups);
     PS_LAUNCH((bn_apply<T, V>), blocks, BT, 0, st, (const T *)x, gamma, beta, (T *)y, save_mean,
-              save_invstd, run_mean, run_var, (const float *)w, (int32_t)n, (int32_t)c, (int32_t)hw,
-              groups, momentum, eps, relu);
+              save_invstd, run_mean, run_var, run_backup, (const float *)w, (int32_t)n, (int32_t)c,
+              (int32_t)hw, groups, momentum, eps, relu);
   });
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) r = ps_record_cuda_error(e, "bn_stats/bn_apply<<<>>>", __FILE__, __LINE__);
