@@ -31,22 +31,34 @@ export type {
   TensorFillOptions,
   ToHostOptions,
 } from "./ffi/tensor.ts";
-export { PinstreamError } from "./ffi/errors.ts";
+export { PinstreamError } from "./internal/errors.ts";
 export { MemoryResource, Resource } from "./ffi/resource.ts";
-export type { PinstreamErrorCode } from "./ffi/errors.ts";
+export type { PinstreamErrorCode } from "./internal/errors.ts";
 export { LibraryError, loadLibrary } from "./ffi/library.ts";
-export { PermissionError } from "./ffi/_permissions.ts";
+export { PermissionError } from "./internal/permissions.ts";
 export { activeProfiler, Profiler, range, span } from "./ffi/profiler.ts";
 export type { ChromeTrace, ProfilerOptions, ProfileRow, RangeOptions } from "./ffi/profiler.ts";
 export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";
 export { ABI_VERSION, symbols } from "./ffi/symbols.ts";
 
-// loader
+// augment
 export {
   AUGMENT_RECORD_LENGTH,
   augmentFromDraw,
+  augmentHost,
+  type AugmentHostOptions,
   type AugmentOptions,
   augmentRecord,
+  type AugmentSpec,
+  type ImageDtype,
+  type ImageLayout,
+  imageShape,
+  type NormalizeAffine,
+  normalizeAffine,
+} from "./augment/mod.ts";
+
+// loader
+export {
   type BatchOf,
   BatchSampler,
   type BatchSamplerLike,
@@ -103,15 +115,6 @@ export {
 
 // pipeline
 export {
-  augmentHost,
-  type AugmentHostOptions,
-  type ImageDtype,
-  type ImageLayout,
-  imageShape,
-  type NormalizeAffine,
-  normalizeAffine,
-} from "./pipeline/augment.ts";
-export {
   type DeviceBatch,
   DevicePrefetcher,
   type PipelineStats,
@@ -145,11 +148,6 @@ export {
   CrossEntropyLoss,
   decodeSafetensors,
   defaultInitRng,
-  diagnose,
-  type DoctorOptions,
-  type DoctorReport,
-  type DoctorRun,
-  doctorVerdict,
   encodeSafetensors,
   type ExtraStateLoad,
   Flatten,
@@ -171,9 +169,6 @@ export {
   type LRSchedulerState,
   MaxPool2d,
   type MaxPool2dOptions,
-  MetricsLog,
-  type MetricsLogOptions,
-  type MetricsRecord,
   Module,
   type ModuleToOptions,
   OneCycleLR,
@@ -198,8 +193,20 @@ export {
   type StepLROptions,
   TensorList,
   type TensorListKind,
-  Trainer,
-  type TrainerOptions,
   uniform,
   Xoshiro128,
 } from "./nn/mod.ts";
+
+// train
+export {
+  diagnose,
+  type DoctorOptions,
+  type DoctorReport,
+  type DoctorRun,
+  doctorVerdict,
+  MetricsLog,
+  type MetricsLogOptions,
+  type MetricsRecord,
+  Trainer,
+  type TrainerOptions,
+} from "./train/mod.ts";

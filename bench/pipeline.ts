@@ -43,14 +43,15 @@
 
 import { join } from "node:path";
 import { assertMeasurable, commitStamp, writeResult } from "./_results.ts";
-import { parseCli } from "../examples/_cli.ts";
+import { parseCli } from "../train/cli.ts";
 import { Device } from "../ffi/device.ts";
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import { DataLoader } from "../loader/data_loader.ts";
 import { sharedArray } from "../loader/dataset.ts";
 import { RandomSampler } from "../loader/sampler.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
-import { AUGMENT_RECORD_LENGTH, type RingBatch, ringLayout } from "../loader/ring.ts";
+import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
+import { type RingBatch, ringLayout } from "../loader/ring.ts";
 import { toDevice, type ToDeviceOptions } from "../pipeline/prefetcher.ts";
 import { DeviceDataset } from "../pipeline/resident.ts";
 import { gatherRows } from "../pipeline/image_ops.ts";

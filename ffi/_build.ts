@@ -8,10 +8,10 @@
  * @module
  */
 
-import { missingPermission, permissionMessage } from "./_permissions.ts";
-import { refuseUnknownKeys } from "./_options.ts";
+import { missingPermission, permissionMessage } from "../internal/permissions.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { createHash } from "node:crypto";
-import { type Backend, cudaEmulated, envSetting as env, LibraryError } from "./library.ts";
+import { type Backend, cudaEmulated, envSetting as env, LibraryError } from "./_env.ts";
 
 const CUDA_SOURCES = [
   "pinstream.h",
@@ -20,10 +20,13 @@ const CUDA_SOURCES = [
   "cuda/common.cuh",
   "cuda/gemm.cuh",
   "cuda/launch.cuh",
+  "cuda/nn.cuh",
   "cuda/core.cu",
   "cuda/image.cu",
-  "cuda/nn.cu",
-  "cuda/bn.cu",
+  "cuda/gemm.cu",
+  "cuda/conv.cu",
+  "cuda/norm.cu",
+  "cuda/ops.cu",
   "cuda/multi_tensor.cu",
   "cuda/fill.cu",
 ];
@@ -338,7 +341,7 @@ function cudaArchs(): string[] {
 
 /** nvcc flags: one SASS per arch, plus PTX of the newest for GPUs newer than all of them. */
 function cudaFlags(archs: string[]): string[] {
-  // C++20: designated initializers name the kernels' functor fields (kernels/cuda/nn.cu).
+  // C++20: designated initializers name the kernels' functor fields (kernels/cuda/conv.cu).
   const flags = [
     "-O3",
     "-std=c++20",
@@ -377,7 +380,7 @@ export interface BuildOptions {
  *
  * @example
  * ```ts
- * import { buildLibrary } from "./library.ts";
+ * import { buildLibrary } from "./_build.ts";
  * import assert from "node:assert";
  * assert.match(buildLibrary("cpu"), /libpinstream_cpu_/);
  * ```
@@ -543,7 +546,7 @@ function emulatorArgs(
  *
  * @example
  * ```ts
- * import { emulatorCommand } from "./library.ts";
+ * import { emulatorCommand } from "./_build.ts";
  * import assert from "node:assert";
  * const { args } = emulatorCommand(["t.cu", "emu/exec.cc"], "t", { program: true });
  * assert.deepStrictEqual(args.slice(-8), ["-x", "c++", "t.cu", "-x", "none", "emu/exec.cc", "-o", "t"]);

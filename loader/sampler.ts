@@ -11,8 +11,8 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
-import { permutation, randomSeed, SequenceRandom, STREAM_SAMPLER } from "./_rng.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
+import { permutation, randomSeed, SequenceRandom, STREAM_SAMPLER } from "../internal/random.ts";
 
 /**
  * What a DataLoader needs from a sampler: how many indices an epoch has, and the indices

@@ -18,7 +18,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import { kaimingUniform, uniform, Xoshiro128 } from "./init.ts";
@@ -218,6 +218,11 @@ export class Conv2d extends Module {
    */
   constructor(inChannels: number, outChannels: number, options: Conv2dOptions = {}) {
     super();
+    refuseUnknownKeys(
+      options ?? {},
+      ["kernelSize", "stride", "padding", "bias", "rng"],
+      "create Conv2d",
+    );
     checkPositiveInt("inChannels", inChannels);
     checkPositiveInt("outChannels", outChannels);
     this.inChannels = inChannels;
@@ -374,6 +379,7 @@ export class BatchNorm2d extends Module {
    */
   constructor(numFeatures: number, options: BatchNorm2dOptions = {}) {
     super();
+    refuseUnknownKeys(options ?? {}, ["eps", "momentum", "relu"], "create BatchNorm2d");
     checkPositiveInt("numFeatures", numFeatures);
     this.numFeatures = numFeatures;
     this.eps = options.eps ?? 1e-5;
@@ -619,6 +625,7 @@ export class MaxPool2d extends Module {
    */
   constructor(kernelSize: number, options: MaxPool2dOptions = {}) {
     super();
+    refuseUnknownKeys(options ?? {}, ["stride"], "create MaxPool2d");
     checkPositiveInt("kernelSize", kernelSize);
     this.kernelSize = kernelSize;
     this.stride = options.stride ?? kernelSize;

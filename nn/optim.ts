@@ -10,7 +10,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import type { Parameter } from "./parameter.ts";
@@ -198,6 +198,7 @@ export class SGD {
    * ```
    */
   step(options: SGDStepOptions = {}): void {
+    refuseUnknownKeys(options ?? {}, ["scale", "foundInf"], "take an SGD step");
     const stepsDone = this.stepsDone;
     if (this.foreach) {
       ops.multiSgdStep(this.tensorList(), {

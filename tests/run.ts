@@ -23,7 +23,7 @@
  */
 
 import { Device } from "../ffi/device.ts";
-import { PinstreamError } from "../ffi/errors.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import { cudaEmulated } from "../ffi/library.ts";
 import { CUDA_CASES, runCovering } from "./run_emulator.ts";
 
@@ -31,12 +31,17 @@ import { CUDA_CASES, runCovering } from "./run_emulator.ts";
 const SUITE = [
   "test",
   "-A",
+  "--lock=deno.lock",
   "--doc",
   "tests/",
+  "internal/",
+  "augment/",
   "ffi/",
   "loader/",
+  "decode/",
   "pipeline/",
   "nn/",
+  "train/",
   "examples/",
   "mod.ts",
   "README.md",

@@ -1,11 +1,11 @@
 /*
- * bn.cu — CUDA backend of batch normalization in training with a fused activation
- * (ps_nn_batchnorm_act_forward_train, ps_nn_batchnorm_act_backward; kernels/cpu/norm.c is the
- * CPU twin).
+ * norm.cu — CUDA backend of the per-channel kernels over [n, c, hw] (kernels/cpu/norm.c is the
+ * CPU twin): batch normalization, bias add and bias gradient. Reductions use a fixed tree, so
+ * results are deterministic.
  *
- * Each channel's samples are cut into the groups of rules.h (ps_bn_groups, a partition that
- * depends on the shape only), one block per (group, channel), so a 32-channel layer runs
- * ~1024 blocks instead of 32. Two launches a direction:
+ * Batch norm in training (ReLU fused in or not) cuts each channel's samples into the groups of
+ * rules.h (ps_bn_groups, a partition that depends on the shape only), one block per (group,
+ * channel), so a 32-channel layer runs ~1024 blocks instead of 32. Two launches a direction:
  *
  *   statistics   each block reduces its group (forward: its mean, then squared deviations from
  *                it; backward: sum dy and sum dy * xhat) into the workspace;
@@ -13,11 +13,10 @@
  *                in every block, so every block gets the same bits), writes its group's output,
  *                and the group-0 block writes the per-channel results.
  *
- * Block sums are a fixed shuffle tree, so results are identical run to run and in every
- * emulator order. Elements are read 16 bytes at a time when a plane allows it (hw a multiple of
- * 8 fp16 or 4 fp32 values and a 16-byte aligned tensor), with 32-bit index arithmetic and one
- * 32-bit division per vector, none per element. ReLU acts on the stored value's bits and its
- * gradient on the output's bits (rules.h), as the separate ReLU kernels would.
+ * Elements are read 16 bytes at a time when a plane allows it (hw a multiple of 8 fp16 or 4
+ * fp32 values and 16-byte aligned tensors), with 32-bit index arithmetic and one 32-bit division
+ * per vector, none per element. ReLU acts on the stored value's bits and its gradient on the
+ * output's bits (rules.h), as the separate ReLU kernels would.
  */
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -26,14 +25,97 @@
 #include <initializer_list>
 
 #include "../pinstream.h"
-#include "common.cuh"
+#include "nn.cuh"
 
 namespace {
 
-constexpr int BT = 256; /* threads of a batch-norm block */
+/* ---- block reduction --------------------------------------------------------------------- */
 
-__device__ inline float bn_f32(__half v) { return __half2float(v); }
-__device__ inline float bn_f32(float v) { return v; }
+template <int N>
+__device__ void block_sum(float (&v)[N], float (*sh)[N]) {
+  /* blockDim.x == 256: warp shuffles, then one warp over the 8 warp sums. */
+  for (int k = 0; k < N; k++)
+    for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_down_sync(0xffffffffu, v[k], o);
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0)
+    for (int k = 0; k < N; k++) sh[warp][k] = v[k];
+  __syncthreads();
+  if (warp == 0) {
+    for (int k = 0; k < N; k++) v[k] = lane < (int)(blockDim.x / 32) ? sh[lane][k] : 0.0f;
+    for (int k = 0; k < N; k++)
+      for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_down_sync(0xffffffffu, v[k], o);
+    if (lane == 0)
+      for (int k = 0; k < N; k++) sh[0][k] = v[k];
+  }
+  __syncthreads();
+  for (int k = 0; k < N; k++) v[k] = sh[0][k];
+  __syncthreads();
+}
+
+/* ---- per-channel sums over [n, c, hw] ----------------------------------------------------- */
+
+/* Index of value t of channel ch (t < n * hw) in an [n, c, hw] tensor. */
+__device__ inline int64_t plane_at(int64_t t, int64_t ch, int64_t c, int64_t hw) {
+  return ((t / hw) * c + ch) * hw + t % hw;
+}
+
+/* The sum of channel ch's cnt = n * hw values of x, in every thread of the block. */
+template <class T>
+__device__ float channel_sum(const T *x, int64_t ch, int64_t c, int64_t hw, int64_t cnt,
+                             float (*sh)[1]) {
+  float v[1] = {0.0f};
+  for (int64_t t = threadIdx.x; t < cnt; t += blockDim.x) v[0] += to_f32(x[plane_at(t, ch, c, hw)]);
+  block_sum<1>(v, sh);
+  return v[0];
+}
+
+/* ---- batch normalization ------------------------------------------------------------------- */
+
+template <class T>
+__global__ void bn_eval(const T *x, const float *gamma, const float *beta, const float *run_mean,
+                        const float *run_var, T *y, int64_t total, int64_t c, int64_t hw,
+                        float eps) {
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
+       t += (int64_t)gridDim.x * blockDim.x) {
+    int64_t ch = (t / hw) % c;
+    float a, b;
+    ps_bn_eval_affine(gamma[ch], beta[ch], run_mean[ch], run_var[ch], eps, &a, &b);
+    y[t] = from_f32<T>(to_f32(x[t]) * a + b);
+  }
+}
+
+/* ---- bias ------------------------------------------------------------------------------------ */
+
+template <class T>
+__global__ void bias_add(T *y, const void *bias, int f16, int64_t total, int64_t c, int64_t hw) {
+  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
+       t += (int64_t)gridDim.x * blockDim.x) {
+    int64_t ch = (t / hw) % c;
+    float b = f16 ? __half2float(((const __half *)bias)[ch]) : ((const float *)bias)[ch];
+    y[t] = from_f32<T>(to_f32(y[t]) + b);
+  }
+}
+
+template <class T>
+__global__ void bias_grad(const T *dy, void *dbias, int f16, int64_t n, int64_t c, int64_t hw,
+                          int acc) {
+  PS_SHARED(float, sh, [32][1]);
+  int64_t ch = blockIdx.x;
+  float s = channel_sum(dy, ch, c, hw, n * hw, sh);
+  if (threadIdx.x == 0) {
+    if (f16) {
+      __half *p = (__half *)dbias + ch;
+      *p = __float2half_rn(acc ? __half2float(*p) + s : s);
+    } else {
+      float *p = (float *)dbias + ch;
+      *p = acc ? *p + s : s;
+    }
+  }
+}
+
+/* ---- batch normalization in training: two phases over a fixed partition ---------------- */
+
+constexpr int BT = EW; /* threads of a batch-norm block (block_sum takes 256) */
 
 /* Stores v as T, then applies the activation to the stored bits. */
 __device__ inline __half bn_out(float v, __half, int relu) {
@@ -80,27 +162,6 @@ __device__ inline void store_v(T *p, const T (&v)[V]) {
   }
 }
 
-/* The sum of v over the block (BT threads), in every thread: a fixed shuffle tree. */
-template <int N>
-__device__ void bn_block_sum(float (&v)[N], float (*sh)[N]) {
-  for (int k = 0; k < N; k++)
-    for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_down_sync(0xffffffffu, v[k], o);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0)
-    for (int k = 0; k < N; k++) sh[warp][k] = v[k];
-  __syncthreads();
-  if (warp == 0) {
-    for (int k = 0; k < N; k++) v[k] = lane < BT / 32 ? sh[lane][k] : 0.0f;
-    for (int k = 0; k < N; k++)
-      for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_down_sync(0xffffffffu, v[k], o);
-    if (lane == 0)
-      for (int k = 0; k < N; k++) sh[0][k] = v[k];
-  }
-  __syncthreads();
-  for (int k = 0; k < N; k++) v[k] = sh[0][k];
-  __syncthreads();
-}
-
 /* Where a block works: channel ch, samples [s0, s1) of its group. */
 struct Group {
   int32_t ch, g, s0, s1;
@@ -136,20 +197,20 @@ __global__ void bn_stats(const T *x, float *work, int32_t n, int32_t c, int32_t 
   for_group<V>(q, c, hw, [&](int64_t at) {
     T e[V];
     load_v<T, V>(x + at, e);
-    for (int k = 0; k < V; k++) v[0] += bn_f32(e[k]);
+    for (int k = 0; k < V; k++) v[0] += to_f32(e[k]);
   });
-  bn_block_sum<1>(v, sh);
+  block_sum<1>(v, sh);
   const float mb = v[0] / (float)((int64_t)(q.s1 - q.s0) * hw);
   v[0] = 0.0f;
   for_group<V>(q, c, hw, [&](int64_t at) {
     T e[V];
     load_v<T, V>(x + at, e);
     for (int k = 0; k < V; k++) {
-      const float d = bn_f32(e[k]) - mb;
+      const float d = to_f32(e[k]) - mb;
       v[0] += d * d;
     }
   });
-  bn_block_sum<1>(v, sh);
+  block_sum<1>(v, sh);
   if (threadIdx.x == 0) {
     float *w = work + 3 * (int64_t)blockIdx.x;
     w[0] = mb;
@@ -191,7 +252,7 @@ __global__ void bn_apply(const T *x, const float *gamma, const float *beta, T *y
   for_group<V>(q, c, hw, [&](int64_t at) {
     T e[V];
     load_v<T, V>(x + at, e);
-    for (int k = 0; k < V; k++) e[k] = bn_out(bn_f32(e[k]) * a + b, e[k], relu);
+    for (int k = 0; k < V; k++) e[k] = bn_out(to_f32(e[k]) * a + b, e[k], relu);
     store_v<T, V>(y + at, e);
   });
 }
@@ -212,10 +273,10 @@ __global__ void bn_grad_stats(const T *dy, const T *x, const T *y, const float *
     for (int k = 0; k < V; k++) {
       const float g = bn_dy(d[k], relu ? o[k] : d[k], relu);
       v[0] += g;
-      v[1] += g * ((bn_f32(e[k]) - mean) * is);
+      v[1] += g * ((to_f32(e[k]) - mean) * is);
     }
   });
-  bn_block_sum<2>(v, sh);
+  block_sum<2>(v, sh);
   if (threadIdx.x == 0) {
     float *w = work + 3 * (int64_t)blockIdx.x;
     w[0] = v[0];
@@ -255,7 +316,7 @@ __global__ void bn_grad_apply(const T *dy, const T *x, const T *y, const float *
     if (relu) load_v<T, V>(y + at, o);
     for (int k = 0; k < V; k++) {
       const float g = bn_dy(d[k], relu ? o[k] : d[k], relu);
-      d[k] = bn_out(ps_bn_grad(g, bn_f32(e[k]), mean, is, a, mdy, mdyx), d[k], 0);
+      d[k] = bn_out(ps_bn_grad(g, to_f32(e[k]), mean, is, a, mdy, mdyx), d[k], 0);
     }
     store_v<T, V>(dx + at, d);
   });
@@ -294,14 +355,6 @@ inline bool bn_vectors(int64_t hw, int32_t dtype, std::initializer_list<const vo
     }                                \
   } while (0)
 
-#define BN_NULL_CHECK(...)                                                                       \
-  do {                                                                                           \
-    const void *ps_ptrs_[] = {__VA_ARGS__};                                                      \
-    for (const void *ps_p_ : ps_ptrs_)                                                           \
-      if (!ps_p_)                                                                                \
-        PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: null pointer among (%s)", __func__, #__VA_ARGS__); \
-  } while (0)
-
 /* The kernels' 32-bit index arithmetic: a channel's n * hw values fit an int32. */
 inline int bn_check_int32(const char *fn, int64_t n, int64_t c, int64_t hw) {
   if (n * hw > INT32_MAX)
@@ -327,11 +380,11 @@ PS_API int ps_nn_batchnorm_act_forward_train(const void *x, const float *gamma, 
                                              float *run_backup, float *work, int64_t work_floats,
                                              int64_t n, int64_t c, int64_t hw, float momentum,
                                              float eps, int32_t act, void *stream) {
-  TRY(ps_check_dtype(__func__, "dtype", dtype));
+  CHECK_DTYPE(dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   TRY(ps_check_bn_work(__func__, work, work_floats, n, c, hw, act));
   TRY(bn_check_int32(__func__, n, c, hw));
-  BN_NULL_CHECK(x, gamma, beta, y, save_mean, save_invstd);
+  NULL_CHECK(x, gamma, beta, y, save_mean, save_invstd);
   cudaStream_t st = (cudaStream_t)stream;
   const int32_t groups = ps_bn_groups(n, c, hw);
   const unsigned blocks = (unsigned)(c * groups);
@@ -362,13 +415,13 @@ PS_API int ps_nn_batchnorm_act_backward(const void *dy, const void *x, const voi
                                         float *dgamma, float *dbeta, float *work,
                                         int64_t work_floats, int64_t n, int64_t c, int64_t hw,
                                         int32_t act, void *stream) {
-  TRY(ps_check_dtype(__func__, "dtype", dtype));
+  CHECK_DTYPE(dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   TRY(ps_check_bn_work(__func__, work, work_floats, n, c, hw, act));
   TRY(bn_check_int32(__func__, n, c, hw));
-  BN_NULL_CHECK(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+  NULL_CHECK(dy, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
   const int relu = act == PS_BN_RELU;
-  if (relu) BN_NULL_CHECK(y);
+  if (relu) NULL_CHECK(y);
   cudaStream_t st = (cudaStream_t)stream;
   const int32_t groups = ps_bn_groups(n, c, hw);
   const unsigned blocks = (unsigned)(c * groups);
@@ -391,6 +444,65 @@ PS_API int ps_nn_batchnorm_act_backward(const void *dy, const void *x, const voi
     if (r == PS_OK) r = fr;
   }
   return r;
+}
+
+PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta,
+                                         void *y, int32_t dtype, float *save_mean,
+                                         float *save_invstd, float *run_mean, float *run_var,
+                                         int64_t n, int64_t c, int64_t hw, float momentum,
+                                         float eps, void *stream) {
+  return ps_nn_batchnorm_act_forward_train(x, gamma, beta, y, dtype, save_mean, save_invstd,
+                                           run_mean, run_var, nullptr, nullptr, 0, n, c, hw,
+                                           momentum, eps, 0, stream);
+}
+
+PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const float *beta,
+                                        const float *run_mean, const float *run_var, void *y,
+                                        int32_t dtype, int64_t n, int64_t c, int64_t hw, float eps,
+                                        void *stream) {
+  CHECK_DTYPE(dtype);
+  TRY(ps_check_per_channel(__func__, n, c, hw, 0));
+  if (n == 0) return PS_OK;
+  NULL_CHECK(x, gamma, beta, run_mean, run_var, y);
+  WITH_ACT(dtype,
+           PS_LAUNCH(bn_eval<T>, blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream,
+                     (const T *)x, gamma, beta, run_mean, run_var, (T *)y, n * c * hw, c, hw, eps));
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
+                                    const float *save_mean, const float *save_invstd, void *dx,
+                                    int32_t dtype, float *dgamma, float *dbeta, int64_t n,
+                                    int64_t c, int64_t hw, void *stream) {
+  return ps_nn_batchnorm_act_backward(dy, x, nullptr, gamma, save_mean, save_invstd, dx, dtype,
+                                      dgamma, dbeta, nullptr, 0, n, c, hw, 0, stream);
+}
+
+PS_API int ps_nn_bias_add(void *y, int32_t dtype, const void *bias, int32_t bias_dtype, int64_t n,
+                          int64_t c, int64_t hw, void *stream) {
+  CHECK_DTYPE(dtype);
+  CHECK_DTYPE(bias_dtype);
+  TRY(ps_check_per_channel(__func__, n, c, hw, 0));
+  if (n == 0) return PS_OK;
+  NULL_CHECK(y, bias);
+  WITH_ACT(dtype, PS_LAUNCH(bias_add<T>, blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream,
+                            (T *)y, bias, bias_dtype == PS_NN_F16, n * c * hw, c, hw));
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_bias_grad(const void *dy, int32_t dtype, void *dbias, int32_t dbias_dtype,
+                           int64_t n, int64_t c, int64_t hw, int32_t accumulate, void *stream) {
+  CHECK_DTYPE(dtype);
+  CHECK_DTYPE(dbias_dtype);
+  TRY(ps_check_per_channel(__func__, n, c, hw, 0));
+  NULL_CHECK(dbias);
+  if (n > 0) NULL_CHECK(dy);
+  WITH_ACT(dtype, PS_LAUNCH(bias_grad<T>, (unsigned)c, EW, 0, (cudaStream_t)stream, (const T *)dy,
+                            dbias, dbias_dtype == PS_NN_F16, n, c, hw, accumulate != 0));
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
 }
 
 }  // extern "C"
