@@ -38,6 +38,7 @@ export { LibraryError, loadLibrary } from "./ffi/library.ts";
 export { PermissionError } from "./internal/permissions.ts";
 export { activeProfiler, Profiler, range, span } from "./ffi/profiler.ts";
 export type { ChromeTrace, ProfilerOptions, ProfileRow, RangeOptions } from "./ffi/profiler.ts";
+export type { OpCounts, OpKind } from "./internal/op_count.ts";
 export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";
 export { ABI_VERSION, symbols } from "./ffi/symbols.ts";
 
