@@ -54,7 +54,8 @@ import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
 import { type RingBatch, ringLayout } from "../loader/ring.ts";
 import { toDevice, type ToDeviceOptions } from "../pipeline/prefetcher.ts";
 import { DeviceDataset } from "../pipeline/resident.ts";
-import { gatherRows } from "../pipeline/image_ops.ts";
+import { NativeBackend } from "../ops/backend.ts";
+import { gatherRows } from "../ops/gather.ts";
 
 const BATCH = 128;
 const PAD = 4;
@@ -372,28 +373,26 @@ function kernelRow(device: Device, layout: "nchw" | "nhwc"): Row {
   );
   const scale = Float32Array.from(STD, (s) => 1 / (255 * s));
   const bias = Float32Array.from(MEAN, (m, i) => -m / STD[i]);
+  const native = NativeBackend.of(device);
   const call = (b: number) =>
-    device.check(
-      device.lib.symbols.ps_image_augment(
-        Deno.UnsafePointer.offset(src.pointer!, (b % ring) * BATCH * img),
-        null,
-        0n,
-        layout === "nchw" ? 1 : 0,
-        BATCH,
-        3,
-        32,
-        32,
-        PAD,
-        Deno.UnsafePointer.offset(prm.pointer!, (b % ring) * BATCH * recordBytes),
-        scale,
-        bias,
-        Deno.UnsafePointer.offset(out.pointer!, (b % 4) * BATCH * img * 2),
-        0, // fp16
-        1, // PS_IMAGE_SERIAL: one thread, as the prefetcher runs it beside loader workers
-        null,
-      ),
-      "time the fused kernel",
-    );
+    native.imageAugment({
+      src: { memory: src, offset: (b % ring) * BATCH * img },
+      indices: null,
+      rows: 0,
+      layout: layout === "nchw" ? 1 : 0,
+      n: BATCH,
+      c: 3,
+      h: 32,
+      w: 32,
+      pad: PAD,
+      params: { memory: prm, offset: (b % ring) * BATCH * recordBytes },
+      scale,
+      bias,
+      out: { memory: out, offset: (b % 4) * BATCH * img * 2 },
+      out_dtype: 0, // fp16
+      flags: 1, // PS_IMAGE_SERIAL: one thread, as the prefetcher runs it beside loader workers
+      stream: null,
+    }, "time the fused kernel");
   for (let i = 0; i < 2 * ring; i++) call(i);
   const rates: number[] = [];
   for (let r = 0; r < 7; r++) {

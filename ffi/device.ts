@@ -100,7 +100,10 @@ export class Device extends Resource {
   readonly kind: Backend;
   /** The device ordinal within the backend. */
   readonly index: number;
-  /** The backend library: kernels call `device.lib.symbols.ps_*` then `device.check`. */
+  /**
+   * The backend library, for ffi/'s memory, stream and event calls and for tests of the C ABI.
+   * Kernels are not called through it: ops/ calls the device's backend (ops/backend.ts).
+   */
   readonly lib: Library;
   /** What the device is. */
   readonly props: DeviceProps;

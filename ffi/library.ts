@@ -26,7 +26,7 @@
  */
 
 import { permissionMessage } from "../internal/permissions.ts";
-import { ABI_VERSION, type Library, symbols } from "./symbols.ts";
+import { ABI_VERSION, type Library, signatures, symbols } from "./symbols.ts";
 import { countCall, opKindOf } from "../internal/op_count.ts";
 import { buildLibrary, emulatorSanitized } from "./_build.ts";
 import { type Backend, cudaEmulated, envSetting, LibraryError } from "./_env.ts";
@@ -62,10 +62,20 @@ function counted(lib: Library): Library {
   const wrapped: Record<string, unknown> = {};
   for (const [name, fn] of Object.entries(lib.symbols)) {
     const kind = opKindOf(name);
-    wrapped[name] = kind < 0 ? fn : (...args: unknown[]) => {
-      countCall(kind);
-      return (fn as (...a: unknown[]) => unknown)(...args);
-    };
+    if (kind < 0) {
+      wrapped[name] = fn;
+      continue;
+    }
+    // A wrapper of the prototype's arity, as generated source: Deno's fast FFI path needs call
+    // sites of fixed arity (ffi/native_backend.ts), which a spread wrapper would lose.
+    const n = signatures[name as keyof typeof signatures].params.length;
+    const args = Array.from({ length: n }, (_, i) => `a${i}`).join(", ");
+    wrapped[name] = new Function(
+      "fn",
+      "count",
+      "kind",
+      `return (${args}) => { count(kind); return fn(${args}); };`,
+    )(fn, countCall, kind);
   }
   return { symbols: wrapped, close: () => lib.close() } as unknown as Library;
 }

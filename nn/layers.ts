@@ -20,12 +20,11 @@
 
 import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Tensor } from "../ffi/tensor.ts";
-import * as ops from "./ops.ts";
+import * as ops from "../ops/mod.ts";
 import { kaimingUniform, uniform, Xoshiro128 } from "./init.ts";
 import { type BackwardOptions, type ExtraStateLoad, Module } from "./module.ts";
 import { BufferTensor, Parameter } from "./parameter.ts";
 import type { HostTensor } from "./safetensors.ts";
-import type { CopyEntry } from "./tensor_list.ts";
 
 /** The generator layers draw their initial weights from when none is given. */
 export const defaultInitRng: Xoshiro128 = new Xoshiro128(0);
@@ -368,7 +367,6 @@ export class BatchNorm2d extends Module {
   #y: Tensor | null = null;
   #reluRan = false;
   #statsSaved = false;
-  #workSize = new Map<string, number>();
 
   /**
    * Creates the layer: gamma 1, beta 0, running mean 0, running variance 1.
@@ -493,17 +491,11 @@ export class BatchNorm2d extends Module {
 
   /** The workspace of the two-phase reduction for x's shape (kept, like the other workspaces). */
   #work(x: Tensor): Tensor {
-    const key = x.shape.join("x");
-    let size = this.#workSize.get(key);
-    if (size === undefined) {
-      size = ops.batchNormWorkspaceSize(x.device, x.shape);
-      this.#workSize.set(key, size);
-    }
-    return this.workspace("work", [size], "f32");
+    return this.workspace("work", [ops.batchNormWorkspaceSize(x.shape)], "f32");
   }
 
   /** The running statistics saved by the last training forward, and where they go back. */
-  protected override runningStatsBackup(): CopyEntry[] {
+  protected override runningStatsBackup(): ops.CopyEntry[] {
     if (!this.#statsSaved) return [];
     const c = this.numFeatures, saved = this.workspace("runBackup", [2 * c], "f32");
     this.#statsSaved = false;

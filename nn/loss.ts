@@ -8,7 +8,7 @@
 
 import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
-import * as ops from "./ops.ts";
+import * as ops from "../ops/mod.ts";
 import type { GradScaler } from "./grad_scaler.ts";
 
 /** What {@linkcode CrossEntropyLoss.read} returns. */

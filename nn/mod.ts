@@ -13,7 +13,6 @@ export { BufferTensor, Parameter, type ParameterOptions, type Precision } from "
 export * from "./layers.ts";
 export * from "./loss.ts";
 export * from "./optim.ts";
-export * from "./tensor_list.ts";
 export * from "./grad_scaler.ts";
 export * from "./lr_scheduler.ts";
 export * from "./safetensors.ts";

@@ -21,8 +21,7 @@ import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Device } from "../ffi/device.ts";
 import { type DType, Tensor } from "../ffi/tensor.ts";
 import type { HostData, HostTensor } from "./safetensors.ts";
-import * as ops from "./ops.ts";
-import { type CopyEntry, TensorList } from "./tensor_list.ts";
+import * as ops from "../ops/mod.ts";
 import { type BufferTensor, checkPrecision, type Parameter, type Precision } from "./parameter.ts";
 
 /** Options of {@linkcode Module.to}. */
@@ -88,7 +87,7 @@ export abstract class Module {
   /** Child modules, by local name (PyTorch's names: "0", "1", ... in Sequential). */
   protected readonly children: Map<string, Module> = new Map();
   #workspace = new Map<string, Tensor>();
-  #revertList: TensorList | null = null;
+  #revertList: ops.TensorList | null = null;
 
   /**
    * Runs the layer.
@@ -244,10 +243,10 @@ export abstract class Module {
    */
   revertRunningStats(flag: Tensor): void {
     // Every layer's saved statistics go back in one launch (one copy list for the model).
-    const copies: CopyEntry[] = [];
+    const copies: ops.CopyEntry[] = [];
     for (const [, m] of this.namedModules()) copies.push(...m.runningStatsBackup());
     if (copies.length === 0) return;
-    this.#revertList ??= new TensorList(flag.device, "copy");
+    this.#revertList ??= new ops.TensorList(flag.device, "copy");
     this.#revertList.setCopies(copies);
     ops.multiCopyIf(this.#revertList, { flag });
   }
@@ -258,7 +257,7 @@ export abstract class Module {
    * once per revert: a layer forgets its backup then, so a second revert does not restore
    * statistics a later step has built on.
    */
-  protected runningStatsBackup(): CopyEntry[] {
+  protected runningStatsBackup(): ops.CopyEntry[] {
     return [];
   }
 

@@ -12,9 +12,9 @@
 
 import { refuseUnknownKeys } from "../internal/options.ts";
 import { Tensor } from "../ffi/tensor.ts";
-import * as ops from "./ops.ts";
+import * as ops from "../ops/mod.ts";
 import type { Parameter } from "./parameter.ts";
-import { TensorList } from "./tensor_list.ts";
+import { TensorList } from "../ops/tensor_list.ts";
 
 /** Options of {@linkcode SGD} (PyTorch's names and defaults). */
 export interface SGDOptions {

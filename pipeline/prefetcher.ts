@@ -40,7 +40,7 @@ import type { DataLoader } from "../loader/data_loader.ts";
 import { RingBatch, type RingField, type StagingRing } from "../loader/ring.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
 import { range } from "../internal/trace.ts";
-import { imageAugment, imageLabelsI32 } from "./image_ops.ts";
+import { imageAugment, imageLabelsI32 } from "../ops/image.ts";
 import { augmentHost } from "../augment/host.ts";
 import {
   type ImageDtype,

@@ -1,5 +1,5 @@
 /**
- * Batch norm with ReLU fused in (nn/ops.ts `relu`, BatchNorm2d `relu`, Sequential's fusion of a
+ * Batch norm with ReLU fused in (ops/norm.ts `relu`, BatchNorm2d `relu`, Sequential's fusion of a
  * BatchNorm2d followed by a ReLU): the same bits as the two kernels one after the other, forward
  * and backward, on each backend and in both dtypes; and the two-phase reduction gives the same
  * bits on every run (fixed partition, fixed order: rules.h ps_bn_groups).
@@ -8,7 +8,7 @@
 import assert from "node:assert";
 import { type Device, Tensor } from "../mod.ts";
 import { BatchNorm2d, ReLU, Sequential } from "../nn/layers.ts";
-import * as ops from "../nn/ops.ts";
+import * as ops from "../ops/mod.ts";
 import { testEachBackend } from "./_backends.ts";
 import { gen, randF, randH } from "./_nn_reference.ts";
 
@@ -48,7 +48,7 @@ async function run(
   using s = Tensor.empty(dev, [c], "f32");
   using dg = Tensor.empty(dev, [c], "f32");
   using db = Tensor.empty(dev, [c], "f32");
-  using work = Tensor.empty(dev, [ops.batchNormWorkspaceSize(dev, shape)], "f32");
+  using work = Tensor.empty(dev, [ops.batchNormWorkspaceSize(shape)], "f32");
   const stats = { saveMean: m, saveInvStd: s, runMean: rm, runVar: rv };
   ops.batchNormForwardTrain(x, y, {
     gamma: g,

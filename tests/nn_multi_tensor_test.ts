@@ -9,8 +9,8 @@ import assert from "node:assert";
 import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import { GradScaler, Parameter, SGD, Xoshiro128 } from "../nn/mod.ts";
-import * as ops from "../nn/ops.ts";
-import { TensorList } from "../nn/tensor_list.ts";
+import * as ops from "../ops/mod.ts";
+import { TensorList } from "../ops/tensor_list.ts";
 import { testEachBackend } from "./_backends.ts";
 
 /** Shapes of a small model's parameters, one over 4096 elements (several blocks a row on CUDA). */

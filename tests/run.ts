@@ -37,6 +37,7 @@ const SUITE = [
   "internal/",
   "augment/",
   "ffi/",
+  "ops/",
   "loader/",
   "decode/",
   "pipeline/",

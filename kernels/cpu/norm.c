@@ -218,6 +218,8 @@ PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, cons
                                          float *save_invstd, float *run_mean, float *run_var,
                                          int64_t n, int64_t c, int64_t hw, float momentum,
                                          float eps, void *stream) {
+  /* Checked here so that the refusal names this function. */
+  TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   return ps_nn_batchnorm_act_forward_train(x, gamma, beta, y, dtype, save_mean, save_invstd,
                                            run_mean, run_var, NULL, NULL, 0, n, c, hw, momentum,
                                            eps, 0, stream);
@@ -385,6 +387,7 @@ PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *
                                     const float *save_mean, const float *save_invstd, void *dx,
                                     int32_t dtype, float *dgamma, float *dbeta, int64_t n,
                                     int64_t c, int64_t hw, void *stream) {
+  TRY(ps_check_per_channel(__func__, n, c, hw, 1));
   return ps_nn_batchnorm_act_backward(dy, x, NULL, gamma, save_mean, save_invstd, dx, dtype, dgamma,
                                       dbeta, NULL, 0, n, c, hw, 0, stream);
 }
