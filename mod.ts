@@ -18,6 +18,7 @@ export type {
   MemInfo,
 } from "./ffi/device.ts";
 export { Event, Stream } from "./ffi/stream.ts";
+export { captureRefused, CudaGraph } from "./ffi/graph.ts";
 export type { EventOptions, StreamOptions } from "./ffi/stream.ts";
 export { DeviceBuffer, HostBuffer, isPinnedMemory } from "./ffi/memory.ts";
 export type { CopyOptions, FillOptions, HostMemory } from "./ffi/memory.ts";

@@ -111,6 +111,13 @@ export const signatures = {
     result: "i32",
   },
 
+  // ---- graphs
+  ps_graph_capture_begin: { params: [["stream", "pointer"]], result: "i32" },
+  ps_graph_capture_end: { params: [["stream", "pointer"], ["out", "buffer"]], result: "i32" },
+  ps_graph_launch: { params: [["graph", "pointer"], ["stream", "pointer"]], result: "i32" },
+  ps_graph_destroy: { params: [["graph", "pointer"]], result: "i32" },
+  ps_graph_live: { params: [["out", "buffer"]], result: "i32" },
+
   // ---- benchmark helper
   // [wait]
   ps_bench_memcpy_loop: {
@@ -493,6 +500,7 @@ export const signatures = {
       ["scale", "pointer"],
       ["found_inf", "pointer"],
       ["steps_done", "pointer"],
+      ["hyper", "pointer"],
       ["stream", "pointer"],
     ],
     result: "i32",
@@ -539,6 +547,7 @@ export const signatures = {
       ["scale", "pointer"],
       ["found_inf", "pointer"],
       ["steps_done", "pointer"],
+      ["hyper", "pointer"],
       ["stream", "pointer"],
     ],
     result: "i32",

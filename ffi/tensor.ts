@@ -202,7 +202,7 @@ export class Tensor implements Disposable {
    */
   async toHost(options: ToHostOptions = {}): Promise<HostArray> {
     refuseUnknownKeys(options ?? {}, ["stream"], "copy a tensor to the host");
-    const stream = options.stream ?? this.device.defaultStream;
+    const stream = options.stream ?? this.device.currentStream;
     this.buffer.pointerAt(0, "copy a tensor to the host");
     // Wait first (off-thread), so the copy below never blocks the JS thread behind queued
     // work: on CUDA a copy into pageable memory returns only once it is done.

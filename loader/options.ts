@@ -7,12 +7,12 @@
  */
 
 import v8 from "node:v8";
-import { refuseUnknownKeys } from "../internal/options.ts";
+import { optionError, refuseUnknownKeys } from "../internal/options.ts";
 import type { WorkerResourceLimits } from "./_transport.ts";
 import type { ModuleRef } from "./_protocol.ts";
 import type { CollateFn } from "./collate.ts";
 import type { Dataset } from "./dataset.ts";
-import { EpochOrder, type EpochOrderOptions, optionError } from "./order.ts";
+import { EpochOrder, type EpochOrderOptions } from "./order.ts";
 import type { StagingRing } from "./ring.ts";
 
 /**

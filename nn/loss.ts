@@ -125,6 +125,46 @@ export class CrossEntropyLoss {
   }
 
   /**
+   * Samples counted since the last reset.
+   *
+   * @example
+   * ```ts
+   * import { CrossEntropyLoss, Device } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using device = Device.open("cpu");
+   * using loss = new CrossEntropyLoss(device);
+   * assert.strictEqual(loss.samplesCounted, 0);
+   * ```
+   */
+  get samplesCounted(): number {
+    return this.#samples;
+  }
+
+  /**
+   * Counts samples whose loss was added on the device without a call of this object: a
+   * replayed recording of {@linkcode CrossEntropyLoss.forwardBackward} (a CUDA graph) adds to
+   * the device accumulators, and the host's count must follow.
+   *
+   * @param n Samples (negative to take back a count whose work never ran).
+   * @throws {RangeError} When `n` is not an integer or would make the count negative.
+   * @example
+   * ```ts
+   * import { CrossEntropyLoss, Device } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using device = Device.open("cpu");
+   * using loss = new CrossEntropyLoss(device);
+   * loss.countSamples(4);
+   * assert.strictEqual(loss.samplesCounted, 4);
+   * ```
+   */
+  countSamples(n: number): void {
+    if (!Number.isSafeInteger(n) || this.#samples + n < 0) {
+      throw new RangeError(`Cannot count ${n} samples: ${this.#samples} counted`);
+    }
+    this.#samples += n;
+  }
+
+  /**
    * Reads the accumulators (one device round trip) and, unless `reset` is false, zeroes them.
    *
    * @param reset Zero the accumulators after reading (default true).

@@ -97,6 +97,10 @@ export class SGD {
   #buffers: (Tensor | null)[] = [];
   #list: TensorList | null = null;
   #stepsDone: Tensor | null = null;
+  // lr and momentum as the step kernels read them, on the device: a scheduler's new values
+  // reach a recorded (graph) step without changing its launches.
+  #hyper: Tensor | null = null;
+  #hyperSent: [number, number] = [NaN, NaN];
   #disposed = false;
 
   /**
@@ -138,6 +142,60 @@ export class SGD {
       throw new TypeError("Cannot create SGD: every parameter must be on the same device");
     }
     this.#stepsDone = Tensor.fromHost(device, new Int32Array([0]), [1]);
+    this.#hyper = Tensor.empty(device, [2], "f32");
+  }
+
+  /**
+   * Writes {@linkcode SGD.lr} and {@linkcode SGD.momentum} to the device scalars the update
+   * kernels read, when they changed since the last write (two one-element fills on the current
+   * stream). {@linkcode SGD.step} calls it; a caller that replays a recorded step calls it
+   * before each replay.
+   *
+   * @throws {TypeError} When disposed.
+   * @example
+   * ```ts
+   * import { Device } from "@pinstream/pinstream";
+   * import { Parameter, SGD } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using device = Device.open("cpu");
+   * const p = new Parameter(new Float32Array([1]), [1], { gradDtype: "f32" }).to(device);
+   * using opt = new SGD([p], { lr: 0.5 });
+   * opt.lr = 0.25;
+   * opt.syncHyperParameters();
+   * assert.strictEqual(opt.hyperParameters.numel, 2);
+   * assert.deepStrictEqual([...await opt.hyperParameters.toHost()], [0.25, 0]);
+   * p.dispose();
+   * ```
+   */
+  syncHyperParameters(): void {
+    const hyper = this.hyperParameters;
+    const values = [this.lr, this.momentum];
+    const device = hyper.device;
+    for (let i = 0; i < 2; i++) {
+      if (Object.is(values[i], this.#hyperSent[i])) continue;
+      device.makeCurrent();
+      device.check(
+        device.lib.symbols.ps_tensor_fill(
+          Deno.UnsafePointer.offset(hyper.pointer as Deno.PointerObject, 4 * i),
+          0, // PS_NN_F32
+          1n,
+          0, // PS_FILL_CONSTANT: rounded to f32 as a kernel argument would be
+          values[i],
+          0,
+          0n,
+          0n,
+          device.currentStream.handle,
+        ),
+        `write SGD's ${i === 0 ? "lr" : "momentum"}`,
+      );
+      this.#hyperSent[i] = values[i];
+    }
+  }
+
+  /** The device f32 [2] scalars lr and momentum the update kernels read. */
+  get hyperParameters(): Tensor {
+    if (this.#disposed || !this.#hyper) throw new TypeError("Cannot use SGD: disposed");
+    return this.#hyper;
   }
 
   #buffer(i: number): Tensor {
@@ -200,6 +258,8 @@ export class SGD {
   step(options: SGDStepOptions = {}): void {
     refuseUnknownKeys(options ?? {}, ["scale", "foundInf"], "take an SGD step");
     const stepsDone = this.stepsDone;
+    this.syncHyperParameters();
+    const hyper = this.hyperParameters;
     if (this.foreach) {
       ops.multiSgdStep(this.tensorList(), {
         lr: this.lr,
@@ -210,6 +270,7 @@ export class SGD {
         scale: options.scale ?? null,
         foundInf: options.foundInf ?? null,
         stepsDone,
+        hyper,
       });
       ops.stepCount(stepsDone, options.foundInf ?? null);
       return;
@@ -227,6 +288,7 @@ export class SGD {
         scale: options.scale ?? null,
         foundInf: options.foundInf ?? null,
         stepsDone,
+        hyper,
       });
     }
     ops.stepCount(stepsDone, options.foundInf ?? null);
@@ -352,6 +414,8 @@ export class SGD {
     this.#list = null;
     this.#stepsDone?.dispose();
     this.#stepsDone = null;
+    this.#hyper?.dispose();
+    this.#hyper = null;
     this.#disposed = true;
   }
 

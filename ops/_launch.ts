@@ -2,7 +2,7 @@
 // expected), the launch of an op on its device and stream, and the call into the backend.
 
 import type { Device } from "../ffi/device.ts";
-import { PinstreamError } from "../ffi/errors.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import { activeRecorder, range } from "../internal/trace.ts";
 import type { Stream } from "../ffi/stream.ts";
 import type { DType, Tensor } from "../ffi/tensor.ts";
@@ -118,8 +118,8 @@ export function num(v: unknown, name: string, action: string): number {
 export interface Launched extends Disposable {
   /** The tensors' device. */
   device: Device;
-  /** The stream to queue on (null: the device's default stream). */
-  stream: Stream | null;
+  /** The stream to queue on (the device's current stream unless the op was given one). */
+  stream: Stream;
 }
 
 /**
@@ -167,18 +167,21 @@ export function launchOn(
   device.makeCurrent();
   const timed = activeRecorder() === undefined ? undefined : range(
     `nn.${action.replace(/^run /, "")}`,
-    { stream: stream ?? device.defaultStream },
+    { stream },
   );
   return { device, stream, [Symbol.dispose]: () => timed?.[Symbol.dispose]() };
 }
 
-/** `options.stream` after checking it belongs to `device` (null: the default stream). */
-export function streamOn(options: OpOptions, device: Device, action: string): Stream | null {
+/**
+ * `options.stream` after checking it belongs to `device`; without one, the device's current
+ * stream ({@linkcode Device.currentStream}: the default stream unless one was made current).
+ */
+export function streamOn(options: OpOptions, device: Device, action: string): Stream {
   const stream = options.stream;
   if (stream !== undefined && stream.device !== device) {
     throw new TypeError(`Cannot ${action}: the stream belongs to ${stream.device}, not ${device}`);
   }
-  return stream ?? null;
+  return stream ?? device.currentStream;
 }
 
 /**

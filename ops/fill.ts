@@ -8,7 +8,6 @@
  * @module
  */
 
-import { describe } from "../ffi/_checks.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Device } from "../ffi/device.ts";
 import type { Stream } from "../ffi/stream.ts";
@@ -57,6 +56,14 @@ export interface RandnOptions {
   dtype?: "f32" | "f16";
   /** The stream to fill on (default: the device's default stream). */
   stream?: Stream;
+}
+
+/** A short description of a value for error messages. */
+function describe(value: unknown): string {
+  if (value === null) return "null";
+  if (typeof value === "object") return value.constructor?.name ?? "object";
+  if (typeof value === "string") return JSON.stringify(value);
+  return `${typeof value} ${String(value)}`;
 }
 
 const FILL_DTYPES = { f32: 0, f16: 1, i32: 2 } as const;

@@ -1,5 +1,7 @@
 /**
- * The optimizer step and the loss scaler on the device: SGD on fp32 master weights, the inf/NaN check, the step counter and the scale update, none of them needing a host round trip.
+ * The optimizer step and the loss scaler on the device: SGD on fp32 master weights, the
+ * inf/NaN check, the step counter and the scale update, none of them needing a host round
+ * trip.
  *
  * Unscaling fp16 gradients in place (`inPlace: true`) can flush small values to zero: the
  * loss scale exists to keep them representable. The fused path (`sgdStep` with `scale`)
@@ -63,6 +65,12 @@ export interface SgdStepOptions extends OpOptions {
   foundInf?: Tensor | null;
   /** i32 [1]: completed steps; 0 makes the momentum buffer a copy of the gradient. */
   stepsDone?: Tensor | null;
+  /**
+   * f32 [2]: lr and momentum read on the device in place of `lr` and `momentum` (momentum
+   * applies only with a `momentumBuf`), so a recorded step replays with the values of the
+   * moment (default null).
+   */
+  hyper?: Tensor | null;
 }
 
 /** The found-inf flag and options of {@linkcode scalerUpdate} (PyTorch GradScaler's defaults). */
@@ -201,6 +209,13 @@ export function sgdStep(param: Tensor, grad: Tensor, options: SgdStepOptions): v
     tensor(t, name, [dt], action);
     scalar(t, name, action);
   }
+  const hyper = options.hyper ?? null;
+  if (hyper !== null) {
+    tensor(hyper, "hyper", ["f32"], action);
+    if (hyper.numel !== 2) {
+      throw new RangeError(`Cannot ${action}: hyper must hold 2 elements, got [${hyper.shape}]`);
+    }
+  }
   using launched = launch(
     action,
     options,
@@ -211,6 +226,7 @@ export function sgdStep(param: Tensor, grad: Tensor, options: SgdStepOptions): v
     scale,
     foundInf,
     stepsDone,
+    hyper,
   );
   const { device, stream } = launched;
   queue(device, "sgdStep", {
@@ -228,6 +244,7 @@ export function sgdStep(param: Tensor, grad: Tensor, options: SgdStepOptions): v
     scale,
     found_inf: foundInf,
     steps_done: stepsDone,
+    hyper,
     stream,
   }, `${action} [${param.shape}]`);
 }
@@ -446,7 +463,14 @@ export function multiSgdStep(list: TensorList, options: MultiSgdStepOptions): vo
     tensor(t, name, [dt], action);
     scalar(t, name, action);
   }
-  using launched = launchOn(list.device, action, options, scale, foundInf, stepsDone);
+  const hyper = options.hyper ?? null;
+  if (hyper !== null) {
+    tensor(hyper, "hyper", ["f32"], action);
+    if (hyper.numel !== 2) {
+      throw new RangeError(`Cannot ${action}: hyper must hold 2 elements, got [${hyper.shape}]`);
+    }
+  }
+  using launched = launchOn(list.device, action, options, scale, foundInf, stepsDone, hyper);
   const { device, stream } = launched;
   queue(device, "multiSgdStep", {
     list: list.pointer,
@@ -460,6 +484,7 @@ export function multiSgdStep(list: TensorList, options: MultiSgdStepOptions): vo
     scale,
     found_inf: foundInf,
     steps_done: stepsDone,
+    hyper,
     stream,
   }, `${action} (${list.length} tensors)`);
 }

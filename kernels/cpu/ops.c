@@ -511,13 +511,19 @@ static void sgd_range(void *vctx, int64_t i0, int64_t i1) {
 PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype, float *momentum_buf,
                           void *param_half, int64_t count, float lr, float momentum,
                           float dampening, float weight_decay, int32_t nesterov, const float *scale,
-                          const int32_t *found_inf, const int32_t *steps_done, void *stream) {
+                          const int32_t *found_inf, const int32_t *steps_done, const float *hyper,
+                          void *stream) {
   (void)stream;
   CHECK_DTYPE(grad_dtype);
   TRY(ps_check_sgd(count, momentum, momentum_buf));
   if (found_inf) CHECK_RANGE(found_inf, 4);
   if (scale) CHECK_RANGE(scale, 4);
   if (steps_done) CHECK_RANGE(steps_done, 4);
+  if (hyper) {
+    CHECK_RANGE(hyper, 8);
+    lr = hyper[0];
+    momentum = momentum_buf ? hyper[1] : 0.0f;
+  }
   if (count == 0) return PS_OK;
   CHECK_RANGE(param, count * 4);
   CHECK_RANGE(grad, count * dtsize(grad_dtype));
@@ -600,7 +606,7 @@ PS_API int ps_nn_multi_unscale_check(const int64_t *list, int32_t n, int64_t max
 PS_API int ps_nn_multi_sgd_step(const int64_t *list, int32_t n, int64_t max_count, float lr,
                                 float momentum, float dampening, float weight_decay,
                                 int32_t nesterov, const float *scale, const int32_t *found_inf,
-                                const int32_t *steps_done, void *stream) {
+                                const int32_t *steps_done, const float *hyper, void *stream) {
   TRY(ps_check_multi(__func__, list, n, max_count));
   if (n == 0) return PS_OK;
   CHECK_RANGE(list, (int64_t)n * PS_MT_SGD_FIELDS * 8);
@@ -608,7 +614,8 @@ PS_API int ps_nn_multi_sgd_step(const int64_t *list, int32_t n, int64_t max_coun
     const int64_t *e = list + (int64_t)i * PS_MT_SGD_FIELDS;
     TRY(ps_nn_sgd_step((float *)(uintptr_t)e[0], (const void *)(uintptr_t)e[1], (int32_t)e[5],
                        (float *)(uintptr_t)e[2], (void *)(uintptr_t)e[3], e[4], lr, momentum,
-                       dampening, weight_decay, nesterov, scale, found_inf, steps_done, stream));
+                       dampening, weight_decay, nesterov, scale, found_inf, steps_done, hyper,
+                       stream));
   }
   return PS_OK;
 }

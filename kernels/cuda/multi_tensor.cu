@@ -48,7 +48,7 @@ __global__ void multi_unscale_check(const int64_t *list, const float *scale, flo
 
 __global__ void multi_sgd(const int64_t *list, float lr, float momentum, float dampening, float wd,
                           int nesterov, const float *scale, const int32_t *found_inf,
-                          const int32_t *steps_done) {
+                          const int32_t *steps_done, const float *hyper) {
   if (found_inf && *found_inf) return;
   const int64_t *e = list + (int64_t)blockIdx.y * PS_MT_SGD_FIELDS;
   float *param = (float *)(uintptr_t)e[0];
@@ -59,6 +59,10 @@ __global__ void multi_sgd(const int64_t *list, float lr, float momentum, float d
   const int f16 = e[5] == PS_NN_F16;
   const float inv = scale ? 1.0f / *scale : 1.0f;
   const bool fresh = steps_done && *steps_done == 0;
+  if (hyper) {
+    lr = hyper[0];
+    momentum = buf ? hyper[1] : 0.0f;
+  }
   for (int64_t i = blockIdx.x * (int64_t)MT + threadIdx.x; i < n; i += (int64_t)gridDim.x * MT) {
     float g = (f16 ? __half2float(((const __half *)grad)[i]) : ((const float *)grad)[i]) * inv;
     float p = ps_sgd_element(param[i], g, momentum != 0.0f ? buf + i : nullptr, lr, momentum,
@@ -97,11 +101,11 @@ PS_API int ps_nn_multi_unscale_check(const int64_t *list, int32_t n, int64_t max
 PS_API int ps_nn_multi_sgd_step(const int64_t *list, int32_t n, int64_t max_count, float lr,
                                 float momentum, float dampening, float weight_decay,
                                 int32_t nesterov, const float *scale, const int32_t *found_inf,
-                                const int32_t *steps_done, void *stream) {
+                                const int32_t *steps_done, const float *hyper, void *stream) {
   TRY(ps_check_multi(__func__, list, n, max_count));
   if (n == 0) return PS_OK;
   PS_LAUNCH(multi_sgd, dim3(mt_blocks(max_count), (unsigned)n), MT, 0, (cudaStream_t)stream, list,
-            lr, momentum, dampening, weight_decay, nesterov, scale, found_inf, steps_done);
+            lr, momentum, dampening, weight_decay, nesterov, scale, found_inf, steps_done, hyper);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }

@@ -1,10 +1,10 @@
 /*
  * exec.cc — how the CUDA emulator runs a grid.
  *
- * (About 950 lines in one file on purpose: the fiber switch, the block scheduler and its
- * orders, the barrier and warp-collective protocol, shared memory and the fault handler all
- * work on one per-thread Executor and its invariants; split up, each part would need the
- * others' internals.)
+ * One file on purpose, although long: the fiber switch, the block scheduler and its orders,
+ * the barrier and warp-collective protocol, shared memory and the fault handler all work on
+ * one per-thread Executor and its invariants; split up, each part would need the others'
+ * internals.
  *
  * Blocks are claimed by host threads (the stream's own thread and a pool of workers) in the
  * configured order, so blocks of a grid, and grids of different streams, run in parallel as
