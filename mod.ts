@@ -51,8 +51,14 @@ export type {
   ParamsOf,
   RawMemory,
 } from "./ops/backend.ts";
-export { arange, full, ones, rand, randn, zeros } from "./ops/fill.ts";
-export type { ArangeOptions, RandnOptions, RandOptions, TensorFillOptions } from "./ops/fill.ts";
+export { arange, fillInPlace, full, ones, rand, randn, zeros } from "./ops/fill.ts";
+export type {
+  ArangeOptions,
+  FillInPlaceOptions,
+  RandnOptions,
+  RandOptions,
+  TensorFillOptions,
+} from "./ops/fill.ts";
 export { imageAugment, imageLabelsI32 } from "./ops/image.ts";
 export type { ImageAugmentOptions, ImageLabelsOptions, ImageOpOptions } from "./ops/image.ts";
 export { gatherRows } from "./ops/gather.ts";

@@ -170,24 +170,10 @@ export class SGD {
   syncHyperParameters(): void {
     const hyper = this.hyperParameters;
     const values = [this.lr, this.momentum];
-    const device = hyper.device;
     for (let i = 0; i < 2; i++) {
       if (Object.is(values[i], this.#hyperSent[i])) continue;
-      device.makeCurrent();
-      device.check(
-        device.lib.symbols.ps_tensor_fill(
-          Deno.UnsafePointer.offset(hyper.pointer as Deno.PointerObject, 4 * i),
-          0, // PS_NN_F32
-          1n,
-          0, // PS_FILL_CONSTANT: rounded to f32 as a kernel argument would be
-          values[i],
-          0,
-          0n,
-          0n,
-          device.currentStream.handle,
-        ),
-        `write SGD's ${i === 0 ? "lr" : "momentum"}`,
-      );
+      // Rounded to f32 as a kernel argument would be.
+      ops.fillInPlace(hyper, values[i], { start: i, count: 1 });
       this.#hyperSent[i] = values[i];
     }
   }

@@ -97,7 +97,13 @@ export function assertSameRun(graphs: Run, eager: Run, what: string) {
   assert.deepStrictEqual([...graphs.state.keys()], [...eager.state.keys()], what);
   for (const [k, v] of eager.state) assert.deepStrictEqual(graphs.state.get(k), v, `${what}: ${k}`);
   assert.deepStrictEqual(graphs.momentum, eager.momentum, `${what}: momentum buffers`);
-  assert.deepStrictEqual(graphs.stats, eager.stats, `${what}: loss statistics`);
+  // The CUDA loss sum is accumulated with atomics, in an order that varies run to run.
+  assert.strictEqual(graphs.stats.samples, eager.stats.samples, `${what}: samples`);
+  assert.strictEqual(graphs.stats.accuracy, eager.stats.accuracy, `${what}: accuracy`);
+  assert.ok(
+    Math.abs(graphs.stats.loss - eager.stats.loss) <= 1e-6 * Math.abs(eager.stats.loss),
+    `${what}: loss ${graphs.stats.loss} against ${eager.stats.loss}`,
+  );
   assert.strictEqual(graphs.steps, eager.steps, what);
   assert.strictEqual(graphs.tracked, eager.tracked, `${what}: num_batches_tracked`);
   assert.strictEqual(graphs.scale, eager.scale, `${what}: loss scale`);

@@ -50,6 +50,8 @@ export interface TrainArgs {
   precision: Precision;
   /** Dynamic loss scaling (GradScaler); default on with fp16, off with fp32. */
   lossScaling: boolean;
+  /** Record the training step as a CUDA graph on CUDA (Trainer's cudaGraphs; default on). */
+  cudaGraphs?: boolean;
   checkpoint?: string;
   /** Where each epoch's metrics go (JSON Lines); default beside the checkpoint. */
   log?: string;
@@ -136,6 +138,10 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
     "loss-scaling": {
       kind: "boolean",
       help: "dynamic loss scaling (default: on with fp16, off with fp32)",
+    },
+    "cuda-graphs": {
+      kind: "boolean",
+      help: "on CUDA, record the training step as a CUDA graph and replay it (default on)",
     },
     model: {
       kind: "string",
@@ -253,6 +259,7 @@ export function parseTrainArgs(
     weightDecay: 0,
     precision: "fp16",
     lossScaling: true,
+    cudaGraphs: true,
     resume: false,
     seed: 0,
     model: "cnn",
@@ -294,6 +301,7 @@ export function parseTrainArgs(
     precision,
     // On by default with fp16 (unless an example's defaults turn it off), off with fp32.
     lossScaling: get<boolean>("loss-scaling", precision === "fp16" && d.lossScaling),
+    cudaGraphs: get<boolean>("cuda-graphs", d.cudaGraphs ?? true),
     model: get("model", d.model),
     checkpoint: get("checkpoint", d.checkpoint),
     resume: get("resume", false),
@@ -532,7 +540,12 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   }
   const scaler = new GradScaler(device, { enabled: args.lossScaling });
   const scheduler = o.scheduler?.(optimizer, trainLoader.length) ?? null;
-  const trainer = new Trainer(model, { optimizer, scaler, scheduler });
+  const trainer = new Trainer(model, {
+    optimizer,
+    scaler,
+    scheduler,
+    cudaGraphs: (args.cudaGraphs ?? true) && device.kind === "cuda",
+  });
   const norm = {
     mean: spec.mean,
     std: spec.std,
