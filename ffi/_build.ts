@@ -27,6 +27,7 @@ const CUDA_SOURCES = [
   "cuda/conv.cu",
   "cuda/norm.cu",
   "cuda/ops.cu",
+  "cuda/multi_tensor.cu",
   "cuda/fill.cu",
 ];
 
