@@ -974,7 +974,10 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
         ? "none"
         : "default";
     }
-    if (!this.zeroCopy && numWorkers > 0 && typeof dataset.workerSpec !== "function") {
+    // Fields a dataset fills itself (decoded images) are filled in the workers, by the
+    // dataset rebuilt there.
+    const fills = this.zeroCopy && typeof dataset.filledFields === "function";
+    if ((!this.zeroCopy || fills) && numWorkers > 0 && typeof dataset.workerSpec !== "function") {
       fail(
         "numWorkers",
         `${autoWorkers ? '"auto"' : numWorkers} needs a dataset that workers can rebuild: ` +
@@ -1042,11 +1045,6 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
 
   #setupRing(fields: readonly SharedField[], heldBatches: number): void {
     for (const f of fields) {
-      if (f.name === "indices" || f.name === "augment") {
-        throw new RangeError(
-          `Cannot create DataLoader: dataset field name "${f.name}" is reserved for the ring`,
-        );
-      }
       if (!(f.buffer instanceof SharedArrayBuffer)) {
         throw new TypeError(
           `Cannot create DataLoader: shared field "${f.name}" is not in a SharedArrayBuffer ` +
@@ -1062,8 +1060,29 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
         );
       }
     }
+    const filled = this.dataset.filledFields?.() ?? [];
+    if (filled.length > 0 && typeof this.dataset.fillRecord !== "function") {
+      throw new TypeError(
+        "Cannot create DataLoader: the dataset has filledFields() but no fillRecord()",
+      );
+    }
+    const names = new Set<string>();
+    for (const f of [...fields, ...filled]) {
+      if (f.name === "indices" || f.name === "augment") {
+        throw new RangeError(
+          `Cannot create DataLoader: dataset field name "${f.name}" is reserved for the ring`,
+        );
+      }
+      if (names.has(f.name)) {
+        throw new RangeError(
+          `Cannot create DataLoader: dataset field name "${f.name}" is used twice`,
+        );
+      }
+      names.add(f.name);
+    }
     const ringFields = [
       ...fields.map((f) => ({ name: f.name, dtype: f.dtype, shape: f.shape })),
+      ...filled.map((f) => ({ name: f.name, dtype: f.dtype, shape: f.shape })),
       { name: "indices", dtype: "i32" as const, shape: [] },
       ...(this.#augment
         ? [{ name: "augment", dtype: "i32" as const, shape: [AUGMENT_RECORD_LENGTH] }]
@@ -1126,6 +1145,10 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
       augment: { ...(this.#augment ?? AUGMENT_OFF) },
       length: this.#recordCount,
       seed: this.seed,
+      filled: filled.map((f) => {
+        const rf = ring.field(f.name);
+        return { recordBytes: rf.sampleBytes, slotFieldOffset: rf.byteOffset };
+      }),
     };
   }
 
@@ -1256,7 +1279,9 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
       slotState: this.#slotState,
       collateMode: this.#collateMode,
       unbatched: this.batchSize === null && this.sampler !== undefined,
-      workerSpec: this.zeroCopy ? undefined : this.dataset.workerSpec?.(),
+      workerSpec: this.zeroCopy && !this.#gather?.filled?.length
+        ? undefined
+        : this.dataset.workerSpec?.(),
       workerInit: this.#workerInit,
       resourceLimits: this.#resourceLimits,
       onWait: (s, d) => this.#active?._onWait(s, d),

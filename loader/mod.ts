@@ -45,6 +45,7 @@ export {
   sharedArray,
   type SharedField,
   type SharedFieldsOf,
+  SKIP_SAMPLE,
   type TypedArray,
   type TypedArrayCtor,
   type WorkerSpec,
@@ -92,3 +93,14 @@ export {
   parseIdx,
 } from "./datasets/mnist.ts";
 export { LabeledImages, type LabeledImagesState } from "./datasets/labeled_images.ts";
+export {
+  ImageFileList,
+  type ImageFileListCsvOptions,
+  type ImageFileListOptions,
+  ImageFiles,
+  type ImageFilesOptions,
+  type ImageFilesState,
+  type ImageSample,
+  type OnError,
+} from "./datasets/image_files.ts";
+export { IMAGE_EXTENSIONS, ImageFolder, type ImageFolderOptions } from "./datasets/image_folder.ts";
