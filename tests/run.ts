@@ -31,8 +31,11 @@ import { CUDA_CASES, runCovering } from "./run_emulator.ts";
 const SUITE = [
   "test",
   "-A",
+  "--lock=deno.lock",
   "--doc",
   "tests/",
+  "internal/",
+  "augment/",
   "ffi/",
   "loader/",
   "decode/",
