@@ -11,10 +11,18 @@ import { fixtures } from "./_image_fixtures.ts";
 
 const dirP = fixtures();
 const noFixtures = dirP === undefined;
-const ignore = noFixtures;
+const nativeWhy = (() => {
+  try {
+    new ImageDecoder({ backend: "native" });
+    return "";
+  } catch (e) {
+    return (e as Error).message;
+  }
+})();
+const ignore = noFixtures || nativeWhy !== "";
 if (noFixtures) {
   console.error("image_files_test: no Python with Pillow: image dataset tests ignored");
-}
+} else if (nativeWhy) console.error(`image_files_test: ${nativeWhy}: image dataset tests ignored`);
 
 /**
  * A class folder from the generated images: "a" holds the JPEGs, "b" the PNGs (one PNG
@@ -338,7 +346,7 @@ Deno.test({
 Deno.test({
   name:
     "without FFI permission the workers decode PNG in TypeScript, say so, and refuse JPEG naming the package",
-  ignore,
+  ignore: noFixtures,
   fn: async () => {
     const src = await dirP!;
     const root = await badFolder(src, {});
