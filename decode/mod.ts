@@ -237,6 +237,30 @@ export class ImageDecoder {
   }
 }
 
+/**
+ * Encodes 8-bit pixels as a JPEG with libjpeg-turbo (4:2:0 for colour), to generate image
+ * files without other tools.
+ *
+ * @param image HWC pixels, 1 or 3 channels
+ * @param quality 1-100 (default 90)
+ * @returns the file's bytes
+ * @throws {Error} when libjpeg-turbo cannot be loaded (the reason and the package)
+ * @example A grey gradient, encoded and decoded again
+ * ```ts
+ * import { encodeJpeg, ImageDecoder } from "./mod.ts";
+ * import assert from "node:assert";
+ * const data = Uint8Array.from({ length: 16 * 16 * 3 }, (_, i) => (i / 3) & 0xff);
+ * const jpeg = encodeJpeg({ data, height: 16, width: 16, channels: 3 }, 95);
+ * const back = new ImageDecoder().decode(jpeg);
+ * assert.deepStrictEqual([back.height, back.width], [16, 16]);
+ * ```
+ */
+export function encodeJpeg(image: DecodedImage, quality = 90): Uint8Array {
+  const n = loadNative();
+  if (n.jpeg === undefined) throw new Error(`Cannot encode a JPEG: ${n.jpegWhy}`);
+  return n.jpeg.encode(image, quality);
+}
+
 /** `out` when a PNG is already of the size asked (decoded straight into it), else undefined. */
 function directPng(
   bytes: Uint8Array,
