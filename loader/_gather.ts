@@ -6,6 +6,8 @@
 import type { AugmentSpec } from "../augment/options.ts";
 import { sampleKey, writeAugmentRecords } from "../augment/record.ts";
 import { type WasmGather, wasmGather } from "./_wasm_gather.ts";
+import { sampleContext } from "./_fetch.ts";
+import type { SampleContext } from "./dataset.ts";
 
 export interface GatherSource {
   buffer: SharedArrayBuffer;
@@ -40,7 +42,7 @@ export interface FilledSource {
 
 /** What fills the filled fields: the dataset (rebuilt in each worker). */
 export interface Filler {
-  fillRecord?(record: number, field: number, out: Uint8Array): void;
+  fillRecord?(record: number, field: number, out: Uint8Array, context: SampleContext): void;
 }
 
 /**
@@ -72,9 +74,12 @@ export class Gatherer {
 
   #filler: Filler | undefined;
 
-  constructor(spec: GatherSpec, filler?: Filler) {
+  #workerId: number;
+
+  constructor(spec: GatherSpec, filler?: Filler, workerId = -1) {
     this.#spec = spec;
     this.#filler = filler;
+    this.#workerId = workerId;
     if ((spec.filled?.length ?? 0) > 0 && typeof filler?.fillRecord !== "function") {
       throw new TypeError("Cannot gather filled fields: the dataset has no fillRecord()");
     }
@@ -140,8 +145,15 @@ export class Gatherer {
       const dst = base + filled[f].slotFieldOffset;
       for (let k = 0; k < count; k++) {
         const i = ring32[idxBase + k];
+        // The sample's own stream, as get() has it on the generic path.
+        const context = sampleContext(spec.seed, epoch, position + k, this.#workerId);
         try {
-          this.#filler!.fillRecord!(i, f, ring8.subarray(dst + k * rb, dst + (k + 1) * rb));
+          this.#filler!.fillRecord!(
+            i,
+            f,
+            ring8.subarray(dst + k * rb, dst + (k + 1) * rb),
+            context,
+          );
         } catch (e) {
           throw new SampleError(i, (e as Error)?.message ?? String(e), e);
         }

@@ -205,10 +205,11 @@ export interface Dataset<T = unknown> {
   filledFields?(): readonly FilledField[];
   /**
    * Writes record `record`'s value of filled field `field` (its position in
-   * `filledFields()`) into `out` (the sample's place in the ring slot), synchronously.
-   * Throws, naming the record, when it cannot.
+   * `filledFields()`) into `out` (the sample's place in the ring slot), synchronously, with
+   * the sample's context (its random stream, as `get` has it). Throws, naming the record,
+   * when it cannot.
    */
-  fillRecord?(record: number, field: number, out: Uint8Array): void;
+  fillRecord?(record: number, field: number, out: Uint8Array, context: SampleContext): void;
   /** Loads what `fillRecord` needs (decoders), once per thread before its first fill. */
   prepareFill?(): Promise<void>;
   /**

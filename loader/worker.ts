@@ -107,7 +107,7 @@ async function setup(msg: InitMessage): Promise<void> {
   if (msg.gather) {
     // After the worker info is set: the dataset may ask which worker it is in.
     if (msg.gather.filled?.length) await dataset?.prepareFill?.();
-    gatherer = new Gatherer(msg.gather, dataset);
+    gatherer = new Gatherer(msg.gather, dataset, msg.id);
   }
 }
 

@@ -394,3 +394,51 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name:
+    "randomResizedCrop: the sample's stream picks the region, the same on both paths and at any worker count",
+  ignore,
+  fn: async () => {
+    const root = await makeFolder(await dirP!);
+    try {
+      const rrc = { size: 24 };
+      const ds = new ImageFolder(root, { randomResizedCrop: rrc, verbose: false });
+      assert.deepStrictEqual(ds.size, [24, 24]);
+      const batches = async (o: Record<string, unknown>) => {
+        const out: string[] = [];
+        await using loader = new DataLoader(ds, { batchSize: 4, seed: 9, ...o });
+        for await (const b of loader) {
+          const ring = b as { fields?: Record<string, Uint8Array>; size?: number };
+          const image = (ring.fields ?? b as unknown as Record<string, Uint8Array>).image;
+          out.push(digest(image.subarray(0, (ring.size ?? image.length / 1728) * 1728)));
+        }
+        return out;
+      };
+      const zero = await batches({ numWorkers: 0 });
+      assert.deepStrictEqual(await batches({ numWorkers: 2 }), zero);
+      assert.deepStrictEqual(await batches({ numWorkers: 1, collate: defaultCollate }), zero);
+      // Another seed draws other regions.
+      assert.notDeepStrictEqual(await batches({ numWorkers: 0, seed: 10 }), zero);
+      // A region that can only be the whole image: the plain resize.
+      const whole = new ImageFolder(root, {
+        randomResizedCrop: { size: [30, 40], scale: [1, 1], ratio: [4 / 3, 4 / 3] },
+        extensions: ["0.jpg"],
+        allowEmpty: true,
+        verbose: false,
+      });
+      const plain = new ImageDecoder().decode(Deno.readFileSync(whole.path(0)), { size: [30, 40] });
+      assert.deepStrictEqual(((await whole.get(0)) as ImageSample).image, plain.data);
+      assert.throws(
+        () => new ImageFolder(root, { size: [8, 8], randomResizedCrop: rrc }),
+        /both size and randomResizedCrop given/,
+      );
+      assert.throws(
+        () => new ImageFolder(root, { randomResizedCrop: { size: 8, scale: [0, 1] } }),
+        /randomResizedCrop\.scale should be \[lo, hi\] with 0 < lo <= hi <= 1/,
+      );
+    } finally {
+      await Deno.remove(root, { recursive: true });
+    }
+  },
+});

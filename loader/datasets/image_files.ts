@@ -13,6 +13,7 @@ import { refuseUnknownKeys } from "../../ffi/_options.ts";
 import {
   type Dataset,
   type FilledField,
+  type SampleContext,
   type SharedField,
   SKIP_SAMPLE,
   type WorkerSpec,
@@ -33,6 +34,13 @@ export interface ImageFilesOptions {
    * size and a sample says it.
    */
   size?: readonly [number, number];
+  /**
+   * torchvision's `RandomResizedCrop`: per sample, a region of `scale` (default [0.08, 1]) of
+   * the image's area and aspect ratio in `ratio` (default [3/4, 4/3], drawn log-uniform) from
+   * the sample's random stream, resized to `size` (a side or [height, width]). A JPEG is
+   * decoded at the smallest DCT scale that keeps the region at least `size`. Replaces `size`.
+   */
+  randomResizedCrop?: RandomResizedCrop;
   /** "auto" (default): libjpeg-turbo and libspng where they load, else the fallbacks. */
   decoder?: "auto" | "native" | "typescript";
   /** Refuse larger images (default: Pillow's decompression-bomb limit, 178,956,970 pixels). */
@@ -45,10 +53,81 @@ export interface ImageFilesOptions {
   verbose?: boolean;
 }
 
+/** The options of torchvision's `RandomResizedCrop`. */
+export interface RandomResizedCrop {
+  /** Output side, or [height, width]. */
+  size: number | readonly [number, number];
+  /** Range of the region's share of the image area (default [0.08, 1]). */
+  scale?: readonly [number, number];
+  /** Range of the region's aspect ratio, width / height (default [3/4, 4/3]). */
+  ratio?: readonly [number, number];
+}
+
+/** Python's round(): halves to even. */
+function roundHalfEven(x: number): number {
+  const r = Math.round(x);
+  return Math.abs(x % 1) === 0.5 && r % 2 !== 0 ? r - 1 : r;
+}
+
+/**
+ * torchvision's `RandomResizedCrop.get_params`: ten tries at a region of the drawn area and
+ * aspect ratio that fits, else the central crop clamped to the ratio range.
+ *
+ * @param height image rows
+ * @param width image columns
+ * @param scale area share range
+ * @param ratio aspect ratio range
+ * @param random a uniform [0, 1) draw
+ * @returns the region
+ * @example A region always fits the image
+ * ```ts
+ * import { randomResizedCropBox } from "./image_files.ts";
+ * import assert from "node:assert";
+ * let seed = 1;
+ * const random = () => ((seed = (seed * 16807) % 2147483647) / 2147483647);
+ * for (let i = 0; i < 100; i++) {
+ *   const b = randomResizedCropBox(375, 500, [0.08, 1], [3 / 4, 4 / 3], random);
+ *   assert.ok(b.top >= 0 && b.left >= 0 && b.top + b.height <= 375 && b.left + b.width <= 500);
+ * }
+ * ```
+ */
+export function randomResizedCropBox(
+  height: number,
+  width: number,
+  scale: readonly [number, number],
+  ratio: readonly [number, number],
+  random: () => number,
+): { top: number; left: number; height: number; width: number } {
+  const area = height * width;
+  const lo = Math.log(ratio[0]), hi = Math.log(ratio[1]);
+  for (let k = 0; k < 10; k++) {
+    const target = area * (scale[0] + (scale[1] - scale[0]) * random());
+    const aspect = Math.exp(lo + (hi - lo) * random());
+    const w = roundHalfEven(Math.sqrt(target * aspect));
+    const h = roundHalfEven(Math.sqrt(target / aspect));
+    if (w > 0 && w <= width && h > 0 && h <= height) {
+      const top = Math.floor(random() * (height - h + 1));
+      const left = Math.floor(random() * (width - w + 1));
+      return { top, left, height: h, width: w };
+    }
+  }
+  const inRatio = width / height;
+  let w = width, h = height;
+  if (inRatio < Math.min(...ratio)) h = roundHalfEven(w / Math.min(...ratio));
+  else if (inRatio > Math.max(...ratio)) w = roundHalfEven(h * Math.max(...ratio));
+  return {
+    top: Math.floor((height - h) / 2),
+    left: Math.floor((width - w) / 2),
+    height: h,
+    width: w,
+  };
+}
+
 /** The option names of {@linkcode ImageFilesOptions}. */
 export const IMAGE_FILES_KEYS = [
   "channels",
   "size",
+  "randomResizedCrop",
   "decoder",
   "maxPixels",
   "exifOrientation",
@@ -97,7 +176,11 @@ export interface ImageFilesState {
   labels: SharedArrayBuffer;
   length: number;
   classes: string[];
-  options: Omit<ImageFilesOptions, "verbose"> & { verbose: boolean };
+  options: Omit<ImageFilesOptions, "verbose" | "randomResizedCrop"> & {
+    verbose: boolean;
+    /** RandomResizedCrop's ranges (its size is `size`). */
+    crop?: { scale: readonly [number, number]; ratio: readonly [number, number] };
+  };
   /** [skipped count], shared by every thread. */
   skipped: SharedArrayBuffer;
 }
@@ -199,14 +282,37 @@ export class ImageFiles implements Dataset<ImageSample> {
     checkOptions(options, what);
     const lab = new Int32Array(new SharedArrayBuffer(Math.max(1, paths.length) * 4));
     for (let i = 0; i < paths.length; i++) lab[i] = labels[i];
-    const { verbose, ...rest } = options;
+    const { verbose, randomResizedCrop: rrc, ...rest } = options;
     for (const k of extraKeys) delete (rest as Record<string, unknown>)[k];
+    let crop: ImageFilesState["options"]["crop"];
+    if (rrc !== undefined) {
+      const bad = (msg: string) => {
+        throw new RangeError(`Cannot create ${what}: randomResizedCrop.${msg}`);
+      };
+      if (options.size !== undefined) {
+        throw new TypeError(
+          `Cannot create ${what}: both size and randomResizedCrop given (the crop's size is the output size)`,
+        );
+      }
+      refuseUnknownKeys(rrc, ["size", "scale", "ratio"], `create ${what}: randomResizedCrop`);
+      const side = typeof rrc.size === "number" ? [rrc.size, rrc.size] : rrc.size;
+      checkOptions({ size: side as [number, number] }, what);
+      rest.size = [side[0], side[1]];
+      const scale = rrc.scale ?? [0.08, 1], ratio = rrc.ratio ?? [3 / 4, 4 / 3];
+      if (!(scale[0] > 0 && scale[0] <= scale[1] && scale[1] <= 1)) {
+        bad(`scale should be [lo, hi] with 0 < lo <= hi <= 1, got ${JSON.stringify(scale)}`);
+      }
+      if (!(ratio[0] > 0 && ratio[0] <= ratio[1])) {
+        bad(`ratio should be [lo, hi] with 0 < lo <= hi, got ${JSON.stringify(ratio)}`);
+      }
+      crop = { scale: [scale[0], scale[1]], ratio: [ratio[0], ratio[1]] };
+    }
     return {
       paths: packPaths(paths),
       labels: lab.buffer as SharedArrayBuffer,
       length: paths.length,
       classes,
-      options: { ...rest, verbose: verbose ?? true },
+      options: { ...rest, verbose: verbose ?? true, crop },
       skipped: new SharedArrayBuffer(4),
     };
   }
@@ -260,14 +366,20 @@ export class ImageFiles implements Dataset<ImageSample> {
    * Image `index`, decoded (a promise only until this thread's decoders are loaded).
    *
    * @param index sample index
+   * @param context the sample's context (its random stream draws RandomResizedCrop's region)
    * @returns `{ image, label, height, width }`; with `onError: "skip"`, {@linkcode SKIP_SAMPLE}
    *   for a bad file
    * @throws {Error} naming the sample, the file and the reason, for a bad file
    */
-  get(index: number): ImageSample | typeof SKIP_SAMPLE | Promise<ImageSample | typeof SKIP_SAMPLE> {
+  get(
+    index: number,
+    context?: SampleContext,
+  ): ImageSample | typeof SKIP_SAMPLE | Promise<ImageSample | typeof SKIP_SAMPLE> {
     this.#check(index);
-    if (this.#decoder === undefined) return this.decoder().then(() => this.#load(index));
-    return this.#load(index);
+    if (this.#decoder === undefined) {
+      return this.decoder().then(() => this.#load(index, undefined, context));
+    }
+    return this.#load(index, undefined, context);
   }
 
   /**
@@ -278,12 +390,12 @@ export class ImageFiles implements Dataset<ImageSample> {
    * @param out `size[0] * size[1] * channels` bytes
    * @throws {Error} naming the sample, the file and the reason
    */
-  fillRecord(record: number, _field: number, out: Uint8Array): void {
+  fillRecord(record: number, _field: number, out: Uint8Array, context?: SampleContext): void {
     this.#check(record);
     if (this.#decoder === undefined) {
       throw new Error("Cannot decode into the ring: prepareFill() was not awaited first");
     }
-    this.#load(record, out);
+    this.#load(record, out, context);
   }
 
   /** Loads this thread's decoders before the first fillRecord. */
@@ -291,7 +403,11 @@ export class ImageFiles implements Dataset<ImageSample> {
     await this.decoder();
   }
 
-  #load(index: number, out?: Uint8Array): ImageSample | typeof SKIP_SAMPLE {
+  #load(
+    index: number,
+    out?: Uint8Array,
+    context?: SampleContext,
+  ): ImageSample | typeof SKIP_SAMPLE {
     const path = this.path(index);
     let img: DecodedImage;
     try {
@@ -301,7 +417,13 @@ export class ImageFiles implements Dataset<ImageSample> {
       } catch (e) {
         throw new Error(`the file cannot be read (${(e as Error).message})`, { cause: e });
       }
-      img = this.#decoder!.decode(bytes, { size: this.#state.options.size, out });
+      const c = this.#state.options.crop;
+      const random = context ? () => context.random() : Math.random;
+      img = this.#decoder!.decode(bytes, {
+        size: this.#state.options.size,
+        out,
+        crop: c && ((h, w) => randomResizedCropBox(h, w, c.scale, c.ratio, random)),
+      });
     } catch (e) {
       const reason = (e as Error).message;
       if (this.#state.options.onError === "skip") {

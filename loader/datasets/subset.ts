@@ -81,7 +81,12 @@ export class Subset<T = unknown> implements Dataset<T> {
   /** Present when the wrapped dataset has them: fields it writes into the ring itself. */
   readonly filledFields?: () => readonly FilledField[];
   /** Present with `filledFields`: writes a record's filled field. */
-  readonly fillRecord?: (record: number, field: number, out: Uint8Array) => void;
+  readonly fillRecord?: (
+    record: number,
+    field: number,
+    out: Uint8Array,
+    context: SampleContext,
+  ) => void;
   /** Present with `filledFields`: loads what the fill needs. */
   readonly prepareFill?: () => Promise<void>;
   /** Present with `sharedFields`: where this subset's samples are among the records. */
@@ -113,7 +118,8 @@ export class Subset<T = unknown> implements Dataset<T> {
       // Filled fields are written by record, as the shared ones are read: no mapping here.
       if (typeof dataset.filledFields === "function") {
         this.filledFields = () => dataset.filledFields!();
-        this.fillRecord = (record, field, out) => dataset.fillRecord!(record, field, out);
+        this.fillRecord = (record, field, out, context) =>
+          dataset.fillRecord!(record, field, out, context);
         this.prepareFill = async () => await dataset.prepareFill?.();
       }
       this.records = () => {
