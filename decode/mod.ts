@@ -14,9 +14,9 @@ import { decodePngTs, pngHeader } from "./png.ts";
 import { resizeBilinear } from "./resize.ts";
 import { Spng, SPNG_LIBRARY } from "./spng.ts";
 import { TurboJpeg, TURBOJPEG_LIBRARY } from "./turbojpeg.ts";
-import { type Channels, type DecodedImage, ImageDecodeError } from "./types.ts";
+import { type Channels, type CropBox, type DecodedImage, ImageDecodeError } from "./types.ts";
 
-export { type Channels, type DecodedImage, ImageDecodeError } from "./types.ts";
+export { type Channels, type CropBox, type DecodedImage, ImageDecodeError } from "./types.ts";
 export { type ImageType, sniffImageType } from "./format.ts";
 export { applyOrientation, exifOrientation } from "./exif.ts";
 export { resizeBilinear } from "./resize.ts";
@@ -37,14 +37,6 @@ export interface ImageDecoderOptions {
   maxPixels?: number;
   /** Turn images upright by their EXIF orientation (default true). */
   exifOrientation?: boolean;
-}
-
-/** A region of an image: rows `top..top+height`, columns `left..left+width`. */
-export interface CropBox {
-  top: number;
-  left: number;
-  height: number;
-  width: number;
 }
 
 /**
@@ -314,9 +306,8 @@ export class ImageDecoder {
           width: Math.max(1, Math.min(img.width - left, Math.round(box.width * sx))),
         };
       }
-      img = cropImage(img, box);
     }
-    return resizeBilinear(img, size[0], size[1], true, target.out);
+    return resizeBilinear(img, size[0], size[1], true, target.out, box);
   }
 }
 

@@ -26,3 +26,11 @@ export class ImageDecodeError extends Error {
     this.name = "ImageDecodeError";
   }
 }
+
+/** A region of an image: rows `top..top+height`, columns `left..left+width`. */
+export interface CropBox {
+  top: number;
+  left: number;
+  height: number;
+  width: number;
+}
