@@ -80,6 +80,7 @@ export {
   type FieldArray,
   type FieldArrays,
   type FieldDType,
+  type FilledField,
   getWorkerInfo,
   IMAGE_EXTENSIONS,
   ImageFileList,
@@ -97,6 +98,9 @@ export {
   type MNISTOptions,
   type ModuleRef,
   type OnError,
+  type PathTable,
+  type RandomResizedCrop,
+  randomResizedCropBox,
   RandomSampler,
   randomSplit,
   type RandomSplitOptions,
@@ -124,6 +128,24 @@ export {
   type WorkerInfo,
   type WorkerSpec,
 } from "./loader/mod.ts";
+
+// decode: image decoders (libjpeg-turbo and libspng through FFI, loaded on first use)
+export {
+  type Channels,
+  type CropBox,
+  cropImage,
+  type DecodedImage,
+  type DecoderBackend,
+  type DecodeTarget,
+  DEFAULT_MAX_PIXELS,
+  encodeJpeg,
+  ImageDecodeError,
+  ImageDecoder,
+  type ImageDecoderOptions,
+  type ImageType,
+  resizeBilinear,
+  sniffImageType,
+} from "./decode/mod.ts";
 
 // pipeline
 export {

@@ -38,6 +38,7 @@ export {
   type FieldArray,
   type FieldArrays,
   type FieldDType,
+  type FilledField,
   recordBytes,
   type RecordMap,
   type SampleContext,
@@ -94,5 +95,8 @@ export {
   type ImageFilesState,
   type ImageSample,
   type OnError,
+  type PathTable,
+  type RandomResizedCrop,
+  randomResizedCropBox,
 } from "./datasets/image_files.ts";
 export { IMAGE_EXTENSIONS, ImageFolder, type ImageFolderOptions } from "./datasets/image_folder.ts";

@@ -149,7 +149,9 @@ export interface ImageSample {
 
 /** File paths in shared memory: UTF-8 bytes and the end of each path. */
 export interface PathTable {
+  /** The paths' UTF-8 bytes, one after another. */
   bytes: SharedArrayBuffer;
+  /** Float64 end offset of each path in `bytes`. */
   ends: SharedArrayBuffer;
 }
 
@@ -172,10 +174,15 @@ export function packPaths(paths: readonly string[]): PathTable {
 
 /** What a worker rebuilds an image dataset from (the memory is shared, not copied). */
 export interface ImageFilesState {
+  /** The files' paths. */
   paths: PathTable;
+  /** One int32 label per file. */
   labels: SharedArrayBuffer;
+  /** Number of files. */
   length: number;
+  /** Class names by index. */
   classes: string[];
+  /** The checked options. */
   options: Omit<ImageFilesOptions, "verbose" | "randomResizedCrop"> & {
     verbose: boolean;
     /** RandomResizedCrop's ranges (its size is `size`). */
@@ -226,6 +233,16 @@ let announced = false;
 /**
  * A dataset of image files with one label each, decoded on load: the base of
  * {@linkcode ImageFolder} and {@linkcode ImageFileList}.
+ *
+ * @example A fixed size takes the zero-copy path: labels shared, images filled by the workers
+ * ```ts
+ * import { ImageFileList, type ImageFiles } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * const ds: ImageFiles = new ImageFileList(["a.jpg", "b.png"], [0, 1], { size: [32, 32] });
+ * assert.deepStrictEqual(ds.filledFields!()[0].shape, [32, 32, 3]);
+ * assert.deepStrictEqual([...new Int32Array(ds.sharedFields!()[0].buffer, 0, 2)], [0, 1]);
+ * assert.strictEqual(ds.skipped, 0);
+ * ```
  */
 export class ImageFiles implements Dataset<ImageSample> {
   /** Number of images. */
@@ -508,6 +525,8 @@ function csvFields(line: string): string[] {
  */
 export class ImageFileList extends ImageFiles {
   /**
+   * Makes the list from paths and labels.
+   *
    * @param paths image files
    * @param labels one per path: class indices, or class names
    * @param options decoding options and class names
