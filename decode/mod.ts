@@ -86,7 +86,11 @@ export interface DecodeTarget {
    * scale that keeps the region at least `size`, and the region is scaled with it.
    */
   crop?: (height: number, width: number) => CropBox;
-  /** Where the pixels go when `size` is given (`size[0] * size[1] * channels` bytes). */
+  /**
+   * Where the pixels go: `size[0] * size[1] * channels` bytes with `size`; without it, a
+   * buffer for the image at its own size (used when large enough, for a JPEG upright as
+   * stored; the result says where the pixels are).
+   */
   out?: Uint8Array;
 }
 
@@ -172,6 +176,13 @@ export class ImageDecoder {
   #native: Native;
   /** Stored (not upright) height and width of the JPEG being decoded. */
   #lastJpeg: [number, number] = [0, 0];
+  #scratch = new Uint8Array(0);
+
+  /** `n` bytes of the scratch buffer (grown as needed). */
+  #scratchOf(n: number): Uint8Array {
+    if (this.#scratch.length < n) this.#scratch = new Uint8Array(n);
+    return this.#scratch.subarray(0, n);
+  }
 
   /**
    * Picks the decoders.
@@ -273,9 +284,15 @@ export class ImageDecoder {
           Math.ceil((want[1] * h.width) / bw),
         );
       }
-      const direct = want !== undefined && orientation === 1 && target.out !== undefined &&
-        box === undefined && scaled.height === want[0] && scaled.width === want[1];
-      img = tj.decode(bytes, this.channels, h, scaled, direct ? target.out : undefined);
+      const need = scaled.height * scaled.width * this.channels;
+      const direct = orientation === 1 && target.out !== undefined && box === undefined &&
+        (want === undefined
+          ? target.out.length >= need
+          : scaled.height === want[0] && scaled.width === want[1]);
+      // An image resized afterwards is decoded into a buffer kept between calls: a fresh one
+      // each time costs its allocation and zeroing, as much as a tenth of the decode.
+      const into = direct ? target.out : want !== undefined ? this.#scratchOf(need) : undefined;
+      img = tj.decode(bytes, this.channels, h, scaled, into);
       if (direct) return img;
     } else if (this.#native.png) {
       img = this.#native.png.decode(
@@ -307,7 +324,9 @@ export class ImageDecoder {
         };
       }
     }
-    return resizeBilinear(img, size[0], size[1], true, target.out, box);
+    const r = resizeBilinear(img, size[0], size[1], true, target.out, box);
+    // Never hand out the scratch buffer: the next decode overwrites it.
+    return r.data.buffer === this.#scratch.buffer ? { ...r, data: r.data.slice() } : r;
   }
 }
 

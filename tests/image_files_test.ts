@@ -428,7 +428,7 @@ Deno.test({
         verbose: false,
       });
       const plain = new ImageDecoder().decode(Deno.readFileSync(whole.path(0)), { size: [30, 40] });
-      assert.deepStrictEqual(((await whole.get(0)) as ImageSample).image, plain.data);
+      assert.strictEqual(digest(((await whole.get(0)) as ImageSample).image), digest(plain.data));
       assert.throws(
         () => new ImageFolder(root, { size: [8, 8], randomResizedCrop: rrc }),
         /both size and randomResizedCrop given/,
