@@ -25,7 +25,7 @@
 
 import { join } from "node:path";
 import { commitStamp, machine, writeResult } from "./_results.ts";
-import { parseCli } from "../examples/_cli.ts";
+import { parseCli } from "../train/cli.ts";
 import { Device } from "../ffi/device.ts";
 import { DataLoader } from "../loader/data_loader.ts";
 import { ImageFolder } from "../loader/datasets/image_folder.ts";

@@ -36,8 +36,8 @@ import {
   type TrainArgs,
   type TrainDefaults,
   trainImages,
-} from "./_run.ts";
-import { CliError, runMain, UsageError } from "./_cli.ts";
+} from "../train/fit.ts";
+import { CliError, runMain, UsageError } from "../train/cli.ts";
 
 /** The generated set's classes. */
 export const DEMO_CLASSES = ["circle", "hstripes", "square", "vstripes"] as const;

@@ -32,11 +32,15 @@
  * @module
  */
 
-// Types only: the loader (pure TypeScript) imports this module, and must not pull the FFI
-// layer in with it. stream.ts hands over its Event class when it loads (a stream given to
-// range() means it has).
-import type { Event, Stream } from "./stream.ts";
-import { refuseUnknownKeys } from "./_options.ts";
+import { Event, type Stream } from "./stream.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
+import {
+  activeRecorder,
+  NOOP,
+  range as traceRange,
+  setActiveRecorder,
+  span as traceSpan,
+} from "../internal/trace.ts";
 
 /** Options of {@linkcode range}. */
 export interface RangeOptions {
@@ -90,27 +94,12 @@ interface DeviceSpan {
   stream: Stream;
   start: Event;
   end: Event;
+  /** Whether the range was closed (its end event recorded): collect() waits only for those. */
+  closed: boolean;
   /** Filled by collect(). */
   ms?: number;
   at?: number;
 }
-
-const NOOP: Disposable = Object.freeze({ [Symbol.dispose]() {} });
-
-type EventClass = new (device: Stream["device"], options: { timing: boolean }) => Event;
-let eventClass: EventClass | undefined;
-
-/**
- * Internal: called by ffi/stream.ts when it loads, so device ranges can create timing events
- * without this module importing the FFI layer.
- *
- * @param c The Event class.
- */
-export function _useEventClass(c: EventClass): void {
-  eventClass = c;
-}
-
-let active: Profiler | undefined;
 
 /**
  * Opens a named range on the active profiler; dispose it (`using`) to close it. When no
@@ -127,7 +116,7 @@ let active: Profiler | undefined;
  * ```
  */
 export function range(name: string, options?: RangeOptions): Disposable {
-  return active === undefined ? NOOP : active.range(name, options);
+  return traceRange(name, options);
 }
 
 /**
@@ -152,7 +141,7 @@ export function range(name: string, options?: RangeOptions): Disposable {
  * ```
  */
 export function span(name: string, startMs: number, endMs: number, track?: string): void {
-  if (active !== undefined) active.span(name, startMs, endMs, track);
+  traceSpan(name, startMs, endMs, track);
 }
 
 /**
@@ -170,7 +159,8 @@ export function span(name: string, startMs: number, endMs: number, track?: strin
  * ```
  */
 export function activeProfiler(): Profiler | undefined {
-  return active;
+  const recorder = activeRecorder();
+  return recorder instanceof Profiler ? recorder : undefined;
 }
 
 /**
@@ -198,6 +188,7 @@ export class Profiler implements Disposable {
   #t0 = 0;
   #t1 = 0;
   #running = false;
+  #disposed = false;
 
   /**
    * Creates a stopped profiler.
@@ -221,10 +212,11 @@ export class Profiler implements Disposable {
    * @throws {Error} When another profiler is active.
    */
   start(): this {
+    const active = activeRecorder();
     if (active !== undefined && active !== this) {
       throw new Error("Cannot start a Profiler: another one is active (stop it first)");
     }
-    active = this;
+    setActiveRecorder(this);
     if (!this.#running) {
       this.#running = true;
       if (this.#t0 === 0 && this.#host.length === 0) this.#t0 = performance.now();
@@ -234,7 +226,7 @@ export class Profiler implements Disposable {
 
   /** Stops recording (ranges still open record their end when closed). */
   stop(): void {
-    if (active === this) active = undefined;
+    if (activeRecorder() === this) setActiveRecorder(undefined);
     if (this.#running) this.#t1 = performance.now();
     this.#running = false;
   }
@@ -255,13 +247,28 @@ export class Profiler implements Disposable {
       return { [Symbol.dispose]: () => void (span.end = performance.now()) };
     }
     this.#reference(stream);
-    const dev: DeviceSpan = { name, stream, start: this.#event(stream), end: this.#event(stream) };
+    const dev: DeviceSpan = {
+      name,
+      stream,
+      start: this.#event(stream),
+      end: this.#event(stream),
+      closed: false,
+    };
     dev.start.record(stream);
     this.#devices.push(dev);
     return {
       [Symbol.dispose]: () => {
-        dev.end.record(stream);
         span.end = performance.now();
+        // Profiling never changes the program's outcome: a range closed after its profiler
+        // was disposed (its events freed), or on a stream disposed meanwhile, keeps only its
+        // host time.
+        if (this.#disposed || dev.closed) return;
+        try {
+          dev.end.record(stream);
+          dev.closed = true;
+        } catch {
+          // the stream is gone: the device time of this range is unknown
+        }
       },
     };
   }
@@ -282,7 +289,7 @@ export class Profiler implements Disposable {
   #event(stream: Stream): Event {
     const spare = this.#spare.findIndex((e) => e.device === stream.device);
     if (spare >= 0) return this.#spare.splice(spare, 1)[0];
-    return new eventClass!(stream.device, { timing: true });
+    return new Event(stream.device, { timing: true });
   }
 
   #reference(stream: Stream): void {
@@ -300,7 +307,8 @@ export class Profiler implements Disposable {
    */
   async collect(): Promise<ProfileRow[]> {
     for (const d of this.#devices) {
-      if (d.ms !== undefined) continue;
+      // A range still open has no end on the device yet: it is read by a later collect().
+      if (d.ms !== undefined || !d.closed) continue;
       await d.end.synchronize();
       d.ms = d.start.elapsedMs(d.end);
       // The reference was recorded earlier on the same stream: done once `end` is.
@@ -438,6 +446,7 @@ export class Profiler implements Disposable {
 
   /** Stops it and frees its events. */
   [Symbol.dispose](): void {
+    this.#disposed = true;
     this.stop();
     for (const d of this.#devices) this.#spare.push(d.start, d.end);
     for (const r of this.#refs.values()) this.#spare.push(r.event);

@@ -5,8 +5,7 @@
  * @module
  */
 
-import { _useEventClass } from "./profiler.ts";
-import { refuseUnknownKeys } from "./_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { describe } from "./_checks.ts";
 import { assertDevice, Resource } from "./resource.ts";
 import type { Device } from "./device.ts";
@@ -280,12 +279,12 @@ export class Event extends Resource {
   /**
    * Records the event after the work queued so far on `stream`.
    *
-   * @param stream The stream (default: the device's default stream).
+   * @param stream The stream (default: the device's current stream).
    * @throws {TypeError} When `stream` belongs to another device.
    * @throws {Error} When the event or the stream is disposed.
    * @throws {PinstreamError} On a backend failure.
    */
-  record(stream: Stream = this.device.defaultStream): void {
+  record(stream: Stream = this.device.currentStream): void {
     this.assertLive("record an event");
     assertStream(stream, this.device, "record an event");
     this.device.makeCurrent();
@@ -387,6 +386,3 @@ export function assertStream(
   }
   stream.assertUsableOn(device, action);
 }
-
-// Device ranges of the profiler time work with these events (see ffi/profiler.ts).
-_useEventClass(Event);

@@ -95,11 +95,11 @@ Deno.test("a library built for another ABI version is refused", async () => {
 });
 
 Deno.test("editing a kernel source builds a new library; unchanged sources reuse the cache", async () => {
-  // A private copy of ffi/ and kernels/ so the edit touches nobody else's build.
+  // A private copy of internal/, ffi/ and kernels/ so the edit touches nobody else's build.
   const root = await Deno.makeTempDir();
   const cache = `${root}/cache`;
   try {
-    for (const dir of ["ffi", "kernels"]) {
+    for (const dir of ["internal", "ffi", "kernels"]) {
       await copyTree(new URL(`../${dir}/`, import.meta.url), `${root}/${dir}`);
     }
     const url = new URL(`file://${root}/ffi/library.ts`).href;
@@ -183,7 +183,7 @@ Deno.test("the build cache key does not depend on permissions, and no lock file 
       env,
     );
     assert.ok(full.path?.startsWith(cache), JSON.stringify(full));
-    // The README's explicit list, with reads limited to the sources and the cache: no
+    // docs/environment.md's explicit list, with reads limited to the sources and the cache: no
     // /proc/cpuinfo, yet the same key (the compiler says what -march=native means).
     const kernels = new URL("../", import.meta.url).pathname;
     const narrow = await loadWithPermissions([

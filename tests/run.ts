@@ -23,7 +23,7 @@
  */
 
 import { Device } from "../ffi/device.ts";
-import { PinstreamError } from "../ffi/errors.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import { cudaEmulated } from "../ffi/library.ts";
 import { CUDA_CASES, runCovering } from "./run_emulator.ts";
 
@@ -37,13 +37,16 @@ const SUITE = [
   "internal/",
   "augment/",
   "ffi/",
+  "ops/",
   "loader/",
   "decode/",
   "pipeline/",
   "nn/",
+  "train/",
   "examples/",
   "mod.ts",
   "README.md",
+  "docs/",
 ];
 
 /** Whether a real GPU answers as the cuda backend here. */

@@ -9,7 +9,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../../ffi/_options.ts";
+import { refuseUnknownKeys } from "../../internal/options.ts";
 import {
   type Dataset,
   type FilledField,

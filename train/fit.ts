@@ -1,11 +1,12 @@
-// Shared driver of the training examples (examples/cifar.ts, examples/fashion_mnist.ts):
-// command line, host batches to device tensors, the epoch loop with a progress bar on a
-// terminal, one summary line per epoch, checkpoint and resume.
+// The fit loop of the training examples (examples/cifar.ts, examples/fashion_mnist.ts) and
+// the training benchmarks: command line, host batches to device tensors, the epoch loop with a
+// progress bar on a terminal, one summary line per epoch, checkpoint and resume, and the loss
+// curves (drawn by train/_chart.ts, loaded only when asked for).
 //
-// Not part of the public API (leading underscore), but small enough to copy into a script.
+// Not exported from mod.ts, but small enough to copy into a script.
 
-import { MetricsLog } from "../nn/metrics.ts";
-import { type CliOption, type CliSpec, helpText, parseArgv, UsageError } from "./_cli.ts";
+import { MetricsLog } from "./metrics.ts";
+import { type CliOption, type CliSpec, helpText, parseArgv, UsageError } from "./cli.ts";
 import { Device } from "../ffi/device.ts";
 import {
   type AugmentOptions,
@@ -25,13 +26,13 @@ import {
   type Precision,
   saveCheckpoint,
   SGD,
-  Trainer,
 } from "../nn/mod.ts";
+import { Trainer } from "./trainer.ts";
 import { statePathFor } from "../nn/checkpoint.ts";
 
 /** The chart module, loaded only when a chart is drawn: its npm packages are fetched then, and
  * a run that draws none needs no network (a literal specifier would be fetched up front). */
-const CHARTS: string = new URL("../bench/_chart.ts", import.meta.url).href;
+const CHARTS: string = new URL("./_chart.ts", import.meta.url).href;
 
 /** Command-line options shared by the examples. */
 export interface TrainArgs {
@@ -49,6 +50,8 @@ export interface TrainArgs {
   precision: Precision;
   /** Dynamic loss scaling (GradScaler); default on with fp16, off with fp32. */
   lossScaling: boolean;
+  /** Record the training step as a CUDA graph on CUDA (Trainer's cudaGraphs; default on). */
+  cudaGraphs?: boolean;
   checkpoint?: string;
   /** Where each epoch's metrics go (JSON Lines); default beside the checkpoint. */
   log?: string;
@@ -135,6 +138,10 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
     "loss-scaling": {
       kind: "boolean",
       help: "dynamic loss scaling (default: on with fp16, off with fp32)",
+    },
+    "cuda-graphs": {
+      kind: "boolean",
+      help: "on CUDA, record the training step as a CUDA graph and replay it (default on)",
     },
     model: {
       kind: "string",
@@ -252,6 +259,7 @@ export function parseTrainArgs(
     weightDecay: 0,
     precision: "fp16",
     lossScaling: true,
+    cudaGraphs: true,
     resume: false,
     seed: 0,
     model: "cnn",
@@ -293,6 +301,7 @@ export function parseTrainArgs(
     precision,
     // On by default with fp16 (unless an example's defaults turn it off), off with fp32.
     lossScaling: get<boolean>("loss-scaling", precision === "fp16" && d.lossScaling),
+    cudaGraphs: get<boolean>("cuda-graphs", d.cudaGraphs ?? true),
     model: get("model", d.model),
     checkpoint: get("checkpoint", d.checkpoint),
     resume: get("resume", false),
@@ -449,7 +458,7 @@ export interface RunOptions {
  * @returns The lines, joined by newlines.
  * @example
  * ```ts
- * import { summaryText } from "./_run.ts";
+ * import { summaryText } from "./fit.ts";
  * import assert from "node:assert";
  * const r = { epoch: 1, trainLoss: 1, trainAcc: 0.5, testLoss: 1, testAcc: 0.42,
  *   samplesPerSecond: 100, inputWaitShare: 0.1, seconds: 2, lossScale: 1 };
@@ -486,7 +495,7 @@ export function summaryText(
 }
 
 /**
- * Draws the log's loss and accuracy curves to `<log>.svg` (Vega-Lite, bench/_chart.ts).
+ * Draws the log's loss and accuracy curves to `<log>.svg` (Vega-Lite, train/_chart.ts).
  * Returns " (+ curves: PATH)", or why none was drawn: the chart library comes from npm, and a
  * machine that cannot reach it still trains.
  */
@@ -531,7 +540,12 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   }
   const scaler = new GradScaler(device, { enabled: args.lossScaling });
   const scheduler = o.scheduler?.(optimizer, trainLoader.length) ?? null;
-  const trainer = new Trainer(model, { optimizer, scaler, scheduler });
+  const trainer = new Trainer(model, {
+    optimizer,
+    scaler,
+    scheduler,
+    cudaGraphs: (args.cudaGraphs ?? true) && device.kind === "cuda",
+  });
   const norm = {
     mean: spec.mean,
     std: spec.std,
