@@ -1,4 +1,7 @@
 /**
+ * Over 800 lines because one run measures every configuration side by side (pinstream's
+ * paths, PyTorch's, and the bandwidth bounds they are judged against) on the same machine load.
+ *
  * Device-pipeline benchmark: normalized fp16 CIFAR-shaped batches ready for the training
  * step (50,000 samples, batch 128, shuffle, crop with padding 4 and flip, CIFAR-10
  * mean/std), side by side in one run:

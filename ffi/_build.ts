@@ -27,6 +27,7 @@ const CUDA_SOURCES = [
   "cuda/conv.cu",
   "cuda/norm.cu",
   "cuda/ops.cu",
+  "cuda/multi_tensor.cu",
   "cuda/fill.cu",
 ];
 
@@ -65,6 +66,7 @@ export const SOURCES: {
     "emu/include/cuda_runtime.h",
     "emu/include/cuda_fp16.h",
     "emu/include/mma.h",
+    "emu/include/cuda_pipeline.h",
     "emu/internal.h",
     "emu/runtime.cc",
     "emu/exec.cc",
@@ -349,6 +351,9 @@ function cudaFlags(archs: string[]): string[] {
     "-fPIC,-fvisibility=hidden",
     "-cudart",
     "static",
+    // One thread per -gencode target: the GEMM's instantiations make each arch a long compile.
+    "--threads",
+    "0",
   ];
   for (const a of archs) flags.push("-gencode", `arch=compute_${a},code=sm_${a}`);
   const newest = archs[archs.length - 1];

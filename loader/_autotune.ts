@@ -21,7 +21,8 @@ export const MAX_AUTO_PREFETCH = 8;
 /**
  * The shortest trial "auto" judges by: a trial whose epochs are shorter runs more epochs with
  * the same counts until they add up to this (20 ms epochs of small samples measured up to
- * 20% apart from one epoch to the next; a quarter second of them settles to a few percent).
+ * 20% apart from one epoch to the next; a quarter second of them settles to a few percent;
+ * `deno run -A bench/loader.ts` records every epoch's rate of each row).
  */
 export const MIN_TRIAL_SECONDS = 0.25;
 
@@ -31,9 +32,9 @@ export const MIN_TRIAL_SECONDS = 0.25;
  * and is not counted; then each worker count from the start outwards runs an epoch at a
  * prefetch of 2, then deeper prefetches (4, 8) run at the fastest count, and, when that count
  * is 0 (nothing in flight to deepen), at the fastest count with workers: a deeper prefetch can
- * lift a count that lost at depth 2 past the one that won (measured: 2 workers at depth 8
- * beat 0 workers, which beat 2 workers at depth 2). The fastest trial wins and the search
- * stops there. A trial is one epoch, or as many as make {@linkcode MIN_TRIAL_SECONDS}, judged
+ * lift a count that lost at depth 2 past the one that won (measured in bench/loader.ts: 2
+ * workers at depth 8 beat 0 workers, which beat 2 workers at depth 2). The fastest trial wins
+ * and the search stops there. A trial is one epoch, or as many as make {@linkcode MIN_TRIAL_SECONDS}, judged
  * by their samples over their seconds after each epoch's first batch (a new worker set starts
  * in that wait). With a settled choice nothing changes again. The counts never change the
  * sample order.

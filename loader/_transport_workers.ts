@@ -115,7 +115,8 @@ export class WorkerPool {
       ),
       gather: cfg.gather,
       ...transportInit,
-      dataset: cfg.gather ? undefined : cfg.workerSpec,
+      // The zero-copy path maps shared fields only, unless the dataset fills fields itself.
+      dataset: cfg.gather && !cfg.gather.filled?.length ? undefined : cfg.workerSpec,
       collate: cfg.collateMode === "main" ? "none" : cfg.collateMode,
       unbatched: cfg.unbatched,
       workerInit: cfg.workerInit,
@@ -146,7 +147,17 @@ export class WorkerPool {
       case "hello": {
         const backlog = w.backlog ?? [];
         w.backlog = undefined;
-        for (const { m, transfer } of backlog) w.worker.postMessage(m, transfer as never[]);
+        try {
+          for (const { m, transfer } of backlog) w.worker.postMessage(m, transfer as never[]);
+        } catch (err) {
+          // A value postMessage cannot clone (the constructor refuses the known ones): a
+          // loader error, not an exception thrown out of this event handler.
+          this.#fail(
+            new Error(`Cannot load batches: DataLoader worker ${w.id} could not be sent its work`, {
+              cause: err,
+            }),
+          );
+        }
         return;
       }
       case "ready":

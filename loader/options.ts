@@ -7,12 +7,12 @@
  */
 
 import v8 from "node:v8";
-import { refuseUnknownKeys } from "../internal/options.ts";
+import { optionError, refuseUnknownKeys } from "../internal/options.ts";
 import type { WorkerResourceLimits } from "./_transport.ts";
 import type { ModuleRef } from "./_protocol.ts";
 import type { CollateFn } from "./collate.ts";
 import type { Dataset } from "./dataset.ts";
-import { EpochOrder, type EpochOrderOptions, optionError } from "./order.ts";
+import { EpochOrder, type EpochOrderOptions } from "./order.ts";
 import type { StagingRing } from "./ring.ts";
 
 /**
@@ -209,7 +209,10 @@ export function resolveOptions(dataset: Dataset, options: DataLoaderOptions): Re
       "type",
     );
   }
-  if (!zeroCopy && numWorkers !== 0 && typeof dataset.workerSpec !== "function") {
+  // Fields a dataset fills itself (decoded images) are filled in the workers, by the dataset
+  // rebuilt there: the zero-copy path then needs the dataset's workerSpec too.
+  const rebuilt = !zeroCopy || typeof dataset.filledFields === "function";
+  if (rebuilt && numWorkers !== 0 && typeof dataset.workerSpec !== "function") {
     fail(
       "numWorkers",
       `${numWorkers === "auto" ? '"auto"' : numWorkers} needs a dataset that workers can ` +
@@ -219,6 +222,23 @@ export function resolveOptions(dataset: Dataset, options: DataLoaderOptions): Re
         "the zero-copy path, or use numWorkers: 0",
       "type",
     );
+  }
+  if (rebuilt && numWorkers !== 0) {
+    // Workers receive the spec by postMessage: a value it cannot clone would throw there, in
+    // an event handler, where nothing can catch it.
+    const spec = dataset.workerSpec!();
+    const bad = uncloneable(spec, "workerSpec()");
+    if (bad !== undefined) {
+      fail(
+        "numWorkers",
+        `${
+          numWorkers === "auto" ? '"auto"' : numWorkers
+        } sends the dataset's ${bad.path} to the workers, but it is ${bad.what}, which cannot ` +
+          "be structured-cloned: keep only data in the state (typed arrays, SharedArrayBuffers, " +
+          "plain objects) and rebuild the rest in the export it names",
+        "type",
+      );
+    }
   }
   const pinMemory = o.pinMemory ?? false;
   if (typeof pinMemory !== "boolean" && typeof pinMemory !== "function") {
@@ -318,4 +338,52 @@ function seconds(name: string, v: unknown, dflt: number): number {
 function isModuleRef(v: unknown): v is ModuleRef {
   return v !== null && typeof v === "object" &&
     typeof (v as ModuleRef).module === "string" && typeof (v as ModuleRef).export === "string";
+}
+
+/**
+ * The first value under `value` that structured clone refuses (functions, symbols, weak
+ * collections, promises, generators), with its path, or undefined when all of it clones.
+ * Typed arrays and (Shared)ArrayBuffers are not walked into.
+ */
+function uncloneable(
+  value: unknown,
+  path: string,
+  seen = new Set<object>(),
+): { path: string; what: string } | undefined {
+  if (typeof value === "function") return { path, what: "a function" };
+  if (typeof value === "symbol") return { path, what: "a symbol" };
+  if (value === null || typeof value !== "object" || seen.has(value)) return undefined;
+  if (ArrayBuffer.isView(value) || value instanceof ArrayBuffer) return undefined;
+  if (value instanceof SharedArrayBuffer) return undefined;
+  for (
+    const [kind, what] of [
+      [WeakMap, "a WeakMap"],
+      [WeakSet, "a WeakSet"],
+      [WeakRef, "a WeakRef"],
+      [Promise, "a Promise"],
+    ] as const
+  ) {
+    if (value instanceof kind) return { path, what };
+  }
+  seen.add(value);
+  if (value instanceof Map) {
+    for (const [k, v] of value) {
+      const bad = uncloneable(k, `${path} key`, seen) ??
+        uncloneable(v, `${path}.get(${JSON.stringify(String(k))})`, seen);
+      if (bad) return bad;
+    }
+    return undefined;
+  }
+  if (value instanceof Set) {
+    for (const v of value) {
+      const bad = uncloneable(v, `${path} element`, seen);
+      if (bad) return bad;
+    }
+    return undefined;
+  }
+  for (const [k, v] of Object.entries(value)) {
+    const bad = uncloneable(v, Array.isArray(value) ? `${path}[${k}]` : `${path}.${k}`, seen);
+    if (bad) return bad;
+  }
+  return undefined;
 }

@@ -15,6 +15,7 @@ import {
   resolveAugment,
 } from "../augment/options.ts";
 import { AUGMENT_RECORD_LENGTH, sampleKey, writeAugmentRecords } from "../augment/record.ts";
+import { optionError } from "../internal/options.ts";
 import { randomSeed } from "../internal/random.ts";
 import {
   BatchSampler,
@@ -25,25 +26,6 @@ import {
   SequentialSampler,
   toIndices,
 } from "./sampler.ts";
-
-/**
- * Throws the error of an invalid option: "Cannot <action>: <option> option <message>".
- *
- * @param action What the caller is doing.
- * @param option The option's name (or path, "augment.cutout").
- * @param message What is wrong, with the value.
- * @param type TypeError for a wrong kind of value or a forbidden combination, else RangeError.
- * @throws {TypeError} / {RangeError} Always.
- */
-export function optionError(
-  action: string,
-  option: string,
-  message: string,
-  type: "type" | "range" = "range",
-): never {
-  const text = `Cannot ${action}: ${option} option ${message}`;
-  throw type === "type" ? new TypeError(text) : new RangeError(text);
-}
 
 /** Options of {@linkcode EpochOrder}: PyTorch's DataLoader options that choose the order. */
 export interface EpochOrderOptions {

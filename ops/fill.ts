@@ -8,11 +8,10 @@
  * @module
  */
 
-import { describe } from "../ffi/_checks.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Device } from "../ffi/device.ts";
 import type { Stream } from "../ffi/stream.ts";
-import { type DType, Tensor } from "../ffi/tensor.ts";
+import { type DType, DTYPE_BYTES, Tensor } from "../ffi/tensor.ts";
 import { queue, streamOn } from "./_launch.ts";
 
 /** Options of {@linkcode zeros}, {@linkcode ones} and {@linkcode full}. */
@@ -57,6 +56,14 @@ export interface RandnOptions {
   dtype?: "f32" | "f16";
   /** The stream to fill on (default: the device's default stream). */
   stream?: Stream;
+}
+
+/** A short description of a value for error messages. */
+function describe(value: unknown): string {
+  if (value === null) return "null";
+  if (typeof value === "object") return value.constructor?.name ?? "object";
+  if (typeof value === "string") return JSON.stringify(value);
+  return `${typeof value} ${String(value)}`;
 }
 
 const FILL_DTYPES = { f32: 0, f16: 1, i32: 2 } as const;
@@ -196,6 +203,78 @@ export function full(
     throw new TypeError(`Cannot ${action}: value must be a number, got ${describe(value)}`);
   }
   return fill(device, shape, options, 0, value, 0, 0n, action);
+}
+
+/** Options of {@linkcode fillInPlace}. */
+export interface FillInPlaceOptions {
+  /** The first element to write (default 0). */
+  start?: number;
+  /** How many elements to write (default: the rest of the tensor). */
+  count?: number;
+  /** The stream to fill on (default: the device's current stream). */
+  stream?: Stream;
+}
+
+/**
+ * Writes `value` (rounded to the dtype; int32 truncates toward zero) into elements
+ * `[start, start + count)` of an existing tensor on the device, like PyTorch's `fill_` on a
+ * slice: one kernel, nothing read back, so it can be queued inside a recorded step.
+ *
+ * @param t An f32, f16 or i32 tensor, written.
+ * @param value The value.
+ * @param options `start` (0), `count` (the rest), `stream`.
+ * @throws {TypeError} On another dtype, a non-number value or an unknown option.
+ * @throws {RangeError} When the range is not inside the tensor.
+ *
+ * @example
+ * ```ts
+ * import { Device, Tensor } from "@pinstream/pinstream";
+ * import { fillInPlace } from "./fill.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using t = Tensor.fromHost(dev, new Float32Array([1, 2, 3, 4]));
+ * fillInPlace(t, 0.5, { start: 1, count: 2 });
+ * assert.deepStrictEqual([...await t.toHost()], [1, 0.5, 0.5, 4]);
+ * ```
+ */
+export function fillInPlace(t: Tensor, value: number, options: FillInPlaceOptions = {}): void {
+  const action = "fill a tensor";
+  refuseUnknownKeys(options ?? {}, ["start", "count", "stream"], action);
+  if (!(t instanceof Tensor)) {
+    throw new TypeError(`Cannot ${action}: t must be a Tensor, got ${describe(t)}`);
+  }
+  const code = FILL_DTYPES[t.dtype as keyof typeof FILL_DTYPES];
+  if (code === undefined) {
+    throw new TypeError(`Cannot ${action}: t must be f32, f16 or i32, got ${t.dtype}`);
+  }
+  if (typeof value !== "number") {
+    throw new TypeError(`Cannot ${action}: value must be a number, got ${describe(value)}`);
+  }
+  const start = options.start ?? 0;
+  const count = options.count ?? t.numel - start;
+  for (const [name, v] of [["start", start], ["count", count]] as const) {
+    if (!Number.isSafeInteger(v) || v < 0) {
+      throw new RangeError(`Cannot ${action}: ${name} must be an integer >= 0, got ${v}`);
+    }
+  }
+  if (start + count > t.numel) {
+    throw new RangeError(
+      `Cannot ${action}: elements [${start}, ${start + count}) are not inside [${t.shape}]`,
+    );
+  }
+  const stream = streamOn(options, t.device, action);
+  if (count === 0) return;
+  queue(t.device, "tensorFill", {
+    dst: { memory: t.buffer, offset: start * DTYPE_BYTES[t.dtype] },
+    dtype: code,
+    count,
+    mode: 0,
+    a: value,
+    b: 0,
+    seed: 0n,
+    offset: 0n,
+    stream,
+  }, `${action} [${t.shape}] at ${start}, ${count} of ${t.dtype}`);
 }
 
 /**

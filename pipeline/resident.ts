@@ -265,6 +265,7 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
   readonly #affine: NormalizeAffine;
   readonly #stream: Stream | undefined;
   readonly #batchSize: number;
+  readonly #batchCap: number;
   /** Batches whose augment records go up at once (a chunk). */
   readonly #perChunk: number;
   #buffers:
@@ -320,8 +321,11 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
       action,
     );
     this.#batchSize = batchSize;
+    // Buffers hold what a batch can hold, not what batchSize asks: no batch has more samples
+    // than the set (batchSize 1e8 on 10 samples allocated gigabytes).
+    this.#batchCap = this.#order.maxBatchSize();
     // The records are uploaded a chunk of whole batches at a time.
-    this.#perChunk = Math.max(1, Math.floor(CHUNK_SAMPLES / this.#batchSize));
+    this.#perChunk = Math.max(1, Math.floor(CHUNK_SAMPLES / this.#batchCap));
   }
 
   /** Batches per epoch. */
@@ -361,13 +365,16 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     const indices = order.indices(epoch), n = indices.length;
     if (n > 0) bufs.idx.copyFrom(indices, { stream });
     const spec = order.augment;
-    const chunk = b * this.#perChunk, staged = bufs.staged;
+    const chunk = this.#batchCap * this.#perChunk, staged = bufs.staged;
     /** Draws the records of positions [from, to) into the staging array (chunk-relative). */
     const draw = (from: number, to: number) =>
       order.records(epoch, from, to - from, staged, AUGMENT_RECORD_LENGTH * (from % chunk));
     const batches = this.length;
     let drawn = 0; // positions whose records are staged or uploaded
     for (let k = 0; k < batches; k++) {
+      // An epoch left open when the loader was disposed ends here, before it touches the
+      // freed buffers or allocates anything.
+      if (this.#disposed) throw new Error("Cannot iterate a DeviceLoader: it is disposed");
       const at = k * b, size = Math.min(b, n - at);
       if (spec !== undefined && at % chunk === 0) {
         // A new chunk: finish its draws (all of them for an epoch's first) and upload them.
@@ -419,7 +426,7 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
 
   #buffersFor(labelBytes: number) {
     if (this.#buffers === undefined) {
-      const dev = this.dataset.device, b = this.#batchSize, chunk = b * this.#perChunk;
+      const dev = this.dataset.device, b = this.#batchCap, chunk = b * this.#perChunk;
       const made: DeviceBuffer[] = [];
       try {
         // The epoch's order, a chunk's records, a batch's labels.

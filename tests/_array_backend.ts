@@ -4,7 +4,7 @@
 // and arange), matmul, biasAdd, reluForward and cast; the ops it lacks fail in ops/ with
 // "not implemented by the array backend".
 
-import { PinstreamError } from "../ffi/errors.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import type { KernelArgs, KernelBackend, KernelName, Operand } from "../ops/backend.ts";

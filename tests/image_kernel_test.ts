@@ -9,7 +9,7 @@
 
 import assert from "node:assert";
 import { Device } from "../ffi/device.ts";
-import { PinstreamError } from "../ffi/errors.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import { DeviceBuffer } from "../ffi/memory.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import { normalizeAffine } from "../augment/image.ts";

@@ -5,7 +5,7 @@
 
 import assert from "node:assert";
 import { Device } from "../ffi/device.ts";
-import { PinstreamError } from "../ffi/errors.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import { backendOf, NativeBackend, useBackend } from "../ops/backend.ts";
 import { arange, full, randn } from "../ops/fill.ts";

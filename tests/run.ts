@@ -46,6 +46,7 @@ const SUITE = [
   "examples/",
   "mod.ts",
   "README.md",
+  "docs/",
 ];
 
 /** Whether a real GPU answers as the cuda backend here. */

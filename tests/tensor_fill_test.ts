@@ -7,7 +7,7 @@ import assert from "node:assert";
 import { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import { NativeBackend } from "../ffi/native_backend.ts";
-import { arange, full, ones, rand, randn, zeros } from "../ops/fill.ts";
+import { arange, fillInPlace, full, ones, rand, randn, zeros } from "../ops/fill.ts";
 import { CUDA, testEachBackend } from "./_backends.ts";
 
 const f = Math.fround;
@@ -220,3 +220,25 @@ Deno.test({
     }
   },
 });
+
+testEachBackend(
+  "fillInPlace writes a range of an existing tensor and nothing else",
+  async (dev) => {
+    using f = Tensor.fromHost(dev, new Float32Array([1, 2, 3, 4, 5]));
+    fillInPlace(f, 0.1, { start: 1, count: 3 });
+    assert.deepStrictEqual(u32(await f.toHost()), u32(new Float32Array([1, 0.1, 0.1, 0.1, 5])));
+    using h = Tensor.fromHost(dev, new Float16Array([1, 2, 3]));
+    fillInPlace(h, -2.5, { start: 2 });
+    assert.deepStrictEqual([...await h.toHost()], [1, 2, -2.5]);
+    using i = Tensor.fromHost(dev, new Int32Array([7, 7]));
+    fillInPlace(i, -3.9);
+    assert.deepStrictEqual([...await i.toHost()], [-3, -3]);
+    fillInPlace(i, 9, { start: 2 }); // an empty range writes nothing
+    assert.deepStrictEqual([...await i.toHost()], [-3, -3]);
+    using b = Tensor.empty(dev, [2], "u8");
+    assert.throws(() => fillInPlace(b, 1), /t must be f32, f16 or i32, got u8/);
+    assert.throws(() => fillInPlace(f, 1, { start: 4, count: 2 }), /\[4, 6\) are not inside \[5\]/);
+    assert.throws(() => fillInPlace(f, 1, { start: -1 }), /start must be an integer >= 0/);
+    assert.throws(() => fillInPlace(f, 1, { cout: 1 } as never), /unknown option "cout"/);
+  },
+);

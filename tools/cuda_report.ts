@@ -69,21 +69,12 @@ export interface HotKernel {
 
 /**
  * The hot kernels. A rewrite that renames one updates its row. Exempt rows wait for their
- * rewrite (issue 22: GEMM item 1, batch norm item 2, augment item 5), which removes the
- * exemption.
+ * rewrite (issue 22: batch norm item 2, augment item 5), which removes the exemption.
  */
 export const HOT_KERNELS: readonly HotKernel[] = [
-  {
-    prefix: "gemm_kernel<",
-    family: "GEMM main loop, fp16 tensor cores",
-    exempt: "not yet rewritten (issue 22, item 1)",
-  },
-  {
-    prefix: "gemm_kernel_f32<",
-    family: "GEMM main loop, fp32",
-    exempt: "not yet rewritten (issue 22, item 1)",
-  },
-  { prefix: "reduce_partials", family: "GEMM split-K reduction" },
+  { prefix: "gemm_kernel<__half,", family: "GEMM main loop, fp16 tensor cores" },
+  { prefix: "gemm_kernel<float,", family: "GEMM main loop, fp32" },
+  { prefix: "reduce_splits<", family: "GEMM split-K reduction" },
   { prefix: "bn_train<", family: "batch norm", exempt: "not yet rewritten (issue 22, item 2)" },
   { prefix: "bn_bwd<", family: "batch norm", exempt: "not yet rewritten (issue 22, item 2)" },
   { prefix: "bn_eval<", family: "batch norm", exempt: "not yet rewritten (issue 22, item 2)" },

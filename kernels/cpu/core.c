@@ -224,9 +224,10 @@ PS_API int ps_mem_info(uint64_t *free_bytes, uint64_t *total_bytes) {
 /* Allocations of PS_HUGE_MIN bytes or more are aligned to 2 MiB and advised into transparent
  * huge pages (Linux, where THP is "madvise" or "always"): a resident dataset is read at random,
  * a sample or a row at a time, and with 4 KiB pages nearly every read is a TLB miss (a
- * two-dimensional page walk in a VM). Measured with a C harness on the 2-core VM: the resident
- * CIFAR kernel (128 shuffled images from the 150 MB set to fp16) 56-62 -> 48-49 us a batch
- * serial, 29-45 -> 27-28 us split over 2 threads. */
+ * two-dimensional page walk in a VM). On the 2-core VM the resident CIFAR kernel (128 shuffled
+ * images from the 150 MB set to fp16) took 48-49 us a batch with huge pages against 56-62
+ * with 4 KiB pages, one thread. `deno run -A bench/pipeline.ts` measures it again (its
+ * DeviceDataset row; set PS_HUGE_MIN above the set's size for the other side). */
 #define PS_HUGE_MIN ((uint64_t)4 << 20)
 #define PS_HUGE_PAGE ((size_t)2 << 20)
 
