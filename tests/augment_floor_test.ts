@@ -8,8 +8,12 @@ import { fileURLToPath } from "node:url";
 
 const ROOT = resolve(dirname(fileURLToPath(import.meta.url)), "..");
 
-/** The top-level folders that the modules under `folder` import from (itself left out). */
-async function floorsImportedBy(folder: string): Promise<Map<string, string[]>> {
+/**
+ * The top-level folders that the modules under `folder` import from (itself left out): static
+ * imports and re-exports (type-only ones load nothing and are left out), and with `dynamic`
+ * only the dynamic imports of a literal path.
+ */
+async function floorsImportedBy(folder: string, dynamic = false): Promise<Map<string, string[]>> {
   const found = new Map<string, string[]>();
   const walk = async (dir: string): Promise<void> => {
     for await (const e of Deno.readDir(dir)) {
@@ -17,8 +21,9 @@ async function floorsImportedBy(folder: string): Promise<Map<string, string[]>> 
       if (e.isDirectory) await walk(path);
       else if (e.name.endsWith(".ts")) {
         const text = await Deno.readTextFile(path);
-        // Static imports and re-exports, and dynamic imports of a literal path.
-        const specs = text.matchAll(/(?:from|import)\s*\(?\s*"(\.{1,2}\/[^"]+)"/g);
+        const specs = dynamic ? text.matchAll(/import\s*\(\s*"(\.{1,2}\/[^"]+)"/g) : text.matchAll(
+          /^(?!import type|export type)(?:import|export)[^;]*?from\s*"(\.{1,2}\/[^"]+)"/gms,
+        );
         for (const [, spec] of specs) {
           const top = relative(ROOT, resolve(dirname(path), spec)).split("/")[0];
           if (top === folder) continue;
@@ -46,4 +51,12 @@ Deno.test("loader/ imports only augment/ and internal/ (no ffi/, no pipeline/)",
   const above = [...floors.keys()].filter((f) => f !== "augment" && f !== "internal");
   assert.deepStrictEqual(above, [], String(above.map((f) => `${f}: ${floors.get(f)}`)));
   assert.ok(floors.has("augment") && floors.has("internal"));
+});
+
+Deno.test("loader/ loads the image decoders only on demand, from its image datasets", async () => {
+  // The decoders' native bindings are loaded by the workers that decode, never by the loader's
+  // core: a dynamic import, from loader/datasets/ alone.
+  const floors = await floorsImportedBy("loader", true);
+  assert.deepStrictEqual([...floors.keys()].filter((f) => f !== "decode"), []);
+  for (const file of floors.get("decode") ?? []) assert.match(file, /^loader\/datasets\//);
 });
