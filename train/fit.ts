@@ -703,6 +703,8 @@ export interface ImageRun {
   intro: string;
   /** What the data is, for the closing summary. */
   dataNote: string;
+  /** Memory order of the image records (default "nchw"; decoded image files are "nhwc"). */
+  layout?: "nchw" | "nhwc";
 }
 
 /**
@@ -746,7 +748,12 @@ export async function trainImages(args: TrainArgs, run: ImageRun): Promise<Epoch
       trainLoader,
       testLoader,
       dataNote: run.dataNote,
-      spec: { mean: run.mean, std: run.std, padding: augment?.padding ?? 0 },
+      spec: {
+        mean: run.mean,
+        std: run.std,
+        padding: augment?.padding ?? 0,
+        layout: run.layout,
+      },
       scheduler: (opt, steps) =>
         new OneCycleLR(opt, {
           maxLr: args.lr,
