@@ -71,16 +71,20 @@ __device__ float channel_sum(const T *x, int64_t ch, int64_t c, int64_t hw, int6
 
 /* ---- batch normalization ------------------------------------------------------------------- */
 
+/* A block per [n, c] plane (grid-stride over planes): the channel's affine once per plane, then
+ * the plane's contiguous hw values, all in 32-bit index arithmetic. */
 template <class T>
 __global__ void bn_eval(const T *x, const float *gamma, const float *beta, const float *run_mean,
-                        const float *run_var, T *y, int64_t total, int64_t c, int64_t hw,
+                        const float *run_var, T *y, uint32_t planes, uint32_t c, uint32_t hw,
                         float eps) {
-  for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
-       t += (int64_t)gridDim.x * blockDim.x) {
-    int64_t ch = (t / hw) % c;
+  for (uint32_t p = blockIdx.x; p < planes; p += gridDim.x) {
+    const uint32_t ch = p % c;
     float a, b;
     ps_bn_eval_affine(gamma[ch], beta[ch], run_mean[ch], run_var[ch], eps, &a, &b);
-    y[t] = from_f32<T>(to_f32(x[t]) * a + b);
+    const T *xp = x + (int64_t)p * hw;
+    T *yp = y + (int64_t)p * hw;
+    for (uint32_t j = threadIdx.x; j < hw; j += blockDim.x)
+      yp[j] = from_f32<T>(to_f32(xp[j]) * a + b);
   }
 }
 
@@ -215,6 +219,7 @@ __global__ void bn_stats(const T *x, float *work, int32_t n, int32_t c, int32_t 
     float *w = work + 3 * (int64_t)blockIdx.x;
     w[0] = mb;
     w[1] = v[0];
+    w[2] = __int_as_float((int32_t)(q.s1 - q.s0) * hw); /* n * hw fits an int32 */
   }
 }
 
@@ -229,11 +234,8 @@ __global__ void bn_apply(const T *x, const float *gamma, const float *beta, T *y
     int64_t cnt = 0;
     float mean = 0.0f, m2 = 0.0f;
     const float *w = work + 3 * (int64_t)q.ch * groups;
-    for (int32_t g = 0; g < groups; g++) {
-      const int64_t cb =
-          (ps_bn_group_start(n, groups, g + 1) - ps_bn_group_start(n, groups, g)) * hw;
-      ps_bn_merge(&cnt, &mean, &m2, cb, w[3 * g], w[3 * g + 1]);
-    }
+    for (int32_t g = 0; g < groups; g++)
+      ps_bn_merge(&cnt, &mean, &m2, __float_as_int(w[3 * g + 2]), w[3 * g], w[3 * g + 1]);
     const float invstd = ps_bn_invstd(m2, cnt, eps);
     if (q.g == 0) {
       save_mean[q.ch] = mean;
@@ -466,9 +468,12 @@ PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
   if (n == 0) return PS_OK;
   NULL_CHECK(x, gamma, beta, run_mean, run_var, y);
-  WITH_ACT(dtype,
-           PS_LAUNCH(bn_eval<T>, blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream,
-                     (const T *)x, gamma, beta, run_mean, run_var, (T *)y, n * c * hw, c, hw, eps));
+  if (n * c > UINT32_MAX || hw > UINT32_MAX)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: shape n=%lld c=%lld hw=%lld too large", __func__,
+            (long long)n, (long long)c, (long long)hw);
+  WITH_ACT(dtype, PS_LAUNCH(bn_eval<T>, (unsigned)(n * c < 65535 * 16 ? n * c : 65535 * 16), EW, 0,
+                            (cudaStream_t)stream, (const T *)x, gamma, beta, run_mean, run_var,
+                            (T *)y, (uint32_t)(n * c), (uint32_t)c, (uint32_t)hw, eps));
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
