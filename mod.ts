@@ -31,6 +31,7 @@ export { LibraryError, loadLibrary } from "./ffi/library.ts";
 export { PermissionError } from "./internal/permissions.ts";
 export { activeProfiler, Profiler, range, span } from "./ffi/profiler.ts";
 export type { ChromeTrace, ProfilerOptions, ProfileRow, RangeOptions } from "./ffi/profiler.ts";
+export type { OpCounts, OpKind } from "./internal/op_count.ts";
 export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";
 export { ABI_VERSION, signatures, symbols } from "./ffi/symbols.ts";
 export type { Foreign, Param, ParamTypes, Signature } from "./ffi/symbols.ts";
@@ -243,6 +244,12 @@ export {
   uniform,
   Xoshiro128,
 } from "./nn/mod.ts";
+export {
+  type CopyEntry,
+  type SgdEntry,
+  TensorList,
+  type TensorListKind,
+} from "./ops/tensor_list.ts";
 
 // train
 export {
