@@ -199,3 +199,18 @@ export {
   uniform,
   Xoshiro128,
 } from "./nn/mod.ts";
+
+// dist
+export {
+  type BroadcastOptions,
+  type CollectiveBuffer,
+  type CollectiveOp,
+  DEFAULT_TIMEOUT_MS,
+  ProcessGroup,
+  type ProcessGroupOptions,
+  type ReduceOp,
+  type ReduceOptions,
+  Work,
+} from "./dist/process_group.ts";
+export { type LaunchEnv, launchEnv, type MpiFlavor } from "./dist/launch_env.ts";
+export { availableMpi, mpirunCommand, type MpirunOptions } from "./dist/launcher.ts";

@@ -37,6 +37,7 @@ const SUITE = [
   "loader/",
   "pipeline/",
   "nn/",
+  "dist/",
   "examples/",
   "mod.ts",
   "README.md",
