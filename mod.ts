@@ -152,6 +152,7 @@ export {
   encodeSafetensors,
   type ExtraStateLoad,
   Flatten,
+  type GradReadyHook,
   GradScaler,
   type GradScalerOptions,
   type GradScalerState,
@@ -214,3 +215,5 @@ export {
 } from "./dist/process_group.ts";
 export { type LaunchEnv, launchEnv, type MpiFlavor } from "./dist/launch_env.ts";
 export { availableMpi, mpirunCommand, type MpirunOptions } from "./dist/launcher.ts";
+export { DataParallel, type DataParallelOptions } from "./dist/data_parallel.ts";
+export { SyncBatchNorm } from "./dist/sync_batch_norm.ts";

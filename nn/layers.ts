@@ -730,6 +730,7 @@ export class Sequential extends Module {
     let g: Tensor | null = dy;
     for (let i = this.layers.length - 1; i >= 0 && g; i--) {
       g = this.layers[i].backward(g, { inputGrad: wanted || i > first });
+      this.gradReady(this.layers[i]);
     }
     return g;
   }
