@@ -41,12 +41,24 @@ export type { ChromeTrace, ProfilerOptions, ProfileRow, RangeOptions } from "./f
 export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";
 export { ABI_VERSION, symbols } from "./ffi/symbols.ts";
 
-// loader
+// augment
 export {
   AUGMENT_RECORD_LENGTH,
   augmentFromDraw,
+  augmentHost,
+  type AugmentHostOptions,
   type AugmentOptions,
   augmentRecord,
+  type AugmentSpec,
+  type ImageDtype,
+  type ImageLayout,
+  imageShape,
+  type NormalizeAffine,
+  normalizeAffine,
+} from "./augment/mod.ts";
+
+// loader
+export {
   type BatchOf,
   BatchSampler,
   type BatchSamplerLike,
@@ -102,15 +114,6 @@ export {
 } from "./loader/mod.ts";
 
 // pipeline
-export {
-  augmentHost,
-  type AugmentHostOptions,
-  type ImageDtype,
-  type ImageLayout,
-  imageShape,
-  type NormalizeAffine,
-  normalizeAffine,
-} from "./pipeline/augment.ts";
 export {
   type DeviceBatch,
   DevicePrefetcher,

@@ -20,7 +20,8 @@
 import { DataLoader } from "../loader/data_loader.ts";
 import type { Dataset, SampleContext, WorkerSpec } from "../loader/dataset.ts";
 import { CIFAR10, type CIFAR10State } from "../loader/datasets/cifar10.ts";
-import { augmentFromDraw, type RingBatch } from "../loader/ring.ts";
+import { augmentFromDraw } from "../augment/record.ts";
+import type { RingBatch } from "../loader/ring.ts";
 import { RandomSampler } from "../loader/sampler.ts";
 import { memoryOf, wasmGather } from "../loader/_wasm_gather.ts";
 import { writeCifar10Files } from "../tests/loader_fixtures.ts";

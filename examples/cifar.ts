@@ -20,7 +20,8 @@
  * @module
  */
 
-import type { AugmentOptions, Dataset } from "../loader/mod.ts";
+import type { AugmentOptions } from "../augment/options.ts";
+import type { Dataset } from "../loader/mod.ts";
 import { CIFAR10, CIFAR10_URL } from "../loader/datasets/cifar10.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import {

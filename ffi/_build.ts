@@ -20,9 +20,13 @@ const CUDA_SOURCES = [
   "cuda/common.cuh",
   "cuda/gemm.cuh",
   "cuda/launch.cuh",
+  "cuda/nn.cuh",
   "cuda/core.cu",
   "cuda/image.cu",
-  "cuda/nn.cu",
+  "cuda/gemm.cu",
+  "cuda/conv.cu",
+  "cuda/norm.cu",
+  "cuda/ops.cu",
   "cuda/fill.cu",
 ];
 
@@ -336,7 +340,7 @@ function cudaArchs(): string[] {
 
 /** nvcc flags: one SASS per arch, plus PTX of the newest for GPUs newer than all of them. */
 function cudaFlags(archs: string[]): string[] {
-  // C++20: designated initializers name the kernels' functor fields (kernels/cuda/nn.cu).
+  // C++20: designated initializers name the kernels' functor fields (kernels/cuda/conv.cu).
   const flags = [
     "-O3",
     "-std=c++20",

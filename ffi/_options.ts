@@ -60,11 +60,12 @@ export function refuseUnknownKeys(
  * import assert from "node:assert";
  * assert.strictEqual(closest("numWorker", ["numWorkers", "seed"]), "numWorkers");
  * assert.strictEqual(closest("vflip", ["padding", "flip"]), "flip");
+ * assert.strictEqual(closest("trian", ["root", "train"]), "train");
  * ```
  */
 export function closest(key: string, known: readonly string[]): string | undefined {
   const k = key.toLowerCase();
-  // One edit per three characters: "paddding" finds "padding", "vflip" finds nothing.
+  // One edit per three characters: "paddding" finds "padding", "shufle" finds "shuffle".
   let best: string | undefined, bestD = Math.max(1, Math.floor(k.length / 3)) + 1;
   for (const name of known) {
     const d = distance(k, name.toLowerCase());
@@ -73,15 +74,22 @@ export function closest(key: string, known: readonly string[]): string | undefin
   return best;
 }
 
-/** Levenshtein distance. */
+/**
+ * Edit distance with adjacent transpositions as one edit (optimal string alignment): swapped
+ * letters ("trian", "stpe") are the commonest typo, and plain Levenshtein counts them as two.
+ */
 function distance(a: string, b: string): number {
+  let before: number[] = [];
   let prev = Array.from({ length: b.length + 1 }, (_, j) => j);
   for (let i = 1; i <= a.length; i++) {
     const row = [i];
     for (let j = 1; j <= b.length; j++) {
       row[j] = Math.min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (a[i - 1] === b[j - 1] ? 0 : 1));
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) {
+        row[j] = Math.min(row[j], before[j - 2] + 1);
+      }
     }
-    prev = row;
+    [before, prev] = [prev, row];
   }
   return prev[b.length];
 }

@@ -3,7 +3,7 @@
 // workers, so a sample sees the same context, the same random stream and the same error
 // wording wherever it is loaded.
 
-import { CounterRandom, STREAM_SAMPLE } from "./_rng.ts";
+import { CounterRandom, STREAM_SAMPLE } from "../internal/random.ts";
 import type { Dataset, SampleContext } from "./dataset.ts";
 
 /** Where a batch's samples are loaded: the loader's seed, the epoch, the first position. */

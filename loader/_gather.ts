@@ -1,13 +1,11 @@
 // The zero-copy gather: copies the records of a batch's samples from the dataset's shared
-// fields into a ring slot, and draws the augmentation parameters. Runs in workers and, with
-// numWorkers 0, on the main thread. Everything it touches is shared memory, so the only
-// thing crossing threads per batch is a small control message.
+// fields into a ring slot, and writes their augment records (augment/record.ts). Runs in
+// workers and, with numWorkers 0, on the main thread. Everything it touches is shared memory,
+// so the only thing crossing threads per batch is a small control message.
 
-import { hash4, seedWords, STREAM_SAMPLE } from "./_rng.ts";
+import type { AugmentSpec } from "../augment/options.ts";
+import { sampleKey, writeAugmentRecords } from "../augment/record.ts";
 import { type WasmGather, wasmGather } from "./_wasm_gather.ts";
-
-/** int32 words of one sample's augment record (ring.ts's AUGMENT_RECORD_LENGTH). */
-export const AUGMENT_RECORD_LENGTH = 9;
 
 export interface GatherSource {
   buffer: SharedArrayBuffer;
@@ -30,72 +28,6 @@ export interface GatherSpec {
   augment: AugmentSpec;
   length: number;
   seed: number;
-}
-
-/** The loader's augment options, defaults filled in (`loader.augment`). */
-export interface AugmentSpec {
-  padding: number;
-  flip: boolean;
-  vflip: boolean;
-  cutout: number;
-  brightness: number;
-  contrast: number;
-}
-
-/** Draw k of the sample stream at `position` (CounterRandom's output k for that key). */
-function draw(k0: number, position: number, k: number): number {
-  return hash4(k0, position, k, 0x243f6a88);
-}
-
-/** The bits of fp32 1.0: a brightness or contrast factor that changes nothing. */
-const F32_ONE = 0x3f800000;
-const f32 = new Float32Array(1), f32Bits = new Int32Array(f32.buffer);
-
-/** The fp32 bits of a factor uniform in [max(0, 1 - jitter), 1 + jitter] from draw `u`. */
-function factorBits(u: number, jitter: number): number {
-  if (jitter === 0) return F32_ONE;
-  const lo = Math.max(0, 1 - jitter), hi = 1 + jitter;
-  f32[0] = lo + (hi - lo) * (u / 0x1_0000_0000);
-  return f32Bits[0];
-}
-
-/** The key of an epoch's per-sample streams (the `k0` of {@linkcode writeAugmentRecords}). */
-export function sampleKey(seed: number, epoch: number): number {
-  const [lo, hi] = seedWords(seed);
-  return hash4(lo, hi, epoch >>> 0, STREAM_SAMPLE);
-}
-
-/**
- * Writes the records of `count` samples from epoch position `position` on, one after another
- * from `out[at]`, from the epoch's key `k0` ({@linkcode sampleKey}); draw k of a sample is
- * `CounterRandom`'s output k for its position. The gather's hot loop: no allocation, one hash
- * per option in use, and no call per sample (one measured 10-45% slower in the order loader:
- * 4.4-5.7 against 3.9-4.0 us per 128 samples, a throwaway timing script).
- */
-export function writeAugmentRecords(
-  out: Int32Array,
-  at: number,
-  k0: number,
-  position: number,
-  count: number,
-  augment: AugmentSpec,
-): void {
-  const span = 2 * augment.padding + 1;
-  for (let k = 0, o = at; k < count; k++, o += AUGMENT_RECORD_LENGTH) {
-    const p = (position + k) >>> 0;
-    const u = draw(k0, p, 0);
-    // Words 0-2 as augmentFromDraw splits draw 0.
-    out[o] = Math.floor(((u & 0xffff) / 65536) * span);
-    out[o + 1] = Math.floor((((u >>> 16) & 0x7fff) / 32768) * span);
-    out[o + 2] = augment.flip ? u >>> 31 : 0;
-    out[o + 3] = augment.vflip ? draw(k0, p, 1) >>> 31 : 0;
-    const cut = augment.cutout > 0 ? draw(k0, p, 2) : 0;
-    out[o + 4] = cut & 0xffff;
-    out[o + 5] = cut >>> 16;
-    out[o + 6] = augment.cutout;
-    out[o + 7] = factorBits(augment.brightness > 0 ? draw(k0, p, 3) : 0, augment.brightness);
-    out[o + 8] = factorBits(augment.contrast > 0 ? draw(k0, p, 4) : 0, augment.contrast);
-  }
 }
 
 /**

@@ -4,7 +4,7 @@
 
 import { Worker as NodeWorker } from "node:worker_threads";
 import type { FromWorker, InitMessage, ToWorker } from "./_protocol.ts";
-import { hash4, seedWords, STREAM_WORKER } from "./_rng.ts";
+import { hash4, seedWords, STREAM_WORKER } from "../internal/random.ts";
 import { type EngineConfig, WorkerError } from "./_transport.ts";
 
 let liveWorkers = 0;

@@ -20,6 +20,13 @@
  */
 
 import { range } from "../ffi/profiler.ts";
+import {
+  AUGMENT_OFF,
+  type AugmentOptions,
+  type AugmentSpec,
+  resolveAugment,
+} from "../augment/options.ts";
+import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
 import v8 from "node:v8";
 import { closest } from "../ffi/_options.ts";
 import {
@@ -34,7 +41,7 @@ import {
 } from "./_engine.ts";
 import type { GatherSpec } from "./_gather.ts";
 import type { ModuleRef } from "./_protocol.ts";
-import { randomSeed } from "./_rng.ts";
+import { randomSeed } from "../internal/random.ts";
 import { memoryOf } from "./_wasm_gather.ts";
 import type { Collated, CollateFn } from "./collate.ts";
 import {
@@ -44,7 +51,7 @@ import {
   type SharedField,
   type SharedFieldsOf,
 } from "./dataset.ts";
-import { AUGMENT_RECORD_LENGTH, RingBatch, StagingRing } from "./ring.ts";
+import { RingBatch, StagingRing } from "./ring.ts";
 import {
   BatchSampler,
   type BatchSamplerLike,
@@ -56,41 +63,8 @@ import {
 } from "./sampler.ts";
 
 export { WorkerError } from "./_engine.ts";
+export type { AugmentOptions } from "../augment/options.ts";
 export type { ModuleRef } from "./_protocol.ts";
-
-/**
- * Per-sample augmentation parameters drawn by the loader (zero-copy path), each from the
- * sample's seeded stream, into the batch's `augment` records (see {@linkcode augmentRecord});
- * the {@linkcode DevicePrefetcher} and {@linkcode DeviceLoader} apply them in one fused kernel.
- * Every option defaults to off, and an option that is off changes no output bit.
- */
-export interface AugmentOptions {
-  /** Random-crop padding p: `dy, dx` drawn in [0, 2p] (default 0: no crop). */
-  padding?: number;
-  /** Draw a horizontal-flip bit per sample, torchvision's RandomHorizontalFlip (default false). */
-  flip?: boolean;
-  /** Draw a vertical-flip bit per sample, torchvision's RandomVerticalFlip (default false). */
-  vflip?: boolean;
-  /**
-   * Cutout: the side in pixels of a square, centred on a random pixel of each image and
-   * clipped at its borders, whose normalized values become 0 (the channel mean), as Cutout
-   * (DeVries & Taylor) or RandomErasing after Normalize (default 0: off).
-   */
-  cutout?: number;
-  /**
-   * Brightness jitter j: each image's bytes are multiplied by a factor drawn uniformly in
-   * [max(0, 1 - j), 1 + j] and clamped to [0, 255], as torchvision's ColorJitter(brightness=j)
-   * (default 0: off).
-   */
-  brightness?: number;
-  /**
-   * Contrast jitter j: a factor f drawn uniformly in [max(0, 1 - j), 1 + j] blends each
-   * (brightness-adjusted) byte toward the grey 127.5, `f * v + (1 - f) * 127.5`, clamped to
-   * [0, 255]. ColorJitter(contrast=j) blends toward each image's mean grey instead; a fixed
-   * grey (as DALI's brightness_contrast) keeps the transform one pass (default 0: off).
-   */
-  contrast?: number;
-}
 
 /**
  * Options of {@linkcode DataLoader}; PyTorch's names in TypeScript casing, plus a few.
@@ -329,16 +303,6 @@ const OPTION_NAMES = new Set([
   "workerResourceLimits",
 ]);
 
-/** No augmentation: what the gather spec carries when the loader draws nothing. */
-const AUGMENT_OFF: Readonly<Required<AugmentOptions>> = Object.freeze({
-  padding: 0,
-  flip: false,
-  vflip: false,
-  cutout: 0,
-  brightness: 0,
-  contrast: 0,
-});
-const AUGMENT_KEYS = ["padding", "flip", "vflip", "cutout", "brightness", "contrast"];
 const LIMIT_KEYS = ["maxOldGenerationSizeMb", "maxYoungGenerationSizeMb", "stackSizeMb"];
 
 /** " (did you mean X?)" for a near miss among `names`, else "" (the shared rule of ffi/_options.ts). */
@@ -582,7 +546,7 @@ export interface DataLoader<B = unknown> extends AsyncIterable<B>, AsyncDisposab
    * assert.ok(Object.isFrozen(loader.augment));
    * ```
    */
-  readonly augment: Readonly<Required<AugmentOptions>> | undefined;
+  readonly augment: AugmentSpec | undefined;
   /** The epoch the next iteration will load (0-based). */
   readonly epoch: number;
   /**
@@ -697,7 +661,7 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
   #recordCount = 0;
   #workerInit: ModuleRef | undefined;
   #canPlanAhead: boolean;
-  #augment: Readonly<Required<AugmentOptions>> | undefined;
+  #augment: AugmentSpec | undefined;
 
   /**
    * Creates it; see the class documentation.
@@ -915,45 +879,8 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
           "type",
         );
       }
-      if (typeof o.augment !== "object" || o.augment === null) {
-        fail("augment", "should be an object such as { padding: 4, flip: true }", "type");
-      }
-      checkKeys("augment", o.augment, AUGMENT_KEYS);
-      const padding = o.augment.padding ?? 0;
-      if (!Number.isInteger(padding) || padding < 0) {
-        fail("augment", `padding should be a non-negative integer, got ${String(padding)}`);
-      }
-      const cutout = o.augment.cutout ?? 0;
-      if (!Number.isInteger(cutout) || cutout < 0 || cutout > 2 ** 31 - 1) {
-        fail(
-          "augment.cutout",
-          `should be an integer in 0..2147483647 (the square's side in pixels, 0: off), got ${
-            String(cutout)
-          }`,
-        );
-      }
-      const jitter = (key: "brightness" | "contrast"): number => {
-        const j = o.augment![key] ?? 0;
-        if (typeof j !== "number") {
-          fail(`augment.${key}`, `should be a number (a jitter j >= 0), got ${String(j)}`, "type");
-        }
-        if (!Number.isFinite(j) || j < 0) {
-          fail(
-            `augment.${key}`,
-            `should be a finite number >= 0 (factors drawn in [max(0, 1 - j), 1 + j]), got ${j}`,
-          );
-        }
-        return j;
-      };
       // Frozen: the public `augment` getter hands out this very object.
-      this.#augment = Object.freeze({
-        padding,
-        flip: checkBool("augment.flip", o.augment.flip, false),
-        vflip: checkBool("augment.vflip", o.augment.vflip, false),
-        cutout,
-        brightness: jitter("brightness"),
-        contrast: jitter("contrast"),
-      });
+      this.#augment = resolveAugment(o.augment, "create DataLoader");
     }
     if (o.workerInit !== undefined && !isModuleRef(o.workerInit)) {
       fail(
@@ -1140,7 +1067,7 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
   }
 
   /** See {@linkcode DataLoader.augment}. */
-  get augment(): Readonly<Required<AugmentOptions>> | undefined {
+  get augment(): AugmentSpec | undefined {
     return this.#augment;
   }
 

@@ -49,15 +49,7 @@ export {
   type TypedArrayCtor,
   type WorkerSpec,
 } from "./dataset.ts";
-export {
-  AUGMENT_RECORD_LENGTH,
-  augmentFromDraw,
-  augmentRecord,
-  RingBatch,
-  type RingField,
-  ringLayout,
-  StagingRing,
-} from "./ring.ts";
+export { RingBatch, type RingField, ringLayout, StagingRing } from "./ring.ts";
 export { getWorkerInfo, type WorkerInfo } from "./worker_info.ts";
 export {
   TensorDataset,

@@ -18,31 +18,9 @@
  *
  * ## Augmentation parameters
  *
- * With the loader's `augment` option, sample k's `augment` record is 9 int32 words (the
- * `PS_IMAGE_PARAMS` record of `ps_image_augment` in kernels/pinstream.h):
- *
- * | word | meaning | off |
- * |------|---------|-----|
- * | 0, 1 | `dy, dx` in `[0, 2p]`: the crop window's top-left corner in the image zero-padded by `p = padding` on every side (torchvision's `RandomCrop(size, padding=p)`) | `0, 0` with padding 0 |
- * | 2 | `flip` in `{0, 1}`: mirror left-right (`RandomHorizontalFlip`) | 0 |
- * | 3 | `vflip` in `{0, 1}`: mirror top-bottom (`RandomVerticalFlip`) | 0 |
- * | 4, 5 | the cutout square's centre row and column as fractions of the height and width in 1/65536 units, each in `[0, 65535]` | 0, 0 |
- * | 6 | the cutout square's side in pixels (`cutout`) | 0: none |
- * | 7, 8 | brightness and contrast factors as the bits of fp32 values, each drawn uniformly in `[max(0, 1 - j), 1 + j]` for `brightness: j` / `contrast: j` (ColorJitter) | `1.0` (`0x3f800000`) |
- *
- * Per output pixel (y, x) of an H x W image: `xs = flip ? W - 1 - x : x`,
- * `ys = vflip ? H - 1 - y : y`, source pixel `(ys + dy - p, xs + dx - p)`, 0 outside the image;
- * then brightness and contrast (contrast blends toward the fixed grey 127.5, see
- * `augmentHost`), the normalization, and cutout sets the normalized value to 0 inside the
- * square (rows `cy - floor(side / 2)` .. `+ side`, `cy = floor(word4 * H / 65536)`, likewise
- * columns, clipped to the image).
- *
- * The words come from the sample's stream of uint32 draws, a pure function of (seed, epoch,
- * position in the epoch) and the same as `ctx.u32()` in `get(index, ctx)`: draw 0 gives words
- * 0-2 (see {@linkcode augmentFromDraw}: the same bits as before the record grew), draw 1 the
- * vertical flip, draw 2 the cutout centre, draws 3 and 4 the brightness and contrast factors.
- * Each option has its own draw, so turning one on or off leaves the others' values as they
- * were. See {@linkcode augmentRecord}.
+ * With the loader's `augment` option, sample k's `augment` record is the
+ * {@linkcode AUGMENT_RECORD_LENGTH} int32 words that augment/record.ts lays out and draws
+ * (see {@linkcode augmentRecord}).
  *
  * ## Ownership
  *
@@ -58,89 +36,7 @@
  */
 
 import { DTYPES, type FieldDType, recordBytes, type TypedArray } from "./dataset.ts";
-import type { AugmentOptions } from "./data_loader.ts";
-import {
-  AUGMENT_RECORD_LENGTH as RECORD_WORDS,
-  sampleKey,
-  writeAugmentRecords,
-} from "./_gather.ts";
 import { allocShared, memoryOf } from "./_wasm_gather.ts";
-
-/**
- * int32 words of one sample's `augment` record (`PS_IMAGE_PARAMS` in kernels/pinstream.h):
- * `[dy, dx, flip, vflip, cutY, cutX, cutSize, brightnessBits, contrastBits]`.
- *
- * @example
- * ```ts
- * import { AUGMENT_RECORD_LENGTH } from "@pinstream/pinstream";
- * import assert from "node:assert";
- * assert.strictEqual(AUGMENT_RECORD_LENGTH, 9);
- * ```
- */
-export const AUGMENT_RECORD_LENGTH: number = RECORD_WORDS;
-
-/**
- * The `augment` record the loader writes for the sample at `position` (0-based, across the
- * epoch's batches) of `epoch`: a pure function of the seed, the epoch, the position and the
- * options, whatever worker loads the sample and however many there are. See the module
- * documentation for the words.
- *
- * @param seed the loader's seed
- * @param epoch the epoch
- * @param position the sample's position in the epoch's order
- * @param augment the loader's augment options with defaults filled in (`loader.augment`)
- * @returns the record, {@linkcode AUGMENT_RECORD_LENGTH} int32 words
- * @example The record of the first sample, every augmentation off but the crop
- * ```ts
- * import { augmentRecord } from "@pinstream/pinstream";
- * import assert from "node:assert";
- * const off = { padding: 4, flip: false, vflip: false, cutout: 0, brightness: 0, contrast: 0 };
- * const r = augmentRecord(1, 0, 0, off);
- * assert.ok(r[0] >= 0 && r[0] <= 8 && r[1] >= 0 && r[1] <= 8);
- * assert.deepStrictEqual([...r.slice(2)], [0, 0, 0, 0, 0, 0x3f800000, 0x3f800000]);
- * ```
- */
-export function augmentRecord(
-  seed: number,
-  epoch: number,
-  position: number,
-  augment: Readonly<Required<AugmentOptions>>,
-): Int32Array {
-  const out = new Int32Array(AUGMENT_RECORD_LENGTH);
-  writeAugmentRecords(out, 0, sampleKey(seed, epoch), position, 1, augment);
-  return out;
-}
-
-/**
- * The crop offsets and flip bit of one sample from one 32-bit draw `u`:
- * `dy = floor((u & 0xffff) / 2^16 * (2p+1))`, `dx = floor(((u >>> 16) & 0x7fff) / 2^15 * (2p+1))`,
- * `flip = u >>> 31` (0 when flips are off). One draw instead of three keeps the per-sample
- * cost of the zero-copy gather low.
- *
- * @param u a uint32 draw (the first of the sample's stream)
- * @param padding the crop padding p
- * @param flip whether flips are drawn
- * @returns `[dy, dx, flip]`
- * @example
- * ```ts
- * import { augmentFromDraw } from "@pinstream/pinstream";
- * import assert from "node:assert";
- * assert.deepStrictEqual(augmentFromDraw(0xffffffff, 4, true), [8, 8, 1]);
- * assert.deepStrictEqual(augmentFromDraw(0, 4, true), [0, 0, 0]);
- * ```
- */
-export function augmentFromDraw(
-  u: number,
-  padding: number,
-  flip: boolean,
-): [number, number, number] {
-  const span = 2 * padding + 1;
-  return [
-    Math.floor(((u & 0xffff) / 65536) * span),
-    Math.floor((((u >>> 16) & 0x7fff) / 32768) * span),
-    flip ? u >>> 31 : 0,
-  ];
-}
 
 /** One field of a ring slot. */
 export interface RingField {

@@ -12,7 +12,7 @@
  */
 
 import { refuseUnknownKeys } from "../ffi/_options.ts";
-import { permutation, randomSeed, SequenceRandom, STREAM_SAMPLER } from "./_rng.ts";
+import { permutation, randomSeed, SequenceRandom, STREAM_SAMPLER } from "../internal/random.ts";
 
 /**
  * What a DataLoader needs from a sampler: how many indices an epoch has, and the indices

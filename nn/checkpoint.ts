@@ -24,8 +24,10 @@
  * beside the targets, then renames the weights and then the state. Killed before the first
  * rename, the old checkpoint is intact; killed between the renames, the complete new state
  * file is still at its `.tmp` name and binds the new weights by hash, so the load takes it and
- * resumes from the new checkpoint. A save that fails removes its temporary files. One process
- * saves to a path at a time.
+ * resumes from the new checkpoint. Before it overwrites the temporary state name, a save first
+ * finishes such an interrupted commit (renames the pending state into place), so any sequence
+ * of interrupted saves leaves the last complete checkpoint loadable. A save that fails removes
+ * its temporary files. One process saves to a path at a time.
  *
  * @module
  */
@@ -37,6 +39,16 @@ import type { LRScheduler, LRSchedulerState } from "./lr_scheduler.ts";
 import { type RngState, Xoshiro128 } from "./init.ts";
 import { dirname } from "node:path";
 import { decodeSafetensors, encodeSafetensors, type HostTensor } from "./safetensors.ts";
+import { refuseUnknownKeys } from "../ffi/_options.ts";
+
+const PARTS = ["model", "optimizer", "scaler", "scheduler", "rng"] as const;
+const PROGRESS = ["epoch", "step", "extra"] as const;
+
+/** Refuses misspelt parts (a typo would silently save or restore nothing of that part). */
+function checkParts(parts: CheckpointParts, action: string): void {
+  refuseUnknownKeys(parts, PARTS, action);
+  if (!parts.model) throw new TypeError(`Cannot ${action}: parts.model is required`);
+}
 
 /** What {@linkcode saveCheckpoint} saves and {@linkcode loadCheckpoint} restores. */
 export interface CheckpointParts {
@@ -163,6 +175,8 @@ async function removeIfPresent(path: string): Promise<void> {
  * @param parts Model, optimizer, scaler, scheduler, generator.
  * @param progress Epoch, step and extra JSON.
  * @returns When both files are written.
+ * @throws {TypeError} When `parts` or `progress` has an unknown key (a misspelt part would
+ *   silently go unsaved), or epoch/step is not a non-negative integer.
  * @throws {Deno.errors.NotFound} When the directory does not exist.
  * @throws {Deno.errors.IsADirectory} When the weights or state path is a directory.
  * @example
@@ -186,6 +200,17 @@ export async function saveCheckpoint(
   parts: CheckpointParts,
   progress: CheckpointProgress = { epoch: 0, step: 0 },
 ): Promise<void> {
+  checkParts(parts, "save the checkpoint");
+  refuseUnknownKeys(progress, PROGRESS, "save the checkpoint");
+  for (const k of ["epoch", "step"] as const) {
+    if (!Number.isSafeInteger(progress[k]) || progress[k] < 0) {
+      throw new TypeError(
+        `Cannot save the checkpoint: progress.${k} must be a non-negative integer, got ${
+          progress[k]
+        }`,
+      );
+    }
+  }
   const sp = statePathFor(path);
   const weightsBytes = encodeSafetensors(await parts.model.stateDict(), {
     format: "pt",
@@ -219,6 +244,10 @@ export async function saveCheckpoint(
   await checkTarget(path, "weights");
   await checkTarget(sp, "training state");
   const [wTmp, sTmp] = [tmpFor(path), tmpFor(sp)];
+  // The temporary state name is about to be overwritten; if it holds the state of the weights
+  // now in place (an earlier save killed between its renames), that pair is the last complete
+  // checkpoint, so its commit is finished first.
+  await settlePendingState(path, sp);
   try {
     await writeSynced(wTmp, weightsBytes);
     await writeSynced(sTmp, stateBytes);
@@ -231,6 +260,28 @@ export async function saveCheckpoint(
     await removeIfPresent(sTmp);
     throw e;
   }
+}
+
+/**
+ * Finishes the commit of a save that was killed between its two renames: when the state file
+ * at its temporary name binds the weights at `path` and the state file in place does not, the
+ * temporary one is renamed into place. Anything else (no weights, a partial or foreign
+ * temporary file) is left alone.
+ */
+async function settlePendingState(path: string, sp: string): Promise<void> {
+  const pending = await readState(tmpFor(sp)).catch(() => null);
+  if (!pending) return;
+  let digest: string;
+  try {
+    digest = await sha256Hex(await Deno.readFile(path));
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) return;
+    throw e;
+  }
+  if (pending.state.weights.sha256 !== digest) return;
+  const current = await readState(sp).catch(() => null);
+  if (current?.state.weights.sha256 === digest) return;
+  await Deno.rename(tmpFor(sp), sp);
 }
 
 /** A decoded, structurally valid state file. */
@@ -382,6 +433,8 @@ function momentumBuffersFor(parts: CheckpointParts, loaded: LoadedState): Float3
  * @param path The weights file.
  * @param parts The objects to restore into (built as for the saved run).
  * @returns The saved epoch, step and extra data (zeros when there is no state file).
+ * @throws {TypeError} When `parts` has an unknown key (a misspelt part would silently stay
+ *   unrestored).
  * @throws {RangeError} When a file is malformed, the two files do not belong together, or a
  *   file does not match the objects; the message names the file and the tensor or field.
  * @throws {Deno.errors.NotFound} When a needed file is missing.
@@ -397,6 +450,7 @@ export async function loadCheckpoint(
   path: string,
   parts: CheckpointParts,
 ): Promise<CheckpointProgress> {
+  checkParts(parts, "load the checkpoint");
   const weightsBytes = await Deno.readFile(path);
   const w = decodeSafetensors(weightsBytes, path);
   const digest = await sha256Hex(weightsBytes);

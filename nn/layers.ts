@@ -217,6 +217,11 @@ export class Conv2d extends Module {
    */
   constructor(inChannels: number, outChannels: number, options: Conv2dOptions = {}) {
     super();
+    refuseUnknownKeys(
+      options ?? {},
+      ["kernelSize", "stride", "padding", "bias", "rng"],
+      "create Conv2d",
+    );
     checkPositiveInt("inChannels", inChannels);
     checkPositiveInt("outChannels", outChannels);
     this.inChannels = inChannels;
@@ -362,6 +367,7 @@ export class BatchNorm2d extends Module {
    */
   constructor(numFeatures: number, options: BatchNorm2dOptions = {}) {
     super();
+    refuseUnknownKeys(options ?? {}, ["eps", "momentum"], "create BatchNorm2d");
     checkPositiveInt("numFeatures", numFeatures);
     this.numFeatures = numFeatures;
     this.eps = options.eps ?? 1e-5;
@@ -571,6 +577,7 @@ export class MaxPool2d extends Module {
    */
   constructor(kernelSize: number, options: MaxPool2dOptions = {}) {
     super();
+    refuseUnknownKeys(options ?? {}, ["stride"], "create MaxPool2d");
     checkPositiveInt("kernelSize", kernelSize);
     this.kernelSize = kernelSize;
     this.stride = options.stride ?? kernelSize;

@@ -23,6 +23,8 @@
  * @module
  */
 
+import { refuseUnknownKeys } from "../ffi/_options.ts";
+
 /** One line of the log: numbers and strings by name (`time` is added when absent). */
 export type MetricsRecord = Record<string, number | string | boolean | null>;
 
@@ -64,6 +66,7 @@ export class MetricsLog implements Disposable {
    * @returns The log; dispose it to close the file.
    */
   static async open(path: string | URL, options: MetricsLogOptions = {}): Promise<MetricsLog> {
+    refuseUnknownKeys(options ?? {}, ["append"], "open the metrics log");
     const append = options.append ?? true;
     const file = await Deno.open(path, { create: true, write: true, append, truncate: !append });
     return new MetricsLog(path instanceof URL ? path.pathname : path, file);

@@ -168,6 +168,7 @@ export class SGD {
    * ```
    */
   step(options: SGDStepOptions = {}): void {
+    refuseUnknownKeys(options ?? {}, ["scale", "foundInf"], "take an SGD step");
     const stepsDone = this.stepsDone;
     for (let i = 0; i < this.params.length; i++) {
       const p = this.params[i];

@@ -9,6 +9,7 @@
 
 import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
+import { refuseUnknownKeys } from "../ffi/_options.ts";
 import * as ops from "./ops.ts";
 /**
  * A model's precision, chosen by {@linkcode Module.to}: `"fp16"` computes in fp16 with fp32
@@ -78,6 +79,7 @@ export class Parameter implements Disposable {
    * @throws {RangeError} When `init.length` does not match the shape.
    */
   constructor(init: Float32Array, shape: number[], options: ParameterOptions = {}) {
+    refuseUnknownKeys(options ?? {}, ["computeDtype", "gradDtype"], "create a parameter");
     const numel = shape.reduce((a, b) => a * b, 1);
     if (init.length !== numel) {
       throw new RangeError(

@@ -18,8 +18,8 @@ import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import type { Device } from "../ffi/device.ts";
 import type { Stream } from "../ffi/stream.ts";
 import type { Tensor } from "../ffi/tensor.ts";
-import { AUGMENT_RECORD_LENGTH } from "../loader/ring.ts";
-import { type ImageLayout, MAX_CHANNELS, type NormalizeAffine } from "./augment.ts";
+import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
+import { type ImageLayout, MAX_CHANNELS, type NormalizeAffine } from "../augment/image.ts";
 
 /** Raw bytes a kernel reads or writes: a buffer (bounds-checked) or a bare pointer (not). */
 export type RawMemory = DeviceBuffer | HostBuffer | Deno.PointerValue;

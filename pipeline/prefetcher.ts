@@ -41,14 +41,14 @@ import { RingBatch, type RingField, type StagingRing } from "../loader/ring.ts";
 import { refuseUnknownKeys } from "../ffi/_options.ts";
 import { range } from "../ffi/profiler.ts";
 import { imageAugment, imageLabelsI32 } from "./image_ops.ts";
+import { augmentHost } from "../augment/host.ts";
 import {
-  augmentHost,
   type ImageDtype,
   type ImageLayout,
   imageShape,
   type NormalizeAffine,
   normalizeAffine,
-} from "./augment.ts";
+} from "../augment/image.ts";
 
 /** Options of {@linkcode DevicePrefetcher} / {@linkcode toDevice}. */
 export interface ToDeviceOptions {

@@ -40,9 +40,9 @@ import { Tensor } from "../ffi/tensor.ts";
 import { refuseUnknownKeys } from "../ffi/_options.ts";
 import { DataLoader } from "../loader/data_loader.ts";
 import { type Dataset, recordBytes, type SharedField } from "../loader/dataset.ts";
-import type { AugmentOptions } from "../loader/data_loader.ts";
-import { AUGMENT_RECORD_LENGTH, type RingBatch } from "../loader/ring.ts";
-import { sampleKey, writeAugmentRecords } from "../loader/_gather.ts";
+import type { AugmentOptions } from "../augment/options.ts";
+import { AUGMENT_RECORD_LENGTH, sampleKey, writeAugmentRecords } from "../augment/record.ts";
+import type { RingBatch } from "../loader/ring.ts";
 import { toIndices } from "../loader/sampler.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import {
@@ -51,7 +51,7 @@ import {
   imageShape,
   type NormalizeAffine,
   normalizeAffine,
-} from "./augment.ts";
+} from "../augment/image.ts";
 import { gatherRows, imageAugment, imageLabelsI32 } from "./image_ops.ts";
 import type { DeviceBatch } from "./prefetcher.ts";
 

@@ -3,7 +3,7 @@
  * (torchvision's order of operations: pad the image, take the crop window, mirror it left-right
  * then top-bottom, jitter brightness then contrast, normalize each pixel, then cut a square
  * out of the normalized image), for the bit-for-bit tests of the kernels and of the pipeline.
- * It shares no code with pipeline/augment.ts or loader/ring.ts: it reads the record words as
+ * It shares no code with augment/host.ts or augment/record.ts: it reads the record words as
  * kernels/pinstream.h documents them.
  *
  * @module

@@ -15,7 +15,7 @@ Deno.test("the CUDA sources launch and declare shared memory only through launch
     assert.deepStrictEqual(bareCudaSyntax(text), [], `${rel}: bare <<< or __shared__`);
     launches += launchSites(text).length;
   }
-  // image.cu: 2 augment + 2 labels; nn.cu: every kernel of the nn ABI.
+  // image.cu: 2 augment + 2 labels; gemm.cu, conv.cu, norm.cu, ops.cu: every kernel of the nn ABI.
   assert.ok(launches >= 20, `only ${launches} PS_LAUNCH sites found`);
 });
 

@@ -8,7 +8,7 @@
 import assert from "node:assert";
 import { type Library, loadLibrary } from "../ffi/library.ts";
 import { lastError, unwrap } from "../ffi/errors.ts";
-import { normalizeAffine } from "../pipeline/augment.ts";
+import { normalizeAffine } from "../augment/image.ts";
 import { bitDiff, f32Bits, ONE_BITS, RECORD, referenceAugment, rng } from "./_image_reference.ts";
 import { BACKENDS } from "./_backends.ts";
 import { Scratch } from "./_scratch.ts";

@@ -2,13 +2,8 @@ import assert from "node:assert";
 import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
 import { type Dataset, sharedArray } from "../loader/dataset.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
-import {
-  AUGMENT_RECORD_LENGTH,
-  augmentFromDraw,
-  augmentRecord,
-  type RingBatch,
-  type StagingRing,
-} from "../loader/ring.ts";
+import { AUGMENT_RECORD_LENGTH, augmentFromDraw, augmentRecord } from "../augment/record.ts";
+import type { RingBatch, StagingRing } from "../loader/ring.ts";
 import { DistributedSampler, SequentialSampler } from "../loader/sampler.ts";
 import { FaultyDataset, type FaultySample } from "./loader_fixtures.ts";
 
@@ -694,7 +689,11 @@ Deno.test("DataLoader rejects invalid options, naming the option", () => {
     ],
     [ds, { pinMemory: "yes" as unknown as boolean }, /pinMemory option/],
     [ds, { heldBatches: -1 }, /heldBatches option/],
-    [ds, { augment: { padding: -1 } }, /augment option/],
+    [
+      ds,
+      { augment: { padding: -1 } },
+      /augment\.padding option should be a non-negative integer, got -1/,
+    ],
     [
       ds,
       { augment: { vflip: 1 as unknown as boolean } },
@@ -734,7 +733,7 @@ Deno.test("DataLoader rejects invalid options, naming the option", () => {
     [
       ds,
       { augment: { cutuot: 4 } as unknown as { cutout: number } },
-      /augment\.cutuot option is unknown \(did you mean cutout\?\); augment takes padding, flip, vflip, cutout, brightness, contrast/,
+      /Cannot create DataLoader with augment: unknown option "cutuot" \(did you mean "cutout"\?\); options are padding, flip, vflip, cutout, brightness, contrast/,
     ],
     [generic, { augment: { padding: 4 } }, /augment option needs the zero-copy path/],
     [generic, { zeroCopy: true }, /zeroCopy option needs a dataset with sharedFields/],

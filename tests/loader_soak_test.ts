@@ -12,7 +12,8 @@ import { Buffer } from "node:buffer";
 import { Device } from "../ffi/device.ts";
 import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
 import { FASHION_MNIST_DEBIAN_ROOT, FashionMNIST, MNIST } from "../loader/datasets/mnist.ts";
-import { AUGMENT_RECORD_LENGTH, augmentRecord, type RingBatch } from "../loader/ring.ts";
+import { AUGMENT_RECORD_LENGTH, augmentRecord } from "../augment/record.ts";
+import type { RingBatch } from "../loader/ring.ts";
 import { DevicePrefetcher } from "../pipeline/prefetcher.ts";
 
 // Unset: the short version of every test run. Three zero-copy rounds failed 3 runs out of 3

@@ -670,6 +670,34 @@ testEachBackend(
   },
 );
 
+testEachBackend(
+  "crossEntropy counts a hit with the largest logit at every position, for 1-100 classes",
+  async (dev) => {
+    // Every lane of CUDA's warp reduction holds the maximum in some row (a reduction that
+    // ignored lanes 16-31, or the second pass over classes 32-63, would miss those rows). Row
+    // p of the first half has its maximum at p and label p (a hit); the second half has the
+    // same logits with label p + 1 (a miss).
+    for (let k = 1; k <= 100; k++) {
+      const n = 2 * k;
+      const logits = new Float16Array(n * k);
+      const labels = new Int32Array(n);
+      for (let r = 0; r < n; r++) {
+        const p = r % k;
+        for (let j = 0; j < k; j++) logits[r * k + j] = ((j * 13) % 17) / 17 - 0.5;
+        logits[r * k + p] = 3;
+        labels[r] = r < k ? p : (p + 1) % k;
+      }
+      using tl = Tensor.fromHost(dev, logits, [n, k]);
+      using tlab = Tensor.fromHost(dev, labels);
+      using loss = Tensor.fromHost(dev, new Float32Array([0]));
+      using hits = Tensor.fromHost(dev, new Int32Array([0]));
+      ops.crossEntropyForward(tl, tlab, { lossSum: loss, correct: hits });
+      // With one class every label is 0 and every row a hit.
+      assert.deepStrictEqual(await host(hits), [k === 1 ? 2 : k], `${k} classes`);
+    }
+  },
+);
+
 Deno.test("ops take their extra tensors by name: the old positional calls do not type-check", () => {
   // Never called: the point is the compiler's verdict (deno check / deno test type-check).
   const _unused = (t: Tensor) => {

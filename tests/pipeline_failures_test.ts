@@ -5,7 +5,8 @@
 
 import assert from "node:assert";
 import { Device } from "../ffi/device.ts";
-import { augmentHost, normalizeAffine } from "../pipeline/augment.ts";
+import { augmentHost } from "../augment/host.ts";
+import { normalizeAffine } from "../augment/image.ts";
 import {
   type DeviceBatch,
   DevicePrefetcher,

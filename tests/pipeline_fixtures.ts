@@ -10,7 +10,8 @@ import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import type { RingBatch } from "../loader/ring.ts";
 import type { DeviceBatch } from "../pipeline/prefetcher.ts";
-import { augmentHost, type NormalizeAffine } from "../pipeline/augment.ts";
+import { augmentHost } from "../augment/host.ts";
+import type { NormalizeAffine } from "../augment/image.ts";
 import { referenceAugment, rng } from "./_image_reference.ts";
 
 /** CIFAR-10's per-channel mean, in [0, 1] units. */

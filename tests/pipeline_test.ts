@@ -10,7 +10,7 @@ import { Event } from "../ffi/stream.ts";
 import { DataLoader } from "../loader/data_loader.ts";
 import type { TensorDataset } from "../loader/datasets/tensor.ts";
 import { RingBatch } from "../loader/ring.ts";
-import { normalizeAffine } from "../pipeline/augment.ts";
+import { normalizeAffine } from "../augment/image.ts";
 import { DevicePrefetcher, toDevice, type ToDeviceOptions } from "../pipeline/prefetcher.ts";
 import { bitDiff, cropRecords, referenceAugment, rng } from "./_image_reference.ts";
 import { BACKENDS } from "./_backends.ts";

@@ -92,7 +92,7 @@ function passes(seed: bigint, rounds: number): Pass[] {
   return out;
 }
 
-/** Launch sites ("cuda/nn.cu:218 gemm_kernel") of the CUDA sources that no pass ran. */
+/** Launch sites ("cuda/conv.cu:40 gemm_kernel") of the CUDA sources that no pass ran. */
 async function notRun(ran: string): Promise<string[]> {
   const seen = new Set((await Deno.readTextFile(ran)).split("\n").filter((l) => l !== ""));
   const missing: string[] = [];

@@ -1,5 +1,5 @@
 /*
- * conv.c — CPU backend of the 2-D convolutions (kernels/cuda/nn.cu is the CUDA twin), as
+ * conv.c — CPU backend of the 2-D convolutions (kernels/cuda/conv.cu is the CUDA twin), as
  * im2col + the GEMM of gemm.c:
  *
  *   conv forward       Y^T[P,Co]  = col^T[P,K] . W^T[K,Co]       (P = OH*OW, K = C*kh*kw)

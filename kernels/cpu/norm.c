@@ -1,5 +1,5 @@
 /*
- * norm.c — CPU backend of the per-channel kernels over [n, c, hw] (kernels/cuda/nn.cu is the
+ * norm.c — CPU backend of the per-channel kernels over [n, c, hw] (kernels/cuda/norm.cu is the
  * CUDA twin): batch normalization (train, eval, backward) and the bias add and gradient.
  * Each runs a range of channels (or rows) per task of the thread pool; every channel's sums
  * are computed by one task in a fixed order, so results do not depend on the scheduling.

@@ -1,5 +1,5 @@
 /*
- * ops.c — CPU backend of the element-wise nn kernels (kernels/cuda/nn.cu is the CUDA twin):
+ * ops.c — CPU backend of the element-wise nn kernels (kernels/cuda/ops.cu is the CUDA twin):
  * max pooling, ReLU, the cross-entropy loss, casts, loss scaling (unscale and check, the
  * GradScaler update), the SGD step and the skipped-step rollback. Per-element arithmetic that
  * the two backends must agree on is in kernels/rules.h; the AVX-512 paths here say which rule

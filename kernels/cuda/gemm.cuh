@@ -1,5 +1,5 @@
 /*
- * gemm.cuh — the CUDA backend's one GEMM (included by nn.cu only), in two element types:
+ * gemm.cuh — the CUDA backend's one GEMM (included by gemm.cu and conv.cu), in two element types:
  *
  *   fp16 operands: staged in shared memory, WMMA 16x16x16 tensor-core fragments accumulating
  *     in fp32, a 64x64 block tile of four warps (32x32 each);
@@ -7,13 +7,13 @@
  *     128 threads accumulating an 8x4 register tile in fp32 (no TF32: fp32 means fp32, as
  *     PyTorch's default for matmul).
  *
- * Operands are read through small loader functors templated on the element type, so nn.cu's
+ * Operands are read through small loader functors templated on the element type, so conv.cu's
  * convolutions are implicit GEMMs (no im2col buffer in device memory), and results are
  * written by epilogue functors in fp32 or the activation type; split-K partials are reduced
- * in a fixed order (reduce_partials), so results are deterministic. kernels/cpu/gemm.c is the
- * CPU twin.
+ * in a fixed order (conv.cu's reduce_partials), so results are deterministic. kernels/cpu/gemm.c is
+ * the CPU twin.
  *
- * Internal to its one includer (an anonymous namespace): the templates are instantiated
+ * Internal to each includer (an anonymous namespace): the templates are instantiated
  * there, next to the entry points that choose the loaders.
  */
 #ifndef PINSTREAM_CUDA_GEMM_CUH
@@ -26,26 +26,13 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "nn.cuh"
 
 namespace {
 
 using namespace nvcuda;
 
 constexpr int BM = 64, BN = 64, BK = 32, THREADS = 128;
-
-/* Activation elements (__half or float) to and from fp32; fp16 rounds to nearest even. */
-__device__ inline float to_f32(__half v) { return __half2float(v); }
-__device__ inline float to_f32(float v) { return v; }
-template <class T>
-__device__ inline T from_f32(float v);
-template <>
-__device__ inline __half from_f32<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ inline float from_f32<float>(float v) {
-  return v;
-}
 
 /* ---- operand loaders (element (i, k) of type T, 0 outside) ---------------------------- */
 
@@ -285,23 +272,6 @@ int gemm(int64_t M, int64_t N, int64_t K, int splits, LA la, LB lb, EP ep, cudaS
   }
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
-}
-
-/* dw[o][kk] (+)= sum_z part[z][o][kk], in a fixed order. */
-__global__ void reduce_partials(const float *part, int splits, int64_t mn, void *dw, int f16,
-                                int acc) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < mn;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    float s = 0.0f;
-    for (int z = 0; z < splits; z++) s += part[z * mn + i];
-    if (f16) {
-      __half *p = (__half *)dw + i;
-      *p = __float2half_rn(acc ? __half2float(*p) + s : s);
-    } else {
-      float *p = (float *)dw + i;
-      *p = acc ? *p + s : s;
-    }
-  }
 }
 
 }  // namespace

@@ -277,7 +277,7 @@ uint64_t next_random(Executor &ex) {
 struct Grid {
   Site site;
   Config cfg;
-  std::unique_ptr<KernelBody> body;
+  std::shared_ptr<const KernelBody> body; /* shared by the launches of a graph's node */
   std::vector<const void *> pointers;
   uint64_t launch_id = 0, seed = 0;
   uint64_t total = 0, stride = 1, offset = 0; /* block order: (stride * i + offset) % total */
@@ -678,13 +678,14 @@ void install_fault_handler() {
 
 /* ---- the engine's interface ------------------------------------------------------------------ */
 
-std::shared_ptr<Grid> make_grid(const Site &site, const Config &cfg, KernelBody *body,
+std::shared_ptr<Grid> make_grid(const Site &site, const Config &cfg,
+                                std::shared_ptr<const KernelBody> body,
                                 const void *const *pointers, int count) {
   static std::atomic<uint64_t> launches{0};
   auto g = std::make_shared<Grid>();
   g->site = site;
   g->cfg = cfg;
-  g->body.reset(body);
+  g->body = std::move(body);
   for (int i = 0; i < count; i++) g->pointers.push_back(pointers[i]);
   g->launch_id = launches.fetch_add(1, std::memory_order_relaxed);
   g->seed = mix64(config().seed ^ mix64(g->launch_id));

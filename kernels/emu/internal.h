@@ -61,11 +61,12 @@ inline uint64_t mix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-/* One launched grid, from enqueue to completion. */
+/* One launched grid, from enqueue to completion. A graph's kernel node makes a fresh grid (its
+ * own block order) from the same body at every launch of the graph. */
 struct Grid;
 PS_EMU_INTERNAL std::shared_ptr<Grid> make_grid(const Site &site, const Config &cfg,
-                                                KernelBody *body, const void *const *pointers,
-                                                int count);
+                                                std::shared_ptr<const KernelBody> body,
+                                                const void *const *pointers, int count);
 /* Runs every block (on the calling thread and the worker pool); on a kernel fault returns the
  * error and sets *message to what happened, where. */
 PS_EMU_INTERNAL cudaError_t run_grid(Grid &grid, std::string *message);

@@ -327,8 +327,56 @@ struct Op {
   double done_ms = 0.0;
 };
 
+/* ---- stream capture ---------------------------------------------------------------------------- */
+
+/* One captured operation. Kernel nodes keep what makes a grid (each launch of the graph makes
+ * its own); the others keep a body that may run any number of times. */
+struct Node {
+  const char *what = nullptr;
+  std::function<void()> run; /* empty for kernels and markers */
+  bool kernel = false;
+  Site site{};
+  Config cfg;
+  std::shared_ptr<const KernelBody> body;
+  std::vector<const void *> pointers;
+  std::vector<size_t> deps; /* earlier nodes of the same graph */
+};
+
+/* A captured graph's nodes, shared by the graph, its executables and their queued launches;
+ * memory of the capture's cudaMallocAsync nodes lives as long as it does (as a graph's
+ * allocations stay reserved for it on a GPU). */
+struct GraphData {
+  std::vector<Node> nodes;
+  std::vector<void *> allocs;
+  ~GraphData() {
+    for (void *p : allocs) (void)unmap_alloc(p, Kind::pool, cudaErrorInvalidValue);
+  }
+};
+
+/* One capture sequence, from cudaStreamBeginCapture to cudaStreamEndCapture: the origin
+ * stream and every stream joined to it through a captured event record the same graph. */
+struct Capture {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id thread;
+  ps_emu_stream *origin = nullptr;
+  bool invalidated = false;
+  bool ended = false;
+  std::shared_ptr<GraphData> graph = std::make_shared<GraphData>();
+  std::vector<ps_emu_stream *> streams; /* origin first */
+};
+
 }  // namespace
 }  // namespace ps_emu
+
+struct ps_emu_graph {
+  std::shared_ptr<ps_emu::GraphData> data;
+};
+
+struct ps_emu_graph_exec {
+  std::shared_ptr<ps_emu::GraphData> data;
+  std::shared_ptr<ps_emu::Op> last; /* the last operation of its latest launch */
+  uint64_t launches = 0;
+};
 
 struct ps_emu_stream {
   unsigned flags = 0;
@@ -336,11 +384,15 @@ struct ps_emu_stream {
   bool destroyed = false;
   std::deque<std::shared_ptr<ps_emu::Op>> queue;
   std::shared_ptr<ps_emu::Op> last;
+  std::shared_ptr<ps_emu::Capture> capture; /* while capturing */
+  std::vector<size_t> tail;                 /* while capturing: what its next node depends on */
 };
 
 struct ps_emu_event {
   unsigned flags = 0;
   std::shared_ptr<ps_emu::Op> last; /* the most recent record, or null */
+  std::shared_ptr<ps_emu::Capture> capture; /* when last recorded in a capture */
+  std::vector<size_t> tail;                 /* the nodes that record waits for */
 };
 
 namespace ps_emu {
@@ -357,6 +409,7 @@ struct Streams {
   bool running = false;     /* deferred mode: an operation is running */
   double host_call = 0.0;   /* deferred mode: when the host last queued or asked for work */
   uint64_t gen = 0;         /* deferred mode: waits of the host so far */
+  std::vector<std::shared_ptr<Capture>> captures; /* capture sequences under way */
 };
 
 Streams &streams() {
@@ -490,14 +543,90 @@ ps_emu_stream *resolve_locked(cudaStream_t st) {
   return S.live.count(st) ? st : nullptr;
 }
 
-/* Queues `run` on `st` behind what CUDA orders it after; `extra` is one more dependency. */
-cudaError_t enqueue(const char *what, cudaStream_t st, std::function<void()> run,
-                    std::shared_ptr<Op> *out = nullptr,
-                    std::shared_ptr<Op> extra = nullptr) {
+/* ---- capture bookkeeping (callers hold streams().mu) ------------------------------------------- */
+
+void invalidate_locked(const std::shared_ptr<Capture> &c) {
+  if (c) c->invalidated = true;
+}
+
+/* The legacy stream synchronizes with every blocking stream, so it may not be used while one
+ * of them captures: such a capture is invalidated and the call fails. */
+cudaError_t legacy_conflict_locked() {
+  bool conflict = false;
+  for (const auto &c : streams().captures) {
+    for (ps_emu_stream *o : c->streams) {
+      if (!(o->flags & cudaStreamNonBlocking)) {
+        c->invalidated = true;
+        conflict = true;
+      }
+    }
+  }
+  return conflict ? cudaErrorStreamCaptureImplicit : cudaSuccess;
+}
+
+/* Appends `node` to the capture of `s`, after what the stream's next node depends on. */
+cudaError_t capture_locked(ps_emu_stream *s, Node node) {
+  const std::shared_ptr<Capture> &c = s->capture;
+  if (c->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+  node.deps = s->tail;
+  c->graph->nodes.push_back(std::move(node));
+  s->tail.assign(1, c->graph->nodes.size() - 1);
+  return cudaSuccess;
+}
+
+__thread cudaStreamCaptureMode tl_capture_mode = cudaStreamCaptureModeGlobal;
+
+/* CUDA's rule for calls that are not stream-ordered and so cannot be captured (cudaMalloc,
+ * cudaMemcpy, cudaDeviceSynchronize, ...): a thread in global mode may not make them while a
+ * capture it began is under way (unless begun in relaxed mode) or while another thread
+ * captures in global mode; a thread in thread-local mode only while its own capture is under
+ * way; a thread in relaxed mode always may. A refused call invalidates the captures that
+ * refused it and fails with cudaErrorStreamCaptureUnsupported. */
+cudaError_t unsafe_call() {
   Streams &S = streams();
   std::lock_guard<std::mutex> lk(S.mu);
+  if (S.captures.empty() || tl_capture_mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+  const std::thread::id me = std::this_thread::get_id();
+  bool refused = false;
+  for (const auto &c : S.captures) {
+    const bool mine = c->thread == me && c->mode != cudaStreamCaptureModeRelaxed;
+    const bool global = c->thread != me && c->mode == cudaStreamCaptureModeGlobal &&
+                        tl_capture_mode == cudaStreamCaptureModeGlobal;
+    if (mine || global) {
+      c->invalidated = true;
+      refused = true;
+    }
+  }
+  return refused ? fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+}
+
+#define PS_EMU_UNSAFE()                           \
+  do {                                            \
+    cudaError_t u_ = unsafe_call();               \
+    if (u_ != cudaSuccess) return u_;             \
+  } while (0)
+
+/* The capture `st` records into, or null (an unknown handle is null too). */
+std::shared_ptr<Capture> capture_of(cudaStream_t st) {
+  std::lock_guard<std::mutex> lk(streams().mu);
   ps_emu_stream *s = resolve_locked(st);
-  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  return s != nullptr ? s->capture : nullptr;
+}
+
+/* Queues `run` on `st` behind what CUDA orders it after; `extra` is one more dependency. On a
+ * capturing stream, records it instead. Caller holds streams().mu. */
+cudaError_t enqueue_locked(const char *what, ps_emu_stream *s, std::function<void()> run,
+                           std::shared_ptr<Op> *out, std::shared_ptr<Op> extra) {
+  Streams &S = streams();
+  if (s->capture) {
+    Node node;
+    node.what = what;
+    node.run = std::move(run);
+    return capture_locked(s, std::move(node));
+  }
+  if (s->legacy) {
+    if (cudaError_t e = legacy_conflict_locked(); e != cudaSuccess) return fail(e);
+  }
   auto op = std::make_shared<Op>();
   op->run = std::move(run);
   op->seq = ++S.seq;
@@ -521,6 +650,15 @@ cudaError_t enqueue(const char *what, cudaStream_t st, std::function<void()> run
   S.changed.notify_all();
   if (out) *out = op;
   return cudaSuccess;
+}
+
+cudaError_t enqueue(const char *what, cudaStream_t st, std::function<void()> run,
+                    std::shared_ptr<Op> *out = nullptr,
+                    std::shared_ptr<Op> extra = nullptr) {
+  std::lock_guard<std::mutex> lk(streams().mu);
+  ps_emu_stream *s = resolve_locked(st);
+  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  return enqueue_locked(what, s, std::move(run), out, std::move(extra));
 }
 
 void wait_done(const std::shared_ptr<Op> &op) {
@@ -596,6 +734,26 @@ const ErrorName kErrors[] = {
      "system has unsupported display driver / cuda driver combination"},
     {cudaErrorCompatNotSupportedOnDevice, "cudaErrorCompatNotSupportedOnDevice",
      "forward compatibility was attempted on non supported HW"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState",
+     "the operation cannot be performed in the present state"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureMerge, "cudaErrorStreamCaptureMerge",
+     "operation would result in a merge of separate capture sequences"},
+    {cudaErrorStreamCaptureUnmatched, "cudaErrorStreamCaptureUnmatched",
+     "capture was not ended in the same stream as it began"},
+    {cudaErrorStreamCaptureUnjoined, "cudaErrorStreamCaptureUnjoined",
+     "capturing stream has unjoined work"},
+    {cudaErrorStreamCaptureIsolation, "cudaErrorStreamCaptureIsolation",
+     "dependency created on uncaptured work in another stream"},
+    {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
+     "operation would make the legacy stream depend on a capturing blocking stream"},
+    {cudaErrorCapturedEvent, "cudaErrorCapturedEvent",
+     "operation not permitted on an event last recorded in a capturing stream"},
+    {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread",
+     "attempt to terminate a thread-local capture sequence from another thread"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 
@@ -626,7 +784,23 @@ cudaError_t enqueue_launch(const Site &site, const Config &cfg, KernelBody *body
   }
   if (cfg.smem > (48u << 10)) return fail(cudaErrorInvalidValue);
   note_launch(site);
-  std::shared_ptr<Grid> grid = make_grid(site, cfg, owned.release(), pointers, count);
+  std::shared_ptr<const KernelBody> body_shared(owned.release());
+  {
+    std::lock_guard<std::mutex> lk(streams().mu);
+    ps_emu_stream *s = resolve_locked(cfg.stream);
+    if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+    if (s->capture) {
+      Node node;
+      node.what = site.kernel;
+      node.kernel = true;
+      node.site = site;
+      node.cfg = cfg;
+      node.body = std::move(body_shared);
+      node.pointers.assign(pointers, pointers + count);
+      return capture_locked(s, std::move(node));
+    }
+  }
+  std::shared_ptr<Grid> grid = make_grid(site, cfg, std::move(body_shared), pointers, count);
   return enqueue(site.kernel, cfg.stream, [grid] {
     std::string message;
     cudaError_t err = run_grid(*grid, &message);
@@ -728,6 +902,7 @@ cudaError_t cudaGetDevice(int *device) {
 
 cudaError_t cudaDeviceSynchronize(void) {
   PS_EMU_STICKY();
+  PS_EMU_UNSAFE();
   synchronize_all();
   PS_EMU_STICKY();
   return cudaSuccess;
@@ -746,6 +921,7 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) {
 
 cudaError_t cudaMalloc(void **ptr, size_t size) {
   PS_EMU_STICKY();
+  PS_EMU_UNSAFE();
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
@@ -755,6 +931,7 @@ cudaError_t cudaMalloc(void **ptr, size_t size) {
 
 cudaError_t cudaFree(void *ptr) {
   PS_EMU_STICKY();
+  PS_EMU_UNSAFE();
   if (ptr == nullptr) return cudaSuccess;
   synchronize_all(); /* cudaFree waits for the device */
   cudaError_t e = unmap_alloc(ptr, Kind::device, cudaErrorInvalidValue);
@@ -763,6 +940,7 @@ cudaError_t cudaFree(void *ptr) {
 
 cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags) {
   PS_EMU_STICKY();
+  PS_EMU_UNSAFE();
   if (ptr == nullptr || (flags & ~0x7u)) return fail(cudaErrorInvalidValue);
   *ptr = nullptr;
   if (size == 0) return cudaSuccess;
@@ -774,6 +952,7 @@ cudaError_t cudaMallocHost(void **ptr, size_t size) { return cudaHostAlloc(ptr, 
 
 cudaError_t cudaFreeHost(void *ptr) {
   PS_EMU_STICKY();
+  PS_EMU_UNSAFE();
   if (ptr == nullptr) return cudaSuccess;
   synchronize_all();
   cudaError_t e = unmap_alloc(ptr, Kind::pinned, cudaErrorInvalidValue);
@@ -782,6 +961,7 @@ cudaError_t cudaFreeHost(void *ptr) {
 
 cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags) {
   PS_EMU_STICKY();
+  PS_EMU_UNSAFE();
   if (ptr == nullptr || size == 0 || (flags & ~0xfu)) return fail(cudaErrorInvalidValue);
   std::lock_guard<std::mutex> lk(memory().mu);
   auto &a = memory().allocs;
@@ -799,6 +979,7 @@ cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags) {
 
 cudaError_t cudaHostUnregister(void *ptr) {
   PS_EMU_STICKY();
+  PS_EMU_UNSAFE();
   if (ptr == nullptr) return fail(cudaErrorInvalidValue);
   /* Copies still queued from or to the range must finish while it is pinned. */
   synchronize_all();
@@ -837,7 +1018,19 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, cudaMemcpy
             dst, src, count);
     return fail(cudaErrorInvalidValue);
   }
-  if (!dev_src && !is_pinned(src, count)) {
+  const bool pageable_src = !dev_src && !is_pinned(src, count);
+  const bool pageable_dst = !dev_dst && !is_pinned(dst, count);
+  if (pageable_src || pageable_dst) {
+    /* A graph cannot hold a copy the call itself completes (staged at the call, or waited
+     * for): captured, it is refused, and the capture with it. */
+    std::lock_guard<std::mutex> lk(streams().mu);
+    ps_emu_stream *s = resolve_locked(stream);
+    if (s != nullptr && s->capture) {
+      invalidate_locked(s->capture);
+      return fail(cudaErrorStreamCaptureUnsupported);
+    }
+  }
+  if (pageable_src) {
     /* Pageable source: staged now, so the caller may reuse it when this returns. */
     auto staged = std::make_shared<std::vector<unsigned char>>((const unsigned char *)src,
                                                                (const unsigned char *)src + count);
@@ -854,6 +1047,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, cudaMemcpy
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, cudaMemcpyKind kind) {
+  PS_EMU_STICKY();
+  PS_EMU_UNSAFE();
   cudaError_t e = cudaMemcpyAsync(dst, src, count, kind, 0);
   if (e != cudaSuccess) return e;
   return cudaStreamSynchronize(0);
@@ -870,6 +1065,8 @@ cudaError_t cudaMemsetAsync(void *ptr, int value, size_t count, cudaStream_t str
 }
 
 cudaError_t cudaMemset(void *ptr, int value, size_t count) {
+  PS_EMU_STICKY();
+  PS_EMU_UNSAFE();
   cudaError_t e = cudaMemsetAsync(ptr, value, count, 0);
   return e != cudaSuccess ? e : cudaStreamSynchronize(0);
 }
@@ -886,7 +1083,22 @@ cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream) {
   if (size == 0) return cudaSuccess;
   /* Usable by work queued on `stream` after this call; the memory exists from now on. */
   cudaError_t e = map_alloc(size, Kind::pool, ptr);
-  return e == cudaSuccess ? e : fail(e);
+  if (e != cudaSuccess) return fail(e);
+  std::lock_guard<std::mutex> lk(streams().mu);
+  ps_emu_stream *s = resolve_locked(stream);
+  if (s != nullptr && s->capture) {
+    /* An allocation node: the graph owns the memory, at the same address in every launch,
+     * and each launch finds it poisoned again (what a fresh allocation holds is undefined). */
+    s->capture->graph->allocs.push_back(*ptr);
+    void *p = *ptr;
+    Node node;
+    node.what = "cudaMallocAsync";
+    node.run = [p, size] { memset(p, 0xff, size); };
+    cudaError_t c = capture_locked(s, std::move(node));
+    if (c != cudaSuccess) *ptr = nullptr; /* the graph's memory is freed with the capture */
+    return c;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream) {
@@ -899,6 +1111,27 @@ cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream) {
     if (it == memory().allocs.end() || it->second.kind != Kind::pool) {
       return fail(cudaErrorInvalidValue);
     }
+  }
+  if (std::shared_ptr<Capture> c = capture_of(stream)) {
+    std::lock_guard<std::mutex> lk(streams().mu);
+    const auto &own = c->graph->allocs;
+    if (std::find(own.begin(), own.end(), ptr) == own.end()) {
+      /* Memory from outside the graph would be freed at its first launch only. */
+      invalidate_locked(c);
+      return fail(cudaErrorStreamCaptureUnsupported);
+    }
+    ps_emu_stream *s = resolve_locked(stream);
+    size_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> mk(memory().mu);
+      bytes = memory().allocs.at((uintptr_t)ptr).bytes;
+    }
+    /* A free node: the memory stays the graph's; it is poisoned, so work that runs after the
+     * free and still reads it sees NaN. */
+    Node node;
+    node.what = "cudaFreeAsync";
+    node.run = [ptr, bytes] { memset(ptr, 0xff, bytes); };
+    return capture_locked(s, std::move(node));
   }
   /* Freed when the stream gets there: later work on other streams that still uses it faults. */
   return enqueue("cudaFreeAsync", stream, [ptr] { (void)unmap_alloc(ptr, Kind::pool, cudaErrorInvalidValue); });
@@ -945,7 +1178,12 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   PS_EMU_STICKY();
   Streams &S = streams();
   std::lock_guard<std::mutex> lk(S.mu);
-  if (stream == nullptr || !S.live.erase(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (stream == nullptr || !S.live.count(stream)) return fail(cudaErrorInvalidResourceHandle);
+  if (stream->capture) {
+    invalidate_locked(stream->capture);
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  S.live.erase(stream);
   /* Returns at once; queued work still runs, then the stream's thread ends. */
   stream->destroyed = true;
   release_locked(stream->last);
@@ -960,6 +1198,13 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     std::lock_guard<std::mutex> lk(streams().mu);
     ps_emu_stream *s = resolve_locked(stream);
     if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+    if (s->capture) {
+      invalidate_locked(s->capture);
+      return fail(cudaErrorStreamCaptureUnsupported);
+    }
+    if (s->legacy) {
+      if (cudaError_t e = legacy_conflict_locked(); e != cudaSuccess) return fail(e);
+    }
     last = s->last;
   }
   wait_done(last);
@@ -972,6 +1217,13 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   std::lock_guard<std::mutex> lk(streams().mu);
   ps_emu_stream *s = resolve_locked(stream);
   if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (s->capture) {
+    invalidate_locked(s->capture);
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  if (s->legacy) {
+    if (cudaError_t e = legacy_conflict_locked(); e != cudaSuccess) return fail(e);
+  }
   if (!s->last || s->last->done) return cudaSuccess;
   release_locked(s->last); /* not yet: a later query may find it done */
   return fail(cudaErrorNotReady);
@@ -980,15 +1232,44 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   PS_EMU_STICKY();
   if (flags != 0) return fail(cudaErrorInvalidValue);
-  std::shared_ptr<Op> last;
-  {
-    std::lock_guard<std::mutex> lk(streams().mu);
-    if (event == nullptr || !streams().events.count(event)) {
-      return fail(cudaErrorInvalidResourceHandle);
-    }
-    last = event->last; /* the record current at this call, as CUDA captures it */
+  std::lock_guard<std::mutex> lk(streams().mu);
+  if (event == nullptr || !streams().events.count(event)) {
+    return fail(cudaErrorInvalidResourceHandle);
   }
-  return enqueue("cudaStreamWaitEvent", stream, nullptr, nullptr, last);
+  ps_emu_stream *s = resolve_locked(stream);
+  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (const std::shared_ptr<Capture> &c = event->capture) {
+    /* An event recorded in a capture: the waiting stream's next node depends on what the
+     * record depended on, and a stream that was not capturing joins the capture. */
+    if (c->ended) return fail(cudaErrorStreamCaptureIsolation);
+    if (s->capture && s->capture != c) {
+      invalidate_locked(s->capture);
+      invalidate_locked(c);
+      return fail(cudaErrorStreamCaptureMerge);
+    }
+    if (c->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+    if (!s->capture) {
+      if (s->legacy) {
+        invalidate_locked(c);
+        return fail(cudaErrorStreamCaptureImplicit);
+      }
+      s->capture = c;
+      s->tail = event->tail;
+      c->streams.push_back(s);
+      return cudaSuccess;
+    }
+    for (size_t n : event->tail) {
+      if (std::find(s->tail.begin(), s->tail.end(), n) == s->tail.end()) s->tail.push_back(n);
+    }
+    return cudaSuccess;
+  }
+  if (s->capture) {
+    /* Work outside the capture cannot be a dependency of a graph's node. */
+    invalidate_locked(s->capture);
+    return fail(cudaErrorStreamCaptureIsolation);
+  }
+  /* The record current at this call, as CUDA captures it. */
+  return enqueue_locked("cudaStreamWaitEvent", s, nullptr, nullptr, event->last);
 }
 
 /* ---- events -------------------------------------------------------------------------------------------- */
@@ -1026,12 +1307,24 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   PS_EMU_STICKY();
-  if (!live_event(event)) return fail(cudaErrorInvalidResourceHandle);
-  std::shared_ptr<Op> op;
-  cudaError_t e = enqueue("cudaEventRecord", stream, nullptr, &op);
-  if (e != cudaSuccess) return e;
   std::lock_guard<std::mutex> lk(streams().mu);
-  if (streams().events.count(event)) event->last = op;
+  if (event == nullptr || !streams().events.count(event)) {
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  ps_emu_stream *s = resolve_locked(stream);
+  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (s->capture) {
+    if (s->capture->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+    event->capture = s->capture;
+    event->tail = s->tail;
+    return cudaSuccess;
+  }
+  std::shared_ptr<Op> op;
+  cudaError_t e = enqueue_locked("cudaEventRecord", s, nullptr, &op, nullptr);
+  if (e != cudaSuccess) return e;
+  event->last = op;
+  event->capture = nullptr;
+  event->tail.clear();
   return cudaSuccess;
 }
 
@@ -1041,6 +1334,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   if (event == nullptr || !streams().events.count(event)) {
     return fail(cudaErrorInvalidResourceHandle);
   }
+  if (event->capture) return fail(cudaErrorCapturedEvent);
   if (!event->last || event->last->done) return cudaSuccess;
   release_locked(event->last); /* not yet: a later query may find it done */
   return fail(cudaErrorNotReady);
@@ -1053,6 +1347,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     std::lock_guard<std::mutex> lk(streams().mu);
     if (event == nullptr || !streams().events.count(event)) {
       return fail(cudaErrorInvalidResourceHandle);
+    }
+    if (event->capture) {
+      invalidate_locked(event->capture);
+      return fail(cudaErrorCapturedEvent);
     }
     last = event->last;
   }
@@ -1073,11 +1371,229 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
   if ((start->flags | end->flags) & cudaEventDisableTiming) {
     return fail(cudaErrorInvalidResourceHandle);
   }
+  if (start->capture || end->capture) return fail(cudaErrorCapturedEvent);
   if (!start->last || !end->last) return fail(cudaErrorInvalidResourceHandle);
   if (!start->last->done || !end->last->done) {
     release_locked(std::vector<Op *>{start->last.get(), end->last.get()});
     return fail(cudaErrorNotReady);
   }
   *ms = (float)(end->last->done_ms - start->last->done_ms);
+  return cudaSuccess;
+}
+
+/* ---- stream capture and graphs ----------------------------------------------------------------- */
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode *mode) {
+  if (mode == nullptr || (int)*mode < 0 || (int)*mode > 2) return fail(cudaErrorInvalidValue);
+  std::swap(*mode, tl_capture_mode);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  PS_EMU_STICKY();
+  if ((int)mode < 0 || (int)mode > 2) return fail(cudaErrorInvalidValue);
+  Streams &S = streams();
+  std::lock_guard<std::mutex> lk(S.mu);
+  if (stream == nullptr || stream == cudaStreamLegacy) {
+    /* The legacy stream synchronizes with every blocking stream: it cannot capture. */
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  ps_emu_stream *s = resolve_locked(stream);
+  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (s->capture) return fail(cudaErrorIllegalState);
+  auto c = std::make_shared<Capture>();
+  c->mode = mode;
+  c->thread = std::this_thread::get_id();
+  c->origin = s;
+  c->streams.push_back(s);
+  s->capture = c;
+  s->tail.clear();
+  S.captures.push_back(c);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph) {
+  PS_EMU_STICKY();
+  if (graph == nullptr) return fail(cudaErrorInvalidValue);
+  *graph = nullptr;
+  Streams &S = streams();
+  std::lock_guard<std::mutex> lk(S.mu);
+  ps_emu_stream *s = resolve_locked(stream);
+  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  const std::shared_ptr<Capture> c = s->capture;
+  if (!c) return fail(cudaErrorIllegalState);
+  if (c->origin != s) {
+    invalidate_locked(c);
+    return fail(cudaErrorStreamCaptureUnmatched);
+  }
+  if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != std::this_thread::get_id()) {
+    return fail(cudaErrorStreamCaptureWrongThread);
+  }
+  /* Every stream that joined must have been joined back: its last node is the origin's tail
+   * or one of its ancestors. */
+  const std::vector<Node> &nodes = c->graph->nodes;
+  std::vector<bool> joined(nodes.size(), false);
+  std::vector<size_t> todo = s->tail;
+  while (!todo.empty()) {
+    const size_t n = todo.back();
+    todo.pop_back();
+    if (joined[n]) continue;
+    joined[n] = true;
+    for (size_t d : nodes[n].deps) todo.push_back(d);
+  }
+  bool unjoined = false;
+  for (ps_emu_stream *o : c->streams) {
+    for (size_t n : o->tail) unjoined = unjoined || !joined[n];
+    o->capture = nullptr;
+    o->tail.clear();
+  }
+  c->ended = true;
+  S.captures.erase(std::find(S.captures.begin(), S.captures.end(), c));
+  if (c->invalidated) return fail(cudaErrorStreamCaptureInvalidated);
+  if (unjoined) return fail(cudaErrorStreamCaptureUnjoined);
+  *graph = new ps_emu_graph{c->graph};
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus *status) {
+  PS_EMU_STICKY();
+  if (status == nullptr) return fail(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> lk(streams().mu);
+  ps_emu_stream *s = resolve_locked(stream);
+  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (s->legacy) {
+    for (const auto &c : streams().captures)
+      for (ps_emu_stream *o : c->streams)
+        if (!(o->flags & cudaStreamNonBlocking)) return fail(cudaErrorStreamCaptureImplicit);
+  }
+  *status = !s->capture              ? cudaStreamCaptureStatusNone
+            : s->capture->invalidated ? cudaStreamCaptureStatusInvalidated
+                                      : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                          unsigned long long flags) {
+  PS_EMU_STICKY();
+  if (exec == nullptr || graph == nullptr || (flags & ~1ull)) return fail(cudaErrorInvalidValue);
+  *exec = new ps_emu_graph_exec{graph->data, nullptr, 0};
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                 unsigned long long flags) {
+  return cudaGraphInstantiateWithFlags(exec, graph, flags);
+}
+
+namespace {
+
+/* The order a launch queues the nodes in: a topological order, picked as PINSTREAM_EMU_ORDER
+ * says among the nodes whose dependencies are queued. */
+std::vector<size_t> launch_order(const std::vector<Node> &nodes, uint64_t seed) {
+  const size_t n = nodes.size();
+  std::vector<size_t> order;
+  order.reserve(n);
+  const Order o = config().order;
+  if (o == Order::forward || o == Order::greedy) {
+    for (size_t i = 0; i < n; i++) order.push_back(i);
+    return order;
+  }
+  std::vector<size_t> pending(n, 0);
+  std::vector<std::vector<size_t>> users(n);
+  for (size_t i = 0; i < n; i++) {
+    pending[i] = nodes[i].deps.size();
+    for (size_t d : nodes[i].deps) users[d].push_back(i);
+  }
+  std::vector<size_t> ready;
+  for (size_t i = 0; i < n; i++)
+    if (pending[i] == 0) ready.push_back(i);
+  uint64_t rng = seed;
+  while (!ready.empty()) {
+    size_t pick = 0;
+    if (o == Order::random) {
+      rng = mix64(rng);
+      pick = (size_t)(rng % ready.size());
+    } else {
+      pick = (size_t)(std::max_element(ready.begin(), ready.end()) - ready.begin());
+    }
+    const size_t i = ready[pick];
+    ready.erase(ready.begin() + (std::ptrdiff_t)pick);
+    order.push_back(i);
+    for (size_t u : users[i])
+      if (--pending[u] == 0) ready.push_back(u);
+  }
+  return order;
+}
+
+}  // namespace
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  PS_EMU_STICKY();
+  if (exec == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  const std::shared_ptr<GraphData> data = exec->data;
+  const uint64_t seed = mix64(config().seed ^ mix64((uint64_t)(uintptr_t)exec) ^ exec->launches);
+  const std::vector<size_t> order = launch_order(data->nodes, seed);
+  /* Grids are made here, on the launching thread, so a seed reproduces their block orders. */
+  std::vector<std::function<void()>> runs;
+  runs.reserve(order.size());
+  for (size_t i : order) {
+    const Node &node = data->nodes[i];
+    if (node.kernel) {
+      std::shared_ptr<Grid> grid = make_grid(node.site, node.cfg, node.body, node.pointers.data(),
+                                             (int)node.pointers.size());
+      runs.push_back([grid, data] {
+        std::string message;
+        cudaError_t err = run_grid(*grid, &message);
+        if (err != cudaSuccess) raise_sticky(err, message);
+      });
+    } else if (node.run) {
+      runs.push_back([data, i] { data->nodes[i].run(); });
+    } else {
+      runs.push_back(nullptr);
+    }
+  }
+  Streams &S = streams();
+  std::lock_guard<std::mutex> lk(S.mu);
+  ps_emu_stream *s = resolve_locked(stream);
+  if (s == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  if (s->capture) {
+    /* CUDA would add the graph as a child node; the emulator does not model that. */
+    invalidate_locked(s->capture);
+    return fail(cudaErrorStreamCaptureUnsupported);
+  }
+  /* One launch of an executable runs after its previous one, whatever stream that was on. */
+  std::shared_ptr<Op> after = exec->last, op;
+  for (size_t k = 0; k < order.size(); k++) {
+    const char *what = data->nodes[order[k]].what;
+    cudaError_t e = enqueue_locked(what, s, std::move(runs[k]), &op, after);
+    if (e != cudaSuccess) return e;
+    after = nullptr;
+  }
+  if (order.empty()) {
+    cudaError_t e = enqueue_locked("cudaGraphLaunch", s, nullptr, &op, after);
+    if (e != cudaSuccess) return e;
+  }
+  exec->last = op;
+  exec->launches++;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  if (exec == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  /* Launches still queued hold the nodes and the graph's memory until they have run. */
+  std::lock_guard<std::mutex> lk(streams().mu);
+  delete exec;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  if (graph == nullptr) return fail(cudaErrorInvalidResourceHandle);
+  delete graph;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *count) {
+  if (graph == nullptr || count == nullptr || nodes != nullptr) return fail(cudaErrorInvalidValue);
+  *count = graph->data->nodes.size();
   return cudaSuccess;
 }

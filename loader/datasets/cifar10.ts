@@ -7,6 +7,7 @@
  */
 
 import { LabeledImages } from "./labeled_images.ts";
+import { refuseUnknownKeys } from "../../ffi/_options.ts";
 import { join } from "node:path";
 import { sharedArray, type WorkerSpec } from "../dataset.ts";
 import { downloadFile, extractTar, gunzip, readTar } from "./_files.ts";
@@ -44,6 +45,8 @@ export interface CIFAR10Options {
   /** Print download progress (default true). */
   progress?: boolean;
 }
+
+const CIFAR10_OPTIONS = ["root", "train", "download", "url", "md5", "progress"] as const;
 
 /** The serializable state a worker rebuilds a CIFAR10 from (shared memory, not copied). */
 export interface CIFAR10State {
@@ -112,6 +115,7 @@ export class CIFAR10 extends LabeledImages {
    *   file; naming what to do when files are missing or the network is unreachable
    */
   static async load(options: CIFAR10Options): Promise<CIFAR10> {
+    refuseUnknownKeys(options, CIFAR10_OPTIONS, "load CIFAR-10");
     const train = options.train ?? true;
     const names = train ? CIFAR10_TRAIN_FILES : CIFAR10_TEST_FILES;
     const candidates = [join(options.root, "cifar-10-batches-bin"), options.root];

@@ -9,7 +9,7 @@
 
 import { refuseUnknownKeys } from "../../ffi/_options.ts";
 import { resolveRef } from "../_protocol.ts";
-import { permutation, randomSeed, SequenceRandom } from "../_rng.ts";
+import { permutation, randomSeed, SequenceRandom } from "../../internal/random.ts";
 import type { Dataset, RecordMap, SampleContext, SharedField, WorkerSpec } from "../dataset.ts";
 
 /** Stream id of randomSplit's permutation (apart from the samplers' and samples' streams). */

@@ -1,4 +1,4 @@
-// Counter-based random numbers for the loader.
+// Counter-based random numbers for the loader and the augment records.
 //
 // Every random draw of the loader is a pure function of a key (seed, epoch, stream, counter):
 // no generator state travels between threads, so a permutation or a sample's augmentation

@@ -1,0 +1,28 @@
+/**
+ * The types shared by pinstream's image decoders.
+ *
+ * @module
+ */
+
+/** Decoded pixels: `height` rows of `width` pixels of `channels` bytes (HWC, row-major). */
+export interface DecodedImage {
+  /** The pixels, `height * width * channels` bytes. */
+  data: Uint8Array;
+  /** Rows. */
+  height: number;
+  /** Pixels per row. */
+  width: number;
+  /** 1 (grey), 3 (RGB) or 4 (RGBA). */
+  channels: 1 | 3 | 4;
+}
+
+/** Channels of a decoded image: 1 grey, 3 RGB (as torchvision's loader), 4 RGBA. */
+export type Channels = 1 | 3 | 4;
+
+/** An error decoding one image: the reason, without the file name (the caller adds it). */
+export class ImageDecodeError extends Error {
+  constructor(message: string, options?: ErrorOptions) {
+    super(message, options);
+    this.name = "ImageDecodeError";
+  }
+}

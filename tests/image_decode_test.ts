@@ -1,0 +1,225 @@
+import assert from "node:assert";
+import { join } from "node:path";
+import { DEFAULT_MAX_PIXELS, ImageDecoder, resizeBilinear, sniffImageType } from "../decode/mod.ts";
+import { TurboJpeg } from "../decode/turbojpeg.ts";
+import { decodePngTs } from "../decode/png.ts";
+import { diff, djpeg, fixtures, have, manifest } from "./_image_fixtures.ts";
+
+const dirP = fixtures();
+const noFixtures = dirP === undefined;
+if (noFixtures) {
+  console.error("image_decode_test: no Python with Pillow: decoder comparisons ignored");
+}
+const native = (() => {
+  try {
+    return new ImageDecoder({ backend: "native" });
+  } catch (e) {
+    console.error(`image_decode_test: ${(e as Error).message}: native decoder tests ignored`);
+    return undefined;
+  }
+})();
+const ts = new ImageDecoder({ backend: "typescript" });
+
+Deno.test({
+  name: "decoders give Pillow's pixels bit for bit on every generated file (tolerance 0)",
+  ignore: noFixtures || native === undefined,
+  fn: async () => {
+    const dir = await dirP!;
+    const files = manifest(dir);
+    assert.ok(files.length >= 20);
+    for (const f of files) {
+      const bytes = Deno.readFileSync(join(dir, f.file));
+      const ref = Deno.readFileSync(join(dir, f.file + ".rgb"));
+      for (const d of f.file.endsWith(".png") ? [native!, ts] : [native!]) {
+        const img = d.decode(bytes);
+        assert.deepStrictEqual(
+          [img.height, img.width, img.channels],
+          [f.height, f.width, 3],
+          f.file,
+        );
+        assert.deepStrictEqual(diff(img.data, ref), { count: 0, max: 0 }, `${f.file} (${d.png})`);
+      }
+    }
+  },
+});
+
+Deno.test({
+  name: "libspng and the TypeScript PNG decoder agree for 1, 3 and 4 channels (alpha, tRNS)",
+  ignore: noFixtures || native === undefined,
+  fn: async () => {
+    const dir = await dirP!;
+    for (const f of manifest(dir).filter((f) => f.file.endsWith(".png"))) {
+      const bytes = Deno.readFileSync(join(dir, f.file));
+      for (const channels of [1, 3, 4] as const) {
+        const a = new ImageDecoder({ channels, backend: "native" }).decode(bytes);
+        const b = new ImageDecoder({ channels, backend: "typescript" }).decode(bytes);
+        assert.strictEqual(a.data.length, f.width * f.height * channels);
+        assert.deepStrictEqual(
+          diff(a.data, b.data),
+          { count: 0, max: 0 },
+          `${f.file} x${channels}`,
+        );
+      }
+    }
+    // Transparency reaches RGBA: the palette file's entry 3 and the RGBA file's alpha ramp.
+    const rgba = new ImageDecoder({ channels: 4 }).decode(Deno.readFileSync(join(dir, "rgba.png")));
+    assert.deepStrictEqual([rgba.data[3], rgba.data[7], rgba.data[11]], [0, 7, 14]);
+  },
+});
+
+Deno.test({
+  name: "JPEG matches djpeg (integer IDCT, fancy upsampling) at scales 1, 1/2, 1/4, 1/8, greyscale",
+  ignore: noFixtures || native === undefined || !have("djpeg"),
+  fn: async () => {
+    const dir = await dirP!;
+    const jpegs = manifest(dir).filter((f) => f.kind === "jpeg" || f.kind === "jpeg-grey");
+    for (const f of jpegs) {
+      const path = join(dir, f.file);
+      const bytes = Deno.readFileSync(path);
+      for (const denom of [1, 2, 4, 8]) {
+        const ref = djpeg(path, ["-dct", "int", "-scale", `1/${denom}`, "-pnm"]);
+        // Asking for exactly djpeg's scaled size decodes at that scale with no resize.
+        const img = native!.decode(bytes, { size: [ref.height, ref.width] });
+        assert.deepStrictEqual(
+          [img.height, img.width],
+          [ref.height, ref.width],
+          `${f.file} 1/${denom}`,
+        );
+        const want = ref.channels === 3
+          ? ref.data
+          : Uint8Array.from(Array.from(ref.data).flatMap((v) => [v, v, v]));
+        assert.deepStrictEqual(diff(img.data, want), { count: 0, max: 0 }, `${f.file} 1/${denom}`);
+      }
+      // Grey output of a colour JPEG is its luma plane, as djpeg -grayscale.
+      const grey = djpeg(path, ["-dct", "int", "-grayscale", "-pnm"]);
+      const g = new ImageDecoder({ channels: 1, backend: "native" }).decode(bytes);
+      assert.deepStrictEqual(diff(g.data, grey.data), { count: 0, max: 0 }, `${f.file} grey`);
+    }
+  },
+});
+
+Deno.test({
+  name: "CMYK JPEG matches djpeg's CMYK-to-RGB bit for bit",
+  ignore: noFixtures || native === undefined || !have("djpeg"),
+  fn: async () => {
+    const dir = await dirP!;
+    const path = join(dir, "cmyk.jpg");
+    const ref = djpeg(path, ["-dct", "int", "-pnm"]);
+    const img = native!.decode(Deno.readFileSync(path));
+    assert.strictEqual(ref.channels, 3);
+    assert.deepStrictEqual(diff(img.data, ref.data), { count: 0, max: 0 });
+  },
+});
+
+Deno.test({
+  name:
+    "a fixed size takes the largest DCT reduction that covers it, then Pillow's bilinear resize",
+  ignore: noFixtures || native === undefined,
+  fn: async () => {
+    const dir = await dirP!;
+    assert.deepStrictEqual(TurboJpeg.scaledSize(375, 500, 100, 100), {
+      height: 188,
+      width: 250,
+      denom: 2,
+    });
+    assert.deepStrictEqual(TurboJpeg.scaledSize(375, 500, 40, 60), {
+      height: 47,
+      width: 63,
+      denom: 8,
+    });
+    assert.deepStrictEqual(TurboJpeg.scaledSize(375, 500, 224, 224), {
+      height: 375,
+      width: 500,
+      denom: 1,
+    });
+    const bytes = Deno.readFileSync(join(dir, "rgb_500x375_s2_q90.jpg"));
+    const half = native!.decode(bytes, { size: [188, 250] });
+    const out = new Uint8Array(100 * 120 * 3 + 5);
+    const img = native!.decode(bytes, { size: [100, 120], out });
+    assert.strictEqual(img.data.buffer, out.buffer);
+    assert.deepStrictEqual(diff(img.data, resizeBilinear(half, 100, 120).data), {
+      count: 0,
+      max: 0,
+    });
+    // Pillow's resize of the full decode, bit for bit.
+    for (const r of JSON.parse(Deno.readTextFileSync(join(dir, "resized.json")))) {
+      const full = native!.decode(Deno.readFileSync(join(dir, r.file)));
+      const got = resizeBilinear(full, r.height, r.width);
+      assert.deepStrictEqual(diff(got.data, Deno.readFileSync(join(dir, r.ref))), {
+        count: 0,
+        max: 0,
+      }, r.ref);
+    }
+  },
+});
+
+Deno.test({
+  name: "EXIF orientation is applied (JPEG and PNG) and can be turned off",
+  ignore: noFixtures || native === undefined,
+  fn: async () => {
+    const dir = await dirP!;
+    const bytes = Deno.readFileSync(join(dir, "exif6.jpg"));
+    const up = native!.decode(bytes);
+    assert.deepStrictEqual([up.height, up.width], [90, 50]);
+    const raw = new ImageDecoder({ exifOrientation: false }).decode(bytes);
+    assert.deepStrictEqual([raw.height, raw.width], [50, 90]);
+    // Rotated 90 degrees clockwise: the upright top-left pixel is the stored bottom-left.
+    assert.deepStrictEqual([...up.data.subarray(0, 3)], [
+      ...raw.data.subarray(49 * 90 * 3, 49 * 90 * 3 + 3),
+    ]);
+    // A size asked is the upright image's.
+    const s = native!.decode(bytes, { size: [30, 20] });
+    assert.deepStrictEqual([s.height, s.width], [30, 20]);
+    const png = ts.decode(Deno.readFileSync(join(dir, "exif6.png")));
+    assert.deepStrictEqual([png.height, png.width], [45, 31]);
+  },
+});
+
+Deno.test("the type comes from the magic bytes; other types and empty files are refused by name", () => {
+  assert.strictEqual(sniffImageType(new Uint8Array([0x47, 0x49, 0x46, 0x38, 0x39, 0x61])), "gif");
+  assert.throws(() => ts.decode(new Uint8Array()), /the file is empty \(0 bytes\)/);
+  assert.throws(() => ts.decode(new TextEncoder().encode("hello world")), /not a JPEG or PNG file/);
+  assert.throws(
+    () => ts.decode(new Uint8Array([0x47, 0x49, 0x46, 0x38, 0x39, 0x61, 0, 0])),
+    /GIF files are not decoded \(only JPEG and PNG\)/,
+  );
+  assert.throws(
+    () => ts.decode(new Uint8Array([0xff, 0xd8, 0xff, 0xe0, 0, 0])),
+    /JPEG needs libjpeg-turbo, and it is unavailable: backend "typescript" asked/,
+  );
+  assert.strictEqual(DEFAULT_MAX_PIXELS, 178956970);
+});
+
+Deno.test({
+  name: "truncated, corrupt and too large files are refused with the reason, by both PNG decoders",
+  ignore: noFixtures || native === undefined,
+  fn: async () => {
+    const dir = await dirP!;
+    const jpeg = Deno.readFileSync(join(dir, "rgb_500x375_s2_q90.jpg"));
+    assert.throws(
+      () => native!.decode(jpeg.subarray(0, jpeg.length >> 1)),
+      /JPEG data is truncated/,
+    );
+    assert.throws(
+      () => native!.decode(jpeg.subarray(0, 100)),
+      /JPEG (header|data) is (corrupt|truncated)/,
+    );
+    const small = new ImageDecoder({ maxPixels: 1000 });
+    assert.throws(
+      () => small.decode(jpeg),
+      /image of 500x375 = 187500 pixels exceeds the limit of 1000 \(maxPixels\)/,
+    );
+    const png = Deno.readFileSync(join(dir, "rgb.png"));
+    for (const d of [native!, ts]) {
+      assert.throws(() => d.decode(png.subarray(0, png.length - 40)), /PNG/, d.png);
+      const bad = png.slice();
+      bad[60] ^= 0xff;
+      assert.throws(() => d.decode(bad), /PNG/, d.png);
+    }
+    assert.throws(() => decodePngTs(png, 3, 100), /45x31 = 1395 pixels exceeds the limit of 100/);
+    assert.throws(
+      () => new ImageDecoder({ maxPixels: 100 }).decode(png),
+      /exceeds the limit of 100/,
+    );
+  },
+});
