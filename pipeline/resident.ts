@@ -43,7 +43,7 @@ import { type Dataset, recordBytes, type SharedField } from "../loader/dataset.t
 import type { AugmentOptions } from "../augment/options.ts";
 import { AUGMENT_RECORD_LENGTH, sampleKey, writeAugmentRecords } from "../augment/record.ts";
 import type { RingBatch } from "../loader/ring.ts";
-import { toIndices } from "../loader/sampler.ts";
+import { DistributedSampler, toIndices } from "../loader/sampler.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import {
   type ImageDtype,
@@ -88,6 +88,14 @@ export interface DeviceLoaderOptions {
   dtype?: ImageDtype;
   /** The stream the batches are made on (default: the device's default stream). */
   stream?: Stream;
+  /**
+   * The ranks of a data-parallel job (default 1): each epoch's order is split as
+   * {@linkcode DistributedSampler} splits it, the same shuffle on every rank for the same
+   * seed (0 when none is given), this rank taking its share.
+   */
+  worldSize?: number;
+  /** This rank, in [0, worldSize) (default 0). */
+  rank?: number;
 }
 
 const LABEL_BYTES: Record<string, number> = { u8: 1, u16: 2, i32: 4 };
@@ -272,6 +280,8 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
   readonly #stream: Stream | undefined;
   readonly #batchSize: number;
   readonly #dropLast: boolean;
+  /** Samples in one epoch's order: the dataset's, or this rank's share. */
+  readonly #positions: number;
   /** Batches whose augment records go up at once (a chunk). */
   readonly #perChunk: number;
   #buffers:
@@ -298,6 +308,8 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
       "std",
       "dtype",
       "stream",
+      "worldSize",
+      "rank",
     ], action);
     this.dataset = dataset;
     this.dtype = options.dtype ?? "f16";
@@ -337,12 +349,21 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     this.#perChunk = Math.max(1, Math.floor(CHUNK_SAMPLES / batchSize));
     const n = dataset.length;
     const index = new Uint8Array(new SharedArrayBuffer(Math.max(1, n)));
+    const worldSize = options.worldSize ?? 1, rank = options.rank ?? 0;
+    // A sharded order: the seed must be the same on every rank, so it is never random here.
+    const sampler = worldSize === 1 && rank === 0 ? undefined : new DistributedSampler(n, {
+      worldSize,
+      rank,
+      shuffle: options.shuffle ?? false,
+      seed: options.seed ?? 0,
+    });
+    this.#positions = sampler?.length ?? n;
     this.#order = new DataLoader<RingBatch>(
       new TensorDataset({ index: { data: index.subarray(0, n), shape: [] } }),
       {
         batchSize,
-        shuffle: options.shuffle ?? false,
-        seed: options.seed,
+        ...(sampler ? { sampler } : { shuffle: options.shuffle ?? false }),
+        seed: options.seed ?? (sampler ? 0 : undefined),
         dropLast: false,
         augment: options.augment,
         numWorkers: 0,
@@ -350,9 +371,9 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     );
   }
 
-  /** Batches per epoch. */
+  /** Batches per epoch (of this rank's share, when sharded). */
   get length(): number {
-    const n = this.dataset.length, b = this.#batchSize;
+    const n = this.#positions, b = this.#batchSize;
     return this.#dropLast ? Math.floor(n / b) : Math.ceil(n / b);
   }
 
@@ -381,7 +402,8 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     const ds = this.dataset, dev = ds.device, src = ds._source();
     const bufs = this.#buffersFor(src.labelBytes);
     const stream = this.#stream;
-    const order = this.#order, b = this.#batchSize, n = ds.length;
+    // n positions in this rank's order, over the dataset's rows.
+    const order = this.#order, b = this.#batchSize, n = this.#positions, rows = ds.length;
     // As a DataLoader's iteration: take the next epoch (setEpoch picks it), its sampler's order
     // and, per sample, the records its workers would draw (the same function of seed, epoch and
     // position). The whole order goes up at once; the records a chunk at a time, the next
@@ -432,14 +454,14 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
         paramsOffset: spec !== undefined ? paramsOffset : undefined,
         indices: bufs.idx,
         indicesOffset: at * 4,
-        rows: n,
+        rows,
         stream,
       });
       gatherRows(src.labels, bufs.lab, {
         indices: bufs.idx,
         indicesOffset: at * 4,
         count: size,
-        rows: n,
+        rows,
         rowBytes: src.labelBytes,
         stream,
       });
@@ -461,7 +483,7 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
       const made: DeviceBuffer[] = [];
       try {
         // The epoch's order, a chunk's records, a batch's labels.
-        for (const bytes of [this.dataset.length * 4, chunk * RECORD_BYTES, b * labelBytes]) {
+        for (const bytes of [this.#positions * 4, chunk * RECORD_BYTES, b * labelBytes]) {
           made.push(DeviceBuffer.alloc(dev, bytes));
         }
       } catch (err) {
