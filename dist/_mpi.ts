@@ -8,7 +8,7 @@
 
 import {
   type Handle,
-  MPICH_CONSTANTS,
+  mpichConstants,
   mpichSymbols,
   type MpiConstants,
   openMpiConstants,
@@ -79,7 +79,7 @@ function tryOpen(path: string, flavor: MpiFlavor): MpiLibrary | Error {
       path,
       flavor,
       fn: lib.symbols as unknown as AnySymbols,
-      c: MPICH_CONSTANTS,
+      c: mpichConstants(),
       close: () => lib.close(),
     };
   } catch (e) {

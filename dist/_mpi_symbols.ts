@@ -110,23 +110,30 @@ export interface MpiConstants {
   statusSourceIndex: number;
 }
 
-/** MPICH's values, from its `mpi.h` (stable across MPICH 3 and 4, and its derivatives). */
-export const MPICH_CONSTANTS: MpiConstants = {
-  commWorld: 0x44000000,
-  errorsReturn: 0x54000001,
-  float: 0x4c00040a,
-  int: 0x4c000405,
-  byte: 0x4c00010d,
-  sum: 0x58000003,
-  max: 0x58000001,
-  min: 0x58000002,
-  inPlace: Deno.UnsafePointer.create(0xffffffffffffffffn),
-  statusIgnore: Deno.UnsafePointer.create(1n),
-  anySource: -2,
-  // struct { int count_lo, count_hi_and_cancelled, MPI_SOURCE, MPI_TAG, MPI_ERROR; }
-  statusInts: 5,
-  statusSourceIndex: 2,
-};
+/**
+ * MPICH's values, from its `mpi.h` (stable across MPICH 3 and 4, and its derivatives).
+ * Made on demand: pointers need the FFI permission, which importing must not.
+ *
+ * @returns The constants.
+ */
+export function mpichConstants(): MpiConstants {
+  return {
+    commWorld: 0x44000000,
+    errorsReturn: 0x54000001,
+    float: 0x4c00040a,
+    int: 0x4c000405,
+    byte: 0x4c00010d,
+    sum: 0x58000003,
+    max: 0x58000001,
+    min: 0x58000002,
+    inPlace: Deno.UnsafePointer.create(0xffffffffffffffffn),
+    statusIgnore: Deno.UnsafePointer.create(1n),
+    anySource: -2,
+    // struct { int count_lo, count_hi_and_cancelled, MPI_SOURCE, MPI_TAG, MPI_ERROR; }
+    statusInts: 5,
+    statusSourceIndex: 2,
+  };
+}
 
 /**
  * Open MPI's values for a library opened with {@linkcode openMpiSymbols}.

@@ -116,7 +116,8 @@ function checkSameModel(model: Module, group: ProcessGroup): void {
  * - Batch norm stays per rank unless the model uses {@linkcode SyncBatchNorm}.
  *
  * The wrapper is a Module: pass it to a {@linkcode Trainer} in place of the model. Its
- * parameters are the model's, named with a `module.` prefix as PyTorch's DDP names them.
+ * parameters are the model's, named with a `module.` prefix as PyTorch's DDP names them;
+ * save and load checkpoints of the model itself. Disposing the wrapper leaves the model.
  *
  * @example One rank (no launcher): the gradients are the local ones
  * ```ts
@@ -124,7 +125,7 @@ function checkSameModel(model: Module, group: ProcessGroup): void {
  * import assert from "node:assert";
  * using device = Device.open("cpu");
  * using group = ProcessGroup.init();
- * const model = new Linear(2, 1).to(device, { precision: "fp32" });
+ * using model = new Linear(2, 1).to(device, { precision: "fp32" });
  * using dp = new DataParallel(model, group);
  * using x = Tensor.fromHost(device, new Float32Array([1, 2]), [1, 2]);
  * dp.forward(x);
@@ -307,7 +308,8 @@ export class DataParallel extends Module {
    * import assert from "node:assert";
    * using device = Device.open("cpu");
    * using group = ProcessGroup.init();
-   * using dp = new DataParallel(new Linear(1, 1).to(device, { precision: "fp32" }), group);
+   * using model = new Linear(1, 1).to(device, { precision: "fp32" });
+   * using dp = new DataParallel(model, group);
    * using x = Tensor.fromHost(device, new Float32Array([1]), [1, 1]);
    * using dy = Tensor.fromHost(device, new Float32Array([1]), [1, 1]);
    * {
@@ -317,7 +319,7 @@ export class DataParallel extends Module {
    * }
    * dp.forward(x);
    * dp.backward(dy, { inputGrad: false });
-   * const [w] = await (dp.module as Linear).weight.grad.toHost();
+   * const [w] = await model.weight.grad.toHost();
    * assert.strictEqual(w, 2); // two micro-batches' gradients, summed
    * ```
    */
@@ -332,9 +334,11 @@ export class DataParallel extends Module {
     };
   }
 
-  /** Removes the gradient hook and frees the model. Idempotent. */
+  /**
+   * Removes the gradient hook; the model stays the caller's, to train on alone or to free.
+   * Idempotent.
+   */
   override dispose(): void {
     this.#hook[Symbol.dispose]();
-    super.dispose();
   }
 }

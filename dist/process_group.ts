@@ -262,6 +262,7 @@ export class ProcessGroup implements Disposable {
   #failed: Error | null = null;
   #disposed = false;
   #ownsInit = false;
+  #onUnload: (() => void) | null = null;
 
   private constructor(env: LaunchEnv, options: Required<Omit<ProcessGroupOptions, "env">>) {
     this.rank = env.rank;
@@ -297,6 +298,16 @@ export class ProcessGroup implements Disposable {
       progress: this.#progress.buffer,
     });
     this.#responder = new Responder(lib, this.#watchComm!, this.rank, this.#progress);
+    // A rank that exits while still in the job makes the launcher stop the others, and some
+    // launchers (MPICH's) name only a pid: this line names the rank.
+    this.#onUnload = () => {
+      if (this.#disposed) return;
+      console.error(
+        `pinstream: rank ${this.rank} of ${this.size} exits (status ${Deno.exitCode}) ` +
+          `without leaving its process group: the launcher stops the other ranks`,
+      );
+    };
+    globalThis.addEventListener("unload", this.#onUnload);
   }
 
   #initMpi(lib: MpiLibrary, env: LaunchEnv): void {
@@ -834,6 +845,7 @@ export class ProcessGroup implements Disposable {
     if (this.#disposed) return;
     this.#disposed = true;
     if (this.#worker === null) return;
+    if (this.#onUnload) globalThis.removeEventListener("unload", this.#onUnload);
     if (!this.#failed && this.#seq > 0) {
       const last = ((this.#seq - 1) % SLOTS) * 2;
       Atomics.wait(this.#results, last, 0, this.timeoutMs);

@@ -28,6 +28,10 @@ import {
   Trainer,
 } from "../nn/mod.ts";
 import { statePathFor } from "../nn/checkpoint.ts";
+import { DistributedSampler } from "../loader/sampler.ts";
+import { DataParallel } from "../dist/data_parallel.ts";
+import { launchEnv } from "../dist/launch_env.ts";
+import { ProcessGroup } from "../dist/process_group.ts";
 
 /** The chart module, loaded only when a chart is drawn: its npm packages are fetched then, and
  * a run that draws none needs no network (a literal specifier would be fetched up front). */
@@ -58,6 +62,12 @@ export interface TrainArgs {
   limit: number;
   stopAfter: number;
   quiet: boolean;
+  /**
+   * Data-parallel training over the ranks of the launcher that started this process (one
+   * DataParallel replica per rank; --batch-size is per rank). On whenever mpirun started
+   * more than one rank.
+   */
+  distributed: boolean;
   help: boolean;
   /** The options given on the command line (the others hold defaults). */
   given?: ReadonlySet<string>;
@@ -162,6 +172,11 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
     },
     seed: { kind: "int", min: 0, help: "seed of initialization and data order", default: d.seed },
     quiet: { kind: "boolean", help: "no progress bar" },
+    distributed: {
+      kind: "boolean",
+      help: "data-parallel over the ranks mpirun started (deno task launch -n N\n" +
+        "...; on whenever there are several); --batch-size is per rank",
+    },
     log: {
       kind: "string",
       metavar: "PATH",
@@ -258,6 +273,7 @@ export function parseTrainArgs(
     limit: 0,
     stopAfter: 0,
     quiet: false,
+    distributed: false,
     help: false,
     ...defaults,
   };
@@ -300,6 +316,7 @@ export function parseTrainArgs(
     stopAfter: get("stop-after", d.stopAfter),
     seed: get("seed", d.seed),
     quiet: get("quiet", d.quiet),
+    distributed: get("distributed", d.distributed),
     log: get("log", d.log),
     help: false,
     given: v.given,
@@ -438,6 +455,12 @@ export interface RunOptions {
   onEpoch?: (r: EpochReport) => void;
   /** What the data is, for the closing summary (e.g. "CIFAR-10 from DIR"). */
   dataNote?: string;
+  /**
+   * The ranks of a data-parallel run: the model is wrapped in DataParallel, the loaders
+   * must be sharded (DistributedSampler), the epoch's figures are summed over the ranks, and
+   * only rank 0 prints, logs and saves checkpoints.
+   */
+  group?: ProcessGroup | null;
 }
 
 /**
@@ -531,7 +554,20 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   }
   const scaler = new GradScaler(device, { enabled: args.lossScaling });
   const scheduler = o.scheduler?.(optimizer, trainLoader.length) ?? null;
-  const trainer = new Trainer(model, { optimizer, scaler, scheduler });
+  const group = o.group ?? null;
+  const lead = group === null || group.rank === 0;
+  const net = group ? new DataParallel(model, group) : model;
+  const trainer = new Trainer(net, { optimizer, scaler, scheduler });
+  /** Sums [loss x samples, correct, samples] over the ranks. */
+  const overRanks = (lossSum: number, correct: number, seen: number) => {
+    const t = new Float64Array([lossSum, correct, seen]);
+    if (group) {
+      const f = Float32Array.from(t);
+      group.allReduce(f);
+      t.set(f);
+    }
+    return { lossSum: t[0], correct: t[1], seen: t[2] };
+  };
   const norm = {
     mean: spec.mean,
     std: spec.std,
@@ -544,14 +580,14 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     padding: spec.padding ?? 0,
   });
   const testFeed = new DevicePrefetcher(testLoader, device, { ...norm, padding: 0 });
-  const progress = new Progress(!args.quiet);
+  const progress = new Progress(!args.quiet && lead);
   const reports: EpochReport[] = [];
   const logPath = args.log ??
     (args.checkpoint
       ? `${args.checkpoint.replace(/\.safetensors$/, "")}.metrics.jsonl`
       : undefined);
   // A resumed run goes on appending; a new one starts the log afresh.
-  const log = logPath ? await MetricsLog.open(logPath, { append: args.resume }) : undefined;
+  const log = logPath && lead ? await MetricsLog.open(logPath, { append: args.resume }) : undefined;
   let startEpoch = 0;
   let step = 0;
   try {
@@ -559,7 +595,9 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
       const p = await loadCheckpoint(args.checkpoint, { model, optimizer, scaler, scheduler });
       startEpoch = p.epoch;
       step = p.step;
-      console.log(`resumed from ${args.checkpoint} after epoch ${startEpoch} (step ${step})`);
+      if (lead) {
+        console.log(`resumed from ${args.checkpoint} after epoch ${startEpoch} (step ${step})`);
+      }
     }
     for (let epoch = startEpoch; epoch < args.epochs; epoch++) {
       // The data order is a pure function of (seed, epoch): a resumed run sees the same batches.
@@ -592,12 +630,19 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
         correct += tail.accuracy * tail.samples;
         seen += tail.samples;
       }
+      ({ lossSum, correct, seen } = overRanks(lossSum, correct, seen));
       await device.synchronize();
       const trainMs = performance.now() - t0;
       const stats = trainFeed.stats;
       progress.clear();
       for await (const b of testFeed) trainer.evalStep(b.images, b.labels);
-      const test = await trainer.readEval();
+      const local = await trainer.readEval();
+      const t = overRanks(
+        local.loss * local.samples,
+        local.accuracy * local.samples,
+        local.samples,
+      );
+      const test = { loss: t.lossSum / t.seen, accuracy: t.correct / t.seen };
       const lossScale = await scaler.getScale();
       const report: EpochReport = {
         epoch: epoch + 1,
@@ -611,18 +656,22 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
         lossScale,
       };
       reports.push(report);
-      console.log(
-        `epoch ${report.epoch}/${args.epochs}  train loss ${report.trainLoss.toFixed(4)}  ` +
-          `train acc ${(100 * report.trainAcc).toFixed(2)}%  ` +
-          `test acc ${(100 * report.testAcc).toFixed(2)}%  ` +
-          `${fmtNum(report.samplesPerSecond)} samples/s  ` +
-          `input wait ${(100 * report.inputWaitShare).toFixed(1)}%  ` +
-          `(${report.seconds.toFixed(1)} s${args.lossScaling ? `, loss scale ${lossScale}` : ""})`,
-      );
+      if (lead) {
+        console.log(
+          `epoch ${report.epoch}/${args.epochs}  train loss ${report.trainLoss.toFixed(4)}  ` +
+            `train acc ${(100 * report.trainAcc).toFixed(2)}%  ` +
+            `test acc ${(100 * report.testAcc).toFixed(2)}%  ` +
+            `${fmtNum(report.samplesPerSecond)} samples/s  ` +
+            `input wait ${(100 * report.inputWaitShare).toFixed(1)}%  ` +
+            `(${report.seconds.toFixed(1)} s${
+              args.lossScaling ? `, loss scale ${lossScale}` : ""
+            })`,
+        );
+      }
       o.onEpoch?.(report);
       await log?.append({ ...report, lr: optimizer.lr, data: o.dataNote ?? null });
       trainer.endEpoch();
-      if (args.checkpoint) {
+      if (args.checkpoint && lead) {
         await saveCheckpoint(args.checkpoint, { model, optimizer, scaler, scheduler }, {
           epoch: epoch + 1,
           step,
@@ -637,9 +686,11 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     await trainFeed[Symbol.asyncDispose]();
     await testFeed[Symbol.asyncDispose]();
     trainer.dispose();
+    if (net !== model) net.dispose();
     scaler.dispose();
     optimizer.dispose();
   }
+  if (!lead) return reports;
   const metrics = logPath ? `${logPath}${await drawCurves(logPath)}` : undefined;
   console.log(
     summaryText(reports, {
@@ -703,7 +754,11 @@ export interface ImageRun {
  */
 export async function trainImages(args: TrainArgs, run: ImageRun): Promise<EpochReport[]> {
   const { train, test, augment } = run;
-  using device = Device.open(args.device);
+  // The mpi backend reduces cpu-device memory: a distributed run on "auto" takes the CPU.
+  // Several ranks started by a launcher train together even without --distributed: apart,
+  // they would each train alone and overwrite each other's checkpoint.
+  using group = args.distributed || launchEnv().size > 1 ? ProcessGroup.init() : null;
+  using device = Device.open(group && args.device === "auto" ? "cpu" : args.device);
   const model = run.model().to(device, { precision: args.precision });
   const common = {
     batchSize: args.batchSize,
@@ -713,17 +768,36 @@ export async function trainImages(args: TrainArgs, run: ImageRun): Promise<Epoch
     autoRelease: false,
   };
   const workers = args.workers > 0 ? { persistentWorkers: true } : {};
+  // Each rank takes its share of every epoch, the same shuffle on every rank (the seed).
+  const shard = (set: Dataset, shuffle: boolean) =>
+    group
+      ? {
+        sampler: new DistributedSampler(set, {
+          worldSize: group.size,
+          rank: group.rank,
+          shuffle,
+          seed: args.seed,
+        }),
+      }
+      : { shuffle };
   await using trainLoader = new DataLoader<RingBatch>(train, {
     ...common,
     ...workers,
-    shuffle: true,
+    ...shard(train, true),
     ...(augment ? { augment } : {}),
   });
-  await using testLoader = new DataLoader<RingBatch>(test, { ...common, ...workers });
-  console.log(
-    `${run.intro}, device ${device.kind} (${device.props.name}), batch ${args.batchSize}, ` +
-      `${args.workers} workers, ${precisionLine(args)}, ${augmentNote(augment)}`,
-  );
+  await using testLoader = new DataLoader<RingBatch>(test, {
+    ...common,
+    ...workers,
+    ...(group ? shard(test, false) : {}),
+  });
+  if (group === null || group.rank === 0) {
+    console.log(
+      `${run.intro}, device ${device.kind} (${device.props.name}), batch ${args.batchSize}` +
+        `${group ? ` per rank x ${group.size} ranks (${group.mpi ?? "one process"})` : ""}, ` +
+        `${args.workers} workers, ${precisionLine(args)}, ${augmentNote(augment)}`,
+    );
+  }
   try {
     return await runTraining({
       args,
@@ -732,6 +806,7 @@ export async function trainImages(args: TrainArgs, run: ImageRun): Promise<Epoch
       trainLoader,
       testLoader,
       dataNote: run.dataNote,
+      group,
       spec: { mean: run.mean, std: run.std, padding: augment?.padding ?? 0 },
       scheduler: (opt, steps) =>
         new OneCycleLR(opt, {
