@@ -107,7 +107,8 @@ export function openMpi(options: { flavor?: MpiFlavor | null; path?: string } = 
     const m = tryOpen(path, "mpich");
     if (!(m instanceof Error)) return m;
     throw new Error(
-      `Cannot open the MPI library ${path} (from ${MPI_LIB_ENV}): ${m.message}; ` +
+      `Cannot open the MPI library ${path} (from ${MPI_LIB_ENV}): ` +
+        `${m.message.replace(/^(Could not open library: )+/, "")}; ` +
         MPI_INSTALL_HINT,
     );
   }

@@ -7,14 +7,7 @@
 
 import { refuseUnknownKeys } from "../ffi/_options.ts";
 import { Tensor } from "../ffi/tensor.ts";
-import {
-  handleValue,
-  MPI_INSTALL_HINT,
-  mpiErrorString,
-  type MpiLibrary,
-  openMpi,
-  readHandle,
-} from "./_mpi.ts";
+import { handleValue, mpiErrorString, type MpiLibrary, openMpi, readHandle } from "./_mpi.ts";
 import type { Handle } from "./_mpi_symbols.ts";
 import {
   type CommJob,
@@ -381,14 +374,7 @@ export class ProcessGroup implements Disposable {
     }
     const env = options.env ?? ((n: string) => Deno.env.get(n));
     const debug = options.debug ?? env("PINSTREAM_DIST_DEBUG") === "1";
-    try {
-      return new ProcessGroup(launchEnv(env), { backend, timeoutMs, debug });
-    } catch (e) {
-      if (e instanceof Error && e.message.includes(MPI_INSTALL_HINT)) {
-        throw new Error(`Cannot create a ProcessGroup: ${e.message.replace(/^Cannot /, "")}`);
-      }
-      throw e;
-    }
+    return new ProcessGroup(launchEnv(env), { backend, timeoutMs, debug });
   }
 
   #usable(action: string): void {

@@ -49,7 +49,7 @@ Deno.test("ProcessGroup names what to install when the MPI library is missing", 
   try {
     assert.throws(
       () => ProcessGroup.init({ env: (k) => vars[k] }),
-      /Cannot open the MPI library \/nonexistent\/libmpi.so \(from PINSTREAM_MPI_LIB\)/,
+      /^Error: Cannot open the MPI library \/nonexistent\/libmpi.so \(from PINSTREAM_MPI_LIB\): .*No such file.*; install Open MPI \(apt-get install openmpi-bin libopenmpi-dev\)/,
     );
   } finally {
     if (saved === undefined) Deno.env.delete("PINSTREAM_MPI_LIB");
