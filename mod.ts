@@ -31,11 +31,11 @@ export type {
   TensorFillOptions,
   ToHostOptions,
 } from "./ffi/tensor.ts";
-export { PinstreamError } from "./ffi/errors.ts";
+export { PinstreamError } from "./internal/errors.ts";
 export { MemoryResource, Resource } from "./ffi/resource.ts";
-export type { PinstreamErrorCode } from "./ffi/errors.ts";
+export type { PinstreamErrorCode } from "./internal/errors.ts";
 export { LibraryError, loadLibrary } from "./ffi/library.ts";
-export { PermissionError } from "./ffi/_permissions.ts";
+export { PermissionError } from "./internal/permissions.ts";
 export { activeProfiler, Profiler, range, span } from "./ffi/profiler.ts";
 export type { ChromeTrace, ProfilerOptions, ProfileRow, RangeOptions } from "./ffi/profiler.ts";
 export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";
@@ -147,11 +147,6 @@ export {
   CrossEntropyLoss,
   decodeSafetensors,
   defaultInitRng,
-  diagnose,
-  type DoctorOptions,
-  type DoctorReport,
-  type DoctorRun,
-  doctorVerdict,
   encodeSafetensors,
   type ExtraStateLoad,
   Flatten,
@@ -174,9 +169,6 @@ export {
   type LRSchedulerState,
   MaxPool2d,
   type MaxPool2dOptions,
-  MetricsLog,
-  type MetricsLogOptions,
-  type MetricsRecord,
   Module,
   type ModuleToOptions,
   OneCycleLR,
@@ -198,11 +190,23 @@ export {
   statePathFor,
   StepLR,
   type StepLROptions,
-  Trainer,
-  type TrainerOptions,
   uniform,
   Xoshiro128,
 } from "./nn/mod.ts";
+
+// train
+export {
+  diagnose,
+  type DoctorOptions,
+  type DoctorReport,
+  type DoctorRun,
+  doctorVerdict,
+  MetricsLog,
+  type MetricsLogOptions,
+  type MetricsRecord,
+  Trainer,
+  type TrainerOptions,
+} from "./train/mod.ts";
 
 // dist
 export {

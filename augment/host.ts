@@ -15,7 +15,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import type { ImageLayout, NormalizeAffine } from "./image.ts";
 import { AUGMENT_RECORD_LENGTH } from "./record.ts";
 

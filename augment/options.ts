@@ -5,7 +5,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 
 /**
  * Per-sample augmentation parameters drawn by the loader (zero-copy path), each from the

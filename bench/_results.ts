@@ -88,7 +88,7 @@ export function resultsDir(save: boolean): string {
 }
 
 /**
- * Writes a benchmark's result as `<name>.json` and its chart as `<name>.svg` (bench/_chart.ts)
+ * Writes a benchmark's result as `<name>.json` and its chart as `<name>.svg` (train/_chart.ts)
  * into {@linkcode resultsDir}, and says where.
  *
  * @param name The benchmark ("loader", "pipeline", ...).
@@ -105,7 +105,7 @@ export async function writeResult(name: string, result: unknown, save: boolean):
   await Deno.mkdir(dir, { recursive: true });
   const path = `${dir}${name}.json`;
   await Deno.writeTextFile(path, JSON.stringify(result, null, 2) + "\n");
-  const { writeChart } = await import("./_chart.ts");
+  const { writeChart } = await import("../train/_chart.ts");
   const svg = await writeChart(path);
   console.log(
     `wrote ${path}${svg ? ` and ${svg}` : ""}${save ? "" : " (--save writes bench/results/)"}`,

@@ -6,7 +6,7 @@
  * @module
  */
 
-import { parseCli } from "../examples/_cli.ts";
+import { parseCli } from "../train/cli.ts";
 
 const BENCHES: Record<string, () => Promise<{ main: (args: string[]) => Promise<unknown> }>> = {
   transfer: () => import("./transfer.ts"),

@@ -1,5 +1,5 @@
 /**
- * `deno task charts`: draws the SVG chart of each benchmark result (bench/_chart.ts) beside its
+ * `deno task charts`: draws the SVG chart of each benchmark result (train/_chart.ts) beside its
  * JSON, and with `--check` looks at every chart in a real browser: headless Chromium renders
  * the SVG to a PNG screenshot, which must decode and show a drawing (enough non-white pixels in
  * several colours), not an empty page or an error.
@@ -14,7 +14,7 @@
  * @module
  */
 
-import { writeChart } from "./_chart.ts";
+import { writeChart } from "../train/_chart.ts";
 
 const USAGE = `usage: deno task charts [--check] [--keep DIR] [RESULT.json ...]
 

@@ -13,7 +13,7 @@
 import { Device, Tensor } from "../mod.ts";
 import * as ops from "../nn/ops.ts";
 import { assertMeasurable, writeResult } from "./_results.ts";
-import { parseCli } from "../examples/_cli.ts";
+import { parseCli } from "../train/cli.ts";
 
 const CLI = {
   usage: "deno run -A bench/kernels.ts [options]",

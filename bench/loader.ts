@@ -26,7 +26,7 @@ import { RandomSampler } from "../loader/sampler.ts";
 import { memoryOf, wasmGather } from "../loader/_wasm_gather.ts";
 import { writeCifar10Files } from "../tests/loader_fixtures.ts";
 import { commitStamp, machine, writeResult } from "./_results.ts";
-import { parseCli } from "../examples/_cli.ts";
+import { parseCli } from "../train/cli.ts";
 
 const CLI = {
   usage: "deno run -A bench/loader.ts [options]",

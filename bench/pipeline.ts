@@ -43,7 +43,7 @@
 
 import { join } from "node:path";
 import { assertMeasurable, commitStamp, writeResult } from "./_results.ts";
-import { parseCli } from "../examples/_cli.ts";
+import { parseCli } from "../train/cli.ts";
 import { Device } from "../ffi/device.ts";
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import { DataLoader } from "../loader/data_loader.ts";

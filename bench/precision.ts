@@ -21,11 +21,11 @@
 
 import { Device, type DeviceKind } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
-import { GradScaler, type Module, type Precision, SGD, Trainer } from "../nn/mod.ts";
-import { fashionModel } from "../examples/fashion_mnist.ts";
-import { cifarModel } from "../examples/cifar.ts";
+import { GradScaler, type Module, type Precision, SGD } from "../nn/mod.ts";
+import { Trainer } from "../train/trainer.ts";
+import { cifarModel, fashionModel } from "../train/models.ts";
 import { assertMeasurable, commitStamp, machine, writeResult } from "./_results.ts";
-import { parseCli } from "../examples/_cli.ts";
+import { parseCli } from "../train/cli.ts";
 
 const CLI = {
   usage: "deno run -A bench/precision.ts [options]",

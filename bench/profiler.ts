@@ -14,9 +14,10 @@
 import { Device } from "../mod.ts";
 import { activeProfiler, Profiler, range } from "../ffi/profiler.ts";
 import { Tensor } from "../ffi/tensor.ts";
-import { fashionModel } from "../examples/fashion_mnist.ts";
-import { GradScaler, SGD, Trainer } from "../nn/mod.ts";
-import { parseCli, runMain } from "../examples/_cli.ts";
+import { fashionModel } from "../train/models.ts";
+import { GradScaler, SGD } from "../nn/mod.ts";
+import { Trainer } from "../train/trainer.ts";
+import { parseCli, runMain } from "../train/cli.ts";
 import { assertMeasurable, commitStamp, machine, writeResult } from "./_results.ts";
 
 const CLI = {

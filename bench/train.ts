@@ -33,10 +33,11 @@ import { DataLoader, type RingBatch } from "../loader/mod.ts";
 import { FASHION_MNIST_DEBIAN_ROOT, FashionMNIST } from "../loader/datasets/mnist.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import { DevicePrefetcher } from "../pipeline/prefetcher.ts";
-import { GradScaler, OneCycleLR, SGD, Trainer, Xoshiro128 } from "../nn/mod.ts";
-import { FASHION_MEAN, FASHION_STD, fashionModel } from "../examples/fashion_mnist.ts";
+import { GradScaler, OneCycleLR, SGD, Xoshiro128 } from "../nn/mod.ts";
+import { Trainer } from "../train/trainer.ts";
+import { FASHION_MEAN, FASHION_STD, fashionModel } from "../train/models.ts";
 import { commitStamp, machine, writeResult } from "./_results.ts";
-import { parseCli } from "../examples/_cli.ts";
+import { parseCli } from "../train/cli.ts";
 
 const CLI = {
   usage: "deno run -A bench/train.ts [options]",

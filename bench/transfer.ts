@@ -15,7 +15,7 @@
 import { Device, DeviceBuffer, type DeviceKind, Event, HostBuffer, Stream } from "../mod.ts";
 import { unwrap } from "../ffi/errors.ts";
 import { assertMeasurable, commitStamp, writeResult } from "./_results.ts";
-import { parseCli } from "../examples/_cli.ts";
+import { parseCli } from "../train/cli.ts";
 
 const CLI = {
   usage: "deno run -A bench/transfer.ts [options]",

@@ -5,7 +5,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Tensor } from "../ffi/tensor.ts";
 import { type BackwardOptions, Module } from "../nn/module.ts";
 import type { Parameter } from "../nn/parameter.ts";

@@ -5,7 +5,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import type { MpiFlavor } from "./launch_env.ts";
 
 /** Options of {@linkcode mpirunCommand}. */

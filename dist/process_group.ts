@@ -5,7 +5,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import { handleValue, mpiErrorString, type MpiLibrary, openMpi, readHandle } from "./_mpi.ts";
 import type { Handle } from "./_mpi_symbols.ts";

@@ -24,68 +24,19 @@ import type { AugmentOptions } from "../augment/options.ts";
 import type { Dataset } from "../loader/mod.ts";
 import { CIFAR10, CIFAR10_URL } from "../loader/datasets/cifar10.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
-import {
-  BatchNorm2d,
-  Conv2d,
-  Flatten,
-  Linear,
-  MaxPool2d,
-  type Module,
-  ReLU,
-  Sequential,
-  Xoshiro128,
-} from "../nn/mod.ts";
+import { CIFAR_MEAN, CIFAR_STD, cifarModel } from "../train/models.ts";
 import {
   type EpochReport,
   firstSamples,
   parseTrainArgs,
   type TrainArgs,
   trainImages,
-} from "./_run.ts";
-import { CliError, runMain } from "./_cli.ts";
+} from "../train/fit.ts";
+import { CliError, runMain } from "../train/cli.ts";
 import { generateShapes, SHAPE_CLASSES } from "./_shapes.ts";
 
-/** CIFAR-10's per-channel mean (of x / 255 over the training set). */
-export const CIFAR_MEAN = [0.4914, 0.4822, 0.4465];
-/** CIFAR-10's per-channel standard deviation. */
-export const CIFAR_STD = [0.2470, 0.2435, 0.2616];
 /** The training augmentation unless the command line says otherwise: crop 4 + flip. */
 export const CIFAR_AUGMENT: Readonly<AugmentOptions> = { padding: 4, flip: true };
-
-/**
- * The example's network: three conv-BN-ReLU stages with max pooling, then a linear
- * classifier (160,234 parameters).
- *
- * @param seed Seed of the initial weights.
- * @returns The model (on the host; call `to(device)`).
- * @example
- * ```ts
- * import { cifarModel } from "./cifar.ts";
- * import assert from "node:assert";
- * const n = cifarModel().parameters().reduce((a, p) => a + p.numel, 0);
- * assert.strictEqual(n, 160_234);
- * ```
- */
-export function cifarModel(seed = 0): Module {
-  const rng = new Xoshiro128(seed);
-  const block = (cin: number, cout: number): Module[] => [
-    new Conv2d(cin, cout, { kernelSize: 3, padding: 1, bias: false, rng }),
-    new BatchNorm2d(cout),
-    new ReLU(),
-  ];
-  return new Sequential([
-    ...block(3, 32),
-    ...block(32, 32),
-    new MaxPool2d(2),
-    ...block(32, 64),
-    ...block(64, 64),
-    new MaxPool2d(2),
-    ...block(64, 128),
-    new MaxPool2d(2),
-    new Flatten(),
-    new Linear(128 * 4 * 4, 10, { rng }),
-  ]);
-}
 
 /** Samples of the generated stand-in's training and test sets (see {@linkcode trainCifar}). */
 export const SHAPES_TRAIN = 4000;
@@ -244,7 +195,7 @@ export interface TrainCifarOptions {
  * @example One quick epoch on generated data
  * ```ts
  * import { trainCifar } from "./cifar.ts";
- * import { parseTrainArgs } from "./_run.ts";
+ * import { parseTrainArgs } from "../train/fit.ts";
  * import assert from "node:assert";
  * const args = parseTrainArgs(
  *   ["--device", "cpu", "--epochs", "1", "--limit", "64", "--batch-size", "32", "--workers", "0"],

@@ -1,5 +1,5 @@
 /**
- * `deno task doctor`: does training wait for data? Runs {@linkcode diagnose} (nn/doctor.ts) on
+ * `deno task doctor`: does training wait for data? Runs {@linkcode diagnose} (train/doctor.ts) on
  * an example's dataset and model: steps on a device-resident batch against the loader-fed steps,
  * a worker sweep, prefetch depth and pinned staging; prints the measurements and a verdict in
  * words, and writes them as JSON with an SVG chart.
@@ -17,14 +17,21 @@
 import { Device, diagnose, type DoctorReport, FashionMNIST, type Module } from "../mod.ts";
 import type { Dataset } from "../loader/dataset.ts";
 import { FASHION_MNIST_DEBIAN_ROOT } from "../loader/datasets/mnist.ts";
-import { CliError, parseCli, runMain, UsageError } from "./_cli.ts";
-import { FASHION_MEAN, FASHION_STD, fashionModel } from "./fashion_mnist.ts";
-import { CIFAR_MEAN, CIFAR_STD, cifarModel, defaultCifarRoot, shapesDataset } from "./cifar.ts";
+import { CliError, parseCli, runMain, UsageError } from "../train/cli.ts";
+import {
+  CIFAR_MEAN,
+  CIFAR_STD,
+  cifarModel,
+  FASHION_MEAN,
+  FASHION_STD,
+  fashionModel,
+} from "../train/models.ts";
+import { defaultCifarRoot, shapesDataset } from "./cifar.ts";
 import { CIFAR10 } from "../loader/datasets/cifar10.ts";
 
 /** The chart module, loaded only when a chart is drawn: its npm packages are fetched then, and
  * a run that draws none needs no network (a literal specifier would be fetched up front). */
-const CHARTS: string = new URL("../bench/_chart.ts", import.meta.url).href;
+const CHARTS: string = new URL("../train/_chart.ts", import.meta.url).href;
 
 const CLI = {
   usage: "deno task doctor [options]",

@@ -11,16 +11,7 @@
  */
 
 import { FASHION_MNIST_DEBIAN_ROOT, FashionMNIST } from "../loader/datasets/mnist.ts";
-import {
-  Conv2d,
-  Flatten,
-  Linear,
-  MaxPool2d,
-  type Module,
-  ReLU,
-  Sequential,
-  Xoshiro128,
-} from "../nn/mod.ts";
+import { FASHION_MEAN, FASHION_STD, fashionModel } from "../train/models.ts";
 import {
   type EpochReport,
   firstSamples,
@@ -28,56 +19,8 @@ import {
   type TrainArgs,
   type TrainDefaults,
   trainImages,
-} from "./_run.ts";
-import { CliError, runMain } from "./_cli.ts";
-
-/** Fashion-MNIST's pixel mean and standard deviation (of x / 255 over the training set). */
-export const FASHION_MEAN = 0.2860;
-/** See {@linkcode FASHION_MEAN}. */
-export const FASHION_STD = 0.3530;
-
-/**
- * The models of this example, with PyTorch's layer names.
- *
- * @param name "mlp" (784-256-10) or "cnn" (conv3x3 1->32, ReLU, maxpool 2, conv3x3 32->64,
- * ReLU, maxpool 2, linear 3136->10; padding 1).
- * @param seed Seed of the initial weights.
- * @returns The model (on the host; call `to(device)`).
- * @throws {RangeError} For an unknown name.
- * @example
- * ```ts
- * import { fashionModel } from "./fashion_mnist.ts";
- * import assert from "node:assert";
- * assert.deepStrictEqual(
- *   fashionModel("mlp").namedParameters().map(([n, p]) => `${n} [${p.shape}]`),
- *   ["1.weight [256,784]", "1.bias [256]", "3.weight [10,256]", "3.bias [10]"],
- * );
- * ```
- */
-export function fashionModel(name: string, seed = 0): Module {
-  const rng = new Xoshiro128(seed);
-  if (name === "mlp") {
-    return new Sequential([
-      new Flatten(),
-      new Linear(784, 256, { rng }),
-      new ReLU(),
-      new Linear(256, 10, { rng }),
-    ]);
-  }
-  if (name === "cnn") {
-    return new Sequential([
-      new Conv2d(1, 32, { kernelSize: 3, padding: 1, rng }),
-      new ReLU(),
-      new MaxPool2d(2),
-      new Conv2d(32, 64, { kernelSize: 3, padding: 1, rng }),
-      new ReLU(),
-      new MaxPool2d(2),
-      new Flatten(),
-      new Linear(3136, 10, { rng }),
-    ]);
-  }
-  throw new RangeError(`Cannot build the model: unknown --model ${name} (expected mlp or cnn)`);
-}
+} from "../train/fit.ts";
+import { CliError, runMain } from "../train/cli.ts";
 
 /**
  * Runs the example with parsed options.

@@ -8,10 +8,10 @@
  * @module
  */
 
-import { missingPermission, permissionMessage } from "./_permissions.ts";
-import { refuseUnknownKeys } from "./_options.ts";
+import { missingPermission, permissionMessage } from "../internal/permissions.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { createHash } from "node:crypto";
-import { type Backend, cudaEmulated, envSetting as env, LibraryError } from "./library.ts";
+import { type Backend, cudaEmulated, envSetting as env, LibraryError } from "./_env.ts";
 
 const CUDA_SOURCES = [
   "pinstream.h",
@@ -379,7 +379,7 @@ export interface BuildOptions {
  *
  * @example
  * ```ts
- * import { buildLibrary } from "./library.ts";
+ * import { buildLibrary } from "./_build.ts";
  * import assert from "node:assert";
  * assert.match(buildLibrary("cpu"), /libpinstream_cpu_/);
  * ```
@@ -545,7 +545,7 @@ function emulatorArgs(
  *
  * @example
  * ```ts
- * import { emulatorCommand } from "./library.ts";
+ * import { emulatorCommand } from "./_build.ts";
  * import assert from "node:assert";
  * const { args } = emulatorCommand(["t.cu", "emu/exec.cc"], "t", { program: true });
  * assert.deepStrictEqual(args.slice(-8), ["-x", "c++", "t.cu", "-x", "none", "emu/exec.cc", "-o", "t"]);

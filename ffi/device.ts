@@ -5,7 +5,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "./_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { checkCount, describe } from "./_checks.ts";
 import { Resource } from "./resource.ts";
 import { memoryCounter } from "./_memory_stats.ts";

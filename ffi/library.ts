@@ -25,12 +25,19 @@
  * @module
  */
 
-import { missingPermission, PermissionError, permissionMessage } from "./_permissions.ts";
-import { PinstreamError } from "./errors.ts";
+import { permissionMessage } from "../internal/permissions.ts";
 import { ABI_VERSION, type Library, symbols } from "./symbols.ts";
 import { buildLibrary, emulatorSanitized } from "./_build.ts";
+import { type Backend, cudaEmulated, envSetting, LibraryError } from "./_env.ts";
 
 export type { Library } from "./symbols.ts";
+export {
+  type Backend,
+  cudaEmulated,
+  envSetting,
+  LibraryError,
+  type LibraryFailure,
+} from "./_env.ts";
 export {
   buildLibrary,
   type BuildOptions,
@@ -43,70 +50,6 @@ export {
   emulatorCommand,
   SOURCES,
 } from "./_build.ts";
-
-/** A backend: the synchronous CPU reference or CUDA. */
-export type Backend = "cpu" | "cuda";
-
-/**
- * Whether "cuda" means the CUDA emulator in this process: `PINSTREAM_CUDA_EMULATOR` is set to
- * `1` (or `true`, `yes`, `on`).
- *
- * @returns true when the cuda backend is built from kernels/emu.
- *
- * @example
- * ```ts
- * import { cudaEmulated } from "./library.ts";
- * import assert from "node:assert";
- * assert.strictEqual(cudaEmulated(), /^(1|true|yes|on)$/i.test(Deno.env.get("PINSTREAM_CUDA_EMULATOR") ?? ""));
- * ```
- */
-export function cudaEmulated(): boolean {
-  return /^(1|true|yes|on)$/i.test(envSetting("PINSTREAM_CUDA_EMULATOR") ?? "");
-}
-
-/** Why a backend library is not available. */
-export type LibraryFailure =
-  | "no-compiler"
-  | "build-failed"
-  | "load-failed"
-  | "abi-mismatch"
-  | "fetch-failed"
-  | "no-permission";
-
-/**
- * A backend library could not be found, built or loaded. `reason` says which step failed;
- * the message lists everything that was tried.
- *
- * @example
- * ```ts
- * import { LibraryError } from "@pinstream/pinstream";
- * import assert from "node:assert";
- * const err = new LibraryError("no-compiler", "cuda", "nvcc not found");
- * assert.strictEqual(err.reason, "no-compiler");
- * assert.match(err.message, /^Cannot load the cuda backend: nvcc not found/);
- * ```
- */
-export class LibraryError extends PinstreamError {
-  /** Which step failed. */
-  readonly reason: LibraryFailure;
-  /** The backend that was asked for. */
-  readonly backend: Backend;
-
-  /**
-   * Creates the error; the message reads "Cannot load the <backend> backend: <detail>".
-   *
-   * @param reason Which step failed.
-   * @param backend The backend that was asked for.
-   * @param detail What was tried and what to do about it.
-   * @param options Standard error options (`cause`).
-   */
-  constructor(reason: LibraryFailure, backend: Backend, detail: string, options?: ErrorOptions) {
-    super("UNSUPPORTED", `load the ${backend} backend`, detail, options);
-    this.name = "LibraryError";
-    this.reason = reason;
-    this.backend = backend;
-  }
-}
 
 const loaded = new Map<Backend, { lib: Library; path: string } | LibraryError>();
 
@@ -217,24 +160,6 @@ function findDriverProblem(): string | undefined {
 
 // ---- locating ------------------------------------------------------------------------------
 
-/**
- * Internal: an environment setting, undefined when unset or empty; a denied `--allow-env` is a
- * {@linkcode PermissionError} naming the variable and the flag.
- *
- * @param name The variable.
- * @returns Its value.
- */
-export function envSetting(name: string): string | undefined {
-  let value: string | undefined;
-  try {
-    value = Deno.env.get(name);
-  } catch (err) {
-    if (missingPermission(err) !== undefined) throw new PermissionError(`read ${name}`, err);
-    throw err;
-  }
-  return value === undefined || value === "" ? undefined : value;
-}
-
 function locate(backend: Backend): { lib: Library; path: string } {
   const variable = backend === "cpu" ? "PINSTREAM_LIB_CPU" : "PINSTREAM_LIB_CUDA";
   const specific = envSetting(variable);
@@ -320,7 +245,7 @@ function open(backend: Backend, path: string, from: string): Library {
   } catch (err) {
     const message = (err as Error).message;
     const hint = /undefined symbol|obtain symbol/.test(message)
-      ? " (ffi/symbols.ts names a function the library lacks: is its source file missing from SOURCES in ffi/library.ts, or is the prebuilt library stale?)"
+      ? " (ffi/symbols.ts names a function the library lacks: is its source file missing from SOURCES in ffi/_build.ts, or is the prebuilt library stale?)"
       : "";
     throw new LibraryError(
       "load-failed",

@@ -18,7 +18,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "./_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { checkCount, describe, offsetPointer } from "./_checks.ts";
 import { assertDevice, MemoryResource } from "./resource.ts";
 import type { Device } from "./device.ts";

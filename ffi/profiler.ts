@@ -32,11 +32,15 @@
  * @module
  */
 
-// Types only: the loader (pure TypeScript) imports this module, and must not pull the FFI
-// layer in with it. stream.ts hands over its Event class when it loads (a stream given to
-// range() means it has).
-import type { Event, Stream } from "./stream.ts";
-import { refuseUnknownKeys } from "./_options.ts";
+import { Event, type Stream } from "./stream.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
+import {
+  activeRecorder,
+  NOOP,
+  range as traceRange,
+  setActiveRecorder,
+  span as traceSpan,
+} from "../internal/trace.ts";
 
 /** Options of {@linkcode range}. */
 export interface RangeOptions {
@@ -95,23 +99,6 @@ interface DeviceSpan {
   at?: number;
 }
 
-const NOOP: Disposable = Object.freeze({ [Symbol.dispose]() {} });
-
-type EventClass = new (device: Stream["device"], options: { timing: boolean }) => Event;
-let eventClass: EventClass | undefined;
-
-/**
- * Internal: called by ffi/stream.ts when it loads, so device ranges can create timing events
- * without this module importing the FFI layer.
- *
- * @param c The Event class.
- */
-export function _useEventClass(c: EventClass): void {
-  eventClass = c;
-}
-
-let active: Profiler | undefined;
-
 /**
  * Opens a named range on the active profiler; dispose it (`using`) to close it. When no
  * profiler is active this returns a shared object that does nothing.
@@ -127,7 +114,7 @@ let active: Profiler | undefined;
  * ```
  */
 export function range(name: string, options?: RangeOptions): Disposable {
-  return active === undefined ? NOOP : active.range(name, options);
+  return traceRange(name, options);
 }
 
 /**
@@ -152,7 +139,7 @@ export function range(name: string, options?: RangeOptions): Disposable {
  * ```
  */
 export function span(name: string, startMs: number, endMs: number, track?: string): void {
-  if (active !== undefined) active.span(name, startMs, endMs, track);
+  traceSpan(name, startMs, endMs, track);
 }
 
 /**
@@ -170,7 +157,8 @@ export function span(name: string, startMs: number, endMs: number, track?: strin
  * ```
  */
 export function activeProfiler(): Profiler | undefined {
-  return active;
+  const recorder = activeRecorder();
+  return recorder instanceof Profiler ? recorder : undefined;
 }
 
 /**
@@ -221,10 +209,11 @@ export class Profiler implements Disposable {
    * @throws {Error} When another profiler is active.
    */
   start(): this {
+    const active = activeRecorder();
     if (active !== undefined && active !== this) {
       throw new Error("Cannot start a Profiler: another one is active (stop it first)");
     }
-    active = this;
+    setActiveRecorder(this);
     if (!this.#running) {
       this.#running = true;
       if (this.#t0 === 0 && this.#host.length === 0) this.#t0 = performance.now();
@@ -234,7 +223,7 @@ export class Profiler implements Disposable {
 
   /** Stops recording (ranges still open record their end when closed). */
   stop(): void {
-    if (active === this) active = undefined;
+    if (activeRecorder() === this) setActiveRecorder(undefined);
     if (this.#running) this.#t1 = performance.now();
     this.#running = false;
   }
@@ -282,7 +271,7 @@ export class Profiler implements Disposable {
   #event(stream: Stream): Event {
     const spare = this.#spare.findIndex((e) => e.device === stream.device);
     if (spare >= 0) return this.#spare.splice(spare, 1)[0];
-    return new eventClass!(stream.device, { timing: true });
+    return new Event(stream.device, { timing: true });
   }
 
   #reference(stream: Stream): void {

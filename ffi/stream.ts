@@ -5,8 +5,7 @@
  * @module
  */
 
-import { _useEventClass } from "./profiler.ts";
-import { refuseUnknownKeys } from "./_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { describe } from "./_checks.ts";
 import { assertDevice, Resource } from "./resource.ts";
 import type { Device } from "./device.ts";
@@ -387,6 +386,3 @@ export function assertStream(
   }
   stream.assertUsableOn(device, action);
 }
-
-// Device ranges of the profiler time work with these events (see ffi/profiler.ts).
-_useEventClass(Event);

@@ -5,7 +5,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "./_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { checkCount, describe } from "./_checks.ts";
 import type { Device } from "./device.ts";
 import { DeviceBuffer, isPinnedMemory } from "./memory.ts";

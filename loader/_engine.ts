@@ -10,7 +10,7 @@
 // - numWorkers 0: no transport; InlineLoader (_transport_inline.ts) loads each batch on
 //   demand on the main thread, as PyTorch's single-process iterator does.
 
-import { span } from "../ffi/profiler.ts";
+import { span } from "../internal/trace.ts";
 import {
   type EngineConfig,
   type EpochPlan,
@@ -78,7 +78,7 @@ export class Engine {
           return;
         }
         this.#results.set(result.seq, result);
-        // From hand-out to back, on the workers' track of a profile (ffi/profiler.ts).
+        // From hand-out to back, on the workers' track of a profile (internal/trace.ts).
         span("loader.batch", p.dispatchedAt, performance.now(), "loader workers");
         this.#wake?.();
       },

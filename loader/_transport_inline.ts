@@ -2,7 +2,7 @@
 // when the consumer asks for it (gather into a free ring slot, or get + collate), as
 // PyTorch's single-process iterator does; `timeout` bounds the batch's get() calls.
 
-import { range } from "../ffi/profiler.ts";
+import { range } from "../internal/trace.ts";
 import { Gatherer, SampleError } from "./_gather.ts";
 import { fetchSamples, SampleFailure } from "./_fetch.ts";
 import { errorFields, resolveRef } from "./_protocol.ts";

@@ -4,7 +4,7 @@
 // because workers no longer wait for the main thread to be scheduled between batches.
 // postMessage carries start-up and errors only.
 
-import { span } from "../ffi/profiler.ts";
+import { span } from "../internal/trace.ts";
 import {
   C_CLAIM,
   C_DOORBELL,
@@ -110,7 +110,7 @@ export class PullTransport implements Transport {
       }
       this.#pending.delete(seq);
       const size = p.plan.batches[p.batch].length;
-      // From hand-out to back, on the workers' track of a profile (ffi/profiler.ts).
+      // From hand-out to back, on the workers' track of a profile (internal/trace.ts).
       span("loader.batch", p.dispatchedAt, performance.now(), "loader workers");
       this.#host.results.set(seq, {
         kind: "slot",

@@ -61,13 +61,14 @@ export class WorkerPool {
     // aborts the whole process, where a node worker with resourceLimits dies alone with
     // ERR_WORKER_OUT_OF_MEMORY. A node worker takes file: and data: URLs only, so a module
     // loaded from the network (a JSR import) starts through a one-line bootstrap.
+    // `env: {}`: node's default copies process.env into each worker, which reads the whole
+    // environment and so asks for env permission once per worker where it is not granted.
+    // Workers read no process.env (Deno.env is process-wide and permission-checked as usual).
     const url = new URL("./worker.ts", import.meta.url);
+    const options = { resourceLimits: cfg.resourceLimits, env: {} };
     const worker = url.protocol === "file:"
-      ? new NodeWorker(url, { resourceLimits: cfg.resourceLimits })
-      : new NodeWorker(`import(${JSON.stringify(url.href)});`, {
-        eval: true,
-        resourceLimits: cfg.resourceLimits,
-      });
+      ? new NodeWorker(url, options)
+      : new NodeWorker(`import(${JSON.stringify(url.href)});`, { ...options, eval: true });
     liveWorkers++;
     const handle: WorkerHandle = { id, worker, outstanding: 0, alive: true, backlog: [] };
     this.workers.push(handle);

@@ -19,7 +19,7 @@
  * @module
  */
 
-import { range } from "../ffi/profiler.ts";
+import { range } from "../internal/trace.ts";
 import {
   AUGMENT_OFF,
   type AugmentOptions,
@@ -28,7 +28,7 @@ import {
 } from "../augment/options.ts";
 import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
 import v8 from "node:v8";
-import { closest } from "../ffi/_options.ts";
+import { closest } from "../internal/options.ts";
 import {
   Engine,
   type EngineConfig,
@@ -305,7 +305,7 @@ const OPTION_NAMES = new Set([
 
 const LIMIT_KEYS = ["maxOldGenerationSizeMb", "maxYoungGenerationSizeMb", "stackSizeMb"];
 
-/** " (did you mean X?)" for a near miss among `names`, else "" (the shared rule of ffi/_options.ts). */
+/** " (did you mean X?)" for a near miss among `names`, else "" (the shared rule of internal/options.ts). */
 function didYouMean(key: string, names: Iterable<string>): string {
   const near = closest(key, [...names]);
   return near === undefined ? "" : ` (did you mean ${near}?)`;

@@ -11,7 +11,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { permutation, randomSeed, SequenceRandom, STREAM_SAMPLER } from "../internal/random.ts";
 
 /**

@@ -39,7 +39,7 @@ import type { LRScheduler, LRSchedulerState } from "./lr_scheduler.ts";
 import { type RngState, Xoshiro128 } from "./init.ts";
 import { dirname } from "node:path";
 import { decodeSafetensors, encodeSafetensors, type HostTensor } from "./safetensors.ts";
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 
 const PARTS = ["model", "optimizer", "scaler", "scheduler", "rng"] as const;
 const PROGRESS = ["epoch", "step", "extra"] as const;

@@ -12,7 +12,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";

@@ -18,7 +18,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import { kaimingUniform, uniform, Xoshiro128 } from "./init.ts";

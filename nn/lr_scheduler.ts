@@ -10,7 +10,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 
 /** What a scheduler drives: an optimizer with a settable learning rate (and momentum). */
 export interface ScheduledOptimizer {

@@ -1,7 +1,8 @@
 /**
  * Mixed-precision training: fp16 layers with hand-written backward, cross-entropy with
  * device-side statistics, SGD on fp32 master weights, dynamic loss scaling, learning-rate
- * schedules, safetensors checkpoints.
+ * schedules, safetensors checkpoints. The loop that drives them (Trainer, the doctor, the
+ * metrics log) is in train/, one floor up.
  *
  * @module
  */
@@ -16,6 +17,3 @@ export * from "./grad_scaler.ts";
 export * from "./lr_scheduler.ts";
 export * from "./safetensors.ts";
 export * from "./checkpoint.ts";
-export * from "./trainer.ts";
-export * from "./metrics.ts";
-export * from "./doctor.ts";

@@ -17,7 +17,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Device } from "../ffi/device.ts";
 import { type DType, Tensor } from "../ffi/tensor.ts";
 import type { HostData, HostTensor } from "./safetensors.ts";

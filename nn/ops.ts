@@ -56,7 +56,7 @@
 import type { Device } from "../ffi/device.ts";
 import type { DType, Tensor } from "../ffi/tensor.ts";
 import type { Stream } from "../ffi/stream.ts";
-import { activeProfiler, range } from "../ffi/profiler.ts";
+import { activeRecorder, range } from "../internal/trace.ts";
 
 /** Options shared by every op. */
 export interface OpOptions {
@@ -386,7 +386,7 @@ function launch(
     throw new TypeError(`Cannot ${action}: the stream belongs to ${stream.device}, not ${device}`);
   }
   device.makeCurrent();
-  const timed = activeProfiler() === undefined ? undefined : range(
+  const timed = activeRecorder() === undefined ? undefined : range(
     `nn.${action.replace(/^run /, "")}`,
     { stream: stream ?? device.defaultStream },
   );

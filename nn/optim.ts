@@ -10,7 +10,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "./ops.ts";
 import type { Parameter } from "./parameter.ts";

@@ -9,7 +9,7 @@
 
 import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import * as ops from "./ops.ts";
 /**
  * A model's precision, chosen by {@linkcode Module.to}: `"fp16"` computes in fp16 with fp32

@@ -38,8 +38,8 @@ import { Event, Stream } from "../ffi/stream.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import type { DataLoader } from "../loader/data_loader.ts";
 import { RingBatch, type RingField, type StagingRing } from "../loader/ring.ts";
-import { refuseUnknownKeys } from "../ffi/_options.ts";
-import { range } from "../ffi/profiler.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
+import { range } from "../internal/trace.ts";
 import { imageAugment, imageLabelsI32 } from "./image_ops.ts";
 import { augmentHost } from "../augment/host.ts";
 import {

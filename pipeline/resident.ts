@@ -34,10 +34,10 @@
 
 import type { Device } from "../ffi/device.ts";
 import { DeviceBuffer } from "../ffi/memory.ts";
-import { range } from "../ffi/profiler.ts";
+import { range } from "../internal/trace.ts";
 import type { Stream } from "../ffi/stream.ts";
 import { Tensor } from "../ffi/tensor.ts";
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { DataLoader } from "../loader/data_loader.ts";
 import { type Dataset, recordBytes, type SharedField } from "../loader/dataset.ts";
 import type { AugmentOptions } from "../augment/options.ts";

@@ -9,7 +9,7 @@
  */
 
 import { Device } from "../ffi/device.ts";
-import { PinstreamError } from "../ffi/errors.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import type { Backend } from "../ffi/library.ts";
 
 /** One backend to test. */

@@ -11,7 +11,14 @@ import { Device, HostBuffer, ProcessGroup, Tensor } from "../mod.ts";
 
 type DT = "f32" | "f16" | "i32";
 type Arr = Float32Array | Float16Array | Int32Array;
-const CTOR = { f32: Float32Array, f16: Float16Array, i32: Int32Array } as const;
+/** A typed view of `dt` over `buf`. */
+function typed(dt: DT, buf: ArrayBuffer | SharedArrayBuffer): Arr {
+  return dt === "f32"
+    ? new Float32Array(buf)
+    : dt === "f16"
+    ? new Float16Array(buf)
+    : new Int32Array(buf);
+}
 
 using group = ProcessGroup.init({ timeoutMs: 120_000 });
 using device = Device.open("cpu");
@@ -43,16 +50,16 @@ function make(dt: DT, n: number, kind: string): { buf: Arr | Tensor; read: () =>
   const bytes = n * (dt === "f16" ? 2 : 4);
   if (kind === "tensor") {
     const t = Tensor.empty(device, [n], dt);
-    const view = new CTOR[dt](Deno.UnsafePointerView.getArrayBuffer(t.pointer!, bytes));
+    const view = typed(dt, Deno.UnsafePointerView.getArrayBuffer(t.pointer!, bytes));
     return { buf: t, read: () => view };
   }
   let a: Arr;
-  if (kind === "shared") a = new CTOR[dt](new SharedArrayBuffer(bytes));
+  if (kind === "shared") a = typed(dt, new SharedArrayBuffer(bytes));
   else if (kind === "pinned") {
     const h = HostBuffer.alloc(device, bytes);
     pinned.push(h);
-    a = new CTOR[dt](h.arrayBuffer);
-  } else a = new CTOR[dt](n);
+    a = typed(dt, h.arrayBuffer);
+  } else a = typed(dt, new ArrayBuffer(bytes));
   return { buf: a, read: () => a };
 }
 

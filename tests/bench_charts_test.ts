@@ -1,10 +1,10 @@
-// The benchmark charts (bench/_chart.ts, bench/charts.ts): every committed result draws a
+// The benchmark charts (train/_chart.ts, bench/charts.ts): every committed result draws a
 // chart, and the chart shows in a real browser (headless Chromium renders the SVG; the decoded
 // screenshot must show a drawing, not an empty page). Without Chromium the browser case is
 // ignored, visibly; CI installs it.
 
 import assert from "node:assert";
-import { type BenchResult, chartSvg } from "../bench/_chart.ts";
+import { type BenchResult, chartSvg } from "../train/_chart.ts";
 import { checkInBrowser, decodePng, inkAndColours } from "../bench/charts.ts";
 
 const RESULTS = new URL("../bench/results/", import.meta.url);

@@ -4,7 +4,7 @@
 import assert from "node:assert";
 import { generateShapes } from "../examples/_shapes.ts";
 import { trainCifar } from "../examples/cifar.ts";
-import { parseTrainArgs } from "../examples/_run.ts";
+import { parseTrainArgs } from "../train/fit.ts";
 
 Deno.test("the generated shapes set is deterministic, CIFAR-shaped and balanced", () => {
   const a = generateShapes(200, 5), b = generateShapes(200, 5), c = generateShapes(200, 6);

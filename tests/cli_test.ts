@@ -1,8 +1,8 @@
-// The command-line parser shared by examples/*.ts and bench/*.ts (examples/_cli.ts): mistakes
+// The command-line parser shared by examples/*.ts and bench/*.ts (train/cli.ts): mistakes
 // are one line with a hint and exit code 2, --help needs no permission.
 import assert from "node:assert";
-import { helpText, parseArgv, UsageError } from "../examples/_cli.ts";
-import { parseTrainArgs } from "../examples/_run.ts";
+import { helpText, parseArgv, UsageError } from "../train/cli.ts";
+import { parseTrainArgs } from "../train/fit.ts";
 
 const SPEC = {
   usage: "x.ts [options]",

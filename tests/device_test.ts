@@ -6,7 +6,7 @@
 import assert from "node:assert";
 // The ffi modules directly, not mod.ts: this suite must not depend on the layers above.
 import { Device } from "../ffi/device.ts";
-import { PinstreamError } from "../ffi/errors.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import { DeviceBuffer, HostBuffer, isPinnedMemory } from "../ffi/memory.ts";
 import { Event, Stream } from "../ffi/stream.ts";
 import { Tensor } from "../ffi/tensor.ts";

@@ -1,10 +1,10 @@
-// The bottleneck doctor (nn/doctor.ts, examples/doctor.ts): every measurement is there and
+// The bottleneck doctor (train/doctor.ts, examples/doctor.ts): every measurement is there and
 // consistent, options are checked, and the CLI refuses bad input in one line.
 
 import assert from "node:assert";
 import { Device } from "../ffi/device.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
-import { diagnose } from "../nn/doctor.ts";
+import { diagnose } from "../train/doctor.ts";
 import { Flatten, Linear, Sequential } from "../nn/mod.ts";
 
 function tiny(n: number): TensorDataset {

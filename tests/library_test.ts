@@ -95,11 +95,11 @@ Deno.test("a library built for another ABI version is refused", async () => {
 });
 
 Deno.test("editing a kernel source builds a new library; unchanged sources reuse the cache", async () => {
-  // A private copy of ffi/ and kernels/ so the edit touches nobody else's build.
+  // A private copy of internal/, ffi/ and kernels/ so the edit touches nobody else's build.
   const root = await Deno.makeTempDir();
   const cache = `${root}/cache`;
   try {
-    for (const dir of ["ffi", "kernels"]) {
+    for (const dir of ["internal", "ffi", "kernels"]) {
       await copyTree(new URL(`../${dir}/`, import.meta.url), `${root}/${dir}`);
     }
     const url = new URL(`file://${root}/ffi/library.ts`).href;

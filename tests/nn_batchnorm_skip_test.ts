@@ -11,9 +11,9 @@ import {
   Linear,
   Sequential,
   SGD,
-  Trainer,
   Xoshiro128,
 } from "../nn/mod.ts";
+import { Trainer } from "../train/trainer.ts";
 import { testEachBackend } from "./_backends.ts";
 
 const N = 4, C = 2, HW = 4, K = 3;

@@ -23,8 +23,8 @@ import {
   saveCheckpoint,
   Sequential,
   SGD,
-  Trainer,
 } from "../nn/mod.ts";
+import { Trainer } from "../train/trainer.ts";
 import { smallCnn } from "./_nn_reference.ts";
 
 function assertClose(actual: number, expected: number, atol: number, rtol: number, what = "") {

@@ -1,10 +1,10 @@
-// The epoch-level training log (nn/metrics.ts) and the examples' --log: JSON Lines that survive
+// The epoch-level training log (train/metrics.ts) and the examples' --log: JSON Lines that survive
 // a crash line by line, values checked, a corrupt line named by file and line, and the curves
 // drawn beside the log.
 
 import assert from "node:assert";
-import { MetricsLog } from "../nn/metrics.ts";
-import { curvesSvg } from "../bench/_chart.ts";
+import { MetricsLog } from "../train/metrics.ts";
+import { curvesSvg } from "../train/_chart.ts";
 
 Deno.test("a log appends whole lines with a time, reads back in order, and resumes", async () => {
   const path = await Deno.makeTempFile({ suffix: ".jsonl" });

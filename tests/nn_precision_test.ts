@@ -7,7 +7,8 @@
 
 import assert from "node:assert";
 import { Tensor } from "../mod.ts";
-import { CrossEntropyLoss, Linear, ReLU, Sequential, SGD, Trainer } from "../nn/mod.ts";
+import { CrossEntropyLoss, Linear, ReLU, Sequential, SGD } from "../nn/mod.ts";
+import { Trainer } from "../train/trainer.ts";
 import { testEachBackend } from "./_backends.ts";
 import { assertClose, gen, randF, smallCnn } from "./_nn_reference.ts";
 

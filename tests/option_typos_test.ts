@@ -10,11 +10,11 @@ import {
   Linear,
   loadCheckpoint,
   MaxPool2d,
-  MetricsLog,
   Parameter,
   saveCheckpoint,
   SGD,
 } from "../nn/mod.ts";
+import { MetricsLog } from "../train/metrics.ts";
 
 /** Asserts that `fn` throws (or rejects with) a TypeError naming `typo` and suggesting `meant`. */
 async function refuses(fn: () => unknown, typo: string, meant: string): Promise<void> {

@@ -9,7 +9,8 @@ import { Stream } from "../ffi/stream.ts";
 import { testEachBackend } from "./_backends.ts";
 import { makeData, makeLoader, MEAN, STD } from "./pipeline_fixtures.ts";
 import { toDevice } from "../pipeline/prefetcher.ts";
-import { Flatten, GradScaler, Linear, Sequential, SGD, Trainer } from "../nn/mod.ts";
+import { Flatten, GradScaler, Linear, Sequential, SGD } from "../nn/mod.ts";
+import { Trainer } from "../train/trainer.ts";
 
 function busy(ms: number): void {
   const end = performance.now() + ms;

@@ -23,7 +23,7 @@
  */
 
 import { Device } from "../ffi/device.ts";
-import { PinstreamError } from "../ffi/errors.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import { cudaEmulated } from "../ffi/library.ts";
 import { CUDA_CASES, runCovering } from "./run_emulator.ts";
 
@@ -41,6 +41,7 @@ const SUITE = [
   "decode/",
   "pipeline/",
   "nn/",
+  "train/",
   "dist/",
   "examples/",
   "mod.ts",

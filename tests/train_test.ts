@@ -9,8 +9,8 @@ import { Device } from "../ffi/device.ts";
 import { DataLoader, type RingBatch, TensorDataset } from "../loader/mod.ts";
 import { FASHION_MNIST_DEBIAN_ROOT, FashionMNIST } from "../loader/datasets/mnist.ts";
 import { OneCycleLR, Xoshiro128 } from "../nn/mod.ts";
-import { type EpochReport, runTraining, type TrainArgs } from "../examples/_run.ts";
-import { FASHION_MEAN, FASHION_STD, fashionModel } from "../examples/fashion_mnist.ts";
+import { type EpochReport, runTraining, type TrainArgs } from "../train/fit.ts";
+import { FASHION_MEAN, FASHION_STD, fashionModel } from "../train/models.ts";
 
 async function fashionSubset(
   train: number,

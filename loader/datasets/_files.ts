@@ -1,7 +1,7 @@
 // File helpers shared by the dataset readers: gzip, a small tar reader, download with a
 // progress line and an MD5 check. Deno's crypto.subtle has no MD5; node:crypto does.
 
-import { permissionMessage } from "../../ffi/_permissions.ts";
+import { permissionMessage } from "../../internal/permissions.ts";
 import { createHash } from "node:crypto";
 import { dirname, join, normalize } from "node:path";
 

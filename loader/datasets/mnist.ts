@@ -9,7 +9,7 @@
  */
 
 import { LabeledImages } from "./labeled_images.ts";
-import { refuseUnknownKeys } from "../../ffi/_options.ts";
+import { refuseUnknownKeys } from "../../internal/options.ts";
 import { join } from "node:path";
 import { sharedArray, type WorkerSpec } from "../dataset.ts";
 import { gunzip, isGzip } from "./_files.ts";

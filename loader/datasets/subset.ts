@@ -7,7 +7,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../../ffi/_options.ts";
+import { refuseUnknownKeys } from "../../internal/options.ts";
 import { resolveRef } from "../_protocol.ts";
 import { permutation, randomSeed, SequenceRandom } from "../../internal/random.ts";
 import type { Dataset, RecordMap, SampleContext, SharedField, WorkerSpec } from "../dataset.ts";

@@ -1,11 +1,12 @@
-// Shared driver of the training examples (examples/cifar.ts, examples/fashion_mnist.ts):
-// command line, host batches to device tensors, the epoch loop with a progress bar on a
-// terminal, one summary line per epoch, checkpoint and resume.
+// The fit loop of the training examples (examples/cifar.ts, examples/fashion_mnist.ts) and
+// the training benchmarks: command line, host batches to device tensors, the epoch loop with a
+// progress bar on a terminal, one summary line per epoch, checkpoint and resume, and the loss
+// curves (drawn by train/_chart.ts, loaded only when asked for).
 //
-// Not part of the public API (leading underscore), but small enough to copy into a script.
+// Not exported from mod.ts, but small enough to copy into a script.
 
-import { MetricsLog } from "../nn/metrics.ts";
-import { type CliOption, type CliSpec, helpText, parseArgv, UsageError } from "./_cli.ts";
+import { MetricsLog } from "./metrics.ts";
+import { type CliOption, type CliSpec, helpText, parseArgv, UsageError } from "./cli.ts";
 import { Device } from "../ffi/device.ts";
 import {
   type AugmentOptions,
@@ -25,8 +26,8 @@ import {
   type Precision,
   saveCheckpoint,
   SGD,
-  Trainer,
 } from "../nn/mod.ts";
+import { Trainer } from "./trainer.ts";
 import { statePathFor } from "../nn/checkpoint.ts";
 import { DistributedSampler } from "../loader/sampler.ts";
 import { DataParallel } from "../dist/data_parallel.ts";
@@ -35,7 +36,7 @@ import { ProcessGroup } from "../dist/process_group.ts";
 
 /** The chart module, loaded only when a chart is drawn: its npm packages are fetched then, and
  * a run that draws none needs no network (a literal specifier would be fetched up front). */
-const CHARTS: string = new URL("../bench/_chart.ts", import.meta.url).href;
+const CHARTS: string = new URL("./_chart.ts", import.meta.url).href;
 
 /** Command-line options shared by the examples. */
 export interface TrainArgs {
@@ -472,7 +473,7 @@ export interface RunOptions {
  * @returns The lines, joined by newlines.
  * @example
  * ```ts
- * import { summaryText } from "./_run.ts";
+ * import { summaryText } from "./fit.ts";
  * import assert from "node:assert";
  * const r = { epoch: 1, trainLoss: 1, trainAcc: 0.5, testLoss: 1, testAcc: 0.42,
  *   samplesPerSecond: 100, inputWaitShare: 0.1, seconds: 2, lossScale: 1 };
@@ -509,7 +510,7 @@ export function summaryText(
 }
 
 /**
- * Draws the log's loss and accuracy curves to `<log>.svg` (Vega-Lite, bench/_chart.ts).
+ * Draws the log's loss and accuracy curves to `<log>.svg` (Vega-Lite, train/_chart.ts).
  * Returns " (+ curves: PATH)", or why none was drawn: the chart library comes from npm, and a
  * machine that cannot reach it still trains.
  */

@@ -43,15 +43,15 @@
 
 import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
 import type { Dataset } from "../loader/dataset.ts";
 import { toDevice, type ToDeviceOptions } from "../pipeline/prefetcher.ts";
-import type { Module } from "./module.ts";
-import { SGD } from "./optim.ts";
-import { GradScaler } from "./grad_scaler.ts";
+import type { Module } from "../nn/module.ts";
+import { SGD } from "../nn/optim.ts";
+import { GradScaler } from "../nn/grad_scaler.ts";
 import { Trainer } from "./trainer.ts";
-import { PinstreamError } from "../ffi/errors.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import { DeviceDataset } from "../pipeline/resident.ts";
 
 /** What {@linkcode diagnose} runs on. */

@@ -4,17 +4,21 @@
  * scheduler. Everything is queued on the device; loss and accuracy accumulate there and are
  * read by {@linkcode Trainer.readTrain} / {@linkcode Trainer.readEval} once per log interval.
  *
+ * Between backward and the optimizer step is the place where dist/ plugs in: data-parallel
+ * training averages the gradients across processes there, through a gradient hook of nn/, so
+ * neither this step nor the fit loop above it changes for a run on several processes.
+ *
  * @module
  */
 
-import { range } from "../ffi/profiler.ts";
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { range } from "../internal/trace.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Tensor } from "../ffi/tensor.ts";
-import { CrossEntropyLoss, type LossStats } from "./loss.ts";
-import type { GradScaler } from "./grad_scaler.ts";
-import type { LRScheduler } from "./lr_scheduler.ts";
-import type { Module } from "./module.ts";
-import type { SGD } from "./optim.ts";
+import { CrossEntropyLoss, type LossStats } from "../nn/loss.ts";
+import type { GradScaler } from "../nn/grad_scaler.ts";
+import type { LRScheduler } from "../nn/lr_scheduler.ts";
+import type { Module } from "../nn/module.ts";
+import type { SGD } from "../nn/optim.ts";
 
 /** Options of {@linkcode Trainer}. */
 export interface TrainerOptions {
@@ -120,6 +124,7 @@ export class Trainer {
       using _ = range("train.backward");
       this.model.backward(dlogits, { inputGrad: false });
     }
+    // The gradients are complete here: the place where dist/ plugs in (see the module doc).
     using _opt = range("train.optimizer");
     if (this.scaler) {
       this.scaler.step(this.optimizer, { model: this.revertStatsOnSkip ? this.model : null });

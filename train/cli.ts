@@ -6,10 +6,10 @@
 // the option and what was expected, with a did-you-mean, and exit code 2; --help is printed
 // before anything that needs a permission (env, files, FFI) runs.
 //
-// Not part of the public API (leading underscore).
+// Not exported from mod.ts: the command line of pinstream's own scripts.
 
-import { closest } from "../ffi/_options.ts";
-import { missingPermission, permissionMessage } from "../ffi/_permissions.ts";
+import { closest } from "../internal/options.ts";
+import { missingPermission, permissionMessage } from "../internal/permissions.ts";
 
 /** One option of a script. The flag is `--<key>`; a boolean also takes `--no-<key>`. */
 export type CliOption =
@@ -81,7 +81,7 @@ export type CliValues<S extends CliSpec> =
  *
  * @example
  * ```ts
- * import { UsageError } from "./_cli.ts";
+ * import { UsageError } from "./cli.ts";
  * import assert from "node:assert";
  * assert.strictEqual(new UsageError("x").exitCode, 2);
  * ```
@@ -153,7 +153,7 @@ function convert(flag: string, o: CliOption, raw: string): string | number {
  * @returns The text, ending without a newline.
  * @example
  * ```ts
- * import { helpText } from "./_cli.ts";
+ * import { helpText } from "./cli.ts";
  * import assert from "node:assert";
  * const text = helpText({
  *   usage: "x.ts [options]",
@@ -207,7 +207,7 @@ export function helpText(spec: CliSpec): string {
  *   invalid value (naming the option and what it takes), or an unexpected positional.
  * @example
  * ```ts
- * import { parseArgv } from "./_cli.ts";
+ * import { parseArgv } from "./cli.ts";
  * import assert from "node:assert";
  * const spec = {
  *   usage: "x.ts",

@@ -1,7 +1,7 @@
 /**
  * Drops Node's DEP0040 warning ("The `punycode` module is deprecated"), which Vega's URL
- * handling triggers on import and which says nothing about the benchmarks. Imported before
- * Vega (module bodies run in import order); every other warning still prints. Private to bench/.
+ * handling triggers on import and which says nothing about the charts. Imported before
+ * Vega (module bodies run in import order); every other warning still prints. Private to train/.
  *
  * @module
  */

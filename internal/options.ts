@@ -17,7 +17,7 @@
  *
  * @example A typo is refused with the name it was meant to be
  * ```ts
- * import { refuseUnknownKeys } from "./_options.ts";
+ * import { refuseUnknownKeys } from "./options.ts";
  * import assert from "node:assert";
  *
  * assert.throws(
@@ -56,7 +56,7 @@ export function refuseUnknownKeys(
  * @returns the nearest accepted name, or undefined when none is near
  * @example
  * ```ts
- * import { closest } from "./_options.ts";
+ * import { closest } from "./options.ts";
  * import assert from "node:assert";
  * assert.strictEqual(closest("numWorker", ["numWorkers", "seed"]), "numWorkers");
  * assert.strictEqual(closest("vflip", ["padding", "flip"]), "flip");

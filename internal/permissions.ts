@@ -44,7 +44,7 @@ interface Missing {
  *
  * @example
  * ```ts
- * import { missingPermission } from "./_permissions.ts";
+ * import { missingPermission } from "./permissions.ts";
  * import assert from "node:assert";
  * const err = new Deno.errors.NotCapable('Requires env access to "HOME", run again with the --allow-env flag');
  * assert.deepStrictEqual(missingPermission(err), { name: "env", target: '"HOME"' });
@@ -79,7 +79,7 @@ export function missingPermission(err: unknown): Missing | undefined {
  *
  * @example
  * ```ts
- * import { permissionMessage } from "./_permissions.ts";
+ * import { permissionMessage } from "./permissions.ts";
  * import assert from "node:assert";
  * const err = new Deno.errors.NotCapable('Requires run access to "cc", run again with the --allow-run flag');
  * assert.match(permissionMessage(err)!, /^Deno denied run access to "cc": run with --allow-run \(pinstream asks/);

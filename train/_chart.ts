@@ -1,12 +1,13 @@
 /**
- * SVG charts of benchmark results, drawn with Vega-Lite (npm:vega-lite, rendered to SVG by
- * npm:vega without a browser or canvas). Private to bench/.
+ * SVG charts of benchmark results and of a training run's loss curves, drawn with Vega-Lite
+ * (npm:vega-lite, rendered to SVG by npm:vega without a browser or canvas). Private to train/
+ * (the fit loop's curves) and bench/ (the benchmark charts), and always imported lazily.
  *
  * Why Vega-Lite: a chart is a small declarative spec (data, mark, encodings) and the library
  * does scales, axes, legends and layout well; it is maintained by the UW Interactive Data Lab
  * and renders headless. Compared: Observable Plot and Chart.js need a DOM or a canvas; d3 alone
  * leaves axes and legends to us; a hand-written SVG writer would redo all of that for four
- * charts. Only the benchmarks use it: the published module does not depend on it.
+ * charts. Only a chart being drawn loads it: importing pinstream fetches no npm package.
  *
  * One chart per benchmark, from the rows of its JSON result:
  * - loader: samples/s against numWorkers, one line per path, PyTorch's torchvision pipeline
@@ -214,7 +215,7 @@ function kernelsSpec(r: BenchResult): Spec {
   );
 }
 
-/** A run of `deno task doctor` as doctor.json holds it (nn/doctor.ts's DoctorReport). */
+/** A run of `deno task doctor` as doctor.json holds it (train/doctor.ts's DoctorReport). */
 interface DoctorRun {
   name: string;
   samplesPerSecond: number;

@@ -23,7 +23,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../ffi/_options.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
 
 /** One line of the log: numbers and strings by name (`time` is added when absent). */
 export type MetricsRecord = Record<string, number | string | boolean | null>;
