@@ -17,7 +17,8 @@
 import { handleOf, type MpiLibrary, openMpi } from "./_mpi.ts";
 import type { MpiFlavor } from "./launch_env.ts";
 import type { Handle } from "./_mpi_symbols.ts";
-import { type CommJob, MISMATCH, SIG_INTS, signatureOf, SLOTS } from "./_protocol.ts";
+import { type CommJob, SLOTS } from "./_protocol.ts";
+import { runJob } from "./_run_job.ts";
 
 interface Init {
   path: string;
@@ -37,75 +38,6 @@ let sigs: Int32Array;
 let progress: Int32Array;
 let debug = false;
 
-function ptr(v: bigint): Deno.PointerValue {
-  return v === 0n ? null : Deno.UnsafePointer.create(v);
-}
-
-function dtypeHandle(d: CommJob["dtype"]): Handle {
-  return d === "f32" ? lib.c.float : d === "i32" ? lib.c.int : lib.c.byte;
-}
-
-function opHandle(o: CommJob["redop"]): Handle {
-  return o === "max" ? lib.c.max : o === "min" ? lib.c.min : lib.c.sum;
-}
-
-/** Agrees on the job's signature with every rank: MISMATCH when any rank differs. */
-function checkSignature(job: CommJob): number {
-  const mine = new Int32Array(signatureOf(job));
-  const rc = lib.fn.MPI_Allgather(
-    Deno.UnsafePointer.of(mine),
-    SIG_INTS,
-    lib.c.int,
-    Deno.UnsafePointer.of(sigs),
-    SIG_INTS,
-    lib.c.int,
-    comm,
-  );
-  if (rc !== 0) return rc;
-  for (let i = 0; i < sigs.length; i++) {
-    if (sigs[i] !== mine[i % SIG_INTS]) return MISMATCH;
-  }
-  return 0;
-}
-
-function run(job: CommJob): number {
-  if (debug) {
-    const rc = checkSignature(job);
-    if (rc !== 0) return rc;
-  }
-  const f = lib.fn;
-  const send = job.inPlace ? lib.c.inPlace : ptr(job.send);
-  const recv = ptr(job.recv);
-  switch (job.op) {
-    case "allReduce":
-      return f.MPI_Allreduce(
-        send,
-        recv,
-        job.count,
-        dtypeHandle(job.dtype),
-        opHandle(job.redop),
-        comm,
-      );
-    case "broadcast":
-      return f.MPI_Bcast(recv, job.count, dtypeHandle(job.dtype), job.root, comm);
-    case "allGather": {
-      const t = dtypeHandle(job.dtype);
-      return f.MPI_Allgather(send, job.count, t, recv, job.count, t, comm);
-    }
-    case "reduceScatter":
-      return f.MPI_Reduce_scatter_block(
-        send,
-        recv,
-        job.count,
-        dtypeHandle(job.dtype),
-        opHandle(job.redop),
-        comm,
-      );
-    case "barrier":
-      return f.MPI_Barrier(comm);
-  }
-}
-
 self.onmessage = (e: MessageEvent<Init | CommJob>) => {
   const m = e.data;
   if ("path" in m) {
@@ -120,7 +52,7 @@ self.onmessage = (e: MessageEvent<Init | CommJob>) => {
   const slot = (m.seq % SLOTS) * 2;
   let status: number;
   try {
-    status = run(m);
+    status = runJob(lib, comm, m, debug ? sigs : null);
   } catch {
     status = -3;
   }
