@@ -19,6 +19,7 @@ import {
 } from "./_protocol.ts";
 import { type LaunchEnv, launchEnv } from "./launch_env.ts";
 import { diagnoseTimeout, Responder } from "./_watchdog.ts";
+import { openNccl } from "./_nccl.ts";
 
 /** The memory a collective reads and writes: a typed array (any backing) or a cpu tensor. */
 export type CollectiveBuffer = Float32Array | Float16Array | Int32Array | Tensor;
@@ -31,8 +32,11 @@ export type ReduceOp = "sum" | "avg" | "max" | "min";
 
 /** Options of {@linkcode ProcessGroup.init}. */
 export interface ProcessGroupOptions {
-  /** The collective engine (default "mpi"; "nccl" is for CUDA device memory). */
-  backend?: "mpi";
+  /**
+   * The collective engine: "mpi" (the default) for host and cpu-device memory. "nccl", for
+   * CUDA device memory, only finds NCCL so far and says what is missing.
+   */
+  backend?: "mpi" | "nccl";
   /**
    * How long a collective may wait for the other ranks before the group gives up, names the
    * ranks that did not arrive and throws (default 30 minutes, as PyTorch's DDP).
@@ -257,7 +261,10 @@ export class ProcessGroup implements Disposable {
   #ownsInit = false;
   #onUnload: (() => void) | null = null;
 
-  private constructor(env: LaunchEnv, options: Required<Omit<ProcessGroupOptions, "env">>) {
+  private constructor(
+    env: LaunchEnv,
+    options: { backend: "mpi"; timeoutMs: number; debug: boolean },
+  ) {
     this.rank = env.rank;
     this.size = env.size;
     this.backend = options.backend;
@@ -363,6 +370,15 @@ export class ProcessGroup implements Disposable {
   static init(options: ProcessGroupOptions = {}): ProcessGroup {
     refuseUnknownKeys(options ?? {}, ["backend", "timeoutMs", "debug", "env"], "create a group");
     const backend = options.backend ?? "mpi";
+    if (backend === "nccl") {
+      const nccl = openNccl();
+      nccl.close();
+      throw new Error(
+        `Cannot create a ProcessGroup with the nccl backend: NCCL ${nccl.version} was found at ` +
+          `${nccl.path}, but pinstream's nccl backend is not implemented yet; use the mpi ` +
+          `backend with cpu-device tensors`,
+      );
+    }
     if (backend !== "mpi") {
       throw new TypeError(
         `Cannot create a ProcessGroup: unknown backend ${JSON.stringify(backend)}`,

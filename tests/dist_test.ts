@@ -61,3 +61,17 @@ Deno.test("ProcessGroup refuses a torchrun-style launch of several ranks without
   const vars: Record<string, string> = { RANK: "1", WORLD_SIZE: "2" };
   assert.throws(() => ProcessGroup.init({ env: (k) => vars[k] }), /mpirun -n 2/);
 });
+
+Deno.test("the nccl backend says where it looked for NCCL and how to name it", () => {
+  const saved = Deno.env.get("PINSTREAM_NCCL_LIB");
+  Deno.env.set("PINSTREAM_NCCL_LIB", "/nonexistent/libnccl.so.2");
+  try {
+    assert.throws(
+      () => ProcessGroup.init({ backend: "nccl", env: () => undefined }),
+      /^Error: Cannot find NCCL \(tried \/nonexistent\/libnccl.so.2\): .*PINSTREAM_NCCL_LIB/,
+    );
+  } finally {
+    if (saved === undefined) Deno.env.delete("PINSTREAM_NCCL_LIB");
+    else Deno.env.set("PINSTREAM_NCCL_LIB", saved);
+  }
+});
