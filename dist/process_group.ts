@@ -161,9 +161,26 @@ export class Work {
     this.#keep = keep;
   }
 
-  /** Whether the collective finished (and its result was put in place). */
+  /** Whether a wait returned (and the result was put in place). */
   get completed(): boolean {
     return this.#done;
+  }
+
+  /**
+   * Whether the collective finished on the communication thread, without waiting (PyTorch's
+   * `is_completed()`); the result is in place only once a wait returned.
+   *
+   * @returns True once the collective ran.
+   * @example
+   * ```ts
+   * import { ProcessGroup } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using group = ProcessGroup.init();
+   * assert.strictEqual(group.barrierAsync().query(), true);
+   * ```
+   */
+  query(): boolean {
+    return this.#done || this.#group._query(this);
   }
 
   #settle(status: number): void {
@@ -421,6 +438,12 @@ export class ProcessGroup implements Disposable {
     Atomics.store(this.#progress, 0, seq + 1);
     this.#worker.postMessage({ ...job, seq });
     return work;
+  }
+
+  /** @internal Whether `work` ran on the communication thread. */
+  _query(work: Work): boolean {
+    if (this.#worker === null) return true;
+    return Atomics.load(this.#results, (work.seq % SLOTS) * 2) === 1;
   }
 
   /** @internal Blocks until `work` finished or the timeout passed; returns its status. */

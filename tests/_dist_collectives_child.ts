@@ -136,6 +136,18 @@ for (const w of works.reverse()) await w.wait();
 many.forEach((a, k) =>
   expectEqual(`in-flight allReduce ${k}`, a, () => (size * (size - 1)) / 2 + size * k)
 );
+// An asynchronous collective progresses while this thread computes and never yields.
+const busy = new Float32Array(1 << 20).fill(1);
+const inFlight = group.allReduceAsync(busy);
+const t0 = performance.now();
+let spins = 0;
+while (!inFlight.query()) {
+  if (performance.now() - t0 > 60_000) throw new Error("the async all-reduce made no progress");
+  spins++;
+}
+await inFlight.wait();
+expectEqual("all-reduce finished during compute", busy, () => size);
+if (rank === 0) console.error(`async all-reduce done after ${spins} spins of this thread`);
 group.barrier();
 for (const h of pinned) h.dispose();
 console.log(`ok ${rank} ${checks}`);
