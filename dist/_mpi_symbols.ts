@@ -62,6 +62,23 @@ function functions<H extends HandleType>(h: H) {
     },
     // int MPI_Barrier(MPI_Comm comm);
     MPI_Barrier: { parameters: [h], result: "i32" },
+    // The nonblocking forms: the same arguments and an MPI_Request *request at the end.
+    MPI_Iallreduce: {
+      parameters: ["pointer", "pointer", "i32", h, h, h, "buffer"],
+      result: "i32",
+    },
+    MPI_Ibcast: { parameters: ["pointer", "i32", h, "i32", h, "buffer"], result: "i32" },
+    MPI_Iallgather: {
+      parameters: ["pointer", "i32", h, "pointer", "i32", h, h, "buffer"],
+      result: "i32",
+    },
+    MPI_Ireduce_scatter_block: {
+      parameters: ["pointer", "pointer", "i32", h, h, h, "buffer"],
+      result: "i32",
+    },
+    MPI_Ibarrier: { parameters: [h, "buffer"], result: "i32" },
+    // int MPI_Test(MPI_Request *request, int *flag, MPI_Status *status);
+    MPI_Test: { parameters: ["buffer", "buffer", "pointer"], result: "i32" },
     // int MPI_Isend(const void *buf, int count, MPI_Datatype datatype, int dest, int tag,
     //               MPI_Comm comm, MPI_Request *request);
     MPI_Isend: { parameters: ["pointer", "i32", h, "i32", "i32", h, "buffer"], result: "i32" },

@@ -42,6 +42,13 @@ export interface CommJob {
   root: number;
   /** The user's dtype code (f16 reduced as f32 must still match another rank's f16). */
   userDtype: number;
+  /**
+   * Issued by an async form: run as a nonblocking MPI collective whose wait yields the CPU,
+   * since the main thread computes meanwhile. A blocking form runs MPI's blocking call. MPI
+   * does not match a blocking collective with a nonblocking one, so every rank must issue a
+   * given collective in the same form (the debug check compares it).
+   */
+  async: boolean;
 }
 
 /** Result slots in the shared array (each `[done, status]`): more than ever outstanding. */
@@ -60,8 +67,17 @@ export const SIG_INTS = 5;
  * @returns `[seq, op, dtype, count, root]`.
  */
 export function signatureOf(job: CommJob): number[] {
-  return [job.seq, OPS.indexOf(job.op), job.userDtype, job.count, job.root];
+  return [
+    job.seq,
+    OPS.indexOf(job.op) + (job.async ? ASYNC : 0),
+    job.userDtype,
+    job.count,
+    job.root,
+  ];
 }
+
+/** Added to the op code of an async collective's signature. */
+const ASYNC = 16;
 
 /** The user-facing dtypes, in the order of their codes in a signature. */
 export const USER_DTYPES = ["f32", "f16", "i32"] as const;
@@ -73,8 +89,9 @@ export const USER_DTYPES = ["f32", "f16", "i32"] as const;
  * @returns E.g. `allReduce #3 of 1000 f32`.
  */
 export function describeSignature(sig: ArrayLike<number>): string {
-  const op = OPS[sig[1]] ?? `op ${sig[1]}`;
-  if (op === "barrier") return `barrier #${sig[0]}`;
-  const root = op === "broadcast" ? ` from rank ${sig[4]}` : "";
-  return `${op} #${sig[0]} of ${sig[3]} ${USER_DTYPES[sig[2]] ?? "?"}${root}`;
+  const name = OPS[sig[1] % ASYNC] ?? `op ${sig[1]}`;
+  const form = sig[1] >= ASYNC ? " (async)" : "";
+  if (name === "barrier") return `barrier #${sig[0]}${form}`;
+  const root = name === "broadcast" ? ` from rank ${sig[4]}` : "";
+  return `${name} #${sig[0]} of ${sig[3]} ${USER_DTYPES[sig[2]] ?? "?"}${root}${form}`;
 }

@@ -9,7 +9,8 @@ import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Tensor } from "../ffi/tensor.ts";
 import { type BackwardOptions, Module } from "../nn/module.ts";
 import type { Parameter } from "../nn/parameter.ts";
-import type { ProcessGroup, Work } from "./process_group.ts";
+import type { ProcessGroup } from "./process_group.ts";
+import type { Work } from "./work.ts";
 
 /** Options of {@linkcode DataParallel}. */
 export interface DataParallelOptions {

@@ -6,7 +6,9 @@
  */
 
 import { refuseUnknownKeys } from "../internal/options.ts";
-import { Tensor } from "../ffi/tensor.ts";
+import type { Tensor } from "../ffi/tensor.ts";
+import { addr, resolve } from "./_buffers.ts";
+import { Work } from "./work.ts";
 import { handleValue, mpiErrorString, type MpiLibrary, openMpi, readHandle } from "./_mpi.ts";
 import type { Handle } from "./_mpi_symbols.ts";
 import {
@@ -66,161 +68,6 @@ export interface BroadcastOptions {
 
 /** The default collective timeout (PyTorch's DDP default). */
 export const DEFAULT_TIMEOUT_MS = 30 * 60 * 1000;
-
-interface Resolved {
-  ptr: bigint;
-  count: number;
-  dtype: "f32" | "f16" | "i32";
-  /** A typed view of the memory, for fp16 conversion and averaging. */
-  view: Float32Array | Float16Array | Int32Array;
-}
-
-const VIEWS = { f32: Float32Array, f16: Float16Array, i32: Int32Array } as const;
-
-function resolve(buf: CollectiveBuffer, action: string, name: string): Resolved {
-  if (buf instanceof Tensor) {
-    if (buf.device.kind !== "cpu") {
-      throw new TypeError(
-        `Cannot ${action}: ${name} is on ${buf.device}; the mpi backend reduces host memory ` +
-          `and cpu tensors`,
-      );
-    }
-    if (buf.dtype !== "f32" && buf.dtype !== "f16" && buf.dtype !== "i32") {
-      throw new TypeError(`Cannot ${action}: ${name} has dtype ${buf.dtype}; f32, f16 or i32`);
-    }
-    const count = buf.numel;
-    const p = buf.pointer;
-    const bytes = count * (buf.dtype === "f16" ? 2 : 4);
-    const view = count === 0
-      ? new VIEWS[buf.dtype](0)
-      : new VIEWS[buf.dtype](Deno.UnsafePointerView.getArrayBuffer(p!, bytes));
-    return { ptr: Deno.UnsafePointer.value(p), count, dtype: buf.dtype, view };
-  }
-  const dtype = buf instanceof Float32Array
-    ? "f32"
-    : buf instanceof Float16Array
-    ? "f16"
-    : buf instanceof Int32Array
-    ? "i32"
-    : null;
-  if (dtype === null) {
-    throw new TypeError(
-      `Cannot ${action}: ${name} must be a Float32Array, Float16Array, Int32Array or a cpu ` +
-        `Tensor, got ${Object.prototype.toString.call(buf)}`,
-    );
-  }
-  const ptr = buf.length === 0 ? 0n : Deno.UnsafePointer.value(Deno.UnsafePointer.of(buf));
-  return { ptr, count: buf.length, dtype, view: buf };
-}
-
-function addr(a: Float32Array | Int32Array): bigint {
-  return a.length === 0 ? 0n : Deno.UnsafePointer.value(Deno.UnsafePointer.of(a));
-}
-
-/**
- * A collective in flight: wait on it with {@linkcode Work.wait} (the event loop keeps
- * running) or {@linkcode Work.waitSync} (the thread blocks). The buffers hold the result once
- * either returns, and must not be touched before.
- *
- * @example
- * ```ts
- * import { ProcessGroup } from "@pinstream/pinstream";
- * import assert from "node:assert";
- * using group = ProcessGroup.init(); // no launcher: rank 0 of 1
- * const x = new Float32Array([1, 2]);
- * const work = group.allReduceAsync(x, { op: "avg" });
- * await work.wait();
- * assert.strictEqual(work.completed, true);
- * assert.deepStrictEqual([...x], [1, 2]);
- * ```
- */
-export class Work {
-  /** The group's sequence number of this collective. */
-  readonly seq: number;
-  /** The collective's name. */
-  readonly op: CollectiveOp;
-  #group: ProcessGroup;
-  #finish: (() => void) | null;
-  #done = false;
-  #error: Error | null = null;
-  /** Keeps the JS memory referenced while the worker may touch it. */
-  #keep: unknown;
-
-  /** @internal Made by the group. */
-  constructor(
-    group: ProcessGroup,
-    seq: number,
-    op: CollectiveOp,
-    finish: (() => void) | null,
-    keep: unknown,
-  ) {
-    this.#group = group;
-    this.seq = seq;
-    this.op = op;
-    this.#finish = finish;
-    this.#keep = keep;
-  }
-
-  /** Whether a wait returned (and the result was put in place). */
-  get completed(): boolean {
-    return this.#done;
-  }
-
-  /**
-   * Whether the collective finished on the communication thread, without waiting (PyTorch's
-   * `is_completed()`); the result is in place only once a wait returned.
-   *
-   * @returns True once the collective ran.
-   * @example
-   * ```ts
-   * import { ProcessGroup } from "@pinstream/pinstream";
-   * import assert from "node:assert";
-   * using group = ProcessGroup.init();
-   * assert.strictEqual(group.barrierAsync().query(), true);
-   * ```
-   */
-  query(): boolean {
-    return this.#done || this.#group._query(this);
-  }
-
-  #settle(status: number): void {
-    this.#done = true;
-    this.#keep = null;
-    const f = this.#finish;
-    this.#finish = null;
-    if (status !== 0) {
-      this.#error = this.#group._failure(this, status);
-      throw this.#error;
-    }
-    f?.();
-  }
-
-  /**
-   * Blocks this thread until the collective finished, at most the group's timeout.
-   *
-   * @throws {Error} When it failed, or when it waited longer than the timeout (naming the
-   *   ranks that did not arrive).
-   */
-  waitSync(): void {
-    if (this.#error) throw this.#error;
-    if (this.#done) return;
-    this.#settle(this.#group._waitSync(this));
-  }
-
-  /**
-   * Waits without blocking the event loop until the collective finished, at most the
-   * group's timeout.
-   *
-   * @throws {Error} As {@linkcode Work.waitSync}.
-   */
-  async wait(): Promise<void> {
-    if (this.#error) throw this.#error;
-    if (this.#done) return;
-    const status = await this.#group._wait(this);
-    if (!this.#done) this.#settle(status);
-    else if (this.#error) throw this.#error;
-  }
-}
 
 /**
  * The processes of a job and their collectives (PyTorch's `torch.distributed` process
@@ -501,11 +348,7 @@ export class ProcessGroup implements Disposable {
 
   // ---- the collectives
 
-  #reduce(
-    action: string,
-    buf: CollectiveBuffer,
-    options: ReduceOptions,
-  ): Work {
+  #reduce(action: string, buf: CollectiveBuffer, options: ReduceOptions, async: boolean): Work {
     this.#usable(action);
     refuseUnknownKeys(options ?? {}, ["op"], action);
     const op = options.op ?? "sum";
@@ -540,6 +383,7 @@ export class ProcessGroup implements Disposable {
         redop: op === "avg" ? "sum" : op,
         root: 0,
         userDtype: USER_DTYPES.indexOf(b.dtype),
+        async,
       },
       finish,
       [buf, wide],
@@ -565,7 +409,7 @@ export class ProcessGroup implements Disposable {
    * ```
    */
   allReduce(buf: CollectiveBuffer, options: ReduceOptions = {}): void {
-    this.#reduce("all-reduce", buf, options).waitSync();
+    this.#reduce("all-reduce", buf, options, false).waitSync();
   }
 
   /**
@@ -585,10 +429,10 @@ export class ProcessGroup implements Disposable {
    * ```
    */
   allReduceAsync(buf: CollectiveBuffer, options: ReduceOptions = {}): Work {
-    return this.#reduce("all-reduce", buf, options);
+    return this.#reduce("all-reduce", buf, options, true);
   }
 
-  #broadcast(buf: CollectiveBuffer, options: BroadcastOptions): Work {
+  #broadcast(buf: CollectiveBuffer, options: BroadcastOptions, async: boolean): Work {
     const action = "broadcast";
     this.#usable(action);
     refuseUnknownKeys(options ?? {}, ["root"], action);
@@ -608,6 +452,7 @@ export class ProcessGroup implements Disposable {
         redop: "sum",
         root,
         userDtype: USER_DTYPES.indexOf(b.dtype),
+        async,
       },
       null,
       buf,
@@ -630,7 +475,7 @@ export class ProcessGroup implements Disposable {
    * ```
    */
   broadcast(buf: CollectiveBuffer, options: BroadcastOptions = {}): void {
-    this.#broadcast(buf, options).waitSync();
+    this.#broadcast(buf, options, false).waitSync();
   }
 
   /**
@@ -647,10 +492,10 @@ export class ProcessGroup implements Disposable {
    * ```
    */
   broadcastAsync(buf: CollectiveBuffer, options: BroadcastOptions = {}): Work {
-    return this.#broadcast(buf, options);
+    return this.#broadcast(buf, options, true);
   }
 
-  #allGather(input: CollectiveBuffer, output: CollectiveBuffer): Work {
+  #allGather(input: CollectiveBuffer, output: CollectiveBuffer, async: boolean): Work {
     const action = "all-gather";
     this.#usable(action);
     const i = resolve(input, action, "the input");
@@ -674,6 +519,7 @@ export class ProcessGroup implements Disposable {
         redop: "sum",
         root: 0,
         userDtype: USER_DTYPES.indexOf(i.dtype),
+        async,
       },
       outFinish,
       [input, output],
@@ -697,7 +543,7 @@ export class ProcessGroup implements Disposable {
    * ```
    */
   allGather(input: CollectiveBuffer, output: CollectiveBuffer): void {
-    this.#allGather(input, output).waitSync();
+    this.#allGather(input, output, false).waitSync();
   }
 
   /**
@@ -714,10 +560,15 @@ export class ProcessGroup implements Disposable {
    * ```
    */
   allGatherAsync(input: CollectiveBuffer, output: CollectiveBuffer): Work {
-    return this.#allGather(input, output);
+    return this.#allGather(input, output, true);
   }
 
-  #reduceScatter(input: CollectiveBuffer, output: CollectiveBuffer, options: ReduceOptions): Work {
+  #reduceScatter(
+    input: CollectiveBuffer,
+    output: CollectiveBuffer,
+    options: ReduceOptions,
+    async: boolean,
+  ): Work {
     const action = "reduce-scatter";
     this.#usable(action);
     refuseUnknownKeys(options ?? {}, ["op"], action);
@@ -761,6 +612,7 @@ export class ProcessGroup implements Disposable {
         redop: op === "avg" ? "sum" : op,
         root: 0,
         userDtype: USER_DTYPES.indexOf(i.dtype),
+        async,
       },
       finish,
       [input, output, wideIn, wideOut],
@@ -789,7 +641,7 @@ export class ProcessGroup implements Disposable {
     output: CollectiveBuffer,
     options: ReduceOptions = {},
   ): void {
-    this.#reduceScatter(input, output, options).waitSync();
+    this.#reduceScatter(input, output, options, false).waitSync();
   }
 
   /**
@@ -811,7 +663,7 @@ export class ProcessGroup implements Disposable {
     output: CollectiveBuffer,
     options: ReduceOptions = {},
   ): Work {
-    return this.#reduceScatter(input, output, options);
+    return this.#reduceScatter(input, output, options, true);
   }
 
   /**
@@ -825,7 +677,7 @@ export class ProcessGroup implements Disposable {
    * ```
    */
   barrier(): void {
-    this.barrierAsync().waitSync();
+    this.#barrier(false).waitSync();
   }
 
   /**
@@ -840,6 +692,10 @@ export class ProcessGroup implements Disposable {
    * ```
    */
   barrierAsync(): Work {
+    return this.#barrier(true);
+  }
+
+  #barrier(async: boolean): Work {
     this.#usable("run a barrier");
     return this.#issue(
       {
@@ -852,6 +708,7 @@ export class ProcessGroup implements Disposable {
         redop: "sum",
         root: 0,
         userDtype: 0,
+        async,
       },
       null,
       null,

@@ -29,10 +29,9 @@ import {
 } from "../nn/mod.ts";
 import { Trainer } from "./trainer.ts";
 import { statePathFor } from "../nn/checkpoint.ts";
-import { DistributedSampler } from "../loader/sampler.ts";
 import { DataParallel } from "../dist/data_parallel.ts";
-import { launchEnv } from "../dist/launch_env.ts";
-import { ProcessGroup } from "../dist/process_group.ts";
+import type { ProcessGroup } from "../dist/process_group.ts";
+import { joinJob, shardOptions, sumOverRanks } from "./distributed.ts";
 
 /** The chart module, loaded only when a chart is drawn: its npm packages are fetched then, and
  * a run that draws none needs no network (a literal specifier would be fetched up front). */
@@ -559,16 +558,8 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   const lead = group === null || group.rank === 0;
   const net = group ? new DataParallel(model, group) : model;
   const trainer = new Trainer(net, { optimizer, scaler, scheduler });
-  /** Sums [loss x samples, correct, samples] over the ranks. */
-  const overRanks = (lossSum: number, correct: number, seen: number) => {
-    const t = new Float64Array([lossSum, correct, seen]);
-    if (group) {
-      const f = Float32Array.from(t);
-      group.allReduce(f);
-      t.set(f);
-    }
-    return { lossSum: t[0], correct: t[1], seen: t[2] };
-  };
+  const overRanks = (lossSum: number, correct: number, seen: number) =>
+    sumOverRanks(group, lossSum, correct, seen);
   const norm = {
     mean: spec.mean,
     std: spec.std,
@@ -756,9 +747,7 @@ export interface ImageRun {
 export async function trainImages(args: TrainArgs, run: ImageRun): Promise<EpochReport[]> {
   const { train, test, augment } = run;
   // The mpi backend reduces cpu-device memory: a distributed run on "auto" takes the CPU.
-  // Several ranks started by a launcher train together even without --distributed: apart,
-  // they would each train alone and overwrite each other's checkpoint.
-  using group = args.distributed || launchEnv().size > 1 ? ProcessGroup.init() : null;
+  using group = joinJob(args.distributed);
   using device = Device.open(group && args.device === "auto" ? "cpu" : args.device);
   const model = run.model().to(device, { precision: args.precision });
   const common = {
@@ -769,28 +758,17 @@ export async function trainImages(args: TrainArgs, run: ImageRun): Promise<Epoch
     autoRelease: false,
   };
   const workers = args.workers > 0 ? { persistentWorkers: true } : {};
-  // Each rank takes its share of every epoch, the same shuffle on every rank (the seed).
-  const shard = (set: Dataset, shuffle: boolean) =>
-    group
-      ? {
-        sampler: new DistributedSampler(set, {
-          worldSize: group.size,
-          rank: group.rank,
-          shuffle,
-          seed: args.seed,
-        }),
-      }
-      : { shuffle };
+
   await using trainLoader = new DataLoader<RingBatch>(train, {
     ...common,
     ...workers,
-    ...shard(train, true),
+    ...shardOptions(train, group, true, args.seed),
     ...(augment ? { augment } : {}),
   });
   await using testLoader = new DataLoader<RingBatch>(test, {
     ...common,
     ...workers,
-    ...(group ? shard(test, false) : {}),
+    ...(group ? shardOptions(test, group, false, args.seed) : {}),
   });
   if (group === null || group.rank === 0) {
     console.log(
