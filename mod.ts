@@ -218,8 +218,8 @@ export {
   type ProcessGroupOptions,
   type ReduceOp,
   type ReduceOptions,
-  Work,
 } from "./dist/process_group.ts";
+export { Work } from "./dist/work.ts";
 export { type LaunchEnv, launchEnv, type MpiFlavor } from "./dist/launch_env.ts";
 export { availableMpi, mpirunCommand, type MpirunOptions } from "./dist/launcher.ts";
 export { DataParallel, type DataParallelOptions } from "./dist/data_parallel.ts";
