@@ -1,5 +1,5 @@
 /**
- * pinstream keeps a GPU fed during training: a Web-Worker DataLoader that builds batches
+ * pinstream keeps a GPU fed during training: a worker-thread DataLoader that builds batches
  * straight into pinned shared memory, a side-stream prefetcher that copies them to the
  * device as bytes and augments them there in fp16, and a mixed-precision training stack.
  *
@@ -18,19 +18,12 @@ export type {
   MemInfo,
 } from "./ffi/device.ts";
 export { Event, Stream } from "./ffi/stream.ts";
+export { captureRefused, CudaGraph } from "./ffi/graph.ts";
 export type { EventOptions, StreamOptions } from "./ffi/stream.ts";
 export { DeviceBuffer, HostBuffer, isPinnedMemory } from "./ffi/memory.ts";
 export type { CopyOptions, FillOptions, HostMemory } from "./ffi/memory.ts";
 export { DTYPE_BYTES, Tensor } from "./ffi/tensor.ts";
-export type {
-  ArangeOptions,
-  DType,
-  HostArray,
-  RandnOptions,
-  RandOptions,
-  TensorFillOptions,
-  ToHostOptions,
-} from "./ffi/tensor.ts";
+export type { DType, HostArray, ToHostOptions } from "./ffi/tensor.ts";
 export { PinstreamError } from "./internal/errors.ts";
 export { MemoryResource, Resource } from "./ffi/resource.ts";
 export type { PinstreamErrorCode } from "./internal/errors.ts";
@@ -39,7 +32,36 @@ export { PermissionError } from "./internal/permissions.ts";
 export { activeProfiler, Profiler, range, span } from "./ffi/profiler.ts";
 export type { ChromeTrace, ProfilerOptions, ProfileRow, RangeOptions } from "./ffi/profiler.ts";
 export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";
-export { ABI_VERSION, symbols } from "./ffi/symbols.ts";
+export { ABI_VERSION, signatures, symbols } from "./ffi/symbols.ts";
+export type { Foreign, Param, ParamTypes, Signature } from "./ffi/symbols.ts";
+
+// ops
+export { backendOf, KERNELS, NativeBackend, useBackend } from "./ops/backend.ts";
+export type {
+  ArgValue,
+  KernelArgs,
+  KernelBackend,
+  KernelEntries,
+  KernelEntry,
+  KernelName,
+  MemoryAt,
+  Operand,
+  OpOptions,
+  ParamsOf,
+  RawMemory,
+} from "./ops/backend.ts";
+export { arange, fillInPlace, full, ones, rand, randn, zeros } from "./ops/fill.ts";
+export type {
+  ArangeOptions,
+  FillInPlaceOptions,
+  RandnOptions,
+  RandOptions,
+  TensorFillOptions,
+} from "./ops/fill.ts";
+export { imageAugment, imageLabelsI32 } from "./ops/image.ts";
+export type { ImageAugmentOptions, ImageLabelsOptions, ImageOpOptions } from "./ops/image.ts";
+export { gatherRows } from "./ops/gather.ts";
+export type { GatherRowsOptions } from "./ops/gather.ts";
 
 // augment
 export {
@@ -69,12 +91,15 @@ export {
   ConcatDataset,
   DataLoader,
   type DataLoaderConstructor,
+  DataLoaderImpl,
   type DataLoaderOptions,
   type Dataset,
   defaultCollate,
   DistributedSampler,
   downloadCIFAR10,
   type DTypeOf,
+  EpochOrder,
+  type EpochOrderOptions,
   type EpochStats,
   FashionMNIST,
   type FieldArray,
@@ -121,14 +146,6 @@ export {
   toDevice,
   type ToDeviceOptions,
 } from "./pipeline/prefetcher.ts";
-export { gatherRows, imageAugment, imageLabelsI32 } from "./pipeline/image_ops.ts";
-export type {
-  GatherRowsOptions,
-  ImageAugmentOptions,
-  ImageLabelsOptions,
-  ImageOpOptions,
-  RawMemory,
-} from "./pipeline/image_ops.ts";
 export { DeviceDataset, DeviceLoader } from "./pipeline/resident.ts";
 export type { DeviceDatasetOptions, DeviceLoaderOptions } from "./pipeline/resident.ts";
 

@@ -5,7 +5,7 @@
  * @module
  */
 
-import { refuseUnknownKeys } from "../internal/options.ts";
+import { optionError, refuseUnknownKeys } from "../internal/options.ts";
 
 /**
  * Per-sample augmentation parameters drawn by the loader (zero-copy path), each from the
@@ -102,10 +102,8 @@ export const AUGMENT_OFF: AugmentSpec = Object.freeze({
  * ```
  */
 export function resolveAugment(options: AugmentOptions, action: string): AugmentSpec {
-  const fail = (key: string, message: string, type: "type" | "range" = "range"): never => {
-    const text = `Cannot ${action}: augment${key ? "." + key : ""} option ${message}`;
-    throw type === "type" ? new TypeError(text) : new RangeError(text);
-  };
+  const fail = (key: string, message: string, type: "type" | "range" = "range"): never =>
+    optionError(action, key ? `augment.${key}` : "augment", message, type);
   if (typeof options !== "object" || options === null) {
     fail("", "should be an object such as { padding: 4, flip: true }", "type");
   }

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One command for a GPU machine (see bench/GPU.md): build both backends for sm_90, run the
-# whole test suite (the [cuda] cases run there), the GPU benchmarks, a short CIFAR-shaped
-# training run, and the CUDA kernel tests under compute-sanitizer, within 10 minutes (this
-# script keeps to about 9). Run from the project root:
+# kernel tests (also under compute-sanitizer), the measurements the next decision needs (one
+# CIFAR step's per-op device times, the cost of one enqueue, the step with and without CUDA
+# graphs, a two-epoch CIFAR-shaped run with its steady-state epoch, the PyTorch twins eager
+# and compiled with nvidia-smi dmon beside each, the data-path peers), then the whole test
+# suite with what time is left, within 10 minutes (this script keeps to about 9). Run from
+# the project root:
 #
 #   source .gpu/env.sh && bash bench/gpu_run.sh
 #
@@ -102,29 +105,51 @@ if [ -n "$SANITIZER" ]; then
 else
   say "compute-sanitizer not found: sanitizer steps skipped"
 fi
-# ---- the whole suite (cpu and cuda cases) on the GPU: 3-5 minutes on a 16-core host. The
-# emulator passes of `deno task test` are left to CI (the same on every machine); run
-# `deno task test` alone for them.
-PINSTREAM_TEST_GPU_ONLY=1 step test-all 330 deno task test
-
-# ---- benchmarks on the GPU (each writes bench/out/<name>.json and .svg)
-step bench-transfer 60 deno run -A bench/transfer.ts --device cuda --max-mib 256
-step bench-kernels 60 deno run -A bench/kernels.ts --device cuda
+# ---- measurements first (the suite below takes whatever time is left; each benchmark writes
+# bench/out/<name>.json and .svg). One CIFAR step read closely: per-op device times from the
+# profiler's events, host ns per enqueue (empty FFI call, FFI + launch, TS wrapper + launch,
+# one graph launch), and ms per step after warm-up with and without CUDA graphs.
+step bench-step 90 deno run -A bench/step.ts --device cuda
 step bench-precision 60 deno run -A bench/precision.ts --device cuda
+step bench-transfer 40 deno run -A bench/transfer.ts --device cuda --max-mib 256
+step bench-kernels 40 deno run -A bench/kernels.ts --device cuda
 
-# ---- a short training run on generated CIFAR-shaped data (300 steps of 128), GPU sampled
-nvidia-smi dmon -s um -d 1 >"$LOGS/cifar-dmon.log" 2>&1 &
-DMON=$!
-step cifar 90 deno run -A examples/cifar.ts --synthetic --device cuda --epochs 1 \
-  --limit 38400 --batch-size 128 --quiet
-kill "$DMON" 2>/dev/null
-wait "$DMON" 2>/dev/null
-# Its PyTorch twin (same network, batch and optimizer, AMP), where PyTorch with CUDA exists.
+# dmon STEP: samples the GPU every second into $LOGS/STEP-dmon.log while the next command runs.
+dmon_start() {
+  nvidia-smi dmon -s um -d 1 >"$LOGS/$1-dmon.log" 2>&1 &
+  DMON=$!
+}
+dmon_stop() {
+  kill "$DMON" 2>/dev/null
+  wait "$DMON" 2>/dev/null
+}
+
+# ---- training on generated CIFAR-shaped data: 2 epochs of 150 steps of 128, so epoch 2's
+# line (samples/s, input-wait share) is the steady state, after start-up and warm-up.
+dmon_start cifar
+step cifar 100 deno run -A examples/cifar.ts --synthetic --device cuda --epochs 2 \
+  --limit 19200 --batch-size 128 --quiet
+dmon_stop
+# Its PyTorch twins (same network, batch and optimizer, AMP), where PyTorch with CUDA exists:
+# eager, then torch.compile(mode="reduce-overhead") with fused SGD, the stronger peer.
 if [ -z "$TORCH_FLAG" ] && [ -f bench/train_cifar_torch.py ]; then
+  dmon_start cifar-torch
   step cifar-torch 60 python3 bench/train_cifar_torch.py --device cuda --steps 300
+  dmon_stop
+  dmon_start cifar-torch-compile
+  step cifar-torch-compile 150 python3 bench/train_cifar_torch.py --device cuda --steps 300 \
+    --compile
+  dmon_stop
 fi
 
-step bench-pipeline 120 deno run -A bench/pipeline.ts --epochs 3 $TORCH_FLAG
+# The data path, with PyTorch's GPU peers: resident (eager and compiled) and streamed through
+# a reused pinned ring (bench/pipeline_torch.py).
+step bench-pipeline 150 deno run -A bench/pipeline.ts --epochs 3 $TORCH_FLAG
+
+# ---- the whole suite (cpu and cuda cases) on the GPU: 3-5 minutes on a 16-core host, so it
+# gets what is left. The emulator passes of `deno task test` are left to CI (the same on
+# every machine); run `deno task test` alone for them.
+PINSTREAM_TEST_GPU_ONLY=1 step test-all 330 deno task test
 
 # ---- shared-memory races in the GEMM and the block reductions, with what time is left
 if [ -n "$SANITIZER" ]; then
@@ -146,8 +171,16 @@ done
 for t in sanitize-memcheck sanitize-racecheck; do
   [ -f "$LOGS/$t.log" ] && say "$t: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/$t.log" | tail -1)"
 done
-[ -f "$LOGS/cifar.log" ] && say "cifar: $(tail -3 "$LOGS/cifar.log" | tr '\n' ' ')"
+[ -f "$LOGS/bench-step.log" ] && say "bench-step: $(grep -E '^(sum of the nn|op by op|graphs \()' "$LOGS/bench-step.log" | tr '\n' ';')"
+[ -f "$LOGS/cifar.log" ] && say "cifar (steady state): $(grep -E '^epoch 2/2' "$LOGS/cifar.log")"
 [ -f "$LOGS/cifar-torch.log" ] && say "cifar-torch: $(tail -1 "$LOGS/cifar-torch.log")"
+[ -f "$LOGS/cifar-torch-compile.log" ] &&
+  say "cifar-torch-compile: $(tail -1 "$LOGS/cifar-torch-compile.log" | cut -c1-400)"
+for d in cifar cifar-torch cifar-torch-compile; do
+  # dmon's sm column (the 2nd after gpu): the share of time a kernel ran, per second.
+  [ -s "$LOGS/$d-dmon.log" ] &&
+    say "$d dmon sm%: $(awk '!/^#/ && NF > 2 { printf "%s ", $2 }' "$LOGS/$d-dmon.log")"
+done
 say ""
 say "logs in $LOGS: $(ls "$LOGS" | tr '\n' ' ')"
 # Where the caller collects results from a folder OUT (a remote runner that returns a few

@@ -1,7 +1,7 @@
 /**
  * Throughput of the nn kernels: GFLOP/s of matmul and of the convolutions of the small
  * Fashion-MNIST CNN (conv3x3 1->32, relu, pool, conv3x3 32->64, relu, pool, linear 3136->10)
- * at batch 128, then the time of one whole training step of that CNN built from nn/ops.ts
+ * at batch 128, then the time of one whole training step of that CNN built from ops/
  * (forward, backward, loss, SGD with momentum) and the epoch time it implies (469 steps).
  * Writes bench/results/kernels.json.
  *
@@ -11,7 +11,7 @@
  */
 
 import { Device, Tensor } from "../mod.ts";
-import * as ops from "../nn/ops.ts";
+import * as ops from "../ops/mod.ts";
 import { assertMeasurable, writeResult } from "./_results.ts";
 import { parseCli } from "../train/cli.ts";
 

@@ -5,7 +5,7 @@
  *
  * Models: the Fashion-MNIST CNN and MLP (examples/fashion_mnist.ts) and the CIFAR-10 network
  * (examples/cifar.ts, with batch norm). Batches are device-resident random tensors (made by
- * Tensor.randn on the device, so only the step is timed: no input pipeline), labels random.
+ * randn on the device, so only the step is timed: no input pipeline), labels random.
  * Per row: milliseconds per step (the best of `--repeat` timed runs of `--steps` steps, after
  * warm-up steps), samples/s, the bytes the model holds after `to()` (weights, fp16 copies,
  * gradients) plus the optimizer's momentum ("state"), and the peak device memory of a training
@@ -20,7 +20,7 @@
  */
 
 import { Device, type DeviceKind } from "../ffi/device.ts";
-import { Tensor } from "../ffi/tensor.ts";
+import { full, randn } from "../ops/fill.ts";
 import { GradScaler, type Module, type Precision, SGD } from "../nn/mod.ts";
 import { Trainer } from "../train/trainer.ts";
 import { cifarModel, fashionModel } from "../train/models.ts";
@@ -112,8 +112,8 @@ async function measure(
   const scaler = new GradScaler(device, { enabled: precision === "fp16" });
   const trainer = new Trainer(model, { optimizer, scaler });
   const dtype = precision === "fp16" ? "f16" : "f32";
-  const x = Tensor.randn(device, [batch, ...c.input], { seed: 1, dtype });
-  const labels = Tensor.full(device, [batch], 0, { dtype: "i32" });
+  const x = randn(device, [batch, ...c.input], { seed: 1, dtype });
+  const labels = full(device, [batch], 0, { dtype: "i32" });
   const inputBytes = device.memoryAllocated() - base - stateBytes;
   try {
     // Labels vary (the loss is not trivially zero): random class per sample, on the host once.

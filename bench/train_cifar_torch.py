@@ -5,8 +5,15 @@ batch size, SGD (momentum 0.9, weight decay 5e-4) and mixed precision (autocast 
 GradScaler on CUDA; float32 on the CPU), on generated CIFAR-shaped batches already on the
 device, so only the training step is timed. Prints one JSON line with the mean step time.
 
+With --compile, the stronger peer: the model under torch.compile(mode="reduce-overhead")
+(Inductor's fused kernels, replayed as CUDA graphs) and SGD with fused=True where this
+PyTorch has it (the update as a few multi-tensor kernels that read GradScaler's scale and
+found-inf flag on the device). A PyTorch without torch.compile, or a compile that fails,
+prints {"compile_error": ...} and exits with status 3.
+
 Usage:
     python3 bench/train_cifar_torch.py --device cuda --steps 300
+    python3 bench/train_cifar_torch.py --device cuda --steps 300 --compile
     OPENBLAS_NUM_THREADS=1 python3 bench/train_cifar_torch.py --device cpu --steps 20 --threads 2
 Compare with: deno run -A examples/cifar.ts --synthetic --limit 38400 --epochs 1 --device cuda
 (300 steps of 128; its epoch line gives samples/s and the input-wait share).
@@ -14,6 +21,7 @@ Compare with: deno run -A examples/cifar.ts --synthetic --limit 38400 --epochs 1
 import argparse
 import contextlib
 import json
+import sys
 import time
 
 import torch
@@ -41,6 +49,8 @@ def main():
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile(mode='reduce-overhead') and fused SGD")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -51,7 +61,20 @@ def main():
     model = cifar_model().to(dev)
     fmt = torch.channels_last if args.channels_last else torch.contiguous_format
     model = model.to(memory_format=fmt)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    fused = False
+    if args.compile:
+        if not hasattr(torch, "compile"):
+            print(json.dumps({"compile_error": f"torch {torch.__version__} has no torch.compile"}))
+            sys.exit(3)
+        model = torch.compile(model, mode="reduce-overhead")
+        try:
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4,
+                                  fused=cuda)
+            fused = cuda
+        except (TypeError, RuntimeError):
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-4)
     scaler = torch.cuda.amp.GradScaler(enabled=cuda)
     loss_fn = nn.CrossEntropyLoss()
     n = 8
@@ -73,8 +96,15 @@ def main():
         scaler.update()
         loss_sum += loss.detach()
 
-    for i in range(args.warmup):
-        step(i)
+    # With --compile the first steps compile and record the graphs: warm-up, not timed.
+    try:
+        for i in range(args.warmup):
+            step(i)
+    except Exception as e:  # noqa: BLE001 - any compile failure means "no compiled twin"
+        if not args.compile:
+            raise
+        print(json.dumps({"compile_error": f"{type(e).__name__}: {e}"[:2000]}))
+        sys.exit(3)
     if cuda:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -87,6 +117,8 @@ def main():
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "amp": cuda,
+        "compile": "reduce-overhead" if args.compile else None,
+        "fused_sgd": fused,
         "batch_size": args.batch_size,
         "steps": args.steps,
         "step_ms": 1000 * seconds / args.steps,

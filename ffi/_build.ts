@@ -65,6 +65,7 @@ export const SOURCES: {
     "emu/include/cuda_runtime.h",
     "emu/include/cuda_fp16.h",
     "emu/include/mma.h",
+    "emu/include/cuda_pipeline.h",
     "emu/internal.h",
     "emu/runtime.cc",
     "emu/exec.cc",

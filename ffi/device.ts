@@ -100,12 +100,16 @@ export class Device extends Resource {
   readonly kind: Backend;
   /** The device ordinal within the backend. */
   readonly index: number;
-  /** The backend library: kernels call `device.lib.symbols.ps_*` then `device.check`. */
+  /**
+   * The backend library, for ffi/'s memory, stream and event calls and for tests of the C ABI.
+   * Kernels are not called through it: ops/ calls the device's backend (ops/backend.ts).
+   */
   readonly lib: Library;
   /** What the device is. */
   readonly props: DeviceProps;
   /** The backend's default stream (NULL); disposing it does nothing. */
   readonly defaultStream: Stream;
+  #current: Stream | null = null;
 
   private constructor(kind: Backend, index: number, lib: Library) {
     super("Device");
@@ -127,6 +131,52 @@ export class Device extends Resource {
       emulated: view.getInt32(284, true) !== 0,
     });
     this.defaultStream = createDefaultStream(this);
+  }
+
+  /**
+   * The stream that work given no `{ stream }` is queued on: the default stream, or the one
+   * made current by {@linkcode Device.useStream} (PyTorch's `torch.cuda.current_stream()`).
+   *
+   * @example
+   * ```ts
+   * import { Device } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using dev = Device.open("cpu");
+   * assert.strictEqual(dev.currentStream, dev.defaultStream);
+   * ```
+   */
+  get currentStream(): Stream {
+    return this.#current ?? this.defaultStream;
+  }
+
+  /**
+   * Makes `stream` the current stream until the returned object is disposed (PyTorch's
+   * `with torch.cuda.stream(s)`): kernels, copies and fills given no `{ stream }` queue on it.
+   * Nested uses restore the previous stream in turn.
+   *
+   * @param stream A stream of this device.
+   * @returns Disposing it makes the previous stream current again.
+   * @throws {TypeError} When the stream belongs to another device.
+   * @example
+   * ```ts
+   * import { Device, Stream } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using dev = Device.open("cpu");
+   * using s = new Stream(dev);
+   * {
+   *   using _ = dev.useStream(s);
+   *   assert.strictEqual(dev.currentStream, s);
+   * }
+   * assert.strictEqual(dev.currentStream, dev.defaultStream);
+   * ```
+   */
+  useStream(stream: Stream): Disposable {
+    if (stream?.device !== this) {
+      throw new TypeError(`Cannot use the stream on ${this}: it belongs to ${stream?.device}`);
+    }
+    const previous = this.#current;
+    this.#current = stream;
+    return { [Symbol.dispose]: () => void (this.#current = previous) };
   }
 
   /**

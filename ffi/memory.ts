@@ -30,7 +30,7 @@ export type HostMemory = HostBuffer | ArrayBufferView | ArrayBuffer | SharedArra
 
 /** Options of {@linkcode DeviceBuffer.copyFrom} and {@linkcode DeviceBuffer.copyTo}. */
 export interface CopyOptions {
-  /** The stream to queue the copy on (default: the device's default stream). */
+  /** The stream to queue the copy on (default: the device's current stream). */
   stream?: Stream;
   /** Byte offset into the source (default 0). */
   srcOffset?: number;
@@ -42,7 +42,7 @@ export interface CopyOptions {
 
 /** Options of {@linkcode DeviceBuffer.fill}. */
 export interface FillOptions {
-  /** The stream to queue the fill on (default: the device's default stream). */
+  /** The stream to queue the fill on (default: the device's current stream). */
   stream?: Stream;
   /** Byte offset of the first byte to set (default 0). */
   offset?: number;
@@ -305,7 +305,7 @@ export class DeviceBuffer extends MemoryResource {
     );
     const action = "copy into a device buffer";
     this.assertLive(action);
-    const stream = options.stream ?? this.device.defaultStream;
+    const stream = options.stream ?? this.device.currentStream;
     assertStream(stream, this.device, action);
     const s = operand(src, this.device, action);
     const { srcOffset, dstOffset, bytes } = span(options, s.length, this.bytes, action);
@@ -347,7 +347,7 @@ export class DeviceBuffer extends MemoryResource {
     );
     const action = "copy from a device buffer";
     this.assertLive(action);
-    const stream = options.stream ?? this.device.defaultStream;
+    const stream = options.stream ?? this.device.currentStream;
     assertStream(stream, this.device, action);
     const d = operand(dst, this.device, action);
     const { srcOffset, dstOffset, bytes } = span(options, this.bytes, d.length, action, true);
@@ -378,7 +378,7 @@ export class DeviceBuffer extends MemoryResource {
     this.assertLive(action);
     checkCount(byte, "byte", action);
     if (byte > 255) throw new RangeError(`Cannot ${action}: byte must be 0..255, got ${byte}`);
-    const stream = options.stream ?? this.device.defaultStream;
+    const stream = options.stream ?? this.device.currentStream;
     assertStream(stream, this.device, action);
     const offset = checkCount(options.offset ?? 0, "offset", action);
     if (offset > this.bytes) {

@@ -94,6 +94,8 @@ interface DeviceSpan {
   stream: Stream;
   start: Event;
   end: Event;
+  /** Whether the range was closed (its end event recorded): collect() waits only for those. */
+  closed: boolean;
   /** Filled by collect(). */
   ms?: number;
   at?: number;
@@ -186,6 +188,7 @@ export class Profiler implements Disposable {
   #t0 = 0;
   #t1 = 0;
   #running = false;
+  #disposed = false;
 
   /**
    * Creates a stopped profiler.
@@ -244,13 +247,28 @@ export class Profiler implements Disposable {
       return { [Symbol.dispose]: () => void (span.end = performance.now()) };
     }
     this.#reference(stream);
-    const dev: DeviceSpan = { name, stream, start: this.#event(stream), end: this.#event(stream) };
+    const dev: DeviceSpan = {
+      name,
+      stream,
+      start: this.#event(stream),
+      end: this.#event(stream),
+      closed: false,
+    };
     dev.start.record(stream);
     this.#devices.push(dev);
     return {
       [Symbol.dispose]: () => {
-        dev.end.record(stream);
         span.end = performance.now();
+        // Profiling never changes the program's outcome: a range closed after its profiler
+        // was disposed (its events freed), or on a stream disposed meanwhile, keeps only its
+        // host time.
+        if (this.#disposed || dev.closed) return;
+        try {
+          dev.end.record(stream);
+          dev.closed = true;
+        } catch {
+          // the stream is gone: the device time of this range is unknown
+        }
       },
     };
   }
@@ -289,7 +307,8 @@ export class Profiler implements Disposable {
    */
   async collect(): Promise<ProfileRow[]> {
     for (const d of this.#devices) {
-      if (d.ms !== undefined) continue;
+      // A range still open has no end on the device yet: it is read by a later collect().
+      if (d.ms !== undefined || !d.closed) continue;
       await d.end.synchronize();
       d.ms = d.start.elapsedMs(d.end);
       // The reference was recorded earlier on the same stream: done once `end` is.
@@ -427,6 +446,7 @@ export class Profiler implements Disposable {
 
   /** Stops it and frees its events. */
   [Symbol.dispose](): void {
+    this.#disposed = true;
     this.stop();
     for (const d of this.#devices) this.#spare.push(d.start, d.end);
     for (const r of this.#refs.values()) this.#spare.push(r.event);

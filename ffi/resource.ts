@@ -24,6 +24,7 @@ const FREE = {
   device: (lib: Library, p: Deno.PointerValue) => lib.symbols.ps_device_free(p),
   stream: (lib: Library, p: Deno.PointerValue) => lib.symbols.ps_stream_destroy(p),
   event: (lib: Library, p: Deno.PointerValue) => lib.symbols.ps_event_destroy(p),
+  graph: (lib: Library, p: Deno.PointerValue) => lib.symbols.ps_graph_destroy(p),
 };
 
 interface Held {
@@ -129,7 +130,7 @@ export abstract class Resource implements Disposable {
     native: {
       device: Device;
       address: bigint;
-      kind: "host" | "registered" | "device" | "stream" | "event";
+      kind: "host" | "registered" | "device" | "stream" | "event" | "graph";
       /** Device memory: its size, uncounted from Device.memoryAllocated when collected. */
       bytes?: number;
     },

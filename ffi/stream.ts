@@ -279,12 +279,12 @@ export class Event extends Resource {
   /**
    * Records the event after the work queued so far on `stream`.
    *
-   * @param stream The stream (default: the device's default stream).
+   * @param stream The stream (default: the device's current stream).
    * @throws {TypeError} When `stream` belongs to another device.
    * @throws {Error} When the event or the stream is disposed.
    * @throws {PinstreamError} On a backend failure.
    */
-  record(stream: Stream = this.device.defaultStream): void {
+  record(stream: Stream = this.device.currentStream): void {
     this.assertLive("record an event");
     assertStream(stream, this.device, "record an event");
     this.device.makeCurrent();

@@ -1,7 +1,9 @@
 /**
  * The `Deno.dlopen` symbol table of a pinstream backend library, mirroring
- * kernels/pinstream.h one-to-one (same order, same sections), with each C prototype beside
- * its entry.
+ * kernels/pinstream.h one-to-one (same sections), each parameter under its C name:
+ * tests/symbols_test.ts reads the header's prototypes and fails on any difference of name,
+ * count, type or ABI version. The native backend (ffi/native_backend.ts) passes the kernels'
+ * arguments by these names.
  *
  * Conventions: every function returns an `i32` status (0 = ok); `u64` sizes accept a number
  * or a bigint; out-parameters are `buffer`s (a typed array of the right width). Functions
@@ -13,499 +15,499 @@
  */
 
 /** The ABI version this table matches (`PS_ABI_VERSION` in kernels/pinstream.h). */
-export const ABI_VERSION = 7;
+export const ABI_VERSION = 8;
 
-/** The dlopen symbol table of a pinstream backend library. */
-export const symbols = {
+/** One C parameter: its name in kernels/pinstream.h and its FFI type. */
+export type Param = readonly [name: string, type: Deno.NativeType];
+
+/** One function of the ABI: its parameters in order, its result, whether it blocks. */
+export interface Signature {
+  /** The parameters, by C name. */
+  readonly params: readonly Param[];
+  /** The result's FFI type. */
+  readonly result: Deno.NativeResultType;
+  /** Run on a worker thread, returning a promise (the header's [wait] functions). */
+  readonly nonblocking?: boolean;
+}
+
+/** Every function of kernels/pinstream.h, each parameter named as in its prototype. */
+export const signatures = {
   // ---- library
-  // int ps_abi_version(int32_t *out);
-  ps_abi_version: { parameters: ["buffer"], result: "i32" },
-  // int ps_backend(int32_t *out);  0 = cpu, 1 = cuda
-  ps_backend: { parameters: ["buffer"], result: "i32" },
-  // const char *ps_last_error(void);
-  ps_last_error: { parameters: [], result: "pointer" },
-  // int ps_live_objects(int64_t *allocations, int64_t *streams, int64_t *events);
-  ps_live_objects: { parameters: ["buffer", "buffer", "buffer"], result: "i32" },
+  ps_abi_version: { params: [["out", "buffer"]], result: "i32" },
+  // 0 = cpu, 1 = cuda
+  ps_backend: { params: [["out", "buffer"]], result: "i32" },
+  ps_last_error: { params: [], result: "pointer" },
+  ps_live_objects: {
+    params: [["allocations", "buffer"], ["streams", "buffer"], ["events", "buffer"]],
+    result: "i32",
+  },
 
   // ---- devices
-  // int ps_device_count(int32_t *out);
-  ps_device_count: { parameters: ["buffer"], result: "i32" },
-  // int ps_device_props_get(int32_t device, ps_device_props *out);
-  ps_device_props_get: { parameters: ["i32", "buffer"], result: "i32" },
-  // int ps_device_set(int32_t device);
-  ps_device_set: { parameters: ["i32"], result: "i32" },
-  // int ps_device_get(int32_t *out);
-  ps_device_get: { parameters: ["buffer"], result: "i32" },
-  // [wait] int ps_device_synchronize(int32_t device, char *msg, uint64_t msg_cap);
+  ps_device_count: { params: [["out", "buffer"]], result: "i32" },
+  ps_device_props_get: { params: [["device", "i32"], ["out", "buffer"]], result: "i32" },
+  ps_device_set: { params: [["device", "i32"]], result: "i32" },
+  ps_device_get: { params: [["out", "buffer"]], result: "i32" },
+  // [wait]
   ps_device_synchronize: {
-    parameters: ["i32", "buffer", "u64"],
+    params: [["device", "i32"], ["msg", "buffer"], ["msg_cap", "u64"]],
     result: "i32",
     nonblocking: true,
   },
-  // int ps_mem_info(uint64_t *free_bytes, uint64_t *total_bytes);
-  ps_mem_info: { parameters: ["buffer", "buffer"], result: "i32" },
+  ps_mem_info: { params: [["free_bytes", "buffer"], ["total_bytes", "buffer"]], result: "i32" },
 
   // ---- host memory
-  // int ps_host_alloc(uint64_t bytes, void **out);
-  ps_host_alloc: { parameters: ["u64", "buffer"], result: "i32" },
-  // int ps_host_free(void *ptr);
-  ps_host_free: { parameters: ["pointer"], result: "i32" },
-  // int ps_host_register(void *ptr, uint64_t bytes);
-  ps_host_register: { parameters: ["pointer", "u64"], result: "i32" },
-  // int ps_host_unregister(void *ptr);
-  ps_host_unregister: { parameters: ["pointer"], result: "i32" },
+  ps_host_alloc: { params: [["bytes", "u64"], ["out", "buffer"]], result: "i32" },
+  ps_host_free: { params: [["ptr", "pointer"]], result: "i32" },
+  ps_host_register: { params: [["ptr", "pointer"], ["bytes", "u64"]], result: "i32" },
+  ps_host_unregister: { params: [["ptr", "pointer"]], result: "i32" },
 
   // ---- device memory
-  // int ps_device_alloc(uint64_t bytes, void **out);
-  ps_device_alloc: { parameters: ["u64", "buffer"], result: "i32" },
-  // int ps_device_free(void *ptr);
-  ps_device_free: { parameters: ["pointer"], result: "i32" },
-  // int ps_memset_async(void *dst, int32_t value, uint64_t bytes, void *stream);
-  ps_memset_async: { parameters: ["pointer", "i32", "u64", "pointer"], result: "i32" },
-  // int ps_memcpy_h2d_async(void *dst, const void *src, uint64_t bytes, void *stream);
-  ps_memcpy_h2d_async: { parameters: ["pointer", "pointer", "u64", "pointer"], result: "i32" },
-  // int ps_memcpy_d2h_async(void *dst, const void *src, uint64_t bytes, void *stream);
-  ps_memcpy_d2h_async: { parameters: ["pointer", "pointer", "u64", "pointer"], result: "i32" },
-  // int ps_memcpy_d2d_async(void *dst, const void *src, uint64_t bytes, void *stream);
-  ps_memcpy_d2d_async: { parameters: ["pointer", "pointer", "u64", "pointer"], result: "i32" },
+  ps_device_alloc: { params: [["bytes", "u64"], ["out", "buffer"]], result: "i32" },
+  ps_device_free: { params: [["ptr", "pointer"]], result: "i32" },
+  ps_memset_async: {
+    params: [["dst", "pointer"], ["value", "i32"], ["bytes", "u64"], ["stream", "pointer"]],
+    result: "i32",
+  },
+  ps_memcpy_h2d_async: {
+    params: [["dst", "pointer"], ["src", "pointer"], ["bytes", "u64"], ["stream", "pointer"]],
+    result: "i32",
+  },
+  ps_memcpy_d2h_async: {
+    params: [["dst", "pointer"], ["src", "pointer"], ["bytes", "u64"], ["stream", "pointer"]],
+    result: "i32",
+  },
+  ps_memcpy_d2d_async: {
+    params: [["dst", "pointer"], ["src", "pointer"], ["bytes", "u64"], ["stream", "pointer"]],
+    result: "i32",
+  },
 
   // ---- streams
-  // int ps_stream_create(int32_t flags, void **out);
-  ps_stream_create: { parameters: ["i32", "buffer"], result: "i32" },
-  // int ps_stream_destroy(void *stream);
-  ps_stream_destroy: { parameters: ["pointer"], result: "i32" },
-  // [wait] int ps_stream_synchronize(int32_t device, void *stream, char *msg, uint64_t msg_cap);
+  ps_stream_create: { params: [["flags", "i32"], ["out", "buffer"]], result: "i32" },
+  ps_stream_destroy: { params: [["stream", "pointer"]], result: "i32" },
+  // [wait]
   ps_stream_synchronize: {
-    parameters: ["i32", "pointer", "buffer", "u64"],
+    params: [["device", "i32"], ["stream", "pointer"], ["msg", "buffer"], ["msg_cap", "u64"]],
     result: "i32",
     nonblocking: true,
   },
-  // int ps_stream_query(void *stream);  PS_ERR_NOT_READY while work is pending
-  ps_stream_query: { parameters: ["pointer"], result: "i32" },
-  // int ps_stream_wait_event(void *stream, void *event);
-  ps_stream_wait_event: { parameters: ["pointer", "pointer"], result: "i32" },
+  // PS_ERR_NOT_READY while work is pending
+  ps_stream_query: { params: [["stream", "pointer"]], result: "i32" },
+  ps_stream_wait_event: { params: [["stream", "pointer"], ["event", "pointer"]], result: "i32" },
 
   // ---- events
-  // int ps_event_create(int32_t flags, void **out);
-  ps_event_create: { parameters: ["i32", "buffer"], result: "i32" },
-  // int ps_event_destroy(void *event);
-  ps_event_destroy: { parameters: ["pointer"], result: "i32" },
-  // int ps_event_record(void *event, void *stream);
-  ps_event_record: { parameters: ["pointer", "pointer"], result: "i32" },
-  // int ps_event_query(void *event);  PS_ERR_NOT_READY while work is pending
-  ps_event_query: { parameters: ["pointer"], result: "i32" },
-  // [wait] int ps_event_synchronize(void *event, char *msg, uint64_t msg_cap);
+  ps_event_create: { params: [["flags", "i32"], ["out", "buffer"]], result: "i32" },
+  ps_event_destroy: { params: [["event", "pointer"]], result: "i32" },
+  ps_event_record: { params: [["event", "pointer"], ["stream", "pointer"]], result: "i32" },
+  // PS_ERR_NOT_READY while work is pending
+  ps_event_query: { params: [["event", "pointer"]], result: "i32" },
+  // [wait]
   ps_event_synchronize: {
-    parameters: ["pointer", "buffer", "u64"],
+    params: [["event", "pointer"], ["msg", "buffer"], ["msg_cap", "u64"]],
     result: "i32",
     nonblocking: true,
   },
-  // int ps_event_elapsed_ms(void *start, void *end, float *out_ms);
-  ps_event_elapsed_ms: { parameters: ["pointer", "pointer", "buffer"], result: "i32" },
+  ps_event_elapsed_ms: {
+    params: [["start", "pointer"], ["end", "pointer"], ["out_ms", "buffer"]],
+    result: "i32",
+  },
+
+  // ---- graphs
+  ps_graph_capture_begin: { params: [["stream", "pointer"]], result: "i32" },
+  ps_graph_capture_end: { params: [["stream", "pointer"], ["out", "buffer"]], result: "i32" },
+  ps_graph_launch: { params: [["graph", "pointer"], ["stream", "pointer"]], result: "i32" },
+  ps_graph_destroy: { params: [["graph", "pointer"]], result: "i32" },
+  ps_graph_live: { params: [["out", "buffer"]], result: "i32" },
 
   // ---- benchmark helper
-  // [wait] int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint64_t bytes,
-  //                                 int32_t kind, int32_t iters, void *stream, float *out_ms,
-  //                                 char *msg, uint64_t msg_cap);
+  // [wait]
   ps_bench_memcpy_loop: {
-    parameters: [
-      "i32",
-      "pointer",
-      "pointer",
-      "u64",
-      "i32",
-      "i32",
-      "pointer",
-      "buffer",
-      "buffer",
-      "u64",
+    params: [
+      ["device", "i32"],
+      ["dst", "pointer"],
+      ["src", "pointer"],
+      ["bytes", "u64"],
+      ["kind", "i32"],
+      ["iters", "i32"],
+      ["stream", "pointer"],
+      ["out_ms", "buffer"],
+      ["msg", "buffer"],
+      ["msg_cap", "u64"],
     ],
     result: "i32",
     nonblocking: true,
   },
 
   // PS-SECTION image: entries added by the pipeline work go here.
-  // int ps_image_augment(const void *src, const int32_t *indices, int64_t rows,
-  //                      int32_t layout, int32_t n, int32_t c, int32_t h, int32_t w,
-  //                      int32_t pad, const void *params, const float *scale,
-  //                      const float *bias, void *out, int32_t out_dtype, int32_t flags,
-  //                      void *stream);
   // scale and bias are HOST arrays (Float32Array), read before the call returns.
   ps_image_augment: {
-    parameters: [
-      "pointer",
-      "pointer",
-      "i64",
-      "i32",
-      "i32",
-      "i32",
-      "i32",
-      "i32",
-      "i32",
-      "pointer",
-      "buffer",
-      "buffer",
-      "pointer",
-      "i32",
-      "i32",
-      "pointer",
+    params: [
+      ["src", "pointer"],
+      ["indices", "pointer"],
+      ["rows", "i64"],
+      ["layout", "i32"],
+      ["n", "i32"],
+      ["c", "i32"],
+      ["h", "i32"],
+      ["w", "i32"],
+      ["pad", "i32"],
+      ["params", "pointer"],
+      ["scale", "buffer"],
+      ["bias", "buffer"],
+      ["out", "pointer"],
+      ["out_dtype", "i32"],
+      ["flags", "i32"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, void *out,
-  //                         void *stream);
   ps_image_labels_i32: {
-    parameters: ["pointer", "i32", "i32", "pointer", "pointer"],
+    params: [["src", "pointer"], ["src_bytes", "i32"], ["n", "i32"], ["out", "pointer"], [
+      "stream",
+      "pointer",
+    ]],
     result: "i32",
   },
   // PS-SECTION nn: entries added by the training work go here.
-  // int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, int32_t c_dtype,
-  //                  int64_t m, int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
-  //                  int32_t accumulate, void *stream);
   ps_nn_matmul: {
-    parameters: [
-      "pointer",
-      "pointer",
-      "i32",
-      "pointer",
-      "i32",
-      "i64",
-      "i64",
-      "i64",
-      "i32",
-      "i32",
-      "i32",
-      "pointer",
+    params: [
+      ["a", "pointer"],
+      ["b", "pointer"],
+      ["dtype", "i32"],
+      ["c", "pointer"],
+      ["c_dtype", "i32"],
+      ["m", "i64"],
+      ["n", "i64"],
+      ["k", "i64"],
+      ["trans_a", "i32"],
+      ["trans_b", "i32"],
+      ["accumulate", "i32"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t dtype, int64_t n,
-  //                          int64_t c, int64_t h, int64_t w_, int64_t co, int32_t kh,
-  //                          int32_t kw, int32_t stride, int32_t pad, void *stream);
   ps_nn_conv2d_forward: {
-    parameters: [
-      "pointer",
-      "pointer",
-      "pointer",
-      "i32",
-      "i64",
-      "i64",
-      "i64",
-      "i64",
-      "i64",
-      "i32",
-      "i32",
-      "i32",
-      "i32",
-      "pointer",
+    params: [
+      ["x", "pointer"],
+      ["w", "pointer"],
+      ["y", "pointer"],
+      ["dtype", "i32"],
+      ["n", "i64"],
+      ["c", "i64"],
+      ["h", "i64"],
+      ["w_", "i64"],
+      ["co", "i64"],
+      ["kh", "i32"],
+      ["kw", "i32"],
+      ["stride", "i32"],
+      ["pad", "i32"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int32_t dtype,
-  //                                int64_t n, int64_t c, int64_t h, int64_t w_, int64_t co,
-  //                                int32_t kh, int32_t kw, int32_t stride, int32_t pad,
-  //                                void *stream);
   ps_nn_conv2d_backward_data: {
-    parameters: [
-      "pointer",
-      "pointer",
-      "pointer",
-      "i32",
-      "i64",
-      "i64",
-      "i64",
-      "i64",
-      "i64",
-      "i32",
-      "i32",
-      "i32",
-      "i32",
-      "pointer",
+    params: [
+      ["dy", "pointer"],
+      ["w", "pointer"],
+      ["dx", "pointer"],
+      ["dtype", "i32"],
+      ["n", "i64"],
+      ["c", "i64"],
+      ["h", "i64"],
+      ["w_", "i64"],
+      ["co", "i64"],
+      ["kh", "i32"],
+      ["kw", "i32"],
+      ["stride", "i32"],
+      ["pad", "i32"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_conv2d_backward_weight(const void *x, const void *dy, int32_t dtype, void *dw,
-  //                                  int32_t dw_dtype, int64_t n, int64_t c, int64_t h,
-  //                                  int64_t w_, int64_t co, int32_t kh, int32_t kw,
-  //                                  int32_t stride, int32_t pad, int32_t accumulate,
-  //                                  void *stream);
   ps_nn_conv2d_backward_weight: {
-    parameters: [
-      "pointer",
-      "pointer",
-      "i32",
-      "pointer",
-      "i32",
-      "i64",
-      "i64",
-      "i64",
-      "i64",
-      "i64",
-      "i32",
-      "i32",
-      "i32",
-      "i32",
-      "i32",
-      "pointer",
+    params: [
+      ["x", "pointer"],
+      ["dy", "pointer"],
+      ["dtype", "i32"],
+      ["dw", "pointer"],
+      ["dw_dtype", "i32"],
+      ["n", "i64"],
+      ["c", "i64"],
+      ["h", "i64"],
+      ["w_", "i64"],
+      ["co", "i64"],
+      ["kh", "i32"],
+      ["kw", "i32"],
+      ["stride", "i32"],
+      ["pad", "i32"],
+      ["accumulate", "i32"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t dtype, int32_t *indices,
-  //                             int64_t n, int64_t c, int64_t h, int64_t w_, int32_t kernel,
-  //                             int32_t stride, void *stream);
   ps_nn_maxpool2d_forward: {
-    parameters: [
-      "pointer",
-      "pointer",
-      "i32",
-      "pointer",
-      "i64",
-      "i64",
-      "i64",
-      "i64",
-      "i32",
-      "i32",
-      "pointer",
+    params: [
+      ["x", "pointer"],
+      ["y", "pointer"],
+      ["dtype", "i32"],
+      ["indices", "pointer"],
+      ["n", "i64"],
+      ["c", "i64"],
+      ["h", "i64"],
+      ["w_", "i64"],
+      ["kernel", "i32"],
+      ["stride", "i32"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void *dx,
-  //                              int32_t dtype, int64_t n, int64_t c, int64_t h, int64_t w_,
-  //                              int64_t oh, int64_t ow, void *stream);
   ps_nn_maxpool2d_backward: {
-    parameters: [
-      "pointer",
-      "pointer",
-      "pointer",
-      "i32",
-      "i64",
-      "i64",
-      "i64",
-      "i64",
-      "i64",
-      "i64",
-      "pointer",
+    params: [
+      ["dy", "pointer"],
+      ["indices", "pointer"],
+      ["dx", "pointer"],
+      ["dtype", "i32"],
+      ["n", "i64"],
+      ["c", "i64"],
+      ["h", "i64"],
+      ["w_", "i64"],
+      ["oh", "i64"],
+      ["ow", "i64"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta,
-  //                                   void *y, int32_t dtype, float *save_mean,
-  //                                   float *save_invstd, float *run_mean, float *run_var,
-  //                                   int64_t n, int64_t c, int64_t hw, float momentum,
-  //                                   float eps, void *stream);
   ps_nn_batchnorm_forward_train: {
-    parameters: [
-      "pointer",
-      "pointer",
-      "pointer",
-      "pointer",
-      "i32",
-      "pointer",
-      "pointer",
-      "pointer",
-      "pointer",
-      "i64",
-      "i64",
-      "i64",
-      "f32",
-      "f32",
-      "pointer",
+    params: [
+      ["x", "pointer"],
+      ["gamma", "pointer"],
+      ["beta", "pointer"],
+      ["y", "pointer"],
+      ["dtype", "i32"],
+      ["save_mean", "pointer"],
+      ["save_invstd", "pointer"],
+      ["run_mean", "pointer"],
+      ["run_var", "pointer"],
+      ["n", "i64"],
+      ["c", "i64"],
+      ["hw", "i64"],
+      ["momentum", "f32"],
+      ["eps", "f32"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const float *beta,
-  //                                  const float *run_mean, const float *run_var, void *y,
-  //                                  int32_t dtype, int64_t n, int64_t c, int64_t hw,
-  //                                  float eps, void *stream);
   ps_nn_batchnorm_forward_eval: {
-    parameters: [
-      "pointer",
-      "pointer",
-      "pointer",
-      "pointer",
-      "pointer",
-      "pointer",
-      "i32",
-      "i64",
-      "i64",
-      "i64",
-      "f32",
-      "pointer",
+    params: [
+      ["x", "pointer"],
+      ["gamma", "pointer"],
+      ["beta", "pointer"],
+      ["run_mean", "pointer"],
+      ["run_var", "pointer"],
+      ["y", "pointer"],
+      ["dtype", "i32"],
+      ["n", "i64"],
+      ["c", "i64"],
+      ["hw", "i64"],
+      ["eps", "f32"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
-  //                              const float *save_mean, const float *save_invstd, void *dx,
-  //                              int32_t dtype, float *dgamma, float *dbeta, int64_t n,
-  //                              int64_t c, int64_t hw, void *stream);
   ps_nn_batchnorm_backward: {
-    parameters: [
-      "pointer",
-      "pointer",
-      "pointer",
-      "pointer",
-      "pointer",
-      "pointer",
-      "i32",
-      "pointer",
-      "pointer",
-      "i64",
-      "i64",
-      "i64",
-      "pointer",
+    params: [
+      ["dy", "pointer"],
+      ["x", "pointer"],
+      ["gamma", "pointer"],
+      ["save_mean", "pointer"],
+      ["save_invstd", "pointer"],
+      ["dx", "pointer"],
+      ["dtype", "i32"],
+      ["dgamma", "pointer"],
+      ["dbeta", "pointer"],
+      ["n", "i64"],
+      ["c", "i64"],
+      ["hw", "i64"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_bias_add(void *y, int32_t dtype, const void *bias, int32_t bias_dtype,
-  //                    int64_t n, int64_t c, int64_t hw, void *stream);
   ps_nn_bias_add: {
-    parameters: [
-      "pointer",
-      "i32",
-      "pointer",
-      "i32",
-      "i64",
-      "i64",
-      "i64",
-      "pointer",
+    params: [
+      ["y", "pointer"],
+      ["dtype", "i32"],
+      ["bias", "pointer"],
+      ["bias_dtype", "i32"],
+      ["n", "i64"],
+      ["c", "i64"],
+      ["hw", "i64"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_bias_grad(const void *dy, int32_t dtype, void *dbias, int32_t dbias_dtype,
-  //                     int64_t n, int64_t c, int64_t hw, int32_t accumulate, void *stream);
   ps_nn_bias_grad: {
-    parameters: [
-      "pointer",
-      "i32",
-      "pointer",
-      "i32",
-      "i64",
-      "i64",
-      "i64",
-      "i32",
-      "pointer",
+    params: [
+      ["dy", "pointer"],
+      ["dtype", "i32"],
+      ["dbias", "pointer"],
+      ["dbias_dtype", "i32"],
+      ["n", "i64"],
+      ["c", "i64"],
+      ["hw", "i64"],
+      ["accumulate", "i32"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_relu_forward(const void *x, void *y, int32_t dtype, int64_t count,
-  //                        void *stream);
   ps_nn_relu_forward: {
-    parameters: [
+    params: [["x", "pointer"], ["y", "pointer"], ["dtype", "i32"], ["count", "i64"], [
+      "stream",
       "pointer",
-      "pointer",
-      "i32",
-      "i64",
-      "pointer",
-    ],
+    ]],
     result: "i32",
   },
-  // int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int32_t dtype,
-  //                         int64_t count, void *stream);
   ps_nn_relu_backward: {
-    parameters: [
-      "pointer",
-      "pointer",
-      "pointer",
-      "i32",
+    params: [["dy", "pointer"], ["y", "pointer"], ["dx", "pointer"], ["dtype", "i32"], [
+      "count",
       "i64",
-      "pointer",
-    ],
+    ], ["stream", "pointer"]],
     result: "i32",
   },
-  // int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *dlogits,
-  //                         int32_t dtype, float *loss_sum, int32_t *correct, int64_t n,
-  //                         int64_t k, float scale, const float *device_scale, void *stream);
   ps_nn_cross_entropy: {
-    parameters: [
-      "pointer",
-      "pointer",
-      "pointer",
-      "i32",
-      "pointer",
-      "pointer",
-      "i64",
-      "i64",
-      "f32",
-      "pointer",
-      "pointer",
+    params: [
+      ["logits", "pointer"],
+      ["labels", "pointer"],
+      ["dlogits", "pointer"],
+      ["dtype", "i32"],
+      ["loss_sum", "pointer"],
+      ["correct", "pointer"],
+      ["n", "i64"],
+      ["k", "i64"],
+      ["scale", "f32"],
+      ["device_scale", "pointer"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype, int64_t count,
-  //              void *stream);
-  ps_nn_cast: { parameters: ["pointer", "i32", "pointer", "i32", "i64", "pointer"], result: "i32" },
-  // int ps_gather_rows(const void *src, int64_t rows, int64_t row_bytes, const int32_t *indices,
-  //                    int32_t n, void *dst, void *stream)
+  ps_nn_cast: {
+    params: [["src", "pointer"], ["src_dtype", "i32"], ["dst", "pointer"], ["dst_dtype", "i32"], [
+      "count",
+      "i64",
+    ], ["stream", "pointer"]],
+    result: "i32",
+  },
   ps_gather_rows: {
-    parameters: ["pointer", "i64", "i64", "pointer", "i32", "pointer", "pointer"],
+    params: [
+      ["src", "pointer"],
+      ["rows", "i64"],
+      ["row_bytes", "i64"],
+      ["indices", "pointer"],
+      ["n", "i32"],
+      ["dst", "pointer"],
+      ["stream", "pointer"],
+    ],
     result: "i32",
   },
-  // int ps_tensor_fill(void *dst, int32_t dtype, int64_t count, int32_t mode, double a,
-  //                    double b, uint64_t seed, uint64_t offset, void *stream)
   ps_tensor_fill: {
-    parameters: ["pointer", "i32", "i64", "i32", "f64", "f64", "u64", "u64", "pointer"],
+    params: [
+      ["dst", "pointer"],
+      ["dtype", "i32"],
+      ["count", "i64"],
+      ["mode", "i32"],
+      ["a", "f64"],
+      ["b", "f64"],
+      ["seed", "u64"],
+      ["offset", "u64"],
+      ["stream", "pointer"],
+    ],
     result: "i32",
   },
-  // int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count, const float *scale,
-  //                       float inv_scale, int32_t in_place, int32_t *found_inf, void *stream);
   ps_nn_unscale_check: {
-    parameters: [
-      "pointer",
-      "i32",
-      "i64",
-      "pointer",
-      "f32",
-      "i32",
-      "pointer",
-      "pointer",
+    params: [
+      ["grad", "pointer"],
+      ["grad_dtype", "i32"],
+      ["count", "i64"],
+      ["scale", "pointer"],
+      ["inv_scale", "f32"],
+      ["in_place", "i32"],
+      ["found_inf", "pointer"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype, float *momentum_buf,
-  //                  void *param_half, int64_t count, float lr, float momentum, float dampening,
-  //                  float weight_decay, int32_t nesterov, const float *scale,
-  //                  const int32_t *found_inf, const int32_t *steps_done, void *stream);
   ps_nn_sgd_step: {
-    parameters: [
-      "pointer",
-      "pointer",
-      "i32",
-      "pointer",
-      "pointer",
-      "i64",
-      "f32",
-      "f32",
-      "f32",
-      "f32",
-      "i32",
-      "pointer",
-      "pointer",
-      "pointer",
-      "pointer",
+    params: [
+      ["param", "pointer"],
+      ["grad", "pointer"],
+      ["grad_dtype", "i32"],
+      ["momentum_buf", "pointer"],
+      ["param_half", "pointer"],
+      ["count", "i64"],
+      ["lr", "f32"],
+      ["momentum", "f32"],
+      ["dampening", "f32"],
+      ["weight_decay", "f32"],
+      ["nesterov", "i32"],
+      ["scale", "pointer"],
+      ["found_inf", "pointer"],
+      ["steps_done", "pointer"],
+      ["hyper", "pointer"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_step_count(int32_t *steps_done, const int32_t *found_inf, void *stream);
-  ps_nn_step_count: { parameters: ["pointer", "pointer", "pointer"], result: "i32" },
-  // int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int32_t *found_inf,
-  //                       float growth_factor, float backoff_factor, int32_t growth_interval,
-  //                       void *stream);
+  ps_nn_step_count: {
+    params: [["steps_done", "pointer"], ["found_inf", "pointer"], ["stream", "pointer"]],
+    result: "i32",
+  },
   ps_nn_scaler_update: {
-    parameters: [
-      "pointer",
-      "pointer",
-      "pointer",
-      "f32",
-      "f32",
-      "i32",
-      "pointer",
+    params: [
+      ["scale", "pointer"],
+      ["growth_tracker", "pointer"],
+      ["found_inf", "pointer"],
+      ["growth_factor", "f32"],
+      ["backoff_factor", "f32"],
+      ["growth_interval", "i32"],
+      ["stream", "pointer"],
     ],
     result: "i32",
   },
-  // int ps_nn_copy_if(float *dst, const float *src, int64_t count, const int32_t *flag,
-  //                   void *stream);
-  ps_nn_copy_if: { parameters: ["pointer", "pointer", "i64", "pointer", "pointer"], result: "i32" },
-} as const satisfies Deno.ForeignLibraryInterface;
+  ps_nn_copy_if: {
+    params: [["dst", "pointer"], ["src", "pointer"], ["count", "i64"], ["flag", "pointer"], [
+      "stream",
+      "pointer",
+    ]],
+    result: "i32",
+  },
+} as const satisfies Record<string, Signature>;
+
+/** The FFI types of a parameter list, in order. */
+export type ParamTypes<P extends readonly Param[]> = {
+  -readonly [I in keyof P]: P[I] extends readonly [string, infer T] ? T : never;
+};
+
+/** The `Deno.dlopen` entries of a table of signatures. */
+export type Foreign<T extends Record<string, Signature>> = {
+  [K in keyof T]: {
+    parameters: ParamTypes<T[K]["params"]>;
+    result: T[K]["result"];
+    nonblocking: T[K] extends { nonblocking: true } ? true : false;
+  };
+};
+
+function foreign<T extends Record<string, Signature>>(table: T): Foreign<T> {
+  const out: Record<string, Deno.ForeignFunction> = {};
+  for (const [name, s] of Object.entries(table)) {
+    out[name] = {
+      parameters: s.params.map(([, type]) => type),
+      result: s.result,
+      nonblocking: s.nonblocking === true,
+    };
+  }
+  return out as Foreign<T>;
+}
+
+/** The dlopen symbol table of a pinstream backend library. */
+export const symbols: Foreign<typeof signatures> = foreign(signatures);
 
 /** A loaded pinstream backend library. */
 export type Library = Deno.DynamicLibrary<typeof symbols>;

@@ -1,6 +1,7 @@
 /**
- * Refusing unknown keys in an options object, with a suggestion for a near miss. A
- * misspelt option is otherwise ignored and its default silently used.
+ * Refusing unknown keys in an options object, with a suggestion for a near miss (a misspelt
+ * option is otherwise ignored and its default silently used), and the error of an option
+ * whose value is wrong.
  *
  * @module
  */
@@ -45,6 +46,39 @@ export function refuseUnknownKeys(
       `Cannot ${action}: unknown option "${key}"${advice}; options are ${known.join(", ")}`,
     );
   }
+}
+
+/**
+ * Throws the error of an invalid option value or combination, worded one way everywhere:
+ * "Cannot <action>: <option> option <message>".
+ *
+ * @param action What the caller was doing ("create DataLoader").
+ * @param option The option's name, or its path ("augment.cutout").
+ * @param message What is wrong, with the value that was given.
+ * @param type "type" for a value of the wrong kind or a forbidden combination (TypeError),
+ * "range" for a value out of range (RangeError, the default).
+ * @throws {TypeError} / {RangeError} Always.
+ *
+ * @example
+ * ```ts
+ * import { optionError } from "./options.ts";
+ * import assert from "node:assert";
+ *
+ * assert.throws(
+ *   () => optionError("create it", "depth", "should be >= 1, got 0"),
+ *   (e: Error) => e instanceof RangeError && e.message === "Cannot create it: depth option should be >= 1, got 0",
+ * );
+ * assert.throws(() => optionError("create it", "depth", "should be a number", "type"), TypeError);
+ * ```
+ */
+export function optionError(
+  action: string,
+  option: string,
+  message: string,
+  type: "type" | "range" = "range",
+): never {
+  const text = `Cannot ${action}: ${option} option ${message}`;
+  throw type === "type" ? new TypeError(text) : new RangeError(text);
 }
 
 /**

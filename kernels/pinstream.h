@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct layout; ffi/ refuses a mismatch. */
-#define PS_ABI_VERSION 7
+#define PS_ABI_VERSION 8
 
 /* ---- status codes ------------------------------------------------------------------- */
 #define PS_OK 0
@@ -153,6 +153,34 @@ PS_API int ps_event_query(void *event);
 PS_API int ps_event_synchronize(void *event, char *msg, uint64_t msg_cap);
 /* Milliseconds between two recorded, completed events. */
 PS_API int ps_event_elapsed_ms(void *start, void *end, float *out_ms);
+
+/* ---- graphs ----------------------------------------------------------------------------- */
+
+/* A recorded sequence of device work replayed with one call (a CUDA graph): between
+ * ps_graph_capture_begin and ps_graph_capture_end, work queued on `stream` (and on streams that
+ * wait on events recorded there) is recorded, not run; ps_graph_launch queues all of it again,
+ * with the same pointers and kernel arguments, for the cost of one enqueue. What a graph
+ * cannot hold makes the call that queues it fail with PS_ERR_UNSUPPORTED and the capture with
+ * it: a synchronous call on the capturing thread (an allocation, a wait, a copy from or to
+ * pageable memory), work on the NULL stream while a stream made with PS_STREAM_DEFAULT
+ * captures, a wait on an event recorded outside the capture. Calls from other threads are not
+ * affected (CUDA's thread-local capture mode).
+ *
+ * The CPU backend runs each call as it is made: it has no queue to record, and
+ * ps_graph_capture_begin fails with PS_ERR_UNSUPPORTED there (callers run the work eagerly). */
+
+/* Starts recording `stream` (not NULL: the default stream cannot capture). */
+PS_API int ps_graph_capture_begin(void *stream);
+/* Stops recording `stream` and makes the recording launchable: *out is the graph, or NULL on
+ * failure (a capture invalidated by a refused call, or work forked to another stream and not
+ * joined back with an event). The capture ends either way. */
+PS_API int ps_graph_capture_end(void *stream, void **out);
+/* Queues the whole graph on `stream`, after the graph's previous launch. */
+PS_API int ps_graph_launch(void *graph, void *stream);
+/* Frees a graph; launches already queued still run. */
+PS_API int ps_graph_destroy(void *graph);
+/* Number of live graphs (the leak tests read it). */
+PS_API int ps_graph_live(int64_t *out);
 
 /* ---- benchmark helper ----------------------------------------------------------------- */
 
@@ -375,7 +403,10 @@ PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
                                const float *scale, float inv_scale, int32_t in_place,
                                int32_t *found_inf, void *stream);
 
-/* torch.optim.SGD for one parameter tensor, count elements, all on the device:
+/* torch.optim.SGD for one parameter tensor, count elements, all on the device (lr and
+ * momentum are hyper[0] and hyper[1], read on the device, when hyper != NULL: a scheduler
+ * changes them without changing the launch, so a recorded step replays with the new values;
+ * hyper[1] then applies only with a momentum_buf):
  *   g = grad * (1 / *scale if scale else 1) + weight_decay * param
  *   buf = (momentum_buf not yet used ? g : momentum * buf + (1 - dampening) * g)
  *   g = nesterov ? g + momentum * buf : buf            (when momentum != 0)
@@ -389,7 +420,7 @@ PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
                           float *momentum_buf, void *param_half, int64_t count, float lr,
                           float momentum, float dampening, float weight_decay,
                           int32_t nesterov, const float *scale, const int32_t *found_inf,
-                          const int32_t *steps_done, void *stream);
+                          const int32_t *steps_done, const float *hyper, void *stream);
 /* *steps_done += 1 unless found_inf != NULL and *found_inf != 0 (after all sgd steps). */
 PS_API int ps_nn_step_count(int32_t *steps_done, const int32_t *found_inf, void *stream);
 

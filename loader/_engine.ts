@@ -136,7 +136,14 @@ export class Engine {
   }
 
   #planEpoch(epoch: number): EpochPlan {
-    const batches = this.#cfg.plan(epoch);
+    const map = this.#cfg.recordMap;
+    // Sample -> record; an index outside the dataset becomes -1, which the gather reports as
+    // out of range.
+    const batches = map === undefined
+      ? this.#cfg.order.batches(epoch)
+      : this.#cfg.order.batches(epoch).map((b) =>
+        b.map((i) => (i >= 0 && i < map.length ? map[i] : -1))
+      );
     const cap = this.#cfg.ring?.batchSize;
     if (cap !== undefined) {
       for (let b = 0; b < batches.length; b++) {
@@ -192,7 +199,7 @@ export class Engine {
   abandon(plan: EpochPlan): void {
     this.#abandon(plan);
     this.#plans = this.#plans.filter((p) => p !== plan);
-    if (this.#cfg.persistent && this.#cfg.canPlanAhead && !this.#failure) this.pump();
+    if (this.#cfg.persistent && this.#cfg.order.pure && !this.#failure) this.pump();
   }
 
   #abandon(plan: EpochPlan): void {
@@ -231,7 +238,7 @@ export class Engine {
   }
 
   #canPrefetch(): boolean {
-    return this.#cfg.persistent && this.#cfg.canPlanAhead && this.#cfg.numWorkers > 0;
+    return this.#cfg.persistent && this.#cfg.order.pure && this.#cfg.numWorkers > 0;
   }
 
   /**

@@ -8,6 +8,7 @@
 import type { GatherSpec } from "./_gather.ts";
 import type { ModuleRef } from "./_protocol.ts";
 import type { Dataset, WorkerSpec } from "./dataset.ts";
+import type { EpochOrder } from "./order.ts";
 import type { StagingRing } from "./ring.ts";
 
 export interface EpochPlan {
@@ -36,10 +37,10 @@ export interface EngineConfig {
   /** Seconds without progress, every worker idle, before a stall is reported (0: never). */
   watchdog: number;
   seed: number;
-  /** The batches of an epoch. */
-  plan: (epoch: number) => Int32Array[];
-  /** Whether `plan` is a pure function of the epoch (so the next epoch can be prefetched). */
-  canPlanAhead: boolean;
+  /** The batches of each epoch (planned ahead across an epoch boundary when `order.pure`). */
+  order: EpochOrder;
+  /** Zero-copy: the record of each sample (a Subset), or undefined when sample i is record i. */
+  recordMap: Int32Array | undefined;
   persistent: boolean;
   // Zero-copy path:
   ring?: StagingRing;

@@ -146,7 +146,17 @@ export class WorkerPool {
       case "hello": {
         const backlog = w.backlog ?? [];
         w.backlog = undefined;
-        for (const { m, transfer } of backlog) w.worker.postMessage(m, transfer as never[]);
+        try {
+          for (const { m, transfer } of backlog) w.worker.postMessage(m, transfer as never[]);
+        } catch (err) {
+          // A value postMessage cannot clone (the constructor refuses the known ones): a
+          // loader error, not an exception thrown out of this event handler.
+          this.#fail(
+            new Error(`Cannot load batches: DataLoader worker ${w.id} could not be sent its work`, {
+              cause: err,
+            }),
+          );
+        }
         return;
       }
       case "ready":

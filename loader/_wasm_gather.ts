@@ -3,7 +3,8 @@
 // Why: V8 copies between SharedArrayBuffers with a relaxed-atomic word loop (TypedArray.set
 // on shared memory may race with other threads, so it cannot use memcpy), about 3 GB/s here.
 // WebAssembly's memory.copy on shared memories compiles to a native memmove, about 2x the
-// rate (measured 1.0-1.1M vs 1.8-2.0M CIFAR samples/s on one thread). With multi-memory,
+// rate (measured 1.0-1.1M vs 1.8-2.0M CIFAR samples/s on one thread; `deno run -A
+// bench/loader.ts` measures both again, its two "memory-copy bound" rows). With multi-memory,
 // one instance imports the ring's memory (0: destination, also holding the indices) and a
 // dataset field's memory (1: source), so the dataset and the ring stay separate buffers.
 //
@@ -32,7 +33,6 @@
 //
 // BYTES is that text assembled by WABT 1.0.39 (`wat2wasm --enable-threads
 // --enable-multi-memory`, or npm wabt's parseWat with multi_memory and threads), in base64.
-// The same 114 bytes were written here by hand, one per line, before.
 const BYTES = Uint8Array.from(
   atob(
     "AGFzbQEAAAABCQFgBX9/f39/AAIVAgFlAWQCAwCAgAQBZQFzAgMAgIAEAwIBAAcFAQFnAAAKOwE5AQF/AkADQCAF" +

@@ -1,10 +1,9 @@
 /**
- * (About 1,400 lines: the public `DataLoader` interface, documented member by member for
- * `deno doc`, the implementation class behind it, its options checking and the epoch
- * iterator; loading itself is in _engine.ts and the _transport_*.ts modules.)
- *
- * `DataLoader`: PyTorch's DataLoader for Deno, with Web Workers, a zero-copy staging ring in
- * shared memory, prefetch across epochs and seeded per-sample augmentation parameters.
+ * `DataLoader`: PyTorch's DataLoader for Deno, with worker threads, a zero-copy staging ring in
+ * shared memory, prefetch across epochs and seeded per-sample augmentation parameters. Its
+ * options and their checks are in options.ts, the order of its epochs in order.ts, the tuning
+ * of "auto" counts in _autotune.ts, and loading itself in _engine.ts and the _transport_*.ts
+ * modules.
  *
  * Two paths:
  *
@@ -20,15 +19,8 @@
  */
 
 import { range } from "../internal/trace.ts";
-import {
-  AUGMENT_OFF,
-  type AugmentOptions,
-  type AugmentSpec,
-  resolveAugment,
-} from "../augment/options.ts";
-import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
-import v8 from "node:v8";
-import { closest } from "../internal/options.ts";
+import type { AugmentSpec } from "../augment/options.ts";
+import { WorkerCounts } from "./_autotune.ts";
 import {
   Engine,
   type EngineConfig,
@@ -39,120 +31,19 @@ import {
   SLOT_FREE,
   type WorkerResourceLimits,
 } from "./_engine.ts";
-import type { GatherSpec } from "./_gather.ts";
 import type { ModuleRef } from "./_protocol.ts";
-import { randomSeed } from "../internal/random.ts";
-import { memoryOf } from "./_wasm_gather.ts";
+import { type Staging, staging } from "./_staging.ts";
 import type { Collated, CollateFn } from "./collate.ts";
-import {
-  type Dataset,
-  recordBytes,
-  type SampleOf,
-  type SharedField,
-  type SharedFieldsOf,
-} from "./dataset.ts";
-import { RingBatch, StagingRing } from "./ring.ts";
-import {
-  BatchSampler,
-  type BatchSamplerLike,
-  DistributedSampler,
-  RandomSampler,
-  type Sampler,
-  SequentialSampler,
-  toIndices,
-} from "./sampler.ts";
+import type { Dataset, SampleOf, SharedFieldsOf } from "./dataset.ts";
+import { type DataLoaderOptions, resolveOptions } from "./options.ts";
+import type { EpochOrder } from "./order.ts";
+import { RingBatch, type StagingRing } from "./ring.ts";
+import type { BatchSamplerLike, Sampler } from "./sampler.ts";
 
 export { WorkerError } from "./_engine.ts";
 export type { AugmentOptions } from "../augment/options.ts";
 export type { ModuleRef } from "./_protocol.ts";
-
-/**
- * Options of {@linkcode DataLoader}; PyTorch's names in TypeScript casing, plus a few.
- *
- * @typeParam B the batch type a `collate` function returns
- * @typeParam T the sample type a `collate` function receives a list of
- */
-export interface DataLoaderOptions<B = unknown, T = unknown> {
-  /** Samples per batch (default 1); `null` disables batching: one sample per item. */
-  batchSize?: number | null;
-  /** Reshuffle every epoch (a RandomSampler seeded by `seed`). */
-  shuffle?: boolean;
-  /** Custom order; exclusive with `shuffle`. A plain iterable with `length` also works. */
-  sampler?: Sampler | (Iterable<number> & { readonly length: number });
-  /** Custom batches; exclusive with batchSize, shuffle, sampler, dropLast. */
-  batchSampler?:
-    | BatchSamplerLike
-    | (Iterable<Iterable<number>> & { readonly length: number });
-  /**
-   * Worker count (default 0: load on the main thread), or "auto": tuned between epochs from
-   * the measured throughput and input wait, within the cores (like tf.data's AUTOTUNE; the
-   * sample order does not depend on it). `loader.numWorkers` and each epoch's stats say
-   * what ran.
-   */
-  numWorkers?: number | "auto";
-  /**
-   * Turns a list of samples into a batch (generic path). A function runs on the main thread;
-   * a `{module, export}` reference runs in the workers. Default: defaultCollate in workers.
-   */
-  collate?: CollateFn<T, B> | ModuleRef;
-  /**
-   * Pinning hook for the staging ring (zero-copy path). `true` only records that the
-   * consumer will pin `loader.ring` itself; a function is called once with the ring when
-   * the loader is built, and the Disposable it returns (e.g. a `HostBuffer.register`
-   * result) is disposed when the loader is disposed, after every worker has stopped.
-   */
-  pinMemory?: boolean | ((ring: StagingRing) => Disposable | void);
-  /** Drop the last incomplete batch (default false). */
-  dropLast?: boolean;
-  /**
-   * Seconds to wait for a batch before failing (default 0: no limit). With workers it bounds
-   * a `get()` that hangs; with `numWorkers: 0` the main thread runs `get()` itself and can
-   * only stop waiting for a `get()` that returns a promise (see the README's "Failure
-   * behaviour").
-   */
-  timeout?: number;
-  /**
-   * Seconds without any progress while every worker is idle before the loader reports a
-   * stall with its internal state (default 10; 0 turns the watchdog off). Such a stall is a
-   * loader bug, never a slow dataset: a busy worker is never idle. Independent of `timeout`.
-   */
-  watchdog?: number;
-  /**
-   * Runs in each worker before it loads anything: `{module, export}` of a function called
-   * with the worker id (PyTorch's worker_init_fn; workers cannot receive functions).
-   */
-  workerInit?: ModuleRef;
-  /** Seed of every random draw (shuffle, per-sample streams). Default: random. */
-  seed?: number;
-  /**
-   * Batches in flight per worker (default 2 when numWorkers > 0), or "auto" (2 to 4, raised
-   * between epochs while the consumer still waits for data with every worker busy).
-   */
-  prefetchFactor?: number | "auto";
-  /** Keep workers across epochs and prefetch into the next epoch (default false). */
-  persistentWorkers?: boolean;
-  /** Yield batches in sampler order (default true); false yields them as they complete. */
-  inOrder?: boolean;
-  /** Force (true) or refuse (false) the zero-copy path. Default: when the dataset allows. */
-  zeroCopy?: boolean;
-  /** Draw per-sample crop offsets / flip bits into the batch (zero-copy path). */
-  augment?: AugmentOptions;
-  /** Release each ring batch when the next one is requested (default true). */
-  autoRelease?: boolean;
-  /** Ring slots beyond the in-flight ones for batches the consumer holds (default 2). */
-  heldBatches?: number;
-  /**
-   * V8 heap limits of each worker, as node:worker_threads' `resourceLimits`. A worker that
-   * exceeds `maxOldGenerationSizeMb` is stopped and the loader fails with an out-of-memory
-   * error; the process goes on. Default: the main thread's own heap limit (`--v8-flags=
-   * --max-old-space-size` raises both).
-   */
-  workerResourceLimits?: {
-    maxOldGenerationSizeMb?: number;
-    maxYoungGenerationSizeMb?: number;
-    stackSizeMb?: number;
-  };
-}
+export type { DataLoaderOptions } from "./options.ts";
 
 /** What an epoch looked like from the consumer's side. */
 export interface EpochStats {
@@ -183,170 +74,6 @@ export interface EpochStats {
   numWorkers: number;
   /** Batches in flight per worker this epoch (what "auto" chose). */
   prefetchFactor: number;
-}
-
-/** The most batches in flight per worker that prefetchFactor "auto" tries. */
-const MAX_AUTO_PREFETCH = 8;
-
-/**
- * The shortest trial "auto" judges by: a trial whose epochs are shorter runs more epochs with
- * the same counts until they add up to this (20 ms epochs of small samples measured up to
- * 20% apart from one epoch to the next; a quarter second of them settles to a few percent).
- */
-export const MIN_TRIAL_SECONDS = 0.25;
-
-/**
- * numWorkers / prefetchFactor "auto": a coordinate search on the consumer's samples per
- * second, one trial per finished epoch. The first epoch warms up (workers start, caches fill)
- * and is not counted; then each worker count from the start outwards runs an epoch at a
- * prefetch of 2, then deeper prefetches (4, 8) run at the fastest count, and, when that count
- * is 0 (nothing in flight to deepen), at the fastest count with workers: a deeper prefetch can
- * lift a count that lost at depth 2 past the one that won (measured: 2 workers at depth 8
- * beat 0 workers, which beat 2 workers at depth 2). The fastest trial wins and the search
- * stops there. A trial is one epoch, or as many as make {@linkcode MIN_TRIAL_SECONDS}, judged
- * by their samples over their seconds after each epoch's first batch (a new worker set starts
- * in that wait). With a settled choice nothing changes again. The
- * counts never change the sample order.
- *
- * @internal Exported for its tests.
- */
-export class Tuner {
-  #trials: { workers: number; prefetch: number }[] = [];
-  #results: { workers: number; prefetch: number; rate: number }[] = [];
-  #w: { min: number; max: number };
-  #p: { min: number; max: number };
-  #phase: "warmup" | "workers" | "prefetch" | "settled" = "warmup";
-  /** The running trial's epochs so far: samples and seconds. */
-  #acc = { samples: 0, seconds: 0 };
-
-  constructor(w: { min: number; max: number }, p: { min: number; max: number }) {
-    this.#w = w;
-    this.#p = p;
-  }
-
-  /**
-   * The counts of the next epoch, given the one that just finished.
-   *
-   * @param s The finished epoch's stats (with the counts it ran).
-   * @returns The next epoch's counts.
-   */
-  next(s: EpochStats): { workers: number; prefetch: number } {
-    const cur = { workers: s.numWorkers, prefetch: s.prefetchFactor || this.#p.min };
-    if (this.#phase === "settled") return cur;
-    if (this.#phase === "warmup") {
-      this.#phase = "workers";
-      // The start first (again, now warm), then outwards: +1, -1, +2, -2, ...
-      const out: number[] = [cur.workers];
-      for (let d = 1; d <= this.#w.max - this.#w.min; d++) {
-        if (cur.workers + d <= this.#w.max) out.push(cur.workers + d);
-        if (cur.workers - d >= this.#w.min) out.push(cur.workers - d);
-      }
-      const prefetch = Math.max(this.#p.min, Math.min(2, this.#p.max));
-      this.#trials = out.map((workers) => ({ workers, prefetch }));
-    } else {
-      // Steady-state rate: the wait for the first batch is left out, since it holds the start
-      // of a new worker set whenever a trial changes the count (tens of ms, which in short
-      // epochs made every trial with workers lose to 0 workers).
-      this.#acc.samples += s.samples;
-      this.#acc.seconds += Math.max(0, s.seconds - s.firstBatchSeconds);
-      // A short trial runs another epoch with the same counts.
-      if (this.#acc.seconds < MIN_TRIAL_SECONDS) return cur;
-      this.#results.push({ ...cur, rate: this.#acc.samples / this.#acc.seconds });
-      this.#acc = { samples: 0, seconds: 0 };
-    }
-    if (this.#trials.length === 0 && this.#phase === "workers") {
-      this.#phase = "prefetch";
-      // Deeper at the fastest count; with no workers (nothing in flight) at the fastest count
-      // that has some.
-      const withWorkers = this.#results.filter((r) => r.workers > 0);
-      const at = this.#best().workers > 0
-        ? this.#best()
-        : withWorkers.length > 0
-        ? withWorkers.reduce((a, b) => (b.rate > a.rate ? b : a))
-        : undefined;
-      this.#trials = at === undefined ? [] : [4, 8]
-        .filter((p) => p > at.prefetch && p >= this.#p.min && p <= this.#p.max)
-        .map((prefetch) => ({ workers: at.workers, prefetch }));
-    }
-    const trial = this.#trials.shift();
-    if (trial !== undefined) return trial;
-    this.#phase = "settled";
-    const best = this.#best();
-    return { workers: best.workers, prefetch: best.prefetch };
-  }
-
-  #best(): { workers: number; prefetch: number; rate: number } {
-    return this.#results.reduce((a, b) => (b.rate > a.rate ? b : a));
-  }
-}
-
-const OPTION_NAMES = new Set([
-  "batchSize",
-  "shuffle",
-  "sampler",
-  "batchSampler",
-  "numWorkers",
-  "collate",
-  "pinMemory",
-  "dropLast",
-  "timeout",
-  "watchdog",
-  "workerInit",
-  "seed",
-  "prefetchFactor",
-  "persistentWorkers",
-  "inOrder",
-  "zeroCopy",
-  "augment",
-  "autoRelease",
-  "heldBatches",
-  "workerResourceLimits",
-]);
-
-const LIMIT_KEYS = ["maxOldGenerationSizeMb", "maxYoungGenerationSizeMb", "stackSizeMb"];
-
-/** " (did you mean X?)" for a near miss among `names`, else "" (the shared rule of internal/options.ts). */
-function didYouMean(key: string, names: Iterable<string>): string {
-  const near = closest(key, [...names]);
-  return near === undefined ? "" : ` (did you mean ${near}?)`;
-}
-
-/** Refuses keys of `value` outside `allowed`, naming the option path and the key. */
-function checkKeys(option: string, value: object, allowed: readonly string[]): void {
-  for (const key of Object.keys(value)) {
-    if (!allowed.includes(key)) {
-      fail(
-        `${option}.${key}`,
-        `is unknown${didYouMean(key, allowed)}; ${option} takes ${allowed.join(", ")}`,
-        "type",
-      );
-    }
-  }
-}
-
-/** The main thread's V8 heap limit in MB: the default heap limit of each worker. */
-function mainHeapLimitMb(): number {
-  try {
-    return Math.floor(v8.getHeapStatistics().heap_size_limit / 2 ** 20);
-  } catch {
-    return 4096;
-  }
-}
-
-function fail(option: string, message: string, type: "type" | "range" = "range"): never {
-  const text = `Cannot create DataLoader: ${option} option ${message}`;
-  throw type === "type" ? new TypeError(text) : new RangeError(text);
-}
-
-function checkBool(name: string, v: unknown, dflt: boolean): boolean {
-  if (v === undefined) return dflt;
-  if (typeof v !== "boolean") fail(name, `should be a boolean value, got ${String(v)}`, "type");
-  return v;
-}
-
-function isModuleRef(v: unknown): v is ModuleRef {
-  return v !== null && typeof v === "object" &&
-    typeof (v as ModuleRef).module === "string" && typeof (v as ModuleRef).export === "string";
 }
 
 /**
@@ -400,9 +127,13 @@ export type BatchOf<D, O = Record<never, never>> = D extends unknown ? [
 /**
  * The constructor of {@linkcode DataLoader}: `new DataLoader(dataset, options)` infers the
  * batch type from the dataset and the options ({@linkcode BatchOf}); `new DataLoader<B>(...)`
- * names it.
+ * names it. A class cannot give its constructor type parameters of its own, which inferring
+ * the batch type from the dataset needs, so the value `DataLoader` is
+ * {@linkcode DataLoaderImpl} seen through these signatures (as `Array` is in TypeScript's own
+ * declarations); its statics are the class's.
  */
-export interface DataLoaderConstructor {
+export interface DataLoaderConstructor
+  extends Pick<typeof DataLoaderImpl, "prototype" | "liveWorkers"> {
   /**
    * A loader whose batches are what `options.collate` returns; `collate` receives the
    * dataset's samples.
@@ -413,7 +144,7 @@ export interface DataLoaderConstructor {
   new <D extends Dataset<unknown>, B>(
     dataset: D,
     options: DataLoaderOptions<B, SampleOf<D>> & { collate: CollateFn<SampleOf<D>, B> },
-  ): DataLoader<B>;
+  ): DataLoaderImpl<B>;
   /**
    * A loader whose batch type is inferred from the dataset and the options: a typed
    * {@linkcode RingBatch} on the zero-copy path, the collated sample else ({@linkcode BatchOf}).
@@ -425,40 +156,34 @@ export interface DataLoaderConstructor {
   new <
     D extends Dataset<unknown>,
     const O extends DataLoaderOptions<unknown, SampleOf<D>> = Record<never, never>,
-  >(dataset: D, options?: O): DataLoader<BatchOf<D, O>>;
+  >(dataset: D, options?: O): DataLoaderImpl<BatchOf<D, O>>;
   /**
    * A loader with the batch type `B` given explicitly (`new DataLoader<RingBatch>(...)`).
    *
    * @param dataset a map-style dataset (`length`, `get`)
    * @param options PyTorch's options in TypeScript casing
    */
-  new <B = unknown>(dataset: Dataset, options?: DataLoaderOptions<B>): DataLoader<B>;
-  /** The prototype of every DataLoader. */
-  readonly prototype: DataLoader<unknown>;
-  /** Workers started by any DataLoader in this isolate and not yet terminated. */
-  readonly liveWorkers: number;
+  new <B = unknown>(dataset: Dataset, options?: DataLoaderOptions<B>): DataLoaderImpl<B>;
 }
 
 /**
- * Iterates a dataset in batches, like `torch.utils.data.DataLoader`.
+ * Iterates a dataset in batches, like `torch.utils.data.DataLoader`. Construct it as
+ * `new DataLoader(dataset, options)` ({@linkcode DataLoaderConstructor}), which infers the
+ * batch type; `DataLoader<B>` is this class's type.
  *
  * Each `for await` (or `stream()`) is one epoch; `length` is the number of batches per
- * epoch. Workers are Deno Web Workers; with `persistentWorkers` they live across epochs
- * and start on the next epoch while the consumer finishes the current one. Leaving a loop
- * early stops the epoch (and, without persistentWorkers, terminates the workers); dispose
- * the loader (`await using`) to terminate everything. Running workers keep the process alive
- * (a Web Worker cannot be unref'd): a loader with persistent workers, or one whose iterator
- * was left without finishing or `break` (PyTorch's `next(iter(loader))` peek), must be
- * disposed for the program to exit.
+ * epoch. Workers are `node:worker_threads` workers; with `persistentWorkers` they live across
+ * epochs and start on the next epoch while the consumer finishes the current one. Leaving a
+ * loop early stops the epoch (and, without persistentWorkers, terminates the workers); dispose
+ * the loader (`await using`) to terminate everything. Running workers keep the process alive:
+ * a loader with persistent workers, or one whose iterator was left without finishing or
+ * `break` (PyTorch's `next(iter(loader))` peek), must be disposed for the program to exit.
  *
  * The batch type `B` is inferred by `new DataLoader(dataset, options)` (see
  * {@linkcode BatchOf}): a dataset with typed shared fields gives
  * `RingBatch<{ image: Uint8Array; label: Int32Array }>`, a plain dataset whose `get` returns
  * `{ x: number; y: Uint8Array }` gives `{ x: Float64Array; y: Uint8Array }`, and a `collate`
  * function gives what it returns. `new DataLoader<B>(...)` still names it explicitly.
- *
- * The {@linkcode DataLoaderConstructor} is the value `DataLoader`; this interface is the type
- * of its instances (`loader instanceof DataLoader` holds).
  *
  * @typeParam B the batch type: `RingBatch` on the zero-copy path, the collated value else
  * @example Generic path with the default collate
@@ -472,31 +197,26 @@ export interface DataLoaderConstructor {
  * for await (const b of loader) batches.push([...b.x]);
  * assert.deepStrictEqual(batches, [[0, 10], [20, 30], [40]]);
  * assert.strictEqual(loader.length, 3);
+ * assert.ok(typed instanceof DataLoader);
  * ```
  */
-export interface DataLoader<B = unknown> extends AsyncIterable<B>, AsyncDisposable, Disposable {
+export class DataLoaderImpl<B = unknown> implements AsyncIterable<B>, AsyncDisposable, Disposable {
   /** The dataset. */
   readonly dataset: Dataset;
-  /** Samples per batch, or null without batching. */
-  readonly batchSize: number | null;
-  /** Worker count (the next epoch's, when tuned: see {@linkcode DataLoaderOptions.numWorkers}). */
-  readonly numWorkers: number;
-  /** Batches in flight per worker (0 without workers). */
-  readonly prefetchFactor: number;
-  /** Whether numWorkers or prefetchFactor is tuned between epochs ("auto"). */
-  readonly autotune: boolean;
+  /**
+   * The order of the loader's epochs: seed, epoch counter, sampler, and the batches and
+   * augment records of each epoch (what a loader over the same dataset with the same options,
+   * a DeviceLoader, or a resumed run shares).
+   */
+  readonly order: EpochOrder;
   /** Whether workers persist across epochs. */
   readonly persistentWorkers: boolean;
   /** Whether batches come in sampler order. */
   readonly inOrder: boolean;
-  /** Whether the last partial batch is dropped. */
-  readonly dropLast: boolean;
   /** Seconds to wait for a batch (0: forever). */
   readonly timeout: number;
   /** Stall watchdog period in seconds (0: off). */
   readonly watchdog: number;
-  /** The seed of every random draw. */
-  readonly seed: number;
   /** Whether batches are RingBatches in the staging ring. */
   readonly zeroCopy: boolean;
   /** Whether the ring is pinned (or meant to be pinned) for the device. */
@@ -508,16 +228,117 @@ export interface DataLoader<B = unknown> extends AsyncIterable<B>, AsyncDisposab
    * one by the next request when it is true.
    */
   readonly autoRelease: boolean;
-  /** The sampler (undefined when a batchSampler was given). */
-  readonly sampler: Sampler | undefined;
-  /** The batch sampler. */
-  readonly batchSampler: BatchSamplerLike;
   /** Every finished epoch's stats, oldest first. */
-  readonly history: EpochStats[];
+  readonly history: EpochStats[] = [];
+  readonly #counts: WorkerCounts;
+  readonly #staging: Staging | undefined;
+  readonly #resourceLimits: WorkerResourceLimits;
+  readonly #collateFn: CollateFn<unknown, unknown> | undefined;
+  readonly #collateMode: EngineConfig["collateMode"];
+  readonly #workerInit: ModuleRef | undefined;
+  #pinned: Disposable | undefined;
+  #engine: Engine | undefined;
+  #active: EpochIterator<B> | undefined;
+  #disposed = false;
+
+  /**
+   * Creates it; see the class documentation.
+   *
+   * @param dataset a map-style dataset (`length`, `get`)
+   * @param options PyTorch's options in TypeScript casing, plus zeroCopy/augment/
+   *   autoRelease/heldBatches
+   * @throws {TypeError} / {RangeError} naming the option, for every invalid value or
+   *   combination PyTorch refuses (sampler with shuffle, batchSampler with batchSize/
+   *   shuffle/sampler/dropLast, prefetchFactor or persistentWorkers without workers, ...)
+   *   and for a dataset workers cannot rebuild
+   */
+  constructor(dataset: Dataset, options: DataLoaderOptions<B> = {}) {
+    if (
+      dataset === null || typeof dataset !== "object" || typeof dataset.get !== "function" ||
+      typeof dataset.length !== "number"
+    ) {
+      throw new TypeError(
+        "Cannot create DataLoader: dataset must have a numeric length and a get(index) method",
+      );
+    }
+    const o = resolveOptions(dataset, options);
+    this.dataset = dataset;
+    this.order = o.order;
+    this.persistentWorkers = o.persistentWorkers;
+    this.inOrder = o.inOrder;
+    this.timeout = o.timeout;
+    this.watchdog = o.watchdog;
+    this.zeroCopy = o.zeroCopy;
+    this.pinMemory = o.pinMemory !== false;
+    this.autoRelease = o.autoRelease;
+    this.#resourceLimits = o.resourceLimits;
+    this.#collateFn = o.collate;
+    this.#collateMode = o.collateMode;
+    this.#workerInit = o.workerInit;
+    const cores = Math.max(1, navigator.hardwareConcurrency || 1);
+    const counts = new WorkerCounts(o.numWorkers, o.prefetchFactor, cores, o.persistentWorkers);
+    this.#counts = counts;
+    if (o.zeroCopy) {
+      // Sized for the most workers and prefetch "auto" may choose.
+      const { maxWorkers: w, maxPrefetch: p } = counts;
+      this.#staging = staging(dataset, o.order, w, w === 0 ? 0 : p, o.heldBatches);
+      if (typeof o.pinMemory === "function") {
+        const d = o.pinMemory(this.#staging.ring);
+        if (d && typeof d[Symbol.dispose] === "function") this.#pinned = d;
+      }
+    }
+  }
+
+  /** Samples per batch, or null without batching. */
+  get batchSize(): number | null {
+    return this.order.batchSize;
+  }
+
+  /** Whether the last partial batch is dropped. */
+  get dropLast(): boolean {
+    return this.order.dropLast;
+  }
+
+  /** The seed of every random draw. */
+  get seed(): number {
+    return this.order.seed;
+  }
+
+  /** The sampler (undefined when a batchSampler was given). */
+  get sampler(): Sampler | undefined {
+    return this.order.sampler;
+  }
+
+  /** The batch sampler. */
+  get batchSampler(): BatchSamplerLike {
+    return this.order.batchSampler;
+  }
+
+  /** Worker count (the next epoch's, when tuned: see {@linkcode DataLoaderOptions.numWorkers}). */
+  get numWorkers(): number {
+    return this.#counts.workers;
+  }
+
+  /** Batches in flight per worker (0 without workers). */
+  get prefetchFactor(): number {
+    return this.#counts.prefetch;
+  }
+
+  /** Whether numWorkers or prefetchFactor is tuned between epochs ("auto"). */
+  get autotune(): boolean {
+    return this.#counts.tuned;
+  }
+
   /** Batches per epoch (PyTorch's `len(loader)`). */
-  readonly length: number;
+  get length(): number {
+    return this.order.length;
+  }
+
   /** The staging ring (zero-copy path), or undefined on the generic path. */
-  readonly ring: StagingRing | undefined;
+  get ring(): StagingRing | undefined {
+    return this.#staging?.ring;
+  }
+
   /**
    * The per-sample augmentation this loader draws (zero-copy path), with defaults filled in
    * and frozen; undefined when it draws none. Each batch's `augment` field holds one record
@@ -546,9 +367,15 @@ export interface DataLoader<B = unknown> extends AsyncIterable<B>, AsyncDisposab
    * assert.ok(Object.isFrozen(loader.augment));
    * ```
    */
-  readonly augment: AugmentSpec | undefined;
+  get augment(): AugmentSpec | undefined {
+    return this.order.augment;
+  }
+
   /** The epoch the next iteration will load (0-based). */
-  readonly epoch: number;
+  get epoch(): number {
+    return this.order.epoch;
+  }
+
   /**
    * Sets the epoch the next iteration loads (to resume, or to mirror
    * `DistributedSampler.set_epoch`). Order is a pure function of (seed, epoch).
@@ -556,12 +383,15 @@ export interface DataLoader<B = unknown> extends AsyncIterable<B>, AsyncDisposab
    * @param epoch a non-negative integer
    * @throws {RangeError} for anything else
    */
-  setEpoch(epoch: number): void;
+  setEpoch(epoch: number): void {
+    this.order.setEpoch(epoch);
+  }
+
   /**
    * Zero-copy path: ring batches a consumer may keep unreleased without starving the loader
    * (the ring less the slots its loading needs: `heldBatches` with workers, one less without,
-   * at least 1); 0 on the generic path. A consumer that holds batches (see `autoRelease`) waits for one of
-   * them to go back before it asks for more than this.
+   * at least 1); 0 on the generic path. A consumer that holds batches (see `autoRelease`)
+   * waits for one of them to go back before it asks for more than this.
    *
    * @example What a consumer may hold
    * ```ts
@@ -582,517 +412,8 @@ export interface DataLoader<B = unknown> extends AsyncIterable<B>, AsyncDisposab
    * for (const b of held) b.release();
    * ```
    */
-  readonly maxHeldBatches: number;
-  /** The last finished epoch's stats (or undefined before the first one finishes). */
-  readonly stats: EpochStats | undefined;
-  /** Workers of this loader currently running. */
-  readonly workers: number;
-  /**
-   * Starts the next epoch. A second iterator stops the first, whose next `next()` then throws
-   * (iterate one epoch at a time; PyTorch resets its single iterator likewise).
-   *
-   * @returns an async iterator over the epoch's batches
-   * @throws {Error} when the loader was disposed
-   */
-  [Symbol.asyncIterator](): AsyncIterableIterator<B>;
-  /**
-   * One epoch as a ReadableStream; cancelling it stops the epoch like `break`.
-   *
-   * @returns a stream of the next epoch's batches
-   */
-  stream(): ReadableStream<B>;
-  /** @internal The loader's engine (tests reach its control block). */
-  _engine(epoch: number): Engine;
-  /** Stops every worker, frees the ring and unpins it. Idempotent; later use throws. */
-  dispose(): void;
-  /** Same as `dispose()`. */
-  [Symbol.dispose](): void;
-  /** Same as `dispose()`. */
-  [Symbol.asyncDispose](): Promise<void>;
-}
-
-/** The implementation of {@linkcode DataLoader} (see the interface for the documentation). */
-class DataLoaderImpl<B = unknown> implements DataLoader<B> {
-  // The public members are documented once, on the DataLoader interface above.
-  readonly dataset: Dataset;
-  readonly batchSize: number | null;
-  get numWorkers(): number {
-    return this.#workers;
-  }
-  get prefetchFactor(): number {
-    return this.#workers === 0 ? 0 : this.#prefetch;
-  }
-  get autotune(): boolean {
-    return this.#tuner !== undefined;
-  }
-  #workers = 0;
-  #prefetch = 2;
-  #tuner: Tuner | undefined;
-  #autoWorkers = false;
-  #autoPrefetch = false;
-  readonly persistentWorkers: boolean;
-  readonly inOrder: boolean;
-  readonly dropLast: boolean;
-  readonly timeout: number;
-  readonly watchdog: number;
-  readonly seed: number;
-  readonly zeroCopy: boolean;
-  readonly pinMemory: boolean;
-  readonly autoRelease: boolean;
-  #maxHeldBatches = 0;
-  readonly sampler: Sampler | undefined;
-  readonly batchSampler: BatchSamplerLike;
-  readonly history: EpochStats[] = [];
-
-  #ring: StagingRing | undefined;
-  #slotState: Uint8Array | undefined;
-  #resourceLimits!: WorkerResourceLimits;
-  #gather: GatherSpec | undefined;
-  #pinned: Disposable | undefined;
-  #engine: Engine | undefined;
-  #epoch = 0;
-  #active: EpochIterator<B> | undefined;
-  #disposed = false;
-  #collateFn: CollateFn<unknown, B> | undefined;
-  #collateMode: EngineConfig["collateMode"];
-  /** Zero-copy: record of each sample (a Subset), or undefined when sample i is record i. */
-  #recordMap: Int32Array | undefined;
-  /** Zero-copy: records the shared fields hold. */
-  #recordCount = 0;
-  #workerInit: ModuleRef | undefined;
-  #canPlanAhead: boolean;
-  #augment: AugmentSpec | undefined;
-
-  /**
-   * Creates it; see the class documentation.
-   *
-   * @param dataset a map-style dataset (`length`, `get`)
-   * @param options PyTorch's options in TypeScript casing, plus zeroCopy/augment/
-   *   autoRelease/heldBatches
-   * @throws {TypeError} / {RangeError} naming the option, for every invalid value or
-   *   combination PyTorch refuses (sampler with shuffle, batchSampler with batchSize/
-   *   shuffle/sampler/dropLast, prefetchFactor or persistentWorkers without workers, ...)
-   *   and for a dataset workers cannot rebuild
-   */
-  constructor(dataset: Dataset, options: DataLoaderOptions<B> = {}) {
-    if (
-      dataset === null || typeof dataset !== "object" || typeof dataset.get !== "function" ||
-      typeof dataset.length !== "number"
-    ) {
-      throw new TypeError(
-        "Cannot create DataLoader: dataset must have a numeric length and a get(index) method",
-      );
-    }
-    for (const key of Object.keys(options)) {
-      if (!OPTION_NAMES.has(key)) {
-        fail(
-          key,
-          `is unknown${didYouMean(key, OPTION_NAMES)}; options are ${[...OPTION_NAMES].join(", ")}`,
-          "type",
-        );
-      }
-    }
-    this.dataset = dataset;
-    const o = options;
-    const autoWorkers = o.numWorkers === "auto";
-    const autoPrefetch = o.prefetchFactor === "auto";
-    this.#autoWorkers = autoWorkers;
-    this.#autoPrefetch = autoPrefetch;
-    const cores = Math.max(1, navigator.hardwareConcurrency || 1);
-    // "auto": sized for the most it may choose, started at min(2, cores).
-    const numWorkers = autoWorkers ? cores : o.numWorkers ?? 0;
-    if (typeof numWorkers !== "number" || !Number.isInteger(numWorkers) || numWorkers < 0) {
-      fail(
-        "numWorkers",
-        `should be a non-negative integer or "auto", got ${JSON.stringify(o.numWorkers)}`,
-      );
-    }
-    this.#workers = numWorkers;
-    const timeout = o.timeout ?? 0;
-    if (typeof timeout !== "number" || !(timeout >= 0) || !Number.isFinite(timeout)) {
-      fail("timeout", `should be a non-negative number of seconds, got ${String(timeout)}`);
-    }
-    this.timeout = timeout;
-    const watchdog = o.watchdog ?? 10;
-    if (typeof watchdog !== "number" || !(watchdog >= 0) || !Number.isFinite(watchdog)) {
-      fail("watchdog", `should be a non-negative number of seconds, got ${String(watchdog)}`);
-    }
-    this.watchdog = watchdog;
-    if (o.prefetchFactor !== undefined) {
-      if (numWorkers === 0) {
-        fail(
-          "prefetchFactor",
-          "could only be specified with workers; let numWorkers > 0 to enable prefetching",
-        );
-      }
-      if (
-        !autoPrefetch && (!Number.isInteger(o.prefetchFactor) || (o.prefetchFactor as number) < 1)
-      ) {
-        fail(
-          "prefetchFactor",
-          `should be a positive integer or "auto", got ${JSON.stringify(o.prefetchFactor)}`,
-        );
-      }
-    }
-    this.#prefetch = autoPrefetch
-      ? MAX_AUTO_PREFETCH
-      : (o.prefetchFactor as number | undefined) ?? 2;
-    this.persistentWorkers = checkBool("persistentWorkers", o.persistentWorkers, false);
-    if (this.persistentWorkers && numWorkers === 0) {
-      fail("persistentWorkers", "requires numWorkers > 0");
-    }
-    const shuffle = checkBool("shuffle", o.shuffle, false);
-    this.dropLast = checkBool("dropLast", o.dropLast, false);
-    this.inOrder = checkBool("inOrder", o.inOrder, true);
-    this.autoRelease = checkBool("autoRelease", o.autoRelease, true);
-    if (o.seed !== undefined) {
-      if (!Number.isInteger(o.seed) || o.seed < 0 || o.seed > 2 ** 53 - 1) {
-        fail("seed", `should be an integer in [0, 2^53), got ${String(o.seed)}`);
-      }
-    }
-    this.seed = o.seed ?? randomSeed();
-    const heldBatches = o.heldBatches ?? 2;
-    if (!Number.isInteger(heldBatches) || heldBatches < 0) {
-      fail("heldBatches", `should be a non-negative integer, got ${String(heldBatches)}`);
-    }
-    const limits = o.workerResourceLimits ?? {};
-    if (typeof limits !== "object" || limits === null) {
-      fail("workerResourceLimits", "should be an object", "type");
-    }
-    checkKeys("workerResourceLimits", limits, LIMIT_KEYS);
-    for (const key of LIMIT_KEYS) {
-      const v = (limits as Record<string, unknown>)[key];
-      if (v !== undefined && (typeof v !== "number" || !Number.isInteger(v) || v < 1)) {
-        fail(`workerResourceLimits.${key}`, `should be a positive integer (MB), got ${String(v)}`);
-      }
-    }
-    this.#resourceLimits = {
-      ...limits,
-      maxOldGenerationSizeMb: limits.maxOldGenerationSizeMb ?? mainHeapLimitMb(),
-    };
-
-    // Batching: the same checks, in the same order, as torch.utils.data.DataLoader.
-    const batchSize = o.batchSize === undefined ? 1 : o.batchSize;
-    if (batchSize !== null && (!Number.isInteger(batchSize) || batchSize < 1)) {
-      fail("batchSize", `should be a positive integer or null, got ${String(batchSize)}`);
-    }
-    if (o.sampler !== undefined && shuffle) {
-      fail("sampler", "is mutually exclusive with shuffle", "type");
-    }
-    if (o.batchSampler !== undefined) {
-      if (batchSize !== 1 || shuffle || o.sampler !== undefined || this.dropLast) {
-        fail(
-          "batchSampler",
-          "is mutually exclusive with batchSize, shuffle, sampler, and dropLast",
-          "type",
-        );
-      }
-    } else if (batchSize === null && this.dropLast) {
-      fail(
-        "dropLast",
-        "is mutually exclusive with batchSize null (which disables batching)",
-        "type",
-      );
-    }
-
-    let canPlanAhead = true;
-    if (o.batchSampler !== undefined) {
-      this.batchSize = null;
-      this.sampler = undefined;
-      const bs = o.batchSampler;
-      if (typeof bs !== "object" || bs === null || typeof bs.length !== "number") {
-        fail(
-          "batchSampler",
-          "should have a numeric length and batches(epoch) or be iterable",
-          "type",
-        );
-      }
-      if (typeof (bs as BatchSamplerLike).batches === "function") {
-        this.batchSampler = bs as BatchSamplerLike;
-      } else if (Symbol.iterator in bs) {
-        canPlanAhead = false;
-        const it = bs as Iterable<Iterable<number>> & { length: number };
-        this.batchSampler = {
-          get length() {
-            return it.length;
-          },
-          batches: () => it,
-        };
-      } else {
-        fail("batchSampler", "should have batches(epoch) or be iterable", "type");
-      }
-    } else {
-      this.batchSize = batchSize;
-      let sampler: Sampler;
-      if (o.sampler !== undefined) {
-        const s = o.sampler;
-        if (typeof s !== "object" || s === null || typeof s.length !== "number") {
-          fail("sampler", "should have a numeric length and indices(epoch) or be iterable", "type");
-        }
-        if (typeof (s as Sampler).indices === "function") sampler = s as Sampler;
-        else if (Symbol.iterator in s) {
-          canPlanAhead = false;
-          const it = s as Iterable<number> & { length: number };
-          sampler = {
-            get length() {
-              return it.length;
-            },
-            indices: () => it,
-          };
-        } else fail("sampler", "should have indices(epoch) or be iterable", "type");
-      } else if (shuffle) {
-        sampler = new RandomSampler(dataset.length, { seed: this.seed });
-      } else {
-        sampler = new SequentialSampler(dataset.length);
-      }
-      this.sampler = sampler;
-      this.batchSampler = new BatchSampler(sampler, {
-        batchSize: batchSize ?? 1,
-        dropLast: this.dropLast,
-      });
-    }
-    this.#canPlanAhead = canPlanAhead;
-
-    // Path selection.
-    const shared = typeof dataset.sharedFields === "function";
-    if (o.collate !== undefined && typeof o.collate !== "function" && !isModuleRef(o.collate)) {
-      fail("collate", "should be a function or a {module, export} reference", "type");
-    }
-    if (o.zeroCopy === true) {
-      if (!shared) fail("zeroCopy", "needs a dataset with sharedFields()", "type");
-      if (o.collate !== undefined) fail("zeroCopy", "is mutually exclusive with collate", "type");
-      if (this.batchSize === null) {
-        fail(
-          "zeroCopy",
-          "needs batches (a batchSize, or a batchSampler of equal-size batches)",
-          "type",
-        );
-      }
-    }
-    this.zeroCopy = checkBool("zeroCopy", o.zeroCopy, shared && o.collate === undefined) &&
-      shared && o.collate === undefined && this.batchSize !== null;
-    if (o.augment !== undefined) {
-      if (!this.zeroCopy) {
-        fail(
-          "augment",
-          "needs the zero-copy path (a dataset with sharedFields(), no collate, batches)",
-          "type",
-        );
-      }
-      // Frozen: the public `augment` getter hands out this very object.
-      this.#augment = resolveAugment(o.augment, "create DataLoader");
-    }
-    if (o.workerInit !== undefined && !isModuleRef(o.workerInit)) {
-      fail(
-        "workerInit",
-        "should be a {module, export} reference: workers are separate isolates and cannot " +
-          "receive functions",
-        "type",
-      );
-    }
-    this.#workerInit = o.workerInit;
-    if (typeof o.collate === "function") {
-      this.#collateFn = o.collate;
-      this.#collateMode = "main";
-    } else if (o.collate !== undefined) {
-      this.#collateMode = o.collate;
-    } else {
-      this.#collateMode = this.batchSize === null && o.batchSampler === undefined
-        ? "none"
-        : "default";
-    }
-    if (!this.zeroCopy && numWorkers > 0 && typeof dataset.workerSpec !== "function") {
-      fail(
-        "numWorkers",
-        `${autoWorkers ? '"auto"' : numWorkers} needs a dataset that workers can rebuild: ` +
-          "implement workerSpec() " +
-          `returning { module: import.meta.url, export: "MyDataset.fromState", state } ` +
-          "(state structured-clonable; SharedArrayBuffers are shared) or sharedFields() for " +
-          "the zero-copy path, or use numWorkers: 0",
-        "type",
-      );
-    }
-
-    const pin = o.pinMemory ?? false;
-    if (typeof pin !== "boolean" && typeof pin !== "function") {
-      fail("pinMemory", "should be a boolean or a function (ring) => Disposable", "type");
-    }
-    this.pinMemory = pin !== false;
-
-    if (this.zeroCopy) {
-      const fields = dataset.sharedFields!();
-      const records = dataset.records?.();
-      if (records !== undefined) {
-        if (!(records.indices instanceof Int32Array) || records.indices.length !== dataset.length) {
-          throw new TypeError(
-            `Cannot create DataLoader: dataset.records() should map each of the ${dataset.length} ` +
-              "samples to a record (an Int32Array of that length)",
-          );
-        }
-        for (const r of records.indices) {
-          if (!(r >= 0 && r < records.count)) {
-            throw new RangeError(
-              `Cannot create DataLoader: dataset.records() maps a sample to record ${r}, ` +
-                `outside the ${records.count} records of its shared fields`,
-            );
-          }
-        }
-      }
-      this.#recordMap = records?.indices;
-      this.#recordCount = records?.count ?? dataset.length;
-      this.#setupRing(fields, heldBatches);
-      if (typeof pin === "function") {
-        const d = pin(this.#ring!);
-        if (d && typeof d[Symbol.dispose] === "function") this.#pinned = d;
-      }
-    }
-    this.#startTuner();
-  }
-
-  /** numWorkers / prefetchFactor "auto": sized for the most, started lower. */
-  #startTuner(): void {
-    if (this.#autoWorkers || this.#autoPrefetch) {
-      // The ring holds the most "auto" may use; start lower and let the tuner climb.
-      const min = this.persistentWorkers ? 1 : 0, max = this.#workers;
-      this.#tuner = new Tuner(
-        this.#autoWorkers
-          ? { min, max: this.#workers }
-          : { min: this.#workers, max: this.#workers },
-        this.#autoPrefetch
-          ? { min: 2, max: MAX_AUTO_PREFETCH }
-          : { min: this.#prefetch, max: this.#prefetch },
-      );
-      this.#workers = this.#autoWorkers ? Math.max(min, Math.min(2, max)) : this.#workers;
-      this.#prefetch = this.#autoPrefetch ? 2 : this.#prefetch;
-    }
-  }
-
-  #setupRing(fields: readonly SharedField[], heldBatches: number): void {
-    for (const f of fields) {
-      if (f.name === "indices" || f.name === "augment") {
-        throw new RangeError(
-          `Cannot create DataLoader: dataset field name "${f.name}" is reserved for the ring`,
-        );
-      }
-      if (!(f.buffer instanceof SharedArrayBuffer)) {
-        throw new TypeError(
-          `Cannot create DataLoader: shared field "${f.name}" is not in a SharedArrayBuffer ` +
-            "(allocate it with sharedArray())",
-        );
-      }
-      const need = (f.byteOffset ?? 0) + this.#recordCount * recordBytes(f);
-      if (need > f.buffer.byteLength) {
-        throw new RangeError(
-          `Cannot create DataLoader: shared field "${f.name}" needs ${need} bytes for ` +
-            `${this.#recordCount} ${this.#recordMap ? "records" : "samples"}, its buffer has ` +
-            `${f.buffer.byteLength}`,
-        );
-      }
-    }
-    const ringFields = [
-      ...fields.map((f) => ({ name: f.name, dtype: f.dtype, shape: f.shape })),
-      { name: "indices", dtype: "i32" as const, shape: [] },
-      ...(this.#augment
-        ? [{ name: "augment", dtype: "i32" as const, shape: [AUGMENT_RECORD_LENGTH] }]
-        : []),
-    ];
-    let maxBatch = this.batchSize ?? 0;
-    if (this.batchSize !== null && this.sampler !== undefined) {
-      // A batch never holds more indices than an epoch has: batchSize 1e6 on 10 samples
-      // needs slots of 10 records, not of a million (a sampler that yields more than its
-      // length is refused when the epoch is planned).
-      maxBatch = Math.min(maxBatch, Math.max(1, this.sampler.length));
-    }
-    if (this.batchSize === null) {
-      // A batchSampler: size slots for its largest batch of epoch 0.
-      let k = 0;
-      for (const b of this.batchSampler.batches(0)) {
-        maxBatch = Math.max(maxBatch, toIndices(b, 0, Infinity, k++).length);
-      }
-    }
-    // In flight + held by the consumer + one per worker: a worker takes its next slot before
-    // it takes its next task, so an idle worker holds one.
-    const slots = this.prefetchFactor * Math.max(1, this.numWorkers) + Math.max(1, heldBatches) +
-      this.numWorkers;
-    let ring: StagingRing;
-    try {
-      ring = new StagingRing(ringFields, Math.max(1, maxBatch), slots);
-    } catch (e) {
-      const perSample = ringFields.reduce((n, f) => n + recordBytes(f), 0);
-      throw new RangeError(
-        `Cannot create DataLoader: the staging ring needs about ${
-          ((slots * Math.max(1, maxBatch) * perSample) / 2 ** 20).toFixed(0)
-        } MiB (${slots} slots of ${maxBatch} samples of ${perSample} bytes) and could not be ` +
-          `allocated (${(e as Error)?.message ?? e}); lower batchSize, prefetchFactor, ` +
-          "numWorkers or heldBatches",
-      );
-    }
-    // Loading needs a free slot per batch in flight and per idle worker (one without workers).
-    this.#maxHeldBatches = Math.max(
-      1,
-      slots - Math.max(1, this.prefetchFactor * this.numWorkers + this.numWorkers),
-    );
-    this.#ring = ring;
-    this.#slotState = new Uint8Array(slots);
-    this.#gather = {
-      ring: ring.buffer,
-      ringMemory: ring.memory,
-      slotBytes: ring.slotBytes,
-      sources: fields.map((f) => {
-        const rf = ring.field(f.name);
-        return {
-          buffer: f.buffer,
-          memory: memoryOf(f.buffer),
-          byteOffset: f.byteOffset ?? 0,
-          recordBytes: rf.sampleBytes,
-          slotFieldOffset: rf.byteOffset,
-        };
-      }),
-      indicesOffset: ring.field("indices").byteOffset,
-      augmentOffset: this.#augment ? ring.field("augment").byteOffset : -1,
-      augment: { ...(this.#augment ?? AUGMENT_OFF) },
-      length: this.#recordCount,
-      seed: this.seed,
-    };
-  }
-
-  /** Batches per epoch (PyTorch's `len(loader)`). */
-  get length(): number {
-    return this.batchSampler.length;
-  }
-
-  /** The staging ring (zero-copy path), or undefined on the generic path. */
-  get ring(): StagingRing | undefined {
-    return this.#ring;
-  }
-
-  /** See {@linkcode DataLoader.augment}. */
-  get augment(): AugmentSpec | undefined {
-    return this.#augment;
-  }
-
-  /** The epoch the next iteration will load (0-based). */
-  get epoch(): number {
-    return this.#epoch;
-  }
-
-  /**
-   * Sets the epoch the next iteration loads (to resume, or to mirror
-   * `DistributedSampler.set_epoch`). Order is a pure function of (seed, epoch).
-   *
-   * @param epoch a non-negative integer
-   * @throws {RangeError} for anything else
-   */
-  setEpoch(epoch: number): void {
-    if (!Number.isInteger(epoch) || epoch < 0) {
-      throw new RangeError(`Cannot set epoch: expected a non-negative integer, got ${epoch}`);
-    }
-    this.#epoch = epoch;
-  }
-
-  /** See {@linkcode DataLoader.maxHeldBatches}. */
   get maxHeldBatches(): number {
-    return this.#maxHeldBatches;
+    return this.#staging?.maxHeldBatches ?? 0;
   }
 
   /** The last finished epoch's stats (or undefined before the first one finishes). */
@@ -1119,13 +440,16 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
    */
   [Symbol.asyncIterator](): AsyncIterableIterator<B> {
     if (this.#disposed) throw new Error("Cannot iterate: the DataLoader was disposed");
-    // PyTorch's `sampler.set_epoch(e)` before each epoch (or once, to resume) picks the epoch.
-    const source = this.sampler ?? (this.batchSampler as { sampler?: unknown }).sampler;
-    const set = source instanceof DistributedSampler ? source._takeSetEpoch() : undefined;
-    if (set !== undefined) this.#epoch = set;
-    const epoch = this.#epoch++;
+    const epoch = this.order.nextEpoch();
     this.#active?.stop(epoch);
-    const it = new EpochIterator<B>(this, epoch);
+    const it = new EpochIterator<B>(epoch, {
+      numWorkers: this.numWorkers,
+      prefetchFactor: this.prefetchFactor,
+      autoRelease: this.autoRelease,
+      engine: () => this._engine(epoch),
+      wrap: (r) => this.#wrap(r),
+      finish: (it, plan, stats) => this.#finish(it, plan, stats),
+    });
     this.#active = it;
     return it;
   }
@@ -1153,7 +477,10 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
     }, { highWaterMark: 0 });
   }
 
-  /** @internal */
+  /**
+   * @internal The loader's engine, started for `epoch` unless one runs (tests reach its
+   * control block).
+   */
   _engine(epoch: number): Engine {
     if (this.#engine && !this.#engine.closed && !this.#engine.failure) return this.#engine;
     this.#engine = new Engine({
@@ -1165,79 +492,61 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
       timeout: this.timeout,
       watchdog: this.watchdog,
       seed: this.seed,
-      plan: (epoch) => {
-        const batches = Array.from(
-          this.batchSampler.batches(epoch),
-          (b, k) => toIndices(b, epoch, Infinity, k),
-        );
-        const map = this.#recordMap;
-        if (map === undefined) return batches;
-        // Sample -> record; an index outside the dataset becomes -1, which the gather
-        // reports as out of range.
-        return batches.map((b) => b.map((i) => (i >= 0 && i < map.length ? map[i] : -1)));
-      },
-      canPlanAhead: this.#canPlanAhead,
+      order: this.order,
+      recordMap: this.#staging?.recordMap,
       persistent: this.persistentWorkers,
-      ring: this.#ring,
-      gather: this.#gather,
-      slotState: this.#slotState,
+      ring: this.#staging?.ring,
+      gather: this.#staging?.gather,
+      slotState: this.#staging?.slotState,
       collateMode: this.#collateMode,
       unbatched: this.batchSize === null && this.sampler !== undefined,
       workerSpec: this.zeroCopy ? undefined : this.dataset.workerSpec?.(),
       workerInit: this.#workerInit,
       resourceLimits: this.#resourceLimits,
-      onWait: (s, d) => this.#active?._onWait(s, d),
+      onWait: (s, d) => this.#active?.onWait(s, d),
     });
     return this.#engine;
   }
 
-  /** @internal Called when an epoch ends, early or not. */
-  _finish(it: EpochIterator<B>, plan: EpochPlan | undefined, complete: boolean): void {
+  /** An epoch ended, early or not (`stats` when it finished). */
+  #finish(it: EpochIterator<B>, plan: EpochPlan | undefined, stats: EpochStats | undefined) {
+    if (stats !== undefined) this.history.push(stats);
     if (this.#active === it) this.#active = undefined;
     const engine = this.#engine;
-    if (complete && this.#tuner !== undefined && this.stats !== undefined) {
-      const next = this.#tuner.next(this.stats);
-      if (next.workers !== this.#workers || next.prefetch !== this.#prefetch) {
-        // The next epoch starts an engine with the new counts (the sample order does not
-        // depend on them).
-        this.#workers = next.workers;
-        this.#prefetch = next.prefetch;
-        if (engine) {
-          engine.close();
-          this.#engine = undefined;
-        }
-        return;
-      }
+    // New counts start a new engine next epoch (the sample order does not depend on them).
+    if ((stats !== undefined && this.#counts.next(stats)) || engine?.failure) {
+      engine?.close();
+      this.#engine = undefined;
+      return;
     }
     if (!engine) return;
     // Without workers the engine holds no thread: keep it (and its compiled gather).
-    if ((!this.persistentWorkers && this.numWorkers > 0) || engine.failure) {
+    if (!this.persistentWorkers && this.numWorkers > 0) {
       engine.close();
       this.#engine = undefined;
-    } else if (plan && !complete) {
+    } else if (plan && stats === undefined) {
       engine.abandon(plan);
     }
   }
 
-  /** @internal */
-  _wrap(r: Result): B {
+  #wrap(r: Result): B {
     if (r.kind === "slot") {
-      this.#slotState![r.slot] = SLOT_CONSUMER;
-      return new RingBatch(this.#ring!, r.slot, r.epoch, r.batch, r.size, (b) => {
+      const staged = this.#staging!;
+      staged.slotState[r.slot] = SLOT_CONSUMER;
+      return new RingBatch(staged.ring, r.slot, r.epoch, r.batch, r.size, (b) => {
         if (this.#disposed) return;
-        this.#slotState![b.slot] = SLOT_FREE;
+        staged.slotState[b.slot] = SLOT_FREE;
         this.#engine?.pump();
       }) as B;
     }
     if (r.kind === "error") throw r.error;
-    let value = r.value;
-    if (this.#collateMode === "main" || this.#collateMode === "none") {
-      const samples = value as unknown[];
-      if (this.batchSize === null && this.sampler !== undefined) {
-        value = this.#collateFn ? (this.#collateFn as (s: unknown) => B)(samples[0]) : samples[0];
-      } else if (this.#collateFn) value = this.#collateFn(samples);
+    const collate = this.#collateFn;
+    if (this.#collateMode !== "main" && this.#collateMode !== "none") return r.value as B;
+    const samples = r.value as unknown[];
+    if (this.batchSize === null && this.sampler !== undefined) {
+      return (collate ? (collate as (s: unknown) => unknown)(samples[0]) : samples[0]) as B;
     }
-    return value as B;
+    return (collate ? collate(samples) : samples) as B;
   }
 
   /** Stops every worker, frees the ring and unpins it. Idempotent; later use throws. */
@@ -1249,7 +558,7 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
     this.#disposed = true;
     this.#pinned?.[Symbol.dispose]();
     this.#pinned = undefined;
-    this.#slotState?.fill(SLOT_FREE);
+    this.#staging?.slotState.fill(SLOT_FREE);
   }
 
   /** Same as `dispose()`. */
@@ -1264,9 +573,22 @@ class DataLoaderImpl<B = unknown> implements DataLoader<B> {
   }
 }
 
+/** What an epoch's iterator needs of its loader. */
+interface EpochHost<B> {
+  readonly numWorkers: number;
+  readonly prefetchFactor: number;
+  readonly autoRelease: boolean;
+  /** The engine to load the epoch with. */
+  engine(): Engine;
+  /** A result as the batch the consumer gets. */
+  wrap(r: Result): B;
+  /** The epoch ended: with its stats when it finished, without when it stopped early. */
+  finish(it: EpochIterator<B>, plan: EpochPlan | undefined, stats: EpochStats | undefined): void;
+}
+
 /** One epoch of a DataLoader. */
 class EpochIterator<B> implements AsyncIterableIterator<B> {
-  #loader: DataLoaderImpl<B>;
+  #loader: EpochHost<B>;
   #epoch: number;
   #plan: EpochPlan | undefined;
   #engine: Engine | undefined;
@@ -1280,7 +602,7 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
   #requests = 0;
   #busy0 = 0;
 
-  constructor(loader: DataLoaderImpl<B>, epoch: number) {
+  constructor(epoch: number, loader: EpochHost<B>) {
     this.#loader = loader;
     this.#epoch = epoch;
     this.#stats = {
@@ -1299,7 +621,8 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
     };
   }
 
-  _onWait(seconds: number, depth: number): void {
+  /** The consumer waited `seconds` for a batch and found `depth` ready. */
+  onWait(seconds: number, depth: number): void {
     if (this.#stats.batches === 0) this.#stats.firstBatchSeconds = seconds;
     this.#stats.waitSeconds += seconds;
     this.#depthSum += depth;
@@ -1336,7 +659,7 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
     try {
       if (!this.#plan) {
         this.#t0 = performance.now();
-        this.#engine = this.#loader._engine(this.#epoch);
+        this.#engine = this.#loader.engine();
         this.#busy0 = this.#engine.busyMs;
         this.#plan = this.#engine.startEpoch(this.#epoch);
       }
@@ -1347,7 +670,7 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
         this.#end(true);
         return { done: true, value: undefined };
       }
-      const value = this.#loader._wrap(r);
+      const value = this.#loader.wrap(r);
       this.#stats.batches++;
       this.#stats.samples += r.size;
       this.#last = value;
@@ -1368,8 +691,7 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
     s.samplesPerSecond = s.seconds > 0 ? s.samples / s.seconds : 0;
     s.meanQueueDepth = this.#requests > 0 ? this.#depthSum / this.#requests : 0;
     if (this.#engine) s.workerBusySeconds = (this.#engine.busyMs - this.#busy0) / 1000;
-    if (complete) this.#loader.history.push(s);
-    this.#loader._finish(this, this.#plan, complete);
+    this.#loader.finish(this, this.#plan, complete ? s : undefined);
   }
 
   /**
@@ -1392,10 +714,17 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
 }
 
 /**
- * Iterates a dataset in batches, like `torch.utils.data.DataLoader`; see the
- * {@linkcode DataLoader} interface, and {@linkcode DataLoaderConstructor} for how the batch
- * type is inferred. A value and a type of one name, as `Array` and `Map` are in TypeScript's
- * own declarations: a class cannot give its constructor type parameters of its own, which
- * inferring the batch type from the dataset needs.
+ * Iterates a dataset in batches, like `torch.utils.data.DataLoader`: the class
+ * {@linkcode DataLoaderImpl} through the constructor signatures of
+ * {@linkcode DataLoaderConstructor}, which infer the batch type from the dataset and the
+ * options.
  */
-export const DataLoader: DataLoaderConstructor = DataLoaderImpl as unknown as DataLoaderConstructor;
+export const DataLoader = DataLoaderImpl as DataLoaderConstructor;
+
+/**
+ * A DataLoader whose batches are of type `B` (the instances of {@linkcode DataLoader}; see
+ * {@linkcode DataLoaderImpl} for their members).
+ *
+ * @typeParam B the batch type: `RingBatch` on the zero-copy path, the collated value else
+ */
+export type DataLoader<B = unknown> = DataLoaderImpl<B>;

@@ -9,11 +9,13 @@ export {
   type BatchOf,
   DataLoader,
   type DataLoaderConstructor,
+  DataLoaderImpl,
   type DataLoaderOptions,
   type EpochStats,
   type ModuleRef,
   WorkerError,
 } from "./data_loader.ts";
+export { EpochOrder, type EpochOrderOptions } from "./order.ts";
 export {
   BatchSampler,
   type BatchSamplerLike,

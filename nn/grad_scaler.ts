@@ -15,7 +15,7 @@
 import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
-import * as ops from "./ops.ts";
+import * as ops from "../ops/mod.ts";
 import type { SGD } from "./optim.ts";
 import type { Module } from "./module.ts";
 

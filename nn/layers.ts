@@ -1,8 +1,4 @@
 /**
- * (About 740 lines: seven layers, each a forward, a hand-written backward, its state-dict keys
- * and a documented, runnable example; they share the precision checks and the workspace
- * rules of {@linkcode Module}, which one file keeps uniform.)
- *
  * Layers with hand-written backward passes: Linear, Conv2d, BatchNorm2d, ReLU, MaxPool2d,
  * Flatten and Sequential.
  *
@@ -20,7 +16,7 @@
 
 import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Tensor } from "../ffi/tensor.ts";
-import * as ops from "./ops.ts";
+import * as ops from "../ops/mod.ts";
 import { kaimingUniform, uniform, Xoshiro128 } from "./init.ts";
 import { type BackwardOptions, type ExtraStateLoad, Module } from "./module.ts";
 import { BufferTensor, Parameter } from "./parameter.ts";

@@ -8,7 +8,7 @@
 
 import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
-import * as ops from "./ops.ts";
+import * as ops from "../ops/mod.ts";
 import type { GradScaler } from "./grad_scaler.ts";
 
 /** What {@linkcode CrossEntropyLoss.read} returns. */
@@ -122,6 +122,46 @@ export class CrossEntropyLoss {
     this.#checkShapes(logits, labels);
     ops.crossEntropyForward(logits, labels, { lossSum, correct });
     this.#samples += logits.shape[0];
+  }
+
+  /**
+   * Samples counted since the last reset.
+   *
+   * @example
+   * ```ts
+   * import { CrossEntropyLoss, Device } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using device = Device.open("cpu");
+   * using loss = new CrossEntropyLoss(device);
+   * assert.strictEqual(loss.samplesCounted, 0);
+   * ```
+   */
+  get samplesCounted(): number {
+    return this.#samples;
+  }
+
+  /**
+   * Counts samples whose loss was added on the device without a call of this object: a
+   * replayed recording of {@linkcode CrossEntropyLoss.forwardBackward} (a CUDA graph) adds to
+   * the device accumulators, and the host's count must follow.
+   *
+   * @param n Samples (negative to take back a count whose work never ran).
+   * @throws {RangeError} When `n` is not an integer or would make the count negative.
+   * @example
+   * ```ts
+   * import { CrossEntropyLoss, Device } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using device = Device.open("cpu");
+   * using loss = new CrossEntropyLoss(device);
+   * loss.countSamples(4);
+   * assert.strictEqual(loss.samplesCounted, 4);
+   * ```
+   */
+  countSamples(n: number): void {
+    if (!Number.isSafeInteger(n) || this.#samples + n < 0) {
+      throw new RangeError(`Cannot count ${n} samples: ${this.#samples} counted`);
+    }
+    this.#samples += n;
   }
 
   /**

@@ -12,7 +12,7 @@
 
 import { refuseUnknownKeys } from "../internal/options.ts";
 import { Tensor } from "../ffi/tensor.ts";
-import * as ops from "./ops.ts";
+import * as ops from "../ops/mod.ts";
 import type { Parameter } from "./parameter.ts";
 
 /** Options of {@linkcode SGD} (PyTorch's names and defaults). */
@@ -87,6 +87,10 @@ export class SGD {
   weightDecay: number;
   #buffers: (Tensor | null)[] = [];
   #stepsDone: Tensor | null = null;
+  // lr and momentum as the step kernels read them, on the device: a scheduler's new values
+  // reach a recorded (graph) step without changing its launches.
+  #hyper: Tensor | null = null;
+  #hyperSent: [number, number] = [NaN, NaN];
   #disposed = false;
 
   /**
@@ -127,6 +131,46 @@ export class SGD {
       throw new TypeError("Cannot create SGD: every parameter must be on the same device");
     }
     this.#stepsDone = Tensor.fromHost(device, new Int32Array([0]), [1]);
+    this.#hyper = Tensor.empty(device, [2], "f32");
+  }
+
+  /**
+   * Writes {@linkcode SGD.lr} and {@linkcode SGD.momentum} to the device scalars the update
+   * kernels read, when they changed since the last write (two one-element fills on the current
+   * stream). {@linkcode SGD.step} calls it; a caller that replays a recorded step calls it
+   * before each replay.
+   *
+   * @throws {TypeError} When disposed.
+   * @example
+   * ```ts
+   * import { Device } from "@pinstream/pinstream";
+   * import { Parameter, SGD } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using device = Device.open("cpu");
+   * const p = new Parameter(new Float32Array([1]), [1], { gradDtype: "f32" }).to(device);
+   * using opt = new SGD([p], { lr: 0.5 });
+   * opt.lr = 0.25;
+   * opt.syncHyperParameters();
+   * assert.strictEqual(opt.hyperParameters.numel, 2);
+   * assert.deepStrictEqual([...await opt.hyperParameters.toHost()], [0.25, 0]);
+   * p.dispose();
+   * ```
+   */
+  syncHyperParameters(): void {
+    const hyper = this.hyperParameters;
+    const values = [this.lr, this.momentum];
+    for (let i = 0; i < 2; i++) {
+      if (Object.is(values[i], this.#hyperSent[i])) continue;
+      // Rounded to f32 as a kernel argument would be.
+      ops.fillInPlace(hyper, values[i], { start: i, count: 1 });
+      this.#hyperSent[i] = values[i];
+    }
+  }
+
+  /** The device f32 [2] scalars lr and momentum the update kernels read. */
+  get hyperParameters(): Tensor {
+    if (this.#disposed || !this.#hyper) throw new TypeError("Cannot use SGD: disposed");
+    return this.#hyper;
   }
 
   #buffer(i: number): Tensor {
@@ -170,6 +214,8 @@ export class SGD {
   step(options: SGDStepOptions = {}): void {
     refuseUnknownKeys(options ?? {}, ["scale", "foundInf"], "take an SGD step");
     const stepsDone = this.stepsDone;
+    this.syncHyperParameters();
+    const hyper = this.hyperParameters;
     for (let i = 0; i < this.params.length; i++) {
       const p = this.params[i];
       ops.sgdStep(p.master, p.grad, {
@@ -183,6 +229,7 @@ export class SGD {
         scale: options.scale ?? null,
         foundInf: options.foundInf ?? null,
         stepsDone,
+        hyper,
       });
     }
     ops.stepCount(stepsDone, options.foundInf ?? null);
@@ -306,6 +353,8 @@ export class SGD {
     this.#buffers = [];
     this.#stepsDone?.dispose();
     this.#stepsDone = null;
+    this.#hyper?.dispose();
+    this.#hyper = null;
     this.#disposed = true;
   }
 

@@ -10,7 +10,7 @@
 import type { Device } from "../ffi/device.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
-import * as ops from "./ops.ts";
+import * as ops from "../ops/mod.ts";
 /**
  * A model's precision, chosen by {@linkcode Module.to}: `"fp16"` computes in fp16 with fp32
  * accumulation and fp32 master weights (mixed precision), `"fp32"` computes in fp32.

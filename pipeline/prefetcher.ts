@@ -1,7 +1,7 @@
 /**
- * (About 1,250 lines, more than half of it the documentation of the lifetimes below and of the
- * options: the DevicePrefetcher and its EpochRun share one slot protocol, and splitting them
- * would make its rules harder to check, not easier.)
+ * Over 800 lines, more than half of it the documentation of the lifetimes below and of the
+ * options, because the DevicePrefetcher and its EpochRun share one slot protocol, and
+ * splitting them would make its rules harder to check, not easier.
  *
  * Host batches to device batches: the loader's staging ring pinned in place, one
  * host-to-device copy per batch on a dedicated copy stream, an event handing each batch to
@@ -40,7 +40,7 @@ import type { DataLoader } from "../loader/data_loader.ts";
 import { RingBatch, type RingField, type StagingRing } from "../loader/ring.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
 import { range } from "../internal/trace.ts";
-import { imageAugment, imageLabelsI32 } from "./image_ops.ts";
+import { imageAugment, imageLabelsI32 } from "../ops/image.ts";
 import { augmentHost } from "../augment/host.ts";
 import {
   type ImageDtype,

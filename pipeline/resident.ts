@@ -6,8 +6,8 @@
  *
  * {@linkcode DeviceDataset.loader} gives the same batches, bit for bit, as a DataLoader with the
  * same `seed`, `shuffle`, `dropLast` and `augment` feeding a {@linkcode DevicePrefetcher} with
- * the same normalization: the order and the crop/flip draws come from the same sampler and
- * generator (a DataLoader over the indices alone), and the same augment kernel runs. So the
+ * the same normalization: the order and the crop/flip draws come from the same
+ * {@linkcode EpochOrder}, and the same augment kernel runs. So the
  * doctor, or you, can swap one for the other and compare.
  *
  * @example
@@ -38,13 +38,11 @@ import { range } from "../internal/trace.ts";
 import type { Stream } from "../ffi/stream.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
-import { DataLoader } from "../loader/data_loader.ts";
 import { type Dataset, recordBytes, type SharedField } from "../loader/dataset.ts";
+import { EpochOrder } from "../loader/order.ts";
+import { DistributedSampler } from "../loader/sampler.ts";
 import type { AugmentOptions } from "../augment/options.ts";
-import { AUGMENT_RECORD_LENGTH, sampleKey, writeAugmentRecords } from "../augment/record.ts";
-import type { RingBatch } from "../loader/ring.ts";
-import { DistributedSampler, toIndices } from "../loader/sampler.ts";
-import { TensorDataset } from "../loader/datasets/tensor.ts";
+import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
 import {
   type ImageDtype,
   type ImageLayout,
@@ -52,7 +50,8 @@ import {
   type NormalizeAffine,
   normalizeAffine,
 } from "../augment/image.ts";
-import { gatherRows, imageAugment, imageLabelsI32 } from "./image_ops.ts";
+import { gatherRows } from "../ops/gather.ts";
+import { imageAugment, imageLabelsI32 } from "../ops/image.ts";
 import type { DeviceBatch } from "./prefetcher.ts";
 
 /** Options of a {@linkcode DeviceDataset}. */
@@ -75,10 +74,7 @@ export interface DeviceLoaderOptions {
   seed?: number;
   /** Drop the last short batch (default false). */
   dropLast?: boolean;
-  /**
-   * Crop padding, flips, cutout and colour jitter, drawn per sample as the DataLoader draws
-   * them (and validated by it).
-   */
+  /** Crop padding, flips, cutout and colour jitter, drawn per sample as the DataLoader draws them. */
   augment?: AugmentOptions;
   /** Per-channel mean, in [0, 1] units (default 0). */
   mean?: ArrayLike<number>;
@@ -274,14 +270,11 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
   readonly dataset: DeviceDataset;
   /** The output element type. */
   readonly dtype: ImageDtype;
-  readonly #order: DataLoader<RingBatch>;
+  readonly #order: EpochOrder;
   readonly #affine: NormalizeAffine;
-  readonly #padding: number;
   readonly #stream: Stream | undefined;
   readonly #batchSize: number;
-  readonly #dropLast: boolean;
-  /** Samples in one epoch's order: the dataset's, or this rank's share. */
-  readonly #positions: number;
+  readonly #batchCap: number;
   /** Batches whose augment records go up at once (a chunk). */
   readonly #perChunk: number;
   #buffers:
@@ -326,55 +319,40 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
         `Cannot ${action}: mean and std have ${this.#affine.scale.length} channels, the images ${c}`,
       );
     }
-    this.#padding = options.augment?.padding ?? 0;
     this.#stream = options.stream;
     if (this.#stream !== undefined && this.#stream.device !== dataset.device) {
       throw new TypeError(`Cannot ${action}: the stream belongs to another device`);
     }
+    // The streamed path's order and draws for the same seed, shuffle, dropLast and augment.
+    const { shuffle, seed, dropLast, augment } = options;
     const batchSize = options.batchSize ?? 1;
-    if (!Number.isInteger(batchSize) || batchSize < 1) {
-      throw new RangeError(
-        `Cannot ${action}: batchSize should be a positive integer, got ${String(batchSize)}`,
-      );
-    }
-    this.#batchSize = batchSize;
-    this.#dropLast = options.dropLast ?? false;
-    // The order and the draws are a DataLoader's over the indices alone (one byte a sample),
-    // so the batches are the streamed path's for the same seed, shuffle and augment: it
-    // validates the options and holds the seed, the epoch and the sampler, and the iterator
-    // draws each sample's record with the function its workers use. It is never iterated:
-    // its batch machinery cost about a fifth of a resident CIFAR batch's time on the CPU
-    // backend, in bursts of a chunk that also let the kernel's helper threads fall asleep.
-    // The records are uploaded a chunk of whole batches at a time.
-    this.#perChunk = Math.max(1, Math.floor(CHUNK_SAMPLES / batchSize));
-    const n = dataset.length;
-    const index = new Uint8Array(new SharedArrayBuffer(Math.max(1, n)));
     const worldSize = options.worldSize ?? 1, rank = options.rank ?? 0;
     // A sharded order: the seed must be the same on every rank, so it is never random here.
-    const sampler = worldSize === 1 && rank === 0 ? undefined : new DistributedSampler(n, {
-      worldSize,
-      rank,
-      shuffle: options.shuffle ?? false,
-      seed: options.seed ?? 0,
-    });
-    this.#positions = sampler?.length ?? n;
-    this.#order = new DataLoader<RingBatch>(
-      new TensorDataset({ index: { data: index.subarray(0, n), shape: [] } }),
-      {
-        batchSize,
-        ...(sampler ? { sampler } : { shuffle: options.shuffle ?? false }),
-        seed: options.seed ?? (sampler ? 0 : undefined),
-        dropLast: false,
-        augment: options.augment,
-        numWorkers: 0,
-      },
+    const order = worldSize === 1 && rank === 0 ? { shuffle, seed } : {
+      sampler: new DistributedSampler(dataset.length, {
+        worldSize,
+        rank,
+        shuffle: shuffle ?? false,
+        seed: seed ?? 0,
+      }),
+      seed: seed ?? 0,
+    };
+    this.#order = new EpochOrder(
+      dataset.length,
+      { batchSize, ...order, dropLast, augment },
+      action,
     );
+    this.#batchSize = batchSize;
+    // Buffers hold what a batch can hold, not what batchSize asks: no batch has more samples
+    // than the set (batchSize 1e8 on 10 samples allocated gigabytes).
+    this.#batchCap = Math.max(1, Math.min(batchSize, dataset.length));
+    // The records are uploaded a chunk of whole batches at a time.
+    this.#perChunk = Math.max(1, Math.floor(CHUNK_SAMPLES / this.#batchCap));
   }
 
-  /** Batches per epoch (of this rank's share, when sharded). */
+  /** Batches per epoch. */
   get length(): number {
-    const n = this.#positions, b = this.#batchSize;
-    return this.#dropLast ? Math.floor(n / b) : Math.ceil(n / b);
+    return this.#order.length;
   }
 
   /** The epoch the next `for await` runs. */
@@ -402,32 +380,23 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     const ds = this.dataset, dev = ds.device, src = ds._source();
     const bufs = this.#buffersFor(src.labelBytes);
     const stream = this.#stream;
-    // n positions in this rank's order, over the dataset's rows.
-    const order = this.#order, b = this.#batchSize, n = this.#positions, rows = ds.length;
-    // As a DataLoader's iteration: take the next epoch (setEpoch picks it), its sampler's order
-    // and, per sample, the records its workers would draw (the same function of seed, epoch and
-    // position). The whole order goes up at once; the records a chunk at a time, the next
-    // chunk's drawn a batch's worth per batch, so no batch waits for a chunk's worth of draws.
-    const epoch = order.epoch;
-    order.setEpoch(epoch + 1);
-    if (n > 0) {
-      bufs.idx.copyFrom(toIndices(order.sampler!.indices(epoch), epoch, b), { stream });
-    }
-    const spec = order.augment, k0 = sampleKey(order.seed, epoch);
-    const chunk = b * this.#perChunk, staged = bufs.staged;
+    const order = this.#order, b = this.#batchSize;
+    // The whole order goes up at once; the records a chunk at a time, the next chunk's drawn a
+    // batch's worth per batch, so no batch waits for a chunk's worth of draws.
+    const epoch = order.nextEpoch();
+    const indices = order.indices(epoch), n = indices.length;
+    if (n > 0) bufs.idx.copyFrom(indices, { stream });
+    const spec = order.augment;
+    const chunk = this.#batchCap * this.#perChunk, staged = bufs.staged;
     /** Draws the records of positions [from, to) into the staging array (chunk-relative). */
     const draw = (from: number, to: number) =>
-      writeAugmentRecords(
-        staged,
-        AUGMENT_RECORD_LENGTH * (from % chunk),
-        k0,
-        from,
-        to - from,
-        spec!,
-      );
+      order.records(epoch, from, to - from, staged, AUGMENT_RECORD_LENGTH * (from % chunk));
     const batches = this.length;
     let drawn = 0; // positions whose records are staged or uploaded
     for (let k = 0; k < batches; k++) {
+      // An epoch left open when the loader was disposed ends here, before it touches the
+      // freed buffers or allocates anything.
+      if (this.#disposed) throw new Error("Cannot iterate a DeviceLoader: it is disposed");
       const at = k * b, size = Math.min(b, n - at);
       if (spec !== undefined && at % chunk === 0) {
         // A new chunk: finish its draws (all of them for an epoch's first) and upload them.
@@ -449,19 +418,19 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
       imageAugment(src.images, images, {
         layout: ds.layout,
         affine: this.#affine,
-        padding: this.#padding,
+        padding: spec?.padding ?? 0,
         params: spec !== undefined ? bufs.params : null,
         paramsOffset: spec !== undefined ? paramsOffset : undefined,
         indices: bufs.idx,
         indicesOffset: at * 4,
-        rows,
+        rows: ds.length,
         stream,
       });
       gatherRows(src.labels, bufs.lab, {
         indices: bufs.idx,
         indicesOffset: at * 4,
         count: size,
-        rows,
+        rows: ds.length,
         rowBytes: src.labelBytes,
         stream,
       });
@@ -479,11 +448,11 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
 
   #buffersFor(labelBytes: number) {
     if (this.#buffers === undefined) {
-      const dev = this.dataset.device, b = this.#batchSize, chunk = b * this.#perChunk;
+      const dev = this.dataset.device, b = this.#batchCap, chunk = b * this.#perChunk;
       const made: DeviceBuffer[] = [];
       try {
         // The epoch's order, a chunk's records, a batch's labels.
-        for (const bytes of [this.#positions * 4, chunk * RECORD_BYTES, b * labelBytes]) {
+        for (const bytes of [this.dataset.length * 4, chunk * RECORD_BYTES, b * labelBytes]) {
           made.push(DeviceBuffer.alloc(dev, bytes));
         }
       } catch (err) {
@@ -521,7 +490,6 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
   async [Symbol.asyncDispose](): Promise<void> {
     if (this.#disposed) return;
     this.#disposed = true;
-    await this.#order[Symbol.asyncDispose]();
     await this.dataset.device.synchronize();
     for (const v of this.#views.values()) {
       v.images.dispose();

@@ -8,7 +8,7 @@ import assert from "node:assert";
 import { Device } from "../ffi/device.ts";
 import { loadLibrary } from "../ffi/library.ts";
 import { Tensor } from "../mod.ts";
-import * as ops from "../nn/ops.ts";
+import * as ops from "../ops/mod.ts";
 import { rng } from "./_image_reference.ts";
 import { assertClose } from "./_nn_reference.ts";
 import { checkOverlappingCopies } from "./_overlap_copy.ts";

@@ -1,6 +1,6 @@
 /**
- * Device memory for the tests that call the C ABI directly (tests/image_kernel_test.ts,
- * tests/image_limits_test.ts): allocations are remembered and freed together.
+ * Device memory for the tests that call the C ABI directly (tests/_overlap_copy.ts):
+ * allocations are remembered and freed together.
  *
  * @module
  */

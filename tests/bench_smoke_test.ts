@@ -22,6 +22,27 @@ async function smoke(args: string[]): Promise<string> {
 
 const CASES: [string, string[], RegExp][] = [
   [
+    "step",
+    [
+      "bench/step.ts",
+      "--device",
+      "cuda",
+      "--steps",
+      "1",
+      "--warmup",
+      "2",
+      "--repeat",
+      "1",
+      "--ahead",
+      "0",
+      "--calls",
+      "10",
+      "--batch-size",
+      "2",
+    ],
+    /nn\.conv2dForward +5 [\s\S]*graphLaunch +\d+[\s\S]*graphs \(on\)/,
+  ],
+  [
     "pipeline",
     ["bench/pipeline.ts", "--samples", "512", "--epochs", "2", "--no-torch"],
     /pinstream toDevice on the GPU[\s\S]*DeviceDataset on the GPU[\s\S]*gpuCopyStageVsRawBound/,

@@ -44,8 +44,13 @@ for (const name of ["wait-event", "pinned-reuse", "read-early", "prefetcher"]) {
     async fn() {
       assert.strictEqual(await wrong(name, "deferred", false), 0, "with the wait, deferred");
       assert.strictEqual(await wrong(name, "async", false), 0, "with the wait, async");
-      const bad = await wrong(name, "deferred", true);
-      assert.ok(bad > 0, `without the wait, deferred mode must expose ${name}`);
+      // Without the wait the result depends on when the emulator's threads get to the work;
+      // deferred mode makes the race likely, not certain, on a loaded machine: a few tries.
+      let bad = 0;
+      for (let tries = 0; tries < 5 && bad === 0; tries++) {
+        bad = await wrong(name, "deferred", true);
+      }
+      assert.ok(bad > 0, `without the wait, deferred mode must expose ${name} (5 tries)`);
     },
   });
 }

@@ -245,6 +245,24 @@ emuTest("a wmma pointer that is not 256-bit aligned is refused", async () => {
   );
 });
 
+emuTest(
+  "an asynchronous copy reads as poison until its batch is waited for, not at a barrier",
+  async () => {
+    const r = await run("pipeline");
+    assert.strictEqual(r.code, 0, r.stdout + r.stderr);
+    // 0xffffffff poison, then the first batch alone, then the second with its zero fill
+    assert.deepStrictEqual(
+      [r.out.before, r.out.first, r.out.second_pending, r.out.second],
+      ["-1", "10", "-1", "14,15,0,0"],
+    );
+    assertFault(
+      await run("pipeline_misaligned"),
+      "cudaErrorMisalignedAddress",
+      /__pipeline_memcpy_async: 0x[0-9a-f]+ <- 0x[0-9a-f]+ not aligned to 16 bytes/,
+    );
+  },
+);
+
 emuTest("code that assumes a wmma fragment layout sees it change between orders", async () => {
   const seen = new Set<string>();
   for (const order of ORDERS) {

@@ -1,19 +1,22 @@
-// ps_image_augment / ps_image_labels_i32 at the C ABI, on every backend present: the output
-// equals the independent TypeScript reference (tests/_image_reference.ts) bit for bit, for
+// The image kernels (ps_image_augment, ps_image_labels_i32) through ops/image.ts, on every
+// backend present: the output equals the independent TypeScript reference (tests/_image_reference.ts) bit for bit, for
 // random images, random crop/flip parameters (in range and out of range), vertical flips,
 // cutout squares and brightness/contrast factors (alone, together and wild), both layouts,
 // both output types and odd shapes. The CPU backend always runs; CUDA runs when a device is
-// present and is reported as ignored otherwise.
+// present and is reported as ignored otherwise. What the typed wrapper refuses before any launch
+// (bad shapes, flags, rows, a buffer too short) is given to the native backend's entry point
+// directly, to hold the kernels' own checks to their contract.
 
 import assert from "node:assert";
-import { type Library, loadLibrary } from "../ffi/library.ts";
-import { lastError, unwrap } from "../ffi/errors.ts";
+import { Device } from "../ffi/device.ts";
+import { PinstreamError } from "../internal/errors.ts";
+import { DeviceBuffer } from "../ffi/memory.ts";
+import { Tensor } from "../ffi/tensor.ts";
 import { normalizeAffine } from "../augment/image.ts";
+import { type KernelArgs, NativeBackend, type Operand } from "../ops/backend.ts";
+import { imageAugment, imageLabelsI32 } from "../ops/image.ts";
 import { bitDiff, f32Bits, ONE_BITS, RECORD, referenceAugment, rng } from "./_image_reference.ts";
 import { BACKENDS } from "./_backends.ts";
-import { Scratch } from "./_scratch.ts";
-
-const NULL = null;
 
 interface Case {
   n: number;
@@ -91,35 +94,55 @@ function extraWords(
   }
 }
 
-/** ps_image_augment of one 3x4x4 NCHW image to f16: no records, scale and bias 1. */
-function augmentOne(
-  lib: Library,
-  src: Deno.PointerValue,
-  out: Deno.PointerValue,
-  flags = 0,
-): number {
+/** A device buffer holding a copy of `data`. */
+function upload(dev: Device, data: ArrayBufferView): DeviceBuffer {
+  const buf = DeviceBuffer.alloc(dev, data.byteLength);
+  buf.copyFrom(data);
+  return buf;
+}
+
+/**
+ * The argument bag of ps_image_augment for one 3x4x4 NCHW image to f16 with no records and
+ * scale and bias 1, with `over` in place of those values.
+ */
+function augmentArgs(
+  src: Operand,
+  out: Operand,
+  over: Partial<KernelArgs<"imageAugment">> = {},
+): KernelArgs<"imageAugment"> {
   const one = new Float32Array([1]);
-  return lib.symbols.ps_image_augment(
+  return {
     src,
-    NULL,
-    0n,
-    1,
-    1,
-    3,
-    4,
-    4,
-    0,
-    NULL,
-    one,
-    one,
+    indices: null,
+    rows: 0,
+    layout: 1,
+    n: 1,
+    c: 3,
+    h: 4,
+    w: 4,
+    pad: 0,
+    params: null,
+    scale: one,
+    bias: one,
     out,
-    0,
-    flags,
-    NULL,
+    out_dtype: 0,
+    flags: 0,
+    stream: null,
+    ...over,
+  };
+}
+
+/** Asserts that `fn` fails with INVALID_ARGUMENT, its message matching `pattern`. */
+function refused(fn: () => void, pattern: RegExp, what: string): void {
+  assert.throws(
+    fn,
+    (err: unknown) =>
+      err instanceof PinstreamError && err.code === "INVALID_ARGUMENT" && pattern.test(err.message),
+    what,
   );
 }
 
-async function runCase(lib: Library, k: Case, seed: number): Promise<void> {
+async function runCase(dev: Device, k: Case, seed: number): Promise<void> {
   const r = rng(seed);
   const { n, c, h, w, pad } = k;
   const src = new Uint8Array(n * c * h * w);
@@ -174,38 +197,19 @@ async function runCase(lib: Library, k: Case, seed: number): Promise<void> {
     dtype: k.dtype,
   });
 
-  const mem = new Scratch(lib);
-  try {
-    const count = n * c * h * w;
-    const dSrc = mem.upload(set);
-    const dParams = params ? mem.upload(params) : NULL;
-    const dOut = mem.alloc(count * (k.dtype === "f16" ? 2 : 4));
-    const status = lib.symbols.ps_image_augment(
-      dSrc,
-      k.gather ? mem.upload(indices) : NULL,
-      BigInt(rows),
-      k.layout === "nhwc" ? 0 : 1,
-      n,
-      c,
-      h,
-      w,
-      pad,
-      dParams,
-      scale,
-      bias,
-      dOut,
-      k.dtype === "f16" ? 0 : 1,
-      0,
-      NULL,
-    );
-    unwrap(lib, status, "ps_image_augment");
-    const got = k.dtype === "f16"
-      ? await mem.download(dOut, new Float16Array(count))
-      : await mem.download(dOut, new Float32Array(count));
-    assert.deepStrictEqual(bitDiff(got, expected), [], `case ${JSON.stringify(k)} seed ${seed}`);
-  } finally {
-    mem.free();
-  }
+  using dSet = upload(dev, set);
+  using dParams = params ? upload(dev, params) : null;
+  using dIndices = k.gather ? upload(dev, indices) : null;
+  using out = Tensor.empty(dev, [n, c, h, w], k.dtype);
+  imageAugment(dSet, out, {
+    layout: k.layout,
+    affine: { scale, bias },
+    padding: pad,
+    params: dParams,
+    ...(dIndices ? { indices: dIndices, rows } : {}),
+  });
+  const got = await out.toHost();
+  assert.deepStrictEqual(bitDiff(got, expected), [], `case ${JSON.stringify(k)} seed ${seed}`);
 }
 
 /** A CIFAR image's geometry, with the usual crop padding. */
@@ -338,246 +342,170 @@ const CASES: Case[] = [
 
 for (const { kind: backend, ignore } of BACKENDS) {
   Deno.test({
-    name: `[${backend}] ps_image_augment equals the TypeScript reference bit for bit`,
+    name: `[${backend}] imageAugment equals the TypeScript reference bit for bit`,
     ignore,
     async fn() {
-      const lib = loadLibrary(backend);
+      using dev = Device.open(backend);
       let seed = 1;
       for (const k of CASES) {
-        for (let rep = 0; rep < 3; rep++) await runCase(lib, k, seed++);
+        for (let rep = 0; rep < 3; rep++) await runCase(dev, k, seed++);
       }
     },
   });
 
   Deno.test({
-    name: `[${backend}] ps_image_augment is exact on every byte value at extreme scales`,
+    name: `[${backend}] imageAugment is exact on every byte value at extreme scales`,
     ignore,
     async fn() {
       // All 256 byte values through tiny, huge and ordinary std: covers fp16 subnormals,
       // overflow to infinity and ties of the round-to-nearest-even cast.
-      const lib = loadLibrary(backend);
-      const mem = new Scratch(lib);
-      try {
-        const c = 6, h = 16, w = 16;
-        const src = new Uint8Array(c * h * w);
-        for (let i = 0; i < src.length; i++) src[i] = i & 255;
-        const mean = [0, 0.5, 1e-3, -300, 0.25, 100];
-        const std = [1e-6, 1e-3, 5e4, 1e-3, 0.3, 2e-3];
-        const { scale, bias } = normalizeAffine(mean, std);
-        for (const dtype of ["f16", "f32"] as const) {
-          const expected = referenceAugment({
-            src,
-            params: null,
-            n: 1,
-            c,
-            h,
-            w,
-            pad: 0,
-            layout: "nchw",
-            mean,
-            std,
-            dtype,
-          });
-          const dSrc = mem.upload(src);
-          const dOut = mem.alloc(src.length * 4);
-          unwrap(
-            lib,
-            lib.symbols.ps_image_augment(
-              dSrc,
-              NULL,
-              0n,
-              1,
-              1,
-              c,
-              h,
-              w,
-              0,
-              NULL,
-              scale,
-              bias,
-              dOut,
-              dtype === "f16" ? 0 : 1,
-              0,
-              NULL,
-            ),
-            "augment",
-          );
-          const got = dtype === "f16"
-            ? await mem.download(dOut, new Float16Array(src.length))
-            : await mem.download(dOut, new Float32Array(src.length));
-          assert.deepStrictEqual(bitDiff(got, expected), [], dtype);
-        }
-      } finally {
-        mem.free();
+      using dev = Device.open(backend);
+      const c = 6, h = 16, w = 16;
+      const src = new Uint8Array(c * h * w);
+      for (let i = 0; i < src.length; i++) src[i] = i & 255;
+      const mean = [0, 0.5, 1e-3, -300, 0.25, 100];
+      const std = [1e-6, 1e-3, 5e4, 1e-3, 0.3, 2e-3];
+      const affine = normalizeAffine(mean, std);
+      using dSrc = upload(dev, src);
+      for (const dtype of ["f16", "f32"] as const) {
+        const expected = referenceAugment({
+          src,
+          params: null,
+          n: 1,
+          c,
+          h,
+          w,
+          pad: 0,
+          layout: "nchw",
+          mean,
+          std,
+          dtype,
+        });
+        using out = Tensor.empty(dev, [1, c, h, w], dtype);
+        imageAugment(dSrc, out, { layout: "nchw", affine });
+        assert.deepStrictEqual(bitDiff(await out.toHost(), expected), [], dtype);
       }
     },
   });
 
   Deno.test({
-    name: `[${backend}] ps_image_augment rejects bad shapes, layouts and dtypes`,
+    name: `[${backend}] ps_image_augment refuses bad shapes, layouts, dtypes and flags`,
     ignore,
     fn() {
-      const lib = loadLibrary(backend);
-      const mem = new Scratch(lib);
-      try {
-        const src = mem.alloc(64), out = mem.alloc(256);
-        const one = new Float32Array([1]);
-        const bad: [number, number, number, number, number, number, number][] = [
-          // layout, n, c, h, w, pad, dtype
-          [2, 1, 1, 4, 4, 0, 0],
-          [1, -1, 1, 4, 4, 0, 0],
-          [1, 1, 0, 4, 4, 0, 0],
-          [1, 1, 17, 1, 1, 0, 0],
-          [1, 1, 1, 0, 4, 0, 0],
-          [1, 1, 1, 4, 4, -1, 0],
-          [1, 1, 1, 4, 4, 0, 2],
-        ];
-        for (const [layout, n, c, h, w, pad, dt] of bad) {
-          const st = lib.symbols.ps_image_augment(
-            src,
-            NULL,
-            0n,
-            layout,
-            n,
-            c,
-            h,
-            w,
-            pad,
-            NULL,
-            one,
-            one,
-            out,
-            dt,
-            0,
-            NULL,
-          );
-          assert.strictEqual(st, 1, `expected PS_ERR_INVALID_ARGUMENT for ${[layout, n, c, h, w]}`);
-        }
-        // Flags other than PS_IMAGE_SERIAL are refused.
-        for (const flags of [2, -1, 0x100]) {
-          assert.strictEqual(augmentOne(lib, src, out, flags), 1, `flags ${flags}`);
-          assert.match(lastError(lib), /unknown flags/);
-        }
-        // n = 0 is a no-op even with null pointers.
-        assert.strictEqual(
-          lib.symbols.ps_image_augment(
-            NULL,
-            NULL,
-            0n,
-            1,
-            0,
-            3,
-            4,
-            4,
-            0,
-            NULL,
-            one,
-            one,
-            NULL,
-            0,
-            0,
-            NULL,
-          ),
-          0,
-        );
-      } finally {
-        mem.free();
+      using dev = Device.open(backend);
+      const native = NativeBackend.of(dev);
+      using src = DeviceBuffer.alloc(dev, 64), out = DeviceBuffer.alloc(dev, 256);
+      const at = (b: DeviceBuffer) => ({ memory: b, offset: 0 });
+      const bad: [number, number, number, number, number, number, number][] = [
+        // layout, n, c, h, w, pad, dtype
+        [2, 1, 1, 4, 4, 0, 0],
+        [1, -1, 1, 4, 4, 0, 0],
+        [1, 1, 0, 4, 4, 0, 0],
+        [1, 1, 17, 1, 1, 0, 0],
+        [1, 1, 1, 0, 4, 0, 0],
+        [1, 1, 1, 4, 4, -1, 0],
+        [1, 1, 1, 4, 4, 0, 2],
+      ];
+      for (const [layout, n, c, h, w, pad, dt] of bad) {
+        const args = augmentArgs(at(src), at(out), { layout, n, c, h, w, pad, out_dtype: dt });
+        refused(() => native.imageAugment(args, "augment"), /./, `${[layout, n, c, h, w]}`);
       }
+      // Flags other than PS_IMAGE_SERIAL are refused.
+      for (const flags of [2, -1, 0x100]) {
+        const args = augmentArgs(at(src), at(out), { flags });
+        refused(() => native.imageAugment(args, "augment"), /unknown flags/, `flags ${flags}`);
+      }
+      // n = 0 is a no-op even with null pointers.
+      native.imageAugment(augmentArgs(null, null, { n: 0 }), "augment nothing");
     },
   });
 
   Deno.test({
-    name: `[${backend}] ps_image_augment with indices: an index outside the set is refused ` +
+    name: `[${backend}] imageAugment with indices: an index outside the set is refused ` +
       "(cpu) or its sample left as it was (cuda); rows must be positive",
     ignore,
     async fn() {
-      const lib = loadLibrary(backend);
-      const mem = new Scratch(lib);
-      try {
-        const one = new Float32Array([1]), zero = new Float32Array([0]);
-        const rows = 3, img = 4; // 1 x 2 x 2 images holding 10 * (row + 1)
-        const set = mem.upload(
-          Uint8Array.from({ length: rows * img }, (_, i) => 10 * (1 + (i >> 2))),
-        );
-        const call = (indices: Deno.PointerValue, setRows: bigint, out: Deno.PointerValue) =>
-          lib.symbols.ps_image_augment(
-            set,
-            indices,
-            setRows,
-            1,
-            3,
-            1,
-            2,
-            2,
-            0,
-            NULL,
-            one,
-            zero,
-            out,
-            1, // f32
-            0,
-            NULL,
+      using dev = Device.open(backend);
+      const rows = 3, img = 4; // 1 x 2 x 2 images holding 10 * (row + 1)
+      using set = upload(
+        dev,
+        Uint8Array.from({ length: rows * img }, (_, i) => 10 * (1 + (i >> 2))),
+      );
+      const affine = { scale: new Float32Array([1]), bias: new Float32Array([0]) };
+      for (const bad of [[2, 3, 0], [0, -1, 1], [2, 2 ** 31 - 1, 0]]) {
+        const sentinel = new Float32Array(3 * img).fill(-7);
+        using out = Tensor.fromHost(dev, sentinel, [3, 1, 2, 2]);
+        using indices = upload(dev, Int32Array.from(bad));
+        const run = () => imageAugment(set, out, { layout: "nchw", affine, indices });
+        const at = bad.findIndex((j) => j < 0 || j >= rows);
+        if (backend === "cpu") {
+          refused(
+            run,
+            new RegExp(`indices\\[${at}\\] = ${bad[at]} is outside \\[0, 3\\)`),
+            `${bad}`,
           );
-        for (const bad of [[2, 3, 0], [0, -1, 1], [2, 2 ** 31 - 1, 0]]) {
-          const sentinel = new Float32Array(3 * img).fill(-7);
-          const out = mem.upload(sentinel);
-          const st = call(mem.upload(Int32Array.from(bad)), BigInt(rows), out);
-          const got = await mem.download(out, new Float32Array(3 * img));
-          const at = bad.findIndex((j) => j < 0 || j >= rows);
-          if (backend === "cpu") {
-            assert.strictEqual(st, 1, `indices ${bad}`);
-            assert.match(
-              lastError(lib),
-              new RegExp(`indices\\[${at}\\] = ${bad[at]} is outside \\[0, 3\\)`),
-            );
-            assert.deepStrictEqual([...got], [...sentinel], "nothing written");
-          } else {
-            unwrap(lib, st, "ps_image_augment");
-            const want = bad.flatMap((j) =>
-              new Array(img).fill(j >= 0 && j < rows ? 10 * (j + 1) : -7)
-            );
-            assert.deepStrictEqual([...got], want, `indices ${bad}`);
-          }
+          assert.deepStrictEqual([...await out.toHost()], [...sentinel], "nothing written");
+        } else {
+          run();
+          const want = bad.flatMap((j) =>
+            new Array(img).fill(j >= 0 && j < rows ? 10 * (j + 1) : -7)
+          );
+          assert.deepStrictEqual([...await out.toHost()], want, `indices ${bad}`);
         }
-        // rows <= 0 with indices is refused on every backend, before any launch.
-        const out = mem.alloc(3 * img * 4), idx = mem.upload(new Int32Array([0, 0, 0]));
-        for (const r of [0n, -1n]) assert.strictEqual(call(idx, r, out), 1, `rows ${r}`);
-        assert.match(lastError(lib), /rows=-1 with indices/);
-      } finally {
-        mem.free();
+      }
+      // rows <= 0 with indices is refused on every backend, before any launch (the wrapper
+      // refuses it too, so the entry point is called directly).
+      using out = DeviceBuffer.alloc(dev, 3 * img * 4);
+      using idx = upload(dev, new Int32Array([0, 0, 0]));
+      for (const r of [0, -1]) {
+        const args = augmentArgs({ memory: set, offset: 0 }, { memory: out, offset: 0 }, {
+          indices: { memory: idx, offset: 0 },
+          rows: r,
+          n: 3,
+          c: 1,
+          h: 2,
+          w: 2,
+          out_dtype: 1,
+          scale: affine.scale,
+          bias: affine.bias,
+        });
+        refused(
+          () => NativeBackend.of(dev).imageAugment(args, "augment"),
+          new RegExp(`rows=${r} with indices`),
+          `rows ${r}`,
+        );
       }
     },
   });
 
   Deno.test({
-    name: `[${backend}] ps_image_labels_i32 widens uint8, uint16 and copies int32 labels`,
+    name: `[${backend}] imageLabelsI32 widens uint8, uint16 and copies int32 labels`,
     ignore,
     async fn() {
-      const lib = loadLibrary(backend);
-      const mem = new Scratch(lib);
-      try {
-        const n = 37;
-        const r = rng(9);
-        for (
-          const src of [
-            Uint8Array.from({ length: n }, () => (r() * 256) | 0),
-            Uint16Array.from({ length: n }, () => (r() * 65536) | 0),
-            Int32Array.from({ length: n }, () => ((r() * 2 ** 32) | 0)),
-          ]
-        ) {
-          const dSrc = mem.upload(src), dOut = mem.alloc(4 * n);
-          unwrap(
-            lib,
-            lib.symbols.ps_image_labels_i32(dSrc, src.BYTES_PER_ELEMENT, n, dOut, NULL),
-            "labels",
-          );
-          const got = await mem.download(dOut, new Int32Array(n));
-          assert.deepStrictEqual(got, Int32Array.from(src));
-        }
-        assert.strictEqual(lib.symbols.ps_image_labels_i32(NULL, 3, 1, NULL, NULL), 1);
-      } finally {
-        mem.free();
+      using dev = Device.open(backend);
+      const n = 37;
+      const r = rng(9);
+      for (
+        const src of [
+          Uint8Array.from({ length: n }, () => (r() * 256) | 0),
+          Uint16Array.from({ length: n }, () => (r() * 65536) | 0),
+          Int32Array.from({ length: n }, () => ((r() * 2 ** 32) | 0)),
+        ]
+      ) {
+        using dSrc = upload(dev, src);
+        using out = Tensor.empty(dev, [n], "i32");
+        imageLabelsI32(dSrc, out, { labelBytes: src.BYTES_PER_ELEMENT });
+        assert.deepStrictEqual(await out.toHost(), Int32Array.from(src));
       }
+      refused(
+        () =>
+          NativeBackend.of(dev).imageLabelsI32(
+            { src: null, src_bytes: 3, n: 1, out: null, stream: null },
+            "widen labels",
+          ),
+        /./,
+        "3-byte labels",
+      );
     },
   });
 }
@@ -585,35 +513,22 @@ for (const { kind: backend, ignore } of BACKENDS) {
 Deno.test("[cpu] ps_image_augment refuses a freed or too-short device buffer", () => {
   // The CPU backend checks live ranges so that a pipeline bug shows up as an error here
   // rather than as silent reads of freed memory (CUDA would report an illegal address).
-  const lib = loadLibrary("cpu");
-  const mem = new Scratch(lib);
-  try {
-    const one = new Float32Array([1]);
-    const src = mem.alloc(3 * 4 * 4), out = mem.alloc(2 * 3 * 4 * 4 - 2);
-    assert.strictEqual(augmentOne(lib, src, out), 1);
-    const host = new Uint8Array(48);
-    const st2 = lib.symbols.ps_image_augment(
-      Deno.UnsafePointer.of(host),
-      NULL,
-      0n,
-      1,
-      1,
-      3,
-      4,
-      4,
-      0,
-      NULL,
-      one,
-      one,
-      mem.alloc(96),
-      0,
-      0,
-      NULL,
-    );
-    assert.strictEqual(st2, 1);
-  } finally {
-    mem.free();
-  }
+  // The typed wrapper refuses a short buffer itself, so the entry point gets bare pointers.
+  using dev = Device.open("cpu");
+  const native = NativeBackend.of(dev);
+  using src = DeviceBuffer.alloc(dev, 3 * 4 * 4), short = DeviceBuffer.alloc(dev, 2 * 48 - 2);
+  refused(
+    () => native.imageAugment(augmentArgs(src.pointer, short.pointer), "augment"),
+    /not a live buffer of the batch.s size/,
+    "output 2 bytes short",
+  );
+  const host = new Uint8Array(48);
+  using out = DeviceBuffer.alloc(dev, 96);
+  refused(
+    () => native.imageAugment(augmentArgs(Deno.UnsafePointer.of(host), out.pointer), "augment"),
+    /not a live buffer of the batch.s size/,
+    "source in JS memory",
+  );
 });
 
 Deno.test("[cpu] ps_image_augment gives the same bits split over the threads, backing off and serial (PS_IMAGE_SERIAL), with the cores busy part of the time", async () => {
@@ -621,8 +536,7 @@ Deno.test("[cpu] ps_image_augment gives the same bits split over the threads, ba
   // waiting, after which the call site runs serially for a while (kernels/cpu/threads.c).
   // Spinning workers in the middle rounds force stalls and the backoff's transitions; every
   // round must give the reference's bits.
-  const lib = loadLibrary("cpu");
-  const mem = new Scratch(lib);
+  using dev = Device.open("cpu");
   const r = rng(2024);
   const n = 128, c = 3, h = 32, w = 32, pad = 4, rows = 300;
   const set = Uint8Array.from({ length: rows * c * h * w }, () => (r() * 256) | 0);
@@ -635,7 +549,7 @@ Deno.test("[cpu] ps_image_augment gives the same bits split over the threads, ba
     params[RECORD * i + 7] = params[RECORD * i + 8] = ONE_BITS;
   }
   const mean = [0.4914, 0.4822, 0.4465], std = [0.247, 0.2435, 0.2616];
-  const { scale, bias } = normalizeAffine(mean, std);
+  const affine = normalizeAffine(mean, std);
   const expected = referenceAugment({
     src,
     params,
@@ -655,8 +569,8 @@ Deno.test("[cpu] ps_image_augment gives the same bits split over the threads, ba
   const url = URL.createObjectURL(new Blob([code], { type: "application/javascript" }));
   const spinners: Worker[] = [];
   try {
-    const dSet = mem.upload(set), dIdx = mem.upload(indices), dPrm = mem.upload(params);
-    const dOut = mem.alloc(n * c * h * w * 2);
+    using dSet = upload(dev, set), dIdx = upload(dev, indices), dPrm = upload(dev, params);
+    using out = Tensor.empty(dev, [n, c, h, w], "f16");
     let first: Uint8Array | undefined;
     for (let round = 0; round < 300; round++) {
       if (round === 100) {
@@ -667,29 +581,16 @@ Deno.test("[cpu] ps_image_augment gives the same bits split over the threads, ba
         }
       }
       if (round === 200) Atomics.store(stop, 0, 1);
-      unwrap(
-        lib,
-        lib.symbols.ps_image_augment(
-          dSet,
-          dIdx,
-          BigInt(rows),
-          1,
-          n,
-          c,
-          h,
-          w,
-          pad,
-          dPrm,
-          scale,
-          bias,
-          dOut,
-          0,
-          round % 3 === 0 ? 1 : 0, // every third round PS_IMAGE_SERIAL
-          NULL,
-        ),
-        "ps_image_augment",
-      );
-      const got = await mem.download(dOut, new Float16Array(n * c * h * w));
+      imageAugment(dSet, out, {
+        layout: "nchw",
+        affine,
+        padding: pad,
+        params: dPrm,
+        indices: dIdx,
+        rows,
+        serial: round % 3 === 0, // every third round PS_IMAGE_SERIAL
+      });
+      const got = await out.toHost();
       const bytes = new Uint8Array(got.buffer);
       if (first === undefined) {
         assert.deepStrictEqual(bitDiff(got, expected), []);
@@ -702,6 +603,5 @@ Deno.test("[cpu] ps_image_augment gives the same bits split over the threads, ba
     Atomics.store(stop, 0, 1);
     for (const wk of spinners) wk.terminate();
     URL.revokeObjectURL(url);
-    mem.free();
   }
 });

@@ -1,4 +1,4 @@
-// ps_image_augment past the CUDA launch's grid limits: launch_augment (kernels/cuda/image.cu)
+// imageAugment (ps_image_augment) past the CUDA launch's grid limits: launch_augment (kernels/cuda/image.cu)
 // caps grid.x at 1024 blocks of 256 pixels and grid.y at 65535 (sample, channel) planes, and
 // the kernel grid-strides over the rest. A plane of more than 1024 x 256 pixels and a batch
 // of more than 65535 planes, in odd shapes, both layouts and both output types: the CPU
@@ -7,12 +7,13 @@
 // vertically flips, cuts out a square and jitters brightness and contrast.
 
 import assert from "node:assert";
-import { type Library, loadLibrary } from "../ffi/library.ts";
-import { unwrap } from "../ffi/errors.ts";
+import { Device } from "../ffi/device.ts";
+import { DeviceBuffer } from "../ffi/memory.ts";
+import { Tensor } from "../ffi/tensor.ts";
 import { normalizeAffine } from "../augment/image.ts";
+import { imageAugment } from "../ops/image.ts";
 import { bitDiff, f32Bits, ONE_BITS, RECORD, referenceAugment, rng } from "./_image_reference.ts";
 import { CUDA } from "./_backends.ts";
-import { Scratch } from "./_scratch.ts";
 
 interface Shape {
   what: string;
@@ -68,54 +69,39 @@ function batch(s: Shape, seed: number): Batch {
   return { src, params, mean, std };
 }
 
-/** Runs ps_image_augment on `lib` and returns the output's bytes. */
+/** A device buffer holding a copy of `data`. */
+function upload(dev: Device, data: ArrayBufferView): DeviceBuffer {
+  const buf = DeviceBuffer.alloc(dev, data.byteLength);
+  buf.copyFrom(data);
+  return buf;
+}
+
+/** Runs imageAugment on `dev` and returns the output's bytes. */
 async function augment(
-  lib: Library,
+  dev: Device,
   s: Shape,
   b: Batch,
   layout: "nchw" | "nhwc",
   dtype: "f16" | "f32",
 ): Promise<Uint8Array> {
-  const { scale, bias } = normalizeAffine(b.mean, b.std);
-  const mem = new Scratch(lib);
-  try {
-    const bytes = b.src.length * (dtype === "f16" ? 2 : 4);
-    const out = mem.alloc(bytes);
-    unwrap(
-      lib,
-      lib.symbols.ps_image_augment(
-        mem.upload(b.src),
-        null,
-        0n,
-        layout === "nhwc" ? 0 : 1,
-        s.n,
-        s.c,
-        s.h,
-        s.w,
-        s.pad,
-        mem.upload(b.params),
-        scale,
-        bias,
-        out,
-        dtype === "f16" ? 0 : 1,
-        0,
-        null,
-      ),
-      "ps_image_augment",
-    );
-    return await mem.download(out, new Uint8Array(bytes));
-  } finally {
-    mem.free();
-  }
+  using src = upload(dev, b.src), params = upload(dev, b.params);
+  using out = Tensor.empty(dev, [s.n, s.c, s.h, s.w], dtype);
+  imageAugment(src, out, {
+    layout,
+    affine: normalizeAffine(b.mean, b.std),
+    padding: s.pad,
+    params,
+  });
+  return new Uint8Array((await out.toHost()).buffer);
 }
 
 for (const s of SHAPES) {
   Deno.test(`[cpu] ps_image_augment on ${s.what} equals the TypeScript reference`, async () => {
-    const lib = loadLibrary("cpu");
+    using dev = Device.open("cpu");
     const b = batch(s, s.n + s.h);
     for (const layout of LAYOUTS) {
       for (const dtype of DTYPES) {
-        const bytes = await augment(lib, s, b, layout, dtype);
+        const bytes = await augment(dev, s, b, layout, dtype);
         const got = dtype === "f16"
           ? new Float16Array(bytes.buffer)
           : new Float32Array(bytes.buffer);
@@ -129,7 +115,7 @@ for (const s of SHAPES) {
     name: `[cuda] ps_image_augment on ${s.what} equals the cpu backend byte for byte`,
     ignore: CUDA.ignore,
     async fn() {
-      const cuda = loadLibrary("cuda"), cpu = loadLibrary("cpu");
+      using cuda = Device.open("cuda"), cpu = Device.open("cpu");
       const b = batch(s, s.n + s.h);
       for (const layout of LAYOUTS) {
         for (const dtype of DTYPES) {

@@ -1,4 +1,4 @@
-// The typed image wrappers (pipeline/image_ops.ts): the same bits as the host reference, and
+// The typed image wrappers (ops/image.ts, ops/gather.ts): the same bits as the host reference, and
 // errors that name the argument at fault before anything reaches the kernel.
 import assert from "node:assert";
 import {

@@ -183,7 +183,7 @@ Deno.test("the build cache key does not depend on permissions, and no lock file 
       env,
     );
     assert.ok(full.path?.startsWith(cache), JSON.stringify(full));
-    // The README's explicit list, with reads limited to the sources and the cache: no
+    // docs/environment.md's explicit list, with reads limited to the sources and the cache: no
     // /proc/cpuinfo, yet the same key (the compiler says what -march=native means).
     const kernels = new URL("../", import.meta.url).pathname;
     const narrow = await loadWithPermissions([

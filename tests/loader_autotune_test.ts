@@ -1,9 +1,10 @@
-// numWorkers / prefetchFactor "auto" (loader/data_loader.ts, Tuner): the counts change between
+// numWorkers / prefetchFactor "auto" (loader/_autotune.ts, Tuner): the counts change between
 // epochs, the sample order and the augmentation draws never do, every epoch's stats say what
 // ran, and the tuner climbs, takes back a step that did not pay, and settles.
 
 import assert from "node:assert";
-import { DataLoader, type EpochStats, MIN_TRIAL_SECONDS, Tuner } from "../loader/data_loader.ts";
+import { MIN_TRIAL_SECONDS, Tuner } from "../loader/_autotune.ts";
+import { DataLoader, type EpochStats } from "../loader/data_loader.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import type { RingBatch } from "../loader/ring.ts";
 

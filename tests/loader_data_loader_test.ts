@@ -747,7 +747,16 @@ Deno.test("DataLoader rejects invalid options, naming the option", () => {
       { numWorkers: 2 },
       /numWorkers option 2 needs a dataset that workers can rebuild: implement workerSpec\(\)/,
     ],
-    [ds, { batch_size: 4 } as unknown as DataLoaderOptions, /batch_size option is unknown/],
+    [
+      ds,
+      { batch_size: 4 } as unknown as DataLoaderOptions,
+      /Cannot create DataLoader: unknown option "batch_size" \(did you mean "batchSize"\?\); options are batchSize, shuffle/,
+    ],
+    [
+      ds,
+      { workerResourceLimits: { stackSize: 4 } } as unknown as DataLoaderOptions,
+      /Cannot create DataLoader with workerResourceLimits: unknown option "stackSize" \(did you mean "stackSizeMb"\?\)/,
+    ],
   ];
   for (const [dataset, options, pattern] of cases) {
     assert.throws(() => new DataLoader(dataset, options), pattern, JSON.stringify(options));

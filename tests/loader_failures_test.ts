@@ -307,7 +307,7 @@ Deno.test("DataLoader refuses unknown augment keys, naming the key", () => {
   );
   assert.throws(
     () => new DataLoader(ds, { batchSize: 2, numWorker: 2 } as never),
-    /numWorker option is unknown \(did you mean numWorkers\?\)/,
+    /Cannot create DataLoader: unknown option "numWorker" \(did you mean "numWorkers"\?\)/,
   );
 });
 

@@ -47,13 +47,20 @@ function net(seed: number): Sequential {
   ]);
 }
 
-interface Run {
-  model: Module;
-  optimizer: SGD;
-  scaler: GradScaler;
-  scheduler: StepLR;
-  rng: Xoshiro128;
-  dispose(): void;
+/** The parts of one run: own properties are exactly the checkpoint's parts (dispose is a method). */
+class Run {
+  constructor(
+    readonly model: Module,
+    readonly optimizer: SGD,
+    readonly scaler: GradScaler,
+    readonly scheduler: StepLR,
+    readonly rng: Xoshiro128,
+  ) {}
+  dispose(): void {
+    this.scaler.dispose();
+    this.optimizer.dispose();
+    this.model.dispose();
+  }
 }
 
 function build(device: Device, seed: number): Run {
@@ -61,19 +68,7 @@ function build(device: Device, seed: number): Run {
   const optimizer = new SGD(model.parameters(), { lr: 0.1 * seed, momentum: 0.9 });
   const scaler = new GradScaler(device, { initScale: 2 ** seed });
   const scheduler = new StepLR(optimizer, { stepSize: 1, gamma: 0.5 });
-  const rng = new Xoshiro128(seed);
-  return {
-    model,
-    optimizer,
-    scaler,
-    scheduler,
-    rng,
-    dispose() {
-      scaler.dispose();
-      optimizer.dispose();
-      model.dispose();
-    },
-  };
+  return new Run(model, optimizer, scaler, scheduler, new Xoshiro128(seed));
 }
 
 /** Everything a load could change, as plain values. */

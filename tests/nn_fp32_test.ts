@@ -1,5 +1,5 @@
 /**
- * The fp32 path of every activation kernel (nn/ops.ts with f32 tensors) against float64
+ * The fp32 path of every activation kernel (ops/ with f32 tensors) against float64
  * references, on each backend (tests/_backends.ts), with tolerances that an fp16 computation
  * could not meet: inputs are arbitrary fp32 values (not fp16-exact), and outputs must be
  * within fp32 rounding of the reference (rtol 1e-5 plus an atol that grows with the length of
@@ -9,7 +9,7 @@
 
 import assert from "node:assert";
 import { type Device, Tensor } from "../mod.ts";
-import * as ops from "../nn/ops.ts";
+import * as ops from "../ops/mod.ts";
 import { testEachBackend } from "./_backends.ts";
 import {
   assertClose,

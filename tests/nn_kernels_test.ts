@@ -1,5 +1,5 @@
 /**
- * Every nn kernel (nn/ops.ts) against a float64 TypeScript reference, on fresh random inputs
+ * Every nn kernel (ops/) against a float64 TypeScript reference, on fresh random inputs
  * (the seed is printed in every failure message) and odd shapes that exercise the GEMM's
  * edge tiles and blocking. Runs on each backend (tests/_backends.ts).
  *
@@ -12,7 +12,7 @@
 import assert from "node:assert";
 import { type Device, Tensor } from "../mod.ts";
 import { lastError, Status } from "../ffi/errors.ts";
-import * as ops from "../nn/ops.ts";
+import * as ops from "../ops/mod.ts";
 import { testEachBackend } from "./_backends.ts";
 import {
   assertClose,

@@ -6,7 +6,7 @@
  */
 
 import assert from "node:assert";
-import { Tensor } from "../mod.ts";
+import { full, Tensor } from "../mod.ts";
 import { CrossEntropyLoss, Linear, ReLU, Sequential, SGD } from "../nn/mod.ts";
 import { Trainer } from "../train/trainer.ts";
 import { testEachBackend } from "./_backends.ts";
@@ -189,10 +189,10 @@ testEachBackend(
       using model = smallCnn(7).to(dev, { precision });
       const optimizer = new SGD(model.parameters(), { lr: 0.01 });
       const trainer = new Trainer(model, { optimizer });
-      using x = Tensor.full(dev, [32, 1, 8, 8], 0.5, {
+      using x = full(dev, [32, 1, 8, 8], 0.5, {
         dtype: precision === "fp16" ? "f16" : "f32",
       });
-      using labels = Tensor.full(dev, [32], 1, { dtype: "i32" });
+      using labels = full(dev, [32], 1, { dtype: "i32" });
       dev.resetPeakMemoryStats();
       trainer.trainStep(x, labels);
       await dev.synchronize();

@@ -90,6 +90,37 @@ Deno.test("the Chrome trace has the ranges as complete events in microseconds", 
 });
 
 testEachBackend(
+  "a device range left open never breaks the program: collect() skips it, and closing it after the profiler was disposed is a no-op",
+  async (dev) => {
+    const before = dev.liveObjects().events;
+    using s = new Stream(dev);
+    using host = HostBuffer.alloc(dev, 4096), buf = DeviceBuffer.alloc(dev, 4096);
+    const prof = new Profiler().start();
+    const open = range("open", { stream: s });
+    buf.copyFrom(host, { stream: s });
+    {
+      using _ = range("closed", { stream: s });
+      buf.copyFrom(host, { stream: s });
+    }
+    // The open range's end is not on the device yet: collect() reads what is closed.
+    const rows = await prof.collect();
+    assert.deepStrictEqual(rows.map((r) => r.name), ["closed"]);
+    assert.ok(rows[0].deviceMs !== undefined);
+    open[Symbol.dispose]();
+    const again = await prof.collect();
+    assert.deepStrictEqual(again.map((r) => r.name).sort(), ["closed", "open"]);
+    assert.ok(again.every((r) => r.deviceMs !== undefined), JSON.stringify(again));
+    // A range still open when the profiler is disposed closes without touching freed events.
+    const late = prof.range("late", { stream: s });
+    prof[Symbol.dispose]();
+    late[Symbol.dispose]();
+    // What was recorded on the host is still there to read.
+    assert.ok((await prof.collect()).some((r) => r.name === "late"));
+    assert.strictEqual(dev.liveObjects().events, before, "disposing the profiler frees its events");
+  },
+);
+
+testEachBackend(
   "device ranges time the work queued on their stream and free their events",
   async (dev) => {
     const before = dev.liveObjects().events;

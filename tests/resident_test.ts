@@ -282,3 +282,37 @@ testEachBackend("a device-resident dataset refuses what it cannot hold, naming i
   assert.notStrictEqual(s.ps_gather_rows(null, 1n, 0n, null, 1, null, null), 0, "row_bytes 0");
   assert.notStrictEqual(s.ps_gather_rows(null, -1n, 4n, null, 1, null, null), 0, "rows < 0");
 });
+
+testEachBackend(
+  "a DeviceLoader sizes its buffers by what a batch can hold, not by batchSize",
+  async (dev) => {
+    const ds = data(10, [3, 4, 4], 1);
+    using resident = new DeviceDataset(dev, ds);
+    const before = dev.memoryAllocated();
+    for (const batchSize of [1e8, 1e9]) {
+      await using loader = resident.loader({ batchSize, augment: { padding: 1, flip: true } });
+      let samples = 0;
+      for await (const b of loader) {
+        samples += b.size;
+        // Order, records, labels and one batch of 10 images: a few kilobytes, not gigabytes.
+        assert.ok(dev.memoryAllocated() - before < 1 << 20, `batchSize ${batchSize}`);
+      }
+      assert.strictEqual(samples, 10);
+    }
+  },
+);
+
+testEachBackend(
+  "an epoch left open when its DeviceLoader is disposed refuses to go on, naming the loader",
+  async (dev) => {
+    const ds = data(40, [3, 4, 4], 4);
+    using resident = new DeviceDataset(dev, ds);
+    const loader = resident.loader({ batchSize: 8 });
+    const it = loader[Symbol.asyncIterator]();
+    assert.strictEqual((await it.next()).done, false);
+    await loader[Symbol.asyncDispose]();
+    const held = dev.memoryAllocated();
+    await assert.rejects(it.next(), /Cannot iterate a DeviceLoader: it is disposed/);
+    assert.strictEqual(dev.memoryAllocated(), held, "nothing allocated after the dispose");
+  },
+);

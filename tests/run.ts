@@ -37,6 +37,7 @@ const SUITE = [
   "internal/",
   "augment/",
   "ffi/",
+  "ops/",
   "loader/",
   "decode/",
   "pipeline/",
@@ -46,6 +47,7 @@ const SUITE = [
   "examples/",
   "mod.ts",
   "README.md",
+  "docs/",
 ];
 
 /** Whether a real GPU answers as the cuda backend here. */

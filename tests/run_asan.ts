@@ -11,9 +11,10 @@
  *      the kernels of kernels/cuda and the emulator's runtime run instrumented: a heap overflow
  *      in host code, an out-of-bounds access to a host buffer from a kernel, signed overflow,
  *      a bad shift, a misaligned or null pointer dereference, ... ends the run with a report;
- *   2. tests/emu_test.ts, whose self-test program (tests/emu/selftest.cu) is then built with
- *      the same sanitizers, and tests/emu_asan_test.ts, which shows that the sanitizers catch
- *      what they should (and that the emulator's fiber switches give no false reports).
+ *   2. tests/emu_test.ts and tests/emu_graphs_test.ts, whose programs (tests/emu/selftest.cu,
+ *      tests/emu/graphs.cu) are then built with the same sanitizers, and
+ *      tests/emu_asan_test.ts, which shows that the sanitizers catch what they should (and that
+ *      the emulator's fiber switches give no false reports).
  *
  * Device memory is mmap'd by the emulator and not instrumented (its guard pages catch
  * overruns there, as without the sanitizers). A sanitizer report makes the process exit with
@@ -129,7 +130,13 @@ async function main(argv: string[]): Promise<number> {
     {
       what: "the emulator's self-test and the sanitizers' own tests, built with the sanitizers",
       env: { ...env, PINSTREAM_EMU_ORDER: "random", PINSTREAM_EMU_SEED: s },
-      args: ["test", "-A", "tests/emu_test.ts", "tests/emu_asan_test.ts"],
+      args: [
+        "test",
+        "-A",
+        "tests/emu_test.ts",
+        "tests/emu_graphs_test.ts",
+        "tests/emu_asan_test.ts",
+      ],
     },
   ];
   for (const [i, pass] of passes.entries()) {

@@ -7,8 +7,8 @@
  * "greedy" finds a warp that reads a later warp's writes after a shuffle), then with random
  * delays before each stream operation (host code that reads device results without waiting for
  * them reads stale bytes), with deferred streams (work runs when the host waits for it, the
- * newest wait's needs first: a missing cross-stream wait gives wrong data), and the README's
- * example, whose `Device.open("auto")` trains on the emulated GPU. `deno task test` runs a
+ * newest wait's needs first: a missing cross-stream wait gives wrong data), and the data-path
+ * guide's example (docs/guide.md), whose `Device.open("auto")` trains on the emulated GPU. `deno task test` runs a
  * subset of these (greedy, deferred) after the whole suite.
  *
  *     deno task test:emulator                          # the passes above, random seed 1
@@ -85,9 +85,9 @@ function passes(seed: bigint, rounds: number): Pass[] {
     args: cuda,
   });
   out.push({
-    what: "the README's example on the emulated GPU",
+    what: "the data-path guide's example (docs/guide.md) on the emulated GPU",
     env: { PINSTREAM_EMU_ORDER: "random", PINSTREAM_EMU_SEED: s },
-    args: ["test", "-A", "--doc", "README.md"],
+    args: ["test", "-A", "--doc", "docs/guide.md"],
   });
   return out;
 }

@@ -295,7 +295,7 @@ const SPECS: Record<string, (r: BenchResult) => Spec> = {
 };
 
 /**
- * Renders the loss and accuracy curves of a training log (nn/metrics.ts records with `epoch`,
+ * Renders the loss and accuracy curves of a training log (train/metrics.ts records with `epoch`,
  * `trainLoss`, `testLoss`, `trainAcc`, `testAcc`) to SVG text.
  *
  * @param records The log's records, in order.

@@ -53,6 +53,8 @@ export interface TrainArgs {
   precision: Precision;
   /** Dynamic loss scaling (GradScaler); default on with fp16, off with fp32. */
   lossScaling: boolean;
+  /** Record the training step as a CUDA graph on CUDA (Trainer's cudaGraphs; default on). */
+  cudaGraphs?: boolean;
   checkpoint?: string;
   /** Where each epoch's metrics go (JSON Lines); default beside the checkpoint. */
   log?: string;
@@ -62,11 +64,7 @@ export interface TrainArgs {
   limit: number;
   stopAfter: number;
   quiet: boolean;
-  /**
-   * Data-parallel training over the ranks of the launcher that started this process (one
-   * DataParallel replica per rank; --batch-size is per rank). On whenever mpirun started
-   * more than one rank.
-   */
+  /** Data-parallel over the launcher's ranks (train/distributed.ts), --batch-size per rank. */
   distributed: boolean;
   help: boolean;
   /** The options given on the command line (the others hold defaults). */
@@ -146,6 +144,10 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
       kind: "boolean",
       help: "dynamic loss scaling (default: on with fp16, off with fp32)",
     },
+    "cuda-graphs": {
+      kind: "boolean",
+      help: "on CUDA, record the training step as a CUDA graph and replay it (default on)",
+    },
     model: {
       kind: "string",
       choices: extra.models?.choices ?? [d.model],
@@ -172,11 +174,7 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
     },
     seed: { kind: "int", min: 0, help: "seed of initialization and data order", default: d.seed },
     quiet: { kind: "boolean", help: "no progress bar" },
-    distributed: {
-      kind: "boolean",
-      help: "data-parallel over the ranks mpirun started (deno task launch -n N\n" +
-        "...; on whenever there are several); --batch-size is per rank",
-    },
+    distributed: { kind: "boolean", help: "data-parallel over mpirun's ranks, batch per rank" },
     log: {
       kind: "string",
       metavar: "PATH",
@@ -267,6 +265,7 @@ export function parseTrainArgs(
     weightDecay: 0,
     precision: "fp16",
     lossScaling: true,
+    cudaGraphs: true,
     resume: false,
     seed: 0,
     model: "cnn",
@@ -309,6 +308,7 @@ export function parseTrainArgs(
     precision,
     // On by default with fp16 (unless an example's defaults turn it off), off with fp32.
     lossScaling: get<boolean>("loss-scaling", precision === "fp16" && d.lossScaling),
+    cudaGraphs: get<boolean>("cuda-graphs", d.cudaGraphs ?? true),
     model: get("model", d.model),
     checkpoint: get("checkpoint", d.checkpoint),
     resume: get("resume", false),
@@ -455,11 +455,7 @@ export interface RunOptions {
   onEpoch?: (r: EpochReport) => void;
   /** What the data is, for the closing summary (e.g. "CIFAR-10 from DIR"). */
   dataNote?: string;
-  /**
-   * The ranks of a data-parallel run: the model is wrapped in DataParallel, the loaders
-   * must be sharded (DistributedSampler), the epoch's figures are summed over the ranks, and
-   * only rank 0 prints, logs and saves checkpoints.
-   */
+  /** Data-parallel ranks (sharded loaders; only rank 0 prints, logs and saves). */
   group?: ProcessGroup | null;
 }
 
@@ -556,8 +552,14 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   const scheduler = o.scheduler?.(optimizer, trainLoader.length) ?? null;
   const group = o.group ?? null;
   const lead = group === null || group.rank === 0;
+  const say = lead ? (line: string) => console.log(line) : () => {};
   const net = group ? new DataParallel(model, group) : model;
-  const trainer = new Trainer(net, { optimizer, scaler, scheduler });
+  const trainer = new Trainer(net, {
+    optimizer,
+    scaler,
+    scheduler,
+    cudaGraphs: (args.cudaGraphs ?? true) && device.kind === "cuda",
+  });
   const overRanks = (lossSum: number, correct: number, seen: number) =>
     sumOverRanks(group, lossSum, correct, seen);
   const norm = {
@@ -587,9 +589,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
       const p = await loadCheckpoint(args.checkpoint, { model, optimizer, scaler, scheduler });
       startEpoch = p.epoch;
       step = p.step;
-      if (lead) {
-        console.log(`resumed from ${args.checkpoint} after epoch ${startEpoch} (step ${step})`);
-      }
+      say(`resumed from ${args.checkpoint} after epoch ${startEpoch} (step ${step})`);
     }
     for (let epoch = startEpoch; epoch < args.epochs; epoch++) {
       // The data order is a pure function of (seed, epoch): a resumed run sees the same batches.
@@ -628,12 +628,8 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
       const stats = trainFeed.stats;
       progress.clear();
       for await (const b of testFeed) trainer.evalStep(b.images, b.labels);
-      const local = await trainer.readEval();
-      const t = overRanks(
-        local.loss * local.samples,
-        local.accuracy * local.samples,
-        local.samples,
-      );
+      const l = await trainer.readEval();
+      const t = overRanks(l.loss * l.samples, l.accuracy * l.samples, l.samples);
       const test = { loss: t.lossSum / t.seen, accuracy: t.correct / t.seen };
       const lossScale = await scaler.getScale();
       const report: EpochReport = {
@@ -648,18 +644,14 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
         lossScale,
       };
       reports.push(report);
-      if (lead) {
-        console.log(
-          `epoch ${report.epoch}/${args.epochs}  train loss ${report.trainLoss.toFixed(4)}  ` +
-            `train acc ${(100 * report.trainAcc).toFixed(2)}%  ` +
-            `test acc ${(100 * report.testAcc).toFixed(2)}%  ` +
-            `${fmtNum(report.samplesPerSecond)} samples/s  ` +
-            `input wait ${(100 * report.inputWaitShare).toFixed(1)}%  ` +
-            `(${report.seconds.toFixed(1)} s${
-              args.lossScaling ? `, loss scale ${lossScale}` : ""
-            })`,
-        );
-      }
+      say(
+        `epoch ${report.epoch}/${args.epochs}  train loss ${report.trainLoss.toFixed(4)}  ` +
+          `train acc ${(100 * report.trainAcc).toFixed(2)}%  ` +
+          `test acc ${(100 * report.testAcc).toFixed(2)}%  ` +
+          `${fmtNum(report.samplesPerSecond)} samples/s  ` +
+          `input wait ${(100 * report.inputWaitShare).toFixed(1)}%  ` +
+          `(${report.seconds.toFixed(1)} s${args.lossScaling ? `, loss scale ${lossScale}` : ""})`,
+      );
       o.onEpoch?.(report);
       await log?.append({ ...report, lr: optimizer.lr, data: o.dataNote ?? null });
       trainer.endEpoch();

@@ -8,13 +8,19 @@
  * training averages the gradients across processes there, through a gradient hook of nn/, so
  * neither this step nor the fit loop above it changes for a run on several processes.
  *
+ * On CUDA the whole step is recorded once per input shape as a CUDA graph and replayed with
+ * one launch (see docs/cuda_graphs.md).
+ *
  * @module
  */
 
-import { range } from "../internal/trace.ts";
+import { activeRecorder, range } from "../internal/trace.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
-import type { Tensor } from "../ffi/tensor.ts";
+import { Tensor } from "../ffi/tensor.ts";
+import { Event, Stream } from "../ffi/stream.ts";
+import { captureRefused, CudaGraph } from "../ffi/graph.ts";
 import { CrossEntropyLoss, type LossStats } from "../nn/loss.ts";
+import { BatchNorm2d } from "../nn/layers.ts";
 import type { GradScaler } from "../nn/grad_scaler.ts";
 import type { LRScheduler } from "../nn/lr_scheduler.ts";
 import type { Module } from "../nn/module.ts";
@@ -36,6 +42,26 @@ export interface TrainerOptions {
    * false keeps PyTorch's behaviour, where one NaN batch leaves NaN running statistics for good.
    */
   revertStatsOnSkip?: boolean;
+  /**
+   * Record the training step as a CUDA graph per input shape and replay it (default: true on
+   * the CUDA backend, false elsewhere). The first step of a shape runs directly (it allocates
+   * the model's buffers), the second records the graph; from then on a step is two input
+   * copies and one launch. Where recording is refused (no stream-ordered allocator, the CPU
+   * backend) the trainer says so in one line on stderr and runs every step directly.
+   */
+  cudaGraphs?: boolean;
+}
+
+/** One input shape's recorded step: the fixed input buffers it reads and what it changes on the host. */
+interface Recorded {
+  x: Tensor;
+  labels: Tensor;
+  /** Set once the shape has run directly (its buffers exist). */
+  warm: boolean;
+  graph: CudaGraph | null;
+  /** Samples the step adds to the loss, and training forwards to each batch norm. */
+  samples: number;
+  tracked: [BatchNorm2d, number][];
 }
 
 /**
@@ -71,10 +97,17 @@ export class Trainer {
   readonly schedulerInterval: "batch" | "epoch";
   /** Whether a skipped step undoes the batch-norm running-statistics update. */
   readonly revertStatsOnSkip: boolean;
+  /** Whether steps are recorded and replayed as CUDA graphs (the option, as the backend allows). */
+  readonly cudaGraphs: boolean;
   /** Completed training steps (queued), including steps the scaler skipped. */
   steps = 0;
   #trainLoss: CrossEntropyLoss;
   #evalLoss: CrossEntropyLoss;
+  #graphsRefused: string | null = null;
+  #recorded = new Map<string, Recorded>();
+  #stream: Stream | null = null;
+  #before: Event | null = null;
+  #after: Event | null = null;
 
   /**
    * Creates the trainer and its device loss accumulators.
@@ -90,7 +123,12 @@ export class Trainer {
       "scheduler",
       "schedulerInterval",
       "revertStatsOnSkip",
+      "cudaGraphs",
     ], "create Trainer");
+    const graphs = options.cudaGraphs ?? model.device?.kind === "cuda";
+    if (typeof graphs !== "boolean") {
+      throw new TypeError(`Cannot create a Trainer: cudaGraphs must be a boolean, got ${graphs}`);
+    }
     if (!model.device) throw new TypeError("Cannot create a Trainer: the model is not on a device");
     this.model = model;
     this.optimizer = options.optimizer;
@@ -98,6 +136,7 @@ export class Trainer {
     this.scheduler = options.scheduler ?? null;
     this.schedulerInterval = options.schedulerInterval ?? "batch";
     this.revertStatsOnSkip = options.revertStatsOnSkip ?? true;
+    this.cudaGraphs = graphs;
     this.#trainLoss = new CrossEntropyLoss(model.device);
     this.#evalLoss = new CrossEntropyLoss(model.device);
   }
@@ -111,6 +150,23 @@ export class Trainer {
   trainStep(x: Tensor, labels: Tensor): void {
     if (!this.model.training) this.model.train();
     using _step = range("train.step");
+    // A profiler times each op on its stream: it needs the ops queued one by one.
+    if (this.cudaGraphsActive && activeRecorder() === undefined) this.#graphStep(x, labels);
+    else this.#queueStep(x, labels);
+    this.steps++;
+    if (this.scheduler && this.schedulerInterval === "batch") this.scheduler.step();
+  }
+
+  /**
+   * Whether the next training step runs as a CUDA graph: {@linkcode Trainer.cudaGraphs}, unless
+   * recording was refused.
+   */
+  get cudaGraphsActive(): boolean {
+    return this.cudaGraphs && this.#graphsRefused === null;
+  }
+
+  /** The step's device work, queued on the current stream. */
+  #queueStep(x: Tensor, labels: Tensor): void {
     let logits: Tensor, dlogits: Tensor;
     {
       using _ = range("train.forward");
@@ -132,8 +188,90 @@ export class Trainer {
     } else {
       this.optimizer.step();
     }
-    this.steps++;
-    if (this.scheduler && this.schedulerInterval === "batch") this.scheduler.step();
+  }
+
+  /**
+   * The step on the trainer's own stream (a graph cannot be recorded on the default stream),
+   * ordered after the work queued so far on the current stream, which waits for it in turn.
+   */
+  #graphStep(x: Tensor, labels: Tensor): void {
+    const device = this.model.device!;
+    const current = device.currentStream;
+    const stream = this.#stream ??= new Stream(device, { nonBlocking: true });
+    const before = this.#before ??= new Event(device);
+    const after = this.#after ??= new Event(device);
+    before.record(current);
+    stream.waitEvent(before);
+    {
+      using _ = device.useStream(stream);
+      this.#recordedStep(x, labels);
+    }
+    after.record(stream);
+    current.waitEvent(after);
+  }
+
+  #recordedStep(x: Tensor, labels: Tensor): void {
+    const device = this.model.device!;
+    const o = this.optimizer;
+    const key = [
+      `${x.dtype}:${x.shape}`,
+      `${labels.dtype}:${labels.shape}`,
+      `${o.momentum !== 0}:${o.dampening}:${o.nesterov}:${o.weightDecay}`,
+      `${this.scaler?.enabled ?? false}:${this.revertStatsOnSkip}`,
+    ].join("|");
+    let r = this.#recorded.get(key);
+    if (!r) {
+      r = {
+        x: Tensor.empty(device, [...x.shape], x.dtype),
+        labels: Tensor.empty(device, [...labels.shape], labels.dtype),
+        warm: false,
+        graph: null,
+        samples: 0,
+        tracked: [],
+      };
+      this.#recorded.set(key, r);
+    }
+    // What the graph reads and the host decides: the inputs, lr and momentum.
+    r.x.buffer.copyFrom(x.buffer, { bytes: x.byteLength });
+    r.labels.buffer.copyFrom(labels.buffer, { bytes: labels.byteLength });
+    o.syncHyperParameters();
+    if (r.graph) {
+      r.graph.launch();
+      this.#trainLoss.countSamples(r.samples);
+      for (const [bn, n] of r.tracked) bn.numBatchesTracked += n;
+      return;
+    }
+    if (!r.warm) {
+      // Directly, once: the model, the loss and the optimizer allocate what they keep for
+      // this shape, which a recording cannot do.
+      this.#queueStep(r.x, r.labels);
+      r.warm = true;
+      return;
+    }
+    const samples = this.#trainLoss.samplesCounted;
+    const norms = this.model.namedModules().map(([, m]) => m).filter((m) =>
+      m instanceof BatchNorm2d
+    ) as BatchNorm2d[];
+    const tracked = norms.map((bn) => bn.numBatchesTracked);
+    const rec = r;
+    try {
+      rec.graph = CudaGraph.capture(device.currentStream, () => this.#queueStep(rec.x, rec.labels));
+    } catch (err) {
+      // Nothing of the recording ran: put back what it counted on the host, then run the step.
+      this.#trainLoss.countSamples(samples - this.#trainLoss.samplesCounted);
+      norms.forEach((bn, i) => bn.numBatchesTracked = tracked[i]);
+      if (!captureRefused(err)) throw err;
+      this.#graphsRefused = err instanceof Error ? err.message : String(err);
+      console.error(
+        `pinstream: training without CUDA graphs (recording the step was refused): ` +
+          this.#graphsRefused.split("\n")[0],
+      );
+      this.#queueStep(rec.x, rec.labels);
+      return;
+    }
+    rec.samples = this.#trainLoss.samplesCounted - samples;
+    rec.tracked = norms.map((bn, i) => [bn, bn.numBatchesTracked - tracked[i]]);
+    rec.graph.launch();
   }
 
   /**
@@ -171,8 +309,21 @@ export class Trainer {
     return this.#evalLoss.read();
   }
 
-  /** Frees the loss accumulators (the model, optimizer and scaler belong to the caller). */
+  /**
+   * Frees the loss accumulators and the recorded steps with their input buffers (the model,
+   * optimizer and scaler belong to the caller).
+   */
   dispose(): void {
+    for (const r of this.#recorded.values()) {
+      r.graph?.dispose();
+      r.x.dispose();
+      r.labels.dispose();
+    }
+    this.#recorded.clear();
+    this.#before?.dispose();
+    this.#after?.dispose();
+    this.#stream?.dispose();
+    this.#before = this.#after = this.#stream = null;
     this.#trainLoss.dispose();
     this.#evalLoss.dispose();
   }

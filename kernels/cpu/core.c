@@ -224,9 +224,10 @@ PS_API int ps_mem_info(uint64_t *free_bytes, uint64_t *total_bytes) {
 /* Allocations of PS_HUGE_MIN bytes or more are aligned to 2 MiB and advised into transparent
  * huge pages (Linux, where THP is "madvise" or "always"): a resident dataset is read at random,
  * a sample or a row at a time, and with 4 KiB pages nearly every read is a TLB miss (a
- * two-dimensional page walk in a VM). Measured with a C harness on the 2-core VM: the resident
- * CIFAR kernel (128 shuffled images from the 150 MB set to fp16) 56-62 -> 48-49 us a batch
- * serial, 29-45 -> 27-28 us split over 2 threads. */
+ * two-dimensional page walk in a VM). On the 2-core VM the resident CIFAR kernel (128 shuffled
+ * images from the 150 MB set to fp16) took 48-49 us a batch with huge pages against 56-62
+ * with 4 KiB pages, one thread. `deno run -A bench/pipeline.ts` measures it again (its
+ * DeviceDataset row; set PS_HUGE_MIN above the set's size for the other side). */
 #define PS_HUGE_MIN ((uint64_t)4 << 20)
 #define PS_HUGE_PAGE ((size_t)2 << 20)
 
@@ -407,6 +408,39 @@ PS_API int ps_stream_wait_event(void *stream, void *event) {
   TRY(check_stream(stream));
   TRY(check_event(event));
   return PS_OK; /* work is synchronous: whatever the event marks has already happened */
+}
+
+/* ---- graphs: nothing to record, as every call runs when it is made ---------------------- */
+
+PS_API int ps_graph_capture_begin(void *stream) {
+  TRY(check_stream(stream));
+  PS_FAIL(PS_ERR_UNSUPPORTED,
+          "ps_graph_capture_begin: the cpu backend runs each call as it is made; there is no "
+          "queue to capture (run the work directly)");
+}
+
+PS_API int ps_graph_capture_end(void *stream, void **out) {
+  PS_REQUIRE(out != NULL);
+  *out = NULL;
+  TRY(check_stream(stream));
+  PS_FAIL(PS_ERR_UNSUPPORTED, "ps_graph_capture_end: the cpu backend never captures");
+}
+
+PS_API int ps_graph_launch(void *graph, void *stream) {
+  (void)stream;
+  PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+          "ps_graph_launch: %p is not a graph (the cpu backend makes none)", graph);
+}
+
+PS_API int ps_graph_destroy(void *graph) {
+  PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+          "ps_graph_destroy: %p is not a graph (the cpu backend makes none)", graph);
+}
+
+PS_API int ps_graph_live(int64_t *out) {
+  PS_REQUIRE(out != NULL);
+  *out = 0;
+  return PS_OK;
 }
 
 PS_API int ps_event_create(int32_t flags, void **out) {

@@ -27,9 +27,9 @@
  *                                              runs near peak once packing is amortized)
  *   conv 32->64 3x3 on 14x14: fwd / bwd-data / bwd-weight   ~175 / ~155 / ~175 GFLOP/s
  *   conv 1->32 3x3 on 28x28 (K = 9: tile overhead dominates)  ~70 / ~85 / ~65 GFLOP/s
- * The first version reached only 60 / 87 / 98 GFLOP/s on conv2: the transposing paths
- * (scalar conversions in the conv epilogue and packing) cost more than the FMAs; 16x16
- * register transposes and masked short rows fixed that (~3x on the forward).
+ * With scalar conversions in the transposing paths (the conv epilogue and packing) those cost
+ * more than the FMAs (60 / 87 / 98 GFLOP/s on conv2): hence the 16x16 register transposes
+ * and masked short rows.
  * The machine is shared: with other processes on the two cores these numbers drop 2-4x.
  */
 #include <stdatomic.h>

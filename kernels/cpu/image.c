@@ -144,14 +144,11 @@ static void gather_plane(const uint8_t *img, int32_t layout, int32_t c, int32_t 
  * sample's (dx, flip), so they are computed once per sample, not per row.
  *
  * `chunks` is (w + 15) / 16, a constant in the copies for the common widths (sample_dispatch):
- * with the chunk loop unrolled, the windows and masks stay in registers. Measured with a C
- * harness, 128 CIFAR images to fp16, interleaved runs: one image over and over (all in L1)
- * 397-415 -> 247-253 ns a sample; shuffled from the 150 MB set, one thread 61-67 -> 47-55 us a
- * batch, split over 2 threads 34-41 -> 26-35 us.
+ * with the chunk loop unrolled, the windows and masks stay in registers, which made a CIFAR
+ * sample (one image in L1) 247-253 ns against 397-415 with `chunks` a variable.
+ * `deno run -A bench/pipeline.ts` times the kernel again (its "fused kernel alone" rows).
  *
- * Rows of exactly 32 to fp16 (h even) take a table instead (sample_lut32). An earlier table
- * version, on this path before its chunk count was a constant, measured no faster (50-52 us a
- * batch from the caches either way, 58-59 us from DRAM). */
+ * Rows of exactly 32 to fp16 (h even) take a table instead (sample_lut32). */
 static inline __attribute__((always_inline)) void sample_nchw_avx512(
     const uint8_t *img, int32_t c, int32_t h, int32_t w, int32_t chunks, int32_t oy, int32_t ox,
     int32_t flip, int32_t vflip, const float *sc, const float *bi, int32_t out_dtype, void *out,
@@ -267,9 +264,9 @@ static inline __attribute__((always_inline)) void sample_dispatch(
  * table entry is the padding value), arranges them with one byte permute (which also does the
  * flip), looks each byte up in both tables (vpermi2b covers 128 entries; the top bit picks the
  * half) and interleaves the bytes into 64 fp16 values: about half the row path's instructions,
- * with no fp32 arithmetic. Measured with a C harness, one thread, 128 CIFAR images to fp16:
- * all in L1 250 -> 157-160 ns a sample, from L2 or L3 (a ring of batches) 33-34 -> 21-23 us a
- * batch. bench/pipeline.ts's kernel-alone row: 4.0M -> 5.4-5.6M samples/s.
+ * with no fp32 arithmetic. One thread, 128 CIFAR images to fp16, from a ring of batches in
+ * L2 or L3: 21-23 us a batch through the table against 33-34 us through the row path
+ * (`deno run -A bench/pipeline.ts`, its "fused kernel alone" rows, measures the kernel again).
  */
 typedef struct {
   __m512i lo[4], hi[4];
@@ -399,16 +396,17 @@ static void nhwc_to_planes(const uint8_t *img, int32_t c, int64_t plane, uint8_t
 }
 
 /* How many samples ahead a gathered sample's image is prefetched into the L1, a line per row
- * (or two) as the sample is worked on. Measured with a C harness (50,000 CIFAR images,
- * shuffled batches of 128, split over 2 threads): 1 ahead 36-38 us a batch, 2 ahead 39-40, 4
- * ahead 46-56 (the lines arrive too early for the L1), none 56-57. */
+ * (or two) as the sample is worked on. Measured on 50,000 CIFAR images, shuffled batches of
+ * 128, split over 2 threads: 1 ahead 36-38 us a batch, 2 ahead 39-40, 4 ahead 46-56 (the lines
+ * arrive too early for the L1), none 56-57. `deno run -A bench/pipeline.ts` (its
+ * DeviceDataset row) measures a setting again. */
 #define PS_GATHER_AHEAD 1
 /* And how many ahead it is fetched whole into the L2 when a sample starts, so that the L1
- * prefetches above find their lines there rather than in DRAM. Measured with the same harness
- * (with huge pages), together with the table path for gathered rows of 32: one thread 47-49 ->
- * 34-36 us a batch, split over 2 threads 27-28 -> 24-26 us; 3 ahead measured the same or
- * slower, 5 slower. The table path without this prefetch was slower than the row path
- * (29-30 against 28-29 us split). */
+ * prefetches above find their lines there rather than in DRAM. Measured the same way (with
+ * huge pages): this prefetch 2 ahead together with the table path for gathered rows of 32 took
+ * 34-36 us a batch on one thread and 24-26 split over 2, against 47-49 and 27-28 with neither;
+ * 3 ahead the same or slower, 5 slower. Without this prefetch the table path was slower than
+ * the row path (29-30 against 28-29 us split). */
 #define PS_GATHER_FAR 2
 
 /* ps_image_augment over samples [i0, i1). */

@@ -511,13 +511,19 @@ static void sgd_range(void *vctx, int64_t i0, int64_t i1) {
 PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype, float *momentum_buf,
                           void *param_half, int64_t count, float lr, float momentum,
                           float dampening, float weight_decay, int32_t nesterov, const float *scale,
-                          const int32_t *found_inf, const int32_t *steps_done, void *stream) {
+                          const int32_t *found_inf, const int32_t *steps_done, const float *hyper,
+                          void *stream) {
   (void)stream;
   CHECK_DTYPE(grad_dtype);
   TRY(ps_check_sgd(count, momentum, momentum_buf));
   if (found_inf) CHECK_RANGE(found_inf, 4);
   if (scale) CHECK_RANGE(scale, 4);
   if (steps_done) CHECK_RANGE(steps_done, 4);
+  if (hyper) {
+    CHECK_RANGE(hyper, 8);
+    lr = hyper[0];
+    momentum = momentum_buf ? hyper[1] : 0.0f;
+  }
   if (count == 0) return PS_OK;
   CHECK_RANGE(param, count * 4);
   CHECK_RANGE(grad, count * dtsize(grad_dtype));

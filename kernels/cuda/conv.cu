@@ -7,8 +7,8 @@
  *                  (each input pixel gathers the output pixels that read it: no atomics,
  *                  deterministic)
  *   backward wt    dW[Co, K]        = dY[Co, (n,p)] . col(x)^T[(n,p), K], split over (n,p)
- *                  into fp32 partials in a stream-ordered workspace, then reduced in a fixed
- *                  order (deterministic)
+ *                  into fp32 partials (gemm.cuh's split-K), then reduced in a fixed order
+ *                  (deterministic)
  *
  * Results are written by epilogue functors in fp32 or fp16.
  */
@@ -21,21 +21,45 @@
 
 namespace {
 
-/* dw[o][kk] (+)= sum_z part[z][o][kk], in a fixed order. */
-__global__ void reduce_partials(const float *part, int splits, int64_t mn, void *dw, int f16,
-                                int acc) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < mn;
-       i += (int64_t)gridDim.x * blockDim.x) {
-    float s = 0.0f;
-    for (int z = 0; z < splits; z++) s += part[z * mn + i];
-    if (f16) {
-      __half *p = (__half *)dw + i;
-      *p = __float2half_rn(acc ? __half2float(*p) + s : s);
-    } else {
-      float *p = (float *)dw + i;
-      *p = acc ? *p + s : s;
-    }
-  }
+/* The loaders keep image and plane extents in 32 bits (the GEMM's own dimensions are checked
+ * by gemm()). */
+int check_sizes(const char *fn, const ConvGeo &g) {
+  if (g.h * g.w > INT_MAX || g.oh * g.ow > INT_MAX)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+            "%s: planes of %lldx%lld (output %lldx%lld) are too large "
+            "(at most 2^31 - 1 elements)",
+            fn, (long long)g.h, (long long)g.w, (long long)g.oh, (long long)g.ow);
+  return PS_OK;
+}
+
+template <class T, bool AlongK>
+Im2col<T, AlongK> im2col(const T *x, const ConvGeo &g) {
+  return {.x = x,
+          .h = (int32_t)g.h,
+          .w = (int32_t)g.w,
+          .ohw = (int32_t)(g.oh * g.ow),
+          .ow = (int32_t)g.ow,
+          .khw = g.kh * g.kw,
+          .kw = g.kw,
+          .s = g.s,
+          .pad = g.pad,
+          .hw = g.h * g.w,
+          .chw = g.c * g.h * g.w};
+}
+
+template <class T, bool Unit>
+DyGather<T, Unit> dy_gather(const T *dy, const ConvGeo &g) {
+  return {.dy = dy,
+          .hw = (int32_t)(g.h * g.w),
+          .w = (int32_t)g.w,
+          .khw = g.kh * g.kw,
+          .kw = g.kw,
+          .s = g.s,
+          .pad = g.pad,
+          .oh = (int32_t)g.oh,
+          .ow = (int32_t)g.ow,
+          .ohw = g.oh * g.ow,
+          .cohw = g.co * g.oh * g.ow};
 }
 
 }  // namespace
@@ -50,13 +74,14 @@ PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t d
   TRY(ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad));
   if (n == 0) return PS_OK;
   NULL_CHECK(x, w, y);
-  int64_t K = c * kh * kw, P = g.oh * g.ow;
+  TRY(check_sizes(__func__, g));
+  const int64_t K = c * kh * kw, P = g.oh * g.ow;
   int r = PS_OK;
   WITH_ACT(dtype, {
-    Strided<T> A{.p = (const T *)w, .rs = K, .cs = 1};
-    Im2col<T> B{(const T *)x, g};
-    StoreConvY<T> ep{.y = (T *)y, .co = co, .P = P};
-    r = gemm(co, n * P, K, 1, A, B, ep, (cudaStream_t)stream);
+    Strided<T> A{.p = (const T *)w, .rs = K, .cs = 1, .vec = aligned16((const T *)w, K)};
+    Im2col<T, false> B = im2col<T, false>((const T *)x, g);
+    StoreConvY<T> ep{.y = (T *)y, .P = (int32_t)P, .coP = co * P};
+    r = gemm(co, n * P, K, gemm_splits(co, n * P, K), A, B, ep, (cudaStream_t)stream);
   });
   return r;
 }
@@ -70,12 +95,16 @@ PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, i
   TRY(ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad));
   if (n == 0) return PS_OK;
   NULL_CHECK(dy, w, dx);
+  TRY(check_sizes(__func__, g));
+  const int64_t khw = (int64_t)kh * kw, M = c, N = n * h * w_, K = co * khw;
   int r = PS_OK;
   WITH_ACT(dtype, {
-    WeightT<T> A{.w = (const T *)w, .g = g};
-    DyGather<T> B{.dy = (const T *)dy, .g = g};
-    StoreConvDx<T> ep{.dx = (T *)dx, .c = c, .HW = h * w_};
-    r = gemm(c, n * h * w_, co * kh * kw, 1, A, B, ep, (cudaStream_t)stream);
+    WeightT<T> A{.w = (const T *)w, .khw = (int32_t)khw, .ckhw = c * khw};
+    StoreConvDx<T> ep{.dx = (T *)dx, .HW = (int32_t)(h * w_), .cHW = c * h * w_};
+    const int splits = gemm_splits(M, N, K);
+    cudaStream_t st = (cudaStream_t)stream;
+    r = stride == 1 ? gemm(M, N, K, splits, A, dy_gather<T, true>((const T *)dy, g), ep, st)
+                    : gemm(M, N, K, splits, A, dy_gather<T, false>((const T *)dy, g), ep, st);
   });
   return r;
 }
@@ -93,35 +122,17 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, int32_t d
    * x and dy are then empty, NULL pointers, and the GEMM never reads them (T == 0). */
   NULL_CHECK(dw);
   if (n > 0) NULL_CHECK(x, dy);
-  cudaStream_t st = (cudaStream_t)stream;
-  int64_t K = c * kh * kw, P = g.oh * g.ow, cols = n * P, mn = co * K;
-  /* Split the long (n, p) reduction so the few output tiles still fill the GPU: about 2
-   * blocks per SM for a typical 100+ SM part, each chunk at least 8 BK steps. */
-  int64_t tiles = ((co + BM - 1) / BM) * ((K + BN - 1) / BN);
-  int64_t splits = 256 / (tiles > 0 ? tiles : 1);
-  int64_t max_splits = cols / (8 * BK);
-  if (splits > max_splits) splits = max_splits;
-  if (splits < 1) splits = 1;
-  if (splits > 256) splits = 256;
-  /* The partial sums live for this call only: ps_scratch_alloc takes them from the device's
-   * default memory pool in stream order, or from cudaMalloc on a device without pools. */
-  float *part = nullptr;
-  TRY(ps_scratch_alloc((void **)&part, (size_t)(splits * mn) * sizeof(float), st));
-  StorePartial ep{.part = part, .m = co, .n = K};
+  TRY(check_sizes(__func__, g));
+  const int64_t K = c * kh * kw, P = g.oh * g.ow, cols = n * P;
+  StoreMat ep{.c = dw, .n = K, .f16 = dw_dtype == PS_NN_F16, .acc = accumulate != 0};
   int r = PS_OK;
   WITH_ACT(dtype, {
-    DyRows<T> A{.dy = (const T *)dy, .co = co, .P = P};
-    Im2colT<T> B{.col = Im2col<T>{.x = (const T *)x, .g = g}};
-    r = gemm(co, K, cols, (int)splits, A, B, ep, st);
+    DyRows<T> A{
+        .dy = (const T *)dy, .P = (int32_t)P, .coP = co * P, .vec = aligned16((const T *)dy, P)};
+    Im2col<T, true> B = im2col<T, true>((const T *)x, g);
+    r = gemm(co, K, cols, gemm_splits(co, K, cols), A, B, ep, (cudaStream_t)stream);
   });
-  if (r == PS_OK) {
-    PS_LAUNCH(reduce_partials, blocks_for(mn, EW), EW, 0, st, part, (int)splits, mn, dw,
-              dw_dtype == PS_NN_F16, accumulate != 0);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) r = ps_record_cuda_error(e, "reduce_partials<<<>>>", __FILE__, __LINE__);
-  }
-  const int fr = ps_scratch_free(part, st);
-  return r != PS_OK ? r : fr;
+  return r;
 }
 
 }  // extern "C"

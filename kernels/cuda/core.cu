@@ -24,6 +24,7 @@
 
 namespace {
 std::atomic<int64_t> live[3];
+std::atomic<int64_t> live_graphs{0};
 }  // namespace
 
 int ps_status_of(cudaError_t err) {
@@ -43,7 +44,17 @@ int ps_status_of(cudaError_t err) {
     /* The cpu backend's registry refuses these as invalid arguments too. */
     case cudaErrorHostMemoryAlreadyRegistered:
     case cudaErrorHostMemoryNotRegistered: return PS_ERR_INVALID_ARGUMENT;
-    case cudaErrorNotSupported: return PS_ERR_UNSUPPORTED;
+    case cudaErrorNotSupported:
+    /* What a capture cannot hold: the caller runs the work without a graph. */
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+    case cudaErrorStreamCaptureMerge:
+    case cudaErrorStreamCaptureUnmatched:
+    case cudaErrorStreamCaptureUnjoined:
+    case cudaErrorStreamCaptureIsolation:
+    case cudaErrorStreamCaptureImplicit:
+    case cudaErrorCapturedEvent:
+    case cudaErrorStreamCaptureWrongThread: return PS_ERR_UNSUPPORTED;
     default: return PS_ERR_BACKEND;
   }
 }
@@ -469,6 +480,60 @@ PS_API int ps_event_synchronize(void *event, char *msg, uint64_t msg_cap) {
 PS_API int ps_event_elapsed_ms(void *start, void *end, float *out_ms) {
   PS_REQUIRE(start != nullptr && end != nullptr && out_ms != nullptr);
   CUDA_CHECK(cudaEventElapsedTime(out_ms, (cudaEvent_t)start, (cudaEvent_t)end));
+  return PS_OK;
+}
+
+/* ---- graphs --------------------------------------------------------------------------- */
+
+/* Thread-local mode: the capture refuses unsafe calls (cudaMalloc, a synchronize) made on the
+ * capturing thread, which would otherwise run once at capture time and never at replay, while
+ * waits that other threads make meanwhile (a loader's event synchronizes) stay legal. */
+PS_API int ps_graph_capture_begin(void *stream) {
+  if (stream == nullptr) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+            "ps_graph_capture_begin: the default (NULL) stream cannot capture; use a created "
+            "stream");
+  }
+  CUDA_CHECK(cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal));
+  return PS_OK;
+}
+
+PS_API int ps_graph_capture_end(void *stream, void **out) {
+  PS_REQUIRE(stream != nullptr && out != nullptr);
+  *out = nullptr;
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture((cudaStream_t)stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+  cudaError_t de = cudaGraphDestroy(graph); /* the executable keeps what it needs */
+  if (e != cudaSuccess) {
+    return ps_record_cuda_error(e, "cudaGraphInstantiate(&exec, graph, 0)", __FILE__, __LINE__);
+  }
+  if (de != cudaSuccess) {
+    (void)cudaGraphExecDestroy(exec);
+    return ps_record_cuda_error(de, "cudaGraphDestroy(graph)", __FILE__, __LINE__);
+  }
+  live_graphs.fetch_add(1, std::memory_order_relaxed);
+  *out = (void *)exec;
+  return PS_OK;
+}
+
+PS_API int ps_graph_launch(void *graph, void *stream) {
+  PS_REQUIRE(graph != nullptr);
+  CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)graph, (cudaStream_t)stream));
+  return PS_OK;
+}
+
+PS_API int ps_graph_destroy(void *graph) {
+  PS_REQUIRE(graph != nullptr);
+  CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+  live_graphs.fetch_sub(1, std::memory_order_relaxed);
+  return PS_OK;
+}
+
+PS_API int ps_graph_live(int64_t *out) {
+  PS_REQUIRE(out != nullptr);
+  *out = live_graphs.load(std::memory_order_relaxed);
   return PS_OK;
 }
 

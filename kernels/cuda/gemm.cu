@@ -27,9 +27,12 @@ PS_API int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, in
   StoreMat ep{.c = c, .n = n, .f16 = c_dtype == PS_NN_F16, .acc = accumulate != 0};
   int r = PS_OK;
   WITH_ACT(dtype, {
-    Strided<T> A{.p = (const T *)a, .rs = trans_a ? 1 : k, .cs = trans_a ? m : 1};
-    Strided<T> B{.p = (const T *)b, .rs = trans_b ? 1 : n, .cs = trans_b ? k : 1};
-    r = gemm(m, n, k, 1, A, B, ep, st);
+    Strided<T> A{.p = (const T *)a,
+                 .rs = trans_a ? 1 : k,
+                 .cs = trans_a ? m : 1,
+                 .vec = !trans_a && aligned16((const T *)a, k)};
+    Strided<T> B{.p = (const T *)b, .rs = trans_b ? 1 : n, .cs = trans_b ? k : 1, .vec = false};
+    r = gemm(m, n, k, gemm_splits(m, n, k), A, B, ep, st);
   });
   return r;
 }

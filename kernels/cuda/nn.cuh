@@ -19,6 +19,13 @@
 
 #include "common.cuh"
 
+/* Unrolls the loop that follows (nvcc; the emulator's host compiler decides for itself). */
+#if defined(__CUDACC__)
+#define PS_UNROLL _Pragma("unroll")
+#else
+#define PS_UNROLL
+#endif
+
 namespace {
 
 /* Activation elements (__half or float) to and from fp32; fp16 rounds to nearest even. */

@@ -162,10 +162,14 @@ __global__ void unscale_check(void *grad, int f16, int64_t n, const float *scale
 __global__ void sgd_kernel(float *param, const void *grad, int f16, float *buf, __half *half_out,
                            int64_t n, float lr, float momentum, float dampening, float wd,
                            int nesterov, const float *scale, const int32_t *found_inf,
-                           const int32_t *steps_done) {
+                           const int32_t *steps_done, const float *hyper) {
   if (found_inf && *found_inf) return;
   float inv = scale ? 1.0f / *scale : 1.0f;
   bool fresh = steps_done && *steps_done == 0;
+  if (hyper) {
+    lr = hyper[0];
+    momentum = buf ? hyper[1] : 0.0f;
+  }
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
     float g = (f16 ? __half2float(((const __half *)grad)[i]) : ((const float *)grad)[i]) * inv;
@@ -302,14 +306,15 @@ PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count, co
 PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype, float *momentum_buf,
                           void *param_half, int64_t count, float lr, float momentum,
                           float dampening, float weight_decay, int32_t nesterov, const float *scale,
-                          const int32_t *found_inf, const int32_t *steps_done, void *stream) {
+                          const int32_t *found_inf, const int32_t *steps_done, const float *hyper,
+                          void *stream) {
   CHECK_DTYPE(grad_dtype);
   TRY(ps_check_sgd(count, momentum, momentum_buf));
   if (count == 0) return PS_OK;
   NULL_CHECK(param, grad);
   PS_LAUNCH(sgd_kernel, blocks_for(count, EW), EW, 0, (cudaStream_t)stream, param, grad,
             grad_dtype == PS_NN_F16, momentum_buf, (__half *)param_half, count, lr, momentum,
-            dampening, weight_decay, nesterov, scale, found_inf, steps_done);
+            dampening, weight_decay, nesterov, scale, found_inf, steps_done, hyper);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }

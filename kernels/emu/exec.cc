@@ -1,10 +1,10 @@
 /*
  * exec.cc — how the CUDA emulator runs a grid.
  *
- * (About 950 lines in one file on purpose: the fiber switch, the block scheduler and its
- * orders, the barrier and warp-collective protocol, shared memory and the fault handler all
- * work on one per-thread Executor and its invariants; split up, each part would need the
- * others' internals.)
+ * One file on purpose, although long: the fiber switch, the block scheduler and its orders,
+ * the barrier and warp-collective protocol, shared memory and the fault handler all work on
+ * one per-thread Executor and its invariants; split up, each part would need the others'
+ * internals.
  *
  * Blocks are claimed by host threads (the stream's own thread and a pool of workers) in the
  * configured order, so blocks of a grid, and grids of different streams, run in parallel as
@@ -196,6 +196,13 @@ inline void switch_to(Context *from, Context *to, const Stack &dest, bool last =
 
 enum class State : uint8_t { runnable, running, barrier, warp, done };
 
+/* One asynchronous copy (cuda_pipeline.h) in flight: its bytes, read at issue. */
+struct AsyncCopy {
+  void *dst;
+  unsigned char data[16];
+  unsigned size;
+};
+
 struct Thread {
   Regs regs;
   Context ctx;
@@ -207,6 +214,10 @@ struct Thread {
   const char *what = nullptr, *file = nullptr;
   int line = 0;
   unsigned mask = 0;
+  /* Asynchronous copies issued and not yet landed, oldest first; batch_end[b] is the number of
+   * them in committed batches up to b (the rest are not committed yet). */
+  std::vector<AsyncCopy> copies;
+  std::vector<size_t> batch_end;
 };
 
 struct WarpState {
@@ -532,6 +543,8 @@ void run_block(Executor &ex, Grid &g, uint64_t linear) {
     t.index = i;
     t.started = false;
     t.mask = 0;
+    t.copies.clear(); /* a thread that ended without waiting: its copies never land */
+    t.batch_end.clear();
     make_runnable(ex, t);
   }
   while (has_runnable(ex) && !ex.failed) {
@@ -787,6 +800,44 @@ void *shared_alloc(const void *key, size_t bytes, size_t align, const char *file
   ex.shared_vars.push_back(SharedVar{key, off});
   ex.shared_used = off + bytes;
   return ex.shared + off;
+}
+
+void pipeline_copy(void *dst, const void *src, size_t size, size_t zfill, const char *file,
+                   int line) {
+  Executor &ex = executor("__pipeline_memcpy_async");
+  if (size != 4 && size != 8 && size != 16)
+    kernel_fault(cudaErrorInvalidValue, file, line,
+                 "__pipeline_memcpy_async of %zu bytes (4, 8 or 16)", size);
+  if (zfill > size)
+    kernel_fault(cudaErrorInvalidValue, file, line,
+                 "__pipeline_memcpy_async: zfill %zu is more than the size %zu", zfill, size);
+  const unsigned char *d = static_cast<unsigned char *>(dst);
+  if (d < ex.shared || d + size > ex.shared + ex.shared_used)
+    kernel_fault(cudaErrorIllegalAddress, file, line,
+                 "__pipeline_memcpy_async: destination %p is not in the block's shared memory",
+                 dst);
+  if ((uintptr_t)dst % size != 0 || (uintptr_t)src % size != 0)
+    kernel_fault(cudaErrorMisalignedAddress, file, line,
+                 "__pipeline_memcpy_async: %p <- %p not aligned to %zu bytes", dst, src, size);
+  AsyncCopy c{dst, {}, (unsigned)size};
+  if (size > zfill) memcpy(c.data, src, size - zfill);
+  memset(dst, kPoison, size);
+  ex.current->copies.push_back(c);
+}
+
+void pipeline_commit() {
+  Thread &t = *executor("__pipeline_commit").current;
+  t.batch_end.push_back(t.copies.size());
+}
+
+void pipeline_wait_prior(size_t prior) {
+  Thread &t = *executor("__pipeline_wait_prior").current;
+  if (t.batch_end.size() <= prior) return;
+  const size_t batches = t.batch_end.size() - prior, landed = t.batch_end[batches - 1];
+  for (size_t i = 0; i < landed; i++) memcpy(t.copies[i].dst, t.copies[i].data, t.copies[i].size);
+  t.copies.erase(t.copies.begin(), t.copies.begin() + (ptrdiff_t)landed);
+  t.batch_end.erase(t.batch_end.begin(), t.batch_end.begin() + (ptrdiff_t)batches);
+  for (size_t &e : t.batch_end) e -= landed;
 }
 
 void *dynamic_shared_base() { return executor("extern __shared__").shared; }

@@ -1,7 +1,8 @@
 /*
  * runtime.cc — the CUDA emulator's runtime API: one device (sm_90), its memory, streams,
- * events and errors. (About 1,100 lines: one function per CUDA call the backend makes, sharing
- * the file-private allocation, stream and event tables; the execution of kernels is exec.cc.)
+ * events and errors. One file, although long, because every function of it (one per CUDA call
+ * the backend makes) shares the file-private allocation, stream and event tables; the
+ * execution of kernels is exec.cc.
  *
  * Streams are asynchronous for real: each has a host thread that runs its operations in
  * order, each operation waiting for what CUDA makes it wait for (the previous operation on

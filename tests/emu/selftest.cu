@@ -6,6 +6,7 @@
  *   selftest <case>    prints "key=value" lines; exits 0 unless a CUDA call failed unexpectedly
  */
 #include <cuda_fp16.h>
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 #include <mma.h>
 #include <stdio.h>
@@ -44,6 +45,25 @@ static std::vector<T> download(const T *d, size_t n) {
   std::vector<T> h(n);
   CHECK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
   return h;
+}
+
+/* ---- asynchronous copies (cuda_pipeline.h) ------------------------------------------------ */
+
+/* Two batches of one 16-byte copy each (the second zero-fills its last 8 bytes), read before
+ * any wait, after a barrier, after waiting for the older batch and after waiting for all. */
+__global__ void pipeline(const int *src, int *out, int dst_offset) {
+  PS_SHARED_ALIGNED(16, int, s, [12]);
+  __pipeline_memcpy_async(&s[dst_offset], &src[0], 16);
+  __pipeline_commit();
+  __pipeline_memcpy_async(&s[4], &src[4], 16, 8);
+  __pipeline_commit();
+  __syncthreads();
+  out[0] = s[0];
+  __pipeline_wait_prior(1);
+  out[1] = s[0];
+  out[2] = s[4];
+  __pipeline_wait_prior(0);
+  for (int i = 0; i < 4; i++) out[3 + i] = s[4 + i];
 }
 
 /* ---- barriers and shared memory ------------------------------------------------------------ */
@@ -261,6 +281,21 @@ __global__ void big_locals(int *out, int n) {
 /* ---- cases ------------------------------------------------------------------------------------------ */
 
 static int run(const std::string &c) {
+  if (c == "pipeline" || c == "pipeline_misaligned") {
+    int h[8] = {10, 11, 12, 13, 14, 15, 16, 17}, *src, *out;
+    CHECK(cudaMalloc(&src, sizeof h));
+    CHECK(cudaMalloc(&out, 7 * sizeof(int)));
+    CHECK(cudaMemcpy(src, h, sizeof h, cudaMemcpyHostToDevice));
+    PS_LAUNCH(pipeline, 1, 1, 0, 0, src, out, c == "pipeline" ? 0 : 1);
+    if (c == "pipeline_misaligned") {
+      report_fault();
+      return 0;
+    }
+    std::vector<int> got = download(out, 7);
+    printf("before=%d first=%d second_pending=%d second=%d,%d,%d,%d\n", got[0], got[1], got[2],
+           got[3], got[4], got[5], got[6]);
+    return 0;
+  }
   if (c == "race") return run_neighbour(false);
   if (c == "race_fixed") return run_neighbour(true);
   if (c == "warp_ahead") return run_warp_ahead(false);

@@ -1,8 +1,9 @@
 /**
- * Typed wrappers over the image kernels of kernels/pinstream.h (`ps_image_augment`,
- * `ps_image_labels_i32`, `ps_gather_rows`), as nn/ops.ts is over the `ps_nn_*` kernels: each
- * checks its arguments (TypeError / RangeError naming the offending one), makes the device
- * current and queues the kernel on `options.stream` (default: the device's default stream).
+ * The image kernels: {@linkcode imageAugment}, one fused pass from uint8 images to a
+ * normalized, augmented f16 or f32 batch (optionally gathered from a device-resident set), and
+ * {@linkcode imageLabelsI32}, which widens labels to int32. Each checks its arguments
+ * (TypeError / RangeError naming the offending one) and queues the kernel on `options.stream`
+ * (default: the device's default stream) through the device's backend (ops/backend.ts).
  * Nothing here waits for the device.
  *
  * Raw bytes come as a {@linkcode DeviceBuffer} or {@linkcode HostBuffer} (memory the kernel
@@ -15,20 +16,17 @@
  */
 
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
-import type { Device } from "../ffi/device.ts";
-import type { Stream } from "../ffi/stream.ts";
 import type { Tensor } from "../ffi/tensor.ts";
 import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
 import { type ImageLayout, MAX_CHANNELS, type NormalizeAffine } from "../augment/image.ts";
+import type { Operand, OpOptions, RawMemory } from "./backend.ts";
+import { queue, streamOn } from "./_launch.ts";
+import { I32_MAX, intIn, region } from "./_memory.ts";
 
-/** Raw bytes a kernel reads or writes: a buffer (bounds-checked) or a bare pointer (not). */
-export type RawMemory = DeviceBuffer | HostBuffer | Deno.PointerValue;
+export type { RawMemory };
 
 /** Options shared by the image ops. */
-export interface ImageOpOptions {
-  /** The stream to queue the kernel on (default: the device's default stream). */
-  stream?: Stream;
-}
+export type ImageOpOptions = OpOptions;
 
 /** Transform and source description of {@linkcode imageAugment}. */
 export interface ImageAugmentOptions extends ImageOpOptions {
@@ -80,94 +78,12 @@ export interface ImageLabelsOptions extends ImageOpOptions {
   srcOffset?: number;
 }
 
-/** Indices and row geometry of {@linkcode gatherRows}. */
-export interface GatherRowsOptions extends ImageOpOptions {
-  /** int32 row indices on the device, `count` of them, each in [0, rows). */
-  indices: DeviceBuffer;
-  /** Rows to gather. */
-  count: number;
-  /** Bytes per row (> 0). */
-  rowBytes: number;
-  /** Rows in `src` (default: as many whole rows as `src` holds after `srcOffset`). */
-  rows?: number;
-  /** Byte offset of row 0 in `src` (default 0). */
-  srcOffset?: number;
-  /** Byte offset of the first gathered row in `dst` (default 0). */
-  dstOffset?: number;
-  /** Byte offset of the first index in `indices` (default 0). */
-  indicesOffset?: number;
-}
-
 // The C ABI's codes (kernels/pinstream.h).
 const LAYOUT: Readonly<Record<ImageLayout, number>> = { nhwc: 0, nchw: 1 };
 const IMAGE_F16 = 0, IMAGE_F32 = 1, IMAGE_SERIAL = 1;
-const I32_MAX = 2 ** 31 - 1;
 
 function isTensor(t: unknown): t is Tensor {
   return typeof t === "object" && t !== null && "dtype" in t && "shape" in t && "device" in t;
-}
-
-function int(v: unknown, name: string, min: number, max: number, action: string): number {
-  if (typeof v !== "number" || !Number.isSafeInteger(v) || v < min || v > max) {
-    throw new RangeError(
-      `Cannot ${action}: ${name} must be an integer in ${min}..${max}, got ${v}`,
-    );
-  }
-  return v;
-}
-
-/**
- * The address `offset` bytes into `mem`, after checking that `bytes` bytes from there lie
- * inside it (a buffer) and that it is usable from `device`.
- */
-function region(
-  mem: unknown,
-  name: string,
-  offset: unknown,
-  bytes: number,
-  device: Device,
-  action: string,
-): Deno.PointerValue {
-  if (mem instanceof DeviceBuffer || mem instanceof HostBuffer) {
-    if (mem.device.lib !== device.lib) {
-      throw new TypeError(`Cannot ${action}: ${name} is on ${mem.device}, not ${device.kind}`);
-    }
-    if (mem instanceof DeviceBuffer && mem.device !== device) {
-      throw new TypeError(`Cannot ${action}: ${name} is on ${mem.device}, not ${device}`);
-    }
-    const at = int(offset ?? 0, `${name} offset`, 0, Number.MAX_SAFE_INTEGER, action);
-    if (at + bytes > mem.bytes) {
-      throw new RangeError(
-        `Cannot ${action}: ${name} must hold ${bytes} bytes from offset ${at}, ` +
-          `got a buffer of ${mem.bytes}`,
-      );
-    }
-    return mem.pointerAt(at, action);
-  }
-  if (offset !== undefined && offset !== 0) {
-    throw new TypeError(
-      `Cannot ${action}: ${name} offset ${offset} needs a DeviceBuffer or HostBuffer, ` +
-        `not a bare pointer`,
-    );
-  }
-  if (mem === null) {
-    if (bytes === 0) return null;
-    throw new TypeError(`Cannot ${action}: ${name} must be a buffer or pointer, got null`);
-  }
-  if (typeof mem !== "object") {
-    throw new TypeError(
-      `Cannot ${action}: ${name} must be a DeviceBuffer, HostBuffer or pointer, got ${mem}`,
-    );
-  }
-  return mem as Deno.PointerObject;
-}
-
-function streamOf(options: ImageOpOptions, device: Device, action: string): Deno.PointerValue {
-  const stream = options.stream;
-  if (stream !== undefined && stream.device !== device) {
-    throw new TypeError(`Cannot ${action}: the stream belongs to ${stream.device}, not ${device}`);
-  }
-  return stream?.handle ?? null;
 }
 
 /**
@@ -223,9 +139,9 @@ export function imageAugment(src: RawMemory, out: Tensor, options: ImageAugmentO
   }
   const [n, c, h, w] = out.shape;
   for (const [v, name] of [[n, "n"], [h, "h"], [w, "w"]] as const) {
-    int(v, `out's ${name}`, 0, I32_MAX, action);
+    intIn(v, `out's ${name}`, 0, I32_MAX, action);
   }
-  int(c, "out's channel count", 1, MAX_CHANNELS, action);
+  intIn(c, "out's channel count", 1, MAX_CHANNELS, action);
   const layout = options?.layout;
   if (layout !== "nhwc" && layout !== "nchw") {
     throw new TypeError(`Cannot ${action}: layout must be "nhwc" or "nchw", got ${layout}`);
@@ -240,56 +156,53 @@ export function imageAugment(src: RawMemory, out: Tensor, options: ImageAugmentO
       );
     }
   }
-  const padding = int(options.padding ?? 0, "padding", 0, I32_MAX, action);
+  const padding = intIn(options.padding ?? 0, "padding", 0, I32_MAX, action);
   const device = out.device;
   const imageBytes = c * h * w;
   const indices = options.indices ?? null;
-  let rows = n, indicesPtr: Deno.PointerValue = null;
+  let rows = n, indicesAt: Operand = null;
   if (indices !== null) {
     const sized = src instanceof DeviceBuffer || src instanceof HostBuffer;
     if (options.rows === undefined && !sized) {
       throw new TypeError(`Cannot ${action}: rows is needed with indices and a bare src pointer`);
     }
-    const at = int(options.srcOffset ?? 0, "src offset", 0, Number.MAX_SAFE_INTEGER, action);
-    rows = int(
+    const at = intIn(options.srcOffset ?? 0, "src offset", 0, Number.MAX_SAFE_INTEGER, action);
+    rows = intIn(
       options.rows ?? Math.floor(((src as DeviceBuffer | HostBuffer).bytes - at) / imageBytes),
       "rows",
       1,
       Number.MAX_SAFE_INTEGER,
       action,
     );
-    indicesPtr = region(indices, "indices", options.indicesOffset, n * 4, device, action);
+    indicesAt = region(indices, "indices", options.indicesOffset, n * 4, device, action);
   } else if (options.rows !== undefined || options.indicesOffset !== undefined) {
     throw new TypeError(`Cannot ${action}: rows and indicesOffset go with indices, got none`);
   }
-  const srcPtr = region(src, "src", options.srcOffset, rows * imageBytes, device, action);
+  const srcAt = region(src, "src", options.srcOffset, rows * imageBytes, device, action);
   const params = options.params ?? null;
-  const paramsPtr = params === null
+  const paramsAt = params === null
     ? null
     : region(params, "params", options.paramsOffset, n * 4 * AUGMENT_RECORD_LENGTH, device, action);
-  const stream = streamOf(options, device, action);
+  const stream = streamOn(options, device, action);
   device.makeCurrent();
-  device.check(
-    device.lib.symbols.ps_image_augment(
-      srcPtr,
-      indicesPtr,
-      BigInt(indices === null ? 0 : rows),
-      LAYOUT[layout],
-      n,
-      c,
-      h,
-      w,
-      padding,
-      paramsPtr,
-      affine.scale,
-      affine.bias,
-      out.pointer,
-      out.dtype === "f16" ? IMAGE_F16 : IMAGE_F32,
-      options.serial ? IMAGE_SERIAL : 0,
-      stream,
-    ),
-    `${action} [${out.shape}] ${layout}`,
-  );
+  queue(device, "imageAugment", {
+    src: srcAt,
+    indices: indicesAt,
+    rows: indices === null ? 0 : rows,
+    layout: LAYOUT[layout],
+    n,
+    c,
+    h,
+    w,
+    pad: padding,
+    params: paramsAt,
+    scale: affine.scale,
+    bias: affine.bias,
+    out,
+    out_dtype: out.dtype === "f16" ? IMAGE_F16 : IMAGE_F32,
+    flags: options.serial ? IMAGE_SERIAL : 0,
+    stream,
+  }, `${action} [${out.shape}] ${layout}`);
 }
 
 /**
@@ -320,94 +233,19 @@ export function imageLabelsI32(src: RawMemory, out: Tensor, options: ImageLabels
   if (out.dtype !== "i32") {
     throw new TypeError(`Cannot ${action}: out must be i32, got ${out.dtype}`);
   }
-  const n = int(out.numel, "out's element count", 0, I32_MAX, action);
+  const n = intIn(out.numel, "out's element count", 0, I32_MAX, action);
   const labelBytes = options?.labelBytes;
   if (labelBytes !== 1 && labelBytes !== 2 && labelBytes !== 4) {
     throw new RangeError(`Cannot ${action}: labelBytes must be 1, 2 or 4, got ${labelBytes}`);
   }
   const device = out.device;
-  const srcPtr = region(src, "src", options.srcOffset, n * labelBytes, device, action);
-  const stream = streamOf(options, device, action);
+  const srcAt = region(src, "src", options.srcOffset, n * labelBytes, device, action);
+  const stream = streamOn(options, device, action);
   device.makeCurrent();
-  device.check(
-    device.lib.symbols.ps_image_labels_i32(srcPtr, labelBytes, n, out.pointer, stream),
-    `${action} ${n} x ${labelBytes} bytes`,
-  );
-}
-
-/**
- * Gathers rows of a device-resident dataset on the device: row k of `dst` becomes row
- * `indices[k]` of `src`, `rowBytes` bytes each. An index outside [0, rows) fails on the CPU
- * backend; on CUDA that row is skipped and left as it was (the kernel cannot fail).
- *
- * @param src `rows` rows of `rowBytes` bytes.
- * @param dst `count` rows, written; must not overlap `src`.
- * @param options indices (count int32), count, rowBytes, rows, srcOffset, dstOffset,
- *   indicesOffset, stream.
- * @throws {TypeError} On a wrong memory kind, or memory of another device.
- * @throws {RangeError} On a bad count, row size or row count, or a buffer too small.
- * @throws {PinstreamError} When the backend refuses the launch (CPU: an index out of range).
- * @example Rows 2 and 0 of a 3-row table
- * ```ts
- * import { Device, DeviceBuffer, gatherRows } from "@pinstream/pinstream";
- * import assert from "node:assert";
- * using dev = Device.open("cpu");
- * using table = DeviceBuffer.alloc(dev, 6);
- * table.copyFrom(new Uint8Array([1, 2, 3, 4, 5, 6]));
- * using idx = DeviceBuffer.alloc(dev, 8);
- * idx.copyFrom(new Int32Array([2, 0]));
- * using out = DeviceBuffer.alloc(dev, 4);
- * gatherRows(table, out, { indices: idx, count: 2, rowBytes: 2 });
- * const back = new Uint8Array(4);
- * out.copyTo(back);
- * await dev.defaultStream.synchronize();
- * assert.deepStrictEqual([...back], [5, 6, 1, 2]);
- * ```
- */
-export function gatherRows(
-  src: DeviceBuffer,
-  dst: DeviceBuffer,
-  options: GatherRowsOptions,
-): void {
-  const action = "run gatherRows";
-  for (const [b, name] of [[src, "src"], [dst, "dst"], [options?.indices, "indices"]] as const) {
-    if (!(b instanceof DeviceBuffer)) {
-      throw new TypeError(`Cannot ${action}: ${name} must be a DeviceBuffer, got ${b}`);
-    }
-  }
-  const device = src.device;
-  const count = int(options.count, "count", 0, I32_MAX, action);
-  const rowBytes = int(options.rowBytes, "rowBytes", 1, Number.MAX_SAFE_INTEGER, action);
-  const srcOffset = int(options.srcOffset ?? 0, "src offset", 0, src.bytes, action);
-  const rows = int(
-    options.rows ?? Math.floor((src.bytes - srcOffset) / rowBytes),
-    "rows",
-    0,
-    Number.MAX_SAFE_INTEGER,
-    action,
-  );
-  const srcPtr = region(src, "src", srcOffset, rows * rowBytes, device, action);
-  const dstPtr = region(dst, "dst", options.dstOffset, count * rowBytes, device, action);
-  const idxPtr = region(
-    options.indices,
-    "indices",
-    options.indicesOffset,
-    count * 4,
+  queue(
     device,
-    action,
-  );
-  const stream = streamOf(options, device, action);
-  device.makeCurrent();
-  device.check(
-    device.lib.symbols.ps_gather_rows(
-      srcPtr,
-      BigInt(rows),
-      BigInt(rowBytes),
-      idxPtr,
-      count,
-      dstPtr,
-      stream,
-    ),
-    `${action} ${count} of ${rows} rows x ${rowBytes} bytes`,
+    "imageLabelsI32",
+    { src: srcAt, src_bytes: labelBytes, n, out, stream },
+    `${action} ${n} x ${labelBytes} bytes`,
   );
 }

@@ -1,0 +1,147 @@
+// The zero-copy path's shared memory: checks the dataset's shared fields and record map, sizes
+// and allocates the staging ring, and describes for the gather where each field goes.
+
+import { AUGMENT_OFF } from "../augment/options.ts";
+import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
+import type { GatherSpec } from "./_gather.ts";
+import { memoryOf } from "./_wasm_gather.ts";
+import { type Dataset, recordBytes, type SharedField } from "./dataset.ts";
+import type { EpochOrder } from "./order.ts";
+import { StagingRing } from "./ring.ts";
+
+/** The ring, its slots' states and the gather's description, for one DataLoader. */
+export interface Staging {
+  ring: StagingRing;
+  /** SLOT_FREE / SLOT_LOADER / SLOT_CONSUMER per slot. */
+  slotState: Uint8Array;
+  gather: GatherSpec;
+  /** The record of each sample (a Subset), or undefined when sample i is record i. */
+  recordMap: Int32Array | undefined;
+  /** Ring batches a consumer may hold without starving the loader. */
+  maxHeldBatches: number;
+}
+
+/**
+ * Allocates the staging ring of a zero-copy loader.
+ *
+ * @param dataset A dataset with `sharedFields()`.
+ * @param order The loader's order (batch sizes, augment records, seed).
+ * @param workers The most workers the loader may run.
+ * @param prefetch The most batches in flight per worker (0 without workers).
+ * @param heldBatches Slots for batches the consumer holds.
+ * @returns The ring and what the engine and the gather need of it.
+ * @throws {TypeError} / {RangeError} For fields or records the ring cannot hold, or a ring
+ * too large to allocate (naming what to lower).
+ */
+export function staging(
+  dataset: Dataset,
+  order: EpochOrder,
+  workers: number,
+  prefetch: number,
+  heldBatches: number,
+): Staging {
+  const fields = dataset.sharedFields!();
+  const { recordMap, recordCount } = checkRecords(dataset);
+  for (const f of fields) checkField(f, recordCount, recordMap !== undefined);
+  const ringFields = [
+    ...fields.map((f) => ({ name: f.name, dtype: f.dtype, shape: f.shape })),
+    { name: "indices", dtype: "i32" as const, shape: [] },
+    ...(order.augment
+      ? [{ name: "augment", dtype: "i32" as const, shape: [AUGMENT_RECORD_LENGTH] }]
+      : []),
+  ];
+  // A batch never holds more indices than an epoch has: batchSize 1e6 on 10 samples needs
+  // slots of 10 records, not of a million (a sampler that yields more than its length is
+  // refused when the epoch is planned).
+  const maxBatch = order.maxBatchSize();
+  // In flight + held by the consumer + one per worker: a worker takes its next slot before it
+  // takes its next task, so an idle worker holds one.
+  const slots = prefetch * Math.max(1, workers) + Math.max(1, heldBatches) + workers;
+  let ring: StagingRing;
+  try {
+    ring = new StagingRing(ringFields, maxBatch, slots);
+  } catch (e) {
+    const perSample = ringFields.reduce((n, f) => n + recordBytes(f), 0);
+    throw new RangeError(
+      `Cannot create DataLoader: the staging ring needs about ${
+        ((slots * maxBatch * perSample) / 2 ** 20).toFixed(0)
+      } MiB (${slots} slots of ${maxBatch} samples of ${perSample} bytes) and could not be ` +
+        `allocated (${(e as Error)?.message ?? e}); lower batchSize, prefetchFactor, ` +
+        "numWorkers or heldBatches",
+    );
+  }
+  const gather: GatherSpec = {
+    ring: ring.buffer,
+    ringMemory: ring.memory,
+    slotBytes: ring.slotBytes,
+    sources: fields.map((f) => {
+      const rf = ring.field(f.name);
+      return {
+        buffer: f.buffer,
+        memory: memoryOf(f.buffer),
+        byteOffset: f.byteOffset ?? 0,
+        recordBytes: rf.sampleBytes,
+        slotFieldOffset: rf.byteOffset,
+      };
+    }),
+    indicesOffset: ring.field("indices").byteOffset,
+    augmentOffset: order.augment ? ring.field("augment").byteOffset : -1,
+    augment: { ...(order.augment ?? AUGMENT_OFF) },
+    length: recordCount,
+    seed: order.seed,
+  };
+  return {
+    ring,
+    slotState: new Uint8Array(slots),
+    gather,
+    recordMap,
+    // Loading needs a free slot per batch in flight and per idle worker (one without workers).
+    maxHeldBatches: Math.max(1, slots - Math.max(1, prefetch * workers + workers)),
+  };
+}
+
+/** The dataset's sample -> record map (`records()`, checked; undefined without one) and count. */
+function checkRecords(
+  dataset: Dataset,
+): { recordMap: Int32Array | undefined; recordCount: number } {
+  const records = dataset.records?.();
+  if (records === undefined) return { recordMap: undefined, recordCount: dataset.length };
+  if (!(records.indices instanceof Int32Array) || records.indices.length !== dataset.length) {
+    throw new TypeError(
+      `Cannot create DataLoader: dataset.records() should map each of the ${dataset.length} ` +
+        "samples to a record (an Int32Array of that length)",
+    );
+  }
+  for (const r of records.indices) {
+    if (!(r >= 0 && r < records.count)) {
+      throw new RangeError(
+        `Cannot create DataLoader: dataset.records() maps a sample to record ${r}, ` +
+          `outside the ${records.count} records of its shared fields`,
+      );
+    }
+  }
+  return { recordMap: records.indices, recordCount: records.count };
+}
+
+/** Refuses a shared field the ring cannot gather from. */
+function checkField(f: SharedField, recordCount: number, mapped: boolean): void {
+  if (f.name === "indices" || f.name === "augment") {
+    throw new RangeError(
+      `Cannot create DataLoader: dataset field name "${f.name}" is reserved for the ring`,
+    );
+  }
+  if (!(f.buffer instanceof SharedArrayBuffer)) {
+    throw new TypeError(
+      `Cannot create DataLoader: shared field "${f.name}" is not in a SharedArrayBuffer ` +
+        "(allocate it with sharedArray())",
+    );
+  }
+  const need = (f.byteOffset ?? 0) + recordCount * recordBytes(f);
+  if (need > f.buffer.byteLength) {
+    throw new RangeError(
+      `Cannot create DataLoader: shared field "${f.name}" needs ${need} bytes for ` +
+        `${recordCount} ${mapped ? "records" : "samples"}, its buffer has ` +
+        `${f.buffer.byteLength}`,
+    );
+  }
+}

@@ -1,0 +1,87 @@
+// The training step recorded as a CUDA graph (Trainer's cudaGraphs): replayed steps leave the
+// same weights, running statistics, momentum buffers, scaler state and loss statistics as
+// steps queued one op at a time, bit for bit, in fp16 with loss scaling and in fp32, with a
+// schedule that changes lr and momentum every step; a new input shape records a graph of its
+// own; disposing the trainer frees the graphs; where recording is refused (the CPU backend, a
+// CUDA device without a stream-ordered allocator) the trainer says so once and trains
+// directly, with the same results.
+
+import assert from "node:assert";
+import { Device } from "../ffi/device.ts";
+import { CudaGraph } from "../ffi/graph.ts";
+import { assertSameRun, type Run, train } from "./_train_graphs.ts";
+import { CUDA, testEachBackend } from "./_backends.ts";
+
+for (const precision of ["fp16", "fp32"] as const) {
+  testEachBackend(
+    `replayed steps leave the weights of direct steps (${precision})`,
+    async (dev) => {
+      const batches = [6, 6, 6, 6, 6];
+      const eager = await train(dev, precision, false, batches);
+      if (dev.kind === "cuda") {
+        const graphs = await train(dev, precision, true, batches);
+        assertSameRun(graphs, eager, precision);
+        assert.strictEqual(graphs.active, true);
+        assert.strictEqual(graphs.graphsLive, 1, "one shape, one graph");
+      }
+      assert.strictEqual(eager.active, false);
+      assert.strictEqual(eager.graphsLive, 0);
+      assert.strictEqual(CudaGraph.live(dev), 0, "disposing the trainer freed its graphs");
+    },
+  );
+}
+
+Deno.test({
+  name: "a new input shape records its own graph, the old one still replays [cuda]",
+  ignore: CUDA.ignore,
+  async fn() {
+    using dev = Device.open("cuda");
+    const batches = [6, 6, 6, 4, 4, 4, 6, 4, 6];
+    const eager = await train(dev, "fp16", false, batches);
+    const graphs = await train(dev, "fp16", true, batches);
+    assertSameRun(graphs, eager, "two shapes");
+    assert.strictEqual(graphs.graphsLive, 2);
+    assert.strictEqual(CudaGraph.live(dev), 0);
+  },
+});
+
+Deno.test("the CPU backend refuses recording: the trainer says so once and trains directly", async () => {
+  using dev = Device.open("cpu");
+  const lines: string[] = [];
+  const error = console.error;
+  console.error = (...args: unknown[]) => void lines.push(args.join(" "));
+  let refused: Run;
+  try {
+    refused = await train(dev, "fp16", true, [6, 6, 6, 6]);
+  } finally {
+    console.error = error;
+  }
+  const eager = await train(dev, "fp16", false, [6, 6, 6, 6]);
+  assertSameRun(refused, eager, "refused");
+  assert.strictEqual(refused.active, false);
+  assert.strictEqual(lines.length, 1, lines.join("\n"));
+  assert.match(lines[0], /^pinstream: training without CUDA graphs .*cpu backend/);
+});
+
+function cudaIsEmulated(): boolean {
+  if (CUDA.ignore) return false;
+  using dev = Device.open("cuda");
+  return dev.props.emulated;
+}
+
+Deno.test({
+  name: "[cuda] without a stream-ordered allocator recording is refused and steps run directly",
+  ignore: !cudaIsEmulated(),
+  async fn() {
+    const child = new URL("./_graphs_no_pools_child.ts", import.meta.url).pathname;
+    const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", child],
+      env: { PINSTREAM_CUDA_EMULATOR: "1", PINSTREAM_EMU_MEMORY_POOLS: "0" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const out = new TextDecoder().decode(stdout), err = new TextDecoder().decode(stderr);
+    assert.strictEqual(code, 0, `child exited with ${code}:\n${out}\n${err}`);
+    assert.strictEqual(out.trim(), "ok");
+  },
+});
