@@ -31,6 +31,7 @@ export { LibraryError, loadLibrary } from "./ffi/library.ts";
 export { PermissionError } from "./internal/permissions.ts";
 export { activeProfiler, Profiler, range, span } from "./ffi/profiler.ts";
 export type { ChromeTrace, ProfilerOptions, ProfileRow, RangeOptions } from "./ffi/profiler.ts";
+export type { OpCounts, OpKind } from "./internal/op_count.ts";
 export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";
 export { ABI_VERSION, signatures, symbols } from "./ffi/symbols.ts";
 export type { Foreign, Param, ParamTypes, Signature } from "./ffi/symbols.ts";
@@ -105,12 +106,27 @@ export {
   type FieldArray,
   type FieldArrays,
   type FieldDType,
+  type FilledField,
   getWorkerInfo,
+  IMAGE_EXTENSIONS,
+  ImageFileList,
+  type ImageFileListCsvOptions,
+  type ImageFileListOptions,
+  ImageFiles,
+  type ImageFilesOptions,
+  type ImageFilesState,
+  ImageFolder,
+  type ImageFolderOptions,
+  type ImageSample,
   LabeledImages,
   type LabeledImagesState,
   MNIST,
   type MNISTOptions,
   type ModuleRef,
+  type OnError,
+  type PathTable,
+  type RandomResizedCrop,
+  randomResizedCropBox,
   RandomSampler,
   randomSplit,
   type RandomSplitOptions,
@@ -124,6 +140,7 @@ export {
   sharedArray,
   type SharedField,
   type SharedFieldsOf,
+  SKIP_SAMPLE,
   StagingRing,
   Subset,
   SubsetRandomSampler,
@@ -137,6 +154,24 @@ export {
   type WorkerInfo,
   type WorkerSpec,
 } from "./loader/mod.ts";
+
+// decode: image decoders (libjpeg-turbo and libspng through FFI, loaded on first use)
+export {
+  type Channels,
+  type CropBox,
+  cropImage,
+  type DecodedImage,
+  type DecoderBackend,
+  type DecodeTarget,
+  DEFAULT_MAX_PIXELS,
+  encodeJpeg,
+  ImageDecodeError,
+  ImageDecoder,
+  type ImageDecoderOptions,
+  type ImageType,
+  resizeBilinear,
+  sniffImageType,
+} from "./decode/mod.ts";
 
 // pipeline
 export {
@@ -210,6 +245,12 @@ export {
   uniform,
   Xoshiro128,
 } from "./nn/mod.ts";
+export {
+  type CopyEntry,
+  type SgdEntry,
+  TensorList,
+  type TensorListKind,
+} from "./ops/tensor_list.ts";
 
 // train
 export {

@@ -91,8 +91,8 @@ step cuda-probe 30 deno eval '
     typeof v === "bigint" ? String(v) : v));'
 
 # ---- the kernel tests on their own first: short, and the ones that matter most here
-step test-kernels 90 deno test -A tests/nn_kernels_test.ts tests/image_kernel_test.ts \
-  tests/device_test.ts
+step test-kernels 90 deno test -A tests/nn_kernels_test.ts tests/gemm_shapes_test.ts \
+  tests/image_kernel_test.ts tests/device_test.ts
 # ---- the CUDA kernel tests under compute-sanitizer memcheck (out-of-bounds, misaligned
 # accesses, API errors): the kernels were written without a GPU, so this comes early
 SANITIZER=$(command -v compute-sanitizer ||
@@ -101,7 +101,8 @@ SANITIZER=$(command -v compute-sanitizer ||
     2>/dev/null | head -1)
 if [ -n "$SANITIZER" ]; then
   step sanitize-memcheck 100 "$SANITIZER" --tool memcheck --leak-check no \
-    deno test -A --filter '[cuda]' tests/nn_kernels_test.ts tests/image_kernel_test.ts
+    deno test -A --filter '[cuda]' tests/nn_kernels_test.ts tests/gemm_shapes_test.ts \
+    tests/image_kernel_test.ts
 else
   say "compute-sanitizer not found: sanitizer steps skipped"
 fi
@@ -154,7 +155,8 @@ PINSTREAM_TEST_GPU_ONLY=1 step test-all 330 deno task test
 # ---- shared-memory races in the GEMM and the block reductions, with what time is left
 if [ -n "$SANITIZER" ]; then
   step sanitize-racecheck 90 "$SANITIZER" --tool racecheck \
-    deno test -A --filter '[cuda]' tests/nn_kernels_test.ts tests/nn_fp32_test.ts
+    deno test -A --filter '[cuda]' tests/nn_kernels_test.ts tests/nn_fp32_test.ts \
+    tests/gemm_shapes_test.ts
 fi
 
 # ---- collect ----------------------------------------------------------------------------

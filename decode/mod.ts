@@ -14,9 +14,9 @@ import { decodePngTs, pngHeader } from "./png.ts";
 import { resizeBilinear } from "./resize.ts";
 import { Spng, SPNG_LIBRARY } from "./spng.ts";
 import { TurboJpeg, TURBOJPEG_LIBRARY } from "./turbojpeg.ts";
-import { type Channels, type DecodedImage, ImageDecodeError } from "./types.ts";
+import { type Channels, type CropBox, type DecodedImage, ImageDecodeError } from "./types.ts";
 
-export { type Channels, type DecodedImage, ImageDecodeError } from "./types.ts";
+export { type Channels, type CropBox, type DecodedImage, ImageDecodeError } from "./types.ts";
 export { type ImageType, sniffImageType } from "./format.ts";
 export { applyOrientation, exifOrientation } from "./exif.ts";
 export { resizeBilinear } from "./resize.ts";
@@ -39,6 +39,40 @@ export interface ImageDecoderOptions {
   exifOrientation?: boolean;
 }
 
+/**
+ * The pixels of a region (a new buffer).
+ *
+ * @param image HWC pixels
+ * @param box the region, inside the image
+ * @returns the region's pixels
+ * @example
+ * ```ts
+ * import { cropImage } from "./mod.ts";
+ * import assert from "node:assert";
+ * const img = { data: new Uint8Array([1, 2, 3, 4, 5, 6]), height: 2, width: 3, channels: 1 as const };
+ * assert.deepStrictEqual([...cropImage(img, { top: 1, left: 1, height: 1, width: 2 }).data], [5, 6]);
+ * ```
+ */
+export function cropImage(image: DecodedImage, box: CropBox): DecodedImage {
+  const { data, width, channels: c } = image;
+  if (
+    box.top < 0 || box.left < 0 || box.height < 1 || box.width < 1 ||
+    box.top + box.height > image.height || box.left + box.width > width
+  ) {
+    throw new RangeError(
+      `Cannot crop ${JSON.stringify(box)} from an image of ${image.height}x${width}`,
+    );
+  }
+  if (box.height === image.height && box.width === width) return image;
+  const out = new Uint8Array(box.height * box.width * c);
+  const row = box.width * c;
+  for (let y = 0; y < box.height; y++) {
+    const from = ((box.top + y) * width + box.left) * c;
+    out.set(data.subarray(from, from + row), y * row);
+  }
+  return { data: out, height: box.height, width: box.width, channels: c };
+}
+
 /** Where a decode goes and how small it may be. */
 export interface DecodeTarget {
   /**
@@ -46,7 +80,17 @@ export interface DecodeTarget {
    * (bilinear, antialiased) into `out` when given.
    */
   size?: readonly [height: number, width: number];
-  /** Where the pixels go when `size` is given (`size[0] * size[1] * channels` bytes). */
+  /**
+   * A region to keep, chosen from the upright image's full size (e.g. RandomResizedCrop's):
+   * cropped, then resized to `size` (which it needs). A JPEG is decoded at the smallest DCT
+   * scale that keeps the region at least `size`, and the region is scaled with it.
+   */
+  crop?: (height: number, width: number) => CropBox;
+  /**
+   * Where the pixels go: `size[0] * size[1] * channels` bytes with `size`; without it, a
+   * buffer for the image at its own size (used when large enough, for a JPEG upright as
+   * stored; the result says where the pixels are).
+   */
   out?: Uint8Array;
 }
 
@@ -130,6 +174,15 @@ export class ImageDecoder {
   /** One line: which decoders run and why. */
   readonly description: string;
   #native: Native;
+  /** Stored (not upright) height and width of the JPEG being decoded. */
+  #lastJpeg: [number, number] = [0, 0];
+  #scratch = new Uint8Array(0);
+
+  /** `n` bytes of the scratch buffer (grown as needed). */
+  #scratchOf(n: number): Uint8Array {
+    if (this.#scratch.length < n) this.#scratch = new Uint8Array(n);
+    return this.#scratch.subarray(0, n);
+  }
 
   /**
    * Picks the decoders.
@@ -195,6 +248,7 @@ export class ImageDecoder {
       );
     }
     const orientation = this.exifOrientation ? exifOrientation(bytes) : 1;
+    let box: CropBox | undefined;
     const size = target.size;
     // Orientations 5-8 swap the sides: the size asked is of the upright image.
     const want = size && orientation >= 5 ? [size[1], size[0]] as const : size;
@@ -207,6 +261,7 @@ export class ImageDecoder {
         );
       }
       const h = tj.header(bytes);
+      this.#lastJpeg = [h.height, h.width];
       if (h.width * h.height > this.maxPixels) {
         throw new ImageDecodeError(
           `image of ${h.width}x${h.height} = ${
@@ -214,27 +269,89 @@ export class ImageDecoder {
           } pixels exceeds the limit of ${this.maxPixels} (maxPixels)`,
         );
       }
-      const scaled = want
+      let scaled = want
         ? TurboJpeg.scaledSize(h.height, h.width, want[0], want[1])
         : { height: h.height, width: h.width };
-      const direct = want !== undefined && orientation === 1 && target.out !== undefined &&
-        scaled.height === want[0] && scaled.width === want[1];
-      img = tj.decode(bytes, this.channels, h, scaled, direct ? target.out : undefined);
+      if (target.crop && want) {
+        const swap = orientation >= 5;
+        box = target.crop(swap ? h.width : h.height, swap ? h.height : h.width);
+        // The DCT scale that keeps the region at least the size asked (in stored axes).
+        const [bh, bw] = swap ? [box.width, box.height] : [box.height, box.width];
+        scaled = TurboJpeg.scaledSize(
+          h.height,
+          h.width,
+          Math.ceil((want[0] * h.height) / bh),
+          Math.ceil((want[1] * h.width) / bw),
+        );
+      }
+      const need = scaled.height * scaled.width * this.channels;
+      const direct = orientation === 1 && target.out !== undefined && box === undefined &&
+        (want === undefined
+          ? target.out.length >= need
+          : scaled.height === want[0] && scaled.width === want[1]);
+      // An image resized afterwards is decoded into a buffer kept between calls: a fresh one
+      // each time costs its allocation and zeroing, as much as a tenth of the decode.
+      const into = direct ? target.out : want !== undefined ? this.#scratchOf(need) : undefined;
+      img = tj.decode(bytes, this.channels, h, scaled, into);
       if (direct) return img;
     } else if (this.#native.png) {
       img = this.#native.png.decode(
         bytes,
         this.channels,
         this.maxPixels,
-        size === undefined || orientation !== 1 ? undefined : directPng(bytes, size, target.out),
+        size === undefined || orientation !== 1 || target.crop
+          ? undefined
+          : directPng(bytes, size, target.out),
       );
     } else {
       img = decodePngTs(bytes, this.channels, this.maxPixels);
     }
     img = applyOrientation(img, orientation);
     if (size === undefined) return img;
-    return resizeBilinear(img, size[0], size[1], true, target.out);
+    if (target.crop) {
+      if (box === undefined) box = target.crop(img.height, img.width);
+      else {
+        // Decoded at a DCT scale: the region scales with the image (upright sizes).
+        const full = orientation >= 5 ? [this.#lastJpeg[1], this.#lastJpeg[0]] : this.#lastJpeg;
+        const sy = img.height / full[0], sx = img.width / full[1];
+        const top = Math.min(img.height - 1, Math.floor(box.top * sy));
+        const left = Math.min(img.width - 1, Math.floor(box.left * sx));
+        box = {
+          top,
+          left,
+          height: Math.max(1, Math.min(img.height - top, Math.round(box.height * sy))),
+          width: Math.max(1, Math.min(img.width - left, Math.round(box.width * sx))),
+        };
+      }
+    }
+    const r = resizeBilinear(img, size[0], size[1], true, target.out, box);
+    // Never hand out the scratch buffer: the next decode overwrites it.
+    return r.data.buffer === this.#scratch.buffer ? { ...r, data: r.data.slice() } : r;
   }
+}
+
+/**
+ * Encodes 8-bit pixels as a JPEG with libjpeg-turbo (4:2:0 for colour), to generate image
+ * files without other tools.
+ *
+ * @param image HWC pixels, 1 or 3 channels
+ * @param quality 1-100 (default 90)
+ * @returns the file's bytes
+ * @throws {Error} when libjpeg-turbo cannot be loaded (the reason and the package)
+ * @example A grey gradient, encoded and decoded again
+ * ```ts
+ * import { encodeJpeg, ImageDecoder } from "./mod.ts";
+ * import assert from "node:assert";
+ * const data = Uint8Array.from({ length: 16 * 16 * 3 }, (_, i) => (i / 3) & 0xff);
+ * const jpeg = encodeJpeg({ data, height: 16, width: 16, channels: 3 }, 95);
+ * const back = new ImageDecoder().decode(jpeg);
+ * assert.deepStrictEqual([back.height, back.width], [16, 16]);
+ * ```
+ */
+export function encodeJpeg(image: DecodedImage, quality = 90): Uint8Array {
+  const n = loadNative();
+  if (n.jpeg === undefined) throw new Error(`Cannot encode a JPEG: ${n.jpegWhy}`);
+  return n.jpeg.encode(image, quality);
 }
 
 /** `out` when a PNG is already of the size asked (decoded straight into it), else undefined. */

@@ -8,10 +8,12 @@
  * @module
  */
 
-import type { DecodedImage } from "./types.ts";
+import type { CropBox, DecodedImage } from "./types.ts";
 
 const BITS = 22;
 const ONE = 1 << BITS;
+/** Rounding: half of one in the fixed point. */
+const HALF = ONE >> 1;
 
 interface Taps {
   start: Int32Array;
@@ -48,11 +50,6 @@ function taps(inSize: number, outSize: number, antialias: boolean): Taps {
   return { start, count, weights, width };
 }
 
-const clip8 = (ss: number) => {
-  const v = Math.floor(ss / ONE);
-  return v < 0 ? 0 : v > 255 ? 255 : v;
-};
-
 /**
  * Resizes an image to `height` x `width` (bilinear).
  *
@@ -61,6 +58,7 @@ const clip8 = (ss: number) => {
  * @param width columns out
  * @param antialias widen the filter when shrinking (default true, as Pillow)
  * @param out where the pixels go (`height * width * channels` bytes), e.g. a ring slot
+ * @param box the region of `image` to resize (default all of it; the crop costs no copy)
  * @returns the resized image (the input itself when the size is unchanged and no `out`)
  * @example Halving a 2x2 grey image averages it
  * ```ts
@@ -76,45 +74,83 @@ export function resizeBilinear(
   width: number,
   antialias = true,
   out?: Uint8Array,
+  box?: CropBox,
 ): DecodedImage {
-  const { data, height: ih, width: iw, channels: c } = image;
+  const { data, height: fullH, width: fullW, channels: c } = image;
+  const top = box?.top ?? 0, left = box?.left ?? 0;
+  const ih = box?.height ?? fullH, iw = box?.width ?? fullW;
   const size = height * width * c;
   const dst = out ? out.subarray(0, size) : new Uint8Array(size);
   if (ih === height && iw === width) {
-    if (out === undefined) return image;
+    if (out === undefined && box === undefined) return image;
     // Already decoded into `out`: nothing to move.
-    if (data.buffer !== dst.buffer || data.byteOffset !== dst.byteOffset) {
-      dst.set(data.subarray(0, size));
+    if (box === undefined && data.buffer === dst.buffer && data.byteOffset === dst.byteOffset) {
+      return { data: dst, height, width, channels: c };
+    }
+    const row = width * c;
+    for (let y = 0; y < height; y++) {
+      const from = ((top + y) * fullW + left) * c;
+      dst.set(data.subarray(from, from + row), y * row);
     }
     return { data: dst, height, width, channels: c };
   }
+  // Results clamp to 0..255 on store through a clamped view (one branchless store).
+  const clamped = (a: Uint8Array) => new Uint8ClampedArray(a.buffer, a.byteOffset, a.length);
   // Horizontal pass (skipped when the width is unchanged), rounded to bytes.
-  let mid = data;
+  let mid = data, midW = fullW, midTop = top, midLeft = left;
   if (iw !== width) {
     const t = taps(iw, width, antialias);
-    mid = ih === height && out !== undefined ? dst : new Uint8Array(ih * width * c);
+    const m = ih === height ? dst : new Uint8Array(ih * width * c);
+    const mc = clamped(m);
+    const tw = t.width, W = t.weights;
     for (let y = 0; y < ih; y++) {
-      const row = y * iw * c, orow = y * width * c;
-      for (let x = 0; x < width; x++) {
-        const s = t.start[x], n = t.count[x], w0 = x * t.width;
-        for (let ch = 0; ch < c; ch++) {
-          let ss = ONE >> 1;
-          for (let i = 0; i < n; i++) ss += data[row + (s + i) * c + ch] * t.weights[w0 + i];
-          mid[orow + x * c + ch] = clip8(ss);
+      const row = ((top + y) * fullW + left) * c, orow = y * width * c;
+      if (c === 3) {
+        for (let x = 0; x < width; x++) {
+          const n = t.count[x], w0 = x * tw;
+          let p = row + t.start[x] * 3;
+          let r = HALF, g = HALF, b = HALF;
+          for (let i = 0; i < n; i++, p += 3) {
+            const w = W[w0 + i];
+            r += data[p] * w;
+            g += data[p + 1] * w;
+            b += data[p + 2] * w;
+          }
+          const o = orow + x * 3;
+          mc[o] = r >> BITS;
+          mc[o + 1] = g >> BITS;
+          mc[o + 2] = b >> BITS;
+        }
+      } else {
+        for (let x = 0; x < width; x++) {
+          const n = t.count[x], w0 = x * tw, s = row + t.start[x] * c;
+          for (let ch = 0; ch < c; ch++) {
+            let ss = HALF;
+            for (let i = 0; i < n; i++) ss += data[s + i * c + ch] * W[w0 + i];
+            mc[orow + x * c + ch] = ss >> BITS;
+          }
         }
       }
     }
-    if (ih === height) return { data: mid, height, width, channels: c };
+    if (ih === height) return { data: m, height, width, channels: c };
+    mid = m, midW = width, midTop = 0, midLeft = 0;
   }
+  // Vertical pass: each output row accumulates its input rows, one tap at a time.
   const t = taps(ih, height, antialias);
-  const rowLen = width * c;
+  const rowLen = width * c, stride = midW * c, base = midTop * stride + midLeft * c;
+  if (acc.length < rowLen) acc = new Int32Array(rowLen);
+  const dc = clamped(dst);
   for (let y = 0; y < height; y++) {
     const s = t.start[y], n = t.count[y], w0 = y * t.width, orow = y * rowLen;
-    for (let x = 0; x < rowLen; x++) {
-      let ss = ONE >> 1;
-      for (let i = 0; i < n; i++) ss += mid[(s + i) * rowLen + x] * t.weights[w0 + i];
-      dst[orow + x] = clip8(ss);
+    acc.fill(HALF, 0, rowLen);
+    for (let i = 0; i < n; i++) {
+      const w = t.weights[w0 + i], from = base + (s + i) * stride;
+      for (let x = 0; x < rowLen; x++) acc[x] += mid[from + x] * w;
     }
+    for (let x = 0; x < rowLen; x++) dc[orow + x] = acc[x] >> BITS;
   }
   return { data: dst, height, width, channels: c };
 }
+
+/** The vertical pass's row of sums, kept between calls. */
+let acc = new Int32Array(0);

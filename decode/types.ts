@@ -21,8 +21,21 @@ export type Channels = 1 | 3 | 4;
 
 /** An error decoding one image: the reason, without the file name (the caller adds it). */
 export class ImageDecodeError extends Error {
+  /** Makes the error; `options.cause` keeps the underlying one. */
   constructor(message: string, options?: ErrorOptions) {
     super(message, options);
     this.name = "ImageDecodeError";
   }
+}
+
+/** A region of an image: rows `top..top+height`, columns `left..left+width`. */
+export interface CropBox {
+  /** First row. */
+  top: number;
+  /** First column. */
+  left: number;
+  /** Rows. */
+  height: number;
+  /** Columns. */
+  width: number;
 }

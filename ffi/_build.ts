@@ -27,6 +27,7 @@ const CUDA_SOURCES = [
   "cuda/conv.cu",
   "cuda/norm.cu",
   "cuda/ops.cu",
+  "cuda/multi_tensor.cu",
   "cuda/fill.cu",
 ];
 
@@ -350,6 +351,9 @@ function cudaFlags(archs: string[]): string[] {
     "-fPIC,-fvisibility=hidden",
     "-cudart",
     "static",
+    // One thread per -gencode target: the GEMM's instantiations make each arch a long compile.
+    "--threads",
+    "0",
   ];
   for (const a of archs) flags.push("-gencode", `arch=compute_${a},code=sm_${a}`);
   const newest = archs[archs.length - 1];

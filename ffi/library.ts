@@ -26,7 +26,8 @@
  */
 
 import { permissionMessage } from "../internal/permissions.ts";
-import { ABI_VERSION, type Library, symbols } from "./symbols.ts";
+import { ABI_VERSION, type Library, signatures, symbols } from "./symbols.ts";
+import { countCall, opKindOf } from "../internal/op_count.ts";
 import { buildLibrary, emulatorSanitized } from "./_build.ts";
 import { type Backend, cudaEmulated, envSetting, LibraryError } from "./_env.ts";
 
@@ -52,6 +53,32 @@ export {
 } from "./_build.ts";
 
 const loaded = new Map<Backend, { lib: Library; path: string } | LibraryError>();
+
+/**
+ * The library with every symbol that queues device work or waits for it counted as it is called
+ * (internal/op_count.ts): the profiler's operation counts.
+ */
+function counted(lib: Library): Library {
+  const wrapped: Record<string, unknown> = {};
+  for (const [name, fn] of Object.entries(lib.symbols)) {
+    const kind = opKindOf(name);
+    if (kind < 0) {
+      wrapped[name] = fn;
+      continue;
+    }
+    // A wrapper of the prototype's arity, as generated source: Deno's fast FFI path needs call
+    // sites of fixed arity (ffi/native_backend.ts), which a spread wrapper would lose.
+    const n = signatures[name as keyof typeof signatures].params.length;
+    const args = Array.from({ length: n }, (_, i) => `a${i}`).join(", ");
+    wrapped[name] = new Function(
+      "fn",
+      "count",
+      "kind",
+      `return (${args}) => { count(kind); return fn(${args}); };`,
+    )(fn, countCall, kind);
+  }
+  return { symbols: wrapped, close: () => lib.close() } as unknown as Library;
+}
 
 /**
  * The backend library, loaded once per process: from an override variable, else from the
@@ -241,7 +268,7 @@ function open(backend: Backend, path: string, from: string): Library {
     throw new LibraryError("load-failed", backend, `${path} (from ${from}) is a ${kind} library`);
   }
   try {
-    return Deno.dlopen(path, symbols);
+    return counted(Deno.dlopen(path, symbols));
   } catch (err) {
     const message = (err as Error).message;
     const hint = /undefined symbol|obtain symbol/.test(message)

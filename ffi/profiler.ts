@@ -33,6 +33,7 @@
  */
 
 import { Event, type Stream } from "./stream.ts";
+import { OP_KINDS, type OpCounts, opCounts, opDelta, type OpKind } from "../internal/op_count.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
 import {
   activeRecorder,
@@ -71,6 +72,11 @@ export interface ProfileRow {
   share: number;
   /** Device milliseconds, all calls with a stream (undefined when none). */
   deviceMs?: number;
+  /**
+   * Device operations and host synchronizations the backend was asked for inside the range,
+   * all calls (divide by `calls` for one; see {@linkcode Profiler.opCounts}).
+   */
+  ops: OpCounts;
 }
 
 /** A Chrome trace (the JSON object format of the Trace Event Format). */
@@ -85,6 +91,8 @@ interface HostSpan {
   name: string;
   start: number;
   end: number;
+  /** The op counts at the start, then (ended) the operations inside. */
+  ops?: OpCounts;
   /** The trace's track ("host" for ranges). */
   track?: string;
 }
@@ -188,6 +196,8 @@ export class Profiler implements Disposable {
   #t0 = 0;
   #t1 = 0;
   #running = false;
+  #ops: OpCounts = opDelta(opCounts(), opCounts());
+  #opsAt: OpCounts | null = null;
   #disposed = false;
 
   /**
@@ -218,6 +228,7 @@ export class Profiler implements Disposable {
     }
     setActiveRecorder(this);
     if (!this.#running) {
+      this.#opsAt = opCounts();
       this.#running = true;
       if (this.#t0 === 0 && this.#host.length === 0) this.#t0 = performance.now();
     }
@@ -227,8 +238,43 @@ export class Profiler implements Disposable {
   /** Stops recording (ranges still open record their end when closed). */
   stop(): void {
     if (activeRecorder() === this) setActiveRecorder(undefined);
-    if (this.#running) this.#t1 = performance.now();
+    if (this.#running) {
+      this.#t1 = performance.now();
+      const d = opDelta(opCounts(), this.#opsAt!);
+      for (const k of OP_KINDS) this.#ops[k] += d[k];
+    }
     this.#running = false;
+  }
+
+  /**
+   * The device operations (kernel launches, copies, memsets, allocations, frees) and host
+   * synchronizations the backend was asked for while this profiler ran, on every backend alike:
+   * each call of the backend library counts once, whatever it runs (internal/op_count.ts). For
+   * one training step, profile one step; per range, see {@linkcode ProfileRow.ops}.
+   *
+   * @returns The counts by kind.
+   * @example
+   * ```ts
+   * import { Device, Profiler, Tensor } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using device = Device.open("cpu");
+   * using t = Tensor.empty(device, [4], "f32");
+   * using prof = new Profiler({ device: false }).start();
+   * t.buffer.copyFrom(new Float32Array(4));
+   * t.buffer.fill(0);
+   * prof.stop();
+   * assert.deepStrictEqual(prof.opCounts(), {
+   *   kernels: 0, copies: 1, memsets: 1, allocations: 0, frees: 0, syncs: 0,
+   * });
+   * ```
+   */
+  opCounts(): OpCounts {
+    const out = { ...this.#ops };
+    if (this.#running) {
+      const d = opDelta(opCounts(), this.#opsAt!);
+      for (const k of OP_KINDS) out[k] += d[k];
+    }
+    return out;
   }
 
   /**
@@ -240,12 +286,14 @@ export class Profiler implements Disposable {
    */
   range(name: string, options?: RangeOptions): Disposable {
     if (!this.#running) return NOOP;
-    const span: HostSpan = { name, start: performance.now(), end: 0 };
+    const span: HostSpan = { name, start: performance.now(), end: 0, ops: opCounts() };
     this.#host.push(span);
     const stream = options?.stream;
-    if (stream === undefined || !this.device) {
-      return { [Symbol.dispose]: () => void (span.end = performance.now()) };
-    }
+    const end = () => {
+      span.ops = opDelta(opCounts(), span.ops!);
+      span.end = performance.now();
+    };
+    if (stream === undefined || !this.device) return { [Symbol.dispose]: end };
     this.#reference(stream);
     const dev: DeviceSpan = {
       name,
@@ -258,7 +306,7 @@ export class Profiler implements Disposable {
     this.#devices.push(dev);
     return {
       [Symbol.dispose]: () => {
-        span.end = performance.now();
+        end();
         // Profiling never changes the program's outcome: a range closed after its profiler
         // was disposed (its events freed), or on a stream disposed meanwhile, keeps only its
         // host time.
@@ -330,9 +378,17 @@ export class Profiler implements Disposable {
     for (const s of this.#host) {
       if (s.end === 0) continue;
       const r = rows.get(s.name) ??
-        { name: s.name, calls: 0, totalMs: 0, meanMs: 0, share: 0 } as ProfileRow;
+        {
+          name: s.name,
+          calls: 0,
+          totalMs: 0,
+          meanMs: 0,
+          share: 0,
+          ops: opDelta(opCounts(), opCounts()),
+        } as ProfileRow;
       r.calls++;
       r.totalMs += s.end - s.start;
+      if (s.ops) { for (const k of OP_KINDS) r.ops[k] += s.ops[k]; }
       rows.set(s.name, r);
     }
     for (const d of this.#devices) {
@@ -350,7 +406,8 @@ export class Profiler implements Disposable {
 
   /**
    * The per-name table: calls, total and mean host milliseconds, share of the profiled time,
-   * and device milliseconds where timed.
+   * device milliseconds where timed, and per call the device operations queued (kernels,
+   * copies, memsets, allocations and frees) and host synchronizations.
    *
    * @returns The table as text.
    */
@@ -358,10 +415,15 @@ export class Profiler implements Disposable {
     const rows = this.stats();
     const width = Math.max(4, ...rows.map((r) => r.name.length));
     const line = (cells: string[]) =>
-      [cells[0].padEnd(width), ...cells.slice(1).map((c, i) => c.padStart([5, 9, 9, 6, 10][i]))]
-        .join(" ").trimEnd();
+      [
+        cells[0].padEnd(width),
+        ...cells.slice(1).map((c, i) => c.padStart([5, 9, 9, 6, 10, 8, 6][i])),
+      ].join(" ").trimEnd();
+    const perCall = (r: ProfileRow, kinds: readonly OpKind[]) =>
+      String(Math.round(kinds.reduce((s, k) => s + r.ops[k], 0) / r.calls * 10) / 10);
+    const queued = OP_KINDS.filter((k) => k !== "syncs");
     return [
-      line(["name", "calls", "total ms", "mean ms", "share", "device ms"]),
+      line(["name", "calls", "total ms", "mean ms", "share", "device ms", "ops", "syncs"]),
       ...rows.map((r) =>
         line([
           r.name,
@@ -370,6 +432,8 @@ export class Profiler implements Disposable {
           r.meanMs.toFixed(3),
           `${(r.share * 100).toFixed(1)}%`,
           r.deviceMs === undefined ? "" : r.deviceMs.toFixed(2),
+          perCall(r, queued),
+          perCall(r, ["syncs"]),
         ])
       ),
     ].join("\n");

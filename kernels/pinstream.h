@@ -348,6 +348,31 @@ PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *
                                     int32_t dtype, float *dgamma, float *dbeta, int64_t n,
                                     int64_t c, int64_t hw, void *stream);
 
+/* Batch norm with an activation fused in (act 0: none, PS_BN_RELU: y = relu(bn(x)), and the
+ * backward masks dy by y > 0 first, as ps_nn_relu_backward would), reduced over a fixed
+ * partition of each channel in a fixed order (rules.h ps_bn_groups): results are the same run
+ * to run. `work` (f32, at least ps_nn_batchnorm_workspace floats, device memory) holds the
+ * per-group partial statistics; NULL takes stream-ordered scratch on every call (CUDA), so a
+ * training loop passes a workspace it keeps. The backward takes y (the forward's output) when
+ * act is PS_BN_RELU (else it may be NULL). When run_backup (f32 [2c]) is not NULL the forward
+ * first saves the running mean and variance it updates there (mean, then var), so a skipped
+ * step can put them back (ps_nn_multi_copy_if) with no copy of its own. */
+#define PS_BN_RELU 1
+PS_API int ps_nn_batchnorm_workspace(int64_t n, int64_t c, int64_t hw, int64_t *floats);
+PS_API int ps_nn_batchnorm_act_forward_train(const void *x, const float *gamma, const float *beta,
+                                             void *y, int32_t dtype, float *save_mean,
+                                             float *save_invstd, float *run_mean, float *run_var,
+                                             float *run_backup, float *work, int64_t work_floats,
+                                             int64_t n,
+                                             int64_t c, int64_t hw, float momentum, float eps,
+                                             int32_t act, void *stream);
+PS_API int ps_nn_batchnorm_act_backward(const void *dy, const void *x, const void *y,
+                                        const float *gamma, const float *save_mean,
+                                        const float *save_invstd, void *dx, int32_t dtype,
+                                        float *dgamma, float *dbeta, float *work,
+                                        int64_t work_floats, int64_t n, int64_t c, int64_t hw,
+                                        int32_t act, void *stream);
+
 /* y[n,c,hw] += bias[c] (y act, bias bias_dtype); [N,F] is hw = 1. */
 PS_API int ps_nn_bias_add(void *y, int32_t dtype, const void *bias, int32_t bias_dtype,
                           int64_t n, int64_t c, int64_t hw, void *stream);
@@ -431,6 +456,31 @@ PS_API int ps_nn_step_count(int32_t *steps_done, const int32_t *found_inf, void 
 PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int32_t *found_inf,
                                float growth_factor, float backoff_factor,
                                int32_t growth_interval, void *stream);
+
+/* ---- multi-tensor steps (one launch over every parameter) ------------------------------ */
+
+/* A multi-tensor list is n entries of int64 fields in device memory (built once by the caller
+ * and kept: the pointers do not change between steps). The CUDA backend cannot read it on the
+ * host, so it trusts it; the CPU backend checks every entry. max_count (>= every entry's count)
+ * only sizes the launch. A parameter entry has PS_MT_SGD_FIELDS fields: param (f32), grad
+ * (grad_dtype), momentum_buf (f32 or 0), param_half (fp16 or 0), count, grad_dtype. */
+#define PS_MT_SGD_FIELDS 6
+/* ps_nn_unscale_check over the grads of every entry, into one found_inf. */
+PS_API int ps_nn_multi_unscale_check(const int64_t *list, int32_t n, int64_t max_count,
+                                     const float *scale, float inv_scale, int32_t in_place,
+                                     int32_t *found_inf, void *stream);
+/* ps_nn_sgd_step on every entry, with the same hyper-parameters (hyper as there: lr and
+ * momentum read on the device when not NULL; the same bits as one call per entry). Skipped as
+ * a whole when *found_inf != 0. */
+PS_API int ps_nn_multi_sgd_step(const int64_t *list, int32_t n, int64_t max_count, float lr,
+                                float momentum, float dampening, float weight_decay,
+                                int32_t nesterov, const float *scale, const int32_t *found_inf,
+                                const int32_t *steps_done, const float *hyper, void *stream);
+/* A copy entry has PS_MT_COPY_FIELDS fields: dst (f32), src (f32), count. ps_nn_copy_if on
+ * every entry (flag NULL: copy unconditionally). */
+#define PS_MT_COPY_FIELDS 3
+PS_API int ps_nn_multi_copy_if(const int64_t *list, int32_t n, int64_t max_count,
+                               const int32_t *flag, void *stream);
 
 /* ---- skipped-step rollback ------------------------------------------------------------ */
 

@@ -158,6 +158,17 @@ PS_CHECK int ps_check_sgd(int64_t count, float momentum, const float *momentum_b
   return PS_OK;
 }
 
+/* A multi-tensor call (ps_nn_multi_*): n entries (0: nothing to do), at most 65535 (one
+ * launch row each on CUDA). */
+PS_CHECK int ps_check_multi(const char *fn, const int64_t *list, int32_t n, int64_t max_count) {
+  if (n < 0 || n > 65535 || max_count < 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad list of %d entries, max_count %lld", fn, (int)n,
+                 (long long)max_count);
+  }
+  if (n > 0 && list == 0) PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: null list", fn);
+  return PS_OK;
+}
+
 PS_CHECK int ps_check_scaler_update(int32_t growth_interval) {
   if (growth_interval <= 0) {
     PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_scaler_update: bad growth_interval %d",
@@ -291,6 +302,65 @@ PS_RULE void ps_bn_eval_affine(float gamma, float beta, float mean, float var, f
 PS_RULE float ps_bn_grad(float dy, float x, float mean, float invstd, float a, float mean_dy,
                          float mean_dy_xhat) {
   return a * (dy - mean_dy - ((x - mean) * invstd) * mean_dy_xhat);
+}
+
+/* Batch norm's fixed partition, the same on every backend and every device: each channel's n
+ * samples are cut into ps_bn_groups groups, group j holding samples [n*j/g, n*(j+1)/g). Each
+ * group's statistics are reduced on their own (CUDA: one block per group and channel), then the
+ * groups are merged in the order j = 0, 1, ...: results do not depend on the scheduling, and
+ * the partition does not depend on the device. About 1024 (group, channel) pairs in all, each
+ * of at least ~2048 values where the tensor allows. */
+PS_RULE int32_t ps_bn_groups(int64_t n, int64_t c, int64_t hw) {
+  int64_t g = (1024 + c - 1) / c;
+  const int64_t by_size = n * hw / 2048;
+  if (g > by_size) g = by_size;
+  if (g > n) g = n;
+  if (g > 1024) g = 1024;
+  return g < 1 ? 1 : (int32_t)g;
+}
+
+/* The first sample of group j of g over n samples. */
+PS_RULE int64_t ps_bn_group_start(int64_t n, int32_t g, int32_t j) { return n * j / g; }
+
+/* Chan's parallel merge of a group's (count cb, mean mb, squared deviations m2b) into the
+ * running (cnt, mean, m2): the groups' statistics combine without cancellation. */
+PS_RULE void ps_bn_merge(int64_t *cnt, float *mean, float *m2, int64_t cb, float mb, float m2b) {
+  if (cb == 0) return;
+  const int64_t total = *cnt + cb;
+  const float d = mb - *mean, f = (float)cb / (float)total;
+  *mean += d * f;
+  *m2 += m2b + d * d * (float)*cnt * f;
+  *cnt = total;
+}
+
+/* 1 / sqrt(biased variance + eps) from the merged squared deviations of cnt values. */
+PS_RULE float ps_bn_invstd(float m2, int64_t cnt, float eps) {
+  return 1.0f / sqrtf(m2 / (float)cnt + eps);
+}
+
+/* The unbiased variance PyTorch keeps in the running statistic (the biased one for one value). */
+PS_RULE float ps_bn_unbiased(float m2, int64_t cnt) {
+  return m2 / (float)(cnt > 1 ? cnt - 1 : cnt);
+}
+
+/* The floats of workspace a batch norm of [n, c, hw] takes (ps_nn_batchnorm_act_*): three per
+ * group and channel. */
+PS_RULE int64_t ps_bn_work_floats(int64_t n, int64_t c, int64_t hw) {
+  return 3 * c * (int64_t)ps_bn_groups(n, c, hw);
+}
+
+PS_CHECK int ps_check_bn_work(const char *fn, const float *work, int64_t work_floats, int64_t n,
+                              int64_t c, int64_t hw, int32_t act) {
+  if (act != 0 && act != PS_BN_RELU) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad act %d (0 or PS_BN_RELU)", fn, (int)act);
+  }
+  if (work != 0 && work_floats < ps_bn_work_floats(n, c, hw)) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
+                 "%s: workspace of %lld floats, [%lld, %lld, %lld] needs %lld", fn,
+                 (long long)work_floats, (long long)n, (long long)c, (long long)hw,
+                 (long long)ps_bn_work_floats(n, c, hw));
+  }
+  return PS_OK;
 }
 
 /* torch.optim.SGD on one element (see ps_nn_sgd_step): returns the new parameter. `g` is the

@@ -4,7 +4,7 @@
 // wording wherever it is loaded.
 
 import { CounterRandom, STREAM_SAMPLE } from "../internal/random.ts";
-import type { Dataset, SampleContext } from "./dataset.ts";
+import { type Dataset, type SampleContext, SKIP_SAMPLE } from "./dataset.ts";
 
 /** Where a batch's samples are loaded: the loader's seed, the epoch, the first position. */
 export interface FetchAt {
@@ -59,7 +59,7 @@ export function sampleContext(
 
 /**
  * Loads `indices` with `dataset.get`, one after another (a promise is awaited before the next
- * sample starts).
+ * sample starts). A sample the dataset skips ({@linkcode SKIP_SAMPLE}) is left out.
  *
  * @throws {SampleFailure} When a get() throws or rejects.
  */
@@ -69,7 +69,7 @@ export async function fetchSamples(
   at: FetchAt,
   deadline?: FetchDeadline,
 ): Promise<unknown[]> {
-  const samples: unknown[] = new Array(indices.length);
+  const samples: unknown[] = [];
   for (let k = 0; k < indices.length; k++) {
     const index = indices[k];
     let s: unknown;
@@ -87,7 +87,18 @@ export async function fetchSamples(
     // A synchronous get() cannot be interrupted on the main thread; one that returned after
     // the deadline still fails the batch, as with workers.
     deadline?.check();
-    samples[k] = s;
+    if (s !== SKIP_SAMPLE) samples.push(s);
+  }
+  if (samples.length === 0 && indices.length > 0) {
+    throw new SampleFailure(
+      indices[0],
+      new Error(
+        `Cannot load a batch: the dataset skipped all of its ${indices.length} samples ` +
+          `(indices ${Array.from(indices.subarray(0, 8)).join(", ")}${
+            indices.length > 8 ? ", ..." : ""
+          })`,
+      ),
+    );
   }
   return samples;
 }

@@ -6,6 +6,8 @@
 import type { AugmentSpec } from "../augment/options.ts";
 import { sampleKey, writeAugmentRecords } from "../augment/record.ts";
 import { type WasmGather, wasmGather } from "./_wasm_gather.ts";
+import { sampleContext } from "./_fetch.ts";
+import type { SampleContext } from "./dataset.ts";
 
 export interface GatherSource {
   buffer: SharedArrayBuffer;
@@ -28,6 +30,19 @@ export interface GatherSpec {
   augment: AugmentSpec;
   length: number;
   seed: number;
+  /** Fields the dataset writes into the slot itself (Dataset.fillRecord), by field position. */
+  filled?: FilledSource[];
+}
+
+/** Where a filled field goes in a slot. */
+export interface FilledSource {
+  recordBytes: number;
+  slotFieldOffset: number;
+}
+
+/** What fills the filled fields: the dataset (rebuilt in each worker). */
+export interface Filler {
+  fillRecord?(record: number, field: number, out: Uint8Array, context: SampleContext): void;
 }
 
 /**
@@ -39,9 +54,9 @@ const SMALL_RECORD = 16;
 /** An error in one sample, carrying its dataset index. */
 export class SampleError extends Error {
   readonly index: number;
-  constructor(index: number, message: string) {
-    super(message);
-    this.name = "RangeError";
+  constructor(index: number, message: string, cause?: unknown) {
+    super(message, cause === undefined ? undefined : { cause });
+    this.name = cause instanceof Error ? cause.name : "RangeError";
     this.index = index;
   }
 }
@@ -57,8 +72,17 @@ export class Gatherer {
     s: GatherSource;
   }[];
 
-  constructor(spec: GatherSpec) {
+  #filler: Filler | undefined;
+
+  #workerId: number;
+
+  constructor(spec: GatherSpec, filler?: Filler, workerId = -1) {
     this.#spec = spec;
+    this.#filler = filler;
+    this.#workerId = workerId;
+    if ((spec.filled?.length ?? 0) > 0 && typeof filler?.fillRecord !== "function") {
+      throw new TypeError("Cannot gather filled fields: the dataset has no fillRecord()");
+    }
     this.#ringU8 = new Uint8Array(spec.ring);
     this.#ringI32 = new Int32Array(spec.ring, 0, spec.ring.byteLength >>> 2);
     this.#src = spec.sources.map((s) => ({
@@ -112,6 +136,26 @@ export class Gatherer {
         for (let k = 0; k < count; k++) {
           const from = s.byteOffset + ring32[idxBase + k] * rb;
           ring8.set(u8.subarray(from, from + rb), dst + k * rb);
+        }
+      }
+    }
+    const filled = spec.filled ?? [];
+    for (let f = 0; f < filled.length; f++) {
+      const rb = filled[f].recordBytes;
+      const dst = base + filled[f].slotFieldOffset;
+      for (let k = 0; k < count; k++) {
+        const i = ring32[idxBase + k];
+        // The sample's own stream, as get() has it on the generic path.
+        const context = sampleContext(spec.seed, epoch, position + k, this.#workerId);
+        try {
+          this.#filler!.fillRecord!(
+            i,
+            f,
+            ring8.subarray(dst + k * rb, dst + (k + 1) * rb),
+            context,
+          );
+        } catch (e) {
+          throw new SampleError(i, (e as Error)?.message ?? String(e), e);
         }
       }
     }

@@ -5,7 +5,7 @@ import { AUGMENT_OFF } from "../augment/options.ts";
 import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
 import type { GatherSpec } from "./_gather.ts";
 import { memoryOf } from "./_wasm_gather.ts";
-import { type Dataset, recordBytes, type SharedField } from "./dataset.ts";
+import { type Dataset, type FilledField, recordBytes, type SharedField } from "./dataset.ts";
 import type { EpochOrder } from "./order.ts";
 import { StagingRing } from "./ring.ts";
 
@@ -43,8 +43,10 @@ export function staging(
   const fields = dataset.sharedFields!();
   const { recordMap, recordCount } = checkRecords(dataset);
   for (const f of fields) checkField(f, recordCount, recordMap !== undefined);
+  const filled = checkFilled(dataset, fields);
   const ringFields = [
     ...fields.map((f) => ({ name: f.name, dtype: f.dtype, shape: f.shape })),
+    ...filled.map((f) => ({ name: f.name, dtype: f.dtype, shape: f.shape })),
     { name: "indices", dtype: "i32" as const, shape: [] },
     ...(order.augment
       ? [{ name: "augment", dtype: "i32" as const, shape: [AUGMENT_RECORD_LENGTH] }]
@@ -89,6 +91,10 @@ export function staging(
     augment: { ...(order.augment ?? AUGMENT_OFF) },
     length: recordCount,
     seed: order.seed,
+    filled: filled.map((f) => {
+      const rf = ring.field(f.name);
+      return { recordBytes: rf.sampleBytes, slotFieldOffset: rf.byteOffset };
+    }),
   };
   return {
     ring,
@@ -98,6 +104,31 @@ export function staging(
     // Loading needs a free slot per batch in flight and per idle worker (one without workers).
     maxHeldBatches: Math.max(1, slots - Math.max(1, prefetch * workers + workers)),
   };
+}
+
+/** The fields the dataset fills itself (`filledFields()`), refusing reserved or repeated names. */
+function checkFilled(dataset: Dataset, fields: readonly SharedField[]): readonly FilledField[] {
+  const filled = dataset.filledFields?.() ?? [];
+  if (filled.length > 0 && typeof dataset.fillRecord !== "function") {
+    throw new TypeError(
+      "Cannot create DataLoader: the dataset has filledFields() but no fillRecord()",
+    );
+  }
+  const names = new Set(fields.map((f) => f.name));
+  for (const f of filled) {
+    if (f.name === "indices" || f.name === "augment") {
+      throw new RangeError(
+        `Cannot create DataLoader: dataset field name "${f.name}" is reserved for the ring`,
+      );
+    }
+    if (names.has(f.name)) {
+      throw new RangeError(
+        `Cannot create DataLoader: dataset field name "${f.name}" is used twice`,
+      );
+    }
+    names.add(f.name);
+  }
+  return filled;
 }
 
 /** The dataset's sample -> record map (`records()`, checked; undefined without one) and count. */

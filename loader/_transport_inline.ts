@@ -25,8 +25,11 @@ export class InlineLoader {
 
   constructor(cfg: EngineConfig) {
     this.#cfg = cfg;
-    if (cfg.gather) this.#gatherer = new Gatherer(cfg.gather);
+    if (cfg.gather) this.#gatherer = new Gatherer(cfg.gather, cfg.dataset);
   }
+
+  /** Whether the dataset's fillRecord is ready (prepareFill awaited once). */
+  #prepared = false;
 
   /** Waits for a promise from get() at most until the `timeout` deadline of this batch. */
   async #withDeadline<T>(p: Promise<T>, t0: number, b: number, plan: EpochPlan): Promise<T> {
@@ -86,6 +89,10 @@ export class InlineLoader {
         );
       }
       (cfg.ring.view(slot, "indices", indices.length) as Int32Array).set(indices);
+      if (!this.#prepared && cfg.gather?.filled?.length) {
+        await cfg.dataset.prepareFill?.();
+        this.#prepared = true;
+      }
       try {
         this.#gatherer!.gather(slot, indices.length, plan.epoch, pos);
       } catch (e) {

@@ -115,7 +115,8 @@ export class WorkerPool {
       ),
       gather: cfg.gather,
       ...transportInit,
-      dataset: cfg.gather ? undefined : cfg.workerSpec,
+      // The zero-copy path maps shared fields only, unless the dataset fills fields itself.
+      dataset: cfg.gather && !cfg.gather.filled?.length ? undefined : cfg.workerSpec,
       collate: cfg.collateMode === "main" ? "none" : cfg.collateMode,
       unbatched: cfg.unbatched,
       workerInit: cfg.workerInit,

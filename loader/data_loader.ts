@@ -500,7 +500,9 @@ export class DataLoaderImpl<B = unknown> implements AsyncIterable<B>, AsyncDispo
       slotState: this.#staging?.slotState,
       collateMode: this.#collateMode,
       unbatched: this.batchSize === null && this.sampler !== undefined,
-      workerSpec: this.zeroCopy ? undefined : this.dataset.workerSpec?.(),
+      workerSpec: this.zeroCopy && !this.#staging?.gather.filled?.length
+        ? undefined
+        : this.dataset.workerSpec?.(),
       workerInit: this.#workerInit,
       resourceLimits: this.#resourceLimits,
       onWait: (s, d) => this.#active?.onWait(s, d),

@@ -68,7 +68,8 @@ export type DTypeOf<A> = {
  *
  * @typeParam D a dataset type
  */
-export type SampleOf<D> = D extends { get(index: number, ...rest: never[]): infer T } ? Awaited<T>
+export type SampleOf<D> = D extends { get(index: number, ...rest: never[]): infer T }
+  ? Exclude<Awaited<T>, typeof SKIP_SAMPLE>
   : unknown;
 
 /**
@@ -145,6 +146,23 @@ export interface WorkerSpec {
   readonly state: unknown;
 }
 
+/**
+ * What a dataset's `get` returns for a sample it skips (a bad file under an explicit skip
+ * policy): the sample is left out of its batch, which is then smaller. The dataset counts
+ * and reports what it skips; the loader only drops it.
+ *
+ * @example
+ * ```ts
+ * import { DataLoader, SKIP_SAMPLE } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * const ds = { length: 4, get: (i: number) => (i === 2 ? SKIP_SAMPLE : i) };
+ * const batches: number[][] = [];
+ * for await (const b of new DataLoader(ds, { batchSize: 2 })) batches.push([...b as Float64Array]);
+ * assert.deepStrictEqual(batches, [[0, 1], [3]]);
+ * ```
+ */
+export const SKIP_SAMPLE: unique symbol = Symbol.for("pinstream.skipSample") as never;
+
 /** Per-sample context passed to `get`: where the sample sits and its own random stream. */
 export interface SampleContext {
   /** The epoch being loaded. */
@@ -171,18 +189,48 @@ export interface SampleContext {
 export interface Dataset<T = unknown> {
   /** Number of samples. */
   readonly length: number;
-  /** Sample `index`. */
-  get(index: number, context?: SampleContext): T | Promise<T>;
+  /** Sample `index`, or {@linkcode SKIP_SAMPLE} to leave it out of its batch. */
+  get(
+    index: number,
+    context?: SampleContext,
+  ): T | typeof SKIP_SAMPLE | Promise<T | typeof SKIP_SAMPLE>;
   /** How workers rebuild this dataset. */
   workerSpec?(): WorkerSpec;
   /** The fixed-size shared layout enabling the zero-copy path. */
   sharedFields?(): readonly SharedField[];
+  /**
+   * Fields the dataset writes straight into the ring slot on the zero-copy path (decoded
+   * images of a fixed size), next to its `sharedFields()`: `fillRecord` writes them.
+   */
+  filledFields?(): readonly FilledField[];
+  /**
+   * Writes record `record`'s value of filled field `field` (its position in
+   * `filledFields()`) into `out` (the sample's place in the ring slot), synchronously, with
+   * the sample's context (its random stream, as `get` has it). Throws, naming the record,
+   * when it cannot.
+   */
+  fillRecord?(record: number, field: number, out: Uint8Array, context: SampleContext): void;
+  /** Loads what `fillRecord` needs (decoders), once per thread before its first fill. */
+  prepareFill?(): Promise<void>;
   /**
    * For a dataset whose samples are records of `sharedFields()` at other positions (a
    * {@linkcode Subset}): sample i is record `indices[i]`, and the fields hold `count` records.
    * Absent: sample i is record i, and the fields hold `length` records.
    */
   records?(): RecordMap;
+}
+
+/**
+ * A fixed-size field a dataset writes into the ring itself (`Dataset.fillRecord`), e.g. an
+ * image decoded to a fixed size: it lands in the shared slot with no copy.
+ */
+export interface FilledField<N extends string = string, D extends FieldDType = FieldDType> {
+  /** Field name; becomes the batch field name. */
+  readonly name: N;
+  /** Element type. */
+  readonly dtype: D;
+  /** Per-sample shape, e.g. [224, 224, 3] (HWC). */
+  readonly shape: readonly number[];
 }
 
 /** Where a dataset's samples are among the records of its shared fields. */

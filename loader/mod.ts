@@ -40,6 +40,7 @@ export {
   type FieldArray,
   type FieldArrays,
   type FieldDType,
+  type FilledField,
   recordBytes,
   type RecordMap,
   type SampleContext,
@@ -47,6 +48,7 @@ export {
   sharedArray,
   type SharedField,
   type SharedFieldsOf,
+  SKIP_SAMPLE,
   type TypedArray,
   type TypedArrayCtor,
   type WorkerSpec,
@@ -86,3 +88,17 @@ export {
   parseIdx,
 } from "./datasets/mnist.ts";
 export { LabeledImages, type LabeledImagesState } from "./datasets/labeled_images.ts";
+export {
+  ImageFileList,
+  type ImageFileListCsvOptions,
+  type ImageFileListOptions,
+  ImageFiles,
+  type ImageFilesOptions,
+  type ImageFilesState,
+  type ImageSample,
+  type OnError,
+  type PathTable,
+  type RandomResizedCrop,
+  randomResizedCropBox,
+} from "./datasets/image_files.ts";
+export { IMAGE_EXTENSIONS, ImageFolder, type ImageFolderOptions } from "./datasets/image_folder.ts";

@@ -209,7 +209,10 @@ export function resolveOptions(dataset: Dataset, options: DataLoaderOptions): Re
       "type",
     );
   }
-  if (!zeroCopy && numWorkers !== 0 && typeof dataset.workerSpec !== "function") {
+  // Fields a dataset fills itself (decoded images) are filled in the workers, by the dataset
+  // rebuilt there: the zero-copy path then needs the dataset's workerSpec too.
+  const rebuilt = !zeroCopy || typeof dataset.filledFields === "function";
+  if (rebuilt && numWorkers !== 0 && typeof dataset.workerSpec !== "function") {
     fail(
       "numWorkers",
       `${numWorkers === "auto" ? '"auto"' : numWorkers} needs a dataset that workers can ` +
@@ -220,7 +223,7 @@ export function resolveOptions(dataset: Dataset, options: DataLoaderOptions): Re
       "type",
     );
   }
-  if (!zeroCopy && numWorkers !== 0) {
+  if (rebuilt && numWorkers !== 0) {
     // Workers receive the spec by postMessage: a value it cannot clone would throw there, in
     // an event handler, where nothing can catch it.
     const spec = dataset.workerSpec!();

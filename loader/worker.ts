@@ -80,7 +80,6 @@ let stopped = false;
 
 async function setup(msg: InitMessage): Promise<void> {
   init = msg;
-  if (msg.gather) gatherer = new Gatherer(msg.gather);
   if (msg.dataset) {
     const make = await resolveRef(msg.dataset);
     dataset = (await make(msg.dataset.state)) as Dataset;
@@ -104,6 +103,11 @@ async function setup(msg: InitMessage): Promise<void> {
   if (msg.workerInit) {
     const fn = await resolveRef(msg.workerInit);
     await fn(msg.id);
+  }
+  if (msg.gather) {
+    // After the worker info is set: the dataset may ask which worker it is in.
+    if (msg.gather.filled?.length) await dataset?.prepareFill?.();
+    gatherer = new Gatherer(msg.gather, dataset, msg.id);
   }
 }
 

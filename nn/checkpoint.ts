@@ -44,9 +44,16 @@ import { refuseUnknownKeys } from "../internal/options.ts";
 const PARTS = ["model", "optimizer", "scaler", "scheduler", "rng"] as const;
 const PROGRESS = ["epoch", "step", "extra"] as const;
 
-/** Refuses misspelt parts (a typo would silently save or restore nothing of that part). */
+/**
+ * Refuses misspelt parts (a typo would silently save or restore nothing of that part). Keys
+ * holding functions are let through: a run object with its own methods (`step`, `dispose`) is
+ * a natural thing to pass, and no part is a function.
+ */
 function checkParts(parts: CheckpointParts, action: string): void {
-  refuseUnknownKeys(parts, PARTS, action);
+  const data = Object.fromEntries(
+    Object.entries(parts ?? {}).filter(([, v]) => typeof v !== "function"),
+  );
+  refuseUnknownKeys(data, PARTS, action);
   if (!parts.model) throw new TypeError(`Cannot ${action}: parts.model is required`);
 }
 

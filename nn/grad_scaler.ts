@@ -230,8 +230,15 @@ export class GradScaler {
     if (this.#unscaled.has(optimizer)) {
       throw new TypeError("Cannot unscale: unscale_() was already called since the last update()");
     }
-    for (const p of optimizer.params) {
-      ops.unscaleAndCheck(p.grad, this.#foundInf!, { scale: this.#scale!, inPlace: true });
+    if (optimizer.foreach) {
+      ops.multiUnscaleAndCheck(optimizer.tensorList(), this.#foundInf!, {
+        scale: this.#scale!,
+        inPlace: true,
+      });
+    } else {
+      for (const p of optimizer.params) {
+        ops.unscaleAndCheck(p.grad, this.#foundInf!, { scale: this.#scale!, inPlace: true });
+      }
     }
     this.#unscaled.add(optimizer);
   }
@@ -272,8 +279,12 @@ export class GradScaler {
     if (this.#unscaled.has(optimizer)) {
       optimizer.step({ foundInf: this.#foundInf });
     } else {
-      for (const p of optimizer.params) {
-        ops.unscaleAndCheck(p.grad, this.#foundInf!, { scale: null, inPlace: false });
+      if (optimizer.foreach) {
+        ops.multiUnscaleAndCheck(optimizer.tensorList(), this.#foundInf!, { inPlace: false });
+      } else {
+        for (const p of optimizer.params) {
+          ops.unscaleAndCheck(p.grad, this.#foundInf!, { scale: null, inPlace: false });
+        }
       }
       optimizer.step({ scale: this.#scale, foundInf: this.#foundInf });
     }

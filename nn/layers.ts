@@ -313,6 +313,12 @@ export interface BatchNorm2dOptions {
   eps?: number;
   /** Running-statistics momentum (default 0.1). */
   momentum?: number;
+  /**
+   * Apply ReLU to the output in the same kernels, forward and backward (default false): the
+   * layer is then BatchNorm2d followed by ReLU, with the same bits as the two layers. A
+   * {@linkcode Sequential} fuses a BatchNorm2d followed by a ReLU in training on its own.
+   */
+  relu?: boolean;
 }
 
 /**
@@ -341,6 +347,8 @@ export class BatchNorm2d extends Module {
   readonly eps: number;
   /** Running-statistics momentum. */
   readonly momentum: number;
+  /** Whether ReLU follows in the same kernels. */
+  readonly relu: boolean;
   /** gamma [C], fp32. */
   readonly weight: Parameter;
   /** beta [C], fp32. */
@@ -352,6 +360,8 @@ export class BatchNorm2d extends Module {
   /** Training forwards run (PyTorch's `num_batches_tracked`). */
   numBatchesTracked = 0;
   #x: Tensor | null = null;
+  #y: Tensor | null = null;
+  #reluRan = false;
   #statsSaved = false;
 
   /**
@@ -363,11 +373,12 @@ export class BatchNorm2d extends Module {
    */
   constructor(numFeatures: number, options: BatchNorm2dOptions = {}) {
     super();
-    refuseUnknownKeys(options ?? {}, ["eps", "momentum"], "create BatchNorm2d");
+    refuseUnknownKeys(options ?? {}, ["eps", "momentum", "relu"], "create BatchNorm2d");
     checkPositiveInt("numFeatures", numFeatures);
     this.numFeatures = numFeatures;
     this.eps = options.eps ?? 1e-5;
     this.momentum = options.momentum ?? 0.1;
+    this.relu = options.relu ?? false;
     const c = numFeatures;
     const f32 = { computeDtype: "f32" } as const;
     this.weight = new Parameter(new Float32Array(c).fill(1), [c], f32);
@@ -416,6 +427,20 @@ export class BatchNorm2d extends Module {
    * @throws {RangeError} When the channel count does not match.
    */
   forward(x: Tensor): Tensor {
+    return this.forwardFused(x, this.relu);
+  }
+
+  /**
+   * {@linkcode BatchNorm2d.forward} with ReLU fused in or not for this call (training only;
+   * evaluation applies it after the affine kernel). {@linkcode Sequential} uses it for a
+   * BatchNorm2d that a ReLU follows; the matching backward masks its gradient the same way.
+   *
+   * @param x Input [N, C, H, W], f16 or f32.
+   * @param relu Apply ReLU to the output.
+   * @returns Output, same shape, the same dtype.
+   * @throws {RangeError} When the channel count does not match.
+   */
+  forwardFused(x: Tensor, relu: boolean): Tensor {
     if (x.shape.length !== 4 || x.shape[1] !== this.numFeatures) {
       throw new RangeError(
         `Cannot run BatchNorm2d(${this.numFeatures}): input shape [${x.shape}]`,
@@ -424,10 +449,9 @@ export class BatchNorm2d extends Module {
     const y = this.workspace("y", shapeOf(x), x.dtype);
     if (this.training) {
       const c = this.numFeatures;
-      // The running statistics before this batch, for revertRunningStats: whether the step
-      // is skipped is known only on the device, after backward. Two copies of C floats.
-      ops.cast(this.runningMean.tensor, this.workspace("prevMean", [c], "f32"));
-      ops.cast(this.runningVar.tensor, this.workspace("prevVar", [c], "f32"));
+      // The kernel saves the running statistics before this batch's update, for
+      // revertRunningStats: whether the step is skipped is known only on the device, after
+      // backward.
       this.#statsSaved = true;
       ops.batchNormForwardTrain(x, y, {
         gamma: this.weight.value,
@@ -438,9 +462,14 @@ export class BatchNorm2d extends Module {
         runVar: this.runningVar.tensor,
         momentum: this.momentum,
         eps: this.eps,
+        relu,
+        workspace: this.#work(x),
+        runBackup: this.workspace("runBackup", [2 * c], "f32"),
       });
       this.numBatchesTracked++;
       this.#x = x;
+      this.#y = y;
+      this.#reluRan = relu;
     } else {
       ops.batchNormForwardEval(x, y, {
         gamma: this.weight.value,
@@ -449,19 +478,27 @@ export class BatchNorm2d extends Module {
         runVar: this.runningVar.tensor,
         eps: this.eps,
       });
+      if (relu) ops.reluForward(y, y);
       this.#x = null;
+      this.#y = null;
     }
     return y;
   }
 
-  /** Restores the running statistics saved by the last training forward when `flag` is set. */
-  protected override revertOwnRunningStats(flag: Tensor): void {
-    if (!this.#statsSaved) return;
-    const c = this.numFeatures;
-    ops.copyIf(this.workspace("prevMean", [c], "f32"), this.runningMean.tensor, { flag });
-    ops.copyIf(this.workspace("prevVar", [c], "f32"), this.runningVar.tensor, { flag });
-    // Once per forward: a second call must not restore statistics a later step has built on.
+  /** The workspace of the two-phase reduction for x's shape (kept, like the other workspaces). */
+  #work(x: Tensor): Tensor {
+    return this.workspace("work", [ops.batchNormWorkspaceSize(x.shape)], "f32");
+  }
+
+  /** The running statistics saved by the last training forward, and where they go back. */
+  protected override runningStatsBackup(): ops.CopyEntry[] {
+    if (!this.#statsSaved) return [];
+    const c = this.numFeatures, saved = this.workspace("runBackup", [2 * c], "f32");
     this.#statsSaved = false;
+    return [
+      { dst: this.runningMean.tensor, src: saved, count: c },
+      { dst: this.runningVar.tensor, src: saved, srcOffset: c, count: c },
+    ];
   }
 
   /**
@@ -483,6 +520,9 @@ export class BatchNorm2d extends Module {
       saveInvStd: this.workspace("invstd", [c], "f32"),
       dgamma: this.weight.grad,
       dbeta: this.bias.grad,
+      relu: this.#reluRan,
+      y: this.#y,
+      workspace: this.#work(x),
     });
     return options.inputGrad === false ? null : dx;
   }
@@ -692,6 +732,8 @@ export class Flatten extends Module {
 export class Sequential extends Module {
   /** The layers, in order. */
   readonly layers: readonly Module[];
+  /** Indices of the ReLUs the last forward ran inside the batch norm before them. */
+  #fused = new Set<number>();
 
   /**
    * Creates the container; the layers become children "0", "1", ...
@@ -712,7 +754,20 @@ export class Sequential extends Module {
    */
   forward(x: Tensor): Tensor {
     let h = x;
-    for (const m of this.layers) h = m.forward(h);
+    this.#fused.clear();
+    const ls = this.layers;
+    for (let i = 0; i < ls.length; i++) {
+      const m = ls[i], next = ls[i + 1];
+      // A BatchNorm2d followed by a ReLU runs as one layer in training: the ReLU is applied
+      // in the batch norm's kernels, forward and backward, with the same bits.
+      if (m instanceof BatchNorm2d && next instanceof ReLU && m.training && !m.relu) {
+        h = m.forwardFused(h, true);
+        this.#fused.add(i + 1);
+        i++;
+      } else {
+        h = m.forward(h);
+      }
+    }
     return h;
   }
 
@@ -732,6 +787,7 @@ export class Sequential extends Module {
     const first = wanted ? 0 : this.layers.findIndex((m) => m.parameters().length > 0);
     let g: Tensor | null = dy;
     for (let i = this.layers.length - 1; i >= 0 && g; i--) {
+      if (this.#fused.has(i)) continue; // its gradient is in the batch norm's backward
       g = this.layers[i].backward(g, { inputGrad: wanted || i > first });
       this.gradReady(this.layers[i]);
     }

@@ -21,6 +21,7 @@ import { refuseUnknownKeys } from "../internal/options.ts";
 import type { Device } from "../ffi/device.ts";
 import { type DType, Tensor } from "../ffi/tensor.ts";
 import type { HostData, HostTensor } from "./safetensors.ts";
+import * as ops from "../ops/mod.ts";
 import { type BufferTensor, checkPrecision, type Parameter, type Precision } from "./parameter.ts";
 
 /** Options of {@linkcode Module.to}. */
@@ -92,6 +93,7 @@ export abstract class Module {
   /** Child modules, by local name (PyTorch's names: "0", "1", ... in Sequential). */
   protected readonly children: Map<string, Module> = new Map();
   #workspace = new Map<string, Tensor>();
+  #revertList: ops.TensorList | null = null;
   #gradHooks: GradReadyHook[] = [];
 
   /**
@@ -292,11 +294,24 @@ export abstract class Module {
    * ```
    */
   revertRunningStats(flag: Tensor): void {
-    for (const [, m] of this.namedModules()) m.revertOwnRunningStats(flag);
+    // Every layer's saved statistics go back in one launch (one copy list for the model).
+    const copies: ops.CopyEntry[] = [];
+    for (const [, m] of this.namedModules()) copies.push(...m.runningStatsBackup());
+    if (copies.length === 0) return;
+    this.#revertList ??= new ops.TensorList(flag.device, "copy");
+    this.#revertList.setCopies(copies);
+    ops.multiCopyIf(this.#revertList, { flag });
   }
 
-  /** This layer's part of {@linkcode Module.revertRunningStats} (none by default). */
-  protected revertOwnRunningStats(_flag: Tensor): void {}
+  /**
+   * This layer's part of {@linkcode Module.revertRunningStats}: where its last training forward
+   * saved the running statistics it changed, and where they go back (none by default). Called
+   * once per revert: a layer forgets its backup then, so a second revert does not restore
+   * statistics a later step has built on.
+   */
+  protected runningStatsBackup(): ops.CopyEntry[] {
+    return [];
+  }
 
   /** Extra state tensors a layer keeps on the host (batch norm's `num_batches_tracked`). */
   protected extraState(): Map<string, HostTensor> {
@@ -429,6 +444,8 @@ export abstract class Module {
    * Frees parameters, buffers and workspaces (recursively; idempotent).
    */
   dispose(): void {
+    this.#revertList?.dispose();
+    this.#revertList = null;
     for (const p of this.params.values()) p.dispose();
     for (const b of this.buffers.values()) b.dispose();
     for (const t of this.#workspace.values()) t.dispose();

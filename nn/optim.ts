@@ -14,6 +14,7 @@ import { refuseUnknownKeys } from "../internal/options.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import * as ops from "../ops/mod.ts";
 import type { Parameter } from "./parameter.ts";
+import { TensorList } from "../ops/tensor_list.ts";
 
 /** Options of {@linkcode SGD} (PyTorch's names and defaults). */
 export interface SGDOptions {
@@ -27,6 +28,12 @@ export interface SGDOptions {
   nesterov?: boolean;
   /** L2 penalty added to the gradient (default 0). */
   weightDecay?: number;
+  /**
+   * Update every parameter in one launch over a device list of them (default true; PyTorch's
+   * name for its multi-tensor path). false queues one launch per parameter; both give the same
+   * bits.
+   */
+  foreach?: boolean;
 }
 
 /** Options of {@linkcode SGD.step}, set by the {@linkcode GradScaler}. */
@@ -40,7 +47,7 @@ export interface SGDStepOptions {
 /** The optimizer's state in a checkpoint. */
 export interface SGDState {
   /** Hyper-parameters at the time of saving (the lr as the scheduler left it). */
-  hyper: Required<SGDOptions>;
+  hyper: Required<Omit<SGDOptions, "foreach">>;
   /** Completed (not skipped) steps. */
   stepsDone: number;
   /** Momentum buffers, one per parameter in order (absent when momentum is 0). */
@@ -85,7 +92,10 @@ export class SGD {
   nesterov: boolean;
   /** Weight decay. */
   weightDecay: number;
+  /** One launch for all parameters (see {@linkcode SGDOptions.foreach}). */
+  readonly foreach: boolean;
   #buffers: (Tensor | null)[] = [];
+  #list: TensorList | null = null;
   #stepsDone: Tensor | null = null;
   // lr and momentum as the step kernels read them, on the device: a scheduler's new values
   // reach a recorded (graph) step without changing its launches.
@@ -104,7 +114,7 @@ export class SGD {
   constructor(params: Parameter[], options: SGDOptions) {
     refuseUnknownKeys(
       options ?? {},
-      ["lr", "momentum", "dampening", "nesterov", "weightDecay"],
+      ["lr", "momentum", "dampening", "nesterov", "weightDecay", "foreach"],
       "create SGD",
     );
     const { lr, momentum = 0, dampening = 0, nesterov = false, weightDecay = 0 } = options;
@@ -126,6 +136,7 @@ export class SGD {
     this.dampening = dampening;
     this.nesterov = nesterov;
     this.weightDecay = weightDecay;
+    this.foreach = options.foreach ?? true;
     const device = params[0].device;
     if (!device || params.some((p) => p.device !== device)) {
       throw new TypeError("Cannot create SGD: every parameter must be on the same device");
@@ -185,6 +196,25 @@ export class SGD {
     return b;
   }
 
+  /**
+   * The parameters as a device list for the multi-tensor kernels (master weights, gradients,
+   * momentum buffers when momentum is not 0, fp16 copies), refreshed from the parameters: it is
+   * uploaded again only when one of them changed.
+   *
+   * @returns The list (owned by the optimizer).
+   */
+  tensorList(): TensorList {
+    const device = this.stepsDone.device;
+    this.#list ??= new TensorList(device, "sgd");
+    this.#list.setSgd(this.params.map((p, i) => ({
+      param: p.master,
+      grad: p.grad,
+      momentumBuf: this.momentum !== 0 ? this.#buffer(i) : null,
+      paramHalf: p.half,
+    })));
+    return this.#list;
+  }
+
   /** The device i32[1] count of completed steps. */
   get stepsDone(): Tensor {
     if (this.#disposed || !this.#stepsDone) throw new TypeError("Cannot use SGD: disposed");
@@ -216,6 +246,21 @@ export class SGD {
     const stepsDone = this.stepsDone;
     this.syncHyperParameters();
     const hyper = this.hyperParameters;
+    if (this.foreach) {
+      ops.multiSgdStep(this.tensorList(), {
+        lr: this.lr,
+        momentum: this.momentum,
+        dampening: this.dampening,
+        nesterov: this.nesterov,
+        weightDecay: this.weightDecay,
+        scale: options.scale ?? null,
+        foundInf: options.foundInf ?? null,
+        stepsDone,
+        hyper,
+      });
+      ops.stepCount(stepsDone, options.foundInf ?? null);
+      return;
+    }
     for (let i = 0; i < this.params.length; i++) {
       const p = this.params[i];
       ops.sgdStep(p.master, p.grad, {
@@ -351,6 +396,8 @@ export class SGD {
   dispose(): void {
     for (const b of this.#buffers) b?.dispose();
     this.#buffers = [];
+    this.#list?.dispose();
+    this.#list = null;
     this.#stepsDone?.dispose();
     this.#stepsDone = null;
     this.#hyper?.dispose();

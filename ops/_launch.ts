@@ -143,6 +143,26 @@ export function launch(
     }
   }
   if (device === undefined) throw new TypeError(`Cannot ${action}: no tensors`);
+  return launchOn(device, action, options);
+}
+
+/**
+ * {@linkcode launch} on a known device (a kernel over a list of tensors in device memory),
+ * after checking that the tensors named directly are on it.
+ */
+export function launchOn(
+  device: Device,
+  action: string,
+  options: OpOptions,
+  ...ts: (Tensor | null | undefined)[]
+): Launched {
+  for (const t of ts) {
+    if (t && t.device !== device) {
+      throw new TypeError(
+        `Cannot ${action}: tensors on different devices (${device}, ${t.device})`,
+      );
+    }
+  }
   const stream = streamOn(options, device, action);
   device.makeCurrent();
   const timed = activeRecorder() === undefined ? undefined : range(

@@ -25,6 +25,7 @@ export * from "./norm.ts";
 export * from "./elementwise.ts";
 export * from "./loss.ts";
 export * from "./optim.ts";
+export * from "./tensor_list.ts";
 export * from "./image.ts";
 export * from "./gather.ts";
 export * from "./fill.ts";

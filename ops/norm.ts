@@ -9,9 +9,9 @@
  *
  * | op | tensors | notes |
  * |----|---------|-------|
- * | `batchNormForwardTrain(x, y, {gamma, beta, saveMean, saveInvStd, runMean, runVar, momentum, eps})` | x, y f16 or f32 [N,C,…]; the rest f32 [C] | biased batch var for y, unbiased for runVar (PyTorch); runMean/runVar may be left out |
+ * | `batchNormForwardTrain(x, y, {gamma, beta, saveMean, saveInvStd, runMean, runVar, momentum, eps, relu, runBackup, workspace})` | x, y f16 or f32 [N,C,…]; the rest f32 [C] | biased batch var for y, unbiased for runVar (PyTorch); runMean/runVar may be left out; `relu` fuses a ReLU; a fixed two-phase reduction (the same bits every run) |
  * | `batchNormForwardEval(x, y, {gamma, beta, runMean, runVar, eps})` | | |
- * | `batchNormBackward(dy, dx, {x, gamma, saveMean, saveInvStd, dgamma, dbeta})` | dgamma, dbeta f32 | overwrites dx, dgamma, dbeta |
+ * | `batchNormBackward(dy, dx, {x, gamma, saveMean, saveInvStd, dgamma, dbeta, relu, y, workspace})` | dgamma, dbeta f32 | overwrites dx, dgamma, dbeta; with `relu`, dy is masked by the forward's y first |
  * | `biasAdd(y, bias)` | y f16 or f32 [N,C,…] or [N,F]; bias f16/f32 [C] | in place |
  * | `biasGrad(dy, dbias, {accumulate})` | dbias f16/f32 [C] | |
  *
@@ -43,6 +43,18 @@ export interface BatchNormTrainOptions extends OpOptions {
   momentum?: number;
   /** Added to the variance (default 1e-5). */
   eps?: number;
+  /** Apply ReLU to the output in the same pass (default false): y = relu(bn(x)). */
+  relu?: boolean;
+  /**
+   * f32 [2C], written before the update (default null): the running mean, then the running
+   * variance, as they were, so a skipped step can restore them (ops/optim.ts `multiCopyIf`).
+   */
+  runBackup?: Tensor | null;
+  /**
+   * f32, at least {@linkcode batchNormWorkspaceSize} elements: the per-group partial statistics.
+   * Without it each call takes scratch memory of its own (a stream-ordered allocation on CUDA).
+   */
+  workspace?: Tensor | null;
 }
 
 /** Tensors and options of {@linkcode batchNormForwardEval}. */
@@ -73,6 +85,12 @@ export interface BatchNormBackwardOptions extends OpOptions {
   dgamma: Tensor;
   /** f32 [C], overwritten. */
   dbeta: Tensor;
+  /** The forward ran with `relu`: dy is masked by y > 0 first (default false). */
+  relu?: boolean;
+  /** The forward's output, f16 or f32 like x: needed with `relu`. */
+  y?: Tensor | null;
+  /** As {@linkcode BatchNormTrainOptions.workspace}. */
+  workspace?: Tensor | null;
 }
 
 /** Options of {@linkcode biasGrad}. */
@@ -101,6 +119,45 @@ function channels(y: Tensor, name: string, action: string): { n: number; c: numb
     throw new RangeError(`Cannot ${action}: ${name} must be [N, C, ...], got [${y.shape}]`);
   }
   return { n: y.shape[0], c: y.shape[1], hw: tail(y.shape, 2) };
+}
+
+/** PS_BN_RELU of kernels/pinstream.h. */
+const BN_RELU = 1;
+
+function workspaceOf(w: Tensor | null | undefined, action: string): Tensor | null {
+  if (!w) return null;
+  tensor(w, "workspace", ["f32"], action);
+  return w;
+}
+
+/**
+ * The f32 elements of workspace that batch norm over `shape` takes: three per (group, channel)
+ * of its fixed two-phase reduction (kernels/rules.h `ps_bn_groups`, `ps_bn_work_floats`;
+ * `ps_nn_batchnorm_workspace` answers the same in C, and the kernels refuse a smaller one).
+ * Allocate it once and pass it as `workspace` to {@linkcode batchNormForwardTrain} and
+ * {@linkcode batchNormBackward}.
+ *
+ * @param shape x's shape, [N, C, ...] with N >= 1.
+ * @returns The element count.
+ * @throws {RangeError} When the shape is not [N, C, ...].
+ * @example
+ * ```ts
+ * import { batchNormWorkspaceSize } from "./norm.ts";
+ * import assert from "node:assert";
+ * // 32 channels of 128 x 32 x 32 values: 32 groups of 4 samples each
+ * assert.strictEqual(batchNormWorkspaceSize([128, 32, 32, 32]), 3 * 32 * 32);
+ * ```
+ */
+export function batchNormWorkspaceSize(shape: readonly number[]): number {
+  if (shape.length < 2 || !shape.every((d) => Number.isInteger(d) && d >= 1)) {
+    throw new RangeError(
+      `Cannot size a batch-norm workspace: shape must be [N, C, ...], got [${shape}]`,
+    );
+  }
+  const n = shape[0], c = shape[1], hw = tail(shape, 2);
+  let g = Math.ceil(1024 / c);
+  g = Math.min(g, Math.floor((n * hw) / 2048), n, 1024);
+  return 3 * c * Math.max(1, g);
 }
 
 /**
@@ -157,6 +214,12 @@ export function batchNormForwardTrain(
   }
   const momentum = num(options.momentum ?? 0.1, "momentum", action);
   const eps = num(options.eps ?? 1e-5, "eps", action);
+  const work = workspaceOf(options.workspace, action);
+  const runBackup = options.runBackup ?? null;
+  if (runBackup) {
+    tensor(runBackup, "runBackup", ["f32"], action);
+    shape(runBackup, "runBackup", [2 * c], action);
+  }
   using launched = launch(
     action,
     options,
@@ -168,6 +231,8 @@ export function batchNormForwardTrain(
     saveInvStd,
     runMean,
     runVar,
+    runBackup,
+    work,
   );
   const { device, stream } = launched;
   queue(device, "batchNormForwardTrain", {
@@ -180,11 +245,15 @@ export function batchNormForwardTrain(
     save_invstd: saveInvStd,
     run_mean: runMean,
     run_var: runVar,
+    run_backup: runBackup,
+    work,
+    work_floats: work?.numel ?? 0,
     n,
     c,
     hw,
     momentum,
     eps,
+    act: options.relu ? BN_RELU : 0,
     stream,
   }, `${action} x [${x.shape}]`);
 }
@@ -284,22 +353,33 @@ export function batchNormBackward(dy: Tensor, dx: Tensor, options: BatchNormBack
     c,
     action,
   );
+  const relu = options.relu ?? false;
+  const y = options.y ?? null;
+  if (relu) {
+    if (!y) throw new TypeError(`Cannot ${action}: relu needs the forward's output y`);
+    activations(action, [y, "y"], [x, "x"]);
+    shape(y, "y", x.shape, action);
+  }
+  const work = workspaceOf(options.workspace, action);
   using launched = launch(
     action,
     options,
     dy,
     x,
+    relu ? y : null,
     gamma,
     saveMean,
     saveInvStd,
     dx,
     dgamma,
     dbeta,
+    work,
   );
   const { device, stream } = launched;
   queue(device, "batchNormBackward", {
     dy,
     x,
+    y: relu ? y : null,
     gamma,
     save_mean: saveMean,
     save_invstd: saveInvStd,
@@ -307,9 +387,12 @@ export function batchNormBackward(dy: Tensor, dx: Tensor, options: BatchNormBack
     dtype: dt,
     dgamma,
     dbeta,
+    work,
+    work_floats: work?.numel ?? 0,
     n,
     c,
     hw,
+    act: relu ? BN_RELU : 0,
     stream,
   }, `${action} x [${x.shape}]`);
 }

@@ -18,13 +18,17 @@
  * | `sgdStep(param, grad, {lr, momentumBuf, paramHalf, momentum, dampening, nesterov, weightDecay, scale, foundInf, stepsDone})` | param, momentumBuf f32; grad f16/f32; paramHalf f16 or null | torch.optim.SGD; grad unscaled by 1/scale in fp32; skipped on the device when foundInf != 0; stepsDone i32 [1] == 0 selects PyTorch's first-step buffer init |
  * | `stepCount(stepsDone, foundInf)` | i32 [1] | stepsDone += 1 unless foundInf != 0; call after the step's sgdSteps |
  * | `scalerUpdate(scale, growthTracker, {foundInf, growthFactor, backoffFactor, growthInterval})` | f32 [1], i32 [1], i32 [1] | torch._amp_update_scale_; foundInf is read, not cleared |
+ * | `multiUnscaleAndCheck(list, foundInf, {scale, invScale, inPlace})` | an "sgd" TensorList | unscaleAndCheck over every gradient of the list, one launch |
+ * | `multiSgdStep(list, {lr, momentum, dampening, nesterov, weightDecay, scale, foundInf, stepsDone})` | an "sgd" TensorList | sgdStep on every parameter of the list, one launch, the same bits |
+ * | `multiCopyIf(list, {flag})` | a "copy" TensorList | copyIf on every entry, one launch (flag null: always) |
  *
  * @module
  */
 
 import type { Tensor } from "../ffi/tensor.ts";
 import type { OpOptions } from "./backend.ts";
-import { code, int, launch, num, queue, sameNumel, scalar, tensor } from "./_launch.ts";
+import { code, int, launch, launchOn, num, queue, sameNumel, scalar, tensor } from "./_launch.ts";
+import type { TensorList } from "./tensor_list.ts";
 
 /** Options of {@linkcode unscaleAndCheck}. */
 export interface UnscaleOptions extends OpOptions {
@@ -338,4 +342,204 @@ export function scalerUpdate(
     growth_interval: interval,
     stream,
   }, action);
+}
+
+/**
+ * {@linkcode unscaleAndCheck} over every gradient of an "sgd" {@linkcode TensorList}, in one
+ * launch: sets `foundInf` to 1 when any element of any gradient is inf or NaN.
+ *
+ * @param list The parameters (their gradients are checked).
+ * @param foundInf i32 [1].
+ * @param options scale (f32 [1]; the kernel uses 1 / scale) or invScale, inPlace, stream.
+ * @throws {TypeError} On a wrong dtype, list kind or device.
+ * @example
+ * ```ts
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
+ * import { multiUnscaleAndCheck } from "./optim.ts";
+ * import { TensorList } from "./tensor_list.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using p = Tensor.fromHost(dev, new Float32Array([1]));
+ * using g = Tensor.fromHost(dev, new Float16Array([Infinity]));
+ * using flag = Tensor.fromHost(dev, new Int32Array([0]));
+ * using list = new TensorList(dev, "sgd");
+ * list.setSgd([{ param: p, grad: g, momentumBuf: null, paramHalf: null }]);
+ * multiUnscaleAndCheck(list, flag);
+ * assert.deepStrictEqual([...await flag.toHost()], [1]);
+ * ```
+ */
+export function multiUnscaleAndCheck(
+  list: TensorList,
+  foundInf: Tensor,
+  options: UnscaleOptions = {},
+): void {
+  const action = "run multiUnscaleAndCheck";
+  listOf(list, "sgd", action);
+  tensor(foundInf, "foundInf", ["i32"], action);
+  scalar(foundInf, "foundInf", action);
+  const scale = options.scale ?? null;
+  if (scale !== null) {
+    tensor(scale, "scale", ["f32"], action);
+    scalar(scale, "scale", action);
+  }
+  const inv = num(options.invScale ?? 1, "invScale", action);
+  using launched = launchOn(list.device, action, options, foundInf, scale);
+  const { device, stream } = launched;
+  queue(device, "multiUnscaleCheck", {
+    list: list.pointer,
+    n: list.length,
+    max_count: list.maxCount,
+    scale,
+    inv_scale: inv,
+    in_place: options.inPlace ? 1 : 0,
+    found_inf: foundInf,
+    stream,
+  }, `${action} (${list.length} tensors)`);
+}
+
+/** Hyper-parameters and device scalars of {@linkcode multiSgdStep}. */
+export type MultiSgdStepOptions = Omit<SgdStepOptions, "momentumBuf" | "paramHalf">;
+
+/**
+ * {@linkcode sgdStep} on every parameter of an "sgd" {@linkcode TensorList}, in one launch,
+ * with the same hyper-parameters: the same bits as one call per parameter. Each entry needs a
+ * momentum buffer when momentum is not 0 (the list's builder checks; the CUDA kernel cannot).
+ *
+ * @param list The parameters, gradients, momentum buffers and fp16 copies.
+ * @param options lr; momentum, dampening, nesterov, weightDecay, scale, foundInf, stepsDone,
+ *   stream.
+ * @throws {TypeError} On a wrong dtype, list kind or device.
+ * @throws {RangeError} On a bad hyper-parameter.
+ * @example
+ * ```ts
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
+ * import { multiSgdStep } from "./optim.ts";
+ * import { TensorList } from "./tensor_list.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using a = Tensor.fromHost(dev, new Float32Array([1]));
+ * using b = Tensor.fromHost(dev, new Float32Array([2, 3]));
+ * using ga = Tensor.fromHost(dev, new Float16Array([1]));
+ * using gb = Tensor.fromHost(dev, new Float16Array([2, -2]));
+ * using list = new TensorList(dev, "sgd");
+ * list.setSgd([
+ *   { param: a, grad: ga, momentumBuf: null, paramHalf: null },
+ *   { param: b, grad: gb, momentumBuf: null, paramHalf: null },
+ * ]);
+ * multiSgdStep(list, { lr: 0.5 });
+ * assert.deepStrictEqual([...await a.toHost()], [0.5]);
+ * assert.deepStrictEqual([...await b.toHost()], [1, 4]);
+ * ```
+ */
+export function multiSgdStep(list: TensorList, options: MultiSgdStepOptions): void {
+  const action = "run multiSgdStep";
+  listOf(list, "sgd", action);
+  const lr = num(options?.lr, "lr", action);
+  const momentum = num(options.momentum ?? 0, "momentum", action);
+  const dampening = num(options.dampening ?? 0, "dampening", action);
+  const weightDecay = num(options.weightDecay ?? 0, "weightDecay", action);
+  if (momentum < 0) {
+    throw new RangeError(`Cannot ${action}: momentum must be >= 0, got ${momentum}`);
+  }
+  if (options.nesterov && (momentum <= 0 || dampening !== 0)) {
+    throw new RangeError(
+      `Cannot ${action}: Nesterov momentum requires a momentum and zero dampening ` +
+        `(momentum ${momentum}, dampening ${dampening})`,
+    );
+  }
+  const scale = options.scale ?? null;
+  const foundInf = options.foundInf ?? null;
+  const stepsDone = options.stepsDone ?? null;
+  for (
+    const [t, name, dt] of [[scale, "scale", "f32"], [foundInf, "foundInf", "i32"], [
+      stepsDone,
+      "stepsDone",
+      "i32",
+    ]] as const
+  ) {
+    if (t === null) continue;
+    tensor(t, name, [dt], action);
+    scalar(t, name, action);
+  }
+  const hyper = options.hyper ?? null;
+  if (hyper !== null) {
+    tensor(hyper, "hyper", ["f32"], action);
+    if (hyper.numel !== 2) {
+      throw new RangeError(`Cannot ${action}: hyper must hold 2 elements, got [${hyper.shape}]`);
+    }
+  }
+  using launched = launchOn(list.device, action, options, scale, foundInf, stepsDone, hyper);
+  const { device, stream } = launched;
+  queue(device, "multiSgdStep", {
+    list: list.pointer,
+    n: list.length,
+    max_count: list.maxCount,
+    lr,
+    momentum,
+    dampening,
+    weight_decay: weightDecay,
+    nesterov: options.nesterov ? 1 : 0,
+    scale,
+    found_inf: foundInf,
+    steps_done: stepsDone,
+    hyper,
+    stream,
+  }, `${action} (${list.length} tensors)`);
+}
+
+/**
+ * {@linkcode copyIf} on every entry of a "copy" {@linkcode TensorList}, in one launch: the
+ * copies happen when the device flag is non-zero (always when `flag` is null).
+ *
+ * @param list The copies.
+ * @param options flag (i32 [1] or null), stream.
+ * @throws {TypeError} On a wrong dtype, list kind or device.
+ * @example
+ * ```ts
+ * import { Device } from "@pinstream/pinstream";
+ * import { Tensor } from "@pinstream/pinstream";
+ * import { multiCopyIf } from "./optim.ts";
+ * import { TensorList } from "./tensor_list.ts";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using saved = Tensor.fromHost(dev, new Float32Array([1, 2]));
+ * using x = Tensor.fromHost(dev, new Float32Array([NaN, NaN]));
+ * using set = Tensor.fromHost(dev, new Int32Array([1]));
+ * using list = new TensorList(dev, "copy");
+ * list.setCopies([{ dst: x, src: saved }]);
+ * multiCopyIf(list, { flag: set });
+ * assert.deepStrictEqual([...await x.toHost()], [1, 2]);
+ * ```
+ */
+export function multiCopyIf(list: TensorList, options: MultiCopyIfOptions): void {
+  const action = "run multiCopyIf";
+  listOf(list, "copy", action);
+  const flag = options?.flag ?? null;
+  if (flag !== null) {
+    tensor(flag, "flag", ["i32"], action);
+    scalar(flag, "flag", action);
+  }
+  using launched = launchOn(list.device, action, options, flag);
+  const { device, stream } = launched;
+  queue(device, "multiCopyIf", {
+    list: list.pointer,
+    n: list.length,
+    max_count: list.maxCount,
+    flag,
+    stream,
+  }, `${action} (${list.length} tensors)`);
+}
+
+/** Options of {@linkcode multiCopyIf}. */
+export interface MultiCopyIfOptions extends OpOptions {
+  /** i32 [1]: copy when non-zero (null: always). */
+  flag: Tensor | null;
+}
+
+function listOf(list: TensorList, kind: "sgd" | "copy", action: string): void {
+  if (list?.kind !== kind) {
+    throw new TypeError(`Cannot ${action}: expected a "${kind}" TensorList, got ${list?.kind}`);
+  }
 }

@@ -345,7 +345,7 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     this.#batchSize = batchSize;
     // Buffers hold what a batch can hold, not what batchSize asks: no batch has more samples
     // than the set (batchSize 1e8 on 10 samples allocated gigabytes).
-    this.#batchCap = Math.max(1, Math.min(batchSize, dataset.length));
+    this.#batchCap = this.#order.maxBatchSize();
     // The records are uploaded a chunk of whole batches at a time.
     this.#perChunk = Math.max(1, Math.floor(CHUNK_SAMPLES / this.#batchCap));
   }

@@ -10,7 +10,7 @@
  */
 
 import { type Device, Tensor } from "../mod.ts";
-import * as ops from "../nn/ops.ts";
+import * as ops from "../ops/mod.ts";
 import { testEachBackend } from "./_backends.ts";
 import {
   assertClose,

@@ -134,6 +134,10 @@ Deno.test({
     });
     const bytes = Deno.readFileSync(join(dir, "rgb_500x375_s2_q90.jpg"));
     const half = native!.decode(bytes, { size: [188, 250] });
+    // A result is the caller's: the next decode leaves it alone.
+    const copy = half.data.slice();
+    native!.decode(Deno.readFileSync(join(dir, "progressive.jpg")), { size: [188, 250] });
+    assert.deepStrictEqual(diff(half.data, copy), { count: 0, max: 0 });
     const out = new Uint8Array(100 * 120 * 3 + 5);
     const img = native!.decode(bytes, { size: [100, 120], out });
     assert.strictEqual(img.data.buffer, out.buffer);

@@ -21,6 +21,13 @@ const FLOORS: Record<string, readonly string[]> = {
   dist: ["internal", "ffi", "augment", "loader", "ops", "nn", "pipeline"],
 };
 
+/**
+ * What a folder may load on demand only, by a dynamic import: the loader's image datasets load
+ * the decoders (and their native bindings) in the workers that decode, never in the loader's
+ * core.
+ */
+const ON_DEMAND: Record<string, readonly string[]> = { loader: ["decode"] };
+
 function* sources(dir: URL): Generator<URL> {
   for (const entry of Deno.readDirSync(dir)) {
     if (entry.isDirectory) yield* sources(new URL(`${entry.name}/`, dir));
@@ -28,16 +35,25 @@ function* sources(dir: URL): Generator<URL> {
   }
 }
 
-/** The folders (first path segment under the root) that `file` imports by relative path. */
-function importedFolders(file: URL): Map<string, string> {
-  const found = new Map<string, string>();
+/**
+ * The folders (first path segment under the root) that `file` imports by relative path, each
+ * with the specifier and whether every import of it is dynamic. Type-only imports load nothing
+ * and are left out.
+ */
+function importedFolders(file: URL): Map<string, { spec: string; dynamic: boolean }> {
+  const found = new Map<string, { spec: string; dynamic: boolean }>();
   const text = Deno.readTextFileSync(file);
-  for (const m of text.matchAll(/(?:from|import)\s*\(?\s*["'](\.{1,2}\/[^"']+)["']/g)) {
-    const target = new URL(m[1], file);
-    if (!target.href.startsWith(ROOT.href)) continue;
+  const add = (spec: string, dynamic: boolean) => {
+    const target = new URL(spec, file);
+    if (!target.href.startsWith(ROOT.href)) return;
     const folder = target.href.slice(ROOT.href.length).split("/")[0];
-    found.set(folder, m[1]);
-  }
+    found.set(folder, { spec, dynamic: dynamic && (found.get(folder)?.dynamic ?? true) });
+  };
+  // Static imports and re-exports (a statement runs to its semicolon), then dynamic imports.
+  const statements = /^(?:import|export)(\s+type\b)?[^;]*?from\s*["'](\.{1,2}\/[^"']+)["']/gm;
+  for (const m of text.matchAll(statements)) if (m[1] === undefined) add(m[2], false);
+  for (const m of text.matchAll(/^import\s+["'](\.{1,2}\/[^"']+)["']/gm)) add(m[1], false);
+  for (const m of text.matchAll(/\bimport\(\s*["'](\.{1,2}\/[^"']+)["']/g)) add(m[1], true);
   return found;
 }
 
@@ -52,10 +68,10 @@ for (const [folder, allowed] of Object.entries(FLOORS)) {
     let files = 0;
     for (const file of sources(dir)) {
       files++;
-      for (const [target, spec] of importedFolders(file)) {
+      for (const [target, { spec, dynamic }] of importedFolders(file)) {
         if (target === folder) continue;
         assert.ok(
-          allowed.includes(target),
+          allowed.includes(target) || (dynamic && (ON_DEMAND[folder] ?? []).includes(target)),
           `${
             file.href.slice(ROOT.href.length)
           } imports ${spec}: ${folder}/ may not import ${target}/`,

@@ -6,11 +6,15 @@ import assert from "node:assert";
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import { activeProfiler, Profiler, range } from "../ffi/profiler.ts";
 import { Stream } from "../ffi/stream.ts";
-import { testEachBackend } from "./_backends.ts";
+import { CUDA, testEachBackend } from "./_backends.ts";
 import { makeData, makeLoader, MEAN, STD } from "./pipeline_fixtures.ts";
 import { toDevice } from "../pipeline/prefetcher.ts";
 import { Flatten, GradScaler, Linear, Sequential, SGD } from "../nn/mod.ts";
 import { Trainer } from "../train/trainer.ts";
+import { cifarModel } from "../train/models.ts";
+import { Tensor } from "../ffi/tensor.ts";
+import { Device } from "../ffi/device.ts";
+import { opCounts, opDelta } from "../internal/op_count.ts";
 
 function busy(ms: number): void {
   const end = performance.now() + ms;
@@ -47,8 +51,9 @@ Deno.test("nested host ranges: calls, inclusive totals, means, shares and the ta
   assert.ok(step.share > 0 && step.share <= 1 && fwd.share < step.share, `share ${step.share}`);
   assert.strictEqual(step.deviceMs, undefined);
   const table = prof.table().split("\n");
-  assert.match(table[0], /^name +calls +total ms +mean ms +share +device ms$/);
-  assert.match(table[1], /^step +4 +\d+\.\d\d +\d+\.\d{3} +\d+\.\d%$/);
+  assert.match(table[0], /^name +calls +total ms +mean ms +share +device ms +ops +syncs$/);
+  // Host work only: no device time, no operations, no synchronizations.
+  assert.match(table[1], /^step +4 +\d+\.\d\d +\d+\.\d{3} +\d+\.\d% +0 +0$/);
   assert.match(table[2], /^forward +4 /);
 });
 
@@ -182,7 +187,7 @@ testEachBackend(
         "train.optimizer",
         "nn.matmul",
         "nn.crossEntropyForwardBackward",
-        "nn.sgdStep",
+        "nn.multiSgdStep",
       ]
     ) {
       assert.ok(names.has(name), `${name} missing from ${[...names].join(", ")}`);
@@ -215,4 +220,102 @@ Deno.test("a profile shows each batch a worker loaded, on the workers' track", a
     trace.filter((e) => e.name === "loader.batch" && e.tid === track.tid).length,
     batches,
   );
+});
+
+// ---- operations per training step --------------------------------------------------------
+
+/**
+ * The budget of one CIFAR-net training step (train/models.ts cifarModel, fp16, SGD with
+ * momentum, weight decay and Nesterov, a GradScaler, the Trainer), in backend calls; the same on
+ * every backend, since each call of the library counts once (internal/op_count.ts). Written out
+ * so a change that adds operations to the step has to change this table, and say why (docs/
+ * profiling.md keeps the same table):
+ *
+ *   forward   5 conv + 5 batch norm with its ReLU (one call each; the running statistics are
+ *             backed up inside it) + 3 max-pool + Linear's matmul and bias     = 15 kernels
+ *             Flatten's device-to-device copy                                  =  1 copy
+ *   loss      cross-entropy (forward and gradient in one call)                 =  1 kernel
+ *   backward  Linear: 2 matmuls (dW, dX) + bias gradient; 3 max-pool; 5 batch norm with
+ *             its ReLU; 5 weight and 4 data gradients of the conv (none for the
+ *             first conv's input)                                              = 20 kernels
+ *             Flatten's copy back                                              =  1 copy
+ *   step      multi-tensor inf check + multi-tensor SGD over all 17 parameters + step
+ *             count + one restore of every running statistic if skipped + scale
+ *             update                                                           =  5 kernels
+ *             the found-inf flag cleared for the next step                     =  1 memset
+ *
+ * No allocations, frees or synchronizations: the workspaces, the parameter list and
+ * the statistics list are made on the first step and kept, and nothing is read back.
+ */
+const CIFAR_STEP_BUDGET = {
+  kernels: 15 + 1 + 20 + 5,
+  copies: 2,
+  memsets: 1,
+  allocations: 0,
+  frees: 0,
+  syncs: 0,
+};
+
+testEachBackend(
+  "one CIFAR-net training step queues its budget of operations and no sync",
+  async (device) => {
+    using model = cifarModel(0).to(device);
+    using opt = new SGD(model.parameters(), {
+      lr: 0.05,
+      momentum: 0.9,
+      weightDecay: 5e-4,
+      nesterov: true,
+    });
+    using scaler = new GradScaler(device);
+    using trainer = new Trainer(model, { optimizer: opt, scaler });
+    using x = Tensor.fromHost(
+      device,
+      Float16Array.from({ length: 2 * 3 * 32 * 32 }, (_, i) => Math.sin(i)),
+      [2, 3, 32, 32],
+    );
+    using y = Tensor.fromHost(device, new Int32Array([3, 7]), [2]);
+    trainer.trainStep(x, y); // the first step makes the workspaces and uploads the lists
+    for (let step = 0; step < 2; step++) {
+      using prof = new Profiler({ device: false }).start();
+      trainer.trainStep(x, y);
+      prof.stop();
+      assert.deepStrictEqual(prof.opCounts(), CIFAR_STEP_BUDGET, `step ${step + 2}`);
+      const row = prof.stats().find((r) => r.name === "train.step")!;
+      assert.deepStrictEqual(row.ops, CIFAR_STEP_BUDGET, "the train.step range counts the same");
+      assert.match(prof.table(), /^name +calls +total ms +mean ms +share +device ms +ops +syncs$/m);
+    }
+    await device.synchronize();
+  },
+);
+
+Deno.test({
+  name: "with CUDA graphs a CIFAR-net training step is its two input copies and one launch [cuda]",
+  ignore: CUDA.ignore,
+  async fn() {
+    // The counter counts what the ABI is asked to do: the recorded step replays as one
+    // ps_graph_launch. No profiler here: a profiled step runs op by op (its ranges time each op).
+    using device = Device.open("cuda");
+    using model = cifarModel(0).to(device);
+    using opt = new SGD(model.parameters(), { lr: 0.05, momentum: 0.9, nesterov: true });
+    using scaler = new GradScaler(device);
+    using trainer = new Trainer(model, { optimizer: opt, scaler, cudaGraphs: true });
+    using x = Tensor.fromHost(device, new Float16Array(2 * 3 * 32 * 32).fill(0.5), [2, 3, 32, 32]);
+    using y = Tensor.fromHost(device, new Int32Array([3, 7]), [2]);
+    trainer.trainStep(x, y); // op by op: makes the buffers
+    trainer.trainStep(x, y); // records the graph
+    assert.ok(trainer.cudaGraphsActive, "the step was recorded");
+    for (let step = 0; step < 2; step++) {
+      const before = opCounts();
+      trainer.trainStep(x, y);
+      assert.deepStrictEqual(opDelta(opCounts(), before), {
+        kernels: 1,
+        copies: 2,
+        memsets: 0,
+        allocations: 0,
+        frees: 0,
+        syncs: 0,
+      });
+    }
+    await device.synchronize();
+  },
 });

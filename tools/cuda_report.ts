@@ -69,17 +69,22 @@ export interface HotKernel {
 
 /**
  * The hot kernels. A rewrite that renames one updates its row. Exempt rows wait for their
- * rewrite (issue 22: batch norm item 2, augment item 5), which removes the exemption.
+ * rewrite (issue 22: augment item 5), which removes the exemption.
  */
 export const HOT_KERNELS: readonly HotKernel[] = [
   { prefix: "gemm_kernel<__half,", family: "GEMM main loop, fp16 tensor cores" },
   { prefix: "gemm_kernel<float,", family: "GEMM main loop, fp32" },
   { prefix: "reduce_splits<", family: "GEMM split-K reduction" },
-  { prefix: "bn_train<", family: "batch norm", exempt: "not yet rewritten (issue 22, item 2)" },
-  { prefix: "bn_bwd<", family: "batch norm", exempt: "not yet rewritten (issue 22, item 2)" },
-  { prefix: "bn_eval<", family: "batch norm", exempt: "not yet rewritten (issue 22, item 2)" },
+  { prefix: "bn_stats<", family: "batch norm, forward statistics" },
+  { prefix: "bn_apply<", family: "batch norm, forward (ReLU fused)" },
+  { prefix: "bn_grad_stats<", family: "batch norm, backward sums" },
+  { prefix: "bn_grad_apply<", family: "batch norm, backward (ReLU fused)" },
+  { prefix: "bn_eval<", family: "batch norm, evaluation" },
   { prefix: "sgd_kernel", family: "optimizer" },
+  { prefix: "multi_sgd", family: "optimizer, all parameters in one launch" },
   { prefix: "unscale_check", family: "loss scaler" },
+  { prefix: "multi_unscale_check", family: "loss scaler, all gradients in one launch" },
+  { prefix: "multi_copy_if", family: "skipped-step rollback, one launch" },
   { prefix: "augment_kernel", family: "augment", exempt: "not yet rewritten (issue 22, item 5)" },
 ];
 

@@ -724,6 +724,8 @@ export interface ImageRun {
   intro: string;
   /** What the data is, for the closing summary. */
   dataNote: string;
+  /** Memory order of the image records (default "nchw"; decoded image files are "nhwc"). */
+  layout?: "nchw" | "nhwc";
 }
 
 /**
@@ -778,7 +780,12 @@ export async function trainImages(args: TrainArgs, run: ImageRun): Promise<Epoch
       testLoader,
       dataNote: run.dataNote,
       group,
-      spec: { mean: run.mean, std: run.std, padding: augment?.padding ?? 0 },
+      spec: {
+        mean: run.mean,
+        std: run.std,
+        padding: augment?.padding ?? 0,
+        layout: run.layout,
+      },
       scheduler: (opt, steps) =>
         new OneCycleLR(opt, {
           maxLr: args.lr,

@@ -50,25 +50,61 @@ static float chunk_sqdev(const float *v, int64_t n, float mean) {
   return lanes_total(acc);
 }
 
-/* y = x * a + b over the plane of hw values at element offset `at` (fp16 when f16, else fp32). */
-static void plane_affine(const void *x, void *y, int f16, int64_t at, int64_t hw, float a,
-                         float b) {
+/* ReLU in place on m stored activations at element offset `at`, on their bits (rules.h). */
+static void relu_stored(void *y, int f16, int64_t at, int64_t m) {
+  if (f16) {
+    uint16_t *q = (uint16_t *)y + at;
+    for (int64_t j = 0; j < m; j++) q[j] = ps_relu_f16(q[j]);
+  } else {
+    uint32_t *q = (uint32_t *)y + at;
+    for (int64_t j = 0; j < m; j++) q[j] = ps_relu_f32(q[j]);
+  }
+}
+
+/* y = x * a + b (then ReLU when relu) over the plane of hw values at element offset `at` (fp16
+ * when f16, else fp32). The ReLU acts on the stored value, as a separate ReLU would. */
+static void plane_affine(const void *x, void *y, int f16, int64_t at, int64_t hw, float a, float b,
+                         int relu) {
   float buf[BN_CHUNK];
   for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
     int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
     act_load(x, f16, at + j0, buf, m);
     for (int64_t j = 0; j < m; j++) buf[j] = buf[j] * a + b;
     act_store(buf, y, f16, at + j0, m);
+    if (relu) relu_stored(y, f16, at + j0, m);
   }
 }
 
-/* ps_nn_batchnorm_forward_train over channels [c0, c1). */
+/* dy as fp32, masked by the forward's output y > 0 first when relu (ps_relu_grad on the bits,
+ * as ps_nn_relu_backward would have written it). */
+static void load_dy(const void *dy, const void *y, int f16, int relu, int64_t at, float *d,
+                    int64_t m) {
+  if (!relu) {
+    act_load(dy, f16, at, d, m);
+    return;
+  }
+  if (f16) {
+    uint16_t g[BN_CHUNK];
+    const uint16_t *a = (const uint16_t *)dy + at, *o = (const uint16_t *)y + at;
+    for (int64_t j = 0; j < m; j++) g[j] = ps_relu_grad_f16(o[j], a[j]);
+    h2f_row((const half *)g, d, m);
+  } else {
+    const uint32_t *a = (const uint32_t *)dy + at, *o = (const uint32_t *)y + at;
+    for (int64_t j = 0; j < m; j++) {
+      uint32_t v = ps_relu_grad_f32(o[j], a[j]);
+      memcpy(d + j, &v, 4);
+    }
+  }
+}
+
+/* ps_nn_batchnorm_act_forward_train over channels [c0, c1). */
 typedef struct {
   const void *x;
   void *y; /* x and y fp16 when f16, else fp32 */
-  int f16;
+  int f16, relu;
   const float *gamma, *beta;
   float *save_mean, *save_invstd, *run_mean, *run_var; /* run_* may be NULL */
+  float *run_backup;                                   /* may be NULL */
   int64_t n, c, hw;
   float momentum, eps;
 } bn_train_ctx;
@@ -81,51 +117,71 @@ static void bn_train_range(void *vctx, int64_t c0, int64_t c1) {
   const float *gamma = k->gamma, *beta = k->beta;
   float *save_mean = k->save_mean, *save_invstd = k->save_invstd;
   float *run_mean = k->run_mean, *run_var = k->run_var, momentum = k->momentum, eps = k->eps;
-  int64_t n = k->n, c = k->c, hw = k->hw, cnt = n * hw;
+  int64_t n = k->n, c = k->c, hw = k->hw;
+  const int32_t groups = ps_bn_groups(n, c, hw);
   float buf[BN_CHUNK];
   for (int64_t ch = c0; ch < c1; ch++) {
-    /* Two passes (mean, then squared deviations): no cancellation for any data. */
-    double s = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-      const int64_t p = (i * c + ch) * hw;
-      for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
-        int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
-        act_load(xh, f16, p + j0, buf, m);
-        s += chunk_sum(buf, m);
+    /* Per group (rules.h): its mean, then its squared deviations from it (two passes: no
+     * cancellation); the groups merge in order. */
+    int64_t cnt = 0;
+    float mean = 0.0f, m2 = 0.0f;
+    for (int32_t gi = 0; gi < groups; gi++) {
+      const int64_t s0 = ps_bn_group_start(n, groups, gi);
+      const int64_t s1 = ps_bn_group_start(n, groups, gi + 1);
+      double s = 0.0;
+      for (int64_t i = s0; i < s1; i++) {
+        const int64_t p = (i * c + ch) * hw;
+        for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
+          int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
+          act_load(xh, f16, p + j0, buf, m);
+          s += chunk_sum(buf, m);
+        }
       }
-    }
-    double mean = s / (double)cnt, ss = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-      const int64_t p = (i * c + ch) * hw;
-      for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
-        int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
-        act_load(xh, f16, p + j0, buf, m);
-        ss += chunk_sqdev(buf, m, (float)mean);
+      const int64_t cb = (s1 - s0) * hw;
+      const float mb = (float)(s / (double)cb);
+      double ss = 0.0;
+      for (int64_t i = s0; i < s1; i++) {
+        const int64_t p = (i * c + ch) * hw;
+        for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
+          int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
+          act_load(xh, f16, p + j0, buf, m);
+          ss += chunk_sqdev(buf, m, mb);
+        }
       }
+      ps_bn_merge(&cnt, &mean, &m2, cb, mb, (float)ss);
     }
-    double var = ss / (double)cnt;
-    float invstd = (float)(1.0 / sqrt(var + eps));
-    save_mean[ch] = (float)mean;
+    float invstd = ps_bn_invstd(m2, cnt, eps);
+    save_mean[ch] = mean;
     save_invstd[ch] = invstd;
-    if (run_mean) run_mean[ch] = ps_bn_running(run_mean[ch], (float)mean, momentum);
-    if (run_var) {
-      double unbiased = cnt > 1 ? ss / (double)(cnt - 1) : var;
-      run_var[ch] = ps_bn_running(run_var[ch], (float)unbiased, momentum);
+    if (k->run_backup) {
+      k->run_backup[ch] = run_mean ? run_mean[ch] : 0.0f;
+      k->run_backup[c + ch] = run_var ? run_var[ch] : 0.0f;
     }
+    if (run_mean) run_mean[ch] = ps_bn_running(run_mean[ch], mean, momentum);
+    if (run_var) run_var[ch] = ps_bn_running(run_var[ch], ps_bn_unbiased(m2, cnt), momentum);
     float a, b;
-    ps_bn_affine(gamma[ch], beta[ch], (float)mean, invstd, &a, &b);
-    for (int64_t i = 0; i < n; i++) plane_affine(xh, yh, f16, (i * c + ch) * hw, hw, a, b);
+    ps_bn_affine(gamma[ch], beta[ch], mean, invstd, &a, &b);
+    for (int64_t i = 0; i < n; i++) plane_affine(xh, yh, f16, (i * c + ch) * hw, hw, a, b, k->relu);
   }
 }
 
-PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta,
-                                         void *y, int32_t dtype, float *save_mean,
-                                         float *save_invstd, float *run_mean, float *run_var,
-                                         int64_t n, int64_t c, int64_t hw, float momentum,
-                                         float eps, void *stream) {
+PS_API int ps_nn_batchnorm_workspace(int64_t n, int64_t c, int64_t hw, int64_t *floats) {
+  TRY(ps_check_per_channel(__func__, n, c, hw, 1));
+  if (!floats) PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: null out", __func__);
+  *floats = ps_bn_work_floats(n, c, hw);
+  return PS_OK;
+}
+
+PS_API int ps_nn_batchnorm_act_forward_train(const void *x, const float *gamma, const float *beta,
+                                             void *y, int32_t dtype, float *save_mean,
+                                             float *save_invstd, float *run_mean, float *run_var,
+                                             float *run_backup, float *work, int64_t work_floats,
+                                             int64_t n, int64_t c, int64_t hw, float momentum,
+                                             float eps, int32_t act, void *stream) {
   (void)stream;
   CHECK_DTYPE(dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
+  TRY(ps_check_bn_work(__func__, work, work_floats, n, c, hw, act));
   CHECK_RANGE(x, n * c * hw * dtsize(dtype));
   CHECK_RANGE(y, n * c * hw * dtsize(dtype));
   CHECK_RANGE(gamma, c * 4);
@@ -134,15 +190,20 @@ PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, cons
   CHECK_RANGE(save_invstd, c * 4);
   if (run_mean) CHECK_RANGE(run_mean, c * 4);
   if (run_var) CHECK_RANGE(run_var, c * 4);
+  if (run_backup) CHECK_RANGE(run_backup, 2 * c * 4);
+  /* The partials stay in each task's locals: the workspace is checked, not needed. */
+  if (work) CHECK_RANGE(work, ps_bn_work_floats(n, c, hw) * 4);
   bn_train_ctx k = {.x = x,
                     .y = y,
                     .f16 = dtype == PS_NN_F16,
+                    .relu = act == PS_BN_RELU,
                     .gamma = gamma,
                     .beta = beta,
                     .save_mean = save_mean,
                     .save_invstd = save_invstd,
                     .run_mean = run_mean,
                     .run_var = run_var,
+                    .run_backup = run_backup,
                     .n = n,
                     .c = c,
                     .hw = hw,
@@ -150,6 +211,18 @@ PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, cons
                     .eps = eps};
   ps_pool_range(c, 1, n * c * hw, bn_train_range, &k);
   return PS_OK;
+}
+
+PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, const float *beta,
+                                         void *y, int32_t dtype, float *save_mean,
+                                         float *save_invstd, float *run_mean, float *run_var,
+                                         int64_t n, int64_t c, int64_t hw, float momentum,
+                                         float eps, void *stream) {
+  /* Checked here so that the refusal names this function. */
+  TRY(ps_check_per_channel(__func__, n, c, hw, 1));
+  return ps_nn_batchnorm_act_forward_train(x, gamma, beta, y, dtype, save_mean, save_invstd,
+                                           run_mean, run_var, NULL, NULL, 0, n, c, hw, momentum,
+                                           eps, 0, stream);
 }
 
 /* ps_nn_batchnorm_forward_eval over channels [c0, c1). */
@@ -172,7 +245,7 @@ static void bn_eval_range(void *vctx, int64_t c0, int64_t c1) {
   for (int64_t ch = c0; ch < c1; ch++) {
     float a, b;
     ps_bn_eval_affine(gamma[ch], beta[ch], run_mean[ch], run_var[ch], eps, &a, &b);
-    for (int64_t i = 0; i < n; i++) plane_affine(x, y, k->f16, (i * c + ch) * hw, hw, a, b);
+    for (int64_t i = 0; i < n; i++) plane_affine(x, y, k->f16, (i * c + ch) * hw, hw, a, b, 0);
   }
 }
 
@@ -205,11 +278,11 @@ PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const
   return PS_OK;
 }
 
-/* ps_nn_batchnorm_backward over channels [c0, c1). */
+/* ps_nn_batchnorm_act_backward over channels [c0, c1). */
 typedef struct {
-  const void *x, *dy;
-  void *dx; /* x, dy and dx fp16 when f16, else fp32 */
-  int f16;
+  const void *x, *dy, *y;
+  void *dx; /* x, dy, y and dx fp16 when f16, else fp32 */
+  int f16, relu;
   const float *gamma, *save_mean, *save_invstd;
   float *dgamma, *dbeta;
   int64_t n, c, hw;
@@ -217,46 +290,53 @@ typedef struct {
 
 static void bn_bwd_range(void *vctx, int64_t c0, int64_t c1) {
   const bn_bwd_ctx *k = vctx;
-  const void *x = k->x, *dy = k->dy;
+  const void *x = k->x, *dy = k->dy, *y = k->y;
   void *dx = k->dx;
-  const int f16 = k->f16;
+  const int f16 = k->f16, relu = k->relu;
   const float *gamma = k->gamma, *save_mean = k->save_mean, *save_invstd = k->save_invstd;
   float *dgamma = k->dgamma, *dbeta = k->dbeta;
   int64_t n = k->n, c = k->c, hw = k->hw, cnt = n * hw;
+  const int32_t groups = ps_bn_groups(n, c, hw);
   float gb[BN_CHUNK], xb[BN_CHUNK];
   for (int64_t ch = c0; ch < c1; ch++) {
     float mean = save_mean[ch], is = save_invstd[ch];
-    double sdy = 0.0, sdyx = 0.0; /* sum dy, sum dy * xhat */
-    for (int64_t i = 0; i < n; i++) {
-      const int64_t p = (i * c + ch) * hw;
-      for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
-        int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
-        act_load(dy, f16, p + j0, gb, m);
-        act_load(x, f16, p + j0, xb, m);
-        float a0[BN_LANES] = {0}, a1[BN_LANES] = {0};
-        int64_t j = 0;
-        for (; j + BN_LANES <= m; j += BN_LANES)
-          for (int l = 0; l < BN_LANES; l++) {
-            a0[l] += gb[j + l];
-            a1[l] += gb[j + l] * ((xb[j + l] - mean) * is);
+    float sdy = 0.0f, sdyx = 0.0f; /* sum dy, sum dy * xhat: per group, then in group order */
+    for (int32_t gi = 0; gi < groups; gi++) {
+      double gdy = 0.0, gdyx = 0.0;
+      const int64_t s1 = ps_bn_group_start(n, groups, gi + 1);
+      for (int64_t i = ps_bn_group_start(n, groups, gi); i < s1; i++) {
+        const int64_t p = (i * c + ch) * hw;
+        for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
+          int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
+          load_dy(dy, y, f16, relu, p + j0, gb, m);
+          act_load(x, f16, p + j0, xb, m);
+          float a0[BN_LANES] = {0}, a1[BN_LANES] = {0};
+          int64_t j = 0;
+          for (; j + BN_LANES <= m; j += BN_LANES)
+            for (int l = 0; l < BN_LANES; l++) {
+              a0[l] += gb[j + l];
+              a1[l] += gb[j + l] * ((xb[j + l] - mean) * is);
+            }
+          for (; j < m; j++) {
+            a0[0] += gb[j];
+            a1[0] += gb[j] * ((xb[j] - mean) * is);
           }
-        for (; j < m; j++) {
-          a0[0] += gb[j];
-          a1[0] += gb[j] * ((xb[j] - mean) * is);
+          gdy += lanes_total(a0);
+          gdyx += lanes_total(a1);
         }
-        sdy += lanes_total(a0);
-        sdyx += lanes_total(a1);
       }
+      sdy += (float)gdy;
+      sdyx += (float)gdyx;
     }
-    dbeta[ch] = (float)sdy;
-    dgamma[ch] = (float)sdyx;
+    dbeta[ch] = sdy;
+    dgamma[ch] = sdyx;
     /* dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)) */
-    float a = gamma[ch] * is, mdy = (float)(sdy / (double)cnt), mdyx = (float)(sdyx / (double)cnt);
+    float a = gamma[ch] * is, mdy = sdy / (float)cnt, mdyx = sdyx / (float)cnt;
     for (int64_t i = 0; i < n; i++) {
       const int64_t p = (i * c + ch) * hw;
       for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
         int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
-        act_load(dy, f16, p + j0, gb, m);
+        load_dy(dy, y, f16, relu, p + j0, gb, m);
         act_load(x, f16, p + j0, xb, m);
         for (int64_t j = 0; j < m; j++) gb[j] = ps_bn_grad(gb[j], xb[j], mean, is, a, mdy, mdyx);
         act_store(gb, dx, f16, p + j0, m);
@@ -265,25 +345,32 @@ static void bn_bwd_range(void *vctx, int64_t c0, int64_t c1) {
   }
 }
 
-PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
-                                    const float *save_mean, const float *save_invstd, void *dx,
-                                    int32_t dtype, float *dgamma, float *dbeta, int64_t n,
-                                    int64_t c, int64_t hw, void *stream) {
+PS_API int ps_nn_batchnorm_act_backward(const void *dy, const void *x, const void *y,
+                                        const float *gamma, const float *save_mean,
+                                        const float *save_invstd, void *dx, int32_t dtype,
+                                        float *dgamma, float *dbeta, float *work,
+                                        int64_t work_floats, int64_t n, int64_t c, int64_t hw,
+                                        int32_t act, void *stream) {
   (void)stream;
   CHECK_DTYPE(dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 1));
+  TRY(ps_check_bn_work(__func__, work, work_floats, n, c, hw, act));
   CHECK_RANGE(dy, n * c * hw * dtsize(dtype));
   CHECK_RANGE(x, n * c * hw * dtsize(dtype));
+  if (act == PS_BN_RELU) CHECK_RANGE(y, n * c * hw * dtsize(dtype));
   CHECK_RANGE(dx, n * c * hw * dtsize(dtype));
   CHECK_RANGE(gamma, c * 4);
   CHECK_RANGE(save_mean, c * 4);
   CHECK_RANGE(save_invstd, c * 4);
   CHECK_RANGE(dgamma, c * 4);
   CHECK_RANGE(dbeta, c * 4);
+  if (work) CHECK_RANGE(work, ps_bn_work_floats(n, c, hw) * 4);
   bn_bwd_ctx k = {.x = x,
                   .dy = dy,
+                  .y = y,
                   .dx = dx,
                   .f16 = dtype == PS_NN_F16,
+                  .relu = act == PS_BN_RELU,
                   .gamma = gamma,
                   .save_mean = save_mean,
                   .save_invstd = save_invstd,
@@ -295,6 +382,16 @@ PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *
   ps_pool_range(c, 1, n * c * hw, bn_bwd_range, &k);
   return PS_OK;
 }
+
+PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *gamma,
+                                    const float *save_mean, const float *save_invstd, void *dx,
+                                    int32_t dtype, float *dgamma, float *dbeta, int64_t n,
+                                    int64_t c, int64_t hw, void *stream) {
+  TRY(ps_check_per_channel(__func__, n, c, hw, 1));
+  return ps_nn_batchnorm_act_backward(dy, x, NULL, gamma, save_mean, save_invstd, dx, dtype, dgamma,
+                                      dbeta, NULL, 0, n, c, hw, 0, stream);
+}
+
 /* ---- bias ----------------------------------------------------------------------------- */
 
 /* ps_nn_bias_add over rows [r0, r1) of [n*c][hw]. */

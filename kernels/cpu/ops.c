@@ -582,3 +582,62 @@ PS_API int ps_nn_copy_if(float *dst, const float *src, int64_t count, const int3
   if (*flag) memmove(dst, src, (size_t)count * 4);
   return PS_OK;
 }
+
+/* ---- multi-tensor steps ---------------------------------------------------------------- */
+
+/* The one-tensor functions on each entry, after checking the list: the same bits, and the
+ * same refusals (naming the one-tensor function and its argument) for a bad entry. */
+
+PS_API int ps_nn_multi_unscale_check(const int64_t *list, int32_t n, int64_t max_count,
+                                     const float *scale, float inv_scale, int32_t in_place,
+                                     int32_t *found_inf, void *stream) {
+  TRY(ps_check_multi(__func__, list, n, max_count));
+  CHECK_RANGE(found_inf, 4);
+  if (n == 0) return PS_OK;
+  CHECK_RANGE(list, (int64_t)n * PS_MT_SGD_FIELDS * 8);
+  for (int32_t i = 0; i < n; i++) {
+    const int64_t *e = list + (int64_t)i * PS_MT_SGD_FIELDS;
+    TRY(ps_nn_unscale_check((void *)(uintptr_t)e[1], (int32_t)e[5], e[4], scale, inv_scale,
+                            in_place, found_inf, stream));
+  }
+  return PS_OK;
+}
+
+PS_API int ps_nn_multi_sgd_step(const int64_t *list, int32_t n, int64_t max_count, float lr,
+                                float momentum, float dampening, float weight_decay,
+                                int32_t nesterov, const float *scale, const int32_t *found_inf,
+                                const int32_t *steps_done, const float *hyper, void *stream) {
+  TRY(ps_check_multi(__func__, list, n, max_count));
+  if (n == 0) return PS_OK;
+  CHECK_RANGE(list, (int64_t)n * PS_MT_SGD_FIELDS * 8);
+  for (int32_t i = 0; i < n; i++) {
+    const int64_t *e = list + (int64_t)i * PS_MT_SGD_FIELDS;
+    TRY(ps_nn_sgd_step((float *)(uintptr_t)e[0], (const void *)(uintptr_t)e[1], (int32_t)e[5],
+                       (float *)(uintptr_t)e[2], (void *)(uintptr_t)e[3], e[4], lr, momentum,
+                       dampening, weight_decay, nesterov, scale, found_inf, steps_done, hyper,
+                       stream));
+  }
+  return PS_OK;
+}
+
+PS_API int ps_nn_multi_copy_if(const int64_t *list, int32_t n, int64_t max_count,
+                               const int32_t *flag, void *stream) {
+  (void)stream;
+  TRY(ps_check_multi(__func__, list, n, max_count));
+  if (flag) CHECK_RANGE(flag, 4);
+  if (n == 0) return PS_OK;
+  CHECK_RANGE(list, (int64_t)n * PS_MT_COPY_FIELDS * 8);
+  for (int32_t i = 0; i < n; i++) {
+    const int64_t *e = list + (int64_t)i * PS_MT_COPY_FIELDS;
+    TRY(ps_check_count(__func__, e[2]));
+    if (e[2] == 0) continue;
+    CHECK_RANGE((float *)(uintptr_t)e[0], e[2] * 4);
+    CHECK_RANGE((const float *)(uintptr_t)e[1], e[2] * 4);
+  }
+  if (flag && !*flag) return PS_OK;
+  for (int32_t i = 0; i < n; i++) {
+    const int64_t *e = list + (int64_t)i * PS_MT_COPY_FIELDS;
+    if (e[2] > 0) memmove((void *)(uintptr_t)e[0], (const void *)(uintptr_t)e[1], (size_t)e[2] * 4);
+  }
+  return PS_OK;
+}

@@ -252,11 +252,22 @@ struct StoreConvDx { /* dx[n][c][q] for (c, col = (n, q)) */
   }
 };
 
-struct StorePartial { /* part[z][i][j]: split-K partials, reduced by reduce_splits */
+/* The epilogue of a GEMM, or, when part is set, split-K partials part[z][i][j] for reduce_splits
+ * (one kernel per epilogue serves both). */
+template <class EP>
+struct OrPartial {
+  EP ep;
   float *part;
   int64_t m, n;
-  __device__ int64_t col(int j) const { return ((int64_t)blockIdx.z * m) * n + j; }
-  __device__ void store(int64_t at, int i, float v) const { part[at + i * n] = v; }
+  __device__ int64_t col(int j) const {
+    return part ? ((int64_t)blockIdx.z * m) * n + j : ep.col(j);
+  }
+  __device__ void store(int64_t at, int i, float v) const {
+    if (part)
+      part[at + i * n] = v;
+    else
+      ep.store(at, i, v);
+  }
 };
 
 /* ---- the GEMM ---------------------------------------------------------------------------- */
@@ -514,17 +525,18 @@ int gemm(int64_t M, int64_t N, int64_t K, int splits, LA la, LB lb, EP ep, cudaS
   const int kchunk = splits > 1 ? per * BK : (int)(K > 0 ? K : 1);
   if (splits > 1) splits = (int)((steps + per - 1) / per);
   const bool small = M <= 32;
+  OrPartial<EP> out{.ep = ep, .part = nullptr, .m = M, .n = N};
   if (splits == 1) {
-    return small ? gemm_launch<T, 32>((int)M, (int)N, (int)K, 1, kchunk, la, lb, ep, st)
-                 : gemm_launch<T, 64>((int)M, (int)N, (int)K, 1, kchunk, la, lb, ep, st);
+    return small ? gemm_launch<T, 32>((int)M, (int)N, (int)K, 1, kchunk, la, lb, out, st)
+                 : gemm_launch<T, 64>((int)M, (int)N, (int)K, 1, kchunk, la, lb, out, st);
   }
   /* The partial sums live for this call only: ps_scratch_alloc takes them from the device's
    * default memory pool in stream order, or from cudaMalloc on a device without pools. */
   float *part = nullptr;
   TRY(ps_scratch_alloc((void **)&part, (size_t)splits * (size_t)(M * N) * sizeof(float), st));
-  StorePartial pe{.part = part, .m = M, .n = N};
-  int r = small ? gemm_launch<T, 32>((int)M, (int)N, (int)K, splits, kchunk, la, lb, pe, st)
-                : gemm_launch<T, 64>((int)M, (int)N, (int)K, splits, kchunk, la, lb, pe, st);
+  out.part = part;
+  int r = small ? gemm_launch<T, 32>((int)M, (int)N, (int)K, splits, kchunk, la, lb, out, st)
+                : gemm_launch<T, 64>((int)M, (int)N, (int)K, splits, kchunk, la, lb, out, st);
   if (r == PS_OK) {
     const int gx = (int)((N + 255) / 256), gy = (int)(M < 65535 ? M : 65535);
     PS_LAUNCH(reduce_splits<EP>, dim3((unsigned)gx, (unsigned)gy), 256, 0, st, part, splits, (int)M,

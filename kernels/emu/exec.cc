@@ -443,6 +443,23 @@ char *stack_of(Executor &ex, unsigned i) {
 
 void install_fault_handler();
 
+/* The fault handler's stack for this thread, given back when the thread ends: disabled first,
+ * so that a runtime that frees the alternate stack it installed itself at thread exit
+ * (AddressSanitizer unmaps whatever stack is current then) finds none, rather than this
+ * malloc'd one. Thread-local destructors run before such thread-exit hooks. */
+struct AltStack {
+  void *sp = nullptr;
+  ~AltStack() {
+    if (sp == nullptr) return;
+    stack_t ss;
+    memset(&ss, 0, sizeof ss);
+    ss.ss_flags = SS_DISABLE;
+    sigaltstack(&ss, nullptr);
+    free(sp);
+  }
+};
+thread_local AltStack tl_altstack;
+
 Executor &this_executor() {
   if (tl_exec == nullptr) {
     tl_exec = new Executor();
@@ -462,7 +479,7 @@ Executor &this_executor() {
     ss.ss_size = 64 << 10;
     ss.ss_sp = malloc(ss.ss_size);
     ss.ss_flags = 0;
-    if (ss.ss_sp != nullptr) sigaltstack(&ss, nullptr);
+    if (ss.ss_sp != nullptr && sigaltstack(&ss, nullptr) == 0) tl_altstack.sp = ss.ss_sp;
   }
   return *tl_exec;
 }

@@ -10,7 +10,15 @@
 import { refuseUnknownKeys } from "../../internal/options.ts";
 import { resolveRef } from "../_protocol.ts";
 import { permutation, randomSeed, SequenceRandom } from "../../internal/random.ts";
-import type { Dataset, RecordMap, SampleContext, SharedField, WorkerSpec } from "../dataset.ts";
+import type {
+  Dataset,
+  FilledField,
+  RecordMap,
+  SampleContext,
+  SharedField,
+  SKIP_SAMPLE,
+  WorkerSpec,
+} from "../dataset.ts";
 
 /** Stream id of randomSplit's permutation (apart from the samplers' and samples' streams). */
 const STREAM_SPLIT = 4;
@@ -70,6 +78,17 @@ export class Subset<T = unknown> implements Dataset<T> {
   readonly sharedFields?: () => readonly SharedField[];
   /** Present when the wrapped dataset has it: how workers rebuild this subset. */
   readonly workerSpec?: () => WorkerSpec;
+  /** Present when the wrapped dataset has them: fields it writes into the ring itself. */
+  readonly filledFields?: () => readonly FilledField[];
+  /** Present with `filledFields`: writes a record's filled field. */
+  readonly fillRecord?: (
+    record: number,
+    field: number,
+    out: Uint8Array,
+    context: SampleContext,
+  ) => void;
+  /** Present with `filledFields`: loads what the fill needs. */
+  readonly prepareFill?: () => Promise<void>;
   /** Present with `sharedFields`: where this subset's samples are among the records. */
   readonly records?: () => RecordMap;
 
@@ -96,6 +115,13 @@ export class Subset<T = unknown> implements Dataset<T> {
     this.length = this.indices.length;
     if (typeof dataset.sharedFields === "function") {
       this.sharedFields = () => dataset.sharedFields!();
+      // Filled fields are written by record, as the shared ones are read: no mapping here.
+      if (typeof dataset.filledFields === "function") {
+        this.filledFields = () => dataset.filledFields!();
+        this.fillRecord = (record, field, out, context) =>
+          dataset.fillRecord!(record, field, out, context);
+        this.prepareFill = async () => await dataset.prepareFill?.();
+      }
       this.records = () => {
         const inner = dataset.records?.();
         const indices = inner === undefined
@@ -131,7 +157,10 @@ export class Subset<T = unknown> implements Dataset<T> {
    * @returns The sample.
    * @throws {RangeError} When `index` is out of range.
    */
-  get(index: number, context?: SampleContext): T | Promise<T> {
+  get(
+    index: number,
+    context?: SampleContext,
+  ): T | typeof SKIP_SAMPLE | Promise<T | typeof SKIP_SAMPLE> {
     if (!Number.isInteger(index) || index < 0 || index >= this.length) {
       throw new RangeError(
         `Cannot get sample ${index}: out of range for a Subset of ${this.length} samples`,
@@ -214,7 +243,10 @@ export class ConcatDataset<T = unknown> implements Dataset<T> {
    * @returns The sample.
    * @throws {RangeError} When `index` is out of range.
    */
-  get(index: number, context?: SampleContext): T | Promise<T> {
+  get(
+    index: number,
+    context?: SampleContext,
+  ): T | typeof SKIP_SAMPLE | Promise<T | typeof SKIP_SAMPLE> {
     if (!Number.isInteger(index) || index < 0 || index >= this.length) {
       throw new RangeError(
         `Cannot get sample ${index}: out of range for a ConcatDataset of ${this.length} samples`,
