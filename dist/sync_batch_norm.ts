@@ -45,6 +45,8 @@ export class SyncBatchNorm extends BatchNorm2d {
   /** The ranks whose batches are combined. */
   readonly group: ProcessGroup;
   #x: Tensor | null = null;
+  /** The output, when a ReLU was fused in (its gradient is masked where it is 0). */
+  #reluY: Tensor | null = null;
   #mean = new Float64Array(0);
   #invstd = new Float64Array(0);
   #count = 0;
@@ -62,15 +64,17 @@ export class SyncBatchNorm extends BatchNorm2d {
   }
 
   /**
-   * Runs the layer; in training with the combined batch's statistics.
+   * Runs the layer, with a ReLU fused in when `relu` (as {@linkcode Sequential} asks for a
+   * batch norm a ReLU follows); in training with the combined batch's statistics.
    *
    * @param x Input [N, C, H, W] in cpu-device memory, f16 or f32.
+   * @param relu Apply ReLU to the output.
    * @returns Output, same shape and dtype.
    */
-  override forward(x: Tensor): Tensor {
-    // The base class validates, saves the running statistics for a skipped step's revert and
-    // counts the batch; its local statistics are then replaced by the global ones below.
-    const y = super.forward(x);
+  override forwardFused(x: Tensor, relu: boolean): Tensor {
+    // The base class validates, backs up the running statistics for a skipped step's revert
+    // and counts the batch; its local statistics are then replaced by the global ones below.
+    const y = super.forwardFused(x, this.training ? false : relu);
     if (!this.training) {
       this.#x = null;
       return y;
@@ -101,8 +105,9 @@ export class SyncBatchNorm extends BatchNorm2d {
     const mean = new Float64Array(c), invstd = new Float64Array(c);
     const gamma = view(this.weight.value), beta = view(this.bias.value);
     const rm = view(this.runningMean.tensor), rv = view(this.runningVar.tensor);
-    const prevMean = view(this.workspace("prevMean", [c], "f32"));
-    const prevVar = view(this.workspace("prevVar", [c], "f32"));
+    // The statistics before this batch, which the kernel backed up (mean, then variance).
+    const backup = view(this.workspace("runBackup", [2 * c], "f32"));
+    const prevMean = backup.subarray(0, c), prevVar = backup.subarray(c);
     const ys = view(y);
     const m = this.momentum;
     for (let ch = 0; ch < c; ch++) {
@@ -116,10 +121,15 @@ export class SyncBatchNorm extends BatchNorm2d {
       const scale = gamma[ch] * invstd[ch], shift = beta[ch] - mu * scale;
       for (let b = 0; b < n; b++) {
         const o = (b * c + ch) * hw;
-        for (let i = 0; i < hw; i++) ys[o + i] = xs[o + i] * scale + shift;
+        if (relu) {
+          for (let i = 0; i < hw; i++) ys[o + i] = Math.max(xs[o + i] * scale + shift, 0);
+        } else {
+          for (let i = 0; i < hw; i++) ys[o + i] = xs[o + i] * scale + shift;
+        }
       }
     }
     this.#x = x;
+    this.#reluY = relu ? y : null;
     this.#mean = mean;
     this.#invstd = invstd;
     this.#count = count;
@@ -139,7 +149,14 @@ export class SyncBatchNorm extends BatchNorm2d {
     if (!x) throw new TypeError("Cannot run SyncBatchNorm.backward: no training forward before it");
     const [n, c, h, w] = x.shape;
     const hw = h * w;
-    const xs = view(x), dys = view(dy);
+    const xs = view(x);
+    let dys = view(dy);
+    if (this.#reluY) {
+      // The fused ReLU's gradient: zero where the output was clamped.
+      const ys = view(this.#reluY), masked = new Float32Array(dys.length);
+      for (let i = 0; i < masked.length; i++) masked[i] = ys[i] > 0 ? dys[i] : 0;
+      dys = masked;
+    }
     const sums = new Float32Array(2 * c);
     for (let ch = 0; ch < c; ch++) {
       let sdy = 0, sdyx = 0;
