@@ -271,8 +271,14 @@ export class DataParallel extends Module {
       const s = this.#slots.get(p);
       if (!s || s.readyAt === this.#pass) continue;
       s.readyAt = this.#pass;
-      const b = this.#buckets[s.bucket];
-      if (++b.ready === b.slots.length && b.packedAt !== this.#pass) this.#launch(b);
+      this.#buckets[s.bucket].ready++;
+    }
+    // In bucket order, as DDP does: a full bucket waits for the ones before it, so every rank
+    // issues the same sequence whatever order a layer reports its parameters in.
+    for (const b of this.#buckets) {
+      if (b.packedAt === this.#pass) continue;
+      if (b.ready < b.slots.length) break;
+      this.#launch(b);
     }
   }
 
