@@ -65,7 +65,7 @@ export interface TrainArgs {
   stopAfter: number;
   quiet: boolean;
   /** Data-parallel over the launcher's ranks (train/distributed.ts), --batch-size per rank. */
-  distributed: boolean;
+  distributed?: boolean;
   help: boolean;
   /** The options given on the command line (the others hold defaults). */
   given?: ReadonlySet<string>;
@@ -741,7 +741,7 @@ export interface ImageRun {
 export async function trainImages(args: TrainArgs, run: ImageRun): Promise<EpochReport[]> {
   const { train, test, augment } = run;
   // The mpi backend reduces cpu-device memory: a distributed run on "auto" takes the CPU.
-  using group = joinJob(args.distributed);
+  using group = joinJob(args.distributed ?? false);
   using device = Device.open(group && args.device === "auto" ? "cpu" : args.device);
   const model = run.model().to(device, { precision: args.precision });
   const common = {
