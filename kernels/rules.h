@@ -563,31 +563,56 @@ PS_RULE PS_NO_CONTRACT float ps_image_contrast_shift(float ct) {
   return PS_FMUL(keep, PS_IMAGE_CONTRAST_CENTER);
 }
 
-/* Decodes sample `rec` (PS_IMAGE_PARAMS words, or NULL: centred window, nothing else) of a
- * batch with padding `pad` and images of h x w. */
-PS_RULE void ps_image_sample_decode(const int32_t *rec, int32_t pad, int32_t h, int32_t w,
+/* One sample's PS_IMAGE_PARAMS record (pinstream.h) as named words: a kernel reads it into
+ * registers field by field, never into an indexed array. */
+typedef struct ps_image_record {
+  int32_t dy, dx, flip, vflip, cut_fy, cut_fx, cut_size, br_bits, ct_bits;
+} ps_image_record;
+
+/* The record of a batch without records: centred window (dy = dx = pad), nothing else. */
+PS_RULE ps_image_record ps_image_record_plain(int32_t pad) {
+  ps_image_record r;
+  r.dy = r.dx = pad;
+  r.flip = r.vflip = r.cut_fy = r.cut_fx = r.cut_size = 0;
+  r.br_bits = r.ct_bits = 0x3f800000; /* 1.0f */
+  return r;
+}
+
+/* Decodes record `r` of a batch with padding `pad` and images of h x w. */
+PS_RULE void ps_image_record_decode(ps_image_record r, int32_t pad, int32_t h, int32_t w,
                                     ps_image_sample *s) {
-  int32_t dy = pad, dx = pad;
-  s->flip = s->vflip = 0;
-  s->cut_y0 = s->cut_y1 = s->cut_x0 = s->cut_x1 = 0;
-  s->br = s->ct = 1.0f;
-  if (rec != 0) {
-    dy = rec[0];
-    dx = rec[1];
-    s->flip = rec[2] != 0;
-    s->vflip = rec[3] != 0;
-    ps_image_cutout_span(rec[4], rec[6], h, &s->cut_y0, &s->cut_y1);
-    ps_image_cutout_span(rec[5], rec[6], w, &s->cut_x0, &s->cut_x1);
-    s->br = ps_f32_from_bits(rec[7]);
-    s->ct = ps_f32_from_bits(rec[8]);
-  }
+  s->flip = r.flip != 0;
+  s->vflip = r.vflip != 0;
+  ps_image_cutout_span(r.cut_fy, r.cut_size, h, &s->cut_y0, &s->cut_y1);
+  ps_image_cutout_span(r.cut_fx, r.cut_size, w, &s->cut_x0, &s->cut_x1);
+  s->br = ps_f32_from_bits(r.br_bits);
+  s->ct = ps_f32_from_bits(r.ct_bits);
   /* dy - pad can overflow int32: ps_image_offset computes it in 64 bits and clamps. */
-  s->oy = ps_image_offset(dy, pad, h);
-  s->ox = ps_image_offset(dx, pad, w);
+  s->oy = ps_image_offset(r.dy, pad, h);
+  s->ox = ps_image_offset(r.dx, pad, w);
   /* Factors of exactly 1 make both colour steps identities (ps_image_color), so skipping
    * them changes no bit; a NaN factor is not 1 and runs them. */
   s->color = !(s->br == 1.0f && s->ct == 1.0f);
   s->cs = ps_image_contrast_shift(s->ct);
+}
+
+/* Decodes sample `rec` (PS_IMAGE_PARAMS words, or NULL: centred window, nothing else) of a
+ * batch with padding `pad` and images of h x w. */
+PS_RULE void ps_image_sample_decode(const int32_t *rec, int32_t pad, int32_t h, int32_t w,
+                                    ps_image_sample *s) {
+  ps_image_record r = ps_image_record_plain(pad);
+  if (rec != 0) {
+    r.dy = rec[0];
+    r.dx = rec[1];
+    r.flip = rec[2];
+    r.vflip = rec[3];
+    r.cut_fy = rec[4];
+    r.cut_fx = rec[5];
+    r.cut_size = rec[6];
+    r.br_bits = rec[7];
+    r.ct_bits = rec[8];
+  }
+  ps_image_record_decode(r, pad, h, w, s);
 }
 
 /* ps_image_augment's clamp of a colour step to the byte range; NaN passes through. */

@@ -18,39 +18,140 @@
 namespace {
 
 /* scale/bias travel by value in the kernel parameters (constant bank): no device buffer,
- * no upload, nothing to free. */
+ * no upload, nothing to free. The parameter is __grid_constant__ so that indexing it by a
+ * runtime channel reads the bank in place instead of copying the struct to local memory. */
 struct Affine {
   float scale[PS_IMAGE_MAX_CHANNELS];
   float bias[PS_IMAGE_MAX_CHANNELS];
 };
 
-__device__ __forceinline__ void store(__half *o, int64_t i, float r) { o[i] = __float2half_rn(r); }
-__device__ __forceinline__ void store(float *o, int64_t i, float r) { o[i] = r; }
+/* Pixels per thread: one 16-byte store of fp16, two of fp32. */
+constexpr int kPix = 8;
 
-/* blockIdx.y walks the (sample, channel) planes and blockIdx.x/threadIdx.x the pixels of a
- * plane, so the index math is 32-bit (one division by w) and every thread of a block reads
- * the same sample's parameters (one cached load). Consecutive threads write consecutive x:
- * the stores coalesce, and the reads of one source row stay within one or two segments. */
-template <typename Out, int Layout>
+/* 16 bytes, the widest store of one thread. */
+struct __align__(16) Pack16 {
+  uint32_t a, b, c, d;
+};
+
+__device__ __forceinline__ uint32_t bits(__half lo, __half hi) {
+  return (uint32_t)__half_as_ushort(lo) | ((uint32_t)__half_as_ushort(hi) << 16);
+}
+
+/* The kPix results of one thread, stored at o[0..kPix). Wide: 16-byte aligned and all kPix in
+ * the plane, vector stores; otherwise one element at a time, those below `left` only. */
+template <bool Wide>
+__device__ __forceinline__ void store8(__half *o, int32_t left, float r0, float r1, float r2,
+                                       float r3, float r4, float r5, float r6, float r7) {
+  const __half h0 = __float2half_rn(r0), h1 = __float2half_rn(r1), h2 = __float2half_rn(r2),
+               h3 = __float2half_rn(r3), h4 = __float2half_rn(r4), h5 = __float2half_rn(r5),
+               h6 = __float2half_rn(r6), h7 = __float2half_rn(r7);
+  if (Wide) {
+    Pack16 p;
+    p.a = bits(h0, h1);
+    p.b = bits(h2, h3);
+    p.c = bits(h4, h5);
+    p.d = bits(h6, h7);
+    *(Pack16 *)o = p;
+  } else {
+    if (left > 0) o[0] = h0;
+    if (left > 1) o[1] = h1;
+    if (left > 2) o[2] = h2;
+    if (left > 3) o[3] = h3;
+    if (left > 4) o[4] = h4;
+    if (left > 5) o[5] = h5;
+    if (left > 6) o[6] = h6;
+    if (left > 7) o[7] = h7;
+  }
+}
+
+template <bool Wide>
+__device__ __forceinline__ void store8(float *o, int32_t left, float r0, float r1, float r2,
+                                       float r3, float r4, float r5, float r6, float r7) {
+  if (Wide) {
+    Pack16 p, q;
+    p.a = __float_as_uint(r0);
+    p.b = __float_as_uint(r1);
+    p.c = __float_as_uint(r2);
+    p.d = __float_as_uint(r3);
+    q.a = __float_as_uint(r4);
+    q.b = __float_as_uint(r5);
+    q.c = __float_as_uint(r6);
+    q.d = __float_as_uint(r7);
+    ((Pack16 *)o)[0] = p;
+    ((Pack16 *)o)[1] = q;
+  } else {
+    if (left > 0) o[0] = r0;
+    if (left > 1) o[1] = r1;
+    if (left > 2) o[2] = r2;
+    if (left > 3) o[3] = r3;
+    if (left > 4) o[4] = r4;
+    if (left > 5) o[5] = r5;
+    if (left > 6) o[6] = r6;
+    if (left > 7) o[7] = r7;
+  }
+}
+
+/* One sample's view of the launch: what every output pixel of the sample needs. */
+struct Plane {
+  const uint8_t *img; /* channel `ch` of the source image: pixel (y, x) at img[(y*w + x)*step] */
+  int32_t step, h, w;
+  float scale, bias;
+};
+
+/* Output pixel (y, x) of the sample, then (y, x) moves one pixel along the row-major plane. */
+__device__ __forceinline__ float pixel(const Plane &p, const ps_image_sample &sm, int32_t &y,
+                                       int32_t &x) {
+  const int32_t sy = (sm.vflip ? p.h - 1 - y : y) + sm.oy;
+  const int32_t sx = (sm.flip ? p.w - 1 - x : x) + sm.ox;
+  uint32_t v = 0;
+  if (sy >= 0 && sy < p.h && sx >= 0 && sx < p.w) v = __ldg(p.img + (sy * p.w + sx) * p.step);
+  /* The branches are uniform per sample (the whole block takes the same one) except the
+   * cutout's, which splits a row at most twice. */
+  float r;
+  if (ps_image_cut(&sm, y, x)) {
+    r = 0.0f;
+  } else if (sm.color) {
+    r = ps_image_normalize(ps_image_color(v, sm.br, sm.ct, sm.cs), p.scale, p.bias);
+  } else {
+    r = ps_image_value(v, p.scale, p.bias);
+  }
+  if (++x == p.w) {
+    x = 0;
+    y++;
+  }
+  return r;
+}
+
+/* blockIdx.y walks the samples and blockIdx.x/threadIdx.x the groups of kPix consecutive
+ * pixels of each channel plane: every thread of a block reads the same sample's record (one
+ * cached load per word), and the index math is 32-bit with one division by w per group.
+ * Neighbouring threads write neighbouring 16-byte pieces, so the stores coalesce. */
+template <typename Out, int Layout, bool Wide>
 __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *__restrict__ indices,
-                               int64_t rows, const int32_t *__restrict__ params, Affine aff,
-                               Out *__restrict__ out, int32_t n, int32_t c, int32_t h, int32_t w,
-                               int32_t pad) {
+                               int64_t rows, const int32_t *__restrict__ params,
+                               const __grid_constant__ Affine aff, Out *__restrict__ out, int32_t n,
+                               int32_t c, int32_t h, int32_t w, int32_t pad) {
+  /* plane <= 2^24 and c <= 16 (ps_check_image_augment): an image's c * plane bytes and the
+   * group indices below (grid.x <= 1024 blocks of 256 past the last group) fit int32. */
   const int32_t plane = h * w;
-  const int64_t planes = (int64_t)n * c;
-  for (int64_t pl = blockIdx.y; pl < planes; pl += gridDim.y) {
-    const int64_t s = pl / c;
-    const int32_t ch = (int32_t)(pl - s * c);
-    /* One sample's record, read once per plane (every thread of the block reads the same
-     * words: cached loads). */
-    int32_t rec[PS_IMAGE_PARAMS];
+  const int32_t groups = (plane + kPix - 1) / kPix;
+  /* unsigned: s + gridDim.y stays below 2^32 for any s < n <= INT32_MAX. */
+  for (uint32_t s = blockIdx.y; s < (uint32_t)n; s += gridDim.y) {
+    ps_image_record rec = ps_image_record_plain(pad);
     if (params != nullptr) {
-      for (int k = 0; k < PS_IMAGE_PARAMS; k++) rec[k] = __ldg(params + PS_IMAGE_PARAMS * s + k);
+      const int32_t *q = params + (int64_t)PS_IMAGE_PARAMS * s;
+      rec.dy = __ldg(q + 0);
+      rec.dx = __ldg(q + 1);
+      rec.flip = __ldg(q + 2);
+      rec.vflip = __ldg(q + 3);
+      rec.cut_fy = __ldg(q + 4);
+      rec.cut_fx = __ldg(q + 5);
+      rec.cut_size = __ldg(q + 6);
+      rec.br_bits = __ldg(q + 7);
+      rec.ct_bits = __ldg(q + 8);
     }
-    /* dy - pad can overflow int32: ps_image_offset (in the decode) computes it in 64 bits and
-     * clamps it to [-h, h] (resp. [-w, w]), which keeps sy and sx below within int32. */
     ps_image_sample sm;
-    ps_image_sample_decode(params != nullptr ? rec : nullptr, pad, h, w, &sm);
+    ps_image_record_decode(rec, pad, h, w, &sm);
     /* A gathered sample whose index is outside the set is skipped (ps_gather_rows' rule):
      * the same value for the whole block, so no thread waits at a barrier it skips. */
     int64_t j = s;
@@ -58,32 +159,28 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
       j = __ldg(indices + s);
       if (j < 0 || j >= rows) continue;
     }
-    const uint8_t *img = src + j * ((int64_t)c * plane);
-    const float scale = aff.scale[ch], bias = aff.bias[ch];
-    Out *o = out + pl * plane;
-    /* int32 is enough: plane <= 2^24 (ps_check_image_augment) and launch_augment's grid.x
-     * <= 1024 blocks of 256, so i + the stride stays below 2^25. */
-    for (int32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < plane;
-         i += gridDim.x * blockDim.x) {
-      const int32_t y = i / w, x = i - y * w;
-      const int32_t sy = (sm.vflip ? h - 1 - y : y) + sm.oy;
-      const int32_t sx = (sm.flip ? w - 1 - x : x) + sm.ox;
-      uint32_t v = 0;
-      if (sy >= 0 && sy < h && sx >= 0 && sx < w) {
-        v = Layout == PS_IMAGE_NCHW ? __ldg(img + (int64_t)ch * plane + sy * w + sx)
-                                    : __ldg(img + ((int64_t)sy * w + sx) * c + ch);
+    const uint8_t *img = src + j * (int64_t)(c * plane);
+    Out *os = out + (int64_t)s * (c * plane);
+    for (int32_t ch = 0; ch < c; ch++) {
+      Plane p;
+      p.img = Layout == PS_IMAGE_NCHW ? img + ch * plane : img + ch;
+      p.step = Layout == PS_IMAGE_NCHW ? 1 : c;
+      p.h = h;
+      p.w = w;
+      p.scale = aff.scale[ch];
+      p.bias = aff.bias[ch];
+      Out *o = os + ch * plane;
+      for (int32_t g = blockIdx.x * blockDim.x + threadIdx.x; g < groups;
+           g += gridDim.x * blockDim.x) {
+        const int32_t i = g * kPix;
+        int32_t y = i / w, x = i - y * w;
+        /* Past the plane's end (a partial last group, never with Wide) the pixels are computed,
+         * with any read still inside the image, and not stored. */
+        const float r0 = pixel(p, sm, y, x), r1 = pixel(p, sm, y, x), r2 = pixel(p, sm, y, x),
+                    r3 = pixel(p, sm, y, x), r4 = pixel(p, sm, y, x), r5 = pixel(p, sm, y, x),
+                    r6 = pixel(p, sm, y, x), r7 = pixel(p, sm, y, x);
+        store8<Wide>(o + i, plane - i, r0, r1, r2, r3, r4, r5, r6, r7);
       }
-      /* The branches are uniform per sample (the whole block takes the same one) except the
-       * cutout's, which splits a row at most twice. */
-      float r;
-      if (ps_image_cut(&sm, y, x)) {
-        r = 0.0f;
-      } else if (sm.color) {
-        r = ps_image_normalize(ps_image_color(v, sm.br, sm.ct, sm.cs), scale, bias);
-      } else {
-        r = ps_image_value(v, scale, bias);
-      }
-      store(o, i, r);
     }
   }
 }
@@ -104,21 +201,35 @@ int grid_for(int64_t total, int block) {
   return (int)(g < 65535 ? (g > 0 ? g : 1) : 65535);
 }
 
+template <typename Out, int Layout>
+void launch_layout(const uint8_t *src, const int32_t *indices, int64_t rows, const int32_t *params,
+                   const Affine &aff, Out *out, int32_t n, int32_t c, int32_t h, int32_t w,
+                   int32_t pad, cudaStream_t st) {
+  const int block = 256;
+  const int64_t groups = ((int64_t)h * w + kPix - 1) / kPix;
+  const dim3 grid(
+      (unsigned)((groups + block - 1) / block < 1024 ? (groups + block - 1) / block : 1024),
+      (unsigned)(n < 65535 ? n : 65535));
+  /* Every plane starts on a 16-byte boundary when the plane holds whole groups and out is
+   * aligned: the vector stores need both. */
+  const bool wide = ((int64_t)h * w) % kPix == 0 && ((uintptr_t)out & 15) == 0;
+  if (wide) {
+    PS_LAUNCH((augment_kernel<Out, Layout, true>), grid, block, 0, st, src, indices, rows, params,
+              aff, out, n, c, h, w, pad);
+  } else {
+    PS_LAUNCH((augment_kernel<Out, Layout, false>), grid, block, 0, st, src, indices, rows, params,
+              aff, out, n, c, h, w, pad);
+  }
+}
+
 template <typename Out>
 void launch_augment(const uint8_t *src, const int32_t *indices, int64_t rows, int32_t layout,
                     const int32_t *params, const Affine &aff, Out *out, int32_t n, int32_t c,
                     int32_t h, int32_t w, int32_t pad, cudaStream_t st) {
-  const int block = 256;
-  const int64_t plane = (int64_t)h * w, planes = (int64_t)n * c;
-  const dim3 grid(
-      (unsigned)((plane + block - 1) / block < 1024 ? (plane + block - 1) / block : 1024),
-      (unsigned)(planes < 65535 ? planes : 65535));
   if (layout == PS_IMAGE_NCHW) {
-    PS_LAUNCH((augment_kernel<Out, PS_IMAGE_NCHW>), grid, block, 0, st, src, indices, rows, params,
-              aff, out, n, c, h, w, pad);
+    launch_layout<Out, PS_IMAGE_NCHW>(src, indices, rows, params, aff, out, n, c, h, w, pad, st);
   } else {
-    PS_LAUNCH((augment_kernel<Out, PS_IMAGE_NHWC>), grid, block, 0, st, src, indices, rows, params,
-              aff, out, n, c, h, w, pad);
+    launch_layout<Out, PS_IMAGE_NHWC>(src, indices, rows, params, aff, out, n, c, h, w, pad, st);
   }
 }
 

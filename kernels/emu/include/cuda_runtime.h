@@ -26,6 +26,8 @@
 #define __device__
 #define __host__
 #define __constant__
+/* A by-value kernel parameter read in place (indexed without a local copy on the device). */
+#define __grid_constant__
 #define __forceinline__ inline __attribute__((always_inline))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
