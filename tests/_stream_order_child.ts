@@ -15,6 +15,9 @@
  * - `prefetcher`: the real DevicePrefetcher over random CIFAR-shaped data, every batch checked
  *   against the TypeScript reference (`--skip`: `Stream.waitEvent` does nothing, as if the
  *   prefetcher forgot every cross-stream wait).
+ * - `any-batch`: the any-batch prefetcher over collated audio, label and mask batches, two
+ *   slots reused all epoch long, every tensor checked byte for byte against the host batch
+ *   (`--skip`: `Stream.waitEvent` does nothing).
  *
  * @module
  */
@@ -23,6 +26,8 @@ import { Device } from "../ffi/device.ts";
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import { Event, Stream } from "../ffi/stream.ts";
 import { toDevice } from "../pipeline/prefetcher.ts";
+import { DataLoader } from "../loader/data_loader.ts";
+import { AudioDataset } from "./batch_fixtures.ts";
 import { bitDiff } from "./_image_reference.ts";
 import {
   expectedBatch,
@@ -113,11 +118,49 @@ async function prefetcher(dev: Device, skip: boolean): Promise<number> {
   return wrong;
 }
 
+async function anyBatch(dev: Device, skip: boolean): Promise<number> {
+  if (skip) Stream.prototype.waitEvent = function () {};
+  const make = () =>
+    new DataLoader(new AudioDataset(45, 5), {
+      batchSize: 4,
+      shuffle: true,
+      seed: 2,
+      collate: {
+        module: new URL("./batch_fixtures.ts", import.meta.url).href,
+        export: "audioCollate",
+      },
+      numWorkers: 1,
+    });
+  const wants: Uint8Array[][] = [];
+  {
+    await using plain = make();
+    for await (const b of plain) {
+      const o = b as Record<string, ArrayBufferView>;
+      wants.push(["audio", "label", "mask"].map((k) => bytes(o[k]).slice()));
+    }
+  }
+  await using loader = make();
+  await using p = toDevice(loader, dev, { batch: "any", depth: 1 });
+  let k = 0, wrong = 0;
+  for await (const b of p) {
+    const o = b as Record<string, { toHost(): Promise<ArrayBufferView> }>;
+    const got = await Promise.all(["audio", "label", "mask"].map((f) => o[f].toHost()));
+    if (got.some((g, i) => differing(bytes(g), wants[k][i]) > 0)) wrong++;
+    k++;
+  }
+  return wrong;
+}
+
+function bytes(v: ArrayBufferView): Uint8Array {
+  return new Uint8Array(v.buffer, v.byteOffset, v.byteLength);
+}
+
 const CASES: Record<string, (dev: Device, skip: boolean) => Promise<number>> = {
   "wait-event": waitEvent,
   "pinned-reuse": pinnedReuse,
   "read-early": readEarly,
   prefetcher,
+  "any-batch": anyBatch,
 };
 
 if (import.meta.main) {
