@@ -566,7 +566,10 @@ class EpochRun<B> implements AsyncIterableIterator<OnDevice<B>> {
       } else {
         samples = batchSamples(value);
       }
-      const batching = this.#p.loader.batchSize !== null;
+      // The loader's own rule: no batching only for batchSize null with a sampler (a
+      // batchSampler batches with batchSize null).
+      const loader = this.#p.loader;
+      const batching = !(loader.batchSize === null && loader.sampler !== undefined);
       const leaves = batchLeaves(value, batching ? samples : undefined);
       const slot = await this.#claim(leaves);
       const tensors = this.#fill(slot, leaves);

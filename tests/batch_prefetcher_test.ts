@@ -242,3 +242,65 @@ Deno.test("[cpu] toDevice refuses image options on the any-batch path and unknow
   );
   assert.throws(() => toDevice(loader, device, { batch: "all" } as never), /batch must be one of/);
 });
+
+testEachBackend(
+  "batches of changing sizes: staging grows to the largest, a persistent feed reuses it next epoch",
+  async (device) => {
+    const sizes = [2, 6, 3, 6, 1];
+    const batches: number[][] = [];
+    for (let at = 0, k = 0; k < sizes.length; at += sizes[k++]) {
+      batches.push([...Array(sizes[k])].map((_, i) => at + i));
+    }
+    const length = batches.flat().length;
+    const dataset = {
+      length,
+      get: (i: number) => ({ x: new Float32Array(100).map((_, j) => i * 1000 + j), y: i }),
+    };
+    const before = device.liveObjects(), bytes = device.memoryAllocated();
+    await using loader = new DataLoader(dataset, {
+      batchSampler: { length: batches.length, [Symbol.iterator]: () => batches.values() },
+      collate: (s: { x: Float32Array; y: number }[]) => ({
+        x: new Float32Array(s.flatMap((v) => [...v.x])),
+        y: new Int32Array(s.map((v) => v.y)),
+      }),
+    });
+    await using feed = toDevice(loader, device, { copy: "always", depth: 1, persistent: true });
+    const after: { objects: unknown; bytes: number }[] = [];
+    for (let epoch = 0; epoch < 2; epoch++) {
+      let k = 0;
+      for await (const b of feed) {
+        assert.deepStrictEqual(b.x.shape, [sizes[k], 100]);
+        assert.deepStrictEqual([...await b.y.toHost()], batches[k]);
+        const x = await b.x.toHost();
+        assert.deepStrictEqual(
+          [x[0], x[x.length - 1]],
+          [batches[k][0] * 1000, batches[k].at(-1)! * 1000 + 99],
+        );
+        k++;
+      }
+      assert.strictEqual(k, sizes.length);
+      after.push({ objects: device.liveObjects(), bytes: device.memoryAllocated() });
+    }
+    // The second epoch allocated nothing the first did not already hold.
+    assert.deepStrictEqual(after[1], after[0]);
+    await feed.dispose();
+    assert.deepStrictEqual(device.liveObjects(), before);
+    assert.strictEqual(device.memoryAllocated(), bytes);
+  },
+);
+
+testEachBackend(
+  "without batching (batchSize: null) a sample's arrays keep their length",
+  async (device) => {
+    const dataset = { length: 3, get: (i: number) => ({ x: new Float32Array(5).fill(i), i }) };
+    await using loader = new DataLoader(dataset, { batchSize: null });
+    await using feed = toDevice(loader, device, { copy: "always" });
+    let k = 0;
+    for await (const b of feed) {
+      assert.deepStrictEqual(b.x.shape, [5]);
+      assert.deepStrictEqual([...await b.x.toHost()], [k, k, k, k, k]);
+      assert.strictEqual(b.i, k++);
+    }
+    assert.strictEqual(k, 3);
+  },
+);
