@@ -18,6 +18,10 @@
  * - `any-batch`: the any-batch prefetcher over collated audio, label and mask batches, two
  *   slots reused all epoch long, every tensor checked byte for byte against the host batch
  *   (`--skip`: `Stream.waitEvent` does nothing).
+ * - `any-batch-reuse`: the same, the consumer queuing a device copy of every tensor on the
+ *   compute stream and reading them all only at the epoch's end, so a slot is refilled while
+ *   that work may still be queued (`--skip`: the copy stream's wait for the consumer's step is
+ *   taken out, the compute stream's wait for the copy stays).
  *
  * @module
  */
@@ -151,6 +155,51 @@ async function anyBatch(dev: Device, skip: boolean): Promise<number> {
   return wrong;
 }
 
+async function anyBatchReuse(dev: Device, skip: boolean): Promise<number> {
+  if (skip) {
+    const wait = Stream.prototype.waitEvent;
+    Stream.prototype.waitEvent = function (this: Stream, e: Event) {
+      if (this === dev.defaultStream) wait.call(this, e);
+    };
+  }
+  const make = () =>
+    new DataLoader(new AudioDataset(45, 6), {
+      batchSize: 4,
+      collate: {
+        module: new URL("./batch_fixtures.ts", import.meta.url).href,
+        export: "audioCollate",
+      },
+    });
+  const wants: Uint8Array[] = [];
+  {
+    await using plain = make();
+    for await (const b of plain) wants.push(bytes((b as { audio: Float32Array }).audio).slice());
+  }
+  await using loader = make();
+  await using p = toDevice(loader, dev, { batch: "any", depth: 1 });
+  const copies: DeviceBuffer[] = [];
+  try {
+    for await (const b of p) {
+      const audio = (b as { audio: { buffer: DeviceBuffer } }).audio.buffer;
+      const c = DeviceBuffer.alloc(dev, audio.bytes);
+      copies.push(c);
+      // The consumer's step: device work on the batch, on the compute stream, not waited for.
+      c.copyFrom(audio, { stream: dev.defaultStream });
+    }
+    await dev.defaultStream.synchronize();
+    let wrong = 0;
+    for (let k = 0; k < copies.length; k++) {
+      const host = new Uint8Array(copies[k].bytes);
+      copies[k].copyTo(host, { stream: dev.defaultStream });
+      await dev.defaultStream.synchronize();
+      if (differing(host, wants[k]) > 0) wrong++;
+    }
+    return wrong;
+  } finally {
+    for (const c of copies) c.dispose();
+  }
+}
+
 function bytes(v: ArrayBufferView): Uint8Array {
   return new Uint8Array(v.buffer, v.byteOffset, v.byteLength);
 }
@@ -161,6 +210,7 @@ const CASES: Record<string, (dev: Device, skip: boolean) => Promise<number>> = {
   "read-early": readEarly,
   prefetcher,
   "any-batch": anyBatch,
+  "any-batch-reuse": anyBatchReuse,
 };
 
 if (import.meta.main) {
