@@ -240,6 +240,8 @@ const attached = new WeakMap<StagingRing, DevicePrefetcher>();
 /**
  * Turns a DataLoader's batches (zero-copy path) into batches on a device, `depth` ahead.
  * Iterate it once per epoch (`for await`); each iteration starts a new epoch of the loader.
+ * This is the image path (uint8 images, integer labels); batches of anything else go through
+ * {@linkcode BatchPrefetcher}, which {@linkcode toDevice} picks for them.
  *
  * The loader should be built with `autoRelease: false` so that a loader slot is only
  * reused after its copy to the device fired; with `autoRelease: true` (the loader's
@@ -329,7 +331,8 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
     if (loader.ring === undefined) {
       throw new TypeError(
         `Cannot ${action}: the loader has no staging ring (zero-copy path); use a dataset ` +
-          `with shared fields and a batchSize`,
+          `with shared fields and a batchSize, or move its batches as they are with ` +
+          `toDevice(loader, device) (a BatchPrefetcher)`,
       );
     }
     this.loader = loader;
