@@ -123,8 +123,8 @@ __device__ __forceinline__ float pixel(const Plane &p, const ps_image_sample &sm
 }
 
 /* blockIdx.y walks the samples and blockIdx.x/threadIdx.x the groups of kPix consecutive
- * pixels of each channel plane: every thread of a block reads the same sample's record (one
- * cached load per word), and the index math is 32-bit with one division by w per group.
+ * pixels of the sample's channel planes: every thread of a block reads the same sample's record
+ * (one cached load per word), and the index math is 32-bit, two divisions per group.
  * Neighbouring threads write neighbouring 16-byte pieces, so the stores coalesce. */
 template <typename Out, int Layout, bool Wide>
 __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *__restrict__ indices,
@@ -134,7 +134,7 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
   /* plane <= 2^24 and c <= 16 (ps_check_image_augment): an image's c * plane bytes and the
    * group indices below (grid.x <= 1024 blocks of 256 past the last group) fit int32. */
   const int32_t plane = h * w;
-  const int32_t groups = (plane + kPix - 1) / kPix;
+  const int32_t groups = (plane + kPix - 1) / kPix, total = c * groups;
   /* unsigned: s + gridDim.y stays below 2^32 for any s < n <= INT32_MAX. */
   for (uint32_t s = blockIdx.y; s < (uint32_t)n; s += gridDim.y) {
     ps_image_record rec = ps_image_record_plain(pad);
@@ -161,26 +161,24 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
     }
     const uint8_t *img = src + j * (int64_t)(c * plane);
     Out *os = out + (int64_t)s * (c * plane);
-    for (int32_t ch = 0; ch < c; ch++) {
-      Plane p;
+    Plane p;
+    p.step = Layout == PS_IMAGE_NCHW ? 1 : c;
+    p.h = h;
+    p.w = w;
+    for (int32_t g = blockIdx.x * blockDim.x + threadIdx.x; g < total;
+         g += gridDim.x * blockDim.x) {
+      const int32_t ch = g / groups;
+      const int32_t i = (g - ch * groups) * kPix;
       p.img = Layout == PS_IMAGE_NCHW ? img + ch * plane : img + ch;
-      p.step = Layout == PS_IMAGE_NCHW ? 1 : c;
-      p.h = h;
-      p.w = w;
       p.scale = aff.scale[ch];
       p.bias = aff.bias[ch];
-      Out *o = os + ch * plane;
-      for (int32_t g = blockIdx.x * blockDim.x + threadIdx.x; g < groups;
-           g += gridDim.x * blockDim.x) {
-        const int32_t i = g * kPix;
-        int32_t y = i / w, x = i - y * w;
-        /* Past the plane's end (a partial last group, never with Wide) the pixels are computed,
-         * with any read still inside the image, and not stored. */
-        const float r0 = pixel(p, sm, y, x), r1 = pixel(p, sm, y, x), r2 = pixel(p, sm, y, x),
-                    r3 = pixel(p, sm, y, x), r4 = pixel(p, sm, y, x), r5 = pixel(p, sm, y, x),
-                    r6 = pixel(p, sm, y, x), r7 = pixel(p, sm, y, x);
-        store8<Wide>(o + i, plane - i, r0, r1, r2, r3, r4, r5, r6, r7);
-      }
+      int32_t y = i / w, x = i - y * w;
+      /* Past the plane's end (a partial last group, never with Wide) the pixels are computed,
+       * with any read still inside the image, and not stored. */
+      const float r0 = pixel(p, sm, y, x), r1 = pixel(p, sm, y, x), r2 = pixel(p, sm, y, x),
+                  r3 = pixel(p, sm, y, x), r4 = pixel(p, sm, y, x), r5 = pixel(p, sm, y, x),
+                  r6 = pixel(p, sm, y, x), r7 = pixel(p, sm, y, x);
+      store8<Wide>(os + ch * plane + i, plane - i, r0, r1, r2, r3, r4, r5, r6, r7);
     }
   }
 }
@@ -205,8 +203,10 @@ template <typename Out, int Layout>
 void launch_layout(const uint8_t *src, const int32_t *indices, int64_t rows, const int32_t *params,
                    const Affine &aff, Out *out, int32_t n, int32_t c, int32_t h, int32_t w,
                    int32_t pad, cudaStream_t st) {
-  const int block = 256;
-  const int64_t groups = ((int64_t)h * w + kPix - 1) / kPix;
+  /* A sample's groups, in blocks of at most 256 threads: a small image (CIFAR: 3 x 128
+   * groups) fills whole warps without idle halves of a block. */
+  const int64_t groups = c * (((int64_t)h * w + kPix - 1) / kPix);
+  const int block = groups >= 256 ? 256 : (int)((groups + 31) / 32 * 32);
   const dim3 grid(
       (unsigned)((groups + block - 1) / block < 1024 ? (groups + block - 1) / block : 1024),
       (unsigned)(n < 65535 ? n : 65535));
