@@ -44,6 +44,7 @@ export const KERNELS = {
   multiSgdStep: "ps_nn_multi_sgd_step",
   multiCopyIf: "ps_nn_multi_copy_if",
   imageAugment: "ps_image_augment",
+  imageAugmentLabeled: "ps_image_augment_labeled",
   imageLabelsI32: "ps_image_labels_i32",
   gatherRows: "ps_gather_rows",
   tensorFill: "ps_tensor_fill",

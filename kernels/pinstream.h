@@ -269,6 +269,17 @@ PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t row
                             const void *params, const float *scale, const float *bias, void *out,
                             int32_t out_dtype, int32_t flags, void *stream);
 
+/* ps_image_augment, and the batch's labels in the same launch: labels_out[i] = the label of
+ * sample i's image (labels[indices[i]], or labels[i] without indices), widened to int32.
+ * labels: device, one label of label_bytes (1: uint8, 2: uint16, 4: int32) per image of src.
+ * labels_out: device, n int32 (on CUDA a skipped sample's label is left as it was too). */
+PS_API int ps_image_augment_labeled(const void *src, const int32_t *indices, int64_t rows,
+                                    int32_t layout, int32_t n, int32_t c, int32_t h, int32_t w,
+                                    int32_t pad, const void *params, const float *scale,
+                                    const float *bias, void *out, int32_t out_dtype,
+                                    int32_t flags, const void *labels, int32_t label_bytes,
+                                    int32_t *labels_out, void *stream);
+
 /* Gathers rows of a device-resident dataset on the device: dst row k = src row indices[k], each
  * row_bytes bytes (dst[k * row_bytes ...] = src[indices[k] * row_bytes ...]), for n rows.
  * indices: device, n int32, each in [0, rows) (checked on the CPU backend; on CUDA an index

@@ -198,6 +198,19 @@ PS_CHECK int ps_check_labels_buffers(const void *src, const void *out) {
   return PS_OK;
 }
 
+/* ps_image_augment_labeled's labels (n > 0). */
+PS_CHECK int ps_check_augment_labels(const void *labels, int32_t label_bytes,
+                                     const void *labels_out) {
+  if (label_bytes != 1 && label_bytes != 2 && label_bytes != 4) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment_labeled: bad label_bytes=%d",
+                 label_bytes);
+  }
+  if (labels == 0 || labels_out == 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment_labeled: null labels or labels_out");
+  }
+  return PS_OK;
+}
+
 /* ---- element rules ----------------------------------------------------------------------- */
 
 /* ps_image_augment's normalize: two fp32 roundings, never a fused multiply-add. On the GPU the
@@ -515,6 +528,13 @@ PS_RULE PS_NO_CONTRACT int32_t ps_fill_int(int32_t mode, double a, double b, uin
   if (!(v > -2147483649.0)) return v != v ? 0 : INT32_MIN;
   if (!(v < 2147483648.0)) return INT32_MAX;
   return (int32_t)v;
+}
+
+/* Label j of a uint8 (bytes 1), uint16 (2) or int32 (4) label array, as int32. */
+PS_RULE int32_t ps_label_i32(const void *labels, int32_t bytes, int64_t j) {
+  if (bytes == 1) return ((const uint8_t *)labels)[j];
+  if (bytes == 2) return ((const uint16_t *)labels)[j];
+  return ((const int32_t *)labels)[j];
 }
 
 /* ---- ps_image_augment's per-sample record ------------------------------------------------- */

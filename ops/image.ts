@@ -68,6 +68,18 @@ export interface ImageAugmentOptions extends ImageOpOptions {
    * {@linkcode DevicePrefetcher} sets it then. CUDA ignores it.
    */
   serial?: boolean;
+  /**
+   * The batch's labels in the same launch (default null): one label of `labelBytes` per image
+   * of `src` (per `rows` image with `indices`), sample i's written to `labelsOut[i]` as int32,
+   * which replaces a {@linkcode gatherRows} and an {@linkcode imageLabelsI32} per batch.
+   */
+  labels?: RawMemory | null;
+  /** Bytes per label of `labels`: 1 (uint8), 2 (uint16) or 4 (int32). */
+  labelBytes?: number;
+  /** Byte offset of the first label in `labels` (default 0). */
+  labelsOffset?: number;
+  /** i32 [n], written with the batch's labels; required with `labels`. */
+  labelsOut?: Tensor;
 }
 
 /** Source description of {@linkcode imageLabelsI32}. */
@@ -96,7 +108,8 @@ function isTensor(t: unknown): t is Tensor {
  *   `options.indices`: the `rows` images the batch is gathered from).
  * @param out f16 or f32 [n, c, h, w], written; its shape gives the batch's geometry.
  * @param options layout, affine (c entries), padding (0), params (n records or null),
- *   indices (n int32 or null) and rows, srcOffset, paramsOffset, indicesOffset, serial, stream.
+ *   indices (n int32 or null) and rows, srcOffset, paramsOffset, indicesOffset, serial, stream;
+ *   labels, labelBytes, labelsOffset and labelsOut to write the batch's labels in the same pass.
  * @throws {TypeError} On a wrong dtype, layout or memory kind, or memory of another device.
  * @throws {RangeError} On a wrong shape, padding, channel count or a buffer too small.
  * @throws {PinstreamError} When the backend refuses the launch (on the CPU backend: an index
@@ -126,6 +139,30 @@ function isTensor(t: unknown): t is Tensor {
  * using out = Tensor.empty(dev, [2, 1, 1, 2], "f32");
  * imageAugment(set, out, { layout: "nchw", affine: normalizeAffine([0], [1 / 255]), indices });
  * assert.deepStrictEqual([...await out.toHost()], [30, 31, 10, 11]);
+ * ```
+ * @example The same gather with its uint8 labels widened to int32 in the same launch
+ * ```ts
+ * import { Device, DeviceBuffer, imageAugment, normalizeAffine, Tensor } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using set = DeviceBuffer.alloc(dev, 3);
+ * set.copyFrom(new Uint8Array([10, 20, 30]));
+ * using labelSet = DeviceBuffer.alloc(dev, 3);
+ * labelSet.copyFrom(new Uint8Array([7, 8, 9]));
+ * using indices = DeviceBuffer.alloc(dev, 8);
+ * indices.copyFrom(new Int32Array([2, 0]));
+ * using out = Tensor.empty(dev, [2, 1, 1, 1], "f32");
+ * using labels = Tensor.empty(dev, [2], "i32");
+ * imageAugment(set, out, {
+ *   layout: "nchw",
+ *   affine: normalizeAffine([0], [1 / 255]),
+ *   indices,
+ *   labels: labelSet,
+ *   labelBytes: 1,
+ *   labelsOut: labels,
+ * });
+ * assert.deepStrictEqual([...await out.toHost()], [30, 10]);
+ * assert.deepStrictEqual([...await labels.toHost()], [9, 7]);
  * ```
  */
 export function imageAugment(src: RawMemory, out: Tensor, options: ImageAugmentOptions): void {
@@ -183,9 +220,37 @@ export function imageAugment(src: RawMemory, out: Tensor, options: ImageAugmentO
   const paramsAt = params === null
     ? null
     : region(params, "params", options.paramsOffset, n * 4 * AUGMENT_RECORD_LENGTH, device, action);
+  const labels = options.labels ?? null;
+  let labelBytes = 4, labelsAt: Operand = null, labelsOut: Tensor | null = null;
+  if (labels !== null) {
+    const lb = options.labelBytes;
+    if (lb !== 1 && lb !== 2 && lb !== 4) {
+      throw new RangeError(`Cannot ${action}: labelBytes must be 1, 2 or 4, got ${lb}`);
+    }
+    labelBytes = lb;
+    const lo = options.labelsOut;
+    if (!isTensor(lo) || lo.dtype !== "i32" || lo.numel !== n) {
+      throw new TypeError(
+        `Cannot ${action}: labelsOut must be an i32 Tensor of ${n} (out's samples) with labels, ` +
+          `got ${isTensor(lo) ? `${lo.dtype} [${lo.shape}]` : lo}`,
+      );
+    }
+    if (lo.device !== device) {
+      throw new TypeError(`Cannot ${action}: labelsOut is on ${lo.device}, not ${device}`);
+    }
+    labelsOut = lo;
+    labelsAt = region(labels, "labels", options.labelsOffset, rows * labelBytes, device, action);
+  } else if (
+    options.labelBytes !== undefined || options.labelsOffset !== undefined ||
+    options.labelsOut !== undefined
+  ) {
+    throw new TypeError(
+      `Cannot ${action}: labelBytes, labelsOffset and labelsOut go with labels, got none`,
+    );
+  }
   const stream = streamOn(options, device, action);
   device.makeCurrent();
-  queue(device, "imageAugment", {
+  const args = {
     src: srcAt,
     indices: indicesAt,
     rows: indices === null ? 0 : rows,
@@ -201,8 +266,18 @@ export function imageAugment(src: RawMemory, out: Tensor, options: ImageAugmentO
     out,
     out_dtype: out.dtype === "f16" ? IMAGE_F16 : IMAGE_F32,
     flags: options.serial ? IMAGE_SERIAL : 0,
-    stream,
-  }, `${action} [${out.shape}] ${layout}`);
+  };
+  const what = `${action} [${out.shape}] ${layout}`;
+  if (labelsOut === null) queue(device, "imageAugment", { ...args, stream }, what);
+  else {
+    queue(device, "imageAugmentLabeled", {
+      ...args,
+      labels: labelsAt,
+      label_bytes: labelBytes,
+      labels_out: labelsOut,
+      stream,
+    }, what);
+  }
 }
 
 /**

@@ -50,8 +50,7 @@ import {
   type NormalizeAffine,
   normalizeAffine,
 } from "../augment/image.ts";
-import { gatherRows } from "../ops/gather.ts";
-import { imageAugment, imageLabelsI32 } from "../ops/image.ts";
+import { imageAugment } from "../ops/image.ts";
 import type { DeviceBatch } from "./prefetcher.ts";
 
 /** Options of a {@linkcode DeviceDataset}. */
@@ -278,7 +277,7 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
   /** Batches whose augment records go up at once (a chunk). */
   readonly #perChunk: number;
   #buffers:
-    | { idx: DeviceBuffer; params: DeviceBuffer; lab: DeviceBuffer; staged: Int32Array }
+    | { idx: DeviceBuffer; params: DeviceBuffer; staged: Int32Array }
     | undefined;
   #views = new Map<number, { images: Tensor; labels: Tensor }>();
   #disposed = false;
@@ -378,7 +377,7 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
   async *[Symbol.asyncIterator](): AsyncIterator<DeviceBatch> {
     if (this.#disposed) throw new Error("Cannot iterate a DeviceLoader: it is disposed");
     const ds = this.dataset, dev = ds.device, src = ds._source();
-    const bufs = this.#buffersFor(src.labelBytes);
+    const bufs = this.#buffersFor();
     const stream = this.#stream;
     const order = this.#order, b = this.#batchSize;
     // The whole order goes up at once; the records a chunk at a time, the next chunk's drawn a
@@ -414,7 +413,8 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
       const { images, labels } = this.#viewsFor(size);
       dev.makeCurrent();
       const paramsOffset = (at % chunk) * RECORD_BYTES;
-      // The images gathered in the kernel's own pass (no gathered copy in between).
+      // The images and their labels gathered in the kernel's own pass (no gathered copy in
+      // between): one launch per batch.
       imageAugment(src.images, images, {
         layout: ds.layout,
         affine: this.#affine,
@@ -424,17 +424,11 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
         indices: bufs.idx,
         indicesOffset: at * 4,
         rows: ds.length,
+        labels: src.labels,
+        labelBytes: src.labelBytes,
+        labelsOut: labels,
         stream,
       });
-      gatherRows(src.labels, bufs.lab, {
-        indices: bufs.idx,
-        indicesOffset: at * 4,
-        count: size,
-        rows: ds.length,
-        rowBytes: src.labelBytes,
-        stream,
-      });
-      imageLabelsI32(bufs.lab, labels, { labelBytes: src.labelBytes, stream });
       // A batch's worth of the next chunk's draws.
       if (spec !== undefined && drawn < n) {
         // (A chunk's batches draw exactly the next chunk: it is whole when it starts.)
@@ -446,24 +440,23 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     }
   }
 
-  #buffersFor(labelBytes: number) {
+  #buffersFor() {
     if (this.#buffers === undefined) {
       const dev = this.dataset.device, b = this.#batchCap, chunk = b * this.#perChunk;
       const made: DeviceBuffer[] = [];
       try {
-        // The epoch's order, a chunk's records, a batch's labels.
-        for (const bytes of [this.dataset.length * 4, chunk * RECORD_BYTES, b * labelBytes]) {
+        // The epoch's order, a chunk's records.
+        for (const bytes of [this.dataset.length * 4, chunk * RECORD_BYTES]) {
           made.push(DeviceBuffer.alloc(dev, bytes));
         }
       } catch (err) {
         for (const m of made) m.dispose();
         throw err;
       }
-      const [idx, params, lab] = made;
+      const [idx, params] = made;
       this.#buffers = {
         idx,
         params,
-        lab,
         staged: new Int32Array(chunk * AUGMENT_RECORD_LENGTH),
       };
     }
@@ -497,7 +490,7 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     }
     this.#views.clear();
     if (this.#buffers) {
-      for (const b of [this.#buffers.idx, this.#buffers.params, this.#buffers.lab]) b.dispose();
+      for (const b of [this.#buffers.idx, this.#buffers.params]) b.dispose();
     }
     this.#buffers = undefined;
   }

@@ -262,3 +262,96 @@ testEachBackend(
     await dev.synchronize();
   },
 );
+
+testEachBackend(
+  "imageAugment with labels writes each gathered sample's label as int32 in the same launch",
+  async (dev) => {
+    const rows = 6, c = 2, h = 3, w = 5, img = c * h * w, n = 5, pad = 1;
+    using set = DeviceBuffer.alloc(dev, rows * img);
+    set.copyFrom(Uint8Array.from({ length: rows * img }, (_, i) => (i * 29 + 3) & 255));
+    using idx = DeviceBuffer.alloc(dev, 4 * n);
+    const order = new Int32Array([5, 0, 3, 3, 1]);
+    idx.copyFrom(order);
+    using p = DeviceBuffer.alloc(dev, 4 * RECORD * n);
+    p.copyFrom(cropRecords([0, 0, 1, 2, 2, 0, 1, 1, 1, 2, 0, 0, 0, 2, 1]));
+    const affine = normalizeAffine([0.5, 0.4], [0.2, 0.25]);
+    // Labels with every byte set, so a narrow read or a wrong index shows.
+    const values = [0x7f6e5d4c, -2, 65535, 0x01020304, 255, -0x80000000];
+    const sources = {
+      1: Uint8Array.from(values, (v) => v & 0xff),
+      2: Uint16Array.from(values, (v) => v & 0xffff),
+      4: Int32Array.from(values),
+    } as const;
+    for (const labelBytes of [1, 2, 4] as const) {
+      const s = sources[labelBytes];
+      // At an offset, after a label that must not be read.
+      using labelSet = DeviceBuffer.alloc(dev, (rows + 1) * labelBytes);
+      labelSet.copyFrom(new Uint8Array(s.buffer), { dstOffset: labelBytes });
+      using want = Tensor.empty(dev, [n, c, h, w], "f16");
+      imageAugment(set, want, { layout: "nhwc", affine, padding: pad, params: p, indices: idx });
+      using got = Tensor.empty(dev, [n, c, h, w], "f16");
+      using labels = Tensor.empty(dev, [n], "i32");
+      imageAugment(set, got, {
+        layout: "nhwc",
+        affine,
+        padding: pad,
+        params: p,
+        indices: idx,
+        labels: labelSet,
+        labelBytes,
+        labelsOffset: labelBytes,
+        labelsOut: labels,
+      });
+      assert.deepStrictEqual(bitDiff(await got.toHost(), await want.toHost()), [], `${labelBytes}`);
+      assert.deepStrictEqual(
+        [...await labels.toHost()],
+        [...order].map((j) => s[j]),
+        `labels of ${labelBytes} bytes`,
+      );
+    }
+    // Without indices, sample i's label is label i.
+    using plain = Tensor.empty(dev, [2, c, h, w], "f32");
+    using two = Tensor.empty(dev, [2], "i32");
+    using lab = DeviceBuffer.alloc(dev, 2);
+    lab.copyFrom(new Uint8Array([9, 4]));
+    imageAugment(set, plain, {
+      layout: "nchw",
+      affine,
+      labels: lab,
+      labelBytes: 1,
+      labelsOut: two,
+    });
+    assert.deepStrictEqual([...await two.toHost()], [9, 4]);
+    // The label options are checked, naming the one at fault.
+    assert.throws(
+      () =>
+        imageAugment(set, plain, {
+          layout: "nchw",
+          affine,
+          labels: lab,
+          labelBytes: 3,
+          labelsOut: two,
+        }),
+      { name: "RangeError", message: /labelBytes must be 1, 2 or 4, got 3/ },
+    );
+    assert.throws(
+      () => imageAugment(set, plain, { layout: "nchw", affine, labels: lab, labelBytes: 1 }),
+      { name: "TypeError", message: /labelsOut must be an i32 Tensor of 2/ },
+    );
+    assert.throws(
+      () => imageAugment(set, plain, { layout: "nchw", affine, labelsOut: two }),
+      { name: "TypeError", message: /go with labels, got none/ },
+    );
+    assert.throws(
+      () =>
+        imageAugment(set, plain, {
+          layout: "nchw",
+          affine,
+          labels: lab,
+          labelBytes: 2,
+          labelsOut: two,
+        }),
+      { name: "RangeError", message: /labels/ },
+    );
+  },
+);

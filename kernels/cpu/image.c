@@ -566,6 +566,33 @@ PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t row
   return PS_OK;
 }
 
+PS_API int ps_image_augment_labeled(const void *src, const int32_t *indices, int64_t rows,
+                                    int32_t layout, int32_t n, int32_t c, int32_t h, int32_t w,
+                                    int32_t pad, const void *params, const float *scale,
+                                    const float *bias, void *out, int32_t out_dtype, int32_t flags,
+                                    const void *labels, int32_t label_bytes, int32_t *labels_out,
+                                    void *stream) {
+  TRY(ps_check_image_augment(layout, n, c, h, w, pad, out_dtype, flags));
+  if (n == 0) return PS_OK;
+  TRY(ps_check_augment_labels(labels, label_bytes, labels_out));
+  TRY(ps_image_augment(src, indices, rows, layout, n, c, h, w, pad, params, scale, bias, out,
+                       out_dtype, flags, stream));
+  const int64_t src_labels = indices != NULL ? rows : n;
+  if (!ps_is_live_range(labels, (uint64_t)src_labels * (uint64_t)label_bytes) ||
+      !ps_is_live_range(labels_out, (uint64_t)n * 4u)) {
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+            "ps_image_augment_labeled: labels or labels_out is not a live buffer of the batch's "
+            "size (n=%d, src labels %lld)",
+            n, (long long)src_labels);
+  }
+  /* ps_image_augment has checked every index against rows. */
+  for (int32_t i = 0; i < n; i++) {
+    const int64_t j = indices != NULL ? indices[i] : i;
+    labels_out[i] = ps_label_i32(labels, label_bytes, j);
+  }
+  return PS_OK;
+}
+
 PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, void *out,
                                void *stream) {
   (void)stream;

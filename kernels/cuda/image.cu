@@ -130,7 +130,9 @@ template <typename Out, int Layout, bool Wide>
 __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *__restrict__ indices,
                                int64_t rows, const int32_t *__restrict__ params,
                                const __grid_constant__ Affine aff, Out *__restrict__ out, int32_t n,
-                               int32_t c, int32_t h, int32_t w, int32_t pad) {
+                               int32_t c, int32_t h, int32_t w, int32_t pad,
+                               const void *__restrict__ labels, int32_t label_bytes,
+                               int32_t *__restrict__ labels_out) {
   /* plane <= 2^24 and c <= 16 (ps_check_image_augment): an image's c * plane bytes and the
    * group indices below (grid.x <= 1024 blocks of 256 past the last group) fit int32. */
   const int32_t plane = h * w;
@@ -158,6 +160,10 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
     if (indices != nullptr) {
       j = __ldg(indices + s);
       if (j < 0 || j >= rows) continue;
+    }
+    /* The sample's label, by one thread of its first block. */
+    if (labels_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
+      labels_out[s] = ps_label_i32(labels, label_bytes, j);
     }
     const uint8_t *img = src + j * (int64_t)(c * plane);
     Out *os = out + (int64_t)s * (c * plane);
@@ -202,7 +208,8 @@ int grid_for(int64_t total, int block) {
 template <typename Out, int Layout>
 void launch_layout(const uint8_t *src, const int32_t *indices, int64_t rows, const int32_t *params,
                    const Affine &aff, Out *out, int32_t n, int32_t c, int32_t h, int32_t w,
-                   int32_t pad, cudaStream_t st) {
+                   int32_t pad, const void *labels, int32_t label_bytes, int32_t *labels_out,
+                   cudaStream_t st) {
   /* A sample's groups, in blocks of at most 256 threads: a small image (CIFAR: 3 x 128
    * groups) fills whole warps without idle halves of a block. */
   const int64_t groups = c * (((int64_t)h * w + kPix - 1) / kPix);
@@ -215,22 +222,49 @@ void launch_layout(const uint8_t *src, const int32_t *indices, int64_t rows, con
   const bool wide = ((int64_t)h * w) % kPix == 0 && ((uintptr_t)out & 15) == 0;
   if (wide) {
     PS_LAUNCH((augment_kernel<Out, Layout, true>), grid, block, 0, st, src, indices, rows, params,
-              aff, out, n, c, h, w, pad);
+              aff, out, n, c, h, w, pad, labels, label_bytes, labels_out);
   } else {
     PS_LAUNCH((augment_kernel<Out, Layout, false>), grid, block, 0, st, src, indices, rows, params,
-              aff, out, n, c, h, w, pad);
+              aff, out, n, c, h, w, pad, labels, label_bytes, labels_out);
   }
 }
 
 template <typename Out>
 void launch_augment(const uint8_t *src, const int32_t *indices, int64_t rows, int32_t layout,
                     const int32_t *params, const Affine &aff, Out *out, int32_t n, int32_t c,
-                    int32_t h, int32_t w, int32_t pad, cudaStream_t st) {
+                    int32_t h, int32_t w, int32_t pad, const void *labels, int32_t label_bytes,
+                    int32_t *labels_out, cudaStream_t st) {
   if (layout == PS_IMAGE_NCHW) {
-    launch_layout<Out, PS_IMAGE_NCHW>(src, indices, rows, params, aff, out, n, c, h, w, pad, st);
+    launch_layout<Out, PS_IMAGE_NCHW>(src, indices, rows, params, aff, out, n, c, h, w, pad, labels,
+                                      label_bytes, labels_out, st);
   } else {
-    launch_layout<Out, PS_IMAGE_NHWC>(src, indices, rows, params, aff, out, n, c, h, w, pad, st);
+    launch_layout<Out, PS_IMAGE_NHWC>(src, indices, rows, params, aff, out, n, c, h, w, pad, labels,
+                                      label_bytes, labels_out, st);
   }
+}
+
+int augment(const void *src, const int32_t *indices, int64_t rows, int32_t layout, int32_t n,
+            int32_t c, int32_t h, int32_t w, int32_t pad, const void *params, const float *scale,
+            const float *bias, void *out, int32_t out_dtype, const void *labels,
+            int32_t label_bytes, int32_t *labels_out, void *stream) {
+  TRY(ps_check_image_buffers(src, indices, rows, out, scale, bias));
+  Affine aff;
+  for (int32_t i = 0; i < PS_IMAGE_MAX_CHANNELS; i++) {
+    aff.scale[i] = i < c ? scale[i] : 0.0f;
+    aff.bias[i] = i < c ? bias[i] : 0.0f;
+  }
+  cudaStream_t st = (cudaStream_t)stream;
+  const uint8_t *s8 = (const uint8_t *)src;
+  const int32_t *prm = (const int32_t *)params;
+  if (out_dtype == PS_IMAGE_F16) {
+    launch_augment(s8, indices, rows, layout, prm, aff, (__half *)out, n, c, h, w, pad, labels,
+                   label_bytes, labels_out, st);
+  } else {
+    launch_augment(s8, indices, rows, layout, prm, aff, (float *)out, n, c, h, w, pad, labels,
+                   label_bytes, labels_out, st);
+  }
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
 }
 
 }  // namespace
@@ -243,22 +277,21 @@ PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t row
                             int32_t out_dtype, int32_t flags, void *stream) {
   TRY(ps_check_image_augment(layout, n, c, h, w, pad, out_dtype, flags));
   if (n == 0) return PS_OK;
-  TRY(ps_check_image_buffers(src, indices, rows, out, scale, bias));
-  Affine aff;
-  for (int32_t i = 0; i < PS_IMAGE_MAX_CHANNELS; i++) {
-    aff.scale[i] = i < c ? scale[i] : 0.0f;
-    aff.bias[i] = i < c ? bias[i] : 0.0f;
-  }
-  cudaStream_t st = (cudaStream_t)stream;
-  const uint8_t *s8 = (const uint8_t *)src;
-  const int32_t *prm = (const int32_t *)params;
-  if (out_dtype == PS_IMAGE_F16) {
-    launch_augment(s8, indices, rows, layout, prm, aff, (__half *)out, n, c, h, w, pad, st);
-  } else {
-    launch_augment(s8, indices, rows, layout, prm, aff, (float *)out, n, c, h, w, pad, st);
-  }
-  CUDA_CHECK(cudaGetLastError());
-  return PS_OK;
+  return augment(src, indices, rows, layout, n, c, h, w, pad, params, scale, bias, out, out_dtype,
+                 nullptr, 4, nullptr, stream);
+}
+
+PS_API int ps_image_augment_labeled(const void *src, const int32_t *indices, int64_t rows,
+                                    int32_t layout, int32_t n, int32_t c, int32_t h, int32_t w,
+                                    int32_t pad, const void *params, const float *scale,
+                                    const float *bias, void *out, int32_t out_dtype, int32_t flags,
+                                    const void *labels, int32_t label_bytes, int32_t *labels_out,
+                                    void *stream) {
+  TRY(ps_check_image_augment(layout, n, c, h, w, pad, out_dtype, flags));
+  if (n == 0) return PS_OK;
+  TRY(ps_check_augment_labels(labels, label_bytes, labels_out));
+  return augment(src, indices, rows, layout, n, c, h, w, pad, params, scale, bias, out, out_dtype,
+                 labels, label_bytes, labels_out, stream);
 }
 
 PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, void *out,
