@@ -63,6 +63,8 @@ export { imageAugment, imageLabelsI32 } from "./ops/image.ts";
 export type { ImageAugmentOptions, ImageLabelsOptions, ImageOpOptions } from "./ops/image.ts";
 export { gatherRows } from "./ops/gather.ts";
 export type { GatherRowsOptions } from "./ops/gather.ts";
+export { add, cat, catBackward, mul, mulBackward, stack, stackBackward } from "./ops/combine.ts";
+export type { ConcatOptions, MulBackwardOptions } from "./ops/combine.ts";
 
 // augment
 export {
