@@ -65,6 +65,7 @@ class Fusion extends Module {
 
   override backwardInputs(dy: Tensor, options?: BackwardOptions): (Tensor | null)[] {
     const dfused = this.head.backward(dy)!;
+    this.gradReady(this.head); // head's gradients are final (data-parallel reduces them now)
     const n = dy.shape[0];
     const da = this.workspace("dimage", [n, 32], dy.dtype);
     const db = this.workspace("daudio", [n, 6], dy.dtype);
@@ -149,7 +150,11 @@ testEachBackend(
     };
     const { grad } = await lossAt();
     using dlogits = Tensor.fromHost(dev, grad, [n, 3]);
+    const ready: string[] = [];
+    const names = new Map(model.namedParameters().map(([name, p]) => [p, name]));
+    using _hook = model.registerGradReadyHook((ps) => ready.push(...ps.map((p) => names.get(p)!)));
     const [dimage, daudio] = model.backwardInputs(dlogits);
+    assert.deepStrictEqual(ready.slice(0, 2), ["head.weight", "head.bias"]);
     assert.deepStrictEqual([dimage!.shape, daudio!.shape], [[n, 1, 4, 4], [n, 8]]);
     // Small enough that no ReLU input crosses zero, large enough for fp32 forwards.
     const eps = 1e-3;
