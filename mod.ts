@@ -261,6 +261,8 @@ export {
   MetricsLog,
   type MetricsLogOptions,
   type MetricsRecord,
+  TensorBoardWriter,
+  type TensorBoardWriterOptions,
   Trainer,
   type TrainerOptions,
 } from "./train/mod.ts";
