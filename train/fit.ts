@@ -6,6 +6,7 @@
 // Not exported from mod.ts, but small enough to copy into a script.
 
 import { MetricsLog } from "./metrics.ts";
+import { TensorBoardWriter } from "./tfevents.ts";
 import { type CliOption, type CliSpec, helpText, parseArgv, UsageError } from "./cli.ts";
 import { Device } from "../ffi/device.ts";
 import {
@@ -55,6 +56,12 @@ export interface TrainArgs {
   checkpoint?: string;
   /** Where each epoch's metrics go (JSON Lines); default beside the checkpoint. */
   log?: string;
+  /** A TensorBoard log directory: scalars per log interval, evaluation and epoch. */
+  tensorboard?: string;
+  /** Evaluate every N epochs (default 1; the last epoch always is). */
+  evalEvery?: number;
+  /** Also evaluate every N training steps (default 0: only by epoch). */
+  evalEverySteps?: number;
   resume: boolean;
   seed: number;
   model: string;
@@ -174,6 +181,26 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
       metavar: "PATH",
       help: "append each epoch's metrics to PATH (JSON Lines) and draw their\n" +
         "curves to PATH.svg (default: beside the checkpoint)",
+    },
+    tensorboard: {
+      kind: "string",
+      metavar: "DIR",
+      help: "also write TensorBoard event files to DIR: training loss, accuracy and\n" +
+        "learning rate per log interval, test metrics per evaluation",
+    },
+    "eval-every": {
+      kind: "int",
+      min: 1,
+      metavar: "N",
+      help: "evaluate on the test set every N epochs (the last epoch always is)",
+      default: d.evalEvery ?? 1,
+    },
+    "eval-every-steps": {
+      kind: "int",
+      min: 0,
+      metavar: "N",
+      help: "also evaluate every N training steps, within epochs (0: off)",
+      default: d.evalEverySteps ?? 0,
     },
     augment: {
       kind: "boolean",
@@ -310,6 +337,9 @@ export function parseTrainArgs(
     seed: get("seed", d.seed),
     quiet: get("quiet", d.quiet),
     log: get("log", d.log),
+    tensorboard: get("tensorboard", d.tensorboard),
+    evalEvery: get("eval-every", d.evalEvery ?? 1),
+    evalEverySteps: get("eval-every-steps", d.evalEverySteps ?? 0),
     help: false,
     given: v.given,
     extra: own,
@@ -425,12 +455,24 @@ export interface EpochReport {
   epoch: number;
   trainLoss: number;
   trainAcc: number;
+  /** NaN for an epoch without evaluation (--eval-every). */
   testLoss: number;
+  /** NaN for an epoch without evaluation (--eval-every). */
   testAcc: number;
   samplesPerSecond: number;
   inputWaitShare: number;
   seconds: number;
   lossScale: number;
+}
+
+/** One evaluation on the test set: after an epoch, or within one (--eval-every-steps). */
+export interface EvalReport {
+  /** The epoch it ran in (1-based). */
+  epoch: number;
+  /** Training steps done before it, over the whole run. */
+  step: number;
+  testLoss: number;
+  testAcc: number;
 }
 
 /** Everything {@linkcode runTraining} needs. */
@@ -445,6 +487,8 @@ export interface RunOptions {
   scheduler?: (opt: SGD, stepsPerEpoch: number) => LRScheduler;
   /** Called with each epoch's report (the line is printed already). */
   onEpoch?: (r: EpochReport) => void;
+  /** Called with each evaluation's report. */
+  onEval?: (r: EvalReport) => void;
   /** What the data is, for the closing summary (e.g. "CIFAR-10 from DIR"). */
   dataNote?: string;
 }
@@ -470,10 +514,11 @@ export function summaryText(
   o: { device: string; data?: string; checkpoint?: string; metrics?: string },
 ): string {
   if (reports.length === 0) return "summary: no epoch ran";
+  const evaluated = reports.filter((r) => Number.isFinite(r.testAcc));
   const seconds = reports.reduce((a, r) => a + r.seconds, 0);
   const samples = reports.reduce((a, r) => a + r.samplesPerSecond * r.seconds, 0);
   const wait = reports.reduce((a, r) => a + r.inputWaitShare * r.seconds, 0) / seconds;
-  const last = reports[reports.length - 1];
+  const last = evaluated[evaluated.length - 1];
   const pct = (x: number) => `${(100 * x).toFixed(2)}%`;
   const lines = [
     `summary: ${reports.length} epoch${reports.length > 1 ? "s" : ""} on ${o.device}` +
@@ -482,8 +527,16 @@ export function summaryText(
       seconds.toFixed(1)
     } s of training)`,
     `  input wait      ${(100 * wait).toFixed(1)}% of the training step time`,
-    `  test accuracy   ${pct(last.testAcc)} after epoch ${last.epoch}` +
-    (reports.length > 1 ? ` (by epoch: ${reports.map((r) => pct(r.testAcc)).join(", ")})` : ""),
+    last === undefined
+      ? `  test accuracy   not evaluated`
+      : `  test accuracy   ${pct(last.testAcc)} after epoch ${last.epoch}` +
+        (evaluated.length > 1
+          ? ` (by epoch: ${
+            evaluated.map((r) =>
+              evaluated.length === reports.length ? pct(r.testAcc) : `${r.epoch}: ${pct(r.testAcc)}`
+            ).join(", ")
+          })`
+          : ""),
     `  checkpoint      ${
       o.checkpoint
         ? `${o.checkpoint} (+ ${statePathFor(o.checkpoint)})`
@@ -515,7 +568,9 @@ function fmtNum(x: number): string {
 }
 
 /**
- * Trains `model` for `args.epochs` epochs, evaluating after each, printing one line per epoch.
+ * Trains `model` for `args.epochs` epochs, evaluating after every `args.evalEvery`-th (and
+ * the last) and every `args.evalEverySteps` steps, printing one line per epoch and per
+ * evaluation within an epoch.
  * Batches reach the device through the pipeline's {@linkcode DevicePrefetcher} (pinned ring,
  * copy stream, the loader's augmentation, normalize and cast to the model's precision fused on
  * the device). The model must be on `device` with `args.precision`.
@@ -564,11 +619,32 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     (args.checkpoint
       ? `${args.checkpoint.replace(/\.safetensors$/, "")}.metrics.jsonl`
       : undefined);
+  const evalEvery = args.evalEvery ?? 1;
+  const evalEverySteps = args.evalEverySteps ?? 0;
+  if (!Number.isSafeInteger(evalEvery) || evalEvery < 1) {
+    throw new UsageError(`option --eval-every takes a whole number >= 1, got ${evalEvery}`);
+  }
+  if (!Number.isSafeInteger(evalEverySteps) || evalEverySteps < 0) {
+    throw new UsageError(
+      `option --eval-every-steps takes a whole number >= 0, got ${evalEverySteps}`,
+    );
+  }
   // A resumed run goes on appending; a new one starts the log afresh.
   const log = logPath ? await MetricsLog.open(logPath, { append: args.resume }) : undefined;
+  let tb: TensorBoardWriter | undefined;
   let startEpoch = 0;
   let step = 0;
+  /** Runs the test set; the model goes back to training mode at the next trainStep. */
+  const evaluate = async (epoch: number): Promise<EvalReport> => {
+    for await (const b of testFeed) trainer.evalStep(b.images, b.labels);
+    const test = await trainer.readEval();
+    const r = { epoch, step, testLoss: test.loss, testAcc: test.accuracy };
+    tb?.addScalars({ "test/loss": r.testLoss, "test/accuracy": r.testAcc }, step);
+    o.onEval?.(r);
+    return r;
+  };
   try {
+    tb = args.tensorboard === undefined ? undefined : TensorBoardWriter.open(args.tensorboard);
     if (args.resume && args.checkpoint) {
       const p = await loadCheckpoint(args.checkpoint, { model, optimizer, scaler, scheduler });
       startEpoch = p.epoch;
@@ -580,24 +656,41 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
       if (trainLoader.epoch !== epoch) trainLoader.setEpoch(epoch);
       const total = trainLoader.length;
       const logEvery = Math.max(1, Math.min(50, Math.floor(total / 10)));
-      let done = 0, lossSum = 0, correct = 0, seen = 0;
+      let done = 0, lossSum = 0, correct = 0, seen = 0, evalMs = 0;
+      let lastEval: EvalReport | undefined;
       const t0 = performance.now();
       for await (const b of trainFeed) {
         trainer.trainStep(b.images, b.labels);
         done++;
         step++;
-        if (done % logEvery === 0 && progress.enabled) {
+        if (done % logEvery === 0 && (progress.enabled || tb !== undefined)) {
           // One device read per log interval (design decision 5), not per step.
           const s = await trainer.readTrain();
           lossSum += s.loss * s.samples;
           correct += s.accuracy * s.samples;
           seen += s.samples;
+          tb?.addScalars(
+            { "train/loss": s.loss, "train/accuracy": s.accuracy, "train/lr": optimizer.lr },
+            step,
+          );
           progress.update(
             `epoch ${epoch + 1}/${args.epochs}`,
             done,
             total,
             `loss ${(lossSum / seen).toFixed(4)} acc ${(100 * correct / seen).toFixed(1)}%`,
           );
+        }
+        if (evalEverySteps > 0 && step % evalEverySteps === 0) {
+          const e0 = performance.now();
+          progress.clear();
+          lastEval = await evaluate(epoch + 1);
+          console.log(
+            `step ${step} (epoch ${epoch + 1}, batch ${done}/${total})  ` +
+              `test loss ${lastEval.testLoss.toFixed(4)}  ` +
+              `test acc ${(100 * lastEval.testAcc).toFixed(2)}%`,
+          );
+          // Evaluation time is not training time: samples/s stays comparable.
+          evalMs += performance.now() - e0;
         }
       }
       const tail = await trainer.readTrain();
@@ -607,18 +700,25 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
         seen += tail.samples;
       }
       await device.synchronize();
-      const trainMs = performance.now() - t0;
+      const trainMs = performance.now() - t0 - evalMs;
       const stats = trainFeed.stats;
       progress.clear();
-      for await (const b of testFeed) trainer.evalStep(b.images, b.labels);
-      const test = await trainer.readEval();
+      const stopping = epoch + 1 >= args.epochs ||
+        (args.stopAfter > 0 && epoch + 1 >= args.stopAfter);
+      const due = (epoch + 1) % evalEvery === 0 || stopping;
+      // An evaluation by steps that fell on the epoch's last step stands for the epoch's.
+      const test = !due
+        ? undefined
+        : lastEval?.step === step
+        ? lastEval
+        : await evaluate(epoch + 1);
       const lossScale = await scaler.getScale();
       const report: EpochReport = {
         epoch: epoch + 1,
         trainLoss: lossSum / seen,
         trainAcc: correct / seen,
-        testLoss: test.loss,
-        testAcc: test.accuracy,
+        testLoss: test?.testLoss ?? NaN,
+        testAcc: test?.testAcc ?? NaN,
         samplesPerSecond: seen / (trainMs / 1000),
         inputWaitShare: stats ? stats.waitMs / trainMs : NaN,
         seconds: trainMs / 1000,
@@ -628,13 +728,27 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
       console.log(
         `epoch ${report.epoch}/${args.epochs}  train loss ${report.trainLoss.toFixed(4)}  ` +
           `train acc ${(100 * report.trainAcc).toFixed(2)}%  ` +
-          `test acc ${(100 * report.testAcc).toFixed(2)}%  ` +
+          `test acc ${test ? `${(100 * report.testAcc).toFixed(2)}%` : "-"}  ` +
           `${fmtNum(report.samplesPerSecond)} samples/s  ` +
           `input wait ${(100 * report.inputWaitShare).toFixed(1)}%  ` +
           `(${report.seconds.toFixed(1)} s${args.lossScaling ? `, loss scale ${lossScale}` : ""})`,
       );
       o.onEpoch?.(report);
-      await log?.append({ ...report, lr: optimizer.lr, data: o.dataNote ?? null });
+      await log?.append({
+        ...report,
+        testLoss: test ? report.testLoss : null,
+        testAcc: test ? report.testAcc : null,
+        step,
+        lr: optimizer.lr,
+        data: o.dataNote ?? null,
+      });
+      tb?.addScalars({
+        "epoch/train_loss": report.trainLoss,
+        "epoch/train_accuracy": report.trainAcc,
+        "epoch/samples_per_second": report.samplesPerSecond,
+        "epoch/input_wait_share": report.inputWaitShare,
+        "epoch/epoch": report.epoch,
+      }, step);
       trainer.endEpoch();
       if (args.checkpoint) {
         await saveCheckpoint(args.checkpoint, { model, optimizer, scaler, scheduler }, {
@@ -647,6 +761,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     }
   } finally {
     log?.[Symbol.dispose]();
+    tb?.dispose();
     progress.clear();
     await trainFeed[Symbol.asyncDispose]();
     await testFeed[Symbol.asyncDispose]();
@@ -654,7 +769,10 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     scaler.dispose();
     optimizer.dispose();
   }
-  const metrics = logPath ? `${logPath}${await drawCurves(logPath)}` : undefined;
+  const metrics = [
+    ...(logPath ? [`${logPath}${await drawCurves(logPath)}`] : []),
+    ...(args.tensorboard ? [`TensorBoard: tensorboard --logdir ${args.tensorboard}`] : []),
+  ].join("; ") || undefined;
   console.log(
     summaryText(reports, {
       device: device.kind,

@@ -1,0 +1,135 @@
+// The fit loop's evaluation schedule (--eval-every, --eval-every-steps) and its TensorBoard
+// output (--tensorboard), on the CPU backend with a small random set: which steps evaluate,
+// what the epochs without evaluation report, and what the event file and the JSON Lines hold.
+
+import assert from "node:assert";
+import { Device } from "../ffi/device.ts";
+import { DataLoader, type RingBatch, TensorDataset } from "../loader/mod.ts";
+import { Xoshiro128 } from "../nn/mod.ts";
+import { type EvalReport, parseTrainArgs, runTraining, type TrainArgs } from "../train/fit.ts";
+import { MetricsLog } from "../train/metrics.ts";
+import { fashionModel } from "../train/models.ts";
+
+function randomSet(n: number, seed: number): TensorDataset {
+  const rng = new Xoshiro128(seed);
+  const images = new Uint8Array(n * 784).map(() => rng.nextU32() & 0xff);
+  const labels = new Int32Array(n).map(() => rng.nextU32() % 10);
+  return new TensorDataset({ image: { data: images, shape: [1, 28, 28] }, label: labels });
+}
+
+async function fit(extra: Partial<TrainArgs>, dir: string) {
+  const args: TrainArgs = {
+    ...parseTrainArgs(["--device", "cpu", "--quiet", "--workers", "0"], "test", {}),
+    epochs: 3,
+    batchSize: 64,
+    model: "mlp",
+    log: `${dir}/run.jsonl`,
+    ...extra,
+  };
+  using device = Device.open("cpu");
+  const net = fashionModel("mlp", 0).to(device, { precision: args.precision });
+  const common = { batchSize: 64, numWorkers: 0, seed: 0, autoRelease: false };
+  await using trainLoader = new DataLoader<RingBatch>(randomSet(512, 1), {
+    ...common,
+    shuffle: true,
+  });
+  await using testLoader = new DataLoader<RingBatch>(randomSet(128, 2), common);
+  const evals: EvalReport[] = [];
+  try {
+    const reports = await runTraining({
+      args,
+      device,
+      model: net,
+      trainLoader,
+      testLoader,
+      spec: { mean: [0.5], std: [0.25] },
+      onEval: (r) => evals.push(r),
+    });
+    return { reports, evals };
+  } finally {
+    net.dispose();
+  }
+}
+
+Deno.test("--eval-every 2 --eval-every-steps 5: evaluations by step and by epoch, the last epoch always", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    // 512 samples in batches of 64: 8 steps per epoch, 24 in all.
+    const { reports, evals } = await fit({ evalEvery: 2, evalEverySteps: 5 }, dir);
+    assert.deepStrictEqual(
+      evals.map((e) => [e.epoch, e.step]),
+      [[1, 5], [2, 10], [2, 15], [2, 16], [3, 20], [3, 24]],
+    );
+    assert.ok(evals.every((e) => Number.isFinite(e.testLoss) && e.testAcc >= 0));
+    assert.ok(Number.isNaN(reports[0].testAcc), "epoch 1 is not evaluated");
+    assert.strictEqual(reports[1].testAcc, evals[3].testAcc);
+    assert.strictEqual(reports[2].testAcc, evals[5].testAcc);
+    const rows = await MetricsLog.read(`${dir}/run.jsonl`);
+    assert.deepStrictEqual(rows.map((r) => [r.epoch, r.step, r.testAcc === null]), [
+      [1, 8, true],
+      [2, 16, false],
+      [3, 24, false],
+    ]);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("the default evaluates after every epoch only", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const { reports, evals } = await fit({ epochs: 2 }, dir);
+    assert.deepStrictEqual(evals.map((e) => e.step), [8, 16]);
+    assert.ok(reports.every((r) => Number.isFinite(r.testAcc)));
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});
+
+Deno.test("--eval-every and --eval-every-steps are parsed and checked", () => {
+  const parse = (argv: string[]) => parseTrainArgs(argv, "test", {});
+  assert.deepStrictEqual([parse([]).evalEvery, parse([]).evalEverySteps], [1, 0]);
+  const a = parse(["--eval-every", "3", "--eval-every-steps=100", "--tensorboard", "runs/a"]);
+  assert.deepStrictEqual([a.evalEvery, a.evalEverySteps, a.tensorboard], [3, 100, "runs/a"]);
+  assert.throws(() => parse(["--eval-every", "0"]), /--eval-every/);
+  assert.throws(() => parse(["--eval-every-steps", "-1"]), /--eval-every-steps/);
+  assert.throws(() => parse(["--eval-evry", "2"]), /did you mean.*--eval-every/);
+});
+
+const PY = (() => {
+  try {
+    return new Deno.Command("python3", { args: ["-c", "pass"] }).outputSync().success
+      ? "python3"
+      : undefined;
+  } catch {
+    return undefined;
+  }
+})();
+
+Deno.test({
+  name: "--tensorboard writes training scalars per log interval and test scalars per evaluation",
+  ignore: PY === undefined,
+  async fn() {
+    const dir = await Deno.makeTempDir();
+    try {
+      await fit({ epochs: 2, evalEverySteps: 4, tensorboard: `${dir}/tb` }, dir);
+      const [file] = [...Deno.readDirSync(`${dir}/tb`)].map((e) => `${dir}/tb/${e.name}`);
+      const out = await new Deno.Command(PY!, {
+        args: [new URL("./_read_tfevents.py", import.meta.url).pathname, file],
+      }).output();
+      assert.ok(out.success, new TextDecoder().decode(out.stderr));
+      const events: { step: number; summary?: { tag: string; simple_value: number }[] }[] =
+        JSON.parse(new TextDecoder().decode(out.stdout))[0].events;
+      const stepsOf = (tag: string) =>
+        events.filter((e) => e.summary?.some((v) => v.tag === tag)).map((e) => e.step);
+      // 8 steps per epoch: the log interval is max(1, min(50, floor(8 / 10))) = 1 step.
+      assert.deepStrictEqual(stepsOf("train/loss"), Array.from({ length: 16 }, (_, i) => i + 1));
+      assert.deepStrictEqual(stepsOf("test/accuracy"), [4, 8, 12, 16]);
+      assert.deepStrictEqual(stepsOf("epoch/train_loss"), [8, 16]);
+      const lr = events.flatMap((e) => e.summary ?? []).filter((v) => v.tag === "train/lr");
+      assert.ok(lr.every((v) => v.simple_value > 0));
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+});
