@@ -9,6 +9,10 @@
 import assert from "node:assert";
 import { Device } from "../ffi/device.ts";
 import { CudaGraph } from "../ffi/graph.ts";
+import { Tensor } from "../ffi/tensor.ts";
+import { opCounts, opDelta } from "../internal/op_count.ts";
+import { Flatten, GradScaler, Linear, Sequential, SGD } from "../nn/mod.ts";
+import { Trainer } from "../train/trainer.ts";
 import { assertSameRun, type Run, train } from "./_train_graphs.ts";
 import { CUDA, testEachBackend } from "./_backends.ts";
 
@@ -83,5 +87,44 @@ Deno.test({
     const out = new TextDecoder().decode(stdout), err = new TextDecoder().decode(stderr);
     assert.strictEqual(code, 0, `child exited with ${code}:\n${out}\n${err}`);
     assert.strictEqual(out.trim(), "ok");
+  },
+});
+
+Deno.test({
+  name: "a replayed step asks the backend for one graph launch and two input copies [cuda]",
+  ignore: CUDA.ignore,
+  async fn() {
+    using dev = Device.open("cuda");
+    using net = new Sequential([new Flatten(), new Linear(12, 10)]).to(dev);
+    using opt = new SGD(net.parameters(), { lr: 0.1, momentum: 0.9 });
+    using scaler = new GradScaler(dev);
+    using trainer = new Trainer(net, { optimizer: opt, scaler, cudaGraphs: true });
+    using x = Tensor.fromHost(dev, new Float16Array(4 * 12).fill(0.5), [4, 3, 2, 2]);
+    using y = Tensor.fromHost(dev, new Int32Array([1, 2, 3, 4]));
+    trainer.trainStep(x, y); // direct: allocates
+    trainer.trainStep(x, y); // recorded, then launched
+    const before = opCounts();
+    trainer.trainStep(x, y);
+    const d = opDelta(opCounts(), before);
+    assert.deepStrictEqual(d, {
+      kernels: 1,
+      copies: 2,
+      memsets: 0,
+      allocations: 0,
+      frees: 0,
+      syncs: 0,
+    });
+    // A scheduler's change: one one-element fill per changed value, still one launch.
+    opt.lr = 0.05;
+    const before2 = opCounts();
+    trainer.trainStep(x, y);
+    assert.strictEqual(opDelta(opCounts(), before2).kernels, 2);
+    opt.lr = 0.04;
+    opt.momentum = 0.85;
+    const before3 = opCounts();
+    trainer.trainStep(x, y);
+    assert.strictEqual(opDelta(opCounts(), before3).kernels, 3);
+    assert.strictEqual(trainer.cudaGraphsActive, true);
+    await dev.synchronize();
   },
 });
