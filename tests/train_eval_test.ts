@@ -1,12 +1,21 @@
-// The fit loop's evaluation schedule (--eval-every, --eval-every-steps) and its TensorBoard
-// output (--tensorboard), on the CPU backend with a small random set: which steps evaluate,
-// what the epochs without evaluation report, and what the event file and the JSON Lines hold.
+// The fit loop's evaluation schedule (--eval-every, --eval-every-steps), its TensorBoard
+// output (--tensorboard), the loader counts (--workers auto, --prefetch-factor) and the
+// memory line of its summary, on the CPU backend with a small random set: which steps
+// evaluate, what the epochs without evaluation report, and what the event file and the JSON
+// Lines hold.
 
 import assert from "node:assert";
 import { Device } from "../ffi/device.ts";
 import { DataLoader, type RingBatch, TensorDataset } from "../loader/mod.ts";
 import { Xoshiro128 } from "../nn/mod.ts";
-import { type EvalReport, parseTrainArgs, runTraining, type TrainArgs } from "../train/fit.ts";
+import {
+  type EvalReport,
+  parseTrainArgs,
+  runTraining,
+  summaryText,
+  type TrainArgs,
+  trainImages,
+} from "../train/fit.ts";
 import { MetricsLog } from "../train/metrics.ts";
 import { fashionModel } from "../train/models.ts";
 
@@ -132,4 +141,85 @@ Deno.test({
       await Deno.remove(dir, { recursive: true });
     }
   },
+});
+
+Deno.test("--workers auto and --prefetch-factor N|auto are parsed, and refused without workers", () => {
+  const parse = (argv: string[]) => parseTrainArgs(argv, "test", {});
+  assert.deepStrictEqual([parse([]).workers, parse([]).prefetchFactor], [2, undefined]);
+  const a = parse(["--workers", "auto", "--prefetch-factor", "4"]);
+  assert.deepStrictEqual([a.workers, a.prefetchFactor], ["auto", 4]);
+  assert.strictEqual(parse(["--prefetch-factor=auto"]).prefetchFactor, "auto");
+  assert.throws(
+    () => parse(["--workers", "many"]),
+    /invalid value for --workers: "many" \(expected a whole number >= 0 or auto\)/,
+  );
+  assert.throws(() => parse(["--prefetch-factor", "0"]), /--prefetch-factor.*>= 1 or auto/);
+  assert.throws(
+    () => parse(["--workers", "0", "--prefetch-factor", "3"]),
+    /--prefetch-factor needs workers/,
+  );
+});
+
+Deno.test("an image run with --workers auto --prefetch-factor 3 trains, says so, and shows its pinned memory", async () => {
+  const dir = await Deno.makeTempDir();
+  const args = parseTrainArgs(
+    [
+      "--device=cpu",
+      "--quiet",
+      "--epochs=2",
+      "--batch-size=64",
+      "--workers=auto",
+      "--prefetch-factor=3",
+      "--precision=fp32",
+      `--log=${dir}/run.jsonl`,
+    ],
+    "test",
+    { model: "mlp" },
+  );
+  const lines: string[] = [];
+  const log = console.log;
+  console.log = (...a: unknown[]) => lines.push(a.join(" "));
+  try {
+    const reports = await trainImages(args, {
+      train: randomSet(256, 3),
+      test: randomSet(64, 4),
+      model: () => fashionModel("mlp", 0),
+      mean: [0.5],
+      std: [0.25],
+      augment: null,
+      intro: "training on random data",
+      dataNote: "random",
+    });
+    assert.strictEqual(reports.length, 2);
+  } finally {
+    console.log = log;
+    await Deno.remove(dir, { recursive: true });
+  }
+  assert.match(lines[0], /auto workers \(prefetch 3\)/);
+  // The loaders' pinned rings and the prefetchers' staging show in the summary.
+  const memory = lines.find((l) => l.includes("memory peak"));
+  assert.ok(memory, lines.join("\n"));
+  const pinned = Number(/([\d.]+) MiB of pinned host memory/.exec(memory)?.[1]);
+  assert.ok(pinned > 0, memory);
+});
+
+Deno.test("the summary names the peak device and pinned memory", () => {
+  const r = {
+    epoch: 1,
+    trainLoss: 1,
+    trainAcc: 0.5,
+    testLoss: 1,
+    testAcc: 0.5,
+    samplesPerSecond: 10,
+    inputWaitShare: 0,
+    seconds: 1,
+    lossScale: 1,
+  };
+  const text = summaryText([r], { device: "cpu", memory: { device: 3 << 20, pinned: 1 << 19 } });
+  assert.match(text, /memory peak +3\.0 MiB on the device, 0\.5 MiB of pinned host memory/);
+  // Epochs without evaluation (--eval-every) are left out of the accuracy line.
+  const text2 = summaryText([{ ...r, testAcc: NaN }, { ...r, epoch: 2, testAcc: 0.25 }], {
+    device: "cpu",
+  });
+  assert.match(text2, /test accuracy +25\.00% after epoch 2\n/);
 });

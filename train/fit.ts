@@ -41,7 +41,10 @@ export interface TrainArgs {
   device: "auto" | "cpu" | "cuda";
   epochs: number;
   batchSize: number;
-  workers: number;
+  /** DataLoader workers, or "auto" (tuned between epochs). */
+  workers: number | "auto";
+  /** Batches in flight per worker, or "auto" (default: the DataLoader's, 2). */
+  prefetchFactor?: number | "auto";
   lr: number;
   momentum: number;
   /** Whether a one-cycle schedule may cycle the momentum (false when --momentum was given). */
@@ -125,7 +128,20 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
     },
     epochs: { kind: "int", min: 1, help: "epochs", default: d.epochs },
     "batch-size": { kind: "int", min: 1, help: "batch size", default: d.batchSize },
-    workers: { kind: "int", min: 0, help: "DataLoader workers", default: d.workers },
+    workers: {
+      kind: "int",
+      min: 0,
+      auto: true,
+      help: "DataLoader workers; auto: tuned between epochs by measured speed",
+      default: d.workers,
+    },
+    "prefetch-factor": {
+      kind: "int",
+      min: 1,
+      auto: true,
+      help: "batches in flight per worker (default 2); auto: tuned between epochs",
+      ...(d.prefetchFactor === undefined ? {} : { default: d.prefetchFactor }),
+    },
     lr: { kind: "number", min: 0, exclusiveMin: true, help: "peak learning rate", default: d.lr },
     momentum: {
       kind: "number",
@@ -315,12 +331,19 @@ export function parseTrainArgs(
   const precision = get("precision", d.precision) as Precision;
   const own: Record<string, string | number | boolean | undefined> = {};
   for (const k of Object.keys(extra.options ?? {})) own[k] = v[k] as typeof own[string];
+  if (v.given.has("prefetch-factor") && get("workers", d.workers) === 0) {
+    throw new UsageError(
+      "option --prefetch-factor needs workers (prefetching is what workers do); " +
+        "drop it or pass --workers N or --workers auto; see --help",
+    );
+  }
   const args: TrainArgs = {
     data: get("data", d.data),
     device: get("device", d.device),
     epochs: get("epochs", d.epochs),
     batchSize: get("batch-size", d.batchSize),
     workers: get("workers", d.workers),
+    prefetchFactor: get("prefetch-factor", d.prefetchFactor),
     lr: get("lr", d.lr),
     momentum: get("momentum", d.momentum),
     cycleMomentum: !v.given.has("momentum"),
@@ -511,7 +534,14 @@ export interface RunOptions {
  */
 export function summaryText(
   reports: readonly EpochReport[],
-  o: { device: string; data?: string; checkpoint?: string; metrics?: string },
+  o: {
+    device: string;
+    data?: string;
+    checkpoint?: string;
+    metrics?: string;
+    /** Peak bytes of device memory and of pinned host memory during the run. */
+    memory?: { device: number; pinned: number };
+  },
 ): string {
   if (reports.length === 0) return "summary: no epoch ran";
   const evaluated = reports.filter((r) => Number.isFinite(r.testAcc));
@@ -542,6 +572,13 @@ export function summaryText(
         ? `${o.checkpoint} (+ ${statePathFor(o.checkpoint)})`
         : "not saved (pass --checkpoint PATH)"
     }`,
+    ...(o.memory
+      ? [
+        `  memory peak     ${mib(o.memory.device)} on the device, ${
+          mib(o.memory.pinned)
+        } of pinned host memory`,
+      ]
+      : []),
     ...(o.metrics ? [`  metrics         ${o.metrics}`] : []),
   ];
   return lines.join("\n");
@@ -561,6 +598,10 @@ async function drawCurves(logPath: string): Promise<string> {
   } catch (err) {
     return ` (no curves drawn: ${(err as Error).message.split("\n")[0]})`;
   }
+}
+
+function mib(bytes: number): string {
+  return `${(bytes / 2 ** 20).toFixed(1)} MiB`;
 }
 
 function fmtNum(x: number): string {
@@ -615,6 +656,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   const testFeed = new DevicePrefetcher(testLoader, device, { ...norm, padding: 0 });
   const progress = new Progress(!args.quiet);
   const reports: EpochReport[] = [];
+  device.resetPeakMemoryStats();
   const logPath = args.log ??
     (args.checkpoint
       ? `${args.checkpoint.replace(/\.safetensors$/, "")}.metrics.jsonl`
@@ -779,6 +821,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
       data: o.dataNote,
       checkpoint: args.checkpoint,
       metrics,
+      memory: { device: device.maxMemoryAllocated(), pinned: device.maxPinnedMemoryAllocated() },
     }),
   );
   return reports;
@@ -842,11 +885,14 @@ export async function trainImages(args: TrainArgs, run: ImageRun): Promise<Epoch
   const common = {
     batchSize: args.batchSize,
     numWorkers: args.workers,
+    ...(args.prefetchFactor !== undefined && args.workers !== 0
+      ? { prefetchFactor: args.prefetchFactor }
+      : {}),
     seed: args.seed,
     // Slots go back to the loader only once their copy to the device has fired.
     autoRelease: false,
   };
-  const workers = args.workers > 0 ? { persistentWorkers: true } : {};
+  const workers = args.workers !== 0 ? { persistentWorkers: true } : {};
   await using trainLoader = new DataLoader<RingBatch>(train, {
     ...common,
     ...workers,
@@ -856,7 +902,11 @@ export async function trainImages(args: TrainArgs, run: ImageRun): Promise<Epoch
   await using testLoader = new DataLoader<RingBatch>(test, { ...common, ...workers });
   console.log(
     `${run.intro}, device ${device.kind} (${device.props.name}), batch ${args.batchSize}, ` +
-      `${args.workers} workers, ${precisionLine(args)}, ${augmentNote(augment)}`,
+      `${args.workers} workers${
+        args.prefetchFactor !== undefined && args.workers !== 0
+          ? ` (prefetch ${args.prefetchFactor})`
+          : ""
+      }, ${precisionLine(args)}, ${augmentNote(augment)}`,
   );
   try {
     return await runTraining({
