@@ -18,6 +18,7 @@ import {
 } from "../train/fit.ts";
 import { MetricsLog } from "../train/metrics.ts";
 import { fashionModel } from "../train/models.ts";
+import { nvmlStandIn } from "./_nvml_stand_in.ts";
 
 function randomSet(n: number, seed: number): TensorDataset {
   const rng = new Xoshiro128(seed);
@@ -26,7 +27,7 @@ function randomSet(n: number, seed: number): TensorDataset {
   return new TensorDataset({ image: { data: images, shape: [1, 28, 28] }, label: labels });
 }
 
-async function fit(extra: Partial<TrainArgs>, dir: string) {
+async function fit(extra: Partial<TrainArgs>, dir: string, gpuStats?: boolean) {
   const args: TrainArgs = {
     ...parseTrainArgs(["--device", "cpu", "--quiet", "--workers", "0"], "test", {}),
     epochs: 3,
@@ -53,6 +54,7 @@ async function fit(extra: Partial<TrainArgs>, dir: string) {
       testLoader,
       spec: { mean: [0.5], std: [0.25] },
       onEval: (r) => evals.push(r),
+      gpuStats,
     });
     return { reports, evals };
   } finally {
@@ -222,4 +224,41 @@ Deno.test("the summary names the peak device and pinned memory", () => {
     device: "cpu",
   });
   assert.match(text2, /test accuracy +25\.00% after epoch 2\n/);
+});
+
+const NVML = nvmlStandIn();
+
+Deno.test({
+  name:
+    "the training summary shows the GPU figures sampled through NVML (the stand-in), or why none",
+  ignore: NVML === undefined,
+  async fn() {
+    const dir = await Deno.makeTempDir();
+    const lines: string[] = [];
+    const log = console.log;
+    console.log = (...a: unknown[]) => lines.push(a.join(" "));
+    try {
+      Deno.env.set("PINSTREAM_NVML_LIB", NVML!);
+      await fit({ epochs: 1 }, dir, true);
+      Deno.env.set("PINSTREAM_NVML_LIB", "/nonexistent/libnvidia-ml.so.1");
+      await fit({ epochs: 1 }, dir, true);
+      await fit({ epochs: 1 }, dir); // a CPU run samples no GPU unless asked
+    } finally {
+      console.log = log;
+      Deno.env.delete("PINSTREAM_NVML_LIB");
+      await Deno.remove(dir, { recursive: true });
+    }
+    const gpu = lines.filter((l) => l.includes("\n  gpu ")).map((l) =>
+      /\n {2}gpu +(.*)/.exec(l)![1]
+    );
+    assert.strictEqual(gpu.length, 2, lines.join("\n"));
+    assert.match(
+      gpu[0],
+      /^GPU 0 \(NVML stand-in GPU\): SM 87% \(max 87%\), memory 41%, 3\.0 of 80\.0 GiB/,
+    );
+    assert.match(
+      gpu[1],
+      /^NVML not available: \/nonexistent\/libnvidia-ml\.so\.1 could not be loaded/,
+    );
+  },
 });

@@ -7,6 +7,7 @@
 
 import { MetricsLog } from "./metrics.ts";
 import { TensorBoardWriter } from "./tfevents.ts";
+import { gpuLine, GpuSampler, openNvml } from "../ffi/nvml.ts";
 import { type CliOption, type CliSpec, helpText, parseArgv, UsageError } from "./cli.ts";
 import { Device } from "../ffi/device.ts";
 import {
@@ -512,6 +513,11 @@ export interface RunOptions {
   onEpoch?: (r: EpochReport) => void;
   /** Called with each evaluation's report. */
   onEval?: (r: EvalReport) => void;
+  /**
+   * Sample GPU utilisation through NVML while training, for the summary (default: on a CUDA
+   * device). Where NVML is absent the summary says so in one line.
+   */
+  gpuStats?: boolean;
   /** What the data is, for the closing summary (e.g. "CIFAR-10 from DIR"). */
   dataNote?: string;
 }
@@ -541,6 +547,8 @@ export function summaryText(
     metrics?: string;
     /** Peak bytes of device memory and of pinned host memory during the run. */
     memory?: { device: number; pinned: number };
+    /** GPU utilisation during the run (gpuLine), or why there is none. */
+    gpu?: string;
   },
 ): string {
   if (reports.length === 0) return "summary: no epoch ran";
@@ -579,6 +587,7 @@ export function summaryText(
         } of pinned host memory`,
       ]
       : []),
+    ...(o.gpu ? [`  gpu             ${o.gpu}`] : []),
     ...(o.metrics ? [`  metrics         ${o.metrics}`] : []),
   ];
   return lines.join("\n");
@@ -674,6 +683,9 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   // A resumed run goes on appending; a new one starts the log afresh.
   const log = logPath ? await MetricsLog.open(logPath, { append: args.resume }) : undefined;
   let tb: TensorBoardWriter | undefined;
+  const nvml = (o.gpuStats ?? device.kind === "cuda") ? openNvml() : undefined;
+  const sampler = nvml === undefined || typeof nvml === "string" ? undefined : new GpuSampler(nvml);
+  let gpu = typeof nvml === "string" ? nvml : undefined;
   let startEpoch = 0;
   let step = 0;
   /** Runs the test set; the model goes back to training mode at the next trainStep. */
@@ -804,6 +816,8 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   } finally {
     log?.[Symbol.dispose]();
     tb?.dispose();
+    if (sampler) gpu = gpuLine(sampler.stop());
+    if (nvml !== undefined && typeof nvml !== "string") nvml.dispose();
     progress.clear();
     await trainFeed[Symbol.asyncDispose]();
     await testFeed[Symbol.asyncDispose]();
@@ -822,6 +836,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
       checkpoint: args.checkpoint,
       metrics,
       memory: { device: device.maxMemoryAllocated(), pinned: device.maxPinnedMemoryAllocated() },
+      gpu,
     }),
   );
   return reports;
