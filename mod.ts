@@ -208,6 +208,7 @@ export {
   encodeSafetensors,
   type ExtraStateLoad,
   Flatten,
+  type GradReadyHook,
   GradScaler,
   type GradScalerOptions,
   type GradScalerState,
@@ -272,3 +273,20 @@ export {
   Trainer,
   type TrainerOptions,
 } from "./train/mod.ts";
+
+// dist
+export {
+  type BroadcastOptions,
+  type CollectiveBuffer,
+  type CollectiveOp,
+  DEFAULT_TIMEOUT_MS,
+  ProcessGroup,
+  type ProcessGroupOptions,
+  type ReduceOp,
+  type ReduceOptions,
+} from "./dist/process_group.ts";
+export { Work } from "./dist/work.ts";
+export { type LaunchEnv, launchEnv, type MpiFlavor } from "./dist/launch_env.ts";
+export { availableMpi, mpirunCommand, type MpirunOptions } from "./dist/launcher.ts";
+export { DataParallel, type DataParallelOptions } from "./dist/data_parallel.ts";
+export { SyncBatchNorm } from "./dist/sync_batch_norm.ts";

@@ -83,7 +83,16 @@ export type SampleOf<D> = D extends { get(index: number, ...rest: never[]): infe
  */
 export type SharedFieldsOf<D> = D extends { sharedFields?: infer M }
   ? NonNullable<M> extends () => readonly (infer S extends SharedField<string, FieldDType>)[]
-    ? { [K in S["name"]]: FieldArray<Extract<S, { readonly name: K }>["dtype"]> }
+    ? D extends { filledFields?: infer F }
+      // With fields the dataset fills itself (decoded images): those too.
+      ? NonNullable<F> extends () => readonly (infer G extends FilledField<string, FieldDType>)[]
+        ? {
+          [K in S["name"] | G["name"]]: FieldArray<
+            Extract<S | G, { readonly name: K }>["dtype"]
+          >;
+        }
+      : { [K in S["name"]]: FieldArray<Extract<S, { readonly name: K }>["dtype"]> }
+    : { [K in S["name"]]: FieldArray<Extract<S, { readonly name: K }>["dtype"]> }
   : never
   : never;
 

@@ -789,6 +789,7 @@ export class Sequential extends Module {
     for (let i = this.layers.length - 1; i >= 0 && g; i--) {
       if (this.#fused.has(i)) continue; // its gradient is in the batch norm's backward
       g = this.layers[i].backward(g, { inputGrad: wanted || i > first });
+      this.gradReady(this.layers[i]);
     }
     return g;
   }

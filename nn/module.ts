@@ -36,6 +36,12 @@ export interface BackwardOptions {
   inputGrad?: boolean;
 }
 
+/**
+ * Called during backward with parameters whose gradients were just written and will not be
+ * written again in this backward (see {@linkcode Module.registerGradReadyHook}).
+ */
+export type GradReadyHook = (params: readonly Parameter[]) => void;
+
 /** Options of {@linkcode Module.loadStateDict}. */
 export interface LoadStateDictOptions {
   /** Refuse missing and unexpected keys (default true), as PyTorch does. */
@@ -88,6 +94,7 @@ export abstract class Module {
   protected readonly children: Map<string, Module> = new Map();
   #workspace = new Map<string, Tensor>();
   #revertList: ops.TensorList | null = null;
+  #gradHooks: GradReadyHook[] = [];
 
   /**
    * Runs the layer.
@@ -152,6 +159,51 @@ export abstract class Module {
     const out: [string, Module][] = [[prefix.replace(/\.$/, ""), this]];
     for (const [n, c] of this.children) out.push(...c.namedModules(`${prefix}${n}.`));
     return out;
+  }
+
+  /**
+   * Registers `hook`, called during {@linkcode Module.backward} each time a layer's parameter
+   * gradients are final: by a container (Sequential) right after the layer's backward
+   * returned, with that layer's parameters, in backward order. It is what lets data-parallel
+   * training reduce the last layers' gradients while the first layers still back-propagate.
+   * A hook must not change the gradients before backward returns; a backward that a
+   * container does not drive (a lone layer) calls no hook. Nested containers each report,
+   * so a hook may see a parameter twice in one backward.
+   *
+   * @param hook Called with the parameters whose gradients are ready.
+   * @returns Disposing it removes the hook.
+   * @example
+   * ```ts
+   * import { Device, Linear, ReLU, Sequential, Tensor } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using device = Device.open("cpu");
+   * using model = new Sequential([new Linear(2, 3), new ReLU(), new Linear(3, 1)]).to(device);
+   * const seen: string[][] = [];
+   * const names = new Map(model.namedParameters().map(([n, p]) => [p, n]));
+   * using _hook = model.registerGradReadyHook((ps) => seen.push(ps.map((p) => names.get(p)!)));
+   * using x = Tensor.fromHost(device, new Float16Array(2), [1, 2]);
+   * model.forward(x);
+   * using dy = Tensor.fromHost(device, new Float16Array(1), [1, 1]);
+   * model.backward(dy, { inputGrad: false });
+   * assert.deepStrictEqual(seen, [["2.weight", "2.bias"], ["0.weight", "0.bias"]]);
+   * ```
+   */
+  registerGradReadyHook(hook: GradReadyHook): Disposable {
+    const modules = this.namedModules().map(([, m]) => m);
+    for (const m of modules) m.#gradHooks.push(hook);
+    return {
+      [Symbol.dispose]: () => {
+        for (const m of modules) m.#gradHooks = m.#gradHooks.filter((h) => h !== hook);
+      },
+    };
+  }
+
+  /** For containers: reports that `child`'s backward wrote its final parameter gradients. */
+  protected gradReady(child: Module): void {
+    if (this.#gradHooks.length === 0) return;
+    const params = child.parameters();
+    if (params.length === 0) return;
+    for (const h of this.#gradHooks) h(params);
   }
 
   /**

@@ -40,6 +40,7 @@ import { Tensor } from "../ffi/tensor.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
 import { type Dataset, recordBytes, type SharedField } from "../loader/dataset.ts";
 import { EpochOrder } from "../loader/order.ts";
+import { DistributedSampler } from "../loader/sampler.ts";
 import type { AugmentOptions } from "../augment/options.ts";
 import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
 import {
@@ -83,6 +84,14 @@ export interface DeviceLoaderOptions {
   dtype?: ImageDtype;
   /** The stream the batches are made on (default: the device's default stream). */
   stream?: Stream;
+  /**
+   * The ranks of a data-parallel job (default 1): each epoch's order is split as
+   * {@linkcode DistributedSampler} splits it, the same shuffle on every rank for the same
+   * seed (0 when none is given), this rank taking its share.
+   */
+  worldSize?: number;
+  /** This rank, in [0, worldSize) (default 0). */
+  rank?: number;
 }
 
 const LABEL_BYTES: Record<string, number> = { u8: 1, u16: 2, i32: 4 };
@@ -292,6 +301,8 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
       "std",
       "dtype",
       "stream",
+      "worldSize",
+      "rank",
     ], action);
     this.dataset = dataset;
     this.dtype = options.dtype ?? "f16";
@@ -315,9 +326,20 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     // The streamed path's order and draws for the same seed, shuffle, dropLast and augment.
     const { shuffle, seed, dropLast, augment } = options;
     const batchSize = options.batchSize ?? 1;
+    const worldSize = options.worldSize ?? 1, rank = options.rank ?? 0;
+    // A sharded order: the seed must be the same on every rank, so it is never random here.
+    const order = worldSize === 1 && rank === 0 ? { shuffle, seed } : {
+      sampler: new DistributedSampler(dataset.length, {
+        worldSize,
+        rank,
+        shuffle: shuffle ?? false,
+        seed: seed ?? 0,
+      }),
+      seed: seed ?? 0,
+    };
     this.#order = new EpochOrder(
       dataset.length,
-      { batchSize, shuffle, seed, dropLast, augment },
+      { batchSize, ...order, dropLast, augment },
       action,
     );
     this.#batchSize = batchSize;

@@ -27,7 +27,8 @@ import {
 import * as ops from "../ops/mod.ts";
 import { Trainer } from "../train/trainer.ts";
 
-function model(side: number): Module {
+/** The CNN the runs train: conv-BN-ReLU, pool, linear, on `side`-pixel square images. */
+export function model(side: number): Module {
   const rng = new Xoshiro128(3);
   return new Sequential([
     new Conv2d(3, 8, { kernelSize: 3, padding: 1, bias: false, rng }),

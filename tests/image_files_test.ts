@@ -8,6 +8,12 @@ import { ImageFileList, type ImageSample } from "../loader/datasets/image_files.
 import { ImageFolder } from "../loader/datasets/image_folder.ts";
 import { ImageDecoder } from "../decode/mod.ts";
 import { fixtures } from "./_image_fixtures.ts";
+import type { SharedFieldsOf } from "../loader/dataset.ts";
+
+// The ring batch of an image dataset types its decoded images too.
+const typed: SharedFieldsOf<ImageFolder> extends { image: Uint8Array; label: Int32Array } ? true
+  : false = true;
+void typed;
 
 const dirP = fixtures();
 const noFixtures = dirP === undefined;

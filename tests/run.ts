@@ -43,6 +43,7 @@ const SUITE = [
   "pipeline/",
   "nn/",
   "train/",
+  "dist/",
   "examples/",
   "mod.ts",
   "README.md",

@@ -13,7 +13,9 @@ import { Tensor } from "../ffi/tensor.ts";
 import { opCounts, opDelta } from "../internal/op_count.ts";
 import { Flatten, GradScaler, Linear, Sequential, SGD } from "../nn/mod.ts";
 import { Trainer } from "../train/trainer.ts";
-import { assertSameRun, type Run, train } from "./_train_graphs.ts";
+import { assertSameRun, model, type Run, train } from "./_train_graphs.ts";
+import { toDevice } from "../pipeline/prefetcher.ts";
+import { makeData, makeLoader, MEAN, STD } from "./pipeline_fixtures.ts";
 import { CUDA, testEachBackend } from "./_backends.ts";
 
 for (const precision of ["fp16", "fp32"] as const) {
@@ -126,5 +128,33 @@ Deno.test({
     assert.strictEqual(opDelta(opCounts(), before3).kernels, 3);
     assert.strictEqual(trainer.cudaGraphsActive, true);
     await dev.synchronize();
+  },
+});
+
+Deno.test({
+  name: "batches from the device prefetcher, replayed, give the weights of direct steps [cuda]",
+  ignore: CUDA.ignore,
+  async fn() {
+    // 70 samples in batches of 16: four full batches and a short one per epoch, so the
+    // shape changes twice an epoch, while the prefetcher reuses its slots under the steps.
+    const data = makeData(70, [3, 8, 8], 11);
+    const runs: Map<string, number[]>[] = [];
+    for (const cudaGraphs of [false, true]) {
+      using dev = Device.open("cuda");
+      using net = model(8).to(dev);
+      using opt = new SGD(net.parameters(), { lr: 0.05, momentum: 0.9 });
+      using scaler = new GradScaler(dev);
+      using trainer = new Trainer(net, { optimizer: opt, scaler, cudaGraphs });
+      await using loader = makeLoader(data, { numWorkers: 1 });
+      for (let epoch = 0; epoch < 2; epoch++) {
+        await using p = toDevice(loader, dev, { mean: MEAN, std: STD, depth: 2 });
+        for await (const b of p) trainer.trainStep(b.images, b.labels);
+      }
+      const state = new Map<string, number[]>();
+      for (const [k, v] of await net.stateDict()) state.set(k, [...v.data].map(Number));
+      runs.push(state);
+      assert.strictEqual(trainer.cudaGraphsActive, cudaGraphs);
+    }
+    for (const [k, v] of runs[0]) assert.deepStrictEqual(runs[1].get(k), v, k);
   },
 });

@@ -205,6 +205,15 @@ function trainSpec(r: BenchResult): Spec {
   );
 }
 
+function distSpec(r: BenchResult): Spec {
+  return barSpec(
+    r,
+    "Data-parallel training step, batch 64 per rank",
+    r.rows.map((x) => ({ name: x.name, value: x.msPerStep, who: who(x.impl) })),
+    "ms per step (lower is better)",
+  );
+}
+
 function kernelsSpec(r: BenchResult): Spec {
   const withFlops = r.rows.filter((x) => typeof x.gflops === "number");
   return barSpec(
@@ -282,6 +291,7 @@ const SPECS: Record<string, (r: BenchResult) => Spec> = {
   pipeline: pipelineSpec,
   train: trainSpec,
   kernels: kernelsSpec,
+  dist: distSpec,
 };
 
 /**

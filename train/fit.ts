@@ -4,6 +4,9 @@
 // curves (drawn by train/_chart.ts, loaded only when asked for).
 //
 // Not exported from mod.ts, but small enough to copy into a script.
+//
+// Over 800 lines because the command line, the epoch loop and the image-run wrapper share
+// TrainArgs and change together; splitting the command line into its own module is the next cut.
 
 import { MetricsLog } from "./metrics.ts";
 import { TensorBoardWriter } from "./tfevents.ts";
@@ -31,6 +34,9 @@ import {
 } from "../nn/mod.ts";
 import { Trainer } from "./trainer.ts";
 import { statePathFor } from "../nn/checkpoint.ts";
+import { DataParallel } from "../dist/data_parallel.ts";
+import type { ProcessGroup } from "../dist/process_group.ts";
+import { joinJob, shardOptions, sumOverRanks } from "./distributed.ts";
 
 /** The chart module, loaded only when a chart is drawn: its npm packages are fetched then, and
  * a run that draws none needs no network (a literal specifier would be fetched up front). */
@@ -72,6 +78,8 @@ export interface TrainArgs {
   limit: number;
   stopAfter: number;
   quiet: boolean;
+  /** Data-parallel over the launcher's ranks (train/distributed.ts), --batch-size per rank. */
+  distributed?: boolean;
   help: boolean;
   /** The options given on the command line (the others hold defaults). */
   given?: ReadonlySet<string>;
@@ -193,6 +201,7 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
     },
     seed: { kind: "int", min: 0, help: "seed of initialization and data order", default: d.seed },
     quiet: { kind: "boolean", help: "no progress bar" },
+    distributed: { kind: "boolean", help: "data-parallel over mpirun's ranks, batch per rank" },
     log: {
       kind: "string",
       metavar: "PATH",
@@ -310,6 +319,7 @@ export function parseTrainArgs(
     limit: 0,
     stopAfter: 0,
     quiet: false,
+    distributed: false,
     help: false,
     ...defaults,
   };
@@ -360,6 +370,7 @@ export function parseTrainArgs(
     stopAfter: get("stop-after", d.stopAfter),
     seed: get("seed", d.seed),
     quiet: get("quiet", d.quiet),
+    distributed: get("distributed", d.distributed),
     log: get("log", d.log),
     tensorboard: get("tensorboard", d.tensorboard),
     evalEvery: get("eval-every", d.evalEvery ?? 1),
@@ -520,6 +531,8 @@ export interface RunOptions {
   gpuStats?: boolean;
   /** What the data is, for the closing summary (e.g. "CIFAR-10 from DIR"). */
   dataNote?: string;
+  /** Data-parallel ranks (sharded loaders; only rank 0 prints, logs and saves). */
+  group?: ProcessGroup | null;
 }
 
 /**
@@ -645,12 +658,18 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   }
   const scaler = new GradScaler(device, { enabled: args.lossScaling });
   const scheduler = o.scheduler?.(optimizer, trainLoader.length) ?? null;
-  const trainer = new Trainer(model, {
+  const group = o.group ?? null;
+  const lead = group === null || group.rank === 0;
+  const say = lead ? (line: string) => console.log(line) : () => {};
+  const net = group ? new DataParallel(model, group) : model;
+  const trainer = new Trainer(net, {
     optimizer,
     scaler,
     scheduler,
     cudaGraphs: (args.cudaGraphs ?? true) && device.kind === "cuda",
   });
+  const overRanks = (lossSum: number, correct: number, seen: number) =>
+    sumOverRanks(group, lossSum, correct, seen);
   const norm = {
     mean: spec.mean,
     std: spec.std,
@@ -663,7 +682,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     padding: spec.padding ?? 0,
   });
   const testFeed = new DevicePrefetcher(testLoader, device, { ...norm, padding: 0 });
-  const progress = new Progress(!args.quiet);
+  const progress = new Progress(!args.quiet && lead);
   const reports: EpochReport[] = [];
   device.resetPeakMemoryStats();
   const logPath = args.log ??
@@ -681,9 +700,9 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     );
   }
   // A resumed run goes on appending; a new one starts the log afresh.
-  const log = logPath ? await MetricsLog.open(logPath, { append: args.resume }) : undefined;
+  const log = logPath && lead ? await MetricsLog.open(logPath, { append: args.resume }) : undefined;
   let tb: TensorBoardWriter | undefined;
-  const nvml = (o.gpuStats ?? device.kind === "cuda") ? openNvml() : undefined;
+  const nvml = lead && (o.gpuStats ?? device.kind === "cuda") ? openNvml() : undefined;
   const sampler = nvml === undefined || typeof nvml === "string" ? undefined : new GpuSampler(nvml);
   let gpu = typeof nvml === "string" ? nvml : undefined;
   let startEpoch = 0;
@@ -691,8 +710,10 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   /** Runs the test set; the model goes back to training mode at the next trainStep. */
   const evaluate = async (epoch: number): Promise<EvalReport> => {
     for await (const b of testFeed) trainer.evalStep(b.images, b.labels);
-    const test = await trainer.readEval();
-    const r = { epoch, step, testLoss: test.loss, testAcc: test.accuracy };
+    const l = await trainer.readEval();
+    // Every rank evaluates its shard at the same steps; the figures are over all of them.
+    const t = overRanks(l.loss * l.samples, l.accuracy * l.samples, l.samples);
+    const r = { epoch, step, testLoss: t.lossSum / t.seen, testAcc: t.correct / t.seen };
     tb?.addScalars({ "test/loss": r.testLoss, "test/accuracy": r.testAcc }, step);
     o.onEval?.(r);
     return r;
@@ -703,7 +724,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
       const p = await loadCheckpoint(args.checkpoint, { model, optimizer, scaler, scheduler });
       startEpoch = p.epoch;
       step = p.step;
-      console.log(`resumed from ${args.checkpoint} after epoch ${startEpoch} (step ${step})`);
+      say(`resumed from ${args.checkpoint} after epoch ${startEpoch} (step ${step})`);
     }
     for (let epoch = startEpoch; epoch < args.epochs; epoch++) {
       // The data order is a pure function of (seed, epoch): a resumed run sees the same batches.
@@ -738,7 +759,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
           const e0 = performance.now();
           progress.clear();
           lastEval = await evaluate(epoch + 1);
-          console.log(
+          say(
             `step ${step} (epoch ${epoch + 1}, batch ${done}/${total})  ` +
               `test loss ${lastEval.testLoss.toFixed(4)}  ` +
               `test acc ${(100 * lastEval.testAcc).toFixed(2)}%`,
@@ -753,6 +774,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
         correct += tail.accuracy * tail.samples;
         seen += tail.samples;
       }
+      ({ lossSum, correct, seen } = overRanks(lossSum, correct, seen));
       await device.synchronize();
       const trainMs = performance.now() - t0 - evalMs;
       const stats = trainFeed.stats;
@@ -779,7 +801,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
         lossScale,
       };
       reports.push(report);
-      console.log(
+      say(
         `epoch ${report.epoch}/${args.epochs}  train loss ${report.trainLoss.toFixed(4)}  ` +
           `train acc ${(100 * report.trainAcc).toFixed(2)}%  ` +
           `test acc ${test ? `${(100 * report.testAcc).toFixed(2)}%` : "-"}  ` +
@@ -804,7 +826,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
         "epoch/epoch": report.epoch,
       }, step);
       trainer.endEpoch();
-      if (args.checkpoint) {
+      if (args.checkpoint && lead) {
         await saveCheckpoint(args.checkpoint, { model, optimizer, scaler, scheduler }, {
           epoch: epoch + 1,
           step,
@@ -822,9 +844,11 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     await trainFeed[Symbol.asyncDispose]();
     await testFeed[Symbol.asyncDispose]();
     trainer.dispose();
+    if (net !== model) net.dispose();
     scaler.dispose();
     optimizer.dispose();
   }
+  if (!lead) return reports;
   const metrics = [
     ...(logPath ? [`${logPath}${await drawCurves(logPath)}`] : []),
     ...(args.tensorboard ? [`TensorBoard: tensorboard --logdir ${args.tensorboard}`] : []),
@@ -895,7 +919,9 @@ export interface ImageRun {
  */
 export async function trainImages(args: TrainArgs, run: ImageRun): Promise<EpochReport[]> {
   const { train, test, augment } = run;
-  using device = Device.open(args.device);
+  // The mpi backend reduces cpu-device memory: a distributed run on "auto" takes the CPU.
+  using group = joinJob(args.distributed ?? false);
+  using device = Device.open(group && args.device === "auto" ? "cpu" : args.device);
   const model = run.model().to(device, { precision: args.precision });
   const common = {
     batchSize: args.batchSize,
@@ -908,21 +934,29 @@ export async function trainImages(args: TrainArgs, run: ImageRun): Promise<Epoch
     autoRelease: false,
   };
   const workers = args.workers !== 0 ? { persistentWorkers: true } : {};
+
   await using trainLoader = new DataLoader<RingBatch>(train, {
     ...common,
     ...workers,
-    shuffle: true,
+    ...shardOptions(train, group, true, args.seed),
     ...(augment ? { augment } : {}),
   });
-  await using testLoader = new DataLoader<RingBatch>(test, { ...common, ...workers });
-  console.log(
-    `${run.intro}, device ${device.kind} (${device.props.name}), batch ${args.batchSize}, ` +
-      `${args.workers} workers${
-        args.prefetchFactor !== undefined && args.workers !== 0
-          ? ` (prefetch ${args.prefetchFactor})`
-          : ""
-      }, ${precisionLine(args)}, ${augmentNote(augment)}`,
-  );
+  await using testLoader = new DataLoader<RingBatch>(test, {
+    ...common,
+    ...workers,
+    ...(group ? shardOptions(test, group, false, args.seed) : {}),
+  });
+  if (group === null || group.rank === 0) {
+    console.log(
+      `${run.intro}, device ${device.kind} (${device.props.name}), batch ${args.batchSize}` +
+        `${group ? ` per rank x ${group.size} ranks (${group.mpi ?? "one process"})` : ""}, ` +
+        `${args.workers} workers${
+          args.prefetchFactor !== undefined && args.workers !== 0
+            ? ` (prefetch ${args.prefetchFactor})`
+            : ""
+        }, ${precisionLine(args)}, ${augmentNote(augment)}`,
+    );
+  }
   try {
     return await runTraining({
       args,
@@ -931,6 +965,7 @@ export async function trainImages(args: TrainArgs, run: ImageRun): Promise<Epoch
       trainLoader,
       testLoader,
       dataNote: run.dataNote,
+      group,
       spec: {
         mean: run.mean,
         std: run.std,

@@ -1,0 +1,337 @@
+/**
+ * Data-parallel benchmark: pinstream's DataParallel over MPI against PyTorch's DDP over Gloo
+ * (bench/dist_torch.py), in one run, and pinstream's all-reduce against raw MPI
+ * (bench/mpi_allreduce.c).
+ *
+ * - Step time of the Fashion-MNIST MLP and CNN at batch 64 per rank, fp32 SGD, on 1 and 2
+ *   ranks, one compute thread per rank on both sides (PINSTREAM_NUM_THREADS=1,
+ *   torch.set_num_threads(1), OPENBLAS_NUM_THREADS=1); scaling efficiency = 1-rank step time
+ *   / 2-rank step time (the per-rank batch is fixed, so 100% is a perfect 2x throughput).
+ * - All-reduce bandwidth of 1-64 MiB of f32 on 2 ranks: pinstream's blocking allReduce and
+ *   the C program's MPI_Allreduce, the same MPI library (Open MPI), best of several calls.
+ * - Overlap on 2 ranks, CNN: forward+backward alone, the gradients' all-reduce alone, and
+ *   DataParallel's forward+backward with the all-reduce; hidden = (alone + alone - both) /
+ *   the smaller alone.
+ *
+ *     deno run -A bench/dist.ts [--save] [--steps 60] [--repeat 3]
+ *
+ * Each measurement is repeated, pinstream and its reference alternating, and the best kept:
+ * on a shared machine the others' load only ever slows a run down.
+ *
+ * Writes bench/out/dist.json (bench/results/ with --save). Ranks are started with mpirun by
+ * this driver; `--part` runs one rank's part (internal).
+ *
+ * @module
+ */
+
+import { parseArgs } from "node:util";
+import { existsSync } from "node:fs";
+import {
+  Conv2d,
+  DataParallel,
+  Device,
+  FashionMNIST,
+  Flatten,
+  launchEnv,
+  Linear,
+  MaxPool2d,
+  type Module,
+  mpirunCommand,
+  ProcessGroup,
+  ReLU,
+  Sequential,
+  SGD,
+  Tensor,
+  Trainer,
+  Xoshiro128,
+} from "../mod.ts";
+import { FASHION_MNIST_DEBIAN_ROOT } from "../loader/datasets/mnist.ts";
+import { commitStamp, machine, writeResult } from "./_results.ts";
+
+const { values } = parseArgs({
+  args: Deno.args,
+  options: {
+    part: { type: "string" },
+    model: { type: "string", default: "cnn" },
+    steps: { type: "string", default: "60" },
+    repeat: { type: "string", default: "3" },
+    "bucket-mb": { type: "string", default: "25" },
+    save: { type: "boolean", default: false },
+    help: { type: "boolean", default: false },
+  },
+});
+if (values.help) {
+  console.log(
+    "usage: deno run -A bench/dist.ts [--save] [--steps N]\n" +
+      "DataParallel over MPI vs PyTorch DDP over Gloo, all-reduce vs raw MPI, overlap; writes " +
+      "bench/out/dist.json (bench/results/ with --save).",
+  );
+  Deno.exit(0);
+}
+const BATCH = 64;
+/** The distribution's Python, which has PyTorch (a pyenv shim first on PATH may not). */
+const PYTHON = existsSync("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+const SIZES_MIB = [1, 4, 16, 64];
+const ROOT = Deno.env.get("PINSTREAM_FASHION_ROOT") ?? FASHION_MNIST_DEBIAN_ROOT;
+
+function model(name: string): Module {
+  const rng = new Xoshiro128(0);
+  if (name === "mlp") {
+    return new Sequential([
+      new Flatten(),
+      new Linear(784, 256, { rng }),
+      new ReLU(),
+      new Linear(256, 10, { rng }),
+    ]);
+  }
+  return new Sequential([
+    new Conv2d(1, 32, { kernelSize: 3, padding: 1, rng }),
+    new ReLU(),
+    new MaxPool2d(2),
+    new Conv2d(32, 64, { kernelSize: 3, padding: 1, rng }),
+    new ReLU(),
+    new MaxPool2d(2),
+    new Flatten(),
+    new Linear(3136, 10, { rng }),
+  ]);
+}
+
+/** This rank's batches of Fashion-MNIST, normalized f32 on the device. */
+async function batches(device: Device, group: ProcessGroup, count: number) {
+  const train = await FashionMNIST.load({ root: ROOT, train: true });
+  const out: { x: Tensor; y: Tensor }[] = [];
+  for (let k = 0; k < count; k++) {
+    const first = ((k * group.size + group.rank) * BATCH) % (train.length - BATCH);
+    const x = new Float32Array(BATCH * 784);
+    for (let i = 0; i < x.length; i++) {
+      x[i] = (train.images[first * 784 + i] / 255 - 0.286) / 0.353;
+    }
+    const y = Int32Array.from(train.labels.subarray(first, first + BATCH));
+    out.push({
+      x: Tensor.fromHost(device, x, [BATCH, 1, 28, 28]),
+      y: Tensor.fromHost(device, y, [BATCH]),
+    });
+  }
+  return out;
+}
+
+/** One rank's part; rank 0 prints `RESULT <json>`. */
+async function rankPart(part: string): Promise<void> {
+  using group = ProcessGroup.init({ timeoutMs: 300_000 });
+  using device = Device.open("cpu");
+  const report = (r: unknown) => group.rank === 0 && console.log(`RESULT ${JSON.stringify(r)}`);
+  if (part === "allreduce") {
+    const rows = [];
+    for (const mib of SIZES_MIB) {
+      const buf = new Float32Array(mib * 2 ** 20 / 4).fill(1);
+      const iters = mib <= 4 ? 20 : mib <= 16 ? 10 : 5;
+      for (let w = 0; w < 2; w++) group.allReduce(buf);
+      const ms: number[] = [];
+      for (let i = 0; i < iters; i++) {
+        group.barrier();
+        const t0 = performance.now();
+        group.allReduce(buf);
+        ms.push(performance.now() - t0);
+      }
+      ms.sort((a, b) => a - b);
+      rows.push({ mib, iters, bestMs: ms[0], medianMs: ms[iters >> 1] });
+    }
+    report(rows);
+    return;
+  }
+  const steps = Number(values.steps);
+  const data = await batches(device, group, Math.min(steps, 50));
+  const m = model(values.model!).to(device, { precision: "fp32" });
+  const dp = new DataParallel(m, group, { bucketMB: Number(values["bucket-mb"]) });
+  const opt = new SGD(dp.parameters(), { lr: 0.01, momentum: 0.9 });
+  const time = (fn: (k: number) => void) => {
+    for (let k = 0; k < 5; k++) fn(k);
+    group.barrier();
+    const t0 = performance.now();
+    for (let k = 0; k < steps; k++) fn(k);
+    group.barrier();
+    return (performance.now() - t0) / steps;
+  };
+  if (part === "train") {
+    using trainer = new Trainer(dp, { optimizer: opt });
+    const ms = time((k) => trainer.trainStep(data[k % data.length].x, data[k % data.length].y));
+    report({ model: values.model, ranks: group.size, msPerStep: ms });
+    return;
+  }
+  // overlap: the same forward+backward without, with, and only the communication.
+  const dy = Tensor.fromHost(device, new Float32Array(BATCH * 10).fill(1e-3), [BATCH, 10]);
+  const computeMs = time((k) => {
+    m.forward(data[k % data.length].x);
+    m.backward(dy, { inputGrad: false });
+  });
+  const flats = dp.buckets.map((ps) => new Float32Array(ps.reduce((a, p) => a + p.numel, 0)));
+  const commMs = time(() => {
+    for (const w of flats.map((f) => group.allReduceAsync(f, { op: "avg" }))) w.waitSync();
+  });
+  const bothMs = time((k) => {
+    dp.forward(data[k % data.length].x);
+    dp.backward(dy, { inputGrad: false });
+  });
+  report({
+    model: values.model,
+    buckets: flats.map((f) => f.length * 4),
+    computeMs,
+    commMs,
+    bothMs,
+    hidden: (computeMs + commMs - bothMs) / Math.min(computeMs, commMs),
+  });
+}
+
+async function run(cmd: string[], env: Record<string, string> = {}): Promise<string> {
+  const o = await new Deno.Command(cmd[0], {
+    args: cmd.slice(1),
+    env: { NO_COLOR: "1", PINSTREAM_NUM_THREADS: "1", OPENBLAS_NUM_THREADS: "1", ...env },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const dec = new TextDecoder();
+  if (o.code !== 0) {
+    throw new Error(`${cmd.join(" ")} failed (${o.code}):\n${dec.decode(o.stderr).slice(-2000)}`);
+  }
+  return dec.decode(o.stdout);
+}
+
+function results(out: string): unknown[] {
+  return out.split("\n").filter((l) => l.startsWith("RESULT ")).map((l) => JSON.parse(l.slice(7)));
+}
+
+/** The step times as the chart's bars (train/_chart.ts). */
+export function chartRows(
+  train: readonly { model: string; ranks: number; pinstreamMs: number; torchMs: number }[],
+): { name: string; impl: string; msPerStep: number }[] {
+  return train.flatMap((r) => {
+    const what = `${r.model.toUpperCase()}, ${r.ranks} rank${r.ranks > 1 ? "s" : ""}`;
+    return [
+      { name: `${what}: pinstream (MPI)`, impl: "pinstream", msPerStep: r.pinstreamMs },
+      { name: `${what}: PyTorch DDP (Gloo)`, impl: "pytorch", msPerStep: r.torchMs },
+    ];
+  });
+}
+
+async function driver(): Promise<void> {
+  if (!existsSync(ROOT)) throw new Error(`Cannot benchmark: no Fashion-MNIST at ${ROOT}`);
+  const here = new URL(".", import.meta.url).pathname;
+  const self = new URL(import.meta.url).pathname;
+  const steps = values.steps!;
+  const load = () => Deno.loadavg()[0];
+  const loadBefore = Deno.loadavg();
+  const ranks = (n: number, args: string[]) =>
+    n === 1
+      ? [Deno.execPath(), "run", "-A", self, ...args]
+      : mpirunCommand([self, ...args], { n, mpi: "openmpi" });
+
+  // Raw MPI, built here against Open MPI.
+  const exe = `${here}out/mpi_allreduce`;
+  await Deno.mkdir(`${here}out`, { recursive: true });
+  await run(["mpicc.openmpi", "-O2", "-o", exe, `${here}mpi_allreduce.c`]);
+  const mpirun = mpirunCommand(["x"], { n: 2, mpi: "openmpi" });
+  const rawCmd = [
+    ...mpirun.slice(0, mpirun.indexOf(Deno.execPath())),
+    exe,
+    ...SIZES_MIB.map(String),
+  ];
+  const repeat = Number(values.repeat);
+  type Timed = { mib: number; bestMs: number; medianMs: number };
+  /** Per size, the run with the best time of `repeat` runs. */
+  const bestOf = (runs: Timed[][]) =>
+    runs[0].map((_, i) => runs.map((r) => r[i]).reduce((a, b) => (b.bestMs < a.bestMs ? b : a)));
+  const rawRuns: Timed[][] = [], ourRuns: Timed[][] = [];
+  for (let k = 0; k < repeat; k++) {
+    rawRuns.push((await run(rawCmd)).trim().split("\n").map((l) => JSON.parse(l)));
+    ourRuns.push(results(await run(ranks(2, ["--part", "allreduce"])))[0] as Timed[]);
+  }
+  const raw = bestOf(rawRuns), ours = bestOf(ourRuns);
+  const allreduce = raw.map((r, i) => {
+    const p = ours[i];
+    const gbps = (ms: number) => r.mib * 2 ** 20 / (ms / 1000) / 1e9;
+    return {
+      mib: r.mib,
+      rawBestMs: r.bestMs,
+      pinstreamBestMs: p.bestMs,
+      rawGBps: gbps(r.bestMs),
+      pinstreamGBps: gbps(p.bestMs),
+      ratio: r.bestMs / p.bestMs,
+      rawMedianMs: r.medianMs,
+      pinstreamMedianMs: p.medianMs,
+    };
+  });
+  console.table(allreduce);
+
+  const train: {
+    model: string;
+    ranks: number;
+    pinstreamMs: number;
+    torchMs: number;
+    load: number;
+  }[] = [];
+  for (const m of ["mlp", "cnn"]) {
+    for (const n of [1, 2]) {
+      const l = load();
+      let pinstreamMs = Infinity, torchMs = Infinity;
+      for (let k = 0; k < repeat; k++) {
+        const p = results(
+          await run(ranks(n, ["--part", "train", "--model", m, "--steps", steps])),
+        )[0] as { msPerStep: number };
+        pinstreamMs = Math.min(pinstreamMs, p.msPerStep);
+        const torchArgs = ["--model", m, "--world", String(n), "--steps", steps];
+        const out = await run([PYTHON, `${here}dist_torch.py`, ...torchArgs]);
+        torchMs = Math.min(torchMs, JSON.parse(out.trim().split("\n").pop()!).msPerStep);
+      }
+      train.push({ model: m, ranks: n, pinstreamMs, torchMs, load: l });
+    }
+  }
+  const scaling = ["mlp", "cnn"].map((m) => {
+    const one = train.find((r) => r.model === m && r.ranks === 1)!;
+    const two = train.find((r) => r.model === m && r.ranks === 2)!;
+    return {
+      model: m,
+      pinstreamEfficiency: one.pinstreamMs / two.pinstreamMs,
+      torchEfficiency: one.torchMs / two.torchMs,
+      pinstreamVsTorch2Ranks: two.torchMs / two.pinstreamMs,
+    };
+  });
+  console.table(train);
+  console.table(scaling);
+  // Small buckets, so that the CNN's 200 KB of gradients make several and some can overlap.
+  const overlapArgs = ["--part", "overlap", "--model", "cnn", "--steps", steps, "--bucket-mb"];
+  let overlap: { bothMs: number } | undefined;
+  for (let k = 0; k < repeat; k++) {
+    const o = results(await run(ranks(2, [...overlapArgs, "0.05"])))[0] as { bothMs: number };
+    if (!overlap || o.bothMs < overlap.bothMs) overlap = o;
+  }
+  console.log("overlap", overlap);
+  const path = await writeResult("dist", {
+    benchmark: "dist",
+    date: new Date().toISOString(),
+    machine: await machine(),
+    loadAverage: { before: loadBefore, after: Deno.loadavg() },
+    commit: await commitStamp(),
+    command: `deno run -A bench/dist.ts${values.save ? " --save" : ""} --steps ${steps} ` +
+      `--repeat ${repeat}`,
+    config: {
+      batchPerRank: BATCH,
+      precision: "fp32 on both sides, SGD momentum 0.9",
+      threads: "one compute thread per rank (PINSTREAM_NUM_THREADS=1; torch 1 thread, " +
+        "OPENBLAS_NUM_THREADS=1)",
+      mpi: "Open MPI (mpirun.openmpi --oversubscribe), bucketMB 25 (0.05 in the overlap run)",
+      repeat,
+      torch: "DistributedDataParallel, Gloo backend, default buckets",
+      steps: Number(steps),
+    },
+    allreduce,
+    train,
+    scaling,
+    overlap,
+    rows: chartRows(train),
+  }, values.save);
+  console.log(`wrote ${path}`);
+}
+
+if (values.part) await rankPart(values.part);
+else if (launchEnv().size > 1) throw new Error("Cannot benchmark: run the driver without mpirun");
+else await driver();

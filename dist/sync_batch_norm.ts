@@ -1,0 +1,195 @@
+/**
+ * `SyncBatchNorm`: batch norm whose training statistics are those of the whole batch across
+ * the ranks of a process group (PyTorch's `nn.SyncBatchNorm`).
+ *
+ * @module
+ */
+
+import type { Tensor } from "../ffi/tensor.ts";
+import { BatchNorm2d, type BatchNorm2dOptions } from "../nn/layers.ts";
+import type { BackwardOptions } from "../nn/module.ts";
+import type { ProcessGroup } from "./process_group.ts";
+
+function view(t: Tensor): Float32Array | Float16Array {
+  const bytes = t.numel * (t.dtype === "f16" ? 2 : 4);
+  const ab = Deno.UnsafePointerView.getArrayBuffer(t.pointer!, bytes);
+  return t.dtype === "f16" ? new Float16Array(ab) : new Float32Array(ab);
+}
+
+/**
+ * Batch norm over the batch of every rank: in training, each rank's per-channel sums are
+ * all-reduced, so that every rank normalizes with the mean and variance of the combined
+ * batch and updates its running statistics with them, and backward all-reduces the sums its
+ * input gradient needs. Its state dict, parameters and skipped-step revert are those of
+ * {@linkcode BatchNorm2d}; the weight and bias gradients stay per rank, for
+ * {@linkcode DataParallel} to average with the others.
+ *
+ * It computes on the host, in float64 per channel, over cpu-device memory: it is the
+ * reference of synchronized statistics, not a fast path (one extra small all-reduce in the
+ * forward and one in the backward of each layer).
+ *
+ * @example One rank: the statistics are the local ones
+ * ```ts
+ * import { Device, ProcessGroup, SyncBatchNorm, Tensor } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * using device = Device.open("cpu");
+ * using group = ProcessGroup.init();
+ * using bn = new SyncBatchNorm(1, group).to(device, { precision: "fp32" });
+ * using x = Tensor.fromHost(device, new Float32Array([1, 3]), [2, 1, 1, 1]);
+ * const y = await bn.forward(x).toHost();
+ * assert.ok(Math.abs(y[0] + 1) < 1e-3 && Math.abs(y[1] - 1) < 1e-3);
+ * assert.ok(Math.abs((await bn.runningMean.read())[0] - 0.2) < 1e-6);
+ * ```
+ */
+export class SyncBatchNorm extends BatchNorm2d {
+  /** The ranks whose batches are combined. */
+  readonly group: ProcessGroup;
+  #x: Tensor | null = null;
+  /** The output, when a ReLU was fused in (its gradient is masked where it is 0). */
+  #reluY: Tensor | null = null;
+  #mean = new Float64Array(0);
+  #invstd = new Float64Array(0);
+  #count = 0;
+
+  /**
+   * Creates the layer (as {@linkcode BatchNorm2d}) over the ranks of `group`.
+   *
+   * @param numFeatures Channels.
+   * @param group The ranks.
+   * @param options eps and momentum.
+   */
+  constructor(numFeatures: number, group: ProcessGroup, options: BatchNorm2dOptions = {}) {
+    super(numFeatures, options);
+    this.group = group;
+  }
+
+  /**
+   * Runs the layer, with a ReLU fused in when `relu` (as {@linkcode Sequential} asks for a
+   * batch norm a ReLU follows); in training with the combined batch's statistics.
+   *
+   * @param x Input [N, C, H, W] in cpu-device memory, f16 or f32.
+   * @param relu Apply ReLU to the output.
+   * @returns Output, same shape and dtype.
+   */
+  override forwardFused(x: Tensor, relu: boolean): Tensor {
+    // The base class validates, backs up the running statistics for a skipped step's revert
+    // and counts the batch; its local statistics are then replaced by the global ones below.
+    const y = super.forwardFused(x, this.training ? false : relu);
+    if (!this.training) {
+      this.#x = null;
+      return y;
+    }
+    if (x.device.kind !== "cpu") {
+      throw new TypeError(`Cannot run SyncBatchNorm: the input is on ${x.device}; cpu only`);
+    }
+    const [n, c, h, w] = x.shape;
+    const hw = h * w;
+    const xs = view(x);
+    const sums = new Float32Array(2 * c + 1);
+    for (let ch = 0; ch < c; ch++) {
+      let s = 0, s2 = 0;
+      for (let b = 0; b < n; b++) {
+        const o = (b * c + ch) * hw;
+        for (let i = 0; i < hw; i++) {
+          const v = xs[o + i];
+          s += v;
+          s2 += v * v;
+        }
+      }
+      sums[ch] = s;
+      sums[c + ch] = s2;
+    }
+    sums[2 * c] = n * hw;
+    this.group.allReduce(sums, { op: "sum" });
+    const count = sums[2 * c];
+    const mean = new Float64Array(c), invstd = new Float64Array(c);
+    const gamma = view(this.weight.value), beta = view(this.bias.value);
+    const rm = view(this.runningMean.tensor), rv = view(this.runningVar.tensor);
+    // The statistics before this batch, which the kernel backed up (mean, then variance).
+    const backup = view(this.workspace("runBackup", [2 * c], "f32"));
+    const prevMean = backup.subarray(0, c), prevVar = backup.subarray(c);
+    const ys = view(y);
+    const m = this.momentum;
+    for (let ch = 0; ch < c; ch++) {
+      const mu = sums[ch] / count;
+      const variance = Math.max(sums[c + ch] / count - mu * mu, 0);
+      mean[ch] = mu;
+      invstd[ch] = 1 / Math.sqrt(variance + this.eps);
+      // Running statistics as PyTorch: the unbiased variance of the combined batch.
+      rm[ch] = (1 - m) * prevMean[ch] + m * mu;
+      rv[ch] = (1 - m) * prevVar[ch] + m * variance * count / Math.max(count - 1, 1);
+      const scale = gamma[ch] * invstd[ch], shift = beta[ch] - mu * scale;
+      for (let b = 0; b < n; b++) {
+        const o = (b * c + ch) * hw;
+        if (relu) {
+          for (let i = 0; i < hw; i++) ys[o + i] = Math.max(xs[o + i] * scale + shift, 0);
+        } else {
+          for (let i = 0; i < hw; i++) ys[o + i] = xs[o + i] * scale + shift;
+        }
+      }
+    }
+    this.#x = x;
+    this.#reluY = relu ? y : null;
+    this.#mean = mean;
+    this.#invstd = invstd;
+    this.#count = count;
+    return y;
+  }
+
+  /**
+   * Back-propagates with the combined batch's sums: writes this rank's weight and bias
+   * gradients, returns the input gradient.
+   *
+   * @param dy Output gradient.
+   * @param options Whether the input gradient is returned (it is computed anyway).
+   * @returns Input gradient, or null.
+   */
+  override backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
+    const x = this.#x;
+    if (!x) throw new TypeError("Cannot run SyncBatchNorm.backward: no training forward before it");
+    const [n, c, h, w] = x.shape;
+    const hw = h * w;
+    const xs = view(x);
+    let dys = view(dy);
+    if (this.#reluY) {
+      // The fused ReLU's gradient: zero where the output was clamped.
+      const ys = view(this.#reluY), masked = new Float32Array(dys.length);
+      for (let i = 0; i < masked.length; i++) masked[i] = ys[i] > 0 ? dys[i] : 0;
+      dys = masked;
+    }
+    const sums = new Float32Array(2 * c);
+    for (let ch = 0; ch < c; ch++) {
+      let sdy = 0, sdyx = 0;
+      const mu = this.#mean[ch], is = this.#invstd[ch];
+      for (let b = 0; b < n; b++) {
+        const o = (b * c + ch) * hw;
+        for (let i = 0; i < hw; i++) {
+          sdy += dys[o + i];
+          sdyx += dys[o + i] * (xs[o + i] - mu) * is;
+        }
+      }
+      sums[ch] = sdy;
+      sums[c + ch] = sdyx;
+    }
+    const dgamma = view(this.weight.grad), dbeta = view(this.bias.grad);
+    for (let ch = 0; ch < c; ch++) {
+      dgamma[ch] = sums[c + ch];
+      dbeta[ch] = sums[ch];
+    }
+    this.group.allReduce(sums, { op: "sum" });
+    const dx = this.workspace("dx", [...x.shape], x.dtype);
+    const dxs = view(dx), gamma = view(this.weight.value);
+    const total = this.#count;
+    for (let ch = 0; ch < c; ch++) {
+      const mu = this.#mean[ch], is = this.#invstd[ch];
+      const k = gamma[ch] * is, mdy = sums[ch] / total, mdyx = sums[c + ch] / total;
+      for (let b = 0; b < n; b++) {
+        const o = (b * c + ch) * hw;
+        for (let i = 0; i < hw; i++) {
+          dxs[o + i] = k * (dys[o + i] - mdy - (xs[o + i] - mu) * is * mdyx);
+        }
+      }
+    }
+    return options.inputGrad === false ? null : dx;
+  }
+}

@@ -1,0 +1,67 @@
+// DataParallel in one process: the order in which it reduces buckets during backward, and what
+// it refuses. (Training across ranks: tests/dist_train_test.ts.)
+import assert from "node:assert";
+import {
+  DataParallel,
+  Device,
+  Linear,
+  ProcessGroup,
+  ReLU,
+  Sequential,
+  Tensor,
+  Xoshiro128,
+} from "../mod.ts";
+
+Deno.test("DataParallel reduces each bucket as soon as backward filled it, last layers first", () => {
+  using device = Device.open("cpu");
+  using group = ProcessGroup.init({ env: () => undefined });
+  const rng = new Xoshiro128(3);
+  const layers = [new Linear(8, 64, { rng }), new ReLU(), new Linear(64, 64, { rng }), new ReLU()];
+  using model = new Sequential([...layers, new Linear(64, 2, { rng })]).to(device, {
+    precision: "fp32",
+  });
+  const log: string[] = [];
+  // Spy on the collectives and on the first layer's backward.
+  const reduce = group.allReduceAsync.bind(group);
+  group.allReduceAsync = (buf, options) => {
+    log.push(`reduce ${(buf as Float32Array).length}`);
+    return reduce(buf, options);
+  };
+  const first = layers[0] as Linear, backward = first.backward.bind(first);
+  first.backward = (dy, options) => {
+    log.push("backward of layer 0");
+    return backward(dy, options);
+  };
+  // Buckets of at most 4096 floats, filled in reverse parameter order (4.bias, 4.weight,
+  // 2.bias, 2.weight, 0.bias, 0.weight), a parameter never split.
+  using dp = new DataParallel(model, group, { bucketMB: 4096 * 4 / 2 ** 20 });
+  assert.deepStrictEqual(
+    dp.buckets.map((b) => b.map((p) => p.numel)),
+    [[2, 128, 64], [4096], [64, 512]],
+  );
+  using x = Tensor.fromHost(device, new Float32Array(4 * 8).fill(0.5), [4, 8]);
+  using dy = Tensor.fromHost(device, new Float32Array(4 * 2).fill(1), [4, 2]);
+  dp.forward(x);
+  dp.backward(dy, { inputGrad: false });
+  assert.deepStrictEqual(log, [
+    "reduce 194",
+    "reduce 4096",
+    "backward of layer 0",
+    "reduce 576",
+  ]);
+});
+
+Deno.test("DataParallel refuses a model that is not on a device, and a bad bucket size", () => {
+  using device = Device.open("cpu");
+  using group = ProcessGroup.init({ env: () => undefined });
+  assert.throws(
+    () => new DataParallel(new Linear(2, 2), group),
+    /not on a device \(call to\(\) first\)/,
+  );
+  using model = new Linear(2, 2).to(device);
+  assert.throws(() => new DataParallel(model, group, { bucketMB: 0 }), /bucketMB must be > 0/);
+  assert.throws(
+    () => new DataParallel(model, group, { bucketMb: 1 } as never),
+    /unknown option "bucketMb" \(did you mean "bucketMB"\?\)/,
+  );
+});

@@ -1,0 +1,96 @@
+/**
+ * Faults in a data-parallel job end it within a bounded time, with an error naming the rank
+ * at fault: a rank that hangs (the collective watchdog), one that dies, ranks that issue
+ * different collectives (debug mode), and a launcher killed outright (no rank left behind).
+ */
+
+import assert from "node:assert";
+import { MPIS, runRanks } from "./_dist.ts";
+
+const CHILD = "_dist_fault_child.ts";
+/** The watchdog's timeout in the child is 3 s, its ranks answer within 3 s more. */
+const BOUND_MS = 60_000;
+
+for (const mpi of ["openmpi", "mpich"] as const) {
+  const ignore = !MPIS.includes(mpi);
+  Deno.test({
+    name: `a rank that hangs makes the others fail naming it (${mpi})`,
+    ignore,
+    async fn() {
+      const r = await runRanks(mpi, 3, [CHILD, "--fault", "hang"], { limitMs: BOUND_MS });
+      assert.notStrictEqual(r.code, 0);
+      assert.ok(r.ms < BOUND_MS, `took ${r.ms} ms`);
+      assert.match(
+        r.stderr,
+        /Cannot finish allReduce #2 on rank [01]: no progress within 3000 ms: rank 2 never issued it \(its last was #1\)/,
+      );
+    },
+  });
+  Deno.test({
+    name: `a rank that dies ends the job, naming it (${mpi})`,
+    ignore,
+    async fn() {
+      const r = await runRanks(mpi, 3, [CHILD, "--fault", "die"], { limitMs: BOUND_MS });
+      assert.notStrictEqual(r.code, 0);
+      assert.ok(r.ms < BOUND_MS, `took ${r.ms} ms`);
+      assert.match(r.stderr, /pinstream: rank 2 of 3 exits \(status 7\)/);
+    },
+  });
+  Deno.test({
+    name: `debug mode names ranks that issue different collectives (${mpi})`,
+    ignore,
+    async fn() {
+      const r = await runRanks(mpi, 3, [CHILD, "--fault", "mismatch"], { limitMs: BOUND_MS });
+      assert.notStrictEqual(r.code, 0);
+      assert.match(
+        r.stderr,
+        /the ranks issued different collectives \(rank 0: allReduce #2 of 10 f32; rank 1: allReduce #2 of 10 f32; rank 2: broadcast #2 of 10 f32 from rank 0\)/,
+      );
+    },
+  });
+}
+
+function alive(pid: number): boolean {
+  return new Deno.Command("ps", { args: ["-p", String(pid)], stdout: "null" }).outputSync()
+    .success;
+}
+
+Deno.test({
+  name: "killing the launcher leaves no rank behind",
+  ignore: MPIS.length === 0,
+  async fn() {
+    const launcher = new Deno.Command(Deno.execPath(), {
+      args: [
+        "run",
+        "-A",
+        new URL("../tools/launch.ts", import.meta.url).pathname,
+        "-n",
+        "2",
+        "--mpi",
+        MPIS[0],
+        new URL(CHILD, import.meta.url).pathname,
+        "--fault",
+        "none",
+      ],
+      stdout: "piped",
+      stderr: "piped",
+    }).spawn();
+    const pids: number[] = [];
+    let text = "";
+    const reader = launcher.stdout.pipeThrough(new TextDecoderStream()).getReader();
+    while (pids.length < 2) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += value;
+      pids.splice(0, pids.length, ...[...text.matchAll(/ready (\d+)/g)].map((m) => +m[1]));
+    }
+    assert.strictEqual(pids.length, 2, text);
+    launcher.kill("SIGKILL");
+    await launcher.status;
+    const deadline = Date.now() + 20_000;
+    while (pids.some(alive) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 200));
+    assert.deepStrictEqual(pids.filter(alive), [], "ranks still running after the launcher died");
+    reader.cancel();
+    await launcher.stderr.cancel();
+  },
+});
