@@ -183,10 +183,18 @@ export {
 export {
   type DeviceBatch,
   DevicePrefetcher,
+  type ImagePathOptions,
   type PipelineStats,
   toDevice,
+  type ToDeviceBatch,
   type ToDeviceOptions,
+  type ToDeviceResult,
 } from "./pipeline/prefetcher.ts";
+export {
+  BatchPrefetcher,
+  type BatchPrefetcherOptions,
+  type OnDevice,
+} from "./pipeline/batch_prefetcher.ts";
 export { DeviceDataset, DeviceLoader } from "./pipeline/resident.ts";
 export type { DeviceDatasetOptions, DeviceLoaderOptions } from "./pipeline/resident.ts";
 
