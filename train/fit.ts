@@ -719,7 +719,10 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     return r;
   };
   try {
-    tb = args.tensorboard === undefined ? undefined : TensorBoardWriter.open(args.tensorboard);
+    // One event file per run: rank 0's.
+    tb = args.tensorboard === undefined || !lead
+      ? undefined
+      : TensorBoardWriter.open(args.tensorboard);
     if (args.resume && args.checkpoint) {
       const p = await loadCheckpoint(args.checkpoint, { model, optimizer, scaler, scheduler });
       startEpoch = p.epoch;
