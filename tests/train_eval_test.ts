@@ -198,6 +198,10 @@ Deno.test("an image run with --workers auto --prefetch-factor 3 trains, says so,
     await Deno.remove(dir, { recursive: true });
   }
   assert.match(lines[0], /auto workers \(prefetch 3\)/);
+  // Each epoch line says what the tuner ran: prefetch stays 3, the workers are tuned.
+  const epochs = lines.filter((l) => l.startsWith("epoch "));
+  assert.strictEqual(epochs.length, 2, lines.join("\n"));
+  for (const l of epochs) assert.match(l, /, \d+ workers x prefetch 3\)$/);
   // The loaders' pinned rings and the prefetchers' staging show in the summary.
   const memory = lines.find((l) => l.includes("memory peak"));
   assert.ok(memory, lines.join("\n"));

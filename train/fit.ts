@@ -804,13 +804,16 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
         lossScale,
       };
       reports.push(report);
+      // What --workers auto / --prefetch-factor auto ran this epoch.
+      const tuned = trainLoader.autotune ? trainLoader.stats : undefined;
       say(
         `epoch ${report.epoch}/${args.epochs}  train loss ${report.trainLoss.toFixed(4)}  ` +
           `train acc ${(100 * report.trainAcc).toFixed(2)}%  ` +
           `test acc ${test ? `${(100 * report.testAcc).toFixed(2)}%` : "-"}  ` +
           `${fmtNum(report.samplesPerSecond)} samples/s  ` +
           `input wait ${(100 * report.inputWaitShare).toFixed(1)}%  ` +
-          `(${report.seconds.toFixed(1)} s${args.lossScaling ? `, loss scale ${lossScale}` : ""})`,
+          `(${report.seconds.toFixed(1)} s${args.lossScaling ? `, loss scale ${lossScale}` : ""}` +
+          `${tuned ? `, ${tuned.numWorkers} workers x prefetch ${tuned.prefetchFactor}` : ""})`,
       );
       o.onEpoch?.(report);
       await log?.append({
@@ -818,6 +821,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
         testLoss: test ? report.testLoss : null,
         testAcc: test ? report.testAcc : null,
         step,
+        ...(tuned ? { workers: tuned.numWorkers, prefetchFactor: tuned.prefetchFactor } : {}),
         lr: optimizer.lr,
         data: o.dataNote ?? null,
       });
