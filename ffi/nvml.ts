@@ -230,7 +230,7 @@ export interface GpuSamplerOptions {
 }
 
 /** Mean and maximum of a sampled quantity. */
-export interface Stat {
+export interface GpuStat {
   /** The mean over the samples. */
   mean: number;
   /** The largest sample. */
@@ -246,15 +246,15 @@ export interface GpuSummary {
   /** How many samples were taken (0: none, the figures below are NaN). */
   samples: number;
   /** Percent of time a kernel ran (see {@linkcode GpuSample}). */
-  smUtilization: Stat;
+  smUtilization: GpuStat;
   /** Percent of time device memory was read or written. */
-  memoryUtilization: Stat;
+  memoryUtilization: GpuStat;
   /** Device memory in use, by every process. */
-  memoryUsedBytes: Stat;
+  memoryUsedBytes: GpuStat;
   /** Device memory in all. */
   memoryTotalBytes: number;
   /** Degrees Celsius. */
-  temperatureC: Stat;
+  temperatureC: GpuStat;
 }
 
 /**
@@ -331,7 +331,7 @@ export class GpuSampler implements Disposable {
     if (this.#timer !== undefined) this.#take();
     this.#clear();
     const xs = this.#seen;
-    const stat = (f: (s: GpuSample) => number): Stat =>
+    const stat = (f: (s: GpuSample) => number): GpuStat =>
       xs.length === 0 ? { mean: NaN, max: NaN } : {
         mean: xs.reduce((a, s) => a + f(s), 0) / xs.length,
         max: Math.max(...xs.map(f)),
