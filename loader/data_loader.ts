@@ -21,6 +21,7 @@
 import { range } from "../internal/trace.ts";
 import type { AugmentSpec } from "../augment/options.ts";
 import { WorkerCounts } from "./_autotune.ts";
+import { noteBatchSamples } from "./_batch_samples.ts";
 import {
   Engine,
   type EngineConfig,
@@ -673,6 +674,7 @@ class EpochIterator<B> implements AsyncIterableIterator<B> {
         return { done: true, value: undefined };
       }
       const value = this.#loader.wrap(r);
+      noteBatchSamples(value, r.size);
       this.#stats.batches++;
       this.#stats.samples += r.size;
       this.#last = value;

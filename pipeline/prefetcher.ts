@@ -42,6 +42,7 @@ import { refuseUnknownKeys } from "../internal/options.ts";
 import { range } from "../internal/trace.ts";
 import { imageAugment, imageLabelsI32 } from "../ops/image.ts";
 import { augmentHost } from "../augment/host.ts";
+import { BatchPrefetcher, type BatchPrefetcherOptions } from "./batch_prefetcher.ts";
 import {
   type ImageDtype,
   type ImageLayout,
@@ -239,6 +240,8 @@ const attached = new WeakMap<StagingRing, DevicePrefetcher>();
 /**
  * Turns a DataLoader's batches (zero-copy path) into batches on a device, `depth` ahead.
  * Iterate it once per epoch (`for await`); each iteration starts a new epoch of the loader.
+ * This is the image path (uint8 images, integer labels); batches of anything else go through
+ * {@linkcode BatchPrefetcher}, which {@linkcode toDevice} picks for them.
  *
  * The loader should be built with `autoRelease: false` so that a loader slot is only
  * reused after its copy to the device fired; with `autoRelease: true` (the loader's
@@ -328,7 +331,8 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
     if (loader.ring === undefined) {
       throw new TypeError(
         `Cannot ${action}: the loader has no staging ring (zero-copy path); use a dataset ` +
-          `with shared fields and a batchSize`,
+          `with shared fields and a batchSize, or move its batches as they are with ` +
+          `toDevice(loader, device) (a BatchPrefetcher)`,
       );
     }
     this.loader = loader;
@@ -464,14 +468,67 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
 }
 
 /**
- * Same as `new DevicePrefetcher(loader, device, options)`: the loader's batches on
- * `device`, `depth` ahead, normalized and cast by one kernel per batch.
+ * Which path {@linkcode toDevice} takes: "images" (the {@linkcode DevicePrefetcher}: uint8
+ * images normalized and cast on the device, int32 labels), "any" (the
+ * {@linkcode BatchPrefetcher}: every typed array of the batch copied as it is), or "auto"
+ * (the default): "images" when the loader's staging ring has the image and label fields (or an
+ * option of the image path is given), "any" otherwise.
+ */
+export type ToDeviceBatch = "auto" | "images" | "any";
+
+/**
+ * What {@linkcode toDevice} returns for a loader whose batches are of type `B` with
+ * `batch: "auto"`: a {@linkcode DevicePrefetcher} for ring batches with `image` and `label`
+ * fields, a {@linkcode BatchPrefetcher} for every other known batch type, and either where the
+ * type does not tell (`unknown`).
  *
- * @param loader A DataLoader on the zero-copy path, ideally with `autoRelease: false`.
+ * @typeParam B the loader's batch type
+ */
+export type ToDeviceResult<B> = unknown extends B ? DevicePrefetcher | BatchPrefetcher<B>
+  : [B] extends [RingBatch<infer F>] ? "image" | "label" extends keyof F ? DevicePrefetcher
+    : BatchPrefetcher<B>
+  : BatchPrefetcher<B>;
+
+/** {@linkcode ToDeviceOptions} with at least one option only the image path takes. */
+export type ImagePathOptions =
+  & ToDeviceOptions
+  & {
+    [K in Exclude<keyof ToDeviceOptions, keyof BatchPrefetcherOptions>]: Required<
+      Pick<ToDeviceOptions, K>
+    >;
+  }[Exclude<keyof ToDeviceOptions, keyof BatchPrefetcherOptions>];
+
+// The options only the image path understands (giving one picks it), checked by the compiler.
+const IMAGE_ONLY = Object.keys(
+  {
+    augmentOn: true,
+    dtype: true,
+    mean: true,
+    std: true,
+    padding: true,
+    imageField: true,
+    labelField: true,
+    layout: true,
+    pin: true,
+  } satisfies Record<Exclude<keyof ToDeviceOptions, keyof BatchPrefetcherOptions>, true>,
+) as (keyof ToDeviceOptions)[];
+
+/**
+ * A loader's batches on `device`, `depth` ahead: PyTorch's `pin_memory` and
+ * `.to(device, non_blocking=True)` as one prefetcher. With image-ring batches (uint8 `image`,
+ * integer `label`) it is `new DevicePrefetcher(loader, device, options)`: one fused kernel per
+ * batch crops, flips, normalizes and casts. With any other batch (a `collate`'s nested objects
+ * and arrays of typed arrays, ring batches of other fields) it is
+ * `new BatchPrefetcher(loader, device, options)`: every typed array staged in pinned memory and
+ * copied as it is. `batch: "any"` or `batch: "images"` picks the path explicitly.
+ *
+ * @param loader A DataLoader; ideally with `autoRelease: false` on the image path.
  * @param device The target device.
- * @param options See {@linkcode ToDeviceOptions}.
+ * @param options See {@linkcode ToDeviceOptions} (images) and
+ *   {@linkcode BatchPrefetcherOptions} (any batch), plus `batch` ({@linkcode ToDeviceBatch}).
  * @returns The prefetcher; iterate it once per epoch, dispose it when done.
- * @throws {TypeError} See {@linkcode DevicePrefetcher}.
+ * @throws {TypeError} See {@linkcode DevicePrefetcher} and {@linkcode BatchPrefetcher}; also
+ *   when an option of the image path is given with `batch: "any"`.
  * @throws {RangeError} See {@linkcode DevicePrefetcher}.
  *
  * @example Host-side augmentation for comparison
@@ -490,13 +547,107 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
  *   assert.deepStrictEqual([...await b.labels.toHost()], [3, 7]);
  * }
  * ```
+ *
+ * @example Token ids and their mask, nested, from a collate
+ * ```ts
+ * import { DataLoader, Device, toDevice } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ *
+ * using device = Device.open("cpu");
+ * const dataset = { length: 4, get: (i: number) => i };
+ * await using loader = new DataLoader(dataset, {
+ *   batchSize: 2,
+ *   collate: (ids: number[]) => ({
+ *     inputs: { ids: new Int32Array(ids.flatMap((i) => [i, i + 1, i + 2])), mask: new Uint8Array(6).fill(1) },
+ *     target: new Float32Array(ids),
+ *   }),
+ * });
+ * await using feed = toDevice(loader, device);
+ * for await (const batch of feed) {
+ *   assert.deepStrictEqual(batch.inputs.ids.shape, [2, 3]);
+ *   assert.deepStrictEqual(batch.target.shape, [2]);
+ *   assert.strictEqual(batch.inputs.mask.dtype, "u8");
+ * }
+ * ```
  */
-export function toDevice(
-  loader: DataLoader<unknown>,
+export function toDevice<B>(
+  loader: DataLoader<B>,
   device: Device,
-  options: ToDeviceOptions = {},
-): DevicePrefetcher {
-  return new DevicePrefetcher(loader, device, options);
+  options: BatchPrefetcherOptions & { batch: "any" },
+): BatchPrefetcher<B>;
+/**
+ * `batch: "images"`: the image path; see the first signature.
+ *
+ * @param loader The DataLoader.
+ * @param device The target device.
+ * @param options The options.
+ * @returns The image prefetcher.
+ */
+export function toDevice<B>(
+  loader: DataLoader<B>,
+  device: Device,
+  options: ToDeviceOptions & { batch: "images" },
+): DevicePrefetcher;
+/**
+ * An option of the image path picks it; see the first signature.
+ *
+ * @param loader The DataLoader.
+ * @param device The target device.
+ * @param options The options.
+ * @returns The image prefetcher.
+ */
+export function toDevice<B>(
+  loader: DataLoader<B>,
+  device: Device,
+  options: ImagePathOptions & { batch?: "auto" },
+): DevicePrefetcher;
+/**
+ * `batch: "auto"` (the default): the path the loader's batches call for; see the first signature.
+ *
+ * @param loader The DataLoader.
+ * @param device The target device.
+ * @param options The options.
+ * @returns The prefetcher ({@linkcode ToDeviceResult}).
+ */
+export function toDevice<B>(
+  loader: DataLoader<B>,
+  device: Device,
+  options?: ToDeviceOptions & { batch?: "auto" },
+): ToDeviceResult<B>;
+export function toDevice<B>(
+  loader: DataLoader<B>,
+  device: Device,
+  options: ToDeviceOptions & { batch?: ToDeviceBatch } = {},
+): DevicePrefetcher | BatchPrefetcher<B> {
+  const action = "move batches to the device";
+  if (options === null || typeof options !== "object") {
+    throw new TypeError(`Cannot ${action}: options must be an object, got ${String(options)}`);
+  }
+  const { batch = "auto", ...rest } = options;
+  if (batch !== "auto" && batch !== "images" && batch !== "any") {
+    throw new RangeError(`Cannot ${action}: batch must be one of auto, images, any, got ${batch}`);
+  }
+  const path: ToDeviceBatch = batch;
+  const imageOptions = IMAGE_ONLY.filter((k) => rest[k] !== undefined);
+  const images = path === "images" ||
+    (path === "auto" && (imageOptions.length > 0 || isImageRing(loader.ring, rest)));
+  if (images) return new DevicePrefetcher(loader as DataLoader<unknown>, device, rest);
+  if (imageOptions.length > 0) {
+    throw new TypeError(
+      `Cannot ${action}: ${imageOptions.join(", ")} ${
+        imageOptions.length === 1 ? "is an option" : "are options"
+      } of the image path, which batch: "any" does not take`,
+    );
+  }
+  return new BatchPrefetcher(loader, device, rest as BatchPrefetcherOptions);
+}
+
+/** Whether a loader's ring holds what the image path needs: uint8 images and labels. */
+function isImageRing(ring: StagingRing | undefined, o: ToDeviceOptions): boolean {
+  if (ring === undefined) return false;
+  const has = (n: string) => ring.fields.some((f) => f.name === n);
+  const image = o.imageField ?? "image", label = o.labelField ?? "label";
+  return has(image) && has(label) && ring.field(image).dtype === "u8";
 }
 
 /** A value as an error message shows it: strings quoted, so "1" and 1 differ. */

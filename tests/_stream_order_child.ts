@@ -15,6 +15,13 @@
  * - `prefetcher`: the real DevicePrefetcher over random CIFAR-shaped data, every batch checked
  *   against the TypeScript reference (`--skip`: `Stream.waitEvent` does nothing, as if the
  *   prefetcher forgot every cross-stream wait).
+ * - `any-batch`: the any-batch prefetcher over collated audio, label and mask batches, two
+ *   slots reused all epoch long, every tensor checked byte for byte against the host batch
+ *   (`--skip`: `Stream.waitEvent` does nothing).
+ * - `any-batch-reuse`: the same, the consumer queuing a device copy of every tensor on the
+ *   compute stream and reading them all only at the epoch's end, so a slot is refilled while
+ *   that work may still be queued (`--skip`: the copy stream's wait for the consumer's step is
+ *   taken out, the compute stream's wait for the copy stays).
  *
  * @module
  */
@@ -23,6 +30,8 @@ import { Device } from "../ffi/device.ts";
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import { Event, Stream } from "../ffi/stream.ts";
 import { toDevice } from "../pipeline/prefetcher.ts";
+import { DataLoader } from "../loader/data_loader.ts";
+import { AudioDataset } from "./batch_fixtures.ts";
 import { bitDiff } from "./_image_reference.ts";
 import {
   expectedBatch,
@@ -113,11 +122,95 @@ async function prefetcher(dev: Device, skip: boolean): Promise<number> {
   return wrong;
 }
 
+async function anyBatch(dev: Device, skip: boolean): Promise<number> {
+  if (skip) Stream.prototype.waitEvent = function () {};
+  const make = () =>
+    new DataLoader(new AudioDataset(45, 5), {
+      batchSize: 4,
+      shuffle: true,
+      seed: 2,
+      collate: {
+        module: new URL("./batch_fixtures.ts", import.meta.url).href,
+        export: "audioCollate",
+      },
+      numWorkers: 1,
+    });
+  const wants: Uint8Array[][] = [];
+  {
+    await using plain = make();
+    for await (const b of plain) {
+      const o = b as Record<string, ArrayBufferView>;
+      wants.push(["audio", "label", "mask"].map((k) => bytes(o[k]).slice()));
+    }
+  }
+  await using loader = make();
+  await using p = toDevice(loader, dev, { batch: "any", depth: 1 });
+  let k = 0, wrong = 0;
+  for await (const b of p) {
+    const o = b as Record<string, { toHost(): Promise<ArrayBufferView> }>;
+    const got = await Promise.all(["audio", "label", "mask"].map((f) => o[f].toHost()));
+    if (got.some((g, i) => differing(bytes(g), wants[k][i]) > 0)) wrong++;
+    k++;
+  }
+  return wrong;
+}
+
+async function anyBatchReuse(dev: Device, skip: boolean): Promise<number> {
+  if (skip) {
+    const wait = Stream.prototype.waitEvent;
+    Stream.prototype.waitEvent = function (this: Stream, e: Event) {
+      if (this === dev.defaultStream) wait.call(this, e);
+    };
+  }
+  const make = () =>
+    new DataLoader(new AudioDataset(45, 6), {
+      batchSize: 4,
+      collate: {
+        module: new URL("./batch_fixtures.ts", import.meta.url).href,
+        export: "audioCollate",
+      },
+    });
+  const wants: Uint8Array[] = [];
+  {
+    await using plain = make();
+    for await (const b of plain) wants.push(bytes((b as { audio: Float32Array }).audio).slice());
+  }
+  await using loader = make();
+  await using p = toDevice(loader, dev, { batch: "any", depth: 1 });
+  const copies: DeviceBuffer[] = [];
+  try {
+    for await (const b of p) {
+      const audio = (b as { audio: { buffer: DeviceBuffer } }).audio.buffer;
+      const c = DeviceBuffer.alloc(dev, audio.bytes);
+      copies.push(c);
+      // The consumer's step: device work on the batch, on the compute stream, not waited for.
+      c.copyFrom(audio, { stream: dev.defaultStream });
+    }
+    await dev.defaultStream.synchronize();
+    let wrong = 0;
+    for (let k = 0; k < copies.length; k++) {
+      const host = new Uint8Array(copies[k].bytes);
+      copies[k].copyTo(host, { stream: dev.defaultStream });
+      await dev.defaultStream.synchronize();
+      if (differing(host, wants[k]) > 0) wrong++;
+    }
+    return wrong;
+  } finally {
+    for (const c of copies) c.dispose();
+  }
+}
+
+function bytes(v: ArrayBufferView): Uint8Array {
+  return new Uint8Array(v.buffer, v.byteOffset, v.byteLength);
+}
+
 const CASES: Record<string, (dev: Device, skip: boolean) => Promise<number>> = {
   "wait-event": waitEvent,
   "pinned-reuse": pinnedReuse,
   "read-early": readEarly,
   prefetcher,
+  "any-batch": anyBatch,
+  "any-batch-reuse": anyBatchReuse,
 };
 
 if (import.meta.main) {

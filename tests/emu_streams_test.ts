@@ -37,7 +37,16 @@ async function wrong(name: string, streams: string, skip: boolean): Promise<numb
   return JSON.parse(stdout.trim().split("\n").at(-1)!).wrong;
 }
 
-for (const name of ["wait-event", "pinned-reuse", "read-early", "prefetcher"]) {
+for (
+  const name of [
+    "wait-event",
+    "pinned-reuse",
+    "read-early",
+    "prefetcher",
+    "any-batch",
+    "any-batch-reuse",
+  ]
+) {
   Deno.test({
     name: `[emulator] deferred streams: ${name} with its wait is right, without it wrong`,
     ignore: !haveCompiler(),

@@ -8,6 +8,7 @@ import {
   imageAugment,
   imageLabelsI32,
   normalizeAffine,
+  Stream,
   Tensor,
 } from "../mod.ts";
 import { testEachBackend } from "./_backends.ts";
@@ -230,5 +231,34 @@ testEachBackend(
         }
       }
     }
+  },
+);
+
+testEachBackend(
+  "gatherRows refuses an index outside the set: the CPU at the call, CUDA at the next synchronize",
+  async (dev) => {
+    using set = DeviceBuffer.alloc(dev, 4 * 16);
+    using out = DeviceBuffer.alloc(dev, 3 * 16);
+    using idx = DeviceBuffer.alloc(dev, 3 * 4);
+    idx.copyFrom(new Int32Array([1, 7, 2]));
+    const gather = () => gatherRows(set, out, { indices: idx, count: 3, rowBytes: 16, rows: 4 });
+    const refusal = /indices\[1\] = 7 (is )?outside \[0, 4\)/;
+    if (dev.kind === "cpu") {
+      assert.throws(gather, refusal);
+      return;
+    }
+    // The device finds it: the call returns, the next synchronize reports it, once.
+    gather();
+    await assert.rejects(dev.synchronize(), refusal);
+    await dev.synchronize();
+    // Through a stream's synchronize too.
+    using s = new Stream(dev);
+    gatherRows(set, out, { indices: idx, count: 3, rowBytes: 16, rows: 4, stream: s });
+    await assert.rejects(s.synchronize(), refusal);
+    await s.synchronize();
+    // An index in range raises nothing.
+    idx.copyFrom(new Int32Array([1, 3, 2]));
+    gather();
+    await dev.synchronize();
   },
 );

@@ -17,7 +17,9 @@ const FLOORS: Record<string, readonly string[]> = {
   ops: ["internal", "ffi", "augment"],
   nn: ["internal", "ffi", "ops"],
   pipeline: ["internal", "ffi", "augment", "loader", "ops"],
-  train: ["internal", "ffi", "augment", "loader", "ops", "nn", "pipeline"],
+  // dist/ stands beside train/: the fit loop runs data-parallel through it, dist/ never imports
+  // train/.
+  train: ["internal", "ffi", "augment", "loader", "ops", "nn", "pipeline", "dist"],
   dist: ["internal", "ffi", "augment", "loader", "ops", "nn", "pipeline"],
 };
 

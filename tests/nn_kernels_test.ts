@@ -753,6 +753,24 @@ testEachBackend(
   },
 );
 
+testEachBackend(
+  "copyIf copies when its device flag is set and leaves the destination alone when it is clear",
+  async (dev) => {
+    // Sizes around the kernel's block and vector widths, so every tail is written.
+    for (const n of [1, 7, 256, 1031]) {
+      const src = Float32Array.from({ length: n }, (_, i) => i * 0.5 - 3);
+      using saved = Tensor.fromHost(dev, src);
+      using x = Tensor.fromHost(dev, new Float32Array(n).fill(NaN));
+      using clear = Tensor.fromHost(dev, new Int32Array([0]));
+      using set = Tensor.fromHost(dev, new Int32Array([-5]));
+      ops.copyIf(saved, x, { flag: clear });
+      assert.ok((await x.toHost()).every(Number.isNaN), `n ${n}: copied with the flag clear`);
+      ops.copyIf(saved, x, { flag: set });
+      assert.deepStrictEqual([...await x.toHost()], [...src], `n ${n}`);
+    }
+  },
+);
+
 Deno.test("ops take their extra tensors by name: the old positional calls do not type-check", () => {
   // Never called: the point is the compiler's verdict (deno check / deno test type-check).
   const _unused = (t: Tensor) => {

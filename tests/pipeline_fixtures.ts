@@ -42,12 +42,18 @@ export function makeData(n: number, shape: [number, number, number], seed: numbe
  * A zero-copy loader over `d`: batches of 16, shuffled, crop padding 4 and flip,
  * `autoRelease: false`; `options` override.
  */
-export function makeLoader(d: Data, options: DataLoaderOptions = {}): DataLoader<unknown> {
+/** The batches of {@linkcode makeLoader}. */
+export type ImageRingBatch = RingBatch<{ image: Uint8Array; label: Uint8Array }>;
+
+export function makeLoader(
+  d: Data,
+  options: Omit<DataLoaderOptions, "collate"> = {},
+): DataLoader<ImageRingBatch> {
   const ds = new TensorDataset({
     image: { data: d.images, shape: d.shape },
     label: { data: d.labels, shape: [] },
   });
-  return new DataLoader(ds, {
+  return new DataLoader<ImageRingBatch>(ds, {
     batchSize: 16,
     shuffle: true,
     seed: 1234,

@@ -441,7 +441,10 @@ Deno.test("[cpu] DevicePrefetcher rejects bad options and non-ring loaders", asy
     { length: 4, get: (i: number) => i } as unknown as TensorDataset,
     { batchSize: 2 },
   );
-  assert.throws(() => toDevice(generic, device), /no staging ring/);
+  // The image path needs the ring; without one, toDevice moves the batch as it is.
+  assert.throws(() => toDevice(generic, device, { batch: "images" }), /no staging ring/);
+  assert.throws(() => toDevice(generic, device, { mean: [0] }), /no staging ring/);
+  await toDevice(generic, device).dispose();
   await generic.dispose();
 });
 

@@ -74,4 +74,35 @@ PS_INTERNAL int ps_scratch_free(void *p, cudaStream_t st);
  * src (or 0 bytes) is a no-op. */
 PS_INTERNAL int ps_copy_d2d(void *dst, const void *src, size_t bytes, cudaStream_t st);
 
+/* A fault a kernel found in its arguments' contents (an index out of range), where the host
+ * cannot check them without a copy and a wait. The record lives in mapped pinned memory, one
+ * per process: the first fault wins and the next synchronize (stream, event or device) reports
+ * it as that call's error, then clears it. */
+struct ps_device_fault {
+  int32_t raised;
+  int32_t what;
+  int64_t a, b, c;
+};
+enum ps_device_fault_kind { PS_FAULT_GATHER_INDEX = 1 };
+
+/* The process's fault record, allocated on first use (NULL, with the error recorded, when
+ * mapped pinned memory cannot be had). */
+PS_INTERNAL int ps_device_fault_record(ps_device_fault **out);
+
+/* After a successful synchronize: a raised fault becomes PS_ERR_INVALID_ARGUMENT with its
+ * message, and the record is cleared. */
+PS_INTERNAL int ps_device_fault_check(void);
+
+/* Raises a fault from a kernel: the first one is kept. */
+static __device__ __forceinline__ void ps_device_fault_raise(ps_device_fault *f, int32_t what,
+                                                             int64_t a, int64_t b, int64_t c) {
+  if (f != nullptr && atomicCAS(&f->raised, 0, 1) == 0) {
+    f->what = what;
+    f->a = a;
+    f->b = b;
+    f->c = c;
+    __threadfence_system();
+  }
+}
+
 #endif /* PINSTREAM_CUDA_COMMON_CUH */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include <atomic>
+#include <mutex>
 
 #include "../pinstream.h"
 #include "common.cuh"
@@ -73,6 +74,42 @@ void ps_live_add(ps_live_kind kind, int64_t delta) {
 }
 
 namespace {
+std::atomic<ps_device_fault *> fault_record{nullptr};
+std::mutex fault_mutex;
+}  // namespace
+
+/* Mapped and portable: every device writes it in place, and the host reads it after a
+ * synchronize without a copy. Allocated once and kept for the life of the process. */
+int ps_device_fault_record(ps_device_fault **out) {
+  *out = fault_record.load(std::memory_order_acquire);
+  if (*out != nullptr) return PS_OK;
+  std::lock_guard<std::mutex> lock(fault_mutex);
+  if ((*out = fault_record.load(std::memory_order_acquire)) != nullptr) return PS_OK;
+  void *p = nullptr;
+  CUDA_CHECK(
+      cudaHostAlloc(&p, sizeof(ps_device_fault), cudaHostAllocMapped | cudaHostAllocPortable));
+  memset(p, 0, sizeof(ps_device_fault));
+  fault_record.store((ps_device_fault *)p, std::memory_order_release);
+  *out = (ps_device_fault *)p;
+  return PS_OK;
+}
+
+int ps_device_fault_check(void) {
+  ps_device_fault *f = fault_record.load(std::memory_order_acquire);
+  if (f == nullptr || __atomic_load_n(&f->raised, __ATOMIC_ACQUIRE) == 0) return PS_OK;
+  const ps_device_fault seen = *f;
+  memset(f, 0, sizeof *f);
+  switch (seen.what) {
+    case PS_FAULT_GATHER_INDEX:
+      PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+              "a gather on the device found indices[%lld] = %lld outside [0, %lld); that "
+              "row was left unwritten",
+              (long long)seen.a, (long long)seen.b, (long long)seen.c);
+    default: PS_FAIL(PS_ERR_BACKEND, "a kernel raised device fault %d", (int)seen.what);
+  }
+}
+
+namespace {
 
 /* A query answering "not yet" is not a failure: report it without touching the message, and
  * drop it from the runtime's per-thread last error so the next CUDA_CHECK(cudaGetLastError())
@@ -88,8 +125,17 @@ int query_status(cudaError_t err, const char *expr, int line) {
 
 int device_synchronize(int32_t device) {
   CUDA_CHECK(cudaSetDevice(device));
+  /* cudaDeviceSynchronize spins a CPU core while it waits under the runtime's default
+   * schedule (fewer contexts than cores), taking it from the loader's workers; the blocking
+   * schedule makes it sleep. The flags are the device's: set here, where the wait is. */
+  unsigned flags = 0;
+  CUDA_CHECK(cudaGetDeviceFlags(&flags));
+  if ((flags & cudaDeviceScheduleMask) != cudaDeviceScheduleBlockingSync) {
+    CUDA_CHECK(
+        cudaSetDeviceFlags((flags & ~cudaDeviceScheduleMask) | cudaDeviceScheduleBlockingSync));
+  }
   CUDA_CHECK(cudaDeviceSynchronize());
-  return PS_OK;
+  return ps_device_fault_check();
 }
 
 int memcpy_async(void *dst, const void *src, uint64_t bytes, cudaMemcpyKind kind, void *stream) {
@@ -412,7 +458,7 @@ static int stream_synchronize(int32_t device, void *stream) {
   cudaError_t de = cudaEventDestroy(done);
   if (e != cudaSuccess) return ps_record_cuda_error(e, expr, __FILE__, __LINE__);
   CUDA_CHECK(de);
-  return PS_OK;
+  return ps_device_fault_check();
 }
 
 PS_API int ps_stream_synchronize(int32_t device, void *stream, char *msg, uint64_t msg_cap) {
@@ -472,6 +518,8 @@ PS_API int ps_event_synchronize(void *event, char *msg, uint64_t msg_cap) {
     cudaError_t e = cudaEventSynchronize((cudaEvent_t)event);
     if (e != cudaSuccess) {
       st = ps_record_cuda_error(e, "cudaEventSynchronize(event)", __FILE__, __LINE__);
+    } else {
+      st = ps_device_fault_check();
     }
   }
   return ps_export_error(st, msg, msg_cap);

@@ -54,10 +54,15 @@ namespace {
  * when the rows are 4-byte aligned. */
 __global__ void gather_kernel(const uint8_t *__restrict__ src, int64_t rows, int64_t row_bytes,
                               const int32_t *__restrict__ indices, int32_t n,
-                              uint8_t *__restrict__ dst) {
+                              uint8_t *__restrict__ dst, ps_device_fault *fault) {
   for (int64_t k = blockIdx.x; k < n; k += gridDim.x) {
     const int32_t i = indices[k];
-    if (i < 0 || i >= rows) continue;
+    if (i < 0 || i >= rows) {
+      /* The CPU backend refuses such an index at the call; here it is found on the device, so
+       * the next synchronize reports it (and the row is left unwritten). */
+      if (threadIdx.x == 0) ps_device_fault_raise(fault, PS_FAULT_GATHER_INDEX, k, i, rows);
+      continue;
+    }
     const uint8_t *s = src + (int64_t)i * row_bytes;
     uint8_t *d = dst + k * row_bytes;
     if (row_bytes % 4 == 0 && (uintptr_t)src % 4 == 0 && (uintptr_t)dst % 4 == 0) {
@@ -77,9 +82,11 @@ PS_API int ps_gather_rows(const void *src, int64_t rows, int64_t row_bytes, cons
   if (n == 0) return PS_OK;
   if (src == nullptr || indices == nullptr || dst == nullptr)
     PS_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: src, indices and dst must not be NULL", __func__);
+  ps_device_fault *fault = nullptr;
+  TRY(ps_device_fault_record(&fault));
   const unsigned blocks = (unsigned)(n < 65535 ? n : 65535);
   PS_LAUNCH(gather_kernel, blocks, 128, 0, (cudaStream_t)stream, (const uint8_t *)src, rows,
-            row_bytes, indices, n, (uint8_t *)dst);
+            row_bytes, indices, n, (uint8_t *)dst, fault);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }

@@ -901,6 +901,25 @@ cudaError_t cudaGetDevice(int *device) {
   return cudaSuccess;
 }
 
+namespace {
+std::atomic<unsigned> device_flags{cudaDeviceMapHost};
+}  // namespace
+
+cudaError_t cudaSetDeviceFlags(unsigned int flags) {
+  if (flags & ~0x1fu || (flags & cudaDeviceScheduleMask) == 0x03 ||
+      (flags & cudaDeviceScheduleMask) > cudaDeviceScheduleBlockingSync) {
+    return fail(cudaErrorInvalidValue);
+  }
+  device_flags.store(flags | cudaDeviceMapHost);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceFlags(unsigned int *flags) {
+  if (flags == nullptr) return fail(cudaErrorInvalidValue);
+  *flags = device_flags.load();
+  return cudaSuccess;
+}
+
 cudaError_t cudaDeviceSynchronize(void) {
   PS_EMU_STICKY();
   PS_EMU_UNSAFE();

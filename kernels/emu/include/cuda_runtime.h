@@ -126,6 +126,15 @@ cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDevice(int *device);
 cudaError_t cudaDeviceSynchronize(void);
+/* The schedule flags are recorded and read back; the emulator's waits always block. */
+#define cudaDeviceScheduleAuto 0x00
+#define cudaDeviceScheduleSpin 0x01
+#define cudaDeviceScheduleYield 0x02
+#define cudaDeviceScheduleBlockingSync 0x04
+#define cudaDeviceScheduleMask 0x07
+#define cudaDeviceMapHost 0x08
+cudaError_t cudaSetDeviceFlags(unsigned int flags);
+cudaError_t cudaGetDeviceFlags(unsigned int *flags);
 cudaError_t cudaMemGetInfo(size_t *free, size_t *total);
 
 /* ---- memory ------------------------------------------------------------------------------- */
@@ -277,6 +286,7 @@ inline void __threadfence() {
   ::ps_emu::maybe_yield();
 }
 inline void __threadfence_block() { __threadfence(); }
+inline void __threadfence_system() { __threadfence(); }
 inline void __trap(const char *file = __builtin_FILE(), int line = __builtin_LINE()) {
   ::ps_emu::kernel_fault(cudaErrorLaunchFailure, file, line, "__trap()");
 }
