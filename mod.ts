@@ -31,6 +31,8 @@ export { LibraryError, loadLibrary } from "./ffi/library.ts";
 export { PermissionError } from "./internal/permissions.ts";
 export { activeProfiler, Profiler, range, span } from "./ffi/profiler.ts";
 export type { ChromeTrace, ProfilerOptions, ProfileRow, RangeOptions } from "./ffi/profiler.ts";
+export { gpuLine, GpuSampler, Nvml, openNvml } from "./ffi/nvml.ts";
+export type { GpuSample, GpuSamplerOptions, GpuStat, GpuSummary, NvmlOptions } from "./ffi/nvml.ts";
 export type { OpCounts, OpKind } from "./internal/op_count.ts";
 export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";
 export { ABI_VERSION, signatures, symbols } from "./ffi/symbols.ts";
@@ -63,6 +65,8 @@ export { imageAugment, imageLabelsI32 } from "./ops/image.ts";
 export type { ImageAugmentOptions, ImageLabelsOptions, ImageOpOptions } from "./ops/image.ts";
 export { gatherRows } from "./ops/gather.ts";
 export type { GatherRowsOptions } from "./ops/gather.ts";
+export { add, cat, catBackward, mul, mulBackward, stack, stackBackward } from "./ops/combine.ts";
+export type { ConcatOptions, MulBackwardOptions } from "./ops/combine.ts";
 
 // augment
 export {
@@ -102,6 +106,8 @@ export {
   EpochOrder,
   type EpochOrderOptions,
   type EpochStats,
+  FASHION_MNIST_MD5,
+  FASHION_MNIST_MIRRORS,
   FashionMNIST,
   type FieldArray,
   type FieldArrays,
@@ -121,6 +127,8 @@ export {
   LabeledImages,
   type LabeledImagesState,
   MNIST,
+  MNIST_MD5,
+  MNIST_MIRRORS,
   type MNISTOptions,
   type ModuleRef,
   type OnError,
@@ -270,6 +278,8 @@ export {
   MetricsLog,
   type MetricsLogOptions,
   type MetricsRecord,
+  TensorBoardWriter,
+  type TensorBoardWriterOptions,
   Trainer,
   type TrainerOptions,
 } from "./train/mod.ts";

@@ -15,6 +15,7 @@
  */
 
 import { Device, diagnose, type DoctorReport, FashionMNIST, type Module } from "../mod.ts";
+import { gpuLine, GpuSampler, type GpuSummary, openNvml } from "../ffi/nvml.ts";
 import type { Dataset } from "../loader/dataset.ts";
 import { FASHION_MNIST_DEBIAN_ROOT } from "../loader/datasets/mnist.ts";
 import { CliError, parseCli, runMain, UsageError } from "../train/cli.ts";
@@ -159,6 +160,10 @@ async function main(): Promise<void> {
       `batch ${cli["batch-size"]}, ` +
       `${cli.steps} steps per measurement`,
   );
+  // GPU utilisation while the measurements run (one line when NVML is absent).
+  const nvml = openNvml();
+  const sampler = typeof nvml === "string" ? undefined : new GpuSampler(nvml, { intervalMs: 250 });
+  let gpu: GpuSummary | string = typeof nvml === "string" ? nvml : "";
   const report = await diagnose({
     device,
     dataset: d.dataset,
@@ -167,12 +172,16 @@ async function main(): Promise<void> {
     steps: cli.steps!,
     workers,
     prefetcher: { mean: d.mean, std: d.std },
+  }).finally(() => {
+    if (sampler) gpu = sampler.stop();
+    if (typeof nvml !== "string") nvml.dispose();
   });
   console.log(table(report));
+  console.log(`gpu: ${gpuLine(gpu)}`);
   console.log(`\nverdict: ${report.verdict}`);
   const out = cli.out!.replace(/\/$/, "");
   await Deno.mkdir(out, { recursive: true });
-  const result = { date: new Date().toISOString(), data: d.note, ...report };
+  const result = { date: new Date().toISOString(), data: d.note, ...report, gpu };
   await Deno.writeTextFile(`${out}/doctor.json`, JSON.stringify(result, null, 2) + "\n");
   let drawn = "";
   try {

@@ -408,7 +408,8 @@ export class Device extends Resource {
   }
 
   /**
-   * Starts a new peak for {@linkcode Device.maxMemoryAllocated} at what is allocated now.
+   * Starts a new peak for {@linkcode Device.maxMemoryAllocated} at what is allocated now (and
+   * for {@linkcode Device.maxPinnedMemoryAllocated} at what is pinned now).
    *
    * @example
    * ```ts
@@ -422,6 +423,50 @@ export class Device extends Resource {
   resetPeakMemoryStats(): void {
     const c = memoryCounter(String(this));
     c.peak = c.allocated;
+    c.pinnedPeak = c.pinned;
+  }
+
+  /**
+   * Bytes of pinned (page-locked) host memory held now by live HostBuffers of this device,
+   * allocated or registered: the loaders' rings and the prefetchers' staging buffers among
+   * them. Pinned memory cannot be paged out, so it is taken from everything else on the
+   * machine (see docs/memory.md on when not to pin). On the CPU backend the same buffers are
+   * counted, though nothing is page-locked there.
+   *
+   * @returns Bytes pinned now.
+   * @example
+   * ```ts
+   * import { Device, HostBuffer } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using dev = Device.open("cpu");
+   * const before = dev.pinnedMemoryAllocated();
+   * const buf = HostBuffer.alloc(dev, 8192);
+   * assert.strictEqual(dev.pinnedMemoryAllocated(), before + 8192);
+   * buf.dispose();
+   * assert.strictEqual(dev.pinnedMemoryAllocated(), before);
+   * ```
+   */
+  pinnedMemoryAllocated(): number {
+    return memoryCounter(String(this)).pinned;
+  }
+
+  /**
+   * The most bytes {@linkcode Device.pinnedMemoryAllocated} reached since the process started
+   * or the last {@linkcode Device.resetPeakMemoryStats}.
+   *
+   * @returns Peak bytes pinned.
+   * @example
+   * ```ts
+   * import { Device, HostBuffer } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using dev = Device.open("cpu");
+   * dev.resetPeakMemoryStats();
+   * HostBuffer.alloc(dev, 1 << 16).dispose();
+   * assert.ok(dev.maxPinnedMemoryAllocated() >= 1 << 16);
+   * ```
+   */
+  maxPinnedMemoryAllocated(): number {
+    return memoryCounter(String(this)).pinnedPeak;
   }
 
   /**

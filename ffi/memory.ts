@@ -22,7 +22,7 @@ import { refuseUnknownKeys } from "../internal/options.ts";
 import { checkCount, describe, offsetPointer } from "./_checks.ts";
 import { assertDevice, MemoryResource } from "./resource.ts";
 import type { Device } from "./device.ts";
-import { noteDeviceMemory } from "./_memory_stats.ts";
+import { noteDeviceMemory, notePinnedMemory } from "./_memory_stats.ts";
 import { assertStream, type Stream } from "./stream.ts";
 
 /** Host memory a copy can read or write: pinned, or plain JS memory. */
@@ -95,7 +95,10 @@ export class HostBuffer extends MemoryResource {
     this.#arrayBuffer = arrayBuffer;
     this.#u8 = u8;
     // Counted while pinned: from here to release(), which Resource runs once.
-    if (pointer !== null) PINNED.set(arrayBuffer, (PINNED.get(arrayBuffer) ?? 0) + 1);
+    if (pointer !== null) {
+      PINNED.set(arrayBuffer, (PINNED.get(arrayBuffer) ?? 0) + 1);
+      notePinnedMemory(String(device), bytes);
+    }
   }
 
   /**
@@ -126,7 +129,7 @@ export class HostBuffer extends MemoryResource {
     const ab = Deno.UnsafePointerView.getArrayBuffer(ptr, bytes);
     const buf = new HostBuffer(device, bytes, ptr, "alloc", ab, new Uint8Array(ab));
     // Keyed on the ArrayBuffer, not the wrapper: views of it keep the memory alive.
-    buf.guard(ab, { device, address: out[0], kind: "host" });
+    buf.guard(ab, { device, address: out[0], kind: "host", pinnedBytes: bytes });
     return buf;
   }
 
@@ -177,6 +180,7 @@ export class HostBuffer extends MemoryResource {
       device,
       address: BigInt(Deno.UnsafePointer.value(ptr)),
       kind: "registered",
+      pinnedBytes: length,
     });
     return buf;
   }
@@ -203,6 +207,7 @@ export class HostBuffer extends MemoryResource {
     const n = (PINNED.get(this.#arrayBuffer) ?? 1) - 1;
     if (n > 0) PINNED.set(this.#arrayBuffer, n);
     else PINNED.delete(this.#arrayBuffer);
+    notePinnedMemory(String(this.device), -this.bytes);
     const { lib } = this.device;
     if (this.origin === "alloc") {
       // Detach before freeing: every view of the memory becomes length 0, so no JS code can

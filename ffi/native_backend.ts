@@ -40,6 +40,8 @@ export const KERNELS = {
   stepCount: "ps_nn_step_count",
   scalerUpdate: "ps_nn_scaler_update",
   copyIf: "ps_nn_copy_if",
+  concat: "ps_nn_concat",
+  binary: "ps_nn_binary",
   multiUnscaleCheck: "ps_nn_multi_unscale_check",
   multiSgdStep: "ps_nn_multi_sgd_step",
   multiCopyIf: "ps_nn_multi_copy_if",

@@ -15,7 +15,7 @@
 import { describe, offsetPointer } from "./_checks.ts";
 import type { Device } from "./device.ts";
 import type { Library } from "./symbols.ts";
-import { noteDeviceMemory } from "./_memory_stats.ts";
+import { noteDeviceMemory, notePinnedMemory } from "./_memory_stats.ts";
 
 /** How the backstop frees each kind of native object. */
 const FREE = {
@@ -35,12 +35,15 @@ interface Held {
   kind: keyof typeof FREE;
   /** Device memory: the device's name and the bytes, for Device.memoryAllocated. */
   counted?: [string, number];
+  /** Pinned host memory: the device's name and the bytes, for Device.pinnedMemoryAllocated. */
+  pinned?: [string, number];
 }
 
-const backstop = new FinalizationRegistry<Held>(({ lib, address, kind, counted }) => {
+const backstop = new FinalizationRegistry<Held>(({ lib, address, kind, counted, pinned }) => {
   // The native object became unreachable from JS without dispose(): free it so it does not
   // leak. Its status is dropped: there is nobody to report it to.
   if (counted) noteDeviceMemory(counted[0], -counted[1]);
+  if (pinned) notePinnedMemory(pinned[0], -pinned[1]);
   FREE[kind](lib, Deno.UnsafePointer.create(address));
 });
 
@@ -133,6 +136,8 @@ export abstract class Resource implements Disposable {
       kind: "host" | "registered" | "device" | "stream" | "event" | "graph";
       /** Device memory: its size, uncounted from Device.memoryAllocated when collected. */
       bytes?: number;
+      /** Pinned host memory: its size, uncounted from Device.pinnedMemoryAllocated. */
+      pinnedBytes?: number;
     },
   ): void {
     backstop.register(target, {
@@ -140,6 +145,9 @@ export abstract class Resource implements Disposable {
       address: native.address,
       kind: native.kind,
       counted: native.bytes === undefined ? undefined : [String(native.device), native.bytes],
+      pinned: native.pinnedBytes === undefined
+        ? undefined
+        : [String(native.device), native.pinnedBytes],
     }, this);
   }
 

@@ -593,6 +593,32 @@ export const signatures = {
     ]],
     result: "i32",
   },
+  ps_nn_concat: {
+    params: [
+      ["part", "pointer"],
+      ["whole", "pointer"],
+      ["dtype", "i32"],
+      ["outer", "i64"],
+      ["part_len", "i64"],
+      ["whole_len", "i64"],
+      ["offset", "i64"],
+      ["split", "i32"],
+      ["stream", "pointer"],
+    ],
+    result: "i32",
+  },
+  ps_nn_binary: {
+    params: [
+      ["a", "pointer"],
+      ["b", "pointer"],
+      ["y", "pointer"],
+      ["dtype", "i32"],
+      ["count", "i64"],
+      ["op", "i32"],
+      ["stream", "pointer"],
+    ],
+    result: "i32",
+  },
 } as const satisfies Record<string, Signature>;
 
 /** The FFI types of a parameter list, in order. */

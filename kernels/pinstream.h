@@ -414,6 +414,20 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
 PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype,
                       int64_t count, void *stream);
 
+/* One part of a concatenation (cat, stack), elements of dtype: for o in [0, outer), the
+ * part's row part[o * part_len, +part_len) is whole[o * whole_len + offset, +part_len).
+ * split == 0 copies part into whole (forward); split != 0 copies whole into part (the
+ * backward: the part's gradient). Needs offset + part_len <= whole_len. */
+PS_API int ps_nn_concat(void *part, void *whole, int32_t dtype, int64_t outer, int64_t part_len,
+                        int64_t whole_len, int64_t offset, int32_t split, void *stream);
+
+/* y = a + b (op PS_BINARY_ADD) or a * b (PS_BINARY_MUL), count elements of dtype, computed in
+ * fp32 and rounded once; y may be a or b. */
+#define PS_BINARY_ADD 0
+#define PS_BINARY_MUL 1
+PS_API int ps_nn_binary(const void *a, const void *b, void *y, int32_t dtype, int64_t count,
+                        int32_t op, void *stream);
+
 /* ---- tensors born on the device ----------------------------------------------------------- */
 
 #define PS_FILL_CONSTANT 0 /* a */

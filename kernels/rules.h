@@ -139,6 +139,22 @@ PS_CHECK int ps_check_per_channel(const char *fn, int64_t n, int64_t c, int64_t 
   return PS_OK;
 }
 
+PS_CHECK int ps_check_concat(int64_t outer, int64_t part_len, int64_t whole_len, int64_t offset) {
+  if (outer < 0 || part_len < 0 || offset < 0 || whole_len < offset + part_len)
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
+                 "ps_nn_concat: bad shape outer=%lld part_len=%lld whole_len=%lld offset=%lld",
+                 (long long)outer, (long long)part_len, (long long)whole_len, (long long)offset);
+  return PS_OK;
+}
+
+PS_CHECK int ps_check_binary(int64_t count, int32_t op) {
+  if (count < 0)
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_binary: bad count %lld", (long long)count);
+  if (op != PS_BINARY_ADD && op != PS_BINARY_MUL)
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_binary: bad op %d", op);
+  return PS_OK;
+}
+
 PS_CHECK int ps_check_cross_entropy(int64_t n, int64_t k) {
   if (n < 0 || k <= 0) {
     PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_nn_cross_entropy: bad shape n=%lld k=%lld",

@@ -80,9 +80,13 @@ export {
 } from "./datasets/cifar10.ts";
 export {
   FASHION_MNIST_DEBIAN_ROOT,
+  FASHION_MNIST_MD5,
+  FASHION_MNIST_MIRRORS,
   FashionMNIST,
   type IdxFile,
   MNIST,
+  MNIST_MD5,
+  MNIST_MIRRORS,
   type MNISTOptions,
   type MNISTState,
   parseIdx,

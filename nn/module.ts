@@ -115,6 +115,107 @@ export abstract class Module {
   abstract backward(dy: Tensor, options?: BackwardOptions): Tensor | null;
 
   /**
+   * Runs the model on several inputs (a model with more than one input overrides this and
+   * {@linkcode Module.backwardInputs}; {@linkcode Trainer.trainStep} calls it when given an
+   * array). By default a module takes exactly one input: `forward(inputs[0])`.
+   *
+   * @param inputs The inputs, in the model's order.
+   * @returns The output, owned by the module.
+   * @throws {RangeError} By default, unless there is exactly one input.
+   * @example A two-input model that sums its inputs
+   * ```ts
+   * import { add, Device, Module, Tensor } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * class Sum extends Module {
+   *   forward(): Tensor {
+   *     throw new TypeError("Cannot run Sum: it takes two inputs (forwardInputs)");
+   *   }
+   *   backward(): Tensor | null {
+   *     throw new TypeError("Cannot run Sum: it takes two inputs (backwardInputs)");
+   *   }
+   *   override forwardInputs([a, b]: readonly Tensor[]): Tensor {
+   *     const y = this.workspace("y", [...a.shape], a.dtype);
+   *     add(a, b, y);
+   *     return y;
+   *   }
+   *   override backwardInputs(dy: Tensor): (Tensor | null)[] {
+   *     return [dy, dy]; // the gradient of a sum is the output's, for each input
+   *   }
+   * }
+   * using device = Device.open("cpu");
+   * using sum = new Sum().to(device);
+   * using a = Tensor.fromHost(device, new Float16Array([1, 2]));
+   * using b = Tensor.fromHost(device, new Float16Array([3, 4]));
+   * assert.deepStrictEqual([...await sum.forwardInputs([a, b]).toHost()], [4, 6]);
+   * ```
+   */
+  forwardInputs(inputs: readonly Tensor[]): Tensor {
+    if (!Array.isArray(inputs) || inputs.length !== 1) {
+      throw new RangeError(
+        `Cannot run ${this.constructor.name}: it takes one input, got ` +
+          `${Array.isArray(inputs) ? inputs.length : inputs} (a model with several inputs ` +
+          `overrides forwardInputs and backwardInputs)`,
+      );
+    }
+    return this.forward(inputs[0]);
+  }
+
+  /**
+   * The backward of {@linkcode Module.forwardInputs}: writes the parameters' gradients and
+   * returns each input's gradient. By default `[backward(dy)]`.
+   *
+   * @param dy The output's gradient.
+   * @param options Whether the inputs' gradients are needed.
+   * @returns One gradient per input (null where `inputGrad` is false).
+   */
+  backwardInputs(dy: Tensor, options?: BackwardOptions): (Tensor | null)[] {
+    return [this.backward(dy, options)];
+  }
+
+  /**
+   * Registers `module` as a child named `name` (PyTorch's `add_module`): its parameters and
+   * buffers become this module's under `name.`, and {@linkcode Module.to}, train/eval,
+   * {@linkcode Module.apply}, state dicts and dispose reach it.
+   *
+   * @param name The child's name (no dots, not taken).
+   * @param module The child.
+   * @returns `module`.
+   * @throws {TypeError} When the name is empty, has a dot or is taken, or `module` is not a
+   *   Module.
+   * @example
+   * ```ts
+   * import { Linear, Module, type Tensor } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * class Head extends Module {
+   *   fc = this.addModule("fc", new Linear(2, 1));
+   *   forward(x: Tensor): Tensor {
+   *     return this.fc.forward(x);
+   *   }
+   *   backward(dy: Tensor): Tensor | null {
+   *     return this.fc.backward(dy);
+   *   }
+   * }
+   * assert.deepStrictEqual(new Head().namedParameters().map(([n]) => n), ["fc.weight", "fc.bias"]);
+   * ```
+   */
+  addModule<M extends Module>(name: string, module: M): M {
+    if (typeof name !== "string" || name === "" || name.includes(".")) {
+      throw new TypeError(
+        `Cannot add a module: name must be non-empty without dots, got "${name}"`,
+      );
+    }
+    if (this.children.has(name)) {
+      throw new TypeError(`Cannot add a module: "${name}" is taken`);
+    }
+    if (!(module instanceof Module)) {
+      throw new TypeError(`Cannot add module "${name}": it is not a Module, got ${module}`);
+    }
+    this.children.set(name, module);
+    if (this.device) module.to(this.device, { precision: this.precision });
+    return module;
+  }
+
+  /**
    * The parameters with their dotted names, in registration order (PyTorch's names).
    *
    * @param prefix Prepended to every name.
@@ -159,6 +260,44 @@ export abstract class Module {
     const out: [string, Module][] = [[prefix.replace(/\.$/, ""), this]];
     for (const [n, c] of this.children) out.push(...c.namedModules(`${prefix}${n}.`));
     return out;
+  }
+
+  /**
+   * Calls `fn` on every descendant module, children before their parent, then on this module
+   * (PyTorch's `Module.apply`): the place for a custom initialization, written through
+   * {@linkcode Parameter.write} (on the host before {@linkcode Module.to}, or on the device
+   * after it).
+   *
+   * @param fn Called once per module.
+   * @returns This module.
+   * @throws {TypeError} When `fn` is not a function.
+   * @example Re-initialize every Linear and Conv2d weight, zero every bias
+   * ```ts
+   * import {
+   *   Conv2d, Flatten, kaimingUniform, Linear, ReLU, Sequential, Xoshiro128,
+   * } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * const model = new Sequential([
+   *   new Conv2d(1, 4, { kernelSize: 3 }), new ReLU(), new Flatten(), new Linear(16, 2),
+   * ]);
+   * const rng = new Xoshiro128(7);
+   * model.apply((m) => {
+   *   if (m instanceof Linear || m instanceof Conv2d) {
+   *     const fanIn = m.weight.numel / m.weight.shape[0];
+   *     m.weight.write(kaimingUniform(new Float32Array(m.weight.numel), fanIn, rng, 0));
+   *     m.bias?.write(new Float32Array(m.bias.numel));
+   *   }
+   * });
+   * assert.deepStrictEqual([...await model.parameters()[3].read()], [0, 0]);
+   * ```
+   */
+  apply(fn: (module: Module) => void): this {
+    if (typeof fn !== "function") {
+      throw new TypeError(`Cannot apply to a module: fn must be a function, got ${fn}`);
+    }
+    for (const c of this.children.values()) c.apply(fn);
+    fn(this);
+    return this;
   }
 
   /**

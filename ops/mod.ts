@@ -29,3 +29,4 @@ export * from "./tensor_list.ts";
 export * from "./image.ts";
 export * from "./gather.ts";
 export * from "./fill.ts";
+export * from "./combine.ts";

@@ -143,7 +143,10 @@ Deno.test("examples refuse bad values in one line naming the option, exit code 2
     const [args, line] of [
       [["--epochs", "abc"], 'invalid value for --epochs: "abc" (expected a whole number >= 1)'],
       [["--lr", "-1"], 'invalid value for --lr: "-1" (expected a number > 0)'],
-      [["--workers", "-2"], 'invalid value for --workers: "-2" (expected a whole number >= 0)'],
+      [
+        ["--workers", "-2"],
+        'invalid value for --workers: "-2" (expected a whole number >= 0 or auto)',
+      ],
     ] as const
   ) {
     const { code, err } = await run("examples/cifar.ts", [...args]);

@@ -868,3 +868,23 @@ testEachBackend("a non-blocking stream orders with events and refuses bad flags"
   await dev.defaultStream.synchronize();
   assert.deepStrictEqual(back.u8, src.u8);
 });
+
+testEachBackend("pinned host memory is counted while held, allocated or registered", (dev) => {
+  dev.resetPeakMemoryStats();
+  const before = dev.pinnedMemoryAllocated();
+  const deviceBefore = dev.memoryAllocated();
+  const a = HostBuffer.alloc(dev, 12288);
+  const ring = new SharedArrayBuffer(8192);
+  const r = HostBuffer.register(dev, ring);
+  const empty = HostBuffer.alloc(dev, 0);
+  assert.strictEqual(dev.pinnedMemoryAllocated(), before + 12288 + 8192);
+  assert.strictEqual(dev.memoryAllocated(), deviceBefore, "pinned memory is not device memory");
+  a.dispose();
+  a.dispose(); // once only
+  r.dispose();
+  empty.dispose();
+  assert.strictEqual(dev.pinnedMemoryAllocated(), before);
+  assert.strictEqual(dev.maxPinnedMemoryAllocated(), before + 12288 + 8192);
+  dev.resetPeakMemoryStats();
+  assert.strictEqual(dev.maxPinnedMemoryAllocated(), before);
+});

@@ -35,7 +35,9 @@ export type CliOption =
     kind: "int" | "number";
     help: string;
     metavar?: string;
-    default?: number;
+    default?: number | "auto";
+    /** Also accept the word "auto" (a count the program picks or tunes). */
+    auto?: boolean;
     /** Smallest accepted value (inclusive unless `exclusiveMin`). */
     min?: number;
     exclusiveMin?: boolean;
@@ -64,6 +66,7 @@ export interface CliSpec {
 
 type ValueOf<O extends CliOption> = O extends { kind: "boolean" } ? boolean
   : O extends { kind: "string" } ? string
+  : O extends { auto: true } ? number | "auto"
   : number;
 
 /** The parsed values: one per option (undefined when absent and without a default). */
@@ -118,10 +121,11 @@ function describe(o: CliOption): string {
   let what = o.kind === "int" ? "a whole number" : "a number";
   if (o.min !== undefined) what += ` ${o.exclusiveMin ? ">" : ">="} ${o.min}`;
   if (o.max !== undefined) what += `${o.min !== undefined ? " and" : ""} <= ${o.max}`;
-  return what;
+  return o.auto ? `${what} or auto` : what;
 }
 
 function convert(flag: string, o: CliOption, raw: string): string | number {
+  if (o.kind !== "string" && o.kind !== "boolean" && o.auto && raw === "auto") return raw;
   if (o.kind === "string") {
     if (o.choices && !o.choices.includes(raw)) {
       const near = closest(raw, o.choices);

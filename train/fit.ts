@@ -4,8 +4,13 @@
 // curves (drawn by train/_chart.ts, loaded only when asked for).
 //
 // Not exported from mod.ts, but small enough to copy into a script.
+//
+// Over 800 lines because the command line, the epoch loop and the image-run wrapper share
+// TrainArgs and change together; splitting the command line into its own module is the next cut.
 
 import { MetricsLog } from "./metrics.ts";
+import { TensorBoardWriter } from "./tfevents.ts";
+import { gpuLine, GpuSampler, openNvml } from "../ffi/nvml.ts";
 import { type CliOption, type CliSpec, helpText, parseArgv, UsageError } from "./cli.ts";
 import { Device } from "../ffi/device.ts";
 import {
@@ -43,7 +48,10 @@ export interface TrainArgs {
   device: "auto" | "cpu" | "cuda";
   epochs: number;
   batchSize: number;
-  workers: number;
+  /** DataLoader workers, or "auto" (tuned between epochs). */
+  workers: number | "auto";
+  /** Batches in flight per worker, or "auto" (default: the DataLoader's, 2). */
+  prefetchFactor?: number | "auto";
   lr: number;
   momentum: number;
   /** Whether a one-cycle schedule may cycle the momentum (false when --momentum was given). */
@@ -58,6 +66,12 @@ export interface TrainArgs {
   checkpoint?: string;
   /** Where each epoch's metrics go (JSON Lines); default beside the checkpoint. */
   log?: string;
+  /** A TensorBoard log directory: scalars per log interval, evaluation and epoch. */
+  tensorboard?: string;
+  /** Evaluate every N epochs (default 1; the last epoch always is). */
+  evalEvery?: number;
+  /** Also evaluate every N training steps (default 0: only by epoch). */
+  evalEverySteps?: number;
   resume: boolean;
   seed: number;
   model: string;
@@ -123,7 +137,20 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
     },
     epochs: { kind: "int", min: 1, help: "epochs", default: d.epochs },
     "batch-size": { kind: "int", min: 1, help: "batch size", default: d.batchSize },
-    workers: { kind: "int", min: 0, help: "DataLoader workers", default: d.workers },
+    workers: {
+      kind: "int",
+      min: 0,
+      auto: true,
+      help: "DataLoader workers; auto: tuned between epochs by measured speed",
+      default: d.workers,
+    },
+    "prefetch-factor": {
+      kind: "int",
+      min: 1,
+      auto: true,
+      help: "batches in flight per worker (default 2); auto: tuned between epochs",
+      ...(d.prefetchFactor === undefined ? {} : { default: d.prefetchFactor }),
+    },
     lr: { kind: "number", min: 0, exclusiveMin: true, help: "peak learning rate", default: d.lr },
     momentum: {
       kind: "number",
@@ -180,6 +207,26 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
       metavar: "PATH",
       help: "append each epoch's metrics to PATH (JSON Lines) and draw their\n" +
         "curves to PATH.svg (default: beside the checkpoint)",
+    },
+    tensorboard: {
+      kind: "string",
+      metavar: "DIR",
+      help: "also write TensorBoard event files to DIR: training loss, accuracy and\n" +
+        "learning rate per log interval, test metrics per evaluation",
+    },
+    "eval-every": {
+      kind: "int",
+      min: 1,
+      metavar: "N",
+      help: "evaluate on the test set every N epochs (the last epoch always is)",
+      default: d.evalEvery ?? 1,
+    },
+    "eval-every-steps": {
+      kind: "int",
+      min: 0,
+      metavar: "N",
+      help: "also evaluate every N training steps, within epochs (0: off)",
+      default: d.evalEverySteps ?? 0,
     },
     augment: {
       kind: "boolean",
@@ -295,12 +342,19 @@ export function parseTrainArgs(
   const precision = get("precision", d.precision) as Precision;
   const own: Record<string, string | number | boolean | undefined> = {};
   for (const k of Object.keys(extra.options ?? {})) own[k] = v[k] as typeof own[string];
+  if (v.given.has("prefetch-factor") && get("workers", d.workers) === 0) {
+    throw new UsageError(
+      "option --prefetch-factor needs workers (prefetching is what workers do); " +
+        "drop it or pass --workers N or --workers auto; see --help",
+    );
+  }
   const args: TrainArgs = {
     data: get("data", d.data),
     device: get("device", d.device),
     epochs: get("epochs", d.epochs),
     batchSize: get("batch-size", d.batchSize),
     workers: get("workers", d.workers),
+    prefetchFactor: get("prefetch-factor", d.prefetchFactor),
     lr: get("lr", d.lr),
     momentum: get("momentum", d.momentum),
     cycleMomentum: !v.given.has("momentum"),
@@ -318,6 +372,9 @@ export function parseTrainArgs(
     quiet: get("quiet", d.quiet),
     distributed: get("distributed", d.distributed),
     log: get("log", d.log),
+    tensorboard: get("tensorboard", d.tensorboard),
+    evalEvery: get("eval-every", d.evalEvery ?? 1),
+    evalEverySteps: get("eval-every-steps", d.evalEverySteps ?? 0),
     help: false,
     given: v.given,
     extra: own,
@@ -433,12 +490,24 @@ export interface EpochReport {
   epoch: number;
   trainLoss: number;
   trainAcc: number;
+  /** NaN for an epoch without evaluation (--eval-every). */
   testLoss: number;
+  /** NaN for an epoch without evaluation (--eval-every). */
   testAcc: number;
   samplesPerSecond: number;
   inputWaitShare: number;
   seconds: number;
   lossScale: number;
+}
+
+/** One evaluation on the test set: after an epoch, or within one (--eval-every-steps). */
+export interface EvalReport {
+  /** The epoch it ran in (1-based). */
+  epoch: number;
+  /** Training steps done before it, over the whole run. */
+  step: number;
+  testLoss: number;
+  testAcc: number;
 }
 
 /** Everything {@linkcode runTraining} needs. */
@@ -453,6 +522,13 @@ export interface RunOptions {
   scheduler?: (opt: SGD, stepsPerEpoch: number) => LRScheduler;
   /** Called with each epoch's report (the line is printed already). */
   onEpoch?: (r: EpochReport) => void;
+  /** Called with each evaluation's report. */
+  onEval?: (r: EvalReport) => void;
+  /**
+   * Sample GPU utilisation through NVML while training, for the summary (default: on a CUDA
+   * device). Where NVML is absent the summary says so in one line.
+   */
+  gpuStats?: boolean;
   /** What the data is, for the closing summary (e.g. "CIFAR-10 from DIR"). */
   dataNote?: string;
   /** Data-parallel ranks (sharded loaders; only rank 0 prints, logs and saves). */
@@ -477,13 +553,23 @@ export interface RunOptions {
  */
 export function summaryText(
   reports: readonly EpochReport[],
-  o: { device: string; data?: string; checkpoint?: string; metrics?: string },
+  o: {
+    device: string;
+    data?: string;
+    checkpoint?: string;
+    metrics?: string;
+    /** Peak bytes of device memory and of pinned host memory during the run. */
+    memory?: { device: number; pinned: number };
+    /** GPU utilisation during the run (gpuLine), or why there is none. */
+    gpu?: string;
+  },
 ): string {
   if (reports.length === 0) return "summary: no epoch ran";
+  const evaluated = reports.filter((r) => Number.isFinite(r.testAcc));
   const seconds = reports.reduce((a, r) => a + r.seconds, 0);
   const samples = reports.reduce((a, r) => a + r.samplesPerSecond * r.seconds, 0);
   const wait = reports.reduce((a, r) => a + r.inputWaitShare * r.seconds, 0) / seconds;
-  const last = reports[reports.length - 1];
+  const last = evaluated[evaluated.length - 1];
   const pct = (x: number) => `${(100 * x).toFixed(2)}%`;
   const lines = [
     `summary: ${reports.length} epoch${reports.length > 1 ? "s" : ""} on ${o.device}` +
@@ -492,13 +578,29 @@ export function summaryText(
       seconds.toFixed(1)
     } s of training)`,
     `  input wait      ${(100 * wait).toFixed(1)}% of the training step time`,
-    `  test accuracy   ${pct(last.testAcc)} after epoch ${last.epoch}` +
-    (reports.length > 1 ? ` (by epoch: ${reports.map((r) => pct(r.testAcc)).join(", ")})` : ""),
+    last === undefined
+      ? `  test accuracy   not evaluated`
+      : `  test accuracy   ${pct(last.testAcc)} after epoch ${last.epoch}` +
+        (evaluated.length > 1
+          ? ` (by epoch: ${
+            evaluated.map((r) =>
+              evaluated.length === reports.length ? pct(r.testAcc) : `${r.epoch}: ${pct(r.testAcc)}`
+            ).join(", ")
+          })`
+          : ""),
     `  checkpoint      ${
       o.checkpoint
         ? `${o.checkpoint} (+ ${statePathFor(o.checkpoint)})`
         : "not saved (pass --checkpoint PATH)"
     }`,
+    ...(o.memory
+      ? [
+        `  memory peak     ${mib(o.memory.device)} on the device, ${
+          mib(o.memory.pinned)
+        } of pinned host memory`,
+      ]
+      : []),
+    ...(o.gpu ? [`  gpu             ${o.gpu}`] : []),
     ...(o.metrics ? [`  metrics         ${o.metrics}`] : []),
   ];
   return lines.join("\n");
@@ -520,12 +622,18 @@ async function drawCurves(logPath: string): Promise<string> {
   }
 }
 
+function mib(bytes: number): string {
+  return `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+}
+
 function fmtNum(x: number): string {
   return Math.round(x).toLocaleString("en-US");
 }
 
 /**
- * Trains `model` for `args.epochs` epochs, evaluating after each, printing one line per epoch.
+ * Trains `model` for `args.epochs` epochs, evaluating after every `args.evalEvery`-th (and
+ * the last) and every `args.evalEverySteps` steps, printing one line per epoch and per
+ * evaluation within an epoch.
  * Batches reach the device through the pipeline's {@linkcode DevicePrefetcher} (pinned ring,
  * copy stream, the loader's augmentation, normalize and cast to the model's precision fused on
  * the device). The model must be on `device` with `args.precision`.
@@ -576,15 +684,45 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   const testFeed = new DevicePrefetcher(testLoader, device, { ...norm, padding: 0 });
   const progress = new Progress(!args.quiet && lead);
   const reports: EpochReport[] = [];
+  device.resetPeakMemoryStats();
   const logPath = args.log ??
     (args.checkpoint
       ? `${args.checkpoint.replace(/\.safetensors$/, "")}.metrics.jsonl`
       : undefined);
+  const evalEvery = args.evalEvery ?? 1;
+  const evalEverySteps = args.evalEverySteps ?? 0;
+  if (!Number.isSafeInteger(evalEvery) || evalEvery < 1) {
+    throw new UsageError(`option --eval-every takes a whole number >= 1, got ${evalEvery}`);
+  }
+  if (!Number.isSafeInteger(evalEverySteps) || evalEverySteps < 0) {
+    throw new UsageError(
+      `option --eval-every-steps takes a whole number >= 0, got ${evalEverySteps}`,
+    );
+  }
   // A resumed run goes on appending; a new one starts the log afresh.
   const log = logPath && lead ? await MetricsLog.open(logPath, { append: args.resume }) : undefined;
+  let tb: TensorBoardWriter | undefined;
+  const nvml = lead && (o.gpuStats ?? device.kind === "cuda") ? openNvml() : undefined;
+  const sampler = nvml === undefined || typeof nvml === "string" ? undefined : new GpuSampler(nvml);
+  let gpu = typeof nvml === "string" ? nvml : undefined;
   let startEpoch = 0;
   let step = 0;
+  /** Runs the test set; the model goes back to training mode at the next trainStep. */
+  const evaluate = async (epoch: number): Promise<EvalReport> => {
+    for await (const b of testFeed) trainer.evalStep(b.images, b.labels);
+    const l = await trainer.readEval();
+    // Every rank evaluates its shard at the same steps; the figures are over all of them.
+    const t = overRanks(l.loss * l.samples, l.accuracy * l.samples, l.samples);
+    const r = { epoch, step, testLoss: t.lossSum / t.seen, testAcc: t.correct / t.seen };
+    tb?.addScalars({ "test/loss": r.testLoss, "test/accuracy": r.testAcc }, step);
+    o.onEval?.(r);
+    return r;
+  };
   try {
+    // One event file per run: rank 0's.
+    tb = args.tensorboard === undefined || !lead
+      ? undefined
+      : TensorBoardWriter.open(args.tensorboard);
     if (args.resume && args.checkpoint) {
       const p = await loadCheckpoint(args.checkpoint, { model, optimizer, scaler, scheduler });
       startEpoch = p.epoch;
@@ -596,24 +734,41 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
       if (trainLoader.epoch !== epoch) trainLoader.setEpoch(epoch);
       const total = trainLoader.length;
       const logEvery = Math.max(1, Math.min(50, Math.floor(total / 10)));
-      let done = 0, lossSum = 0, correct = 0, seen = 0;
+      let done = 0, lossSum = 0, correct = 0, seen = 0, evalMs = 0;
+      let lastEval: EvalReport | undefined;
       const t0 = performance.now();
       for await (const b of trainFeed) {
         trainer.trainStep(b.images, b.labels);
         done++;
         step++;
-        if (done % logEvery === 0 && progress.enabled) {
+        if (done % logEvery === 0 && (progress.enabled || tb !== undefined)) {
           // One device read per log interval (design decision 5), not per step.
           const s = await trainer.readTrain();
           lossSum += s.loss * s.samples;
           correct += s.accuracy * s.samples;
           seen += s.samples;
+          tb?.addScalars(
+            { "train/loss": s.loss, "train/accuracy": s.accuracy, "train/lr": optimizer.lr },
+            step,
+          );
           progress.update(
             `epoch ${epoch + 1}/${args.epochs}`,
             done,
             total,
             `loss ${(lossSum / seen).toFixed(4)} acc ${(100 * correct / seen).toFixed(1)}%`,
           );
+        }
+        if (evalEverySteps > 0 && step % evalEverySteps === 0) {
+          const e0 = performance.now();
+          progress.clear();
+          lastEval = await evaluate(epoch + 1);
+          say(
+            `step ${step} (epoch ${epoch + 1}, batch ${done}/${total})  ` +
+              `test loss ${lastEval.testLoss.toFixed(4)}  ` +
+              `test acc ${(100 * lastEval.testAcc).toFixed(2)}%`,
+          );
+          // Evaluation time is not training time: samples/s stays comparable.
+          evalMs += performance.now() - e0;
         }
       }
       const tail = await trainer.readTrain();
@@ -624,36 +779,59 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
       }
       ({ lossSum, correct, seen } = overRanks(lossSum, correct, seen));
       await device.synchronize();
-      const trainMs = performance.now() - t0;
+      const trainMs = performance.now() - t0 - evalMs;
       const stats = trainFeed.stats;
       progress.clear();
-      for await (const b of testFeed) trainer.evalStep(b.images, b.labels);
-      const l = await trainer.readEval();
-      const t = overRanks(l.loss * l.samples, l.accuracy * l.samples, l.samples);
-      const test = { loss: t.lossSum / t.seen, accuracy: t.correct / t.seen };
+      const stopping = epoch + 1 >= args.epochs ||
+        (args.stopAfter > 0 && epoch + 1 >= args.stopAfter);
+      const due = (epoch + 1) % evalEvery === 0 || stopping;
+      // An evaluation by steps that fell on the epoch's last step stands for the epoch's.
+      const test = !due
+        ? undefined
+        : lastEval?.step === step
+        ? lastEval
+        : await evaluate(epoch + 1);
       const lossScale = await scaler.getScale();
       const report: EpochReport = {
         epoch: epoch + 1,
         trainLoss: lossSum / seen,
         trainAcc: correct / seen,
-        testLoss: test.loss,
-        testAcc: test.accuracy,
+        testLoss: test?.testLoss ?? NaN,
+        testAcc: test?.testAcc ?? NaN,
         samplesPerSecond: seen / (trainMs / 1000),
         inputWaitShare: stats ? stats.waitMs / trainMs : NaN,
         seconds: trainMs / 1000,
         lossScale,
       };
       reports.push(report);
+      // What --workers auto / --prefetch-factor auto ran this epoch.
+      const tuned = trainLoader.autotune ? trainLoader.stats : undefined;
       say(
         `epoch ${report.epoch}/${args.epochs}  train loss ${report.trainLoss.toFixed(4)}  ` +
           `train acc ${(100 * report.trainAcc).toFixed(2)}%  ` +
-          `test acc ${(100 * report.testAcc).toFixed(2)}%  ` +
+          `test acc ${test ? `${(100 * report.testAcc).toFixed(2)}%` : "-"}  ` +
           `${fmtNum(report.samplesPerSecond)} samples/s  ` +
           `input wait ${(100 * report.inputWaitShare).toFixed(1)}%  ` +
-          `(${report.seconds.toFixed(1)} s${args.lossScaling ? `, loss scale ${lossScale}` : ""})`,
+          `(${report.seconds.toFixed(1)} s${args.lossScaling ? `, loss scale ${lossScale}` : ""}` +
+          `${tuned ? `, ${tuned.numWorkers} workers x prefetch ${tuned.prefetchFactor}` : ""})`,
       );
       o.onEpoch?.(report);
-      await log?.append({ ...report, lr: optimizer.lr, data: o.dataNote ?? null });
+      await log?.append({
+        ...report,
+        testLoss: test ? report.testLoss : null,
+        testAcc: test ? report.testAcc : null,
+        step,
+        ...(tuned ? { workers: tuned.numWorkers, prefetchFactor: tuned.prefetchFactor } : {}),
+        lr: optimizer.lr,
+        data: o.dataNote ?? null,
+      });
+      tb?.addScalars({
+        "epoch/train_loss": report.trainLoss,
+        "epoch/train_accuracy": report.trainAcc,
+        "epoch/samples_per_second": report.samplesPerSecond,
+        "epoch/input_wait_share": report.inputWaitShare,
+        "epoch/epoch": report.epoch,
+      }, step);
       trainer.endEpoch();
       if (args.checkpoint && lead) {
         await saveCheckpoint(args.checkpoint, { model, optimizer, scaler, scheduler }, {
@@ -666,6 +844,9 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     }
   } finally {
     log?.[Symbol.dispose]();
+    tb?.dispose();
+    if (sampler) gpu = gpuLine(sampler.stop());
+    if (nvml !== undefined && typeof nvml !== "string") nvml.dispose();
     progress.clear();
     await trainFeed[Symbol.asyncDispose]();
     await testFeed[Symbol.asyncDispose]();
@@ -675,13 +856,18 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     optimizer.dispose();
   }
   if (!lead) return reports;
-  const metrics = logPath ? `${logPath}${await drawCurves(logPath)}` : undefined;
+  const metrics = [
+    ...(logPath ? [`${logPath}${await drawCurves(logPath)}`] : []),
+    ...(args.tensorboard ? [`TensorBoard: tensorboard --logdir ${args.tensorboard}`] : []),
+  ].join("; ") || undefined;
   console.log(
     summaryText(reports, {
       device: device.kind,
       data: o.dataNote,
       checkpoint: args.checkpoint,
       metrics,
+      memory: { device: device.maxMemoryAllocated(), pinned: device.maxPinnedMemoryAllocated() },
+      gpu,
     }),
   );
   return reports;
@@ -747,11 +933,14 @@ export async function trainImages(args: TrainArgs, run: ImageRun): Promise<Epoch
   const common = {
     batchSize: args.batchSize,
     numWorkers: args.workers,
+    ...(args.prefetchFactor !== undefined && args.workers !== 0
+      ? { prefetchFactor: args.prefetchFactor }
+      : {}),
     seed: args.seed,
     // Slots go back to the loader only once their copy to the device has fired.
     autoRelease: false,
   };
-  const workers = args.workers > 0 ? { persistentWorkers: true } : {};
+  const workers = args.workers !== 0 ? { persistentWorkers: true } : {};
 
   await using trainLoader = new DataLoader<RingBatch>(train, {
     ...common,
@@ -768,7 +957,11 @@ export async function trainImages(args: TrainArgs, run: ImageRun): Promise<Epoch
     console.log(
       `${run.intro}, device ${device.kind} (${device.props.name}), batch ${args.batchSize}` +
         `${group ? ` per rank x ${group.size} ranks (${group.mpi ?? "one process"})` : ""}, ` +
-        `${args.workers} workers, ${precisionLine(args)}, ${augmentNote(augment)}`,
+        `${args.workers} workers${
+          args.prefetchFactor !== undefined && args.workers !== 0
+            ? ` (prefetch ${args.prefetchFactor})`
+            : ""
+        }, ${precisionLine(args)}, ${augmentNote(augment)}`,
     );
   }
   try {

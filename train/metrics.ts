@@ -2,7 +2,8 @@
  * An epoch-level training log in JSON Lines: one object per line (epoch, loss, accuracy,
  * samples/s, input-wait share, loss scale, ...), appended and flushed as each epoch ends, so a
  * run that dies keeps every finished epoch and another process can follow the file. The
- * examples write one beside their checkpoint and draw its curves as an SVG.
+ * examples write one beside their checkpoint and draw its curves as an SVG. With `tensorboard`,
+ * the same numbers also go to a TensorBoard event file ({@linkcode TensorBoardWriter}).
  *
  * @example
  * ```ts
@@ -24,6 +25,7 @@
  */
 
 import { refuseUnknownKeys } from "../internal/options.ts";
+import { TensorBoardWriter } from "./tfevents.ts";
 
 /** One line of the log: numbers and strings by name (`time` is added when absent). */
 export type MetricsRecord = Record<string, number | string | boolean | null>;
@@ -32,6 +34,12 @@ export type MetricsRecord = Record<string, number | string | boolean | null>;
 export interface MetricsLogOptions {
   /** Keep what the file holds and append (default true); false starts it empty. */
   append?: boolean;
+  /**
+   * A TensorBoard log directory: each record's numbers also go to a new event file there, at
+   * the record's `step` (else its `epoch`, else its index), and {@linkcode MetricsLog.addScalars}
+   * writes points between records (default none).
+   */
+  tensorboard?: string;
 }
 
 /**
@@ -51,25 +59,54 @@ export interface MetricsLogOptions {
 export class MetricsLog implements Disposable {
   /** The file. */
   readonly path: string;
+  /** The TensorBoard event file, when `tensorboard` was given. */
+  readonly tensorboard: TensorBoardWriter | undefined;
   #file: Deno.FsFile | undefined;
+  #records = 0;
 
-  private constructor(path: string, file: Deno.FsFile) {
+  private constructor(path: string, file: Deno.FsFile, tb: TensorBoardWriter | undefined) {
     this.path = path;
     this.#file = file;
+    this.tensorboard = tb;
   }
 
   /**
    * Opens (creating) a log.
    *
    * @param path The .jsonl file.
-   * @param options `append` (default true).
+   * @param options `append` (default true), `tensorboard`.
    * @returns The log; dispose it to close the file.
+   * @throws {TypeError} On an unknown option.
    */
   static async open(path: string | URL, options: MetricsLogOptions = {}): Promise<MetricsLog> {
-    refuseUnknownKeys(options ?? {}, ["append"], "open the metrics log");
+    refuseUnknownKeys(options ?? {}, ["append", "tensorboard"], "open the metrics log");
     const append = options.append ?? true;
     const file = await Deno.open(path, { create: true, write: true, append, truncate: !append });
-    return new MetricsLog(path instanceof URL ? path.pathname : path, file);
+    let tb: TensorBoardWriter | undefined;
+    try {
+      tb = options.tensorboard === undefined
+        ? undefined
+        : TensorBoardWriter.open(options.tensorboard);
+    } catch (err) {
+      file.close();
+      throw err;
+    }
+    return new MetricsLog(path instanceof URL ? path.pathname : path, file, tb);
+  }
+
+  /**
+   * Writes points between records (per step, at the log interval) to the TensorBoard file
+   * only: the JSON Lines stay one line per epoch. Does nothing without `tensorboard`.
+   *
+   * @param values Numbers by tag (e.g. "train/loss").
+   * @param step The x-axis: a whole number >= 0.
+   * @throws {Error} When the log is closed.
+   */
+  addScalars(values: Readonly<Record<string, number>>, step: number): void {
+    if (this.#file === undefined) {
+      throw new Error(`Cannot write to ${this.path}: the log is closed`);
+    }
+    this.tensorboard?.addScalars(values, step);
   }
 
   /**
@@ -97,6 +134,19 @@ export class MetricsLog implements Disposable {
     const bytes = new TextEncoder().encode(line);
     let off = 0;
     while (off < bytes.length) off += await this.#file.write(bytes.subarray(off));
+    const index = this.#records++;
+    if (this.tensorboard !== undefined) {
+      const numbers: Record<string, number> = {};
+      for (const [k, v] of Object.entries(record)) {
+        if (typeof v === "number" && k !== "step" && k !== "epoch") numbers[k] = v;
+      }
+      const at = typeof record.step === "number"
+        ? record.step
+        : typeof record.epoch === "number"
+        ? record.epoch
+        : index;
+      this.tensorboard.addScalars(numbers, at);
+    }
   }
 
   /**
@@ -129,5 +179,6 @@ export class MetricsLog implements Disposable {
   [Symbol.dispose](): void {
     this.#file?.close();
     this.#file = undefined;
+    this.tensorboard?.dispose();
   }
 }

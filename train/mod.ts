@@ -15,3 +15,4 @@
 export * from "./trainer.ts";
 export * from "./metrics.ts";
 export * from "./doctor.ts";
+export * from "./tfevents.ts";

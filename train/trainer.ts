@@ -54,7 +54,8 @@ export interface TrainerOptions {
 
 /** One input shape's recorded step: the fixed input buffers it reads and what it changes on the host. */
 interface Recorded {
-  x: Tensor;
+  /** One buffer per model input. */
+  xs: Tensor[];
   labels: Tensor;
   /** Set once the shape has run directly (its buffers exist). */
   warm: boolean;
@@ -144,15 +145,17 @@ export class Trainer {
   /**
    * Queues one training step on the batch.
    *
-   * @param x The input batch (fp16).
+   * @param x The input batch (fp16, or f32 for an fp32 model), or one batch per input of a
+   *   model with several inputs ({@linkcode Module.forwardInputs}).
    * @param labels int32 labels [N].
    */
-  trainStep(x: Tensor, labels: Tensor): void {
+  trainStep(x: Tensor | readonly Tensor[], labels: Tensor): void {
     if (!this.model.training) this.model.train();
     using _step = range("train.step");
+    const xs = inputsOf(x, "run a training step");
     // A profiler times each op on its stream: it needs the ops queued one by one.
-    if (this.cudaGraphsActive && activeRecorder() === undefined) this.#graphStep(x, labels);
-    else this.#queueStep(x, labels);
+    if (this.cudaGraphsActive && activeRecorder() === undefined) this.#graphStep(xs, labels);
+    else this.#queueStep(xs, labels);
     this.steps++;
     if (this.scheduler && this.schedulerInterval === "batch") this.scheduler.step();
   }
@@ -166,11 +169,11 @@ export class Trainer {
   }
 
   /** The step's device work, queued on the current stream. */
-  #queueStep(x: Tensor, labels: Tensor): void {
+  #queueStep(xs: readonly Tensor[], labels: Tensor): void {
     let logits: Tensor, dlogits: Tensor;
     {
       using _ = range("train.forward");
-      logits = this.model.forward(x);
+      logits = this.model.forwardInputs(xs);
     }
     {
       using _ = range("train.loss");
@@ -178,7 +181,7 @@ export class Trainer {
     }
     {
       using _ = range("train.backward");
-      this.model.backward(dlogits, { inputGrad: false });
+      this.model.backwardInputs(dlogits, { inputGrad: false });
     }
     // The gradients are complete here: the place where dist/ plugs in (see the module doc).
     using _opt = range("train.optimizer");
@@ -194,7 +197,7 @@ export class Trainer {
    * The step on the trainer's own stream (a graph cannot be recorded on the default stream),
    * ordered after the work queued so far on the current stream, which waits for it in turn.
    */
-  #graphStep(x: Tensor, labels: Tensor): void {
+  #graphStep(xs: readonly Tensor[], labels: Tensor): void {
     const device = this.model.device!;
     const current = device.currentStream;
     const stream = this.#stream ??= new Stream(device, { nonBlocking: true });
@@ -204,17 +207,17 @@ export class Trainer {
     stream.waitEvent(before);
     {
       using _ = device.useStream(stream);
-      this.#recordedStep(x, labels);
+      this.#recordedStep(xs, labels);
     }
     after.record(stream);
     current.waitEvent(after);
   }
 
-  #recordedStep(x: Tensor, labels: Tensor): void {
+  #recordedStep(xs: readonly Tensor[], labels: Tensor): void {
     const device = this.model.device!;
     const o = this.optimizer;
     const key = [
-      `${x.dtype}:${x.shape}`,
+      xs.map((x) => `${x.dtype}:${x.shape}`).join(";"),
       `${labels.dtype}:${labels.shape}`,
       `${o.momentum !== 0}:${o.dampening}:${o.nesterov}:${o.weightDecay}`,
       `${this.scaler?.enabled ?? false}:${this.revertStatsOnSkip}`,
@@ -222,7 +225,7 @@ export class Trainer {
     let r = this.#recorded.get(key);
     if (!r) {
       r = {
-        x: Tensor.empty(device, [...x.shape], x.dtype),
+        xs: xs.map((x) => Tensor.empty(device, [...x.shape], x.dtype)),
         labels: Tensor.empty(device, [...labels.shape], labels.dtype),
         warm: false,
         graph: null,
@@ -232,7 +235,7 @@ export class Trainer {
       this.#recorded.set(key, r);
     }
     // What the graph reads and the host decides: the inputs, lr and momentum.
-    r.x.buffer.copyFrom(x.buffer, { bytes: x.byteLength });
+    xs.forEach((x, i) => r.xs[i].buffer.copyFrom(x.buffer, { bytes: x.byteLength }));
     r.labels.buffer.copyFrom(labels.buffer, { bytes: labels.byteLength });
     o.syncHyperParameters();
     if (r.graph) {
@@ -244,7 +247,7 @@ export class Trainer {
     if (!r.warm) {
       // Directly, once: the model, the loss and the optimizer allocate what they keep for
       // this shape, which a recording cannot do.
-      this.#queueStep(r.x, r.labels);
+      this.#queueStep(r.xs, r.labels);
       r.warm = true;
       return;
     }
@@ -255,7 +258,10 @@ export class Trainer {
     const tracked = norms.map((bn) => bn.numBatchesTracked);
     const rec = r;
     try {
-      rec.graph = CudaGraph.capture(device.currentStream, () => this.#queueStep(rec.x, rec.labels));
+      rec.graph = CudaGraph.capture(
+        device.currentStream,
+        () => this.#queueStep(rec.xs, rec.labels),
+      );
     } catch (err) {
       // Nothing of the recording ran: put back what it counted on the host, then run the step.
       this.#trainLoss.countSamples(samples - this.#trainLoss.samplesCounted);
@@ -266,7 +272,7 @@ export class Trainer {
         `pinstream: training without CUDA graphs (recording the step was refused): ` +
           this.#graphsRefused.split("\n")[0],
       );
-      this.#queueStep(rec.x, rec.labels);
+      this.#queueStep(rec.xs, rec.labels);
       return;
     }
     rec.samples = this.#trainLoss.samplesCounted - samples;
@@ -277,13 +283,15 @@ export class Trainer {
   /**
    * Queues one evaluation step (forward only, evaluation mode).
    *
-   * @param x The input batch (fp16).
+   * @param x The input batch, or one batch per input (as {@linkcode Trainer.trainStep}).
    * @param labels int32 labels [N].
    */
-  evalStep(x: Tensor, labels: Tensor): void {
+  evalStep(x: Tensor | readonly Tensor[], labels: Tensor): void {
     if (this.model.training) this.model.eval();
     using _ = range("eval.step");
-    this.#evalLoss.forward(this.model.forward(x), labels);
+    const xs = inputsOf(x, "run an evaluation step");
+    const logits = this.model.forwardInputs(xs);
+    this.#evalLoss.forward(logits, labels);
   }
 
   /** Steps an epoch-interval scheduler; call after each epoch. */
@@ -316,7 +324,7 @@ export class Trainer {
   dispose(): void {
     for (const r of this.#recorded.values()) {
       r.graph?.dispose();
-      r.x.dispose();
+      for (const x of r.xs) x.dispose();
       r.labels.dispose();
     }
     this.#recorded.clear();
@@ -332,4 +340,13 @@ export class Trainer {
   [Symbol.dispose](): void {
     this.dispose();
   }
+}
+
+/** The step's inputs as an array: one tensor, or a non-empty array of them. */
+function inputsOf(x: Tensor | readonly Tensor[], action: string): readonly Tensor[] {
+  if (!Array.isArray(x)) return [x as Tensor];
+  if (x.length === 0) {
+    throw new TypeError(`Cannot ${action}: the inputs are an empty array (give one per input)`);
+  }
+  return x;
 }

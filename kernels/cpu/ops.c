@@ -641,3 +641,71 @@ PS_API int ps_nn_multi_copy_if(const int64_t *list, int32_t n, int64_t max_count
   }
   return PS_OK;
 }
+
+/* ---- cat, stack, add, mul ------------------------------------------------------------ */
+
+typedef struct {
+  char *part, *whole;
+  int64_t row, stride, at;
+  int split;
+} concat_ctx;
+
+static void concat_range(void *vctx, int64_t o, int64_t end) {
+  const concat_ctx *k = vctx;
+  for (; o < end; o++) {
+    char *p = k->part + o * k->row, *w = k->whole + o * k->stride + k->at;
+    if (k->split)
+      memcpy(p, w, (size_t)k->row);
+    else
+      memcpy(w, p, (size_t)k->row);
+  }
+}
+
+PS_API int ps_nn_concat(void *part, void *whole, int32_t dtype, int64_t outer, int64_t part_len,
+                        int64_t whole_len, int64_t offset, int32_t split, void *stream) {
+  (void)stream;
+  CHECK_DTYPE(dtype);
+  TRY(ps_check_concat(outer, part_len, whole_len, offset));
+  if (outer == 0 || part_len == 0) return PS_OK;
+  const int64_t sz = dtsize(dtype);
+  CHECK_RANGE(part, outer * part_len * sz);
+  CHECK_RANGE(whole, outer * whole_len * sz);
+  concat_ctx k = {.part = part,
+                  .whole = whole,
+                  .row = part_len * sz,
+                  .stride = whole_len * sz,
+                  .at = offset * sz,
+                  .split = split != 0};
+  const int64_t grain = part_len >= 16384 ? 1 : 16384 / part_len;
+  ps_pool_range(outer, grain, outer * part_len, concat_range, &k);
+  return PS_OK;
+}
+
+typedef struct {
+  const void *a, *b;
+  void *y;
+  int f16, mul;
+} binary_ctx;
+
+static void binary_range(void *vctx, int64_t i, int64_t end) {
+  const binary_ctx *k = vctx;
+  for (; i < end; i++) {
+    float u = act_get(k->a, k->f16, i), v = act_get(k->b, k->f16, i);
+    act_set(k->y, k->f16, i, k->mul ? u * v : u + v);
+  }
+}
+
+PS_API int ps_nn_binary(const void *a, const void *b, void *y, int32_t dtype, int64_t count,
+                        int32_t op, void *stream) {
+  (void)stream;
+  CHECK_DTYPE(dtype);
+  TRY(ps_check_binary(count, op));
+  if (count == 0) return PS_OK;
+  const int64_t bytes = count * dtsize(dtype);
+  CHECK_RANGE(a, bytes);
+  CHECK_RANGE(b, bytes);
+  CHECK_RANGE(y, bytes);
+  binary_ctx k = {.a = a, .b = b, .y = y, .f16 = dtype == PS_NN_F16, .mul = op == PS_BINARY_MUL};
+  ps_pool_range(count, 16384, count, binary_range, &k);
+  return PS_OK;
+}

@@ -368,3 +368,70 @@ PS_API int ps_nn_copy_if(float *dst, const float *src, int64_t count, const int3
 }
 
 }  // extern "C"
+
+/* ---- cat, stack, add, mul ------------------------------------------------------------- */
+
+namespace {
+
+/* One thread per element of the part, grid-stride; the row index is a division per element,
+ * which the copy's memory traffic hides. */
+template <class U>
+__global__ void concat_kernel(U *part, U *whole, int64_t outer, int64_t part_len, int64_t whole_len,
+                              int64_t offset, int split) {
+  const int64_t n = outer * part_len;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t o = i / part_len, j = i - o * part_len;
+    U *w = whole + o * whole_len + offset + j;
+    if (split)
+      part[i] = *w;
+    else
+      *w = part[i];
+  }
+}
+
+template <class T>
+__global__ void binary_kernel(const T *a, const T *b, T *y, int64_t n, int mul) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    float u = to_f32(a[i]), v = to_f32(b[i]);
+    y[i] = from_f32<T>(mul ? u * v : u + v);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+PS_API int ps_nn_concat(void *part, void *whole, int32_t dtype, int64_t outer, int64_t part_len,
+                        int64_t whole_len, int64_t offset, int32_t split, void *stream) {
+  CHECK_DTYPE(dtype);
+  TRY(ps_check_concat(outer, part_len, whole_len, offset));
+  if (outer == 0 || part_len == 0) return PS_OK;
+  NULL_CHECK(part, whole);
+  cudaStream_t st = (cudaStream_t)stream;
+  const int s = split != 0;
+  if (dtype == PS_NN_F16)
+    PS_LAUNCH(concat_kernel<uint16_t>, blocks_for(outer * part_len, EW), EW, 0, st,
+              (uint16_t *)part, (uint16_t *)whole, outer, part_len, whole_len, offset, s);
+  else
+    PS_LAUNCH(concat_kernel<uint32_t>, blocks_for(outer * part_len, EW), EW, 0, st,
+              (uint32_t *)part, (uint32_t *)whole, outer, part_len, whole_len, offset, s);
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+PS_API int ps_nn_binary(const void *a, const void *b, void *y, int32_t dtype, int64_t count,
+                        int32_t op, void *stream) {
+  CHECK_DTYPE(dtype);
+  TRY(ps_check_binary(count, op));
+  if (count == 0) return PS_OK;
+  NULL_CHECK(a, b, y);
+  const int mul = op == PS_BINARY_MUL;
+  WITH_ACT(dtype, PS_LAUNCH(binary_kernel<T>, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
+                            (const T *)a, (const T *)b, (T *)y, count, mul));
+  CUDA_CHECK(cudaGetLastError());
+  return PS_OK;
+}
+
+}  // extern "C"

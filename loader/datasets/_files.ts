@@ -109,7 +109,11 @@ export interface DownloadOptions {
 
 const MiB = 1024 * 1024;
 
-/** Downloads `url` to `path` with a progress line and an MD5 check. */
+/**
+ * Downloads `url` to `path` with a progress line and an MD5 check. The bytes go to a
+ * temporary file beside `path`, renamed onto it only once complete and verified: an
+ * interrupted or corrupt download leaves nothing at `path` (and no temporary file).
+ */
 export async function downloadFile(
   url: string,
   path: string,
@@ -141,7 +145,8 @@ export async function downloadFile(
   const total = Number(response.headers.get("content-length") ?? 0);
   const hash = createHash("md5");
   await Deno.mkdir(dirname(path), { recursive: true });
-  const file = await Deno.open(path, { write: true, create: true, truncate: true });
+  const part = `${path}.${Deno.pid}.part`;
+  const file = await Deno.open(part, { write: true, create: true, truncate: true });
   const show = options.progress ?? true;
   const enc = new TextEncoder();
   let got = 0;
@@ -167,7 +172,7 @@ export async function downloadFile(
     }
   } catch (e) {
     file.close();
-    await Deno.remove(path).catch(() => {});
+    await Deno.remove(part).catch(() => {});
     throw new Error(
       `Cannot download ${what} from ${url}: the connection failed after ${got} bytes ` +
         `(${(e as Error).message}).${hint}`,
@@ -177,14 +182,16 @@ export async function downloadFile(
   file.close();
   if (show) Deno.stderr.writeSync(enc.encode(line() + "\n"));
   if (total > 0 && got !== total) {
-    await Deno.remove(path).catch(() => {});
+    await Deno.remove(part).catch(() => {});
     throw new Error(`Cannot download ${what}: expected ${total} bytes, found ${got}`);
   }
   const digest = hash.digest("hex");
   if (options.md5 && digest !== options.md5) {
-    await Deno.remove(path).catch(() => {});
+    await Deno.remove(part).catch(() => {});
     throw new Error(
-      `Cannot verify ${what} from ${url}: MD5 ${digest} does not match the expected ${options.md5}`,
+      `Cannot verify ${what} from ${url}: MD5 ${digest} does not match the expected ` +
+        `${options.md5} (the download is corrupt or not this file; nothing was kept)`,
     );
   }
+  await Deno.rename(part, path);
 }

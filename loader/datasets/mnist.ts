@@ -3,7 +3,8 @@
  * `train-images-idx3-ubyte[.gz]`, `train-labels-idx1-ubyte[.gz]`, `t10k-images-idx3-ubyte[.gz]`,
  * `t10k-labels-idx1-ubyte[.gz]`. Debian's `dataset-fashion-mnist` package installs the
  * gzip files under `/usr/share/datasets/fashion-mnist`, the default root of
- * {@linkcode FashionMNIST}.
+ * {@linkcode FashionMNIST}. With `download: true`, missing files of the split are fetched
+ * from the published mirrors into `root` and checked against their published MD5 digests.
  *
  * @module
  */
@@ -12,7 +13,7 @@ import { LabeledImages } from "./labeled_images.ts";
 import { refuseUnknownKeys } from "../../internal/options.ts";
 import { join } from "node:path";
 import { sharedArray, type WorkerSpec } from "../dataset.ts";
-import { gunzip, isGzip } from "./_files.ts";
+import { downloadFile, gunzip, isGzip } from "./_files.ts";
 
 /** A parsed IDX file of unsigned bytes. */
 export interface IdxFile {
@@ -81,6 +82,97 @@ export interface MNISTOptions {
   root?: string;
   /** Training set (60,000) or test set (10,000). Default true. */
   train?: boolean;
+  /** Fetch the split's gzip files into `root` when missing (default false). */
+  download?: boolean;
+  /** Base URL of a mirror holding the gzip files (default: the published mirrors, in turn). */
+  url?: string;
+  /** Expected MD5 (hex) per file name, e.g. for a mirror of other files (default: published). */
+  md5?: Readonly<Record<string, string>>;
+  /** Print download progress (default true). */
+  progress?: boolean;
+}
+
+const MNIST_OPTIONS = ["root", "train", "download", "url", "md5", "progress"] as const;
+
+/** Where MNIST is published, tried in turn. */
+export const MNIST_MIRRORS: readonly string[] = [
+  "https://ossci-datasets.s3.amazonaws.com/mnist/",
+  "http://yann.lecun.com/exdb/mnist/",
+];
+
+/** The MD5 digests of MNIST's published gzip files. */
+export const MNIST_MD5: Readonly<Record<string, string>> = {
+  "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+  "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+  "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+  "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+};
+
+/** Where Fashion-MNIST is published. */
+export const FASHION_MNIST_MIRRORS: readonly string[] = [
+  "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+];
+
+/** The MD5 digests of Fashion-MNIST's published gzip files. */
+export const FASHION_MNIST_MD5: Readonly<Record<string, string>> = {
+  "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+  "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+  "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+  "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+};
+
+async function exists(path: string): Promise<boolean> {
+  try {
+    await Deno.lstat(path);
+    return true;
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) return false;
+    throw e;
+  }
+}
+
+/**
+ * Fetches the split's image and label files that `root` lacks (in any of the accepted names),
+ * trying each mirror in turn on a network or HTTP failure; a checksum mismatch stops at once.
+ */
+async function downloadSplit(
+  what: string,
+  options: MNISTOptions & { root: string },
+  mirrors: readonly string[],
+  md5: Readonly<Record<string, string>>,
+): Promise<void> {
+  const prefix = (options.train ?? true) ? "train" : "t10k";
+  for (const [kind, idx] of [["images", "idx3"], ["labels", "idx1"]]) {
+    const names = [`${prefix}-${kind}-${idx}-ubyte.gz`, `${prefix}-${kind}-${idx}-ubyte`];
+    names.push(`${prefix}-${kind}.${idx}-ubyte`);
+    const present = await Promise.all(names.map((n) => exists(join(options.root, n))));
+    if (present.some((p) => p)) continue;
+    const file = names[0];
+    const expected = (options.md5 ?? md5)[file];
+    if (expected === undefined) {
+      throw new TypeError(`Cannot download ${what}: md5 option has no digest for ${file}`);
+    }
+    const bases = options.url !== undefined ? [options.url] : mirrors;
+    const failures: string[] = [];
+    for (const base of bases) {
+      const url = `${base.endsWith("/") ? base : `${base}/`}${file}`;
+      try {
+        await downloadFile(url, join(options.root, file), {
+          md5: expected,
+          progress: options.progress ?? true,
+          what: `${what} ${file}`,
+        });
+        failures.length = 0;
+        break;
+      } catch (e) {
+        if (/^Cannot verify/.test((e as Error).message)) throw e;
+        failures.push((e as Error).message);
+      }
+    }
+    if (failures.length > 0) {
+      throw new Error(failures.length === 1 ? failures[0] : failures.join("; then "));
+    }
+  }
 }
 
 /** The serializable state a worker rebuilds the dataset from (shared memory). */
@@ -188,15 +280,18 @@ export class MNIST extends LabeledImages {
   /**
    * Reads the IDX files.
    *
-   * @param options root (required for MNIST), train
+   * @param options root (required for MNIST), train, download (with url, md5, progress)
    * @returns the dataset
    * @throws {Error} naming the file and the expected and found sizes for a truncated or
    *   malformed file, or listing the paths tried when files are missing
    */
   static async load(options: MNISTOptions = {}): Promise<MNIST> {
-    refuseUnknownKeys(options ?? {}, ["root", "train"], "load MNIST");
+    refuseUnknownKeys(options ?? {}, MNIST_OPTIONS, "load MNIST");
     if (options.root === undefined) {
       throw new TypeError("Cannot load MNIST: pass root, the directory of the IDX files");
+    }
+    if (options.download) {
+      await downloadSplit("MNIST", { ...options, root: options.root }, MNIST_MIRRORS, MNIST_MD5);
     }
     return new MNIST(await loadIdxPair(options.root, options.train ?? true, "MNIST"));
   }
@@ -254,14 +349,28 @@ export class FashionMNIST extends MNIST {
   /**
    * Reads the IDX files.
    *
-   * @param options root (default /usr/share/datasets/fashion-mnist), train
+   * @param options root (default /usr/share/datasets/fashion-mnist), train, download (with
+   *   url, md5, progress)
    * @returns the dataset
    * @throws {Error} naming the file and sizes for a truncated or malformed file; saying
    *   how to install the data when missing
    */
   static override async load(options: MNISTOptions = {}): Promise<FashionMNIST> {
-    refuseUnknownKeys(options ?? {}, ["root", "train"], "load FashionMNIST");
+    refuseUnknownKeys(options ?? {}, MNIST_OPTIONS, "load FashionMNIST");
     const root = options.root ?? FASHION_MNIST_DEBIAN_ROOT;
+    if (options.download) {
+      if (options.root === undefined) {
+        throw new TypeError(
+          "Cannot load FashionMNIST: download needs root, a directory to download into",
+        );
+      }
+      await downloadSplit(
+        "Fashion-MNIST",
+        { ...options, root },
+        FASHION_MNIST_MIRRORS,
+        FASHION_MNIST_MD5,
+      );
+    }
     try {
       return new FashionMNIST(await loadIdxPair(root, options.train ?? true, "Fashion-MNIST"));
     } catch (e) {
