@@ -618,7 +618,15 @@ async function drawCurves(logPath: string): Promise<string> {
     await Deno.writeTextFile(`${logPath}.svg`, svg);
     return ` (+ curves: ${logPath}.svg)`;
   } catch (err) {
-    return ` (no curves drawn: ${(err as Error).message.split("\n")[0]})`;
+    const first = (err as Error).message.split("\n")[0];
+    // Offline, Deno's own message names a transitive package of the chart library: say what
+    // is missing and how to prepare the machine instead.
+    if (/Failed caching npm package|error sending request|dns error/i.test(first)) {
+      return " (no curves drawn: the chart package npm:vega-lite is not in the Deno cache and " +
+        "the npm registry cannot be reached; `deno task cache` prepares a cache, see " +
+        "docs/offline.md)";
+    }
+    return ` (no curves drawn: ${first})`;
   }
 }
 
