@@ -8,6 +8,7 @@
  * @module
  */
 
+import assert from "node:assert";
 import { Device } from "../ffi/device.ts";
 import { PinstreamError } from "../internal/errors.ts";
 import type { Backend } from "../ffi/library.ts";
@@ -59,4 +60,28 @@ export function testEachBackend(
       },
     });
   }
+}
+
+/** Whether the cuda backend here is the CUDA emulator (which can play devices a GPU cannot). */
+export function cudaIsEmulated(): boolean {
+  if (CUDA.ignore) return false;
+  using dev = Device.open("cuda");
+  return dev.props.emulated;
+}
+
+/**
+ * Runs a child test script on the emulator playing a device without memory pools
+ * (`PINSTREAM_EMU_MEMORY_POOLS=0`, read once per process), and returns its trimmed standard
+ * output after asserting that it exited 0.
+ */
+export async function runWithoutMemoryPools(child: URL): Promise<string> {
+  const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", child.pathname],
+    env: { PINSTREAM_CUDA_EMULATOR: "1", PINSTREAM_EMU_MEMORY_POOLS: "0" },
+    stdout: "piped",
+    stderr: "piped",
+  }).output();
+  const out = new TextDecoder().decode(stdout), err = new TextDecoder().decode(stderr);
+  assert.strictEqual(code, 0, `child exited with ${code}:\n${out}\n${err}`);
+  return out.trim();
 }

@@ -4,29 +4,16 @@
 // (PINSTREAM_EMU_MEMORY_POOLS=0), in a child process because it reads the setting once.
 
 import assert from "node:assert";
-import { Device } from "../ffi/device.ts";
-import { CUDA } from "./_backends.ts";
-
-function cudaIsEmulated(): boolean {
-  if (CUDA.ignore) return false;
-  using dev = Device.open("cuda");
-  return dev.props.emulated;
-}
+import { cudaIsEmulated, runWithoutMemoryPools } from "./_backends.ts";
 
 Deno.test({
   name: "[cuda] conv2d's weight gradient and overlapping copies work without memory pools",
   ignore: !cudaIsEmulated(),
   async fn() {
-    const child = new URL("./_no_memory_pools_child.ts", import.meta.url).pathname;
-    const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
-      args: ["run", "-A", child],
-      env: { PINSTREAM_CUDA_EMULATOR: "1", PINSTREAM_EMU_MEMORY_POOLS: "0" },
-      stdout: "piped",
-      stderr: "piped",
-    }).output();
-    const out = new TextDecoder().decode(stdout), err = new TextDecoder().decode(stderr);
-    assert.strictEqual(code, 0, `child exited with ${code}:\n${out}\n${err}`);
-    assert.deepStrictEqual(out.trim().split("\n"), [
+    const out = await runWithoutMemoryPools(
+      new URL("./_no_memory_pools_child.ts", import.meta.url),
+    );
+    assert.deepStrictEqual(out.split("\n"), [
       "conv2dBackwardWeight f32 ok",
       "conv2dBackwardWeight f16 ok",
       "overlapping copies ok",

@@ -16,7 +16,7 @@ import { Trainer } from "../train/trainer.ts";
 import { assertSameRun, model, type Run, train } from "./_train_graphs.ts";
 import { toDevice } from "../pipeline/prefetcher.ts";
 import { makeData, makeLoader, MEAN, STD } from "./pipeline_fixtures.ts";
-import { CUDA, testEachBackend } from "./_backends.ts";
+import { CUDA, cudaIsEmulated, runWithoutMemoryPools, testEachBackend } from "./_backends.ts";
 
 for (const precision of ["fp16", "fp32"] as const) {
   testEachBackend(
@@ -69,26 +69,14 @@ Deno.test("the CPU backend refuses recording: the trainer says so once and train
   assert.match(lines[0], /^pinstream: training without CUDA graphs .*cpu backend/);
 });
 
-function cudaIsEmulated(): boolean {
-  if (CUDA.ignore) return false;
-  using dev = Device.open("cuda");
-  return dev.props.emulated;
-}
-
 Deno.test({
   name: "[cuda] without a stream-ordered allocator recording is refused and steps run directly",
   ignore: !cudaIsEmulated(),
   async fn() {
-    const child = new URL("./_graphs_no_pools_child.ts", import.meta.url).pathname;
-    const { code, stdout, stderr } = await new Deno.Command(Deno.execPath(), {
-      args: ["run", "-A", child],
-      env: { PINSTREAM_CUDA_EMULATOR: "1", PINSTREAM_EMU_MEMORY_POOLS: "0" },
-      stdout: "piped",
-      stderr: "piped",
-    }).output();
-    const out = new TextDecoder().decode(stdout), err = new TextDecoder().decode(stderr);
-    assert.strictEqual(code, 0, `child exited with ${code}:\n${out}\n${err}`);
-    assert.strictEqual(out.trim(), "ok");
+    const out = await runWithoutMemoryPools(
+      new URL("./_graphs_no_pools_child.ts", import.meta.url),
+    );
+    assert.strictEqual(out, "ok");
   },
 });
 
