@@ -51,6 +51,13 @@ export interface CommJob {
   async: boolean;
 }
 
+/**
+ * Cells of a group's progress array: collectives issued and completed (read by the watchdog's
+ * responder), then the collective the main thread runs itself (its sequence number + 1, 0 for
+ * none) and its op's index in {@linkcode OPS} (read by the communication thread's watchdog).
+ */
+export const ISSUED = 0, COMPLETED = 1, DIRECT_SEQ = 2, DIRECT_OP = 3, PROGRESS_INTS = 4;
+
 /** Result slots in the shared array (each `[done, status]`): more than ever outstanding. */
 export const SLOTS = 4096;
 
