@@ -6,14 +6,15 @@
  *
  * Baseline and extended sequential (8-bit Huffman) and progressive files, restart intervals,
  * any integer sampling factors, greyscale, YCbCr, RGB (Adobe transform 0), CMYK and YCCK.
- * Arithmetic coding, 12-bit samples, lossless and hierarchical files are refused by name. It
- * decodes at full size only (no DCT-domain scaling): callers resize.
+ * Arithmetic coding, 12-bit samples, lossless and hierarchical files are refused by name.
+ * DCT-domain scaling by 1/2, 1/4 and 1/8 as libjpeg-turbo's.
  *
  * @module
  */
 
 import { type Channels, type DecodedImage, ImageDecodeError } from "./types.ts";
 import { cmykToChannels } from "./turbojpeg.ts";
+import { CB_B, CB_G, CR_G, CR_R, type Plane, transform, upsample } from "./_jpeg_pixels.ts";
 
 /** The size and colour of a JPEG, from its frame header. */
 export interface JpegInfo {
@@ -33,35 +34,13 @@ const ZIGZAG = (() => {
   let i = 0;
   for (let s = 0; s < 15; s++) {
     const lo = Math.max(0, s - 7), hi = Math.min(s, 7);
-    if (s % 2 === 0) for (let y = hi; y >= lo; y--) z[i++] = y * 8 + s - y;
+    if (s % 2 === 0) { for (let y = hi; y >= lo; y--) z[i++] = y * 8 + s - y; }
     else for (let y = lo; y <= hi; y++) z[i++] = y * 8 + s - y;
   }
   // Corrupt data can run k past 63: those land on the last coefficient, as in libjpeg.
   z.fill(63, 64);
   return z;
 })();
-
-/** The IDCT's output clamp: the 10-bit wrapped sample (centred on 0) to 0..255, as libjpeg. */
-const IDCT_LIMIT = (() => {
-  const t = new Uint8Array(1024);
-  for (let i = 0; i < 1024; i++) {
-    const v = i < 512 ? i : i - 1024;
-    t[i] = Math.max(0, Math.min(255, v + 128));
-  }
-  return t;
-})();
-
-// YCbCr -> RGB in 16-bit fixed point, libjpeg's tables (jdcolor.c's arithmetic).
-const FIX = (x: number) => Math.floor(x * 65536 + 0.5);
-const CR_R = new Int32Array(256), CB_B = new Int32Array(256);
-const CR_G = new Int32Array(256), CB_G = new Int32Array(256);
-for (let i = 0; i < 256; i++) {
-  const x = i - 128;
-  CR_R[i] = (FIX(1.402) * x + 32768) >> 16;
-  CB_B[i] = (FIX(1.772) * x + 32768) >> 16;
-  CR_G[i] = -FIX(0.71414) * x;
-  CB_G[i] = -FIX(0.34414) * x + 32768;
-}
 
 /** A Huffman table: a 9-bit lookup for short codes, canonical-code bounds for the rest. */
 interface Huffman {
@@ -645,180 +624,6 @@ function sofKind(m: number): string {
   return `hierarchical or reserved (SOF${m - 0xc0}) file`;
 }
 
-/** The accurate integer IDCT of one block (LL&M, 13-bit constants, 2 extra bits in pass 1). */
-function idctBlock(
-  coefs: Int16Array,
-  o: number,
-  q: Int32Array,
-  ws: Int32Array,
-  out: Uint8Array,
-  at: number,
-  stride: number,
-): void {
-  // Columns: dequantize, transform, keep 2 more bits than the input.
-  for (let x = 0; x < 8; x++) {
-    const c = o + x;
-    if (
-      (coefs[c + 8] | coefs[c + 16] | coefs[c + 24] | coefs[c + 32] | coefs[c + 40] |
-        coefs[c + 48] | coefs[c + 56]) === 0
-    ) {
-      const dc = (coefs[c] * q[x]) << 2;
-      for (let y = 0; y < 64; y += 8) ws[x + y] = dc;
-      continue;
-    }
-    let z2 = coefs[c + 16] * q[x + 16], z3 = coefs[c + 48] * q[x + 48];
-    let z1 = (z2 + z3) * 4433;
-    let t2 = z1 - z3 * 15137, t3 = z1 + z2 * 6270;
-    z2 = coefs[c] * q[x];
-    z3 = coefs[c + 32] * q[x + 32];
-    let t0 = (z2 + z3) << 13, t1 = (z2 - z3) << 13;
-    const t10 = t0 + t3, t13 = t0 - t3, t11 = t1 + t2, t12 = t1 - t2;
-    t0 = coefs[c + 56] * q[x + 56];
-    t1 = coefs[c + 40] * q[x + 40];
-    t2 = coefs[c + 24] * q[x + 24];
-    t3 = coefs[c + 8] * q[x + 8];
-    z1 = t0 + t3;
-    z2 = t1 + t2;
-    z3 = t0 + t2;
-    let z4 = t1 + t3;
-    const z5 = (z3 + z4) * 9633;
-    t0 *= 2446;
-    t1 *= 16819;
-    t2 *= 25172;
-    t3 *= 12299;
-    z1 *= -7373;
-    z2 *= -20995;
-    z3 = z3 * -16069 + z5;
-    z4 = z4 * -3196 + z5;
-    t0 += z1 + z3;
-    t1 += z2 + z4;
-    t2 += z2 + z3;
-    t3 += z1 + z4;
-    ws[x] = (t10 + t3 + 1024) >> 11;
-    ws[x + 56] = (t10 - t3 + 1024) >> 11;
-    ws[x + 8] = (t11 + t2 + 1024) >> 11;
-    ws[x + 48] = (t11 - t2 + 1024) >> 11;
-    ws[x + 16] = (t12 + t1 + 1024) >> 11;
-    ws[x + 40] = (t12 - t1 + 1024) >> 11;
-    ws[x + 24] = (t13 + t0 + 1024) >> 11;
-    ws[x + 32] = (t13 - t0 + 1024) >> 11;
-  }
-  // Rows: transform, drop the 2 bits and the 3 of the 8-point scaling, re-centre and clamp.
-  const L = IDCT_LIMIT;
-  for (let y = 0; y < 64; y += 8, at += stride) {
-    let z2 = ws[y + 2], z3 = ws[y + 6];
-    let z1 = (z2 + z3) * 4433;
-    let t2 = z1 - z3 * 15137, t3 = z1 + z2 * 6270;
-    let t0 = (ws[y] + ws[y + 4]) << 13, t1 = (ws[y] - ws[y + 4]) << 13;
-    const t10 = t0 + t3, t13 = t0 - t3, t11 = t1 + t2, t12 = t1 - t2;
-    t0 = ws[y + 7];
-    t1 = ws[y + 5];
-    t2 = ws[y + 3];
-    t3 = ws[y + 1];
-    z1 = t0 + t3;
-    z2 = t1 + t2;
-    z3 = t0 + t2;
-    let z4 = t1 + t3;
-    const z5 = (z3 + z4) * 9633;
-    t0 *= 2446;
-    t1 *= 16819;
-    t2 *= 25172;
-    t3 *= 12299;
-    z1 *= -7373;
-    z2 *= -20995;
-    z3 = z3 * -16069 + z5;
-    z4 = z4 * -3196 + z5;
-    t0 += z1 + z3;
-    t1 += z2 + z4;
-    t2 += z2 + z3;
-    t3 += z1 + z4;
-    out[at] = L[((t10 + t3 + 131072) >> 18) & 1023];
-    out[at + 7] = L[((t10 - t3 + 131072) >> 18) & 1023];
-    out[at + 1] = L[((t11 + t2 + 131072) >> 18) & 1023];
-    out[at + 6] = L[((t11 - t2 + 131072) >> 18) & 1023];
-    out[at + 2] = L[((t12 + t1 + 131072) >> 18) & 1023];
-    out[at + 5] = L[((t12 - t1 + 131072) >> 18) & 1023];
-    out[at + 3] = L[((t13 + t0 + 131072) >> 18) & 1023];
-    out[at + 4] = L[((t13 - t0 + 131072) >> 18) & 1023];
-  }
-}
-
-/** A component's samples: the blocks holding its `dw` x `dh` samples, transformed. */
-function samples(c: Component): { data: Uint8Array; stride: number } {
-  const bw = Math.ceil(c.dw / 8), bh = Math.ceil(c.dh / 8), stride = bw * 8;
-  const data = new Uint8Array(stride * bh * 8);
-  const ws = new Int32Array(64);
-  const q = c.quant ?? new Int32Array(64);
-  for (let by = 0; by < bh; by++) {
-    for (let bx = 0; bx < bw; bx++) {
-      idctBlock(c.coefs, (by * c.bpl + bx) * 64, q, ws, data, by * 8 * stride + bx * 8, stride);
-    }
-  }
-  return { data, stride };
-}
-
-/**
- * A component brought to the image's size: libjpeg's "fancy" triangle filter for 2:1 ratios
- * (3/4 of the nearer sample, 1/4 of the next; edges repeat), replication for the rest.
- */
-function upsample(
-  c: Component,
-  f: Frame,
-  plane: { data: Uint8Array; stride: number },
-): { data: Uint8Array; stride: number } {
-  const hs = f.hmax / c.h, vs = f.vmax / c.v;
-  if (hs === 1 && vs === 1) return plane;
-  const W = f.width, H = f.height, { data: src, stride } = plane;
-  const out = new Uint8Array(W * H);
-  const last = c.dh - 1, n = c.dw;
-  if (hs === 2 && vs === 1 && n > 2) {
-    const row = new Uint8Array(2 * n);
-    for (let y = 0; y < H; y++) {
-      const s = y * stride, o = y * W;
-      row[0] = src[s];
-      row[1] = (src[s] * 3 + src[s + 1] + 2) >> 2;
-      for (let i = 1; i < n - 1; i++) {
-        const v = src[s + i] * 3;
-        row[2 * i] = (v + src[s + i - 1] + 1) >> 2;
-        row[2 * i + 1] = (v + src[s + i + 1] + 2) >> 2;
-      }
-      row[2 * n - 2] = (src[s + n - 1] * 3 + src[s + n - 2] + 1) >> 2;
-      row[2 * n - 1] = src[s + n - 1];
-      out.set(row.subarray(0, W), o);
-    }
-  } else if (hs === 1 && vs === 2) {
-    for (let y = 0; y < H; y++) {
-      const r = y >> 1, lower = y & 1;
-      const near = r * stride, far = (lower ? Math.min(r + 1, last) : Math.max(r - 1, 0)) * stride;
-      const bias = lower ? 2 : 1, o = y * W;
-      for (let x = 0; x < W; x++) out[o + x] = (src[near + x] * 3 + src[far + x] + bias) >> 2;
-    }
-  } else if (hs === 2 && vs === 2 && n > 2) {
-    const sum = new Int32Array(n), row = new Uint8Array(2 * n);
-    for (let y = 0; y < H; y++) {
-      const r = y >> 1, lower = y & 1;
-      const near = r * stride, far = (lower ? Math.min(r + 1, last) : Math.max(r - 1, 0)) * stride;
-      for (let i = 0; i < n; i++) sum[i] = src[near + i] * 3 + src[far + i];
-      row[0] = (sum[0] * 4 + 8) >> 4;
-      row[1] = (sum[0] * 3 + sum[1] + 7) >> 4;
-      for (let i = 1; i < n - 1; i++) {
-        const v = sum[i] * 3;
-        row[2 * i] = (v + sum[i - 1] + 8) >> 4;
-        row[2 * i + 1] = (v + sum[i + 1] + 7) >> 4;
-      }
-      row[2 * n - 2] = (sum[n - 1] * 3 + sum[n - 2] + 8) >> 4;
-      row[2 * n - 1] = (sum[n - 1] * 4 + 7) >> 4;
-      out.set(row.subarray(0, W), y * W);
-    }
-  } else {
-    for (let y = 0; y < H; y++) {
-      const s = ((y / vs) | 0) * stride, o = y * W;
-      for (let x = 0; x < W; x++) out[o + x] = src[s + ((x / hs) | 0)];
-    }
-  }
-  return { data: out, stride: W };
-}
-
 /**
  * The size and colour space of a JPEG, from the segments before its first scan.
  *
@@ -843,13 +648,23 @@ export function jpegInfo(bytes: Uint8Array): JpegInfo {
   return p.info();
 }
 
+/** Options of {@linkcode decodeJpegTs}. */
+export interface DecodeJpegOptions {
+  /** Refuse frames with more pixels, before allocating anything (default: no limit). */
+  maxPixels?: number;
+  /** Where the pixels go, at least `height * width * channels` bytes of the scaled size. */
+  out?: Uint8Array;
+  /** Decode at 1/scale of the size in the DCT domain, as libjpeg-turbo (default 1). */
+  scale?: 1 | 2 | 4 | 8;
+}
+
 /**
- * Decodes a JPEG at full size, as libjpeg-turbo's default decode does (bit for bit).
+ * Decodes a JPEG as libjpeg-turbo's default decode does, bit for bit: at full size, or
+ * scaled by 1/2, 1/4 or 1/8 in the DCT domain (each side rounded up).
  *
  * @param bytes the file
  * @param channels 1 (the luma plane of YCbCr), 3 (RGB) or 4 (RGBA, alpha 255)
- * @param maxPixels refuse frames with more pixels, before allocating anything
- * @param out where the pixels go, at least `height * width * channels` bytes
+ * @param options the pixel limit, where the pixels go and the scale
  * @returns the pixels, HWC
  * @throws {ImageDecodeError} for a truncated, corrupt, too large or unsupported file
  * @example A grey 8x8 block of one DC value
@@ -865,36 +680,65 @@ export function jpegInfo(bytes: Uint8Array): JpegInfo {
  * const jpeg = new Uint8Array([0xff, 0xd8, ...dqt, ...sof, ...dht, ...sos, 0x3f, 0xff, 0xd9]);
  * const img = decodeJpegTs(jpeg, 1);
  * assert.deepStrictEqual([img.height, img.width, img.data[0], img.data[63]], [8, 8, 128, 128]);
+ * assert.deepStrictEqual([...decodeJpegTs(jpeg, 3, { scale: 8 }).data], [128, 128, 128]);
  * ```
  */
 export function decodeJpegTs(
   bytes: Uint8Array,
   channels: Channels,
-  maxPixels = Infinity,
-  out?: Uint8Array,
+  options: DecodeJpegOptions = {},
 ): DecodedImage {
-  const p = new Parser(bytes, maxPixels);
+  const scale = options.scale ?? 1;
+  if (![1, 2, 4, 8].includes(scale)) {
+    throw new RangeError(`Cannot decode a JPEG at scale 1/${scale}: 1, 2, 4 or 8`);
+  }
+  const p = new Parser(bytes, options.maxPixels ?? Infinity);
   p.run(true);
   if (!p.frame) throw new ImageDecodeError("JPEG header is truncated (no frame header)");
   const f = p.frame;
-  const n = f.width * f.height;
+  const min = 8 / scale;
+  const W = Math.ceil((f.width * min) / 8), H = Math.ceil((f.height * min) / 8);
+  const n = W * H;
+  const out = options.out;
   if (out !== undefined && out.length < n * channels) {
     throw new RangeError(`Cannot decode into ${out.length} bytes: the image needs ${n * channels}`);
   }
   p.allocate();
-  // run(true) stopped after a frame header or at the first scan's marker: go on from there.
+  // run(true) stopped after the frame header: go on from there.
   p.run(false);
   const space = p.colorspace();
   const dst = out ?? new Uint8Array(n * channels);
+  const plane = (c: Component): Plane => {
+    // libjpeg's choice: a subsampled component takes a larger IDCT where that spares
+    // upsampling (scaled decodes only).
+    let size = min;
+    while (
+      size < 8 && (f.hmax * min) % (c.h * size * 2) === 0 && (f.vmax * min) % (c.v * size * 2) === 0
+    ) size *= 2;
+    const hs = (f.hmax * min) / (c.h * size), vs = (f.vmax * min) / (c.v * size);
+    if (!Number.isInteger(hs) || !Number.isInteger(vs)) {
+      throw new ImageDecodeError(`JPEG sampling ${c.h}x${c.v} does not scale by 1/${scale}`);
+    }
+    const samples = transform(
+      c.coefs,
+      c.bpl,
+      Math.ceil(c.dw / 8),
+      Math.ceil(c.dh / 8),
+      c.quant ?? new Int32Array(64),
+      size as 1 | 2 | 4 | 8,
+    );
+    const dw = Math.ceil((f.width * c.h * size) / (f.hmax * 8));
+    const dh = Math.ceil((f.height * c.v * size) / (f.vmax * 8));
+    return upsample(samples, dw, dh, hs, vs, [W, H], min > 1);
+  };
   const comps = f.comps;
-  const plane = (i: number) => upsample(comps[i], f, samples(comps[i]));
   if (space === "grey" || (space === "ycbcr" && channels === 1)) {
-    const { data, stride } = plane(0);
-    for (let y = 0; y < f.height; y++) {
+    const { data, stride } = plane(comps[0]);
+    for (let y = 0; y < H; y++) {
       const s = y * stride;
-      if (channels === 1) dst.set(data.subarray(s, s + f.width), y * f.width);
+      if (channels === 1) dst.set(data.subarray(s, s + W), y * W);
       else {
-        for (let x = 0, o = y * f.width * channels; x < f.width; x++, o += channels) {
+        for (let x = 0, o = y * W * channels; x < W; x++, o += channels) {
           const v = data[s + x];
           dst[o] = dst[o + 1] = dst[o + 2] = v;
           if (channels === 4) dst[o + 3] = 255;
@@ -902,12 +746,12 @@ export function decodeJpegTs(
       }
     }
   } else if (space === "ycbcr" || space === "rgb") {
-    const [a, b, c] = [plane(0), plane(1), plane(2)];
+    const [a, b, c] = comps.map(plane);
     const clamped = new Uint8ClampedArray(dst.buffer, dst.byteOffset, n * channels);
     const ycc = space === "ycbcr";
-    for (let y = 0; y < f.height; y++) {
+    for (let y = 0; y < H; y++) {
       const sa = y * a.stride, sb = y * b.stride, sc = y * c.stride;
-      for (let x = 0, o = y * f.width * channels; x < f.width; x++, o += channels) {
+      for (let x = 0, o = y * W * channels; x < W; x++, o += channels) {
         let r = a.data[sa + x], g = b.data[sb + x], bl = c.data[sc + x];
         if (ycc) {
           const Y = r, cb = g, cr = bl;
@@ -916,6 +760,7 @@ export function decodeJpegTs(
           bl = Y + CB_B[cb];
         }
         if (channels === 1) {
+          // libjpeg's RGB to grey: the same weights as Pillow's "L".
           clamped[o] = (r * 19595 + g * 38470 + bl * 7471 + 32768) >> 16;
         } else {
           clamped[o] = r, clamped[o + 1] = g, clamped[o + 2] = bl;
@@ -924,12 +769,12 @@ export function decodeJpegTs(
       }
     }
   } else {
-    const [a, b, c, k] = [plane(0), plane(1), plane(2), plane(3)];
+    const [a, b, c, k] = comps.map(plane);
     const cmyk = new Uint8ClampedArray(n * 4);
     const ycck = space === "ycck";
-    for (let y = 0; y < f.height; y++) {
+    for (let y = 0; y < H; y++) {
       const sa = y * a.stride, sb = y * b.stride, sc = y * c.stride, sk = y * k.stride;
-      for (let x = 0, o = y * f.width * 4; x < f.width; x++, o += 4) {
+      for (let x = 0, o = y * W * 4; x < W; x++, o += 4) {
         const v0 = a.data[sa + x], v1 = b.data[sb + x], v2 = c.data[sc + x];
         if (ycck) {
           cmyk[o] = 255 - (v0 + CR_R[v2]);
@@ -941,5 +786,5 @@ export function decodeJpegTs(
     }
     cmykToChannels(new Uint8Array(cmyk.buffer), dst, n, channels);
   }
-  return { data: dst.subarray(0, n * channels), height: f.height, width: f.width, channels };
+  return { data: dst.subarray(0, n * channels), height: H, width: W, channels };
 }
