@@ -86,7 +86,15 @@ export class TurboJpeg {
     const s = this.#lib.symbols;
     const p = s.tjGetErrorStr2(this.#handle);
     const message = p === null ? "unknown error" : Deno.UnsafePointerView.getCString(p);
-    return { message, warning: s.tjGetErrorCode(this.#handle) === TJERR_WARNING };
+    const warning = s.tjGetErrorCode(this.#handle) === TJERR_WARNING;
+    // A decompressor that failed inside a header keeps that state (libjpeg-turbo 2.1): the
+    // next file then fails with this file's error. A fresh one decodes it.
+    s.tjDestroy(this.#handle);
+    this.#handle = s.tjInitDecompress();
+    if (this.#handle === null) {
+      throw new Error("Cannot start a TurboJPEG decompressor: tjInitDecompress returned NULL");
+    }
+    return { message, warning };
   }
 
   /** The size and colour space of a JPEG. */
