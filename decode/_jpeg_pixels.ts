@@ -7,20 +7,23 @@
  * @module
  */
 
-/** The IDCT's output clamp: the 10-bit wrapped sample (centred on 0) to 0..255, as libjpeg. */
-const IDCT_LIMIT = (() => {
-  const t = new Uint8Array(1024);
-  for (let i = 0; i < 1024; i++) {
-    const v = i < 512 ? i : i - 1024;
-    t[i] = Math.max(0, Math.min(255, v + 128));
-  }
-  return t;
-})();
+import type { Channels } from "./types.ts";
+import { cmykToChannels } from "./turbojpeg.ts";
+
+/**
+ * The IDCT's output: the sample re-centred on 128 and clamped to 0..255. libjpeg's C code
+ * wraps values past +-512 (a 10-bit table) where its SIMD code, which TurboJPEG runs,
+ * saturates; the two agree on every coefficient an 8-bit encoder writes, and this follows
+ * the SIMD code for the rest (corrupt data).
+ */
+function CL(v: number): number {
+  return v < -128 ? 0 : v > 127 ? 255 : v + 128;
+}
 
 // YCbCr -> RGB in 16-bit fixed point, libjpeg's tables (jdcolor.c's arithmetic).
 const FIX = (x: number) => Math.floor(x * 65536 + 0.5);
-export const CR_R = new Int32Array(256), CB_B = new Int32Array(256);
-export const CR_G = new Int32Array(256), CB_G = new Int32Array(256);
+const CR_R = new Int32Array(256), CB_B = new Int32Array(256);
+const CR_G = new Int32Array(256), CB_G = new Int32Array(256);
 for (let i = 0; i < 256; i++) {
   const x = i - 128;
   CR_R[i] = (FIX(1.402) * x + 32768) >> 16;
@@ -88,7 +91,6 @@ function idct8(
     ws[x + 32] = (t13 - t0 + 1024) >> 11;
   }
   // Rows: transform, drop the 2 bits and the 3 of the 8-point scaling, re-centre and clamp.
-  const L = IDCT_LIMIT;
   for (let y = 0; y < 64; y += 8, at += stride) {
     let z2 = ws[y + 2], z3 = ws[y + 6];
     let z1 = (z2 + z3) * 4433;
@@ -116,14 +118,14 @@ function idct8(
     t1 += z2 + z4;
     t2 += z2 + z3;
     t3 += z1 + z4;
-    out[at] = L[((t10 + t3 + 131072) >> 18) & 1023];
-    out[at + 7] = L[((t10 - t3 + 131072) >> 18) & 1023];
-    out[at + 1] = L[((t11 + t2 + 131072) >> 18) & 1023];
-    out[at + 6] = L[((t11 - t2 + 131072) >> 18) & 1023];
-    out[at + 2] = L[((t12 + t1 + 131072) >> 18) & 1023];
-    out[at + 5] = L[((t12 - t1 + 131072) >> 18) & 1023];
-    out[at + 3] = L[((t13 + t0 + 131072) >> 18) & 1023];
-    out[at + 4] = L[((t13 - t0 + 131072) >> 18) & 1023];
+    out[at] = CL((t10 + t3 + 131072) >> 18);
+    out[at + 7] = CL((t10 - t3 + 131072) >> 18);
+    out[at + 1] = CL((t11 + t2 + 131072) >> 18);
+    out[at + 6] = CL((t11 - t2 + 131072) >> 18);
+    out[at + 2] = CL((t12 + t1 + 131072) >> 18);
+    out[at + 5] = CL((t12 - t1 + 131072) >> 18);
+    out[at + 3] = CL((t13 + t0 + 131072) >> 18);
+    out[at + 4] = CL((t13 - t0 + 131072) >> 18);
   }
 }
 
@@ -158,7 +160,6 @@ function idct4(
     ws[x + 8] = (t12 + o0 + 2048) >> 12;
     ws[x + 16] = (t12 - o0 + 2048) >> 12;
   }
-  const L = IDCT_LIMIT;
   for (let y = 0; y < 32; y += 8, at += stride) {
     const t0 = ws[y] * 16384;
     const e = ws[y + 2] * 15137 - ws[y + 6] * 6270;
@@ -166,10 +167,10 @@ function idct4(
     const z1 = ws[y + 7], z5 = ws[y + 5], z6 = ws[y + 3], z4 = ws[y + 1];
     const o0 = -z1 * 1730 + z5 * 11893 - z6 * 17799 + z4 * 8697;
     const o2 = -z1 * 4176 - z5 * 4926 + z6 * 7373 + z4 * 20995;
-    out[at] = L[((t10 + o2 + 262144) >> 19) & 1023];
-    out[at + 3] = L[((t10 - o2 + 262144) >> 19) & 1023];
-    out[at + 1] = L[((t12 + o0 + 262144) >> 19) & 1023];
-    out[at + 2] = L[((t12 - o0 + 262144) >> 19) & 1023];
+    out[at] = CL((t10 + o2 + 262144) >> 19);
+    out[at + 3] = CL((t10 - o2 + 262144) >> 19);
+    out[at + 1] = CL((t12 + o0 + 262144) >> 19);
+    out[at + 2] = CL((t12 - o0 + 262144) >> 19);
   }
 }
 
@@ -185,12 +186,11 @@ function idct2(
 ): void {
   for (let x = 1; x < 8; x += 2) idct2Column(coefs, o, q, ws, x);
   idct2Column(coefs, o, q, ws, 0);
-  const L = IDCT_LIMIT;
   for (let y = 0; y < 16; y += 8, at += stride) {
     const t10 = ws[y] * 32768;
     const t0 = -ws[y + 7] * 5906 + ws[y + 5] * 6967 - ws[y + 3] * 10426 + ws[y + 1] * 29692;
-    out[at] = L[((t10 + t0 + 524288) >> 20) & 1023];
-    out[at + 1] = L[((t10 - t0 + 524288) >> 20) & 1023];
+    out[at] = CL((t10 + t0 + 524288) >> 20);
+    out[at + 1] = CL((t10 - t0 + 524288) >> 20);
   }
 }
 
@@ -212,10 +212,78 @@ function idct1(
   out: Uint8Array,
   at: number,
 ): void {
-  out[at] = IDCT_LIMIT[((coefs[o] * q[0] + 4) >> 3) & 1023];
+  out[at] = CL((coefs[o] * q[0] + 4) >> 3);
 }
 
 const IDCTS = { 1: idct1, 2: idct2, 4: idct4, 8: idct8 } as const;
+
+/**
+ * Pixels from the colour planes (upsampled): grey (the first plane), YCbCr or RGB to 1, 3
+ * or 4 channels, CMYK or YCCK to them as the TurboJPEG path converts CMYK.
+ */
+export function toChannels(
+  space: "grey" | "ycbcr" | "rgb" | "cmyk" | "ycck",
+  planes: Plane[],
+  [W, H]: readonly [number, number],
+  channels: Channels,
+  dst: Uint8Array,
+): void {
+  const n = W * H;
+  if (space === "grey" || (space === "ycbcr" && channels === 1)) {
+    const { data, stride } = planes[0];
+    for (let y = 0; y < H; y++) {
+      const s = y * stride;
+      if (channels === 1) dst.set(data.subarray(s, s + W), y * W);
+      else {
+        for (let x = 0, o = y * W * channels; x < W; x++, o += channels) {
+          const v = data[s + x];
+          dst[o] = dst[o + 1] = dst[o + 2] = v;
+          if (channels === 4) dst[o + 3] = 255;
+        }
+      }
+    }
+  } else if (space === "ycbcr" || space === "rgb") {
+    const [a, b, c] = planes;
+    const clamped = new Uint8ClampedArray(dst.buffer, dst.byteOffset, n * channels);
+    const ycc = space === "ycbcr";
+    for (let y = 0; y < H; y++) {
+      const sa = y * a.stride, sb = y * b.stride, sc = y * c.stride;
+      for (let x = 0, o = y * W * channels; x < W; x++, o += channels) {
+        let r = a.data[sa + x], g = b.data[sb + x], bl = c.data[sc + x];
+        if (ycc) {
+          const Y = r, cb = g, cr = bl;
+          r = Y + CR_R[cr];
+          g = Y + ((CB_G[cb] + CR_G[cr]) >> 16);
+          bl = Y + CB_B[cb];
+        }
+        if (channels === 1) {
+          // libjpeg's RGB to grey: the same weights as Pillow's "L".
+          clamped[o] = (r * 19595 + g * 38470 + bl * 7471 + 32768) >> 16;
+        } else {
+          clamped[o] = r, clamped[o + 1] = g, clamped[o + 2] = bl;
+          if (channels === 4) clamped[o + 3] = 255;
+        }
+      }
+    }
+  } else {
+    const [a, b, c, k] = planes;
+    const cmyk = new Uint8ClampedArray(n * 4);
+    const ycck = space === "ycck";
+    for (let y = 0; y < H; y++) {
+      const sa = y * a.stride, sb = y * b.stride, sc = y * c.stride, sk = y * k.stride;
+      for (let x = 0, o = y * W * 4; x < W; x++, o += 4) {
+        const v0 = a.data[sa + x], v1 = b.data[sb + x], v2 = c.data[sc + x];
+        if (ycck) {
+          cmyk[o] = 255 - (v0 + CR_R[v2]);
+          cmyk[o + 1] = 255 - (v0 + ((CB_G[v1] + CR_G[v2]) >> 16));
+          cmyk[o + 2] = 255 - (v0 + CB_B[v1]);
+        } else cmyk[o] = v0, cmyk[o + 1] = v1, cmyk[o + 2] = v2;
+        cmyk[o + 3] = k.data[sk + x];
+      }
+    }
+    cmykToChannels(new Uint8Array(cmyk.buffer), dst, n, channels);
+  }
+}
 
 /** A plane of 8-bit samples, `stride` bytes a row. */
 export interface Plane {

@@ -13,8 +13,7 @@
  */
 
 import { type Channels, type DecodedImage, ImageDecodeError } from "./types.ts";
-import { cmykToChannels } from "./turbojpeg.ts";
-import { CB_B, CB_G, CR_G, CR_R, type Plane, transform, upsample } from "./_jpeg_pixels.ts";
+import { type Plane, toChannels, transform, upsample } from "./_jpeg_pixels.ts";
 
 /** The size and colour of a JPEG, from its frame header. */
 export interface JpegInfo {
@@ -51,7 +50,11 @@ interface Huffman {
   symbols: Uint8Array;
 }
 
-function buildHuffman(counts: Uint8Array, symbols: Uint8Array): Huffman {
+function buildHuffman(
+  counts: Uint8Array,
+  symbols: Uint8Array,
+  bad: (what: string) => ImageDecodeError,
+): Huffman {
   const fast = new Uint16Array(512);
   const maxcode = new Int32Array(18).fill(-1);
   const offset = new Int32Array(17);
@@ -65,12 +68,16 @@ function buildHuffman(counts: Uint8Array, symbols: Uint8Array): Huffman {
         fast.fill((len << 8) | symbols[k], from, from + (1 << (9 - len)));
       }
     }
-    if (code > 1 << len) throw corrupt("a Huffman table has more codes than its lengths allow");
+    if (code > 1 << len) throw bad("a Huffman table has more codes than its lengths allow");
     maxcode[len] = n ? code - 1 : -1;
     code <<= 1;
   }
   maxcode[17] = 0x7fffffff;
   return { fast, maxcode, offset, symbols };
+}
+
+function hex(byte: number): string {
+  return byte.toString(16).toUpperCase().padStart(2, "0");
 }
 
 function corrupt(what: string): ImageDecodeError {
@@ -126,10 +133,13 @@ class BitReader {
   ended(): never {
     if (this.pos + 1 >= this.b.length) throw truncated("premature end of the file");
     throw corrupt(
-      `premature end of data segment at marker 0xFF${
-        this.b[this.pos + 1]?.toString(16).toUpperCase().padStart(2, "0")
-      }`,
+      `premature end of data segment at marker 0xFF${hex(this.b[this.pos + 1])}`,
     );
+  }
+
+  /** Whole bytes of data read into the buffer and not used. */
+  unusedBytes(): number {
+    return Math.max(0, this.nbits - 8 * this.fake) >> 3;
   }
 
   /** Drops the buffered bits (at a restart marker or the end of a scan). */
@@ -216,6 +226,8 @@ class Parser {
   jfif = false;
   frame: Frame | undefined;
   eobrun = 0;
+  /** Whole bytes of the last scan's data that decoding left unused. */
+  leftover = 0;
 
   constructor(readonly b: Uint8Array, readonly maxPixels: number) {
     if (b.length < 2 || b[0] !== 0xff || b[1] !== 0xd8) {
@@ -223,11 +235,20 @@ class Parser {
     }
   }
 
+  /** A corrupt header (before the frame's scans) or corrupt data. */
+  corrupt(what: string): ImageDecodeError {
+    return this.frame ? corrupt(what) : new ImageDecodeError(`JPEG header is corrupt (${what})`);
+  }
+
   /** The next marker's code, skipping fill bytes and stray data as libjpeg does. */
   marker(): number {
     const b = this.b;
+    // Bytes before a marker that belong to nothing (libjpeg warns of them, and the TurboJPEG
+    // path refuses the file for it): whole bytes of a scan's data left undecoded, and more.
+    let extra = this.leftover;
+    this.leftover = 0;
     for (;;) {
-      while (this.pos < b.length && b[this.pos] !== 0xff) this.pos++;
+      while (this.pos < b.length && b[this.pos] !== 0xff) this.pos++, extra++;
       while (this.pos < b.length && b[this.pos] === 0xff) this.pos++;
       if (this.pos >= b.length) {
         throw this.frame ? truncated("premature end of the file") : new ImageDecodeError(
@@ -235,7 +256,10 @@ class Parser {
         );
       }
       const c = b[this.pos++];
-      if (c !== 0) return c;
+      if (c === 0) extra += 2;
+      else if (extra > 0) {
+        throw this.corrupt(`${extra} extraneous bytes before marker 0xFF${hex(c)}`);
+      } else return c;
     }
   }
 
@@ -244,7 +268,7 @@ class Parser {
     const b = this.b;
     if (this.pos + 2 > b.length) throw this.headerEnd();
     const len = (b[this.pos] << 8) | b[this.pos + 1];
-    if (len < 2) throw corrupt(`a segment length of ${len}`);
+    if (len < 2) throw this.corrupt(`a segment length of ${len}`);
     const start = this.pos + 2, end = this.pos + len;
     if (end > b.length) throw this.headerEnd();
     this.pos = end;
@@ -268,25 +292,26 @@ class Parser {
         return;
       }
       if (m >= 0xd0 && m <= 0xd7 || m === 0x01) continue; // stray RST/TEM: no segment
-      if (m === 0xd8) throw corrupt("a second SOI marker");
+      if (m === 0xd8) throw this.corrupt("a second SOI marker");
+      if (m < 0xc0 || (m > 0xdd && m < 0xe0) || (m > 0xef && m !== 0xfe)) {
+        throw this.corrupt(`an unsupported marker 0xFF${hex(m)}`);
+      }
       const [s, e] = this.segment();
       if (m === 0xc0 || m === 0xc1 || m === 0xc2) {
-        if (this.frame) throw corrupt("a second frame header");
+        if (this.frame) throw this.corrupt("a second frame header");
         this.sof(s, e, m === 0xc2);
         if (headerOnly) return;
       } else if (m >= 0xc3 && m <= 0xcf && m !== 0xc4 && m !== 0xcc) {
-        throw new ImageDecodeError(`JPEG ${sofKind(m)} is not decoded by the TypeScript decoder`);
+        throw new ImageDecodeError(unsupported(m));
       } else if (m === 0xc4) this.dht(s, e);
       else if (m === 0xdb) this.dqt(s, e);
       else if (m === 0xdd) {
-        if (e - s < 2) throw corrupt("a short DRI segment");
+        if (e - s !== 2) throw this.corrupt("a DRI segment of the wrong length");
         this.restartInterval = (this.b[s] << 8) | this.b[s + 1];
       } else if (m === 0xda) {
-        if (!this.frame) throw corrupt("a scan before the frame header");
+        if (!this.frame) throw this.corrupt("a scan before the frame header");
         if (headerOnly) return;
         this.sos(s, e);
-      } else if (m === 0xdc) {
-        throw new ImageDecodeError("JPEG DNL marker (height after the scan) is not supported");
       } else if (m === 0xe0) {
         const b = this.b;
         if (e - s >= 5 && b[s] === 0x4a && b[s + 1] === 0x46 && b[s + 2] === 0x49) this.jfif = true;
@@ -303,9 +328,9 @@ class Parser {
     const b = this.b;
     while (s < e) {
       const pq = b[s] >> 4, tq = b[s] & 15;
-      if (pq > 1 || tq > 3) throw corrupt(`a quantization table ${b[s]}`);
+      if (pq > 1 || tq > 3) throw this.corrupt(`a quantization table ${b[s]}`);
       const size = pq ? 128 : 64;
-      if (s + 1 + size > e) throw corrupt("a short DQT segment");
+      if (s + 1 + size > e) throw this.corrupt("a short DQT segment");
       const q = new Int32Array(64);
       for (let k = 0; k < 64; k++) {
         q[ZIGZAG[k]] = pq ? (b[s + 1 + 2 * k] << 8) | b[s + 2 + 2 * k] : b[s + 1 + k];
@@ -318,14 +343,14 @@ class Parser {
   dht(s: number, e: number): void {
     const b = this.b;
     while (s < e) {
-      if (s + 17 > e) throw corrupt("a short DHT segment");
+      if (s + 17 > e) throw this.corrupt("a short DHT segment");
       const tc = b[s] >> 4, th = b[s] & 15;
-      if (tc > 1 || th > 3) throw corrupt(`a Huffman table ${b[s]}`);
+      if (tc > 1 || th > 3) throw this.corrupt(`a Huffman table ${b[s]}`);
       const counts = b.subarray(s + 1, s + 17);
       let n = 0;
       for (const c of counts) n += c;
-      if (n > 256 || s + 17 + n > e) throw corrupt("a Huffman table of bad length");
-      const t = buildHuffman(counts, b.slice(s + 17, s + 17 + n));
+      if (n > 256 || s + 17 + n > e) throw this.corrupt("a Huffman table of bad length");
+      const t = buildHuffman(counts, b.slice(s + 17, s + 17 + n), (w) => this.corrupt(w));
       (tc ? this.acTables : this.dcTables)[th] = t;
       s += 17 + n;
     }
@@ -333,13 +358,13 @@ class Parser {
 
   sof(s: number, e: number, progressive: boolean): void {
     const b = this.b;
-    if (e - s < 6) throw corrupt("a short frame header");
+    if (e - s < 6) throw this.corrupt("a short frame header");
     const precision = b[s];
     const height = (b[s + 1] << 8) | b[s + 2], width = (b[s + 3] << 8) | b[s + 4];
     const n = b[s + 5];
     if (precision !== 8) {
       throw new ImageDecodeError(
-        `JPEG of ${precision}-bit samples is not decoded by the TypeScript decoder (8-bit only)`,
+        `${precision}-bit JPEG is not decoded (8-bit samples only)`,
       );
     }
     if (height === 0) {
@@ -349,7 +374,7 @@ class Parser {
     if (n !== 1 && n !== 3 && n !== 4) {
       throw new ImageDecodeError(`JPEG of ${n} components is not decoded (1, 3 or 4)`);
     }
-    if (e - s < 6 + 3 * n) throw corrupt("a short frame header");
+    if (e - s !== 6 + 3 * n) throw this.corrupt("a frame header of the wrong length");
     if (width * height > this.maxPixels) {
       throw new ImageDecodeError(
         `image of ${width}x${height} = ${
@@ -413,17 +438,17 @@ class Parser {
   sos(s: number, e: number): void {
     const b = this.b, f = this.frame!;
     const ns = b[s];
-    if (ns < 1 || ns > 4 || e - s < 4 + 2 * ns) throw corrupt("a bad scan header");
+    if (ns < 1 || ns > 4 || e - s !== 4 + 2 * ns) throw this.corrupt("a bad scan header");
     const comps: Component[] = [];
     for (let i = 0; i < ns; i++) {
       const id = b[s + 1 + 2 * i], t = b[s + 2 + 2 * i];
       const c = f.comps.find((c) => c.id === id);
-      if (c === undefined || comps.includes(c)) throw corrupt(`a scan of component id ${id}`);
+      if (c === undefined || comps.includes(c)) throw this.corrupt(`a scan of component id ${id}`);
       c.dc = this.dcTables[t >> 4];
       c.ac = this.acTables[t & 15];
       if (c.quant === undefined) {
         const q = this.quant[c.tq];
-        if (q === undefined) throw corrupt(`quantization table ${c.tq} is not defined`);
+        if (q === undefined) throw this.corrupt(`quantization table ${c.tq} is not defined`);
         c.quant = q.slice();
       }
       comps.push(c);
@@ -431,18 +456,27 @@ class Parser {
     const at = s + 1 + 2 * ns;
     const ss = b[at], se = b[at + 1], ah = b[at + 2] >> 4, al = b[at + 2] & 15;
     if (f.progressive) {
-      if (ss > se || se > 63 || (ss === 0 && se !== 0) || (ss !== 0 && ns !== 1) || ah > 13) {
-        throw corrupt(`invalid progressive parameters Ss=${ss} Se=${se} Ah=${ah} Al=${al}`);
+      if (
+        ss > se || se > 63 || (ss === 0 && se !== 0) || (ss !== 0 && ns !== 1) ||
+        (ah !== 0 && al !== ah - 1) || al > 13
+      ) {
+        throw this.corrupt(`invalid progressive parameters Ss=${ss} Se=${se} Ah=${ah} Al=${al}`);
       }
     }
     if (ns > 1 && comps.reduce((n, c) => n + c.h * c.v, 0) > 10) {
-      throw corrupt("sampling factors too large for an interleaved scan");
+      throw this.corrupt("sampling factors too large for an interleaved scan");
     }
     for (const c of comps) {
       const needDc = !f.progressive || (ss === 0 && ah === 0);
       const needAc = !f.progressive || ss > 0;
-      if (needDc && c.dc === undefined) throw corrupt("a scan uses an undefined DC Huffman table");
-      if (needAc && c.ac === undefined) throw corrupt("a scan uses an undefined AC Huffman table");
+      if (needDc && c.dc === undefined) {
+        throw this.corrupt("a scan uses an undefined DC Huffman table");
+      }
+      // A DC difference has at most 15 bits: libjpeg refuses a DC table with larger symbols.
+      if (needDc && c.dc!.symbols.some((v) => v > 15)) throw this.corrupt("a bad DC Huffman table");
+      if (needAc && c.ac === undefined) {
+        throw this.corrupt("a scan uses an undefined AC Huffman table");
+      }
       c.pred = 0;
     }
     this.pos = e;
@@ -485,20 +519,22 @@ class Parser {
       }
     }
     r.check();
+    this.leftover = r.unusedBytes();
     this.pos = r.pos;
   }
 
   /** Expects restart marker `n` (mod 8) where the bits stop, and resets the predictions. */
   restart(r: BitReader, n: number, comps: Component[]): void {
+    const extra = r.unusedBytes();
     r.reset();
     const b = this.b;
     let p = r.pos;
     while (p < b.length && b[p] === 0xff) p++;
     if (p >= b.length) throw truncated("premature end of the file");
-    if (p === r.pos || b[p] !== 0xd0 + (n & 7)) {
+    if (extra > 0 || p === r.pos || b[p] !== 0xd0 + (n & 7)) {
       throw corrupt(
         `expected restart marker RST${n & 7}, found ${
-          p === r.pos ? "entropy-coded data" : `marker 0xFF${b[p].toString(16).toUpperCase()}`
+          extra > 0 || p === r.pos ? "more entropy-coded data" : `marker 0xFF${hex(b[p])}`
         }`,
       );
     }
@@ -510,7 +546,6 @@ class Parser {
   baseline(r: BitReader, c: Component, o: number): void {
     const coefs = c.coefs, ac = c.ac!;
     const s = r.decode(c.dc!);
-    if (s > 15) throw corrupt("a DC difference of more than 15 bits");
     c.pred += s ? r.extend(s) : 0;
     coefs[o] = c.pred;
     for (let k = 1; k < 64; k++) {
@@ -526,7 +561,6 @@ class Parser {
 
   dcFirst(r: BitReader, c: Component, o: number, al: number): void {
     const s = r.decode(c.dc!);
-    if (s > 15) throw corrupt("a DC difference of more than 15 bits");
     c.pred += s ? r.extend(s) : 0;
     c.coefs[o] = c.pred << al;
   }
@@ -616,12 +650,15 @@ class Parser {
   }
 }
 
-function sofKind(m: number): string {
-  if (m === 0xc3) return "lossless (SOF3)";
-  if (m >= 0xc9) {
-    return `arithmetic-coded (SOF${m - 0xc0}) ${m === 0xcb || m === 0xcf ? "lossless " : ""}file`;
+/** Why a frame type is refused. */
+function unsupported(m: number): string {
+  const sof = `SOF${m - 0xc0}`;
+  if (m === 0xc9 || m === 0xca) {
+    return `arithmetic-coded JPEG (${sof}) is not decoded by the TypeScript fallback ` +
+      "(libjpeg-turbo decodes it: apt-get install libturbojpeg0, and --allow-ffi)";
   }
-  return `hierarchical or reserved (SOF${m - 0xc0}) file`;
+  if (m === 0xc3 || m === 0xcb) return `lossless JPEG (${sof}) is not decoded`;
+  return `hierarchical JPEG (${sof}) is not decoded`;
 }
 
 /**
@@ -731,60 +768,9 @@ export function decodeJpegTs(
     const dh = Math.ceil((f.height * c.v * size) / (f.vmax * 8));
     return upsample(samples, dw, dh, hs, vs, [W, H], min > 1);
   };
-  const comps = f.comps;
-  if (space === "grey" || (space === "ycbcr" && channels === 1)) {
-    const { data, stride } = plane(comps[0]);
-    for (let y = 0; y < H; y++) {
-      const s = y * stride;
-      if (channels === 1) dst.set(data.subarray(s, s + W), y * W);
-      else {
-        for (let x = 0, o = y * W * channels; x < W; x++, o += channels) {
-          const v = data[s + x];
-          dst[o] = dst[o + 1] = dst[o + 2] = v;
-          if (channels === 4) dst[o + 3] = 255;
-        }
-      }
-    }
-  } else if (space === "ycbcr" || space === "rgb") {
-    const [a, b, c] = comps.map(plane);
-    const clamped = new Uint8ClampedArray(dst.buffer, dst.byteOffset, n * channels);
-    const ycc = space === "ycbcr";
-    for (let y = 0; y < H; y++) {
-      const sa = y * a.stride, sb = y * b.stride, sc = y * c.stride;
-      for (let x = 0, o = y * W * channels; x < W; x++, o += channels) {
-        let r = a.data[sa + x], g = b.data[sb + x], bl = c.data[sc + x];
-        if (ycc) {
-          const Y = r, cb = g, cr = bl;
-          r = Y + CR_R[cr];
-          g = Y + ((CB_G[cb] + CR_G[cr]) >> 16);
-          bl = Y + CB_B[cb];
-        }
-        if (channels === 1) {
-          // libjpeg's RGB to grey: the same weights as Pillow's "L".
-          clamped[o] = (r * 19595 + g * 38470 + bl * 7471 + 32768) >> 16;
-        } else {
-          clamped[o] = r, clamped[o + 1] = g, clamped[o + 2] = bl;
-          if (channels === 4) clamped[o + 3] = 255;
-        }
-      }
-    }
-  } else {
-    const [a, b, c, k] = comps.map(plane);
-    const cmyk = new Uint8ClampedArray(n * 4);
-    const ycck = space === "ycck";
-    for (let y = 0; y < H; y++) {
-      const sa = y * a.stride, sb = y * b.stride, sc = y * c.stride, sk = y * k.stride;
-      for (let x = 0, o = y * W * 4; x < W; x++, o += 4) {
-        const v0 = a.data[sa + x], v1 = b.data[sb + x], v2 = c.data[sc + x];
-        if (ycck) {
-          cmyk[o] = 255 - (v0 + CR_R[v2]);
-          cmyk[o + 1] = 255 - (v0 + ((CB_G[v1] + CR_G[v2]) >> 16));
-          cmyk[o + 2] = 255 - (v0 + CB_B[v1]);
-        } else cmyk[o] = v0, cmyk[o + 1] = v1, cmyk[o + 2] = v2;
-        cmyk[o + 3] = k.data[sk + x];
-      }
-    }
-    cmykToChannels(new Uint8Array(cmyk.buffer), dst, n, channels);
-  }
+  const comps = space === "grey" || (space === "ycbcr" && channels === 1)
+    ? f.comps.slice(0, 1)
+    : f.comps;
+  toChannels(space, comps.map(plane), [W, H], channels, dst);
   return { data: dst.subarray(0, n * channels), height: H, width: W, channels };
 }
