@@ -296,13 +296,15 @@ class Parser {
       if (m < 0xc0 || (m > 0xdd && m < 0xe0) || (m > 0xef && m !== 0xfe)) {
         throw this.corrupt(`an unsupported marker 0xFF${hex(m)}`);
       }
+      // A frame of a kind not decoded says so before anything else is checked.
+      if (m >= 0xc3 && m <= 0xcf && m !== 0xc4 && m !== 0xcc) {
+        throw new ImageDecodeError(unsupported(m));
+      }
       const [s, e] = this.segment();
       if (m === 0xc0 || m === 0xc1 || m === 0xc2) {
         if (this.frame) throw this.corrupt("a second frame header");
         this.sof(s, e, m === 0xc2);
         if (headerOnly) return;
-      } else if (m >= 0xc3 && m <= 0xcf && m !== 0xc4 && m !== 0xcc) {
-        throw new ImageDecodeError(unsupported(m));
       } else if (m === 0xc4) this.dht(s, e);
       else if (m === 0xdb) this.dqt(s, e);
       else if (m === 0xdd) {

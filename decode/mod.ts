@@ -297,7 +297,7 @@ export class ImageDecoder {
         ? tj.decode(bytes, this.channels, header!, scaled, into)
         : decodeJpegTs(bytes, this.channels, {
           out: into,
-          scale: scaled.denom as 1 | 2 | 4 | 8,
+          scale: turboJpegScale(h, scaled),
           maxPixels: this.maxPixels,
         });
       if (direct) return img;
@@ -359,6 +359,23 @@ export function encodeJpeg(image: DecodedImage, quality = 90): Uint8Array {
   const n = loadNative();
   if (n.jpeg === undefined) throw new Error(`Cannot encode a JPEG: ${n.jpegWhy}`);
   return n.jpeg.encode(image, quality);
+}
+
+/**
+ * The scale TurboJPEG decodes at for an output size: the largest factor that fits it. For
+ * images a few pixels across that is larger than the size's own denominator (a 2x2 image
+ * asked at 1x1 decodes at 1/2, not 1/8), and the pixels differ.
+ */
+function turboJpegScale(
+  image: { height: number; width: number },
+  size: { height: number; width: number },
+): 1 | 2 | 4 | 8 {
+  for (const d of [1, 2, 4, 8] as const) {
+    if (Math.ceil(image.height / d) <= size.height && Math.ceil(image.width / d) <= size.width) {
+      return d;
+    }
+  }
+  return 8;
 }
 
 /** `out` when a PNG is already of the size asked (decoded straight into it), else undefined. */
