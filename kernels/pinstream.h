@@ -212,32 +212,35 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
 #define PS_IMAGE_MAX_CHANNELS 16
 
 /* int32 words of one sample's ps_image_augment record (the loader's `augment` field). */
-#define PS_IMAGE_PARAMS 9
-/* The grey that contrast blends toward, in byte units (the middle of [0, 255]). */
-#define PS_IMAGE_CONTRAST_CENTER 127.5f
+#define PS_IMAGE_PARAMS 11
 
 /* One fused pass over a batch of uint8 images, queued on `stream`: per-sample crop from the
  * image zero-padded by `pad` on every side, optional horizontal and vertical flips (after the
- * crop, as torchvision's RandomCrop then RandomHorizontalFlip / RandomVerticalFlip), brightness
- * then contrast (ColorJitter's blends, in a fixed order), per-channel normalize, cutout (a
- * square of zeros in the normalized output, as Cutout / RandomErasing after Normalize), cast;
- * NCHW out.
+ * crop, as torchvision's RandomCrop then RandomHorizontalFlip / RandomVerticalFlip),
+ * ColorJitter's four steps in a fixed order (contrast, brightness, saturation, hue: one of the
+ * orders torchvision's ColorJitter draws per call), per-channel normalize, cutout (a square of
+ * zeros in the normalized output, as Cutout / RandomErasing after Normalize), cast; NCHW out.
  *
  *   out[i][ch][y][x] = 0 (+0.0) when (y, x) is inside sample i's cutout square, else
- *                      cast(fp32(fp32(t * scale[ch]) + bias[ch]))
- *   t = clamp(fp32(fp32(u * ct) + cs)),  cs = fp32(fp32(1 - ct) * PS_IMAGE_CONTRAST_CENTER)
- *   u = clamp(fp32(float(v) * br)),      clamp(a) = a < 0 ? 0 : a > 255 ? 255 : a
+ *                      cast(fp32(fp32(t[ch] * scale[ch]) + bias[ch]))
+ *   t = mix(u) for 3-channel images (saturation, hue: ps_image_mix in kernels/rules.h), else u
+ *   u[ch] = clamp(fp32(a * br)),           a = clamp(fp32(fp32(v * ct) + cs))
+ *   cs = fp32(fp32(1 - ct) * m),           clamp(x) = x < 0 ? 0 : x > 255 ? 255 : x
+ *   m  = the sample's mean grey over its h x w crop window (after crop and flips, before any
+ *        colour step), exact integer sums rounded once (ps_image_grey_mean): for c == 3 the
+ *        mean of (2989 R + 5870 G + 1140 B) / 10000 (torchvision's rgb_to_grayscale weights),
+ *        otherwise the mean of every byte of the window
  *   v = pixel (ch, ys + dy - pad, xs + dx - pad) of image j, 0 outside the image,
  *   j = indices != NULL ? indices[i] : i,
  *   xs = flip ? w - 1 - x : x,  ys = vflip ? h - 1 - y : y
  *
  * Every operation is one fp32 rounding (never a fused multiply-add; rules.h writes them once)
  * and the cast to fp16 rounds to nearest even, so both backends give the same bits for the
- * same inputs. With br = ct = 1 the colour steps are exact identities (u = t = v), so they are
- * skipped. The caller computes scale = 1 / (255 * std), bias = -mean / std in fp32. Contrast
- * blends toward a fixed grey rather than torchvision's per-image mean grey (as DALI's
- * brightness_contrast does): a per-image mean needs a reduction over the whole transformed
- * image before its first output element, which a single pass cannot have.
+ * same inputs. With ct = br = sat = 1 and hue = 0 the colour steps are exact identities
+ * (t = v), so they are skipped; so is each step whose factor is the identity. The caller
+ * computes scale = 1 / (255 * std), bias = -mean / std in fp32. Contrast comes first so that
+ * its mean is a sum of the source bytes, exact in integers: on CUDA a pre-pass per batch (one
+ * block per sample with ct != 1) reduces each window into a mean, before the pixel pass.
  *
  * src:    device, uint8 images, contiguous; `layout` PS_IMAGE_NHWC or PS_IMAGE_NCHW. Without
  *         indices, the batch's n images (rows is ignored).
@@ -259,7 +262,10 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
  *                           cut_size - 1 below it, likewise columns, clipped to the image; a
  *                           value <= 0: no cutout
  *           [7] br, [8] ct  brightness and contrast factors, the bits of fp32 values (1.0f,
- *                           0x3f800000, leaves the image as it is).
+ *                           0x3f800000, leaves the image as it is)
+ *           [9] sat         saturation factor, fp32 bits (1.0f: off; 3-channel images only)
+ *           [10] hue        hue shift in turns, fp32 bits, torchvision's hue_factor in
+ *                           [-0.5, 0.5] (0.0f, 0x00000000: off; 3-channel images only).
  * scale, bias: HOST, c floats each (copied into the launch; c <= PS_IMAGE_MAX_CHANNELS).
  * out:    device, n x c x h x w, fp16 (out_dtype PS_IMAGE_F16) or fp32 (PS_IMAGE_F32).
  * flags:  0 or PS_IMAGE_SERIAL (other bits are refused).
