@@ -358,18 +358,21 @@ export interface ImageGeometryOptions extends ImageOpOptions {
  * @throws {RangeError} On a wrong shape or stride, or a buffer too small.
  * @throws {PinstreamError} When the backend refuses the launch (on the CPU backend: a record
  *   outside its slot; CUDA skips that sample, leaving its output as it was).
- * @example Resize a 2x4 grey image to 1x2: each output pixel averages a 2x2 block
+ * @example Halve a 2x2 grey image (the mean), and turn a 1x2 image by 180 degrees
  * ```ts
  * import { Device, DeviceBuffer, imageGeometry, Tensor } from "@pinstream/pinstream";
  * import assert from "node:assert";
  * using dev = Device.open("cpu");
  * using src = DeviceBuffer.alloc(dev, 8);
- * src.copyFrom(new Uint8Array([0, 10, 100, 110, 20, 30, 120, 130]));
- * using params = DeviceBuffer.alloc(dev, 32);
- * params.copyFrom(new Int32Array([2, 4, 0, 0, 2, 4, 2 ** 30, 0]));
- * using out = Tensor.empty(dev, [1, 1, 2, 1], "u8");
- * imageGeometry(src, out, { params, srcStride: 8 });
- * assert.deepStrictEqual([...await out.toHost()], [15, 115]);
+ * src.copyFrom(new Uint8Array([0, 100, 200, 100, 1, 2, 0, 0]));
+ * using params = DeviceBuffer.alloc(dev, 64);
+ * params.copyFrom(new Int32Array([2, 2, 0, 0, 2, 2, 2 ** 30, 0, 1, 2, 0, 0, 1, 2, -(2 ** 30), 0]));
+ * using half = Tensor.empty(dev, [1, 1, 1, 1], "u8");
+ * imageGeometry(src, half, { params, srcStride: 4 });
+ * assert.deepStrictEqual([...await half.toHost()], [100]);
+ * using turned = Tensor.empty(dev, [1, 1, 2, 1], "u8");
+ * imageGeometry(src, turned, { params, paramsOffset: 32, srcOffset: 4, srcStride: 4 });
+ * assert.deepStrictEqual([...await turned.toHost()], [2, 1]);
  * ```
  */
 export function imageGeometry(src: RawMemory, out: Tensor, options: ImageGeometryOptions): void {
