@@ -191,6 +191,23 @@ export const signatures = {
     ]],
     result: "i32",
   },
+  // fill packs one byte per channel; params and out are device memory.
+  ps_image_geometry: {
+    params: [
+      ["src", "pointer"],
+      ["src_stride", "i64"],
+      ["n", "i32"],
+      ["c", "i32"],
+      ["params", "pointer"],
+      ["oh", "i32"],
+      ["ow", "i32"],
+      ["fill", "i32"],
+      ["out", "pointer"],
+      ["flags", "i32"],
+      ["stream", "pointer"],
+    ],
+    result: "i32",
+  },
   // PS-SECTION nn: entries added by the training work go here.
   ps_nn_matmul: {
     params: [

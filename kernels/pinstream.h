@@ -299,6 +299,53 @@ PS_API int ps_gather_rows(const void *src, int64_t rows, int64_t row_bytes, cons
 PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, void *out,
                                void *stream);
 
+/* int32 words of one sample's ps_image_geometry record (augment/geometry.ts writes them). */
+#define PS_IMAGE_GEOMETRY_PARAMS 8
+/* ps_image_geometry's flags: PS_IMAGE_SERIAL as for ps_image_augment; PS_IMAGE_ANTIALIAS widens
+ * the resize filter by the scale when shrinking (Pillow's bilinear; torchvision's antialias). */
+#define PS_IMAGE_ANTIALIAS 2
+/* Most channels ps_image_geometry takes (grey, RGB, RGBA). */
+#define PS_IMAGE_GEOMETRY_MAX_CHANNELS 4
+/* One sample's rotation cosine and sine are fixed point with this many fraction bits. */
+#define PS_IMAGE_ROTATION_BITS 30
+
+/* The geometric transforms, before ps_image_augment: per sample a crop box of the source
+ * image resized to oh x ow (Resize, CenterCrop, RandomResizedCrop), then an optional rotation
+ * about the centre (RandomRotation); uint8 HWC in, uint8 HWC out at oh x ow, queued on
+ * `stream`. Integer arithmetic throughout, so both backends give the same bytes:
+ *
+ *   resize: Pillow's bilinear (ImagingResample) on the box: per axis, output position x has
+ *           centre (x + 0.5) * in / out and taps [lo, lo + n) of the triangle filter widened by
+ *           max(in / out, 1) with PS_IMAGE_ANTIALIAS (else 1), weights k_i / sum(k) as 22-bit
+ *           fixed point computed in fp64 (rules.h, ps_geo_taps); the horizontal pass first,
+ *           each sum + 2^21 shifted right 22 and clamped to a byte, then the vertical pass on
+ *           those bytes likewise. An axis whose size does not change is copied.
+ *   rotate: output pixel (y, x) reads the resized image at (yin, xin) =
+ *           (sin * u + cos * v + oh, cos * u - sin * v + ow) / 2, u = 2x + 1 - ow,
+ *           v = 2y + 1 - oh, with cos and sin the record's PS_IMAGE_ROTATION_BITS fixed point;
+ *           outside [0, oh) x [0, ow) it is the fill; inside, Pillow's bilinear transform:
+ *           the 2x2 neighbours of (yin - 0.5, xin - 0.5), edge-clamped, weights of 16 bits,
+ *           the result truncated to a byte.
+ *
+ * src:    device, n slots of `src_stride` bytes; slot i holds an h x w x c image (row-major,
+ *         rows of w * c bytes) of the sizes in its record: images of different sizes share
+ *         one batch.
+ * params: device, n records of PS_IMAGE_GEOMETRY_PARAMS int32:
+ *           [0] h, [1] w      the source image's size: 1 <= h, w, h * w <= 2^28,
+ *                             h * w * c <= src_stride
+ *           [2] top, [3] left, [4] crop_h, [5] crop_w  the box, inside the image
+ *           [6] cos, [7] sin  the rotation by angle a counter-clockwise: round(cos(a) *
+ *                             2^PS_IMAGE_ROTATION_BITS) and likewise sin; (2^30, 0) is none.
+ *         A record outside these bounds fails on the CPU backend; on CUDA (which cannot fail)
+ *         that sample's output is left as it was.
+ * fill:   the rotation's fill, one byte per channel, channel k in bits 8k..8k+7.
+ * out:    device, n x oh x ow x c bytes; 1 <= oh, ow <= 2^14. Must not overlap src.
+ * flags:  PS_IMAGE_SERIAL | PS_IMAGE_ANTIALIAS (other bits are refused).
+ * n == 0 is a no-op. */
+PS_API int ps_image_geometry(const void *src, int64_t src_stride, int32_t n, int32_t c,
+                             const int32_t *params, int32_t oh, int32_t ow, int32_t fill, void *out,
+                             int32_t flags, void *stream);
+
 /* ---- nn kernels (nn/) ----------------------------------------------------------------- */
 /* PS-SECTION nn: declarations added by the training work go here. */
 /*
