@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct layout; ffi/ refuses a mismatch. */
-#define PS_ABI_VERSION 8
+#define PS_ABI_VERSION 9
 
 /* ---- status codes ------------------------------------------------------------------- */
 #define PS_OK 0
@@ -65,6 +65,13 @@ PS_API const char *ps_last_error(void);
 /* Number of live allocations made through this library (host pinned, host registered,
  * device) and of live streams and events: the leak tests read it. */
 PS_API int ps_live_objects(int64_t *allocations, int64_t *streams, int64_t *events);
+
+/* Number of memory allocations the backend made inside its calls since the library was loaded:
+ * the scratch a call keeps for the next ones growing (CUDA: once per stream and larger size;
+ * CPU: once per calling thread and larger size) and stream-ordered scratch for one call. A
+ * steady training step adds none; the op-budget tests read it. The CPU thread pool's
+ * per-worker caches are not counted (which worker runs which part varies from call to call). */
+PS_API int ps_scratch_allocations(int64_t *out);
 
 /* ---- devices ------------------------------------------------------------------------- */
 

@@ -333,13 +333,12 @@ PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t d
   CHECK_RANGE(w, co * K * es);
   CHECK_RANGE(y, n * co * P * es);
   /* W^T [K][Co] in fp32 once, so the B packing reads contiguous rows. */
-  float *wt = aligned_alloc(64, (((size_t)(K * co) * 4 + 63) & ~(size_t)63));
+  float *wt = ps_call_scratch((size_t)(K * co));
   if (!wt) OOM();
   for (int64_t o = 0; o < co; o++)
     for (int64_t k = 0; k < K; k++) wt[k * co + o] = act_get(w, f16, o * K + k);
   conv_fwd_ctx cx = {.g = &g, .x = x, .w = w, .wt = wt, .y = y, .f16 = f16};
   ps_pool_for(n, conv_fwd_task, &cx); /* one image per task */
-  free(wt);
   if (atomic_load(&cx.failed)) OOM();
   return PS_OK;
 }
@@ -474,16 +473,13 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, int32_t d
   int64_t chunks = 4 * (int64_t)ps_pool_threads();
   if (chunks > n) chunks = n;
   if (chunks < 1) chunks = 1;
-  float *part = aligned_alloc(64, (((size_t)(chunks * K * co) * 4 + 63) & ~(size_t)63));
+  float *part = ps_call_scratch((size_t)(chunks * K * co));
   if (!part) OOM();
   if (n == 0) memset(part, 0, (size_t)(K * co) * sizeof(float));
   conv_bwd_weight_ctx cx = {
       .g = &g, .x = x, .dy = dy, .f16 = dtype == PS_NN_F16, .part = part, .chunks = chunks};
   ps_pool_for(n > 0 ? chunks : 0, conv_bwd_weight_task, &cx);
-  if (atomic_load(&cx.failed)) {
-    free(part);
-    OOM();
-  }
+  if (atomic_load(&cx.failed)) OOM();
   /* dw[o][ci][ky][kx] = sum over chunks of part[chunk][(ci*kh + ky)*kw + kx][o] */
   for (int64_t o = 0; o < co; o++)
     for (int64_t r = 0; r < K; r++) {
@@ -498,6 +494,5 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, int32_t d
         *d = f2h(accumulate ? h2f(*d) + s : s);
       }
     }
-  free(part);
   return PS_OK;
 }

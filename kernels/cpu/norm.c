@@ -536,8 +536,9 @@ PS_API int ps_nn_bias_grad(const void *dy, int32_t dtype, void *dbias, int32_t d
   const int f16 = dtype == PS_NN_F16;
   CHECK_RANGE(dy, n * c * hw * dtsize(dtype));
   CHECK_RANGE(dbias, c * dtsize(dbias_dtype));
-  float *sum = calloc((size_t)c, sizeof(float));
+  float *sum = ps_call_scratch((size_t)c);
   if (!sum) OOM();
+  memset(sum, 0, (size_t)c * sizeof(float));
   float *row = hw == 1 ? ps_workspace(WS_OUT, (size_t)c) : NULL;
   if (hw == 1 && row) { /* [N,F]: convert a row with the vector helper, then add it */
     for (int64_t i = 0; i < n; i++) {
@@ -560,6 +561,5 @@ PS_API int ps_nn_bias_grad(const void *dy, int32_t dtype, void *dbias, int32_t d
       *d = f2h(accumulate ? h2f(*d) + sum[ch] : sum[ch]);
     }
   }
-  free(sum);
   return PS_OK;
 }
