@@ -533,6 +533,7 @@ export const signatures = {
       ["grad_dtype", "i32"],
       ["momentum_buf", "pointer"],
       ["param_half", "pointer"],
+      ["half_dtype", "i32"],
       ["count", "i64"],
       ["lr", "f32"],
       ["momentum", "f32"],

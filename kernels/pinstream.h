@@ -357,15 +357,23 @@ PS_API int ps_image_geometry(const void *src, int64_t src_stride, int32_t n, int
 /* PS-SECTION nn: declarations added by the training work go here. */
 /*
  * Layout NCHW; fp32 accumulation everywhere; fp32 parameters where named "f32". Every pointer
- * is a device pointer. `*_dtype` arguments take PS_NN_F32 / PS_NN_F16; `dtype` is the one
- * element type of a kernel's activations, their gradients and (for matmul and the
- * convolutions) the weights it reads: fp16 for mixed-precision training, fp32 for the fp32
- * path. "act" below means elements of that dtype. "Overwrites" is the default; `accumulate` != 0 adds to the output.
+ * is a device pointer. `*_dtype` arguments take PS_NN_F32 / PS_NN_F16 / PS_NN_BF16; `dtype` is
+ * the one element type of a kernel's activations, their gradients and (for matmul and the
+ * convolutions) the weights it reads: fp16 or bf16 for mixed-precision training, fp32 for the
+ * fp32 path. "act" below means elements of that dtype. Wherever fp16 is named below, bf16
+ * works the same way ("half" means either). Every conversion from fp32 to fp16 or bf16
+ * rounds to nearest even (bf16: rules.h ps_bf16_from_f32, which both backends call), so an
+ * element-wise result has the same bits on both backends; sums (GEMM, convolutions, norms)
+ * accumulate in fp32 in each backend's own order. "Overwrites" is the default; `accumulate` != 0 adds to the output.
  * Shapes are int64 element counts; convolution output size is
  * OH = (H + 2*pad - kh) / stride + 1 (floor), likewise OW.
  */
 #define PS_NN_F32 0
 #define PS_NN_F16 1
+/* bfloat16: the top 16 bits of an fp32 (8 exponent bits, 7 fraction bits), fp32's range with
+ * 8 significant bits; NaN becomes the quiet NaN 0x7fc0 with its sign. Code 3: 2 is
+ * PS_FILL_I32. */
+#define PS_NN_BF16 3
 
 /* c[m,n] (+)= op(a) @ op(b). a: [m,k] row-major ([k,m] when trans_a), b: [k,n] ([n,k] when
  * trans_b), both act; c: [m,n] row-major, c_dtype. */
@@ -469,8 +477,9 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
                                int32_t dtype, float *loss_sum, int32_t *correct, int64_t n,
                                int64_t k, float scale, const float *device_scale, void *stream);
 
-/* dst = (dst_dtype) src, count elements; f16 <-> f32 (and same-type copies, with memmove's
- * semantics: src and dst may overlap). */
+/* dst = (dst_dtype) src, count elements; between any two of f32, f16 and bf16 (through
+ * fp32, rounded once), and same-type copies with memmove's semantics: src and dst may
+ * overlap. */
 PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype,
                       int64_t count, void *stream);
 
@@ -494,10 +503,11 @@ PS_API int ps_nn_binary(const void *a, const void *b, void *y, int32_t dtype, in
 #define PS_FILL_ARANGE 1   /* a + i * b (in double, then rounded) */
 #define PS_FILL_UNIFORM 2  /* a + (b - a) * u, u uniform in [0, 1) on a 2^-24 grid */
 #define PS_FILL_NORMAL 3   /* a + b * z, z standard normal (Box-Muller) */
-/* The dtype of an int32 fill (next to PS_NN_F32 and PS_NN_F16). */
+/* The dtype of an int32 fill (next to PS_NN_F32, PS_NN_F16 and PS_NN_BF16). */
 #define PS_FILL_I32 2
 
-/* Writes count elements of dtype (PS_NN_F32, PS_NN_F16 or PS_FILL_I32) computed on the device:
+/* Writes count elements of dtype (PS_NN_F32, PS_NN_F16, PS_NN_BF16 or PS_FILL_I32) computed on
+ * the device:
  * element i is a function of (mode, a, b, seed, offset + i) only, the same bits on every
  * backend, so a tensor is created where it lives, with nothing built on the host. Random modes
  * draw from a counter-based generator (seed, offset + i): filling [0, n) at offset k equals
@@ -520,17 +530,19 @@ PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
  *   g = grad * (1 / *scale if scale else 1) + weight_decay * param
  *   buf = (momentum_buf not yet used ? g : momentum * buf + (1 - dampening) * g)
  *   g = nesterov ? g + momentum * buf : buf            (when momentum != 0)
- *   param -= lr * g; param_half = (fp16) param        (param_half may be NULL)
+ *   param -= lr * g; param_half = (half_dtype) param  (param_half may be NULL)
  * Does nothing when found_inf != NULL and *found_inf != 0. "Not yet used" means
  * steps_done != NULL and *steps_done == 0 (PyTorch clones g into a fresh buffer); with
  * steps_done == NULL the buffer is taken as used (zero-initialized buffers give the same
  * result whenever dampening == 0). grad is grad_dtype; param, momentum_buf f32
- * (momentum_buf may be NULL when momentum == 0). */
+ * (momentum_buf may be NULL when momentum == 0); param_half is half_dtype (PS_NN_F16 or
+ * PS_NN_BF16; ignored when param_half is NULL). */
 PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
-                          float *momentum_buf, void *param_half, int64_t count, float lr,
-                          float momentum, float dampening, float weight_decay,
-                          int32_t nesterov, const float *scale, const int32_t *found_inf,
-                          const int32_t *steps_done, const float *hyper, void *stream);
+                          float *momentum_buf, void *param_half, int32_t half_dtype,
+                          int64_t count, float lr, float momentum, float dampening,
+                          float weight_decay, int32_t nesterov, const float *scale,
+                          const int32_t *found_inf, const int32_t *steps_done,
+                          const float *hyper, void *stream);
 /* *steps_done += 1 unless found_inf != NULL and *found_inf != 0 (after all sgd steps). */
 PS_API int ps_nn_step_count(int32_t *steps_done, const int32_t *found_inf, void *stream);
 
@@ -548,8 +560,9 @@ PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int3
  * and kept: the pointers do not change between steps). The CUDA backend cannot read it on the
  * host, so it trusts it; the CPU backend checks every entry. max_count (>= every entry's count)
  * only sizes the launch. A parameter entry has PS_MT_SGD_FIELDS fields: param (f32), grad
- * (grad_dtype), momentum_buf (f32 or 0), param_half (fp16 or 0), count, grad_dtype. */
-#define PS_MT_SGD_FIELDS 6
+ * (grad_dtype), momentum_buf (f32 or 0), param_half (half_dtype or 0), count, grad_dtype,
+ * half_dtype (PS_NN_F16 or PS_NN_BF16). */
+#define PS_MT_SGD_FIELDS 7
 /* ps_nn_unscale_check over the grads of every entry, into one found_inf. */
 PS_API int ps_nn_multi_unscale_check(const int64_t *list, int32_t n, int64_t max_count,
                                      const float *scale, float inv_scale, int32_t in_place,

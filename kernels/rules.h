@@ -31,8 +31,17 @@
 /* ---- argument checks: 0 or the PS_ERR_* that the call returns ---------------------------- */
 
 PS_CHECK int ps_check_dtype(const char *fn, const char *what, int32_t dtype) {
-  if (dtype != PS_NN_F32 && dtype != PS_NN_F16) {
-    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad %s %d (PS_NN_F32 or PS_NN_F16)", fn, what,
+  if (dtype != PS_NN_F32 && dtype != PS_NN_F16 && dtype != PS_NN_BF16) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad %s %d (PS_NN_F32, PS_NN_F16 or PS_NN_BF16)", fn,
+                 what, (int)dtype);
+  }
+  return PS_OK;
+}
+
+/* A half-precision dtype: the element type of an optimizer's compute copy. */
+PS_CHECK int ps_check_half_dtype(const char *fn, const char *what, int32_t dtype) {
+  if (dtype != PS_NN_F16 && dtype != PS_NN_BF16) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad %s %d (PS_NN_F16 or PS_NN_BF16)", fn, what,
                  (int)dtype);
   }
   return PS_OK;
@@ -277,6 +286,54 @@ PS_RULE uint32_t ps_relu_grad_f32(uint32_t y, uint32_t dy) {
 /* An fp16 value that is inf or NaN (exponent bits all ones). */
 PS_RULE int ps_f16_nonfinite(uint16_t x) { return (x & 0x7c00u) == 0x7c00u; }
 
+/* ---- bf16 (PS_NN_BF16) ------------------------------------------------------------------ */
+
+/* The bits of an fp32 and back: a bf16 is the top half of them. */
+PS_RULE uint32_t ps_f32_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  return x;
+#endif
+}
+PS_RULE float ps_bits_f32(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(x);
+#else
+  float f;
+  memcpy(&f, &x, sizeof f);
+  return f;
+#endif
+}
+
+/* fp32 -> bf16, rounded to nearest even: the low 16 bits decide, ties keep an even result.
+ * Subnormals round like any other value (no flush to zero); a value that rounds past the
+ * largest finite bf16 becomes inf; NaN becomes the quiet NaN 0x7fc0 with the input's sign.
+ * Both backends convert through this rule (never __float2bfloat16_rn or a CPU instruction,
+ * whose NaN and subnormal handling differ between generations), so the bits agree. */
+PS_RULE uint16_t ps_bf16_from_f32(float f) {
+  const uint32_t x = ps_f32_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(((x >> 16) & 0x8000u) | 0x7fc0u);
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* bf16 -> fp32, exact. */
+PS_RULE float ps_bf16_to_f32(uint16_t h) { return ps_bits_f32((uint32_t)h << 16); }
+
+/* ReLU and its gradient on bf16 bits: ps_relu_f32's decisions on the top half of an fp32
+ * (bf16 -0, negatives, -inf become +0; NaN payloads pass). */
+PS_RULE uint16_t ps_relu_bf16(uint16_t x) {
+  return ((x & 0x8000u) && (x & 0x7fffu) <= 0x7f80u) ? (uint16_t)0 : x;
+}
+PS_RULE uint16_t ps_relu_grad_bf16(uint16_t y, uint16_t dy) {
+  return (!(y & 0x8000u) && y != 0 && y <= 0x7f80u) ? dy : (uint16_t)0;
+}
+
+/* A bf16 value that is inf or NaN. */
+PS_RULE int ps_bf16_nonfinite(uint16_t x) { return (x & 0x7f80u) == 0x7f80u; }
+
 /* Max pooling without padding: output extent along an axis of `extent` pixels. */
 PS_RULE int64_t ps_pool_out(int64_t extent, int32_t kernel, int32_t stride) {
   return (extent - kernel) / stride + 1;
@@ -460,9 +517,10 @@ PS_CHECK int ps_check_gather(const char *fn, int64_t rows, int64_t row_bytes, in
 
 PS_CHECK int ps_check_fill(const char *fn, int32_t dtype, int64_t count, int32_t mode) {
   TRY(ps_check_count(fn, count));
-  if (dtype != PS_NN_F32 && dtype != PS_NN_F16 && dtype != PS_FILL_I32)
-    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: dtype %d is not PS_NN_F32, PS_NN_F16 or PS_FILL_I32",
-                 fn, (int)dtype);
+  if (dtype != PS_NN_F32 && dtype != PS_NN_F16 && dtype != PS_NN_BF16 && dtype != PS_FILL_I32)
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
+                 "%s: dtype %d is not PS_NN_F32, PS_NN_F16, PS_NN_BF16 or PS_FILL_I32", fn,
+                 (int)dtype);
   if (mode < PS_FILL_CONSTANT || mode > PS_FILL_NORMAL)
     PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: mode %d is not a PS_FILL_* mode", fn, (int)mode);
   if (dtype == PS_FILL_I32 && (mode == PS_FILL_UNIFORM || mode == PS_FILL_NORMAL))
@@ -520,7 +578,7 @@ PS_RULE PS_NO_CONTRACT float ps_fill_cos2pi(float x) {
   return -c;
 }
 
-/* Element i of a fill, as float (f16 rounds it once more, to nearest even). */
+/* Element i of a fill, as float (f16 and bf16 round it once more, to nearest even). */
 PS_RULE PS_NO_CONTRACT float ps_fill_value(int32_t mode, double a, double b, uint64_t seed,
                                            uint64_t i) {
   if (mode == PS_FILL_CONSTANT) return (float)a;
