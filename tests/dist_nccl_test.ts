@@ -1,0 +1,70 @@
+import assert from "node:assert";
+import { Device, ProcessGroup, Tensor } from "../mod.ts";
+import { assertAllOk, MPIS, runRanks } from "./_dist.ts";
+import { CUDA } from "./_backends.ts";
+import { ncclStandIn } from "./_nccl_stand_in.ts";
+
+/** Whether the cuda device is the CUDA emulator (the stand-in drives emulated memory only). */
+function emulated(): boolean {
+  if (CUDA.ignore) return false;
+  using d = Device.open("cuda");
+  return d.props.emulated;
+}
+const EMULATED = emulated();
+const LIB = EMULATED ? ncclStandIn() : undefined;
+
+for (const mpi of ["openmpi", "mpich"] as const) {
+  for (const n of [2, 4]) {
+    Deno.test({
+      name:
+        `nccl backend: collectives on CUDA tensors match the reference (${mpi}, ${n} ranks) [cuda]`,
+      ignore: !MPIS.includes(mpi) || LIB === undefined,
+      async fn() {
+        const r = await runRanks(mpi, n, ["_dist_nccl_child.ts"], {
+          env: { PINSTREAM_NCCL_LIB: LIB! },
+          limitMs: 600_000,
+        });
+        assertAllOk(r, n);
+      },
+    });
+  }
+}
+
+Deno.test({
+  name: "nccl backend: one rank without a launcher, and its refusals [cuda]",
+  ignore: LIB === undefined,
+  async fn() {
+    const saved = Deno.env.get("PINSTREAM_NCCL_LIB");
+    Deno.env.set("PINSTREAM_NCCL_LIB", LIB!);
+    try {
+      using device = Device.open("cuda");
+      using group = ProcessGroup.init({ backend: "nccl", env: () => undefined });
+      assert.strictEqual(group.backend, "nccl");
+      using x = Tensor.fromHost(device, new Float32Array([1.5, -2]), [2]);
+      group.allReduce(x, { op: "avg" });
+      assert.deepStrictEqual([...await x.toHost()], [1.5, -2]);
+      using i = Tensor.fromHost(device, new Int32Array([3]), [1]);
+      assert.throws(() => group.allReduce(i, { op: "avg" }), /avg of i32/);
+      using o = Tensor.empty(device, [3], "f32");
+      assert.throws(() => group.allGather(x, o), /must hold 1 x 2 f32/);
+      // Host memory still goes over the group's host path.
+      const h = new Float32Array([4]);
+      group.allReduce(h);
+      assert.deepStrictEqual([...h], [4]);
+    } finally {
+      if (saved === undefined) Deno.env.delete("PINSTREAM_NCCL_LIB");
+      else Deno.env.set("PINSTREAM_NCCL_LIB", saved);
+    }
+  },
+});
+
+Deno.test({
+  name: "the mpi backend refuses CUDA tensors and names the nccl backend [cuda]",
+  ignore: CUDA.ignore,
+  fn() {
+    using device = Device.open("cuda");
+    using group = ProcessGroup.init({ env: () => undefined });
+    using x = Tensor.fromHost(device, new Float32Array([1]), [1]);
+    assert.throws(() => group.allReduce(x), /create the group with \{ backend: "nccl" \}/);
+  },
+});
