@@ -10,6 +10,8 @@
 
 import type { Device } from "../ffi/device.ts";
 import { Event, Stream } from "../ffi/stream.ts";
+import { captureRefused } from "../ffi/graph.ts";
+import { PinstreamError } from "../internal/errors.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import type { CollectiveOp, ReduceOp } from "./process_group.ts";
 import { Work, type WorkOwner } from "./work.ts";
@@ -147,6 +149,20 @@ export class NcclComm implements WorkOwner, Disposable {
     {
       using ready = new Event(this.device);
       ready.record(current);
+      try {
+        // Fails on a stream that records a CUDA graph, before anything reaches NCCL: the
+        // completion of a collective is waited for on the host, which a graph cannot replay.
+        ready.query();
+      } catch (err) {
+        if (!captureRefused(err)) throw err;
+        throw new PinstreamError(
+          "UNSUPPORTED",
+          `queue ${op}`,
+          "a collective of the nccl backend cannot be recorded in a CUDA graph (the host " +
+            "waits for it)",
+          { cause: err },
+        );
+      }
       this.stream.waitEvent(ready);
     }
     const f = this.#lib.fn;
@@ -332,6 +348,7 @@ export class NcclComm implements WorkOwner, Disposable {
       const s = this.#failed ? 0 : this._waitSync(work);
       if (s !== 0) this._failure(work, s);
       this.#pending.get(seq)?.done.dispose();
+      this.#pending.delete(seq);
     }
     this.#pending.clear();
     if (this.#comm !== null) this.#lib.fn.ncclCommDestroy(this.#comm);

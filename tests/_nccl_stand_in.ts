@@ -1,6 +1,9 @@
 // Builds the CUDA emulator's NCCL stand-in (kernels/emu/nccl_stand_in.c) into a shared library
 // with the C compiler the CPU backend is built with, once per test process.
 
+import { Device } from "../ffi/device.ts";
+import { CUDA } from "./_backends.ts";
+
 const SOURCE = new URL("../kernels/emu/nccl_stand_in.c", import.meta.url).pathname;
 let built: string | undefined;
 
@@ -28,4 +31,16 @@ export function ncclStandIn(): string | undefined {
     }
   }
   return undefined;
+}
+
+/**
+ * The stand-in for the nccl backend's tests: built where the cuda device is the CUDA emulator
+ * (the stand-in drives emulated memory only), else undefined (the tests skip).
+ *
+ * @returns The .so file, or undefined.
+ */
+export function emulatedNccl(): string | undefined {
+  if (CUDA.ignore) return undefined;
+  using d = Device.open("cuda");
+  return d.props.emulated ? ncclStandIn() : undefined;
 }

@@ -2,16 +2,9 @@ import assert from "node:assert";
 import { Device, ProcessGroup, Tensor } from "../mod.ts";
 import { assertAllOk, MPIS, runRanks } from "./_dist.ts";
 import { CUDA } from "./_backends.ts";
-import { ncclStandIn } from "./_nccl_stand_in.ts";
+import { emulatedNccl } from "./_nccl_stand_in.ts";
 
-/** Whether the cuda device is the CUDA emulator (the stand-in drives emulated memory only). */
-function emulated(): boolean {
-  if (CUDA.ignore) return false;
-  using d = Device.open("cuda");
-  return d.props.emulated;
-}
-const EMULATED = emulated();
-const LIB = EMULATED ? ncclStandIn() : undefined;
+const LIB = emulatedNccl();
 
 for (const mpi of ["openmpi", "mpich"] as const) {
   for (const n of [2, 4]) {
