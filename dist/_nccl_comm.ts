@@ -115,6 +115,11 @@ export class NcclComm implements WorkOwner, Disposable {
     this.stream = new Stream(device, { nonBlocking: true });
   }
 
+  /** The failure that aborted the communicator, or null. */
+  get failure(): Error | null {
+    return this.#failed;
+  }
+
   #usable(action: string): void {
     if (this.#disposed) throw new TypeError(`Cannot ${action}: the process group was disposed`);
     if (this.#failed) {

@@ -784,6 +784,8 @@ export class ProcessGroup implements Disposable {
     if (this.#disposed) return;
     this.#disposed = true;
     this.#nccl?.dispose();
+    // MPI's finalize would wait for the ranks that made NCCL fail.
+    this.#failed ??= this.#nccl?.failure ?? null;
     this.#nccl = null;
     // The NCCL library stays loaded: an aborted communicator's collectives may still be queued
     // on a stream, and NCCL's own threads outlive its communicators.
