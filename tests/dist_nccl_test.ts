@@ -61,3 +61,20 @@ Deno.test({
     assert.throws(() => group.allReduce(x), /create the group with \{ backend: "nccl" \}/);
   },
 });
+
+Deno.test({
+  name: "bench/nccl_smoke.ts, bench/gpu_run.sh's NCCL step, passes on the stand-in [cuda]",
+  ignore: LIB === undefined,
+  async fn() {
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", new URL("../bench/nccl_smoke.ts", import.meta.url).pathname],
+      env: { PINSTREAM_NCCL_LIB: LIB!, NO_COLOR: "1" },
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const text = new TextDecoder().decode(out.stdout);
+    assert.strictEqual(out.code, 0, text + new TextDecoder().decode(out.stderr));
+    assert.match(text, /the CUDA emulator's stand-in\)\n/);
+    assert.match(text, /nccl smoke: ok 23 checks/);
+  },
+});
