@@ -26,6 +26,16 @@ import {
 /** A Work's status when it waited past the timeout. */
 const TIMED_OUT = -2;
 
+/** How the communicator reports its progress to the group's watchdog, and asks it. */
+export interface NcclWatch {
+  /** The collective timeout. */
+  timeoutMs: number;
+  /** The group's progress counters: slot 2 counts the NCCL collectives issued. */
+  progress: Int32Array;
+  /** Words a timeout, naming the ranks that never issued collective `seq` (needs MPI). */
+  diagnose: ((seq: number, op: string) => string) | null;
+}
+
 interface Pending {
   done: Event;
   deadline: number;
@@ -58,6 +68,7 @@ export class NcclComm implements WorkOwner, Disposable {
   #lib: NcclLibrary;
   #comm: Deno.PointerValue = null;
   #timeoutMs: number;
+  #watch: NcclWatch;
   #seq = 0;
   #pending = new Map<number, Pending>();
   #failed: Error | null = null;
@@ -84,7 +95,7 @@ export class NcclComm implements WorkOwner, Disposable {
    * @param rank This rank.
    * @param size The number of ranks.
    * @param id The unique id, the same on every rank.
-   * @param timeoutMs The collective timeout.
+   * @param watch The timeout and the group's watchdog.
    */
   constructor(
     lib: NcclLibrary,
@@ -92,7 +103,7 @@ export class NcclComm implements WorkOwner, Disposable {
     rank: number,
     size: number,
     id: Uint8Array,
-    timeoutMs: number,
+    watch: NcclWatch,
   ) {
     const why = mismatch(lib, device);
     if (why) throw new Error(`Cannot create the NCCL communicator: ${why}`);
@@ -100,7 +111,8 @@ export class NcclComm implements WorkOwner, Disposable {
     this.rank = rank;
     this.size = size;
     this.#lib = lib;
-    this.#timeoutMs = timeoutMs;
+    this.#timeoutMs = watch.timeoutMs;
+    this.#watch = watch;
     device.makeCurrent();
     const out = new BigUint64Array(1);
     const rc = lib.fn.ncclCommInitRank(out, size, id, rank);
@@ -183,6 +195,7 @@ export class NcclComm implements WorkOwner, Disposable {
     const done = new Event(this.device);
     done.record(this.stream);
     const seq = this.#seq++;
+    Atomics.store(this.#watch.progress, 2, seq + 1);
     this.#pending.set(seq, { done, deadline: Date.now() + this.#timeoutMs, keep });
     return new Work(this, seq, op, null, keep);
   }
@@ -326,12 +339,18 @@ export class NcclComm implements WorkOwner, Disposable {
 
   /** @internal Aborts the communicator (NCCL's rule after a failure) and words the error. */
   _failure(work: Work, status: number): Error {
-    const why = status === TIMED_OUT
-      ? `no progress within ${this.#timeoutMs} ms (a rank died, hangs or skipped it); the ` +
-        `NCCL communicator was aborted`
-      : `${this.#describe(status)}; the NCCL communicator was aborted`;
+    const aborted = "the NCCL communicator was aborted";
+    let msg: string;
+    if (status === TIMED_OUT && this.#watch.diagnose) {
+      msg = `${this.#watch.diagnose(work.seq, work.op)}; ${aborted}`;
+    } else {
+      const why = status === TIMED_OUT
+        ? `no progress within ${this.#timeoutMs} ms (a rank died, hangs or skipped it)`
+        : this.#describe(status);
+      msg = `Cannot finish ${work.op} #${work.seq} on rank ${this.rank}: ${why}; ${aborted}`;
+    }
     this.#abort();
-    this.#failed = new Error(`Cannot finish ${work.op} #${work.seq} on rank ${this.rank}: ${why}`);
+    this.#failed = new Error(msg);
     return this.#failed;
   }
 

@@ -121,8 +121,8 @@ export class ProcessGroup implements Disposable {
   #responder: Responder | null = null;
   #results = new Int32Array(new SharedArrayBuffer(SLOTS * 2 * 4));
   #sigs: Int32Array;
-  /** [issued, completed] collectives, read by the watchdog responder. */
-  #progress = new Int32Array(new SharedArrayBuffer(8));
+  /** [issued, completed] MPI collectives, then NCCL ones, read by the watchdog responder. */
+  #progress = new Int32Array(new SharedArrayBuffer(16));
   #seq = 0;
   #failed: Error | null = null;
   #disposed = false;
@@ -286,7 +286,22 @@ export class ProcessGroup implements Disposable {
     // the same collective).
     const id = this.rank === 0 ? NcclComm.uniqueId(this.#ncclLib) : new Uint8Array(128);
     if (this.size > 1) this.broadcast(new Int32Array(id.buffer), { root: 0 });
-    this.#nccl = new NcclComm(this.#ncclLib, t.device, this.rank, this.size, id, this.timeoutMs);
+    this.#nccl = new NcclComm(this.#ncclLib, t.device, this.rank, this.size, id, {
+      timeoutMs: this.timeoutMs,
+      progress: this.#progress,
+      // Past the timeout, the MPI watchdog asks the other ranks how far their NCCL got.
+      diagnose: this.#lib === null
+        ? null
+        : (seq, op) =>
+          diagnoseTimeout(this.#lib!, this.#watchComm!, {
+            rank: this.rank,
+            size: this.size,
+            seq,
+            op,
+            timeoutMs: this.timeoutMs,
+            engine: "nccl",
+          }),
+    });
     return this.#nccl;
   }
 
