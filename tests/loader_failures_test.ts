@@ -357,7 +357,7 @@ Deno.test("DataLoader refuses unknown augment keys, naming the key", () => {
   const ds = new TensorDataset({ x: new Int32Array(8) });
   assert.throws(
     () => new DataLoader(ds, { batchSize: 2, augment: { padding: 1, rotate: 15 } as never }),
-    /Cannot create DataLoader with augment: unknown option "rotate"; options are padding, flip, vflip, cutout, brightness, contrast/,
+    /Cannot create DataLoader with augment: unknown option "rotate"; options are padding, flip, vflip, cutout, brightness, contrast, saturation, hue/,
   );
   assert.throws(
     () => new DataLoader(ds, { batchSize: 2, augment: { paddng: 1 } as never }),
