@@ -240,7 +240,7 @@ class Parser {
     return this.frame ? corrupt(what) : new ImageDecodeError(`JPEG header is corrupt (${what})`);
   }
 
-  /** The next marker's code, skipping fill bytes and stray data as libjpeg does. */
+  /** The next marker's code: fill bytes (0xFF) skipped, bytes that belong to nothing refused. */
   marker(): number {
     const b = this.b;
     // Bytes before a marker that belong to nothing (libjpeg warns of them, and the TurboJPEG
