@@ -224,6 +224,30 @@ struct StoreMat { /* c[i*n + j] (+)= v, fp32 or fp16 */
   }
 };
 
+/* c[i*n + j] = act(round(v) + bias[j]): StoreMat's value, then ps_nn_bias_add's fp32 add and
+ * rounding, then ps_nn_relu_forward's rule on the bits, so the bits of the three calls. */
+struct StoreMatBiasAct {
+  void *c;
+  const void *bias;
+  int64_t n;
+  int f16, bias_f16, relu;
+  __device__ int64_t col(int j) const { return j; }
+  __device__ void store(int64_t j, int i, float v) const {
+    const int64_t at = i * n + j;
+    const float b = bias_f16 ? __half2float(((const __half *)bias)[j]) : ((const float *)bias)[j];
+    if (f16) {
+      __half h = __float2half_rn(__half2float(__float2half_rn(v)) + b);
+      uint16_t bits = __half_as_ushort(h);
+      if (relu) bits = ps_relu_f16(bits);
+      ((uint16_t *)c)[at] = bits;
+    } else {
+      uint32_t bits = __float_as_uint(v + b);
+      if (relu) bits = ps_relu_f32(bits);
+      ((uint32_t *)c)[at] = bits;
+    }
+  }
+};
+
 template <class T>
 struct StoreConvY { /* y[n][o][p] for (o, col = (n, p)) */
   T *y;
