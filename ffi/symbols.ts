@@ -15,7 +15,7 @@
  */
 
 /** The ABI version this table matches (`PS_ABI_VERSION` in kernels/pinstream.h). */
-export const ABI_VERSION = 9;
+export const ABI_VERSION = 10;
 
 /** One C parameter: its name in kernels/pinstream.h and its FFI type. */
 export type Param = readonly [name: string, type: Deno.NativeType];
@@ -190,6 +190,23 @@ export const signatures = {
       "stream",
       "pointer",
     ]],
+    result: "i32",
+  },
+  // fill packs one byte per channel; params and out are device memory.
+  ps_image_geometry: {
+    params: [
+      ["src", "pointer"],
+      ["src_stride", "i64"],
+      ["n", "i32"],
+      ["c", "i32"],
+      ["params", "pointer"],
+      ["oh", "i32"],
+      ["ow", "i32"],
+      ["fill", "i32"],
+      ["out", "pointer"],
+      ["flags", "i32"],
+      ["stream", "pointer"],
+    ],
     result: "i32",
   },
   // PS-SECTION nn: entries added by the training work go here.
@@ -535,6 +552,7 @@ export const signatures = {
       ["grad_dtype", "i32"],
       ["momentum_buf", "pointer"],
       ["param_half", "pointer"],
+      ["half_dtype", "i32"],
       ["count", "i64"],
       ["lr", "f32"],
       ["momentum", "f32"],

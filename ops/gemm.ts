@@ -18,7 +18,7 @@ import type { Tensor } from "../ffi/tensor.ts";
 import { backendOf, type OpOptions } from "./backend.ts";
 import { biasAdd } from "./norm.ts";
 import { reluForward } from "./elementwise.ts";
-import { activations, code, launch, queue, rank, shape, tensor } from "./_launch.ts";
+import { ACT, activations, code, launch, queue, rank, shape, tensor } from "./_launch.ts";
 
 /** Output and options of {@linkcode matmul}. */
 export interface MatmulOptions extends OpOptions {
@@ -70,7 +70,7 @@ export function matmul(a: Tensor, b: Tensor, options: MatmulOptions): void {
   const action = "run matmul";
   const out = options?.out;
   const dt = activations(action, [a, "a"], [b, "b"]);
-  tensor(out, "out", ["f16", "f32"], action);
+  tensor(out, "out", ACT, action);
   rank(a, "a", [2], action);
   rank(b, "b", [2], action);
   const [m, k] = options.transA ? [a.shape[1], a.shape[0]] : [a.shape[0], a.shape[1]];
@@ -84,7 +84,7 @@ export function matmul(a: Tensor, b: Tensor, options: MatmulOptions): void {
   shape(out, "out", [m, n], action);
   const bias = options.bias ?? null;
   if (bias !== null) {
-    tensor(bias, "bias", ["f16", "f32"], action);
+    tensor(bias, "bias", ACT, action);
     shape(bias, "bias", [n], action);
     if (options.accumulate) {
       throw new RangeError(`Cannot ${action}: accumulate with a bias (add the bias once)`);

@@ -24,7 +24,7 @@ PS_API int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, in
   NULL_CHECK(c);
   if (k > 0) NULL_CHECK(a, b);
   cudaStream_t st = (cudaStream_t)stream;
-  StoreMat ep{.c = c, .n = n, .f16 = c_dtype == PS_NN_F16, .acc = accumulate != 0};
+  StoreMat ep{.c = c, .n = n, .dt = c_dtype, .acc = accumulate != 0};
   int r = PS_OK;
   WITH_ACT(dtype, {
     Strided<T> A{.p = (const T *)a,
@@ -55,8 +55,8 @@ PS_API int ps_nn_matmul_bias_act(const void *a, const void *b, int32_t dtype, vo
   StoreMatBiasAct ep{.c = c,
                      .bias = bias,
                      .n = n,
-                     .f16 = c_dtype == PS_NN_F16,
-                     .bias_f16 = bias_dtype == PS_NN_F16,
+                     .dt = c_dtype,
+                     .bias_dt = bias_dtype,
                      .relu = act == PS_ACT_RELU};
   int r = PS_OK;
   WITH_ACT(dtype, {
