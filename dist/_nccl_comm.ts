@@ -147,7 +147,9 @@ export class NcclComm implements WorkOwner, Disposable {
       );
     }
     if (!(t.dtype in NCCL_DTYPES)) {
-      throw new TypeError(`Cannot ${action}: ${name} has dtype ${t.dtype}; f32, f16 or i32`);
+      throw new TypeError(
+        `Cannot ${action}: ${name} has dtype ${t.dtype}; f32, f16, bf16 or i32`,
+      );
     }
     return t;
   }

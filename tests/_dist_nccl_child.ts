@@ -10,8 +10,9 @@
  */
 
 import { add, Device, ProcessGroup, Stream, Tensor } from "../mod.ts";
+import { cast } from "../ops/elementwise.ts";
 
-type DT = "f32" | "f16" | "i32";
+type DT = "f32" | "f16" | "bf16" | "i32";
 type Arr = Float32Array | Float16Array | Int32Array;
 
 using group = ProcessGroup.init({ backend: "nccl", timeoutMs: 120_000 });
@@ -34,7 +35,15 @@ function reduce(op: "sum" | "avg" | "max" | "min", i: number): number {
   return op === "avg" ? Math.fround(acc / size) : acc;
 }
 
+/** fp32 to bf16, to nearest even (values here are finite). */
+function bf16round(v: number): number {
+  const u = new Uint32Array(new Float32Array([v]).buffer);
+  u[0] = ((u[0] + 0x7fff + ((u[0] >>> 16) & 1)) >>> 0) & 0xffff0000;
+  return new Float32Array(u.buffer)[0];
+}
+
 function round(dt: DT, v: number): number {
+  if (dt === "bf16") return bf16round(Math.fround(v));
   return dt === "f16" ? Math.f16round(Math.fround(v)) : dt === "f32" ? Math.fround(v) : v;
 }
 
@@ -49,7 +58,12 @@ function host(dt: DT, n: number, f: (i: number) => number): Arr {
 }
 
 function tensor(dt: DT, n: number, f: (i: number) => number): Tensor {
-  return Tensor.fromHost(device, host(dt, n, f) as Float32Array, [n]);
+  if (dt !== "bf16") return Tensor.fromHost(device, host(dt, n, f) as Float32Array, [n]);
+  // No bf16 array on the host: made on the device from fp32 (the values are exact in bf16).
+  using wide = Tensor.fromHost(device, host("f32", n, f) as Float32Array, [n]);
+  const t = Tensor.empty(device, [n], "bf16");
+  cast(wide, t);
+  return t;
 }
 
 async function expectEqual(what: string, t: Tensor, want: (i: number) => number) {
@@ -69,7 +83,7 @@ async function run(asyncForm: boolean, w: { waitSync(): void; wait(): Promise<vo
 }
 
 // 300_000 fp32 elements pass through the stand-in's 1 MiB staging slots in several chunks.
-for (const dt of ["f32", "f16", "i32"] as const) {
+for (const dt of ["f32", "f16", "bf16", "i32"] as const) {
   for (const n of dt === "f32" ? [1, 1000, 300_000 + 3 * size] : [1, 1000]) {
     for (const asyncForm of [false, true]) {
       const tag = `${dt} n=${n} ${asyncForm ? "async" : "blocking"}`;

@@ -6,7 +6,8 @@
  * atol 1e-5, rtol 1e-4 (the ranks sum the batch's gradient in another order: rounding
  * only); fp16 atol 1e-3, rtol 1e-2 (each rank rounds its own, smaller batch's fp16
  * gradients). Ranks must agree with each other exactly. The same holds for CUDA models on the
- * nccl backend ([cuda] cases: the CUDA emulator and its NCCL stand-in).
+ * nccl backend ([cuda] cases: the CUDA emulator and its NCCL stand-in), also in bf16: atol 4e-3,
+ * rtol 4e-2 (bf16 keeps 8 significant bits where fp16 keeps 11).
  */
 
 import assert from "node:assert";
@@ -20,7 +21,11 @@ function envOf(args: string[]): Record<string, string> {
 }
 
 const CHILD = new URL("_dist_train_child.ts", import.meta.url).pathname;
-const TOL = { fp32: { atol: 1e-5, rtol: 1e-4 }, fp16: { atol: 1e-3, rtol: 1e-2 } };
+const TOL = {
+  fp32: { atol: 1e-5, rtol: 1e-4 },
+  fp16: { atol: 1e-3, rtol: 1e-2 },
+  bf16: { atol: 4e-3, rtol: 4e-2 },
+};
 
 interface Result {
   weights: Record<string, number[]>;
@@ -105,6 +110,7 @@ for (
     ["openmpi", 4, "fp16"],
     ["mpich", 2, "fp16"],
     ["mpich", 4, "fp32"],
+    ["openmpi", 4, "bf16"],
   ] as const
 ) {
   Deno.test({
