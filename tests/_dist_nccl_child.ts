@@ -3,7 +3,8 @@
  * stand-in): every collective of the nccl backend on CUDA tensors, in each dtype and
  * reduction, blocking and asynchronous, one NCCL group of several all-reduces, and the
  * ordering with the current stream (a kernel writes the input and another reads the result,
- * with no host wait between them), compared with a reference on every element. Prints
+ * with no host wait between them), and collectives on host memory (over MPI under mpirun, over
+ * NCCL in a torchrun-style launch), compared with a reference on every element. Prints
  * `ok <rank> <checks>` and exits 0, or throws naming the first wrong element.
  *
  * @module
@@ -15,8 +16,10 @@ import { cast } from "../ops/elementwise.ts";
 type DT = "f32" | "f16" | "bf16" | "i32";
 type Arr = Float32Array | Float16Array | Int32Array;
 
-using group = ProcessGroup.init({ backend: "nccl", timeoutMs: 120_000 });
 using device = Device.open("cuda");
+// The device at init: a torchrun-style launch (no MPI) needs it; under mpirun it makes the
+// communicator at once instead of at the first collective on a CUDA tensor.
+using group = ProcessGroup.init({ backend: "nccl", timeoutMs: 120_000, device });
 const { rank, size } = group;
 let checks = 0;
 
@@ -72,6 +75,15 @@ async function expectEqual(what: string, t: Tensor, want: (i: number) => number)
     const w = want(i);
     if (!Object.is(got[i], w)) {
       throw new Error(`${what}: element ${i} is ${got[i]}, expected ${w} (rank ${rank})`);
+    }
+  }
+  checks++;
+}
+
+function expectHost(what: string, got: Arr, want: (i: number) => number) {
+  for (let i = 0; i < got.length; i++) {
+    if (!Object.is(got[i], want(i))) {
+      throw new Error(`${what}: element ${i} is ${got[i]}, expected ${want(i)} (rank ${rank})`);
     }
   }
   checks++;
@@ -155,6 +167,27 @@ for (const dt of ["f32", "f16", "bf16", "i32"] as const) {
     );
   }
 }
+
+// Host memory: over MPI under mpirun, staged through the device and NCCL without MPI.
+for (const dt of ["f32", "f16", "i32"] as const) {
+  const n = 1000;
+  for (const op of ["sum", "max"] as const) {
+    const x = host(dt, n, (i) => value(rank, i));
+    await group.allReduceAsync(x, { op }).wait();
+    expectHost(`host allReduce ${op} ${dt}`, x, (i) => reduce(op, i));
+  }
+  const b = host(dt, n, (i) => value(rank, i));
+  group.broadcast(b, { root: size - 1 });
+  expectHost(`host broadcast ${dt}`, b, (i) => value(size - 1, i));
+  const out = host(dt, n * size, () => 0);
+  group.allGather(host(dt, n, (i) => value(rank, i)), out);
+  expectHost(`host allGather ${dt}`, out, (i) => value(Math.floor(i / n), i % n));
+  const block = host(dt, n, () => 0);
+  group.reduceScatter(host(dt, n * size, (i) => value(rank, i)), block);
+  expectHost(`host reduceScatter ${dt}`, block, (i) => reduce("sum", rank * n + i));
+}
+const empty = new Float32Array(0);
+group.allReduce(empty);
 
 group.barrier();
 console.log(`ok ${rank} ${checks}`);

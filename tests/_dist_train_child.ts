@@ -61,11 +61,11 @@ const accumulate = Number(values.accumulate);
 const nanIndex = Number(values["nan-index"]), nanStep = Number(values["nan-step"]);
 
 const kind = values.device as "cpu" | "cuda";
+using device = Device.open(kind);
 using group = ProcessGroup.init({
   timeoutMs: 120_000,
-  backend: kind === "cuda" ? "nccl" : "mpi",
+  ...(kind === "cuda" ? { backend: "nccl", device } : {}),
 });
-using device = Device.open(kind);
 const { rank, size } = group;
 if (batch % size !== 0) throw new RangeError(`batch ${batch} is not divisible by ${size} ranks`);
 const local = batch / size;

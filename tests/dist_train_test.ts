@@ -11,7 +11,7 @@
  */
 
 import assert from "node:assert";
-import { assertAllOk, MPIS, runRanks } from "./_dist.ts";
+import { assertAllOk, MPIS, runRanks, runTorchrunStyle } from "./_dist.ts";
 import { emulatedNccl } from "./_nccl_stand_in.ts";
 
 const NCCL = emulatedNccl();
@@ -134,6 +134,20 @@ for (
     },
   });
 }
+
+Deno.test({
+  name: "DataParallel of a CUDA model in a torchrun-style launch (no MPI) trains as 1 rank [cuda]",
+  ignore: NCCL === undefined,
+  async fn() {
+    const args = ["--model", "cnn", "--steps", "12", "--device", "cuda"];
+    const out = `${dir}/torchrun${runs++}`;
+    const r = await runTorchrunStyle(2, [CHILD, ...args, "--out", out], { env: envOf(args) });
+    assertAllOk(r, 2);
+    const results = [0, 1].map((k) => JSON.parse(Deno.readTextFileSync(`${out}.${k}.json`)));
+    assertRanksEqual(results, "torchrun-style");
+    assertClose(results[0], await reference(args), TOL.fp32, "torchrun-style");
+  },
+});
 
 Deno.test({
   name: "DataParallel of a CUDA model: noSync accumulation and a NaN skip on the nccl backend " +
