@@ -395,7 +395,7 @@ function kernelRow(device: Device, layout: "nchw" | "nhwc"): Row {
       out_dtype: 0, // fp16
       // PS_IMAGE_SERIAL: one thread, as the prefetcher runs it beside loader workers;
       // PS_IMAGE_NO_CONTRAST, as the prefetcher passes it for a loader without contrast.
-      flags: 1 | 2,
+      flags: 1 | 4,
       stream: null,
     }, "time the fused kernel");
   for (let i = 0; i < 2 * ring; i++) call(i);

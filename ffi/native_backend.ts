@@ -21,6 +21,7 @@ import { Tensor } from "./tensor.ts";
 /** The kernel entry points and the ABI function behind each. */
 export const KERNELS = {
   matmul: "ps_nn_matmul",
+  matmulBiasAct: "ps_nn_matmul_bias_act",
   conv2dForward: "ps_nn_conv2d_forward",
   conv2dBackwardData: "ps_nn_conv2d_backward_data",
   conv2dBackwardWeight: "ps_nn_conv2d_backward_weight",
@@ -48,6 +49,7 @@ export const KERNELS = {
   imageAugment: "ps_image_augment",
   imageAugmentLabeled: "ps_image_augment_labeled",
   imageLabelsI32: "ps_image_labels_i32",
+  imageGeometry: "ps_image_geometry",
   gatherRows: "ps_gather_rows",
   tensorFill: "ps_tensor_fill",
 } as const satisfies Record<string, keyof typeof signatures>;

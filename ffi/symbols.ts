@@ -15,7 +15,7 @@
  */
 
 /** The ABI version this table matches (`PS_ABI_VERSION` in kernels/pinstream.h). */
-export const ABI_VERSION = 8;
+export const ABI_VERSION = 10;
 
 /** One C parameter: its name in kernels/pinstream.h and its FFI type. */
 export type Param = readonly [name: string, type: Deno.NativeType];
@@ -41,6 +41,7 @@ export const signatures = {
     params: [["allocations", "buffer"], ["streams", "buffer"], ["events", "buffer"]],
     result: "i32",
   },
+  ps_scratch_allocations: { params: [["out", "buffer"]], result: "i32" },
 
   // ---- devices
   ps_device_count: { params: [["out", "buffer"]], result: "i32" },
@@ -191,6 +192,23 @@ export const signatures = {
     ]],
     result: "i32",
   },
+  // fill packs one byte per channel; params and out are device memory.
+  ps_image_geometry: {
+    params: [
+      ["src", "pointer"],
+      ["src_stride", "i64"],
+      ["n", "i32"],
+      ["c", "i32"],
+      ["params", "pointer"],
+      ["oh", "i32"],
+      ["ow", "i32"],
+      ["fill", "i32"],
+      ["out", "pointer"],
+      ["flags", "i32"],
+      ["stream", "pointer"],
+    ],
+    result: "i32",
+  },
   // PS-SECTION nn: entries added by the training work go here.
   ps_nn_matmul: {
     params: [
@@ -205,6 +223,25 @@ export const signatures = {
       ["trans_a", "i32"],
       ["trans_b", "i32"],
       ["accumulate", "i32"],
+      ["stream", "pointer"],
+    ],
+    result: "i32",
+  },
+  ps_nn_matmul_bias_act: {
+    params: [
+      ["a", "pointer"],
+      ["b", "pointer"],
+      ["dtype", "i32"],
+      ["c", "pointer"],
+      ["c_dtype", "i32"],
+      ["m", "i64"],
+      ["n", "i64"],
+      ["k", "i64"],
+      ["trans_a", "i32"],
+      ["trans_b", "i32"],
+      ["bias", "pointer"],
+      ["bias_dtype", "i32"],
+      ["act", "i32"],
       ["stream", "pointer"],
     ],
     result: "i32",
@@ -515,6 +552,7 @@ export const signatures = {
       ["grad_dtype", "i32"],
       ["momentum_buf", "pointer"],
       ["param_half", "pointer"],
+      ["half_dtype", "i32"],
       ["count", "i64"],
       ["lr", "f32"],
       ["momentum", "f32"],

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct layout; ffi/ refuses a mismatch. */
-#define PS_ABI_VERSION 8
+#define PS_ABI_VERSION 10
 
 /* ---- status codes ------------------------------------------------------------------- */
 #define PS_OK 0
@@ -65,6 +65,13 @@ PS_API const char *ps_last_error(void);
 /* Number of live allocations made through this library (host pinned, host registered,
  * device) and of live streams and events: the leak tests read it. */
 PS_API int ps_live_objects(int64_t *allocations, int64_t *streams, int64_t *events);
+
+/* Number of memory allocations the backend made inside its calls since the library was loaded:
+ * the scratch a call keeps for the next ones growing (CUDA: once per stream and larger size;
+ * CPU: once per calling thread and larger size) and stream-ordered scratch for one call. A
+ * steady training step adds none; the op-budget tests read it. The CPU thread pool's
+ * per-worker caches are not counted (which worker runs which part varies from call to call). */
+PS_API int ps_scratch_allocations(int64_t *out);
 
 /* ---- devices ------------------------------------------------------------------------- */
 
@@ -208,10 +215,11 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
  * of 64 KiB or more is split over the backend's threads, backing off while a helper stalls it.
  * CUDA ignores it. */
 #define PS_IMAGE_SERIAL 1
-/* PS_IMAGE_NO_CONTRAST: the records' contrast words are ignored (read as 1.0) on both backends,
+/* PS_IMAGE_NO_CONTRAST (a bit of its own: ps_image_geometry's PS_IMAGE_ANTIALIAS is 2): the
+ * records' contrast words are ignored (read as 1.0) on both backends,
  * for a caller whose records never carry contrast (a loader without the contrast option): CUDA
  * then skips the per-batch mean pre-pass, its scratch memory and its launch. */
-#define PS_IMAGE_NO_CONTRAST 2
+#define PS_IMAGE_NO_CONTRAST 4
 /* scale/bias are passed by value into the launch: at most this many channels. */
 #define PS_IMAGE_MAX_CHANNELS 16
 
@@ -303,25 +311,93 @@ PS_API int ps_gather_rows(const void *src, int64_t rows, int64_t row_bytes, cons
 PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, void *out,
                                void *stream);
 
+/* int32 words of one sample's ps_image_geometry record (augment/geometry.ts writes them). */
+#define PS_IMAGE_GEOMETRY_PARAMS 8
+/* ps_image_geometry's flags: PS_IMAGE_SERIAL as for ps_image_augment; PS_IMAGE_ANTIALIAS widens
+ * the resize filter by the scale when shrinking (Pillow's bilinear; torchvision's antialias). */
+#define PS_IMAGE_ANTIALIAS 2
+/* Most channels ps_image_geometry takes (grey, RGB, RGBA). */
+#define PS_IMAGE_GEOMETRY_MAX_CHANNELS 4
+/* One sample's rotation cosine and sine are fixed point with this many fraction bits. */
+#define PS_IMAGE_ROTATION_BITS 30
+
+/* The geometric transforms, before ps_image_augment: per sample a crop box of the source
+ * image resized to oh x ow (Resize, CenterCrop, RandomResizedCrop), then an optional rotation
+ * about the centre (RandomRotation); uint8 HWC in, uint8 HWC out at oh x ow, queued on
+ * `stream`. Integer arithmetic throughout, so both backends give the same bytes:
+ *
+ *   resize: Pillow's bilinear (ImagingResample) on the box: per axis, output position x has
+ *           centre (x + 0.5) * in / out and taps [lo, lo + n) of the triangle filter widened by
+ *           max(in / out, 1) with PS_IMAGE_ANTIALIAS (else 1), weights k_i / sum(k) as 22-bit
+ *           fixed point computed in fp64 (rules.h, ps_geo_taps); the horizontal pass first,
+ *           each sum + 2^21 shifted right 22 and clamped to a byte, then the vertical pass on
+ *           those bytes likewise. An axis whose size does not change is copied.
+ *   rotate: output pixel (y, x) reads the resized image at (yin, xin) =
+ *           (sin * u + cos * v + oh, cos * u - sin * v + ow) / 2, u = 2x + 1 - ow,
+ *           v = 2y + 1 - oh, with cos and sin the record's PS_IMAGE_ROTATION_BITS fixed point;
+ *           outside [0, oh) x [0, ow) it is the fill; inside, Pillow's bilinear transform:
+ *           the 2x2 neighbours of (yin - 0.5, xin - 0.5), edge-clamped, weights of 16 bits,
+ *           the result truncated to a byte.
+ *
+ * src:    device, n slots of `src_stride` bytes; slot i holds an h x w x c image (row-major,
+ *         rows of w * c bytes) of the sizes in its record: images of different sizes share
+ *         one batch.
+ * params: device, n records of PS_IMAGE_GEOMETRY_PARAMS int32:
+ *           [0] h, [1] w      the source image's size: 1 <= h, w, h * w <= 2^28,
+ *                             h * w * c <= src_stride
+ *           [2] top, [3] left, [4] crop_h, [5] crop_w  the box, inside the image
+ *           [6] cos, [7] sin  the rotation by angle a counter-clockwise: round(cos(a) *
+ *                             2^PS_IMAGE_ROTATION_BITS) and likewise sin; (2^30, 0) is none.
+ *         A record outside these bounds fails on the CPU backend; on CUDA (which cannot fail)
+ *         that sample's output is left as it was.
+ * fill:   the rotation's fill, one byte per channel, channel k in bits 8k..8k+7.
+ * out:    device, n x oh x ow x c bytes; 1 <= oh, ow <= 2^14. Must not overlap src.
+ * flags:  PS_IMAGE_SERIAL | PS_IMAGE_ANTIALIAS (other bits are refused).
+ * n == 0 is a no-op. */
+PS_API int ps_image_geometry(const void *src, int64_t src_stride, int32_t n, int32_t c,
+                             const int32_t *params, int32_t oh, int32_t ow, int32_t fill, void *out,
+                             int32_t flags, void *stream);
+
 /* ---- nn kernels (nn/) ----------------------------------------------------------------- */
 /* PS-SECTION nn: declarations added by the training work go here. */
 /*
  * Layout NCHW; fp32 accumulation everywhere; fp32 parameters where named "f32". Every pointer
- * is a device pointer. `*_dtype` arguments take PS_NN_F32 / PS_NN_F16; `dtype` is the one
- * element type of a kernel's activations, their gradients and (for matmul and the
- * convolutions) the weights it reads: fp16 for mixed-precision training, fp32 for the fp32
- * path. "act" below means elements of that dtype. "Overwrites" is the default; `accumulate` != 0 adds to the output.
+ * is a device pointer. `*_dtype` arguments take PS_NN_F32 / PS_NN_F16 / PS_NN_BF16; `dtype` is
+ * the one element type of a kernel's activations, their gradients and (for matmul and the
+ * convolutions) the weights it reads: fp16 or bf16 for mixed-precision training, fp32 for the
+ * fp32 path. "act" below means elements of that dtype. Wherever fp16 is named below, bf16
+ * works the same way ("half" means either). Every conversion from fp32 to fp16 or bf16
+ * rounds to nearest even (bf16: rules.h ps_bf16_from_f32, which both backends call), so an
+ * element-wise result has the same bits on both backends; sums (GEMM, convolutions, norms)
+ * accumulate in fp32 in each backend's own order. "Overwrites" is the default; `accumulate` != 0 adds to the output.
  * Shapes are int64 element counts; convolution output size is
  * OH = (H + 2*pad - kh) / stride + 1 (floor), likewise OW.
  */
 #define PS_NN_F32 0
 #define PS_NN_F16 1
+/* bfloat16: the top 16 bits of an fp32 (8 exponent bits, 7 fraction bits), fp32's range with
+ * 8 significant bits; NaN becomes the quiet NaN 0x7fc0 with its sign. Code 3: 2 is
+ * PS_FILL_I32. */
+#define PS_NN_BF16 3
 
 /* c[m,n] (+)= op(a) @ op(b). a: [m,k] row-major ([k,m] when trans_a), b: [k,n] ([n,k] when
  * trans_b), both act; c: [m,n] row-major, c_dtype. */
 PS_API int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, int32_t c_dtype,
                         int64_t m, int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
                         int32_t accumulate, void *stream);
+
+/* Activations an epilogue applies as it stores (PS_ACT_RELU is ps_nn_relu_forward's rule). */
+#define PS_ACT_NONE 0
+#define PS_ACT_RELU 1
+
+/* c[m,n] = act(op(a) @ op(b) + bias[n]): a Linear layer's forward in one call, with the bits of
+ * ps_nn_matmul (overwriting c), then ps_nn_bias_add over [m, n] (hw = 1), then, for act
+ * PS_ACT_RELU, ps_nn_relu_forward. bias: [n] of bias_dtype. CUDA adds the bias and applies the
+ * activation in the GEMM's epilogue, as it stores c. */
+PS_API int ps_nn_matmul_bias_act(const void *a, const void *b, int32_t dtype, void *c,
+                                 int32_t c_dtype, int64_t m, int64_t n, int64_t k,
+                                 int32_t trans_a, int32_t trans_b, const void *bias,
+                                 int32_t bias_dtype, int32_t act, void *stream);
 
 /* y[n,co,OH,OW] = conv(x[n,c,h,w], w[co,c,kh,kw]) (cross-correlation, zero padding). All act. */
 PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t dtype, int64_t n,
@@ -419,8 +495,9 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
                                int32_t dtype, float *loss_sum, int32_t *correct, int64_t n,
                                int64_t k, float scale, const float *device_scale, void *stream);
 
-/* dst = (dst_dtype) src, count elements; f16 <-> f32 (and same-type copies, with memmove's
- * semantics: src and dst may overlap). */
+/* dst = (dst_dtype) src, count elements; between any two of f32, f16 and bf16 (through
+ * fp32, rounded once), and same-type copies with memmove's semantics: src and dst may
+ * overlap. */
 PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype,
                       int64_t count, void *stream);
 
@@ -444,10 +521,11 @@ PS_API int ps_nn_binary(const void *a, const void *b, void *y, int32_t dtype, in
 #define PS_FILL_ARANGE 1   /* a + i * b (in double, then rounded) */
 #define PS_FILL_UNIFORM 2  /* a + (b - a) * u, u uniform in [0, 1) on a 2^-24 grid */
 #define PS_FILL_NORMAL 3   /* a + b * z, z standard normal (Box-Muller) */
-/* The dtype of an int32 fill (next to PS_NN_F32 and PS_NN_F16). */
+/* The dtype of an int32 fill (next to PS_NN_F32, PS_NN_F16 and PS_NN_BF16). */
 #define PS_FILL_I32 2
 
-/* Writes count elements of dtype (PS_NN_F32, PS_NN_F16 or PS_FILL_I32) computed on the device:
+/* Writes count elements of dtype (PS_NN_F32, PS_NN_F16, PS_NN_BF16 or PS_FILL_I32) computed on
+ * the device:
  * element i is a function of (mode, a, b, seed, offset + i) only, the same bits on every
  * backend, so a tensor is created where it lives, with nothing built on the host. Random modes
  * draw from a counter-based generator (seed, offset + i): filling [0, n) at offset k equals
@@ -470,17 +548,19 @@ PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
  *   g = grad * (1 / *scale if scale else 1) + weight_decay * param
  *   buf = (momentum_buf not yet used ? g : momentum * buf + (1 - dampening) * g)
  *   g = nesterov ? g + momentum * buf : buf            (when momentum != 0)
- *   param -= lr * g; param_half = (fp16) param        (param_half may be NULL)
+ *   param -= lr * g; param_half = (half_dtype) param  (param_half may be NULL)
  * Does nothing when found_inf != NULL and *found_inf != 0. "Not yet used" means
  * steps_done != NULL and *steps_done == 0 (PyTorch clones g into a fresh buffer); with
  * steps_done == NULL the buffer is taken as used (zero-initialized buffers give the same
  * result whenever dampening == 0). grad is grad_dtype; param, momentum_buf f32
- * (momentum_buf may be NULL when momentum == 0). */
+ * (momentum_buf may be NULL when momentum == 0); param_half is half_dtype (PS_NN_F16 or
+ * PS_NN_BF16; ignored when param_half is NULL). */
 PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
-                          float *momentum_buf, void *param_half, int64_t count, float lr,
-                          float momentum, float dampening, float weight_decay,
-                          int32_t nesterov, const float *scale, const int32_t *found_inf,
-                          const int32_t *steps_done, const float *hyper, void *stream);
+                          float *momentum_buf, void *param_half, int32_t half_dtype,
+                          int64_t count, float lr, float momentum, float dampening,
+                          float weight_decay, int32_t nesterov, const float *scale,
+                          const int32_t *found_inf, const int32_t *steps_done,
+                          const float *hyper, void *stream);
 /* *steps_done += 1 unless found_inf != NULL and *found_inf != 0 (after all sgd steps). */
 PS_API int ps_nn_step_count(int32_t *steps_done, const int32_t *found_inf, void *stream);
 
@@ -498,8 +578,9 @@ PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int3
  * and kept: the pointers do not change between steps). The CUDA backend cannot read it on the
  * host, so it trusts it; the CPU backend checks every entry. max_count (>= every entry's count)
  * only sizes the launch. A parameter entry has PS_MT_SGD_FIELDS fields: param (f32), grad
- * (grad_dtype), momentum_buf (f32 or 0), param_half (fp16 or 0), count, grad_dtype. */
-#define PS_MT_SGD_FIELDS 6
+ * (grad_dtype), momentum_buf (f32 or 0), param_half (half_dtype or 0), count, grad_dtype,
+ * half_dtype (PS_NN_F16 or PS_NN_BF16). */
+#define PS_MT_SGD_FIELDS 7
 /* ps_nn_unscale_check over the grads of every entry, into one found_inf. */
 PS_API int ps_nn_multi_unscale_check(const int64_t *list, int32_t n, int64_t max_count,
                                      const float *scale, float inv_scale, int32_t in_place,

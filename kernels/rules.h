@@ -31,8 +31,17 @@
 /* ---- argument checks: 0 or the PS_ERR_* that the call returns ---------------------------- */
 
 PS_CHECK int ps_check_dtype(const char *fn, const char *what, int32_t dtype) {
-  if (dtype != PS_NN_F32 && dtype != PS_NN_F16) {
-    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad %s %d (PS_NN_F32 or PS_NN_F16)", fn, what,
+  if (dtype != PS_NN_F32 && dtype != PS_NN_F16 && dtype != PS_NN_BF16) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad %s %d (PS_NN_F32, PS_NN_F16 or PS_NN_BF16)", fn,
+                 what, (int)dtype);
+  }
+  return PS_OK;
+}
+
+/* A half-precision dtype: the element type of an optimizer's compute copy. */
+PS_CHECK int ps_check_half_dtype(const char *fn, const char *what, int32_t dtype) {
+  if (dtype != PS_NN_F16 && dtype != PS_NN_BF16) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad %s %d (PS_NN_F16 or PS_NN_BF16)", fn, what,
                  (int)dtype);
   }
   return PS_OK;
@@ -277,6 +286,54 @@ PS_RULE uint32_t ps_relu_grad_f32(uint32_t y, uint32_t dy) {
 /* An fp16 value that is inf or NaN (exponent bits all ones). */
 PS_RULE int ps_f16_nonfinite(uint16_t x) { return (x & 0x7c00u) == 0x7c00u; }
 
+/* ---- bf16 (PS_NN_BF16) ------------------------------------------------------------------ */
+
+/* The bits of an fp32 and back: a bf16 is the top half of them. */
+PS_RULE uint32_t ps_f32_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  return x;
+#endif
+}
+PS_RULE float ps_bits_f32(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(x);
+#else
+  float f;
+  memcpy(&f, &x, sizeof f);
+  return f;
+#endif
+}
+
+/* fp32 -> bf16, rounded to nearest even: the low 16 bits decide, ties keep an even result.
+ * Subnormals round like any other value (no flush to zero); a value that rounds past the
+ * largest finite bf16 becomes inf; NaN becomes the quiet NaN 0x7fc0 with the input's sign.
+ * Both backends convert through this rule (never __float2bfloat16_rn or a CPU instruction,
+ * whose NaN and subnormal handling differ between generations), so the bits agree. */
+PS_RULE uint16_t ps_bf16_from_f32(float f) {
+  const uint32_t x = ps_f32_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(((x >> 16) & 0x8000u) | 0x7fc0u);
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* bf16 -> fp32, exact. */
+PS_RULE float ps_bf16_to_f32(uint16_t h) { return ps_bits_f32((uint32_t)h << 16); }
+
+/* ReLU and its gradient on bf16 bits: ps_relu_f32's decisions on the top half of an fp32
+ * (bf16 -0, negatives, -inf become +0; NaN payloads pass). */
+PS_RULE uint16_t ps_relu_bf16(uint16_t x) {
+  return ((x & 0x8000u) && (x & 0x7fffu) <= 0x7f80u) ? (uint16_t)0 : x;
+}
+PS_RULE uint16_t ps_relu_grad_bf16(uint16_t y, uint16_t dy) {
+  return (!(y & 0x8000u) && y != 0 && y <= 0x7f80u) ? dy : (uint16_t)0;
+}
+
+/* A bf16 value that is inf or NaN. */
+PS_RULE int ps_bf16_nonfinite(uint16_t x) { return (x & 0x7f80u) == 0x7f80u; }
+
 /* Max pooling without padding: output extent along an axis of `extent` pixels. */
 PS_RULE int64_t ps_pool_out(int64_t extent, int32_t kernel, int32_t stride) {
   return (extent - kernel) / stride + 1;
@@ -460,9 +517,10 @@ PS_CHECK int ps_check_gather(const char *fn, int64_t rows, int64_t row_bytes, in
 
 PS_CHECK int ps_check_fill(const char *fn, int32_t dtype, int64_t count, int32_t mode) {
   TRY(ps_check_count(fn, count));
-  if (dtype != PS_NN_F32 && dtype != PS_NN_F16 && dtype != PS_FILL_I32)
-    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: dtype %d is not PS_NN_F32, PS_NN_F16 or PS_FILL_I32",
-                 fn, (int)dtype);
+  if (dtype != PS_NN_F32 && dtype != PS_NN_F16 && dtype != PS_NN_BF16 && dtype != PS_FILL_I32)
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
+                 "%s: dtype %d is not PS_NN_F32, PS_NN_F16, PS_NN_BF16 or PS_FILL_I32", fn,
+                 (int)dtype);
   if (mode < PS_FILL_CONSTANT || mode > PS_FILL_NORMAL)
     PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: mode %d is not a PS_FILL_* mode", fn, (int)mode);
   if (dtype == PS_FILL_I32 && (mode == PS_FILL_UNIFORM || mode == PS_FILL_NORMAL))
@@ -520,7 +578,7 @@ PS_RULE PS_NO_CONTRACT float ps_fill_cos2pi(float x) {
   return -c;
 }
 
-/* Element i of a fill, as float (f16 rounds it once more, to nearest even). */
+/* Element i of a fill, as float (f16 and bf16 round it once more, to nearest even). */
 PS_RULE PS_NO_CONTRACT float ps_fill_value(int32_t mode, double a, double b, uint64_t seed,
                                            uint64_t i) {
   if (mode == PS_FILL_CONSTANT) return (float)a;
@@ -551,6 +609,169 @@ PS_RULE int32_t ps_label_i32(const void *labels, int32_t bytes, int64_t j) {
   if (bytes == 1) return ((const uint8_t *)labels)[j];
   if (bytes == 2) return ((const uint16_t *)labels)[j];
   return ((const int32_t *)labels)[j];
+}
+
+/* ---- ps_image_geometry: crop, resize (Pillow's bilinear), rotation ----------------------------
+ */
+/* Integer arithmetic but for the resize weights, which are Pillow's: fp64 filter values, each
+ * operation rounded on its own (PS_D*: never contracted), then 22-bit fixed point. */
+
+#if defined(__CUDA_ARCH__)
+#define PS_DSUB(a, b) __dsub_rn((a), (b))
+#define PS_DDIV(a, b) __ddiv_rn((a), (b))
+#else
+#define PS_DSUB(a, b) ((a) - (b))
+#define PS_DDIV(a, b) ((a) / (b))
+#endif
+
+/* Fraction bits of the resize weights (Pillow's PRECISION_BITS for 8-bit images). */
+#define PS_GEO_BITS 22
+/* The largest output side; the largest source image (pixels): offsets stay in int32. */
+#define PS_GEO_MAX_SIDE (1 << 14)
+#define PS_GEO_MAX_PIXELS ((int64_t)1 << 28)
+
+PS_CHECK int ps_check_image_geometry(int64_t src_stride, int32_t n, int32_t c, int32_t oh,
+                                     int32_t ow, int32_t flags) {
+  if ((flags & ~(PS_IMAGE_SERIAL | PS_IMAGE_ANTIALIAS)) != 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_geometry: unknown flags 0x%x", (unsigned)flags);
+  }
+  if (n < 0 || c < 1 || c > PS_IMAGE_GEOMETRY_MAX_CHANNELS || oh < 1 || ow < 1 ||
+      oh > PS_GEO_MAX_SIDE || ow > PS_GEO_MAX_SIDE || src_stride < c) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
+                 "ps_image_geometry: bad shape n=%d c=%d out %dx%d src_stride=%lld (c <= %d, "
+                 "sides 1..%d)",
+                 n, c, oh, ow, (long long)src_stride, PS_IMAGE_GEOMETRY_MAX_CHANNELS,
+                 PS_GEO_MAX_SIDE);
+  }
+  return PS_OK;
+}
+
+/* One sample's PS_IMAGE_GEOMETRY_PARAMS record (pinstream.h) as named words. */
+typedef struct ps_geo_record {
+  int32_t h, w, top, left, crop_h, crop_w, cos, sin;
+} ps_geo_record;
+
+/* Does record r describe an image of slots of src_stride bytes with a box inside it? */
+PS_RULE int ps_geo_record_ok(ps_geo_record r, int64_t src_stride, int32_t c) {
+  if (r.h < 1 || r.w < 1 || (int64_t)r.h * r.w > PS_GEO_MAX_PIXELS) return 0;
+  if ((int64_t)r.h * r.w * c > src_stride) return 0;
+  if (r.top < 0 || r.left < 0 || r.crop_h < 1 || r.crop_w < 1) return 0;
+  return (int64_t)r.top + r.crop_h <= r.h && (int64_t)r.left + r.crop_w <= r.w;
+}
+
+/* One axis of the resize: `in` pixels of the box from `start` on, to `out` pixels. */
+typedef struct ps_geo_axis {
+  double scale, fscale; /* in / out; the filter's width, max(scale, 1) with antialias else 1 */
+  int32_t start, in, out;
+} ps_geo_axis;
+
+PS_RULE PS_NO_CONTRACT void ps_geo_axis_init(ps_geo_axis *a, int32_t start, int32_t in, int32_t out,
+                                             int antialias) {
+  a->start = start;
+  a->in = in;
+  a->out = out;
+  a->scale = PS_DDIV((double)in, (double)out);
+  a->fscale = antialias && a->scale > 1.0 ? a->scale : 1.0;
+}
+
+/* Output position x's taps: box inputs [lo, lo + n), the filter's centre and its values' sum. */
+typedef struct ps_geo_taps {
+  double center, sum;
+  int32_t lo, n;
+} ps_geo_taps;
+
+/* The triangle filter at tap i: 1 - |(lo + i - center + 0.5) / fscale|, 0 beyond 1. */
+PS_RULE PS_NO_CONTRACT double ps_geo_filter(const ps_geo_axis *a, const ps_geo_taps *t, int32_t i) {
+  double d = PS_DDIV(PS_DADD(PS_DSUB((double)(t->lo + i), t->center), 0.5), a->fscale);
+  if (d < 0.0) d = -d;
+  return d < 1.0 ? PS_DSUB(1.0, d) : 0.0;
+}
+
+/* Pillow's precompute for output position x (the support equals the filter's width). */
+PS_RULE PS_NO_CONTRACT void ps_geo_taps_at(const ps_geo_axis *a, int32_t x, ps_geo_taps *t) {
+  t->center = PS_DMUL(PS_DADD((double)x, 0.5), a->scale);
+  int32_t lo = (int32_t)PS_DADD(PS_DSUB(t->center, a->fscale), 0.5);
+  int32_t hi = (int32_t)PS_DADD(PS_DADD(t->center, a->fscale), 0.5);
+  if (lo < 0) lo = 0;
+  if (hi > a->in) hi = a->in;
+  t->lo = lo;
+  t->n = hi - lo;
+  double sum = 0.0;
+  for (int32_t i = 0; i < t->n; i++) sum = PS_DADD(sum, ps_geo_filter(a, t, i));
+  t->sum = sum;
+}
+
+/* Tap i's weight in PS_GEO_BITS fixed point: round-half-up of k_i / sum (k_i >= 0). */
+PS_RULE PS_NO_CONTRACT int32_t ps_geo_weight(const ps_geo_axis *a, const ps_geo_taps *t,
+                                             int32_t i) {
+  double k = ps_geo_filter(a, t, i);
+  if (t->sum != 0.0) k = PS_DDIV(k, t->sum);
+  return (int32_t)PS_DADD(0.5, PS_DMUL(k, (double)(1 << PS_GEO_BITS)));
+}
+
+/* The start value of a pass's sum (one half, for rounding). */
+#define PS_GEO_HALF (1 << (PS_GEO_BITS - 1))
+
+/* A pass's sum to a byte: shifted down and clamped (weights sum to about one, and the sum
+ * stays below 2^31: 255 * (2^22 + n / 2) + 2^21). */
+PS_RULE uint32_t ps_geo_byte(int32_t acc) {
+  const int32_t v = acc >> PS_GEO_BITS;
+  return v < 0 ? 0u : v > 255 ? 255u : (uint32_t)v;
+}
+
+/* The rotation of output pixel (y, x) of an oh x ow image by cos and sin (rotation-bit fixed
+ * point): where it reads the (resized) image, or nothing (the fill). */
+typedef struct ps_geo_rot {
+  int32_t y0, y1, x0, x1; /* the neighbours' rows and columns, edge-clamped */
+  int32_t has_y1;         /* row y1 is the next row (else the first row counts twice) */
+  int32_t fy, fx;         /* the weights of rows y1 and columns x1, in 1/65536 */
+} ps_geo_rot;
+
+/* Fills *r and returns 1 when pixel (y, x) reads the image. Coordinates are in 2^-31 pixels:
+ * (2x + 1 - ow) * cos is at most 2^15 * 2^31, so everything fits int64 for any int32 cos/sin. */
+PS_RULE int ps_geo_rotate_at(int32_t cs, int32_t sn, int32_t oh, int32_t ow, int32_t y, int32_t x,
+                             ps_geo_rot *r) {
+  const int64_t u = 2 * (int64_t)x + 1 - ow, v = 2 * (int64_t)y + 1 - oh;
+  const int64_t X = (int64_t)cs * u - (int64_t)sn * v + ((int64_t)ow << PS_IMAGE_ROTATION_BITS);
+  const int64_t Y = (int64_t)sn * u + (int64_t)cs * v + ((int64_t)oh << PS_IMAGE_ROTATION_BITS);
+  const int64_t one = (int64_t)1 << (PS_IMAGE_ROTATION_BITS + 1);
+  if (X < 0 || Y < 0 || X >= ow * one || Y >= oh * one) return 0;
+  /* X - one / 2 (the pixel centre's half) is >= -one / 2: shifting X + one / 2 keeps both the
+   * floor and the fraction non-negative. */
+  const int64_t xs = X + one / 2, ys = Y + one / 2;
+  const int32_t px = (int32_t)(xs >> (PS_IMAGE_ROTATION_BITS + 1)) - 1;
+  const int32_t py = (int32_t)(ys >> (PS_IMAGE_ROTATION_BITS + 1)) - 1;
+  r->fx = (int32_t)((xs & (one - 1)) >> (PS_IMAGE_ROTATION_BITS - 15));
+  r->fy = (int32_t)((ys & (one - 1)) >> (PS_IMAGE_ROTATION_BITS - 15));
+  r->x0 = px < 0 ? 0 : px;
+  r->x1 = px + 1 < ow ? px + 1 : ow - 1;
+  r->y0 = py < 0 ? 0 : py;
+  r->has_y1 = py + 1 < oh;
+  r->y1 = r->has_y1 ? py + 1 : r->y0;
+  return 1;
+}
+
+/* The rotated byte from the four neighbours a (y0, x0), b (y0, x1), c (y1, x0), d (y1, x1):
+ * bilinear, truncated (Pillow's bilinear_filter). */
+PS_RULE uint32_t ps_geo_blend(const ps_geo_rot *r, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  const int64_t top = (int64_t)a * (65536 - r->fx) + (int64_t)b * r->fx;
+  const int64_t bottom = r->has_y1 ? (int64_t)c * (65536 - r->fx) + (int64_t)d * r->fx : top;
+  return (uint32_t)((top * (65536 - r->fy) + bottom * r->fy) >> 32);
+}
+
+/* One sample of a ps_image_geometry batch, from its record. */
+typedef struct ps_geo_sample {
+  ps_geo_axis ay, ax;
+  int32_t rotate, cs, sn; /* rotate: the record's rotation is not the identity */
+} ps_geo_sample;
+
+PS_RULE void ps_geo_sample_init(ps_geo_record r, int32_t oh, int32_t ow, int antialias,
+                                ps_geo_sample *s) {
+  ps_geo_axis_init(&s->ay, r.top, r.crop_h, oh, antialias);
+  ps_geo_axis_init(&s->ax, r.left, r.crop_w, ow, antialias);
+  s->cs = r.cos;
+  s->sn = r.sin;
+  s->rotate = !(r.cos == (1 << PS_IMAGE_ROTATION_BITS) && r.sin == 0);
 }
 
 /* ---- ps_image_augment's per-sample record ------------------------------------------------- */

@@ -5,7 +5,8 @@
  * `<out>.<rank>.json` with the loss scale after each step.
  *
  *     deno run -A tests/_dist_train_child.ts --model mlp --precision fp32 --steps 10 \
- *       --batch 32 --out /tmp/w [--accumulate 2] [--nan-index 700 --nan-step 3] [--sync-bn]
+ *       --batch 32 --out /tmp/w [--accumulate 2] [--nan-index 700 --nan-step 3] [--sync-bn] \
+ *       [--device cuda]
  *
  * Non-zero ranks build their model from another seed: the broadcast must make them equal.
  *
@@ -33,6 +34,7 @@ import {
   Trainer,
   Xoshiro128,
 } from "../mod.ts";
+import { cast } from "../ops/elementwise.ts";
 
 const { values } = parseArgs({
   args: Deno.args,
@@ -47,17 +49,23 @@ const { values } = parseArgs({
     "nan-step": { type: "string", default: "-1" },
     "sync-bn": { type: "boolean", default: false },
     "bucket-mb": { type: "string", default: "0.001" },
+    // cuda: the model on the CUDA device, its gradients reduced by the nccl backend.
+    device: { type: "string", default: "cpu" },
     // The last rank builds a wider hidden layer: DataParallel must refuse the models.
     differ: { type: "boolean", default: false },
   },
 });
-const precision = values.precision as "fp16" | "fp32";
+const precision = values.precision as "fp16" | "bf16" | "fp32";
 const steps = Number(values.steps), batch = Number(values.batch);
 const accumulate = Number(values.accumulate);
 const nanIndex = Number(values["nan-index"]), nanStep = Number(values["nan-step"]);
 
-using group = ProcessGroup.init({ timeoutMs: 120_000 });
-using device = Device.open("cpu");
+const kind = values.device as "cpu" | "cuda";
+using device = Device.open(kind);
+using group = ProcessGroup.init({
+  timeoutMs: 120_000,
+  ...(kind === "cuda" ? { backend: "nccl", device } : {}),
+});
 const { rank, size } = group;
 if (batch % size !== 0) throw new RangeError(`batch ${batch} is not divisible by ${size} ranks`);
 const local = batch / size;
@@ -102,6 +110,15 @@ using trainer = new Trainer(dp, { optimizer: opt, scaler });
 using loss = new CrossEntropyLoss(device);
 
 const Arr = precision === "fp16" ? Float16Array : Float32Array;
+/** The batch on the device in the model's compute dtype (bf16: cast there from fp32). */
+function input(xs: Float32Array | Float16Array): Tensor {
+  const shape = [local, 1, 8, 8];
+  if (precision !== "bf16") return Tensor.fromHost(device, xs, shape);
+  using wide = Tensor.fromHost(device, xs, shape);
+  const t = Tensor.empty(device, shape, "bf16");
+  cast(wide, t);
+  return t;
+}
 /** Global batch `step`, micro-batch `micro`: seeded, the same on every rank. */
 function globalBatch(step: number, micro: number): { x: Float32Array; y: Int32Array } {
   const g = new Xoshiro128(1000 + step * 31 + micro);
@@ -122,7 +139,7 @@ for (let step = 0; step < steps; step++) {
     // The NaN sits at one element of the global batch: on whichever rank holds it.
     const at = nanIndex - rank * local * 64;
     if (step === nanStep && at >= 0 && at < xs.length) xs[at] = NaN;
-    using xt = Tensor.fromHost(device, xs, [local, 1, 8, 8]);
+    using xt = input(xs as Float32Array | Float16Array);
     using yt = Tensor.fromHost(device, y.slice(rank * local, (rank + 1) * local), [local]);
     if (accumulate === 1) {
       trainer.trainStep(xt, yt);

@@ -189,7 +189,7 @@ Deno.test("a fresh cache runs an example without fetching anything (no npm packa
   }
 });
 
-Deno.test("the examples' --precision picks the loss scaling default and --no-fp16 says where it went", () => {
+Deno.test("the examples' --precision picks the loss scaling default (bf16 refuses it) and --no-fp16 says where it went", () => {
   const parse = (argv: string[]) => parseTrainArgs(argv, "fashion", {});
   assert.deepStrictEqual(
     [parse([]).precision, parse([]).lossScaling],
@@ -199,7 +199,15 @@ Deno.test("the examples' --precision picks the loss scaling default and --no-fp1
   assert.deepStrictEqual([fp32.precision, fp32.lossScaling], ["fp32", false]);
   assert.strictEqual(parse(["--precision", "fp32", "--loss-scaling"]).lossScaling, true);
   assert.strictEqual(parse(["--no-loss-scaling"]).lossScaling, false);
-  assert.throws(() => parse(["--precision", "bf16"]), /--precision.*fp16, fp32/);
+  const bf16 = parse(["--precision", "bf16"]);
+  assert.deepStrictEqual([bf16.precision, bf16.lossScaling], ["bf16", false]);
+  assert.throws(
+    () => parse(["--precision", "bf16", "--loss-scaling"]),
+    (e: Error) =>
+      e instanceof UsageError && /--loss-scaling does not go with --precision bf16/.test(e.message),
+  );
+  assert.strictEqual(parse(["--precision", "bf16", "--no-loss-scaling"]).lossScaling, false);
+  assert.throws(() => parse(["--precision", "fp8"]), /--precision.*fp16, bf16, fp32/);
   assert.throws(
     () => parse(["--no-fp16"]),
     (e: Error) =>

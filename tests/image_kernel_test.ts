@@ -455,7 +455,7 @@ for (const { kind: backend, ignore } of BACKENDS) {
         refused(() => native.imageAugment(args, "augment"), /./, `${[layout, n, c, h, w]}`);
       }
       // Flags other than PS_IMAGE_SERIAL are refused.
-      for (const flags of [4, -1, 0x100]) {
+      for (const flags of [2, 8, -1, 0x100]) {
         const args = augmentArgs(at(src), at(out), { flags });
         refused(() => native.imageAugment(args, "augment"), /unknown flags/, `flags ${flags}`);
       }

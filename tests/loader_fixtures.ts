@@ -8,7 +8,14 @@
 
 import { join } from "node:path";
 import { CIFAR10_RECORD_BYTES, CIFAR10_RECORDS_PER_FILE } from "../loader/datasets/cifar10.ts";
-import type { Dataset, SampleContext, WorkerSpec } from "../loader/dataset.ts";
+import type {
+  Dataset,
+  FilledField,
+  SampleContext,
+  SharedField,
+  WorkerSpec,
+} from "../loader/dataset.ts";
+import { TensorDataset } from "../loader/datasets/tensor.ts";
 import { getWorkerInfo } from "../loader/worker_info.ts";
 
 /** Fills bytes with a deterministic pseudo-random stream (xorshift32, fast). */
@@ -164,6 +171,7 @@ export type Fault =
   | "never"
   | "slow"
   | "oom"
+  | "heapLimit"
   | "crash";
 
 /** State of a {@linkcode FaultyDataset}. */
@@ -177,7 +185,8 @@ export interface FaultyState {
  * A dataset of `{ x: Float32Array([i]) , r: random draw }` that misbehaves at index `at`:
  * throws (an Error, a string, null), closes its worker, exits, hangs (spinning for 60 s or
  * forever, or a promise that never settles), takes 300 ms, leaks 4 MB per sample from `at` on
- * ("oom"), or crashes the worker with an uncaught error. On the main thread only the throws,
+ * ("oom"), allocates inside its one get() until V8 stops the worker at its heap limit, in epoch
+ * 0 only ("heapLimit"), or crashes the worker with an uncaught error. On the main thread only the throws,
  * "never" and "slow" apply.
  */
 export class FaultyDataset implements Dataset<FaultySample> {
@@ -209,6 +218,13 @@ export class FaultyDataset implements Dataset<FaultySample> {
           break;
         case "never":
           return new Promise<never>(() => {}) as never;
+        case "heapLimit": {
+          if (ctx && ctx.epoch > 0) break;
+          const grown: number[][] = [];
+          // Ends only when V8 stops the worker (the condition keeps lint quiet).
+          while (this.at >= 0) grown.push(new Array(1e5).fill(i + 0.5));
+          break;
+        }
         case "slow": {
           const end = Date.now() + 300;
           while (Date.now() < end) { /* a slow synchronous get() */ }
@@ -261,4 +277,52 @@ export function sumCollate(samples: { x: Float32Array }[]): number {
 /** A collate (module function, runs in workers) returning the samples as they are. */
 export function identity<T>(samples: T[]): T[] {
   return samples;
+}
+
+/** State of a {@linkcode HeapFillDataset}. */
+export interface HeapFillState {
+  length: number;
+  at: number;
+}
+
+/**
+ * A zero-copy dataset (a shared `label` field, sample i has label i) with a field it fills
+ * itself, `x` (f32, the record's index), whose fill of record `at` allocates until V8 stops the
+ * worker, in epoch 0 only: a gather that runs out of heap.
+ */
+export class HeapFillDataset {
+  readonly length: number;
+  readonly at: number;
+  #labels: TensorDataset;
+  constructor(state: HeapFillState) {
+    this.length = state.length;
+    this.at = state.at;
+    this.#labels = new TensorDataset({
+      label: Int32Array.from({ length: state.length }, (_, i) => i),
+    });
+  }
+  static fromState(state: HeapFillState): HeapFillDataset {
+    return new HeapFillDataset(state);
+  }
+  get(i: number): { label: number; x: Float32Array } {
+    return { label: i, x: new Float32Array([i]) };
+  }
+  sharedFields(): readonly SharedField[] {
+    return this.#labels.sharedFields();
+  }
+  filledFields(): readonly FilledField[] {
+    return [{ name: "x", dtype: "f32", shape: [1] }];
+  }
+  fillRecord(record: number, _field: number, out: Uint8Array, ctx: SampleContext): void {
+    if (record === this.at && ctx.epoch === 0) {
+      const grown: number[][] = [];
+      // Ends only when V8 stops the worker (the condition keeps lint quiet).
+      while (this.at >= 0) grown.push(new Array(1e5).fill(record + 0.5));
+    }
+    new DataView(out.buffer, out.byteOffset, 4).setFloat32(0, record, true);
+  }
+  workerSpec(): WorkerSpec {
+    const state: HeapFillState = { length: this.length, at: this.at };
+    return { module: import.meta.url, export: "HeapFillDataset.fromState", state };
+  }
 }
