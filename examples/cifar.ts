@@ -1,13 +1,14 @@
 /**
  * Trains a small convolutional network on CIFAR-10 with pinstream: DataLoader workers, fp16
  * compute with fp32 master weights and dynamic loss scaling, random crop + flip on the device
- * (more with --cutout, --vflip, --brightness, --contrast; none with --no-augment).
+ * (more with --cutout, --vflip, --brightness, --contrast, --saturation, --hue; none with
+ * --no-augment).
  *
  * ```sh
  * deno task cifar                                   # download CIFAR-10 (or use --data DIR)
  * deno run -A examples/cifar.ts --data ~/cifar-10-batches-bin --epochs 10 --device cuda
  * deno run -A examples/cifar.ts --synthetic          # the generated stand-in, on purpose
- * deno run -A examples/cifar.ts --cutout 12 --brightness 0.2 --contrast 0.2
+ * deno run -A examples/cifar.ts --cutout 12 --brightness 0.2 --contrast 0.2 --hue 0.05
  * deno run -A examples/cifar.ts --no-augment        # no crop, flip or anything else
  * ```
  *
