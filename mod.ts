@@ -61,8 +61,13 @@ export type {
   RandOptions,
   TensorFillOptions,
 } from "./ops/fill.ts";
-export { imageAugment, imageLabelsI32 } from "./ops/image.ts";
-export type { ImageAugmentOptions, ImageLabelsOptions, ImageOpOptions } from "./ops/image.ts";
+export { imageAugment, imageGeometry, imageLabelsI32 } from "./ops/image.ts";
+export type {
+  ImageAugmentOptions,
+  ImageGeometryOptions,
+  ImageLabelsOptions,
+  ImageOpOptions,
+} from "./ops/image.ts";
 export { gatherRows } from "./ops/gather.ts";
 export type { GatherRowsOptions } from "./ops/gather.ts";
 export { add, cat, catBackward, mul, mulBackward, stack, stackBackward } from "./ops/combine.ts";
@@ -82,6 +87,17 @@ export {
   imageShape,
   type NormalizeAffine,
   normalizeAffine,
+} from "./augment/mod.ts";
+export {
+  GEOMETRY_RECORD_LENGTH,
+  type GeometryCrop,
+  geometryHost,
+  type GeometryHostOptions,
+  type GeometryOptions,
+  type GeometrySpec,
+  resolveGeometry,
+  writeGeometryRecord,
+  writeGeometryRecords,
 } from "./augment/mod.ts";
 
 // loader

@@ -23,3 +23,14 @@ export {
   normalizeAffine,
 } from "./image.ts";
 export { augmentHost, type AugmentHostOptions } from "./host.ts";
+export {
+  GEOMETRY_FIRST_DRAW,
+  GEOMETRY_RECORD_LENGTH,
+  type GeometryCrop,
+  type GeometryOptions,
+  type GeometrySpec,
+  resolveGeometry,
+  writeGeometryRecord,
+  writeGeometryRecords,
+} from "./geometry.ts";
+export { geometryHost, type GeometryHostOptions } from "./geometry_host.ts";

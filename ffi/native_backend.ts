@@ -48,6 +48,7 @@ export const KERNELS = {
   imageAugment: "ps_image_augment",
   imageAugmentLabeled: "ps_image_augment_labeled",
   imageLabelsI32: "ps_image_labels_i32",
+  imageGeometry: "ps_image_geometry",
   gatherRows: "ps_gather_rows",
   tensorFill: "ps_tensor_fill",
 } as const satisfies Record<string, keyof typeof signatures>;

@@ -41,6 +41,7 @@ export const signatures = {
     params: [["allocations", "buffer"], ["streams", "buffer"], ["events", "buffer"]],
     result: "i32",
   },
+  ps_scratch_allocations: { params: [["out", "buffer"]], result: "i32" },
 
   // ---- devices
   ps_device_count: { params: [["out", "buffer"]], result: "i32" },
@@ -189,6 +190,23 @@ export const signatures = {
       "stream",
       "pointer",
     ]],
+    result: "i32",
+  },
+  // fill packs one byte per channel; params and out are device memory.
+  ps_image_geometry: {
+    params: [
+      ["src", "pointer"],
+      ["src_stride", "i64"],
+      ["n", "i32"],
+      ["c", "i32"],
+      ["params", "pointer"],
+      ["oh", "i32"],
+      ["ow", "i32"],
+      ["fill", "i32"],
+      ["out", "pointer"],
+      ["flags", "i32"],
+      ["stream", "pointer"],
+    ],
     result: "i32",
   },
   // PS-SECTION nn: entries added by the training work go here.

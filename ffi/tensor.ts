@@ -187,6 +187,52 @@ export class Tensor implements Disposable {
     return t;
   }
 
+  /**
+   * Elements `start` to `start + length` of dimension 0, as a tensor over the same memory
+   * (PyTorch's `narrow` along the outermost dimension, where a slice stays contiguous). Writes
+   * through either are seen by the other. Disposing the result frees nothing; disposing this
+   * tensor disposes it.
+   *
+   * @param dim 0 (other dimensions would not be contiguous).
+   * @param start The first index along dimension 0.
+   * @param length How many.
+   * @returns The view, shaped `[length, ...shape.slice(1)]`.
+   * @throws {RangeError} When `dim` is not 0, the tensor is a scalar or the range does not fit.
+   * @throws {Error} When the tensor is disposed.
+   * @example
+   * ```ts
+   * import { Device, Tensor } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using dev = Device.open("cpu");
+   * using t = Tensor.fromHost(dev, new Int32Array([1, 2, 3, 4, 5, 6]), [3, 2]);
+   * const mid = t.narrow(0, 1, 1);
+   * assert.deepStrictEqual(mid.shape, [1, 2]);
+   * assert.deepStrictEqual([...await mid.toHost()], [3, 4]);
+   * ```
+   */
+  narrow(dim: number, start: number, length: number): Tensor {
+    const action = "narrow a tensor";
+    if (dim !== 0) {
+      throw new RangeError(`Cannot ${action}: only dimension 0 stays contiguous, got ${dim}`);
+    }
+    if (this.shape.length === 0) throw new RangeError(`Cannot ${action}: it is a scalar`);
+    checkCount(start, "start", action);
+    checkCount(length, "length", action);
+    if (start + length > this.shape[0]) {
+      throw new RangeError(
+        `Cannot ${action}: [${start}, ${start + length}) is outside dimension 0 of [${this.shape}]`,
+      );
+    }
+    const row = this.shape.slice(1).reduce((a, b) => a * b, 1), size = DTYPE_BYTES[this.dtype];
+    const buffer = this.buffer.view(start * row * size, length * row * size);
+    return new Tensor(
+      buffer,
+      Object.freeze([length, ...this.shape.slice(1)]),
+      length * row,
+      this.dtype,
+    );
+  }
+
   /** The device address of the first element, for kernels. @throws {Error} When disposed. */
   get pointer(): Deno.PointerValue {
     return this.buffer.pointerAt(0, "use a tensor");

@@ -66,6 +66,13 @@ PS_API const char *ps_last_error(void);
  * device) and of live streams and events: the leak tests read it. */
 PS_API int ps_live_objects(int64_t *allocations, int64_t *streams, int64_t *events);
 
+/* Number of memory allocations the backend made inside its calls since the library was loaded:
+ * the scratch a call keeps for the next ones growing (CUDA: once per stream and larger size;
+ * CPU: once per calling thread and larger size) and stream-ordered scratch for one call. A
+ * steady training step adds none; the op-budget tests read it. The CPU thread pool's
+ * per-worker caches are not counted (which worker runs which part varies from call to call). */
+PS_API int ps_scratch_allocations(int64_t *out);
+
 /* ---- devices ------------------------------------------------------------------------- */
 
 typedef struct ps_device_props {
@@ -212,32 +219,35 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
 #define PS_IMAGE_MAX_CHANNELS 16
 
 /* int32 words of one sample's ps_image_augment record (the loader's `augment` field). */
-#define PS_IMAGE_PARAMS 9
-/* The grey that contrast blends toward, in byte units (the middle of [0, 255]). */
-#define PS_IMAGE_CONTRAST_CENTER 127.5f
+#define PS_IMAGE_PARAMS 11
 
 /* One fused pass over a batch of uint8 images, queued on `stream`: per-sample crop from the
  * image zero-padded by `pad` on every side, optional horizontal and vertical flips (after the
- * crop, as torchvision's RandomCrop then RandomHorizontalFlip / RandomVerticalFlip), brightness
- * then contrast (ColorJitter's blends, in a fixed order), per-channel normalize, cutout (a
- * square of zeros in the normalized output, as Cutout / RandomErasing after Normalize), cast;
- * NCHW out.
+ * crop, as torchvision's RandomCrop then RandomHorizontalFlip / RandomVerticalFlip),
+ * ColorJitter's four steps in a fixed order (contrast, brightness, saturation, hue: one of the
+ * orders torchvision's ColorJitter draws per call), per-channel normalize, cutout (a square of
+ * zeros in the normalized output, as Cutout / RandomErasing after Normalize), cast; NCHW out.
  *
  *   out[i][ch][y][x] = 0 (+0.0) when (y, x) is inside sample i's cutout square, else
- *                      cast(fp32(fp32(t * scale[ch]) + bias[ch]))
- *   t = clamp(fp32(fp32(u * ct) + cs)),  cs = fp32(fp32(1 - ct) * PS_IMAGE_CONTRAST_CENTER)
- *   u = clamp(fp32(float(v) * br)),      clamp(a) = a < 0 ? 0 : a > 255 ? 255 : a
+ *                      cast(fp32(fp32(t[ch] * scale[ch]) + bias[ch]))
+ *   t = mix(u) for 3-channel images (saturation, hue: ps_image_mix in kernels/rules.h), else u
+ *   u[ch] = clamp(fp32(a * br)),           a = clamp(fp32(fp32(v * ct) + cs))
+ *   cs = fp32(fp32(1 - ct) * m),           clamp(x) = x < 0 ? 0 : x > 255 ? 255 : x
+ *   m  = the sample's mean grey over its h x w crop window (after crop and flips, before any
+ *        colour step), exact integer sums rounded once (ps_image_grey_mean): for c == 3 the
+ *        mean of (2989 R + 5870 G + 1140 B) / 10000 (torchvision's rgb_to_grayscale weights),
+ *        otherwise the mean of every byte of the window
  *   v = pixel (ch, ys + dy - pad, xs + dx - pad) of image j, 0 outside the image,
  *   j = indices != NULL ? indices[i] : i,
  *   xs = flip ? w - 1 - x : x,  ys = vflip ? h - 1 - y : y
  *
  * Every operation is one fp32 rounding (never a fused multiply-add; rules.h writes them once)
  * and the cast to fp16 rounds to nearest even, so both backends give the same bits for the
- * same inputs. With br = ct = 1 the colour steps are exact identities (u = t = v), so they are
- * skipped. The caller computes scale = 1 / (255 * std), bias = -mean / std in fp32. Contrast
- * blends toward a fixed grey rather than torchvision's per-image mean grey (as DALI's
- * brightness_contrast does): a per-image mean needs a reduction over the whole transformed
- * image before its first output element, which a single pass cannot have.
+ * same inputs. With ct = br = sat = 1 and hue = 0 the colour steps are exact identities
+ * (t = v), so they are skipped; so is each step whose factor is the identity. The caller
+ * computes scale = 1 / (255 * std), bias = -mean / std in fp32. Contrast comes first so that
+ * its mean is a sum of the source bytes, exact in integers: on CUDA a pre-pass per batch (one
+ * block per sample with ct != 1) reduces each window into a mean, before the pixel pass.
  *
  * src:    device, uint8 images, contiguous; `layout` PS_IMAGE_NHWC or PS_IMAGE_NCHW. Without
  *         indices, the batch's n images (rows is ignored).
@@ -259,7 +269,10 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
  *                           cut_size - 1 below it, likewise columns, clipped to the image; a
  *                           value <= 0: no cutout
  *           [7] br, [8] ct  brightness and contrast factors, the bits of fp32 values (1.0f,
- *                           0x3f800000, leaves the image as it is).
+ *                           0x3f800000, leaves the image as it is)
+ *           [9] sat         saturation factor, fp32 bits (1.0f: off; 3-channel images only)
+ *           [10] hue        hue shift in turns, fp32 bits, torchvision's hue_factor in
+ *                           [-0.5, 0.5] (0.0f, 0x00000000: off; 3-channel images only).
  * scale, bias: HOST, c floats each (copied into the launch; c <= PS_IMAGE_MAX_CHANNELS).
  * out:    device, n x c x h x w, fp16 (out_dtype PS_IMAGE_F16) or fp32 (PS_IMAGE_F32).
  * flags:  0 or PS_IMAGE_SERIAL (other bits are refused).
@@ -292,6 +305,53 @@ PS_API int ps_gather_rows(const void *src, int64_t rows, int64_t row_bytes, cons
  * the copy is a memmove: src and out may overlap). */
 PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, void *out,
                                void *stream);
+
+/* int32 words of one sample's ps_image_geometry record (augment/geometry.ts writes them). */
+#define PS_IMAGE_GEOMETRY_PARAMS 8
+/* ps_image_geometry's flags: PS_IMAGE_SERIAL as for ps_image_augment; PS_IMAGE_ANTIALIAS widens
+ * the resize filter by the scale when shrinking (Pillow's bilinear; torchvision's antialias). */
+#define PS_IMAGE_ANTIALIAS 2
+/* Most channels ps_image_geometry takes (grey, RGB, RGBA). */
+#define PS_IMAGE_GEOMETRY_MAX_CHANNELS 4
+/* One sample's rotation cosine and sine are fixed point with this many fraction bits. */
+#define PS_IMAGE_ROTATION_BITS 30
+
+/* The geometric transforms, before ps_image_augment: per sample a crop box of the source
+ * image resized to oh x ow (Resize, CenterCrop, RandomResizedCrop), then an optional rotation
+ * about the centre (RandomRotation); uint8 HWC in, uint8 HWC out at oh x ow, queued on
+ * `stream`. Integer arithmetic throughout, so both backends give the same bytes:
+ *
+ *   resize: Pillow's bilinear (ImagingResample) on the box: per axis, output position x has
+ *           centre (x + 0.5) * in / out and taps [lo, lo + n) of the triangle filter widened by
+ *           max(in / out, 1) with PS_IMAGE_ANTIALIAS (else 1), weights k_i / sum(k) as 22-bit
+ *           fixed point computed in fp64 (rules.h, ps_geo_taps); the horizontal pass first,
+ *           each sum + 2^21 shifted right 22 and clamped to a byte, then the vertical pass on
+ *           those bytes likewise. An axis whose size does not change is copied.
+ *   rotate: output pixel (y, x) reads the resized image at (yin, xin) =
+ *           (sin * u + cos * v + oh, cos * u - sin * v + ow) / 2, u = 2x + 1 - ow,
+ *           v = 2y + 1 - oh, with cos and sin the record's PS_IMAGE_ROTATION_BITS fixed point;
+ *           outside [0, oh) x [0, ow) it is the fill; inside, Pillow's bilinear transform:
+ *           the 2x2 neighbours of (yin - 0.5, xin - 0.5), edge-clamped, weights of 16 bits,
+ *           the result truncated to a byte.
+ *
+ * src:    device, n slots of `src_stride` bytes; slot i holds an h x w x c image (row-major,
+ *         rows of w * c bytes) of the sizes in its record: images of different sizes share
+ *         one batch.
+ * params: device, n records of PS_IMAGE_GEOMETRY_PARAMS int32:
+ *           [0] h, [1] w      the source image's size: 1 <= h, w, h * w <= 2^28,
+ *                             h * w * c <= src_stride
+ *           [2] top, [3] left, [4] crop_h, [5] crop_w  the box, inside the image
+ *           [6] cos, [7] sin  the rotation by angle a counter-clockwise: round(cos(a) *
+ *                             2^PS_IMAGE_ROTATION_BITS) and likewise sin; (2^30, 0) is none.
+ *         A record outside these bounds fails on the CPU backend; on CUDA (which cannot fail)
+ *         that sample's output is left as it was.
+ * fill:   the rotation's fill, one byte per channel, channel k in bits 8k..8k+7.
+ * out:    device, n x oh x ow x c bytes; 1 <= oh, ow <= 2^14. Must not overlap src.
+ * flags:  PS_IMAGE_SERIAL | PS_IMAGE_ANTIALIAS (other bits are refused).
+ * n == 0 is a no-op. */
+PS_API int ps_image_geometry(const void *src, int64_t src_stride, int32_t n, int32_t c,
+                             const int32_t *params, int32_t oh, int32_t ow, int32_t fill, void *out,
+                             int32_t flags, void *stream);
 
 /* ---- nn kernels (nn/) ----------------------------------------------------------------- */
 /* PS-SECTION nn: declarations added by the training work go here. */

@@ -611,6 +611,169 @@ PS_RULE int32_t ps_label_i32(const void *labels, int32_t bytes, int64_t j) {
   return ((const int32_t *)labels)[j];
 }
 
+/* ---- ps_image_geometry: crop, resize (Pillow's bilinear), rotation ----------------------------
+ */
+/* Integer arithmetic but for the resize weights, which are Pillow's: fp64 filter values, each
+ * operation rounded on its own (PS_D*: never contracted), then 22-bit fixed point. */
+
+#if defined(__CUDA_ARCH__)
+#define PS_DSUB(a, b) __dsub_rn((a), (b))
+#define PS_DDIV(a, b) __ddiv_rn((a), (b))
+#else
+#define PS_DSUB(a, b) ((a) - (b))
+#define PS_DDIV(a, b) ((a) / (b))
+#endif
+
+/* Fraction bits of the resize weights (Pillow's PRECISION_BITS for 8-bit images). */
+#define PS_GEO_BITS 22
+/* The largest output side; the largest source image (pixels): offsets stay in int32. */
+#define PS_GEO_MAX_SIDE (1 << 14)
+#define PS_GEO_MAX_PIXELS ((int64_t)1 << 28)
+
+PS_CHECK int ps_check_image_geometry(int64_t src_stride, int32_t n, int32_t c, int32_t oh,
+                                     int32_t ow, int32_t flags) {
+  if ((flags & ~(PS_IMAGE_SERIAL | PS_IMAGE_ANTIALIAS)) != 0) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_geometry: unknown flags 0x%x", (unsigned)flags);
+  }
+  if (n < 0 || c < 1 || c > PS_IMAGE_GEOMETRY_MAX_CHANNELS || oh < 1 || ow < 1 ||
+      oh > PS_GEO_MAX_SIDE || ow > PS_GEO_MAX_SIDE || src_stride < c) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
+                 "ps_image_geometry: bad shape n=%d c=%d out %dx%d src_stride=%lld (c <= %d, "
+                 "sides 1..%d)",
+                 n, c, oh, ow, (long long)src_stride, PS_IMAGE_GEOMETRY_MAX_CHANNELS,
+                 PS_GEO_MAX_SIDE);
+  }
+  return PS_OK;
+}
+
+/* One sample's PS_IMAGE_GEOMETRY_PARAMS record (pinstream.h) as named words. */
+typedef struct ps_geo_record {
+  int32_t h, w, top, left, crop_h, crop_w, cos, sin;
+} ps_geo_record;
+
+/* Does record r describe an image of slots of src_stride bytes with a box inside it? */
+PS_RULE int ps_geo_record_ok(ps_geo_record r, int64_t src_stride, int32_t c) {
+  if (r.h < 1 || r.w < 1 || (int64_t)r.h * r.w > PS_GEO_MAX_PIXELS) return 0;
+  if ((int64_t)r.h * r.w * c > src_stride) return 0;
+  if (r.top < 0 || r.left < 0 || r.crop_h < 1 || r.crop_w < 1) return 0;
+  return (int64_t)r.top + r.crop_h <= r.h && (int64_t)r.left + r.crop_w <= r.w;
+}
+
+/* One axis of the resize: `in` pixels of the box from `start` on, to `out` pixels. */
+typedef struct ps_geo_axis {
+  double scale, fscale; /* in / out; the filter's width, max(scale, 1) with antialias else 1 */
+  int32_t start, in, out;
+} ps_geo_axis;
+
+PS_RULE PS_NO_CONTRACT void ps_geo_axis_init(ps_geo_axis *a, int32_t start, int32_t in, int32_t out,
+                                             int antialias) {
+  a->start = start;
+  a->in = in;
+  a->out = out;
+  a->scale = PS_DDIV((double)in, (double)out);
+  a->fscale = antialias && a->scale > 1.0 ? a->scale : 1.0;
+}
+
+/* Output position x's taps: box inputs [lo, lo + n), the filter's centre and its values' sum. */
+typedef struct ps_geo_taps {
+  double center, sum;
+  int32_t lo, n;
+} ps_geo_taps;
+
+/* The triangle filter at tap i: 1 - |(lo + i - center + 0.5) / fscale|, 0 beyond 1. */
+PS_RULE PS_NO_CONTRACT double ps_geo_filter(const ps_geo_axis *a, const ps_geo_taps *t, int32_t i) {
+  double d = PS_DDIV(PS_DADD(PS_DSUB((double)(t->lo + i), t->center), 0.5), a->fscale);
+  if (d < 0.0) d = -d;
+  return d < 1.0 ? PS_DSUB(1.0, d) : 0.0;
+}
+
+/* Pillow's precompute for output position x (the support equals the filter's width). */
+PS_RULE PS_NO_CONTRACT void ps_geo_taps_at(const ps_geo_axis *a, int32_t x, ps_geo_taps *t) {
+  t->center = PS_DMUL(PS_DADD((double)x, 0.5), a->scale);
+  int32_t lo = (int32_t)PS_DADD(PS_DSUB(t->center, a->fscale), 0.5);
+  int32_t hi = (int32_t)PS_DADD(PS_DADD(t->center, a->fscale), 0.5);
+  if (lo < 0) lo = 0;
+  if (hi > a->in) hi = a->in;
+  t->lo = lo;
+  t->n = hi - lo;
+  double sum = 0.0;
+  for (int32_t i = 0; i < t->n; i++) sum = PS_DADD(sum, ps_geo_filter(a, t, i));
+  t->sum = sum;
+}
+
+/* Tap i's weight in PS_GEO_BITS fixed point: round-half-up of k_i / sum (k_i >= 0). */
+PS_RULE PS_NO_CONTRACT int32_t ps_geo_weight(const ps_geo_axis *a, const ps_geo_taps *t,
+                                             int32_t i) {
+  double k = ps_geo_filter(a, t, i);
+  if (t->sum != 0.0) k = PS_DDIV(k, t->sum);
+  return (int32_t)PS_DADD(0.5, PS_DMUL(k, (double)(1 << PS_GEO_BITS)));
+}
+
+/* The start value of a pass's sum (one half, for rounding). */
+#define PS_GEO_HALF (1 << (PS_GEO_BITS - 1))
+
+/* A pass's sum to a byte: shifted down and clamped (weights sum to about one, and the sum
+ * stays below 2^31: 255 * (2^22 + n / 2) + 2^21). */
+PS_RULE uint32_t ps_geo_byte(int32_t acc) {
+  const int32_t v = acc >> PS_GEO_BITS;
+  return v < 0 ? 0u : v > 255 ? 255u : (uint32_t)v;
+}
+
+/* The rotation of output pixel (y, x) of an oh x ow image by cos and sin (rotation-bit fixed
+ * point): where it reads the (resized) image, or nothing (the fill). */
+typedef struct ps_geo_rot {
+  int32_t y0, y1, x0, x1; /* the neighbours' rows and columns, edge-clamped */
+  int32_t has_y1;         /* row y1 is the next row (else the first row counts twice) */
+  int32_t fy, fx;         /* the weights of rows y1 and columns x1, in 1/65536 */
+} ps_geo_rot;
+
+/* Fills *r and returns 1 when pixel (y, x) reads the image. Coordinates are in 2^-31 pixels:
+ * (2x + 1 - ow) * cos is at most 2^15 * 2^31, so everything fits int64 for any int32 cos/sin. */
+PS_RULE int ps_geo_rotate_at(int32_t cs, int32_t sn, int32_t oh, int32_t ow, int32_t y, int32_t x,
+                             ps_geo_rot *r) {
+  const int64_t u = 2 * (int64_t)x + 1 - ow, v = 2 * (int64_t)y + 1 - oh;
+  const int64_t X = (int64_t)cs * u - (int64_t)sn * v + ((int64_t)ow << PS_IMAGE_ROTATION_BITS);
+  const int64_t Y = (int64_t)sn * u + (int64_t)cs * v + ((int64_t)oh << PS_IMAGE_ROTATION_BITS);
+  const int64_t one = (int64_t)1 << (PS_IMAGE_ROTATION_BITS + 1);
+  if (X < 0 || Y < 0 || X >= ow * one || Y >= oh * one) return 0;
+  /* X - one / 2 (the pixel centre's half) is >= -one / 2: shifting X + one / 2 keeps both the
+   * floor and the fraction non-negative. */
+  const int64_t xs = X + one / 2, ys = Y + one / 2;
+  const int32_t px = (int32_t)(xs >> (PS_IMAGE_ROTATION_BITS + 1)) - 1;
+  const int32_t py = (int32_t)(ys >> (PS_IMAGE_ROTATION_BITS + 1)) - 1;
+  r->fx = (int32_t)((xs & (one - 1)) >> (PS_IMAGE_ROTATION_BITS - 15));
+  r->fy = (int32_t)((ys & (one - 1)) >> (PS_IMAGE_ROTATION_BITS - 15));
+  r->x0 = px < 0 ? 0 : px;
+  r->x1 = px + 1 < ow ? px + 1 : ow - 1;
+  r->y0 = py < 0 ? 0 : py;
+  r->has_y1 = py + 1 < oh;
+  r->y1 = r->has_y1 ? py + 1 : r->y0;
+  return 1;
+}
+
+/* The rotated byte from the four neighbours a (y0, x0), b (y0, x1), c (y1, x0), d (y1, x1):
+ * bilinear, truncated (Pillow's bilinear_filter). */
+PS_RULE uint32_t ps_geo_blend(const ps_geo_rot *r, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  const int64_t top = (int64_t)a * (65536 - r->fx) + (int64_t)b * r->fx;
+  const int64_t bottom = r->has_y1 ? (int64_t)c * (65536 - r->fx) + (int64_t)d * r->fx : top;
+  return (uint32_t)((top * (65536 - r->fy) + bottom * r->fy) >> 32);
+}
+
+/* One sample of a ps_image_geometry batch, from its record. */
+typedef struct ps_geo_sample {
+  ps_geo_axis ay, ax;
+  int32_t rotate, cs, sn; /* rotate: the record's rotation is not the identity */
+} ps_geo_sample;
+
+PS_RULE void ps_geo_sample_init(ps_geo_record r, int32_t oh, int32_t ow, int antialias,
+                                ps_geo_sample *s) {
+  ps_geo_axis_init(&s->ay, r.top, r.crop_h, oh, antialias);
+  ps_geo_axis_init(&s->ax, r.left, r.crop_w, ow, antialias);
+  s->cs = r.cos;
+  s->sn = r.sin;
+  s->rotate = !(r.cos == (1 << PS_IMAGE_ROTATION_BITS) && r.sin == 0);
+}
+
 /* ---- ps_image_augment's per-sample record ------------------------------------------------- */
 
 /* The fp32 value whose bits are `bits` (the record's brightness and contrast words). */
@@ -629,8 +792,12 @@ typedef struct ps_image_sample {
   int32_t oy, ox;                         /* crop offsets in the source (ps_image_offset) */
   int32_t flip, vflip;                    /* 0 or 1 */
   int32_t cut_y0, cut_y1, cut_x0, cut_x1; /* cutout rows [y0, y1), columns [x0, x1); or empty */
-  int32_t color;    /* brightness or contrast is not 1: the colour steps run */
-  float br, ct, cs; /* brightness, contrast and its shift (ps_image_contrast_shift) */
+  int32_t color; /* a colour factor is not the identity: the colour steps run */
+  int32_t mix;   /* saturation or hue is not the identity (they act on 3-channel images only) */
+  float ct, cs;  /* contrast and its shift (ps_image_contrast_shift, once the mean is known) */
+  float br;      /* brightness */
+  float sat, ks; /* saturation and 1 - saturation */
+  float hue6;    /* the hue shift in sextants (6 * the record's hue, in turns) */
 } ps_image_sample;
 
 /* The cutout's extent along an axis of `extent` pixels: [*lo, *hi), empty (0, 0) when
@@ -650,17 +817,46 @@ PS_RULE void ps_image_cutout_span(int32_t frac, int32_t size, int32_t extent, in
   *hi = (int32_t)(b > extent ? extent : b);
 }
 
-/* Contrast's per-sample constant: fp32(fp32(1 - ct) * PS_IMAGE_CONTRAST_CENTER), so that the
- * blend ct * u + (1 - ct) * centre is one multiply and one add per element (0 when ct = 1). */
-PS_RULE PS_NO_CONTRACT float ps_image_contrast_shift(float ct) {
+/* The contrast's grey weights, torchvision's rgb_to_grayscale (0.2989, 0.587, 0.114), as
+ * integers over PS_IMAGE_GREY_DIV for the exact per-image sum and as fp32 for a pixel's grey. */
+#define PS_IMAGE_GREY_R 2989
+#define PS_IMAGE_GREY_G 5870
+#define PS_IMAGE_GREY_B 1140
+#define PS_IMAGE_GREY_DIV 10000
+
+/* The rows or columns [*lo, *hi) of the source that an h- or w-long crop window at offset `o`
+ * (ps_image_offset, |o| <= extent) covers; empty when the window lies outside. */
+PS_RULE void ps_image_window(int32_t o, int32_t extent, int32_t *lo, int32_t *hi) {
+  *lo = o < 0 ? 0 : o;
+  *hi = o < 0 ? extent + o : extent;
+  if (*hi < *lo) *hi = *lo;
+}
+
+/* A 3-channel pixel's weighted grey sum for the per-image mean, exact in integers. */
+PS_RULE uint32_t ps_image_grey_weighted(uint32_t r, uint32_t g, uint32_t b) {
+  return PS_IMAGE_GREY_R * r + PS_IMAGE_GREY_G * g + PS_IMAGE_GREY_B * b;
+}
+
+/* The contrast's mean grey of one sample from the exact integer `sum` over its h x w crop
+ * window (pixels outside the image count as 0): with c == 3 the sum of ps_image_grey_weighted
+ * over the window, otherwise the sum of every byte of every channel. One double division of
+ * exact integers (both below 2^53), then one rounding to fp32: the same bits everywhere. */
+PS_RULE float ps_image_grey_mean(uint64_t sum, int32_t c, int32_t h, int32_t w) {
+  const double den = (double)h * (double)w * (c == 3 ? (double)PS_IMAGE_GREY_DIV : (double)c);
+  return (float)((double)sum / den);
+}
+
+/* Contrast's per-sample constant: fp32(fp32(1 - ct) * mean), so that the blend
+ * ct * v + (1 - ct) * mean is one multiply and one add per element (0 when ct = 1). */
+PS_RULE PS_NO_CONTRACT float ps_image_contrast_shift(float ct, float mean) {
   const float keep = PS_FSUB(1.0f, ct);
-  return PS_FMUL(keep, PS_IMAGE_CONTRAST_CENTER);
+  return PS_FMUL(keep, mean);
 }
 
 /* One sample's PS_IMAGE_PARAMS record (pinstream.h) as named words: a kernel reads it into
  * registers field by field, never into an indexed array. */
 typedef struct ps_image_record {
-  int32_t dy, dx, flip, vflip, cut_fy, cut_fx, cut_size, br_bits, ct_bits;
+  int32_t dy, dx, flip, vflip, cut_fy, cut_fx, cut_size, br_bits, ct_bits, sat_bits, hue_bits;
 } ps_image_record;
 
 /* The record of a batch without records: centred window (dy = dx = pad), nothing else. */
@@ -668,32 +864,40 @@ PS_RULE ps_image_record ps_image_record_plain(int32_t pad) {
   ps_image_record r;
   r.dy = r.dx = pad;
   r.flip = r.vflip = r.cut_fy = r.cut_fx = r.cut_size = 0;
-  r.br_bits = r.ct_bits = 0x3f800000; /* 1.0f */
+  r.br_bits = r.ct_bits = r.sat_bits = 0x3f800000; /* 1.0f */
+  r.hue_bits = 0;                                  /* 0.0f */
   return r;
 }
 
-/* Decodes record `r` of a batch with padding `pad` and images of h x w. */
-PS_RULE void ps_image_record_decode(ps_image_record r, int32_t pad, int32_t h, int32_t w,
-                                    ps_image_sample *s) {
+/* Decodes record `r` of a batch of c-channel h x w images with padding `pad`. The contrast's
+ * shift needs the sample's mean grey: cs is 0 here, and a kernel sets it
+ * (ps_image_contrast_shift) when ct != 1. */
+PS_RULE PS_NO_CONTRACT void ps_image_record_decode(ps_image_record r, int32_t pad, int32_t c,
+                                                   int32_t h, int32_t w, ps_image_sample *s) {
   s->flip = r.flip != 0;
   s->vflip = r.vflip != 0;
   ps_image_cutout_span(r.cut_fy, r.cut_size, h, &s->cut_y0, &s->cut_y1);
   ps_image_cutout_span(r.cut_fx, r.cut_size, w, &s->cut_x0, &s->cut_x1);
   s->br = ps_f32_from_bits(r.br_bits);
   s->ct = ps_f32_from_bits(r.ct_bits);
+  s->sat = ps_f32_from_bits(r.sat_bits);
+  s->ks = PS_FSUB(1.0f, s->sat);
+  s->hue6 = PS_FMUL(ps_f32_from_bits(r.hue_bits), 6.0f);
+  s->cs = 0.0f;
   /* dy - pad can overflow int32: ps_image_offset computes it in 64 bits and clamps. */
   s->oy = ps_image_offset(r.dy, pad, h);
   s->ox = ps_image_offset(r.dx, pad, w);
-  /* Factors of exactly 1 make both colour steps identities (ps_image_color), so skipping
-   * them changes no bit; a NaN factor is not 1 and runs them. */
-  s->color = !(s->br == 1.0f && s->ct == 1.0f);
-  s->cs = ps_image_contrast_shift(s->ct);
+  /* Factors of exactly 1 (and a hue shift of 0) are identities (ps_image_color,
+   * ps_image_mix), so skipping them changes no bit; a NaN factor is not 1 and runs them.
+   * Saturation and hue need three channels, as torchvision's (a grey image is left as is). */
+  s->mix = c == 3 && !(s->sat == 1.0f && s->hue6 == 0.0f);
+  s->color = !(s->br == 1.0f && s->ct == 1.0f) || s->mix;
 }
 
 /* Decodes sample `rec` (PS_IMAGE_PARAMS words, or NULL: centred window, nothing else) of a
- * batch with padding `pad` and images of h x w. */
-PS_RULE void ps_image_sample_decode(const int32_t *rec, int32_t pad, int32_t h, int32_t w,
-                                    ps_image_sample *s) {
+ * batch of c-channel h x w images with padding `pad`. */
+PS_RULE void ps_image_sample_decode(const int32_t *rec, int32_t pad, int32_t c, int32_t h,
+                                    int32_t w, ps_image_sample *s) {
   ps_image_record r = ps_image_record_plain(pad);
   if (rec != 0) {
     r.dy = rec[0];
@@ -705,19 +909,93 @@ PS_RULE void ps_image_sample_decode(const int32_t *rec, int32_t pad, int32_t h, 
     r.cut_size = rec[6];
     r.br_bits = rec[7];
     r.ct_bits = rec[8];
+    r.sat_bits = rec[9];
+    r.hue_bits = rec[10];
   }
-  ps_image_record_decode(r, pad, h, w, s);
+  ps_image_record_decode(r, pad, c, h, w, s);
 }
 
 /* ps_image_augment's clamp of a colour step to the byte range; NaN passes through. */
 PS_RULE float ps_image_clamp255(float a) { return a < 0.0f ? 0.0f : a > 255.0f ? 255.0f : a; }
 
-/* Brightness then contrast on one byte, each an fp32 multiply (and add) then a clamp:
- * u = clamp(byte * br), t = clamp(u * ct + cs). With br = ct = 1 (cs = 0): t = byte exactly. */
-PS_RULE PS_NO_CONTRACT float ps_image_color(uint32_t byte, float br, float ct, float cs) {
-  const float u = ps_image_clamp255(PS_FMUL((float)byte, br));
-  const float blended = PS_FMUL(u, ct);
-  return ps_image_clamp255(PS_FADD(blended, cs));
+/* Contrast then brightness on one byte, each an fp32 multiply (and add) then a clamp:
+ * a = clamp(byte * ct + cs), t = clamp(a * br). With ct = br = 1 (cs = 0): t = byte exactly. */
+PS_RULE PS_NO_CONTRACT float ps_image_color(uint32_t byte, float ct, float cs, float br) {
+  const float blended = PS_FMUL((float)byte, ct);
+  const float a = ps_image_clamp255(PS_FADD(blended, cs));
+  return ps_image_clamp255(PS_FMUL(a, br));
+}
+
+/* A pixel's grey for saturation, torchvision's rgb_to_grayscale weights in fp32:
+ * ((0.2989 r + 0.587 g) + 0.114 b), each product and sum rounded. */
+PS_RULE PS_NO_CONTRACT float ps_image_grey(float r, float g, float b) {
+  const float gr = PS_FMUL(0.2989f, r), gg = PS_FMUL(0.587f, g), gb = PS_FMUL(0.114f, b);
+  return PS_FADD(PS_FADD(gr, gg), gb);
+}
+
+/* Saturation then hue on one pixel (r, g, b: colour steps done, in [0, 255]), in place.
+ * Saturation (sat != 1): x = clamp(sat * x + (1 - sat) * grey), grey from ps_image_grey.
+ * Hue (hue6 != 0), in HSV with the hue in sextants [0, 6): mx, mn the largest and smallest
+ * channel, cr = mx - mn (a grey pixel, cr = 0, has no hue and is left as it is); the hue
+ * (g - b) / cr, 2 + (b - r) / cr or 4 + (r - g) / cr as r, g or b is the largest (in that
+ * order of ties), plus hue6, wrapped once into [0, 6); sextant i (the first of 1, 2, 3, 4, 5
+ * the hue is below, else 5), f = hue - i, q = mx - cr f, t = mn + cr f, and the pixel is
+ * (mx, t, mn), (q, mx, mn), (mn, mx, t), (mn, q, mx), (t, mn, mx) or (mx, mn, q), each clamped
+ * to [0, 255]. Value and saturation are kept, as torchvision's adjust_hue keeps them. */
+PS_RULE PS_NO_CONTRACT void ps_image_mix(const ps_image_sample *s, float *r, float *g, float *b) {
+  float x = *r, y = *g, z = *b;
+  if (s->sat != 1.0f) {
+    const float grey = PS_FMUL(ps_image_grey(x, y, z), s->ks);
+    x = ps_image_clamp255(PS_FADD(PS_FMUL(x, s->sat), grey));
+    y = ps_image_clamp255(PS_FADD(PS_FMUL(y, s->sat), grey));
+    z = ps_image_clamp255(PS_FADD(PS_FMUL(z, s->sat), grey));
+  }
+  if (s->hue6 != 0.0f) {
+    /* Comparisons rather than fmaxf: the same pick for NaN and signed zeros everywhere. */
+    float mx = x, mn = x;
+    if (y > mx) mx = y;
+    if (z > mx) mx = z;
+    if (y < mn) mn = y;
+    if (z < mn) mn = z;
+    const float cr = PS_FSUB(mx, mn);
+    if (cr > 0.0f) {
+      float hh;
+      if (mx == x) {
+        hh = PS_FDIV(PS_FSUB(y, z), cr);
+      } else if (mx == y) {
+        hh = PS_FADD(2.0f, PS_FDIV(PS_FSUB(z, x), cr));
+      } else {
+        hh = PS_FADD(4.0f, PS_FDIV(PS_FSUB(x, y), cr));
+      }
+      hh = PS_FADD(hh, s->hue6);
+      if (hh < 0.0f) hh = PS_FADD(hh, 6.0f);
+      if (hh >= 6.0f) hh = PS_FSUB(hh, 6.0f);
+      const float i = hh < 1.0f   ? 0.0f
+                      : hh < 2.0f ? 1.0f
+                      : hh < 3.0f ? 2.0f
+                      : hh < 4.0f ? 3.0f
+                      : hh < 5.0f ? 4.0f
+                                  : 5.0f;
+      const float d = PS_FMUL(cr, PS_FSUB(hh, i));
+      const float q = ps_image_clamp255(PS_FSUB(mx, d)), t = ps_image_clamp255(PS_FADD(mn, d));
+      if (i == 0.0f) {
+        x = mx, y = t, z = mn;
+      } else if (i == 1.0f) {
+        x = q, y = mx, z = mn;
+      } else if (i == 2.0f) {
+        x = mn, y = mx, z = t;
+      } else if (i == 3.0f) {
+        x = mn, y = q, z = mx;
+      } else if (i == 4.0f) {
+        x = t, y = mn, z = mx;
+      } else {
+        x = mx, y = mn, z = q;
+      }
+    }
+  }
+  *r = x;
+  *g = y;
+  *b = z;
 }
 
 /* Is output pixel (y, x) inside the sample's cutout square (written as +0.0)? */

@@ -18,6 +18,7 @@
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
 import type { Tensor } from "../ffi/tensor.ts";
 import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
+import { GEOMETRY_RECORD_LENGTH } from "../augment/geometry.ts";
 import { type ImageLayout, MAX_CHANNELS, type NormalizeAffine } from "../augment/image.ts";
 import type { Operand, OpOptions, RawMemory } from "./backend.ts";
 import { queue, streamOn } from "./_launch.ts";
@@ -92,7 +93,7 @@ export interface ImageLabelsOptions extends ImageOpOptions {
 
 // The C ABI's codes (kernels/pinstream.h).
 const LAYOUT: Readonly<Record<ImageLayout, number>> = { nhwc: 0, nchw: 1 };
-const IMAGE_F16 = 0, IMAGE_F32 = 1, IMAGE_SERIAL = 1;
+const IMAGE_F16 = 0, IMAGE_F32 = 1, IMAGE_SERIAL = 1, IMAGE_ANTIALIAS = 2;
 
 function isTensor(t: unknown): t is Tensor {
   return typeof t === "object" && t !== null && "dtype" in t && "shape" in t && "device" in t;
@@ -323,4 +324,98 @@ export function imageLabelsI32(src: RawMemory, out: Tensor, options: ImageLabels
     { src: srcAt, src_bytes: labelBytes, n, out, stream },
     `${action} ${n} x ${labelBytes} bytes`,
   );
+}
+
+/** Source and transform of {@linkcode imageGeometry}. */
+export interface ImageGeometryOptions extends ImageOpOptions {
+  /** n records of {@linkcode GEOMETRY_RECORD_LENGTH} int32 on the device ({@linkcode writeGeometryRecord}). */
+  params: RawMemory;
+  /** Bytes from one sample's source slot to the next (each image packed at its slot's start). */
+  srcStride: number;
+  /** Widen the resize filter when shrinking, as Pillow and torchvision's antialias (default true). */
+  antialias?: boolean;
+  /** The rotation's fill: one byte per channel, channel k in bits 8k..8k+7 (default 0). */
+  fill?: number;
+  /** Byte offset of the first slot in `src` (default 0). */
+  srcOffset?: number;
+  /** Byte offset of the first record in `params` (default 0). */
+  paramsOffset?: number;
+  /** CPU backend: run the batch on the calling thread alone (default false). CUDA ignores it. */
+  serial?: boolean;
+}
+
+/**
+ * The geometric transforms of a batch on the device, before {@linkcode imageAugment}: per
+ * sample its record's box of its source image (each image has its own size, in its record)
+ * resized to `out`'s height and width with Pillow's bilinear, then rotated about the centre
+ * (bilinear, the fill outside); uint8 HWC in and out, the same bytes as
+ * {@linkcode geometryHost} on either backend.
+ *
+ * @param src n slots of `options.srcStride` bytes, each an HWC uint8 image at its start.
+ * @param out u8 [n, height, width, c] (c 1 to 4), written.
+ * @param options params (n records), srcStride, antialias, fill, offsets, serial, stream.
+ * @throws {TypeError} On a wrong dtype or memory kind, or memory of another device.
+ * @throws {RangeError} On a wrong shape or stride, or a buffer too small.
+ * @throws {PinstreamError} When the backend refuses the launch (on the CPU backend: a record
+ *   outside its slot; CUDA skips that sample, leaving its output as it was).
+ * @example Halve a 2x2 grey image (the mean), and turn a 1x2 image by 180 degrees
+ * ```ts
+ * import { Device, DeviceBuffer, imageGeometry, Tensor } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ * using dev = Device.open("cpu");
+ * using src = DeviceBuffer.alloc(dev, 8);
+ * src.copyFrom(new Uint8Array([0, 100, 200, 100, 1, 2, 0, 0]));
+ * using params = DeviceBuffer.alloc(dev, 64);
+ * params.copyFrom(new Int32Array([2, 2, 0, 0, 2, 2, 2 ** 30, 0, 1, 2, 0, 0, 1, 2, -(2 ** 30), 0]));
+ * using half = Tensor.empty(dev, [1, 1, 1, 1], "u8");
+ * imageGeometry(src, half, { params, srcStride: 4 });
+ * assert.deepStrictEqual([...await half.toHost()], [100]);
+ * using turned = Tensor.empty(dev, [1, 1, 2, 1], "u8");
+ * imageGeometry(src, turned, { params, paramsOffset: 32, srcOffset: 4, srcStride: 4 });
+ * assert.deepStrictEqual([...await turned.toHost()], [2, 1]);
+ * ```
+ */
+export function imageGeometry(src: RawMemory, out: Tensor, options: ImageGeometryOptions): void {
+  const action = "run imageGeometry";
+  if (!isTensor(out)) throw new TypeError(`Cannot ${action}: out must be a Tensor, got ${out}`);
+  if (out.dtype !== "u8") throw new TypeError(`Cannot ${action}: out must be u8, got ${out.dtype}`);
+  if (out.shape.length !== 4) {
+    throw new RangeError(`Cannot ${action}: out must be [n, height, width, c], got [${out.shape}]`);
+  }
+  const [n, oh, ow, c] = out.shape;
+  intIn(n, "out's n", 0, I32_MAX, action);
+  intIn(oh, "out's height", 1, 2 ** 14, action);
+  intIn(ow, "out's width", 1, 2 ** 14, action);
+  intIn(c, "out's channel count", 1, 4, action);
+  const stride = intIn(options?.srcStride, "srcStride", c, Number.MAX_SAFE_INTEGER, action);
+  const antialias = options.antialias ?? true;
+  if (typeof antialias !== "boolean") {
+    throw new TypeError(`Cannot ${action}: antialias must be a boolean, got ${antialias}`);
+  }
+  const fill = intIn(options.fill ?? 0, "fill", -(2 ** 31), 2 ** 32 - 1, action) | 0;
+  const device = out.device;
+  const srcAt = region(src, "src", options.srcOffset, n * stride, device, action);
+  const paramsAt = region(
+    options.params,
+    "params",
+    options.paramsOffset,
+    n * 4 * GEOMETRY_RECORD_LENGTH,
+    device,
+    action,
+  );
+  const stream = streamOn(options, device, action);
+  device.makeCurrent();
+  queue(device, "imageGeometry", {
+    src: srcAt,
+    src_stride: stride,
+    n,
+    c,
+    params: paramsAt,
+    oh,
+    ow,
+    fill,
+    out,
+    flags: (options.serial ? IMAGE_SERIAL : 0) | (antialias ? IMAGE_ANTIALIAS : 0),
+    stream,
+  }, `${action} [${out.shape}]`);
 }

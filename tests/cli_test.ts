@@ -220,20 +220,18 @@ Deno.test("the examples' --precision picks the loss scaling default (bf16 refuse
 Deno.test("the examples' augmentation flags change the example's default, --no-augment drops it", () => {
   const cifar = (argv: string[]) =>
     parseTrainArgs(argv, "cifar.ts", { augment: { padding: 4, flip: true } }).augment;
-  const off = { vflip: false, cutout: 0, brightness: 0, contrast: 0 };
+  const off = { vflip: false, cutout: 0, brightness: 0, contrast: 0, saturation: 0, hue: 0 };
   assert.deepStrictEqual(cifar([]), { padding: 4, flip: true, ...off });
   assert.strictEqual(cifar(["--no-augment"]), null);
   assert.deepStrictEqual(
     cifar(["--cutout", "8", "--brightness=0.2", "--contrast", "0.3", "--vflip"]),
-    {
-      padding: 4,
-      flip: true,
-      vflip: true,
-      cutout: 8,
-      brightness: 0.2,
-      contrast: 0.3,
-    },
+    { padding: 4, flip: true, ...off, vflip: true, cutout: 8, brightness: 0.2, contrast: 0.3 },
   );
+  assert.deepStrictEqual(
+    cifar(["--saturation", "0.4", "--hue=0.1"]),
+    { padding: 4, flip: true, ...off, saturation: 0.4, hue: 0.1 },
+  );
+  assert.throws(() => cifar(["--hue", "0.6"]), /hue/);
   // Every augmentation turned off one by one is no augmentation.
   assert.strictEqual(cifar(["--crop-padding", "0", "--no-flip"]), null);
   // An example without a default augmentation: nothing unless asked.

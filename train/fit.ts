@@ -272,8 +272,23 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
       kind: "number",
       min: 0,
       metavar: "J",
-      help: "contrast jitter toward mid-grey: factors in\n[max(0, 1 - J), 1 + J]",
+      help: "contrast jitter toward each image's mean grey:\nfactors in [max(0, 1 - J), 1 + J]",
       default: d.augment?.contrast ?? 0,
+    },
+    saturation: {
+      kind: "number",
+      min: 0,
+      metavar: "J",
+      help: "saturation jitter: factors in [max(0, 1 - J), 1 + J]",
+      default: d.augment?.saturation ?? 0,
+    },
+    hue: {
+      kind: "number",
+      min: 0,
+      max: 0.5,
+      metavar: "H",
+      help: "hue jitter: shifts in [-H, H] turns (H <= 0.5)",
+      default: d.augment?.hue ?? 0,
     },
     ...extra.options,
   };
@@ -397,7 +412,16 @@ export function precisionLine(args: TrainArgs): string {
 }
 
 /** The augmentation flags, in the order --help lists them. */
-const AUGMENT_FLAGS = ["crop-padding", "flip", "vflip", "cutout", "brightness", "contrast"];
+const AUGMENT_FLAGS = [
+  "crop-padding",
+  "flip",
+  "vflip",
+  "cutout",
+  "brightness",
+  "contrast",
+  "saturation",
+  "hue",
+];
 
 /**
  * The training augmentation from the parsed flags over the example's default: null for none,
@@ -424,9 +448,11 @@ function augmentArgs(
     cutout: (v.cutout as number | undefined) ?? dflt?.cutout ?? 0,
     brightness: (v.brightness as number | undefined) ?? dflt?.brightness ?? 0,
     contrast: (v.contrast as number | undefined) ?? dflt?.contrast ?? 0,
+    saturation: (v.saturation as number | undefined) ?? dflt?.saturation ?? 0,
+    hue: (v.hue as number | undefined) ?? dflt?.hue ?? 0,
   };
   const on = a.padding > 0 || a.flip || a.vflip || a.cutout > 0 || a.brightness > 0 ||
-    a.contrast > 0;
+    a.contrast > 0 || a.saturation > 0 || a.hue > 0;
   return on ? a : null;
 }
 
@@ -445,6 +471,8 @@ export function augmentNote(a: AugmentOptions | null | undefined): string {
     a.cutout ? `cutout ${a.cutout}` : "",
     a.brightness ? `brightness ${a.brightness}` : "",
     a.contrast ? `contrast ${a.contrast}` : "",
+    a.saturation ? `saturation ${a.saturation}` : "",
+    a.hue ? `hue ${a.hue}` : "",
   ].filter((x) => x !== "");
   return parts.length > 0 ? `augment ${parts.join(" + ")}` : "no augmentation";
 }

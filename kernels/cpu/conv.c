@@ -333,13 +333,12 @@ PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t d
   CHECK_RANGE(w, co * K * es);
   CHECK_RANGE(y, n * co * P * es);
   /* W^T [K][Co] in fp32 once, so the B packing reads contiguous rows. */
-  float *wt = aligned_alloc(64, (((size_t)(K * co) * 4 + 63) & ~(size_t)63));
+  float *wt = ps_call_scratch((size_t)(K * co));
   if (!wt) OOM();
   for (int64_t o = 0; o < co; o++)
     for (int64_t k = 0; k < K; k++) wt[k * co + o] = act_get(w, dt, o * K + k);
   conv_fwd_ctx cx = {.g = &g, .x = x, .w = w, .wt = wt, .y = y, .dt = dt};
   ps_pool_for(n, conv_fwd_task, &cx); /* one image per task */
-  free(wt);
   if (atomic_load(&cx.failed)) OOM();
   return PS_OK;
 }
@@ -474,15 +473,12 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, int32_t d
   int64_t chunks = 4 * (int64_t)ps_pool_threads();
   if (chunks > n) chunks = n;
   if (chunks < 1) chunks = 1;
-  float *part = aligned_alloc(64, (((size_t)(chunks * K * co) * 4 + 63) & ~(size_t)63));
+  float *part = ps_call_scratch((size_t)(chunks * K * co));
   if (!part) OOM();
   if (n == 0) memset(part, 0, (size_t)(K * co) * sizeof(float));
   conv_bwd_weight_ctx cx = {.g = &g, .x = x, .dy = dy, .dt = dtype, .part = part, .chunks = chunks};
   ps_pool_for(n > 0 ? chunks : 0, conv_bwd_weight_task, &cx);
-  if (atomic_load(&cx.failed)) {
-    free(part);
-    OOM();
-  }
+  if (atomic_load(&cx.failed)) OOM();
   /* dw[o][ci][ky][kx] = sum over chunks of part[chunk][(ci*kh + ky)*kw + kx][o] */
   for (int64_t o = 0; o < co; o++)
     for (int64_t r = 0; r < K; r++) {
@@ -491,6 +487,5 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, int32_t d
       int64_t di = o * K + r;
       act_set(dw, dw_dtype, di, accumulate ? act_get(dw, dw_dtype, di) + s : s);
     }
-  free(part);
   return PS_OK;
 }

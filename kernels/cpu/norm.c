@@ -558,8 +558,9 @@ PS_API int ps_nn_bias_grad(const void *dy, int32_t dtype, void *dbias, int32_t d
   const int32_t dt = dtype;
   CHECK_RANGE(dy, n * c * hw * dtsize(dtype));
   CHECK_RANGE(dbias, c * dtsize(dbias_dtype));
-  float *sum = calloc((size_t)c, sizeof(float));
+  float *sum = ps_call_scratch((size_t)c);
   if (!sum) OOM();
+  memset(sum, 0, (size_t)c * sizeof(float));
   float *row = hw == 1 ? ps_workspace(WS_OUT, (size_t)c) : NULL;
   if (hw == 1 && row) { /* [N,F]: convert a row with the vector helper, then add it */
     for (int64_t i = 0; i < n; i++) {
@@ -577,6 +578,5 @@ PS_API int ps_nn_bias_grad(const void *dy, int32_t dtype, void *dbias, int32_t d
     act_set(dbias, dbias_dtype, ch,
             accumulate ? act_get(dbias, dbias_dtype, ch) + sum[ch] : sum[ch]);
   }
-  free(sum);
   return PS_OK;
 }

@@ -417,7 +417,7 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
               (long long)i, (long long)k);
   double loss = 0.0;
   int64_t hits = 0;
-  float *row = malloc((size_t)k * sizeof(float));
+  float *row = ps_call_scratch((size_t)k);
   if (!row) OOM();
   float g = ps_ce_grad_scale(scale, device_scale, n);
   for (int64_t i = 0; i < n; i++) {
@@ -440,7 +440,6 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
       }
     }
   }
-  free(row);
   if (loss_sum) *loss_sum += (float)loss;
   if (correct) *correct += (int32_t)hits;
   return PS_OK;

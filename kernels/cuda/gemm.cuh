@@ -539,10 +539,11 @@ int gemm(int64_t M, int64_t N, int64_t K, int splits, LA la, LB lb, EP ep, cudaS
     return small ? gemm_launch<T, 32>((int)M, (int)N, (int)K, 1, kchunk, la, lb, out, st)
                  : gemm_launch<T, 64>((int)M, (int)N, (int)K, 1, kchunk, la, lb, out, st);
   }
-  /* The partial sums live for this call only: ps_scratch_alloc takes them from the device's
-   * default memory pool in stream order, or from cudaMalloc on a device without pools. */
-  float *part = nullptr;
-  TRY(ps_scratch_alloc((void **)&part, (size_t)splits * (size_t)(M * N) * sizeof(float), st));
+  /* The partial sums go to the stream's kept scratch: it is read back by reduce_splits before
+   * the next call on the stream can use it again. */
+  ps_stream_scratch scratch;
+  TRY(ps_stream_scratch_get(&scratch, (size_t)splits * (size_t)(M * N) * sizeof(float), st));
+  float *part = (float *)scratch.p;
   out.part = part;
   int r = small ? gemm_launch<T, 32>((int)M, (int)N, (int)K, splits, kchunk, la, lb, out, st)
                 : gemm_launch<T, 64>((int)M, (int)N, (int)K, splits, kchunk, la, lb, out, st);
@@ -553,7 +554,7 @@ int gemm(int64_t M, int64_t N, int64_t K, int splits, LA la, LB lb, EP ep, cudaS
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) r = ps_record_cuda_error(e, "reduce_splits<<<>>>", __FILE__, __LINE__);
   }
-  const int fr = ps_scratch_free(part, st);
+  const int fr = ps_stream_scratch_release(&scratch, st);
   return r != PS_OK ? r : fr;
 }
 
