@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct layout; ffi/ refuses a mismatch. */
-#define PS_ABI_VERSION 9
+#define PS_ABI_VERSION 10
 
 /* ---- status codes ------------------------------------------------------------------- */
 #define PS_OK 0
