@@ -159,6 +159,9 @@ fi
 # The data path, with PyTorch's GPU peers: resident (eager and compiled) and streamed through
 # a reused pinned ring (bench/pipeline_torch.py).
 step bench-pipeline 150 deno run -A bench/pipeline.ts --epochs 3 $TORCH_FLAG
+# The seeds' claims on the GPU: PyTorch-default input path against pinstream's defaults,
+# every augmentation on against off, pinned against pageable (bench/seed_claims.ts).
+step bench-seed-claims 45 deno run -A bench/seed_claims.ts --device cuda --limit 16384 --epochs 2
 
 # ---- the whole suite (cpu and cuda cases) on the GPU: 3-5 minutes on a 16-core host, so it
 # gets what is left. The emulator passes of `deno task test` are left to CI (the same on

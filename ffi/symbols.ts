@@ -227,6 +227,25 @@ export const signatures = {
     ],
     result: "i32",
   },
+  ps_nn_matmul_bias_act: {
+    params: [
+      ["a", "pointer"],
+      ["b", "pointer"],
+      ["dtype", "i32"],
+      ["c", "pointer"],
+      ["c_dtype", "i32"],
+      ["m", "i64"],
+      ["n", "i64"],
+      ["k", "i64"],
+      ["trans_a", "i32"],
+      ["trans_b", "i32"],
+      ["bias", "pointer"],
+      ["bias_dtype", "i32"],
+      ["act", "i32"],
+      ["stream", "pointer"],
+    ],
+    result: "i32",
+  },
   ps_nn_conv2d_forward: {
     params: [
       ["x", "pointer"],
