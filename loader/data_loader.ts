@@ -366,6 +366,8 @@ export class DataLoaderImpl<B = unknown> implements AsyncIterable<B>, AsyncDispo
    *   cutout: 0,
    *   brightness: 0,
    *   contrast: 0,
+   *   saturation: 0,
+   *   hue: 0,
    * });
    * assert.ok(Object.isFrozen(loader.augment));
    * ```
