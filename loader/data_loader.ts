@@ -35,7 +35,7 @@ import {
 import type { ModuleRef } from "./_protocol.ts";
 import { type Staging, staging } from "./_staging.ts";
 import type { Collated, CollateFn } from "./collate.ts";
-import type { Dataset, SampleOf, SharedFieldsOf } from "./dataset.ts";
+import type { Dataset, SampleOf, SharedFieldsOf, WorkerSpec } from "./dataset.ts";
 import { type DataLoaderOptions, resolveOptions } from "./options.ts";
 import type { EpochOrder } from "./order.ts";
 import { RingBatch, type StagingRing } from "./ring.ts";
@@ -237,6 +237,7 @@ export class DataLoaderImpl<B = unknown> implements AsyncIterable<B>, AsyncDispo
   readonly #collateFn: CollateFn<unknown, unknown> | undefined;
   readonly #collateMode: EngineConfig["collateMode"];
   readonly #workerInit: ModuleRef | undefined;
+  readonly #workerSpec: WorkerSpec | undefined;
   #pinned: Disposable | undefined;
   #engine: Engine | undefined;
   #active: EpochIterator<B> | undefined;
@@ -276,6 +277,7 @@ export class DataLoaderImpl<B = unknown> implements AsyncIterable<B>, AsyncDispo
     this.#collateFn = o.collate;
     this.#collateMode = o.collateMode;
     this.#workerInit = o.workerInit;
+    this.#workerSpec = o.workerSpec;
     const cores = Math.max(1, navigator.hardwareConcurrency || 1);
     const counts = new WorkerCounts(o.numWorkers, o.prefetchFactor, cores, o.persistentWorkers);
     this.#counts = counts;
@@ -503,7 +505,7 @@ export class DataLoaderImpl<B = unknown> implements AsyncIterable<B>, AsyncDispo
       unbatched: this.batchSize === null && this.sampler !== undefined,
       workerSpec: this.zeroCopy && !this.#staging?.gather.filled?.length
         ? undefined
-        : this.dataset.workerSpec?.(),
+        : this.#workerSpec,
       workerInit: this.#workerInit,
       resourceLimits: this.#resourceLimits,
       onWait: (s, d) => this.#active?.onWait(s, d),

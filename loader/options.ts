@@ -11,7 +11,7 @@ import { optionError, refuseUnknownKeys } from "../internal/options.ts";
 import type { WorkerResourceLimits } from "./_transport.ts";
 import type { ModuleRef } from "./_protocol.ts";
 import type { CollateFn } from "./collate.ts";
-import type { Dataset } from "./dataset.ts";
+import type { Dataset, WorkerSpec } from "./dataset.ts";
 import { EpochOrder, type EpochOrderOptions } from "./order.ts";
 import type { StagingRing } from "./ring.ts";
 
@@ -111,6 +111,11 @@ export interface ResolvedOptions {
    */
   collateMode: "default" | "none" | "main" | ModuleRef;
   workerInit: ModuleRef | undefined;
+  /**
+   * The dataset's workerSpec(), asked once here (where workers rebuild the dataset) and sent
+   * to every worker the loader starts.
+   */
+  workerSpec: WorkerSpec | undefined;
 }
 
 // Every key of DataLoaderOptions, checked by the compiler against the interface.
@@ -223,10 +228,11 @@ export function resolveOptions(dataset: Dataset, options: DataLoaderOptions): Re
       "type",
     );
   }
+  let workerSpec: WorkerSpec | undefined;
   if (rebuilt && numWorkers !== 0) {
     // Workers receive the spec by postMessage: a value it cannot clone would throw there, in
     // an event handler, where nothing can catch it.
-    const spec = dataset.workerSpec!();
+    const spec = workerSpec = dataset.workerSpec!();
     const bad = uncloneable(spec, "workerSpec()");
     if (bad !== undefined) {
       fail(
@@ -267,6 +273,7 @@ export function resolveOptions(dataset: Dataset, options: DataLoaderOptions): Re
       ? "none"
       : "default",
     workerInit: o.workerInit,
+    workerSpec,
   };
 }
 
