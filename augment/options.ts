@@ -33,12 +33,25 @@ export interface AugmentOptions {
    */
   brightness?: number;
   /**
-   * Contrast jitter j: a factor f drawn uniformly in [max(0, 1 - j), 1 + j] blends each
-   * (brightness-adjusted) byte toward the grey 127.5, `f * v + (1 - f) * 127.5`, clamped to
-   * [0, 255]. ColorJitter(contrast=j) blends toward each image's mean grey instead; a fixed
-   * grey (as DALI's brightness_contrast) keeps the transform one pass (default 0: off).
+   * Contrast jitter j: a factor f drawn uniformly in [max(0, 1 - j), 1 + j] blends each byte
+   * toward the image's own mean grey m, `f * v + (1 - f) * m`, clamped to [0, 255], as
+   * torchvision's ColorJitter(contrast=j) (adjust_contrast). m is the mean over the image's
+   * crop window (padding included) of torchvision's grey, 0.2989 R + 0.587 G + 0.114 B, for
+   * 3-channel images, and of every value otherwise (default 0: off).
    */
   contrast?: number;
+  /**
+   * Saturation jitter j: a factor f drawn uniformly in [max(0, 1 - j), 1 + j] blends each
+   * pixel with its own grey, `f * v + (1 - f) * grey`, clamped, as ColorJitter(saturation=j)
+   * (adjust_saturation). 3-channel images only; others are left as they are (default 0: off).
+   */
+  saturation?: number;
+  /**
+   * Hue jitter h in [0, 0.5]: a shift drawn uniformly in [-h, h] turns of the hue wheel, in
+   * HSV with value and saturation kept, as ColorJitter(hue=h) (adjust_hue). 3-channel images
+   * only (default 0: off).
+   */
+  hue?: number;
 }
 
 /** {@linkcode AugmentOptions} with every default filled in, frozen: what a loader draws. */
@@ -53,6 +66,8 @@ const AUGMENT_KEYS = Object.keys(
     cutout: true,
     brightness: true,
     contrast: true,
+    saturation: true,
+    hue: true,
   } satisfies Record<keyof AugmentOptions, true>,
 );
 
@@ -73,6 +88,8 @@ export const AUGMENT_OFF: AugmentSpec = Object.freeze({
   cutout: 0,
   brightness: 0,
   contrast: 0,
+  saturation: 0,
+  hue: 0,
 });
 
 /**
@@ -93,6 +110,7 @@ export const AUGMENT_OFF: AugmentSpec = Object.freeze({
  * const spec = resolveAugment({ padding: 4, flip: true }, "create DataLoader");
  * assert.deepStrictEqual(spec, {
  *   padding: 4, flip: true, vflip: false, cutout: 0, brightness: 0, contrast: 0,
+ *   saturation: 0, hue: 0,
  * });
  * assert.ok(Object.isFrozen(spec));
  * assert.throws(
@@ -126,7 +144,7 @@ export function resolveAugment(options: AugmentOptions, action: string): Augment
     if (typeof v !== "boolean") fail(key, `should be a boolean value, got ${String(v)}`, "type");
     return v;
   };
-  const jitter = (key: "brightness" | "contrast"): number => {
+  const jitter = (key: "brightness" | "contrast" | "saturation"): number => {
     const j = o[key] ?? 0;
     if (typeof j !== "number") {
       fail(key, `should be a number (a jitter j >= 0), got ${String(j)}`, "type");
@@ -139,6 +157,16 @@ export function resolveAugment(options: AugmentOptions, action: string): Augment
     }
     return j;
   };
+  const hue = o.hue ?? 0;
+  if (typeof hue !== "number") {
+    fail("hue", `should be a number (a hue jitter h in [0, 0.5]), got ${String(hue)}`, "type");
+  }
+  if (!(hue >= 0 && hue <= 0.5)) {
+    fail(
+      "hue",
+      `should be a number in [0, 0.5] (shifts drawn in [-h, h] turns, as ColorJitter), got ${hue}`,
+    );
+  }
   return Object.freeze({
     padding,
     flip: bool("flip"),
@@ -146,5 +174,7 @@ export function resolveAugment(options: AugmentOptions, action: string): Augment
     cutout,
     brightness: jitter("brightness"),
     contrast: jitter("contrast"),
+    saturation: jitter("saturation"),
+    hue,
   });
 }

@@ -16,21 +16,25 @@
  * | 4, 5 | the cutout square's centre row and column as fractions of the height and width in 1/65536 units, each in `[0, 65535]` | 0, 0 |
  * | 6 | the cutout square's side in pixels (`cutout`) | 0: none |
  * | 7, 8 | brightness and contrast factors as the bits of fp32 values, each drawn uniformly in `[max(0, 1 - j), 1 + j]` for `brightness: j` / `contrast: j` (ColorJitter) | `1.0` (`0x3f800000`) |
+ * | 9 | saturation factor, fp32 bits, drawn likewise for `saturation: j` | `1.0` |
+ * | 10 | hue shift in turns, fp32 bits, drawn uniformly in `[-h, h]` for `hue: h` (`h <= 0.5`) | `0.0` (`0`) |
  *
  * Per output pixel (y, x) of an H x W image: `xs = flip ? W - 1 - x : x`,
  * `ys = vflip ? H - 1 - y : y`, source pixel `(ys + dy - p, xs + dx - p)`, 0 outside the image;
- * then brightness and contrast (contrast blends toward the fixed grey 127.5, see
- * `augmentHost`), the normalization, and cutout sets the normalized value to 0 inside the
- * square (rows `cy - floor(side / 2)` .. `+ side`, `cy = floor(word4 * H / 65536)`, likewise
- * columns, clipped to the image).
+ * then ColorJitter's steps in a fixed order, contrast, brightness, saturation, hue (contrast
+ * blends toward the image's own mean grey over its crop window, see `augmentHost`; saturation
+ * and hue act on 3-channel images only), the normalization, and cutout sets the normalized
+ * value to 0 inside the square (rows `cy - floor(side / 2)` .. `+ side`,
+ * `cy = floor(word4 * H / 65536)`, likewise columns, clipped to the image).
  *
  * ## The draws
  *
  * The words come from the sample's stream of uint32 draws, a pure function of (seed, epoch,
  * position in the epoch) and the same as `ctx.u32()` in a dataset's `get(index, ctx)`: draw 0
  * gives words 0-2 (see {@linkcode augmentFromDraw}), draw 1 the vertical flip, draw 2 the
- * cutout centre, draws 3 and 4 the brightness and contrast factors. Each option has its own
- * draw, so turning one on or off leaves the others' values as they were.
+ * cutout centre, draws 3 and 4 the brightness and contrast factors, draws 5 and 6 the
+ * saturation factor and the hue shift. Each option has its own draw, so turning one on or off
+ * leaves the others' values as they were.
  *
  * A new transform adds its words here (and to `PS_IMAGE_PARAMS`), its option to options.ts,
  * its arithmetic to host.ts, kernels/rules.h and the two image kernels.
@@ -43,16 +47,17 @@ import type { AugmentSpec } from "./options.ts";
 
 /**
  * int32 words of one sample's `augment` record (`PS_IMAGE_PARAMS` in kernels/pinstream.h):
- * `[dy, dx, flip, vflip, cutY, cutX, cutSize, brightnessBits, contrastBits]`.
+ * `[dy, dx, flip, vflip, cutY, cutX, cutSize, brightnessBits, contrastBits, saturationBits,
+ * hueBits]`.
  *
  * @example
  * ```ts
  * import { AUGMENT_RECORD_LENGTH } from "@pinstream/pinstream";
  * import assert from "node:assert";
- * assert.strictEqual(AUGMENT_RECORD_LENGTH, 9);
+ * assert.strictEqual(AUGMENT_RECORD_LENGTH, 11);
  * ```
  */
-export const AUGMENT_RECORD_LENGTH: number = 9;
+export const AUGMENT_RECORD_LENGTH: number = 11;
 
 /** Draw k of the sample stream at `position` (CounterRandom's output k for that key). */
 function draw(k0: number, position: number, k: number): number {
@@ -68,6 +73,13 @@ function factorBits(u: number, jitter: number): number {
   if (jitter === 0) return F32_ONE;
   const lo = Math.max(0, 1 - jitter), hi = 1 + jitter;
   f32[0] = lo + (hi - lo) * (u / 0x1_0000_0000);
+  return f32Bits[0];
+}
+
+/** The fp32 bits of a hue shift uniform in [-jitter, jitter] from draw `u` (0 when off). */
+function hueBits(u: number, jitter: number): number {
+  if (jitter === 0) return 0;
+  f32[0] = -jitter + 2 * jitter * (u / 0x1_0000_0000);
   return f32Bits[0];
 }
 
@@ -113,7 +125,7 @@ export function sampleKey(seed: number, epoch: number): number {
  * const spec = { ...AUGMENT_OFF, padding: 4, flip: true };
  * const out = new Int32Array(3 * AUGMENT_RECORD_LENGTH);
  * writeAugmentRecords(out, 0, sampleKey(7, 2), 10, 3, spec);
- * assert.deepStrictEqual([...out.subarray(9, 18)], [...augmentRecord(7, 2, 11, spec)]);
+ * assert.deepStrictEqual([...out.subarray(11, 22)], [...augmentRecord(7, 2, 11, spec)]);
  * ```
  */
 export function writeAugmentRecords(
@@ -139,6 +151,8 @@ export function writeAugmentRecords(
     out[o + 6] = augment.cutout;
     out[o + 7] = factorBits(augment.brightness > 0 ? draw(k0, p, 3) : 0, augment.brightness);
     out[o + 8] = factorBits(augment.contrast > 0 ? draw(k0, p, 4) : 0, augment.contrast);
+    out[o + 9] = factorBits(augment.saturation > 0 ? draw(k0, p, 5) : 0, augment.saturation);
+    out[o + 10] = hueBits(augment.hue > 0 ? draw(k0, p, 6) : 0, augment.hue);
   }
 }
 
@@ -157,10 +171,13 @@ export function writeAugmentRecords(
  * ```ts
  * import { augmentRecord } from "@pinstream/pinstream";
  * import assert from "node:assert";
- * const off = { padding: 4, flip: false, vflip: false, cutout: 0, brightness: 0, contrast: 0 };
+ * const off = {
+ *   padding: 4, flip: false, vflip: false, cutout: 0,
+ *   brightness: 0, contrast: 0, saturation: 0, hue: 0,
+ * };
  * const r = augmentRecord(1, 0, 0, off);
  * assert.ok(r[0] >= 0 && r[0] <= 8 && r[1] >= 0 && r[1] <= 8);
- * assert.deepStrictEqual([...r.slice(2)], [0, 0, 0, 0, 0, 0x3f800000, 0x3f800000]);
+ * assert.deepStrictEqual([...r.slice(2)], [0, 0, 0, 0, 0, 0x3f800000, 0x3f800000, 0x3f800000, 0]);
  * ```
  */
 export function augmentRecord(

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One command for a GPU machine (see bench/GPU.md): build both backends for sm_90, run the
-# kernel tests (also under compute-sanitizer), the measurements the next decision needs (one
-# CIFAR step's per-op device times, the cost of one enqueue, the step with and without CUDA
-# graphs, a two-epoch CIFAR-shaped run with its steady-state epoch, the PyTorch twins eager
+# One command for a GPU machine (see bench/GPU.md): build both backends for sm_90, a one-rank
+# NCCL smoke test (bench/nccl_smoke.ts), the kernel tests (also under compute-sanitizer), the
+# measurements the next decision needs (one CIFAR step's per-op device times, the cost of one
+# enqueue, the step with and without CUDA graphs, a two-epoch CIFAR-shaped run with its
+# steady-state epoch, the PyTorch twins eager
 # and compiled with nvidia-smi dmon beside each, the data-path peers), then the whole test
 # suite with what time is left, within 10 minutes (this script keeps to about 9). Run from
 # the project root:
@@ -90,6 +91,17 @@ step cuda-probe 30 deno eval '
   console.log(JSON.stringify({ kind: d.kind, props: d.props, mem: d.memInfo() }, (_, v) =>
     typeof v === "bigint" ? String(v) : v));'
 
+# ---- the nccl backend, one rank on the one GPU (no machine here has several): NCCL from
+# PINSTREAM_NCCL_LIB, else the loader's path, else the copy a PyTorch CUDA wheel carries
+NCCL_LIB=${PINSTREAM_NCCL_LIB:-}
+if [ -z "$NCCL_LIB" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2'; then
+  NCCL_LIB=$(python3 -c 'import glob, site
+dirs = site.getsitepackages() + [site.getusersitepackages()]
+print(next((p for d in dirs for p in sorted(glob.glob(d + "/nvidia/nccl/lib/libnccl.so*"))), ""))' \
+    2>/dev/null)
+fi
+step nccl-smoke 40 env ${NCCL_LIB:+PINSTREAM_NCCL_LIB="$NCCL_LIB"} deno run -A bench/nccl_smoke.ts
+
 # ---- the kernel tests on their own first: short, and the ones that matter most here
 step test-kernels 90 deno test -A tests/nn_kernels_test.ts tests/gemm_shapes_test.ts \
   tests/image_kernel_test.ts tests/device_test.ts
@@ -173,6 +185,8 @@ done
 for t in sanitize-memcheck sanitize-racecheck; do
   [ -f "$LOGS/$t.log" ] && say "$t: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/$t.log" | tail -1)"
 done
+[ -f "$LOGS/nccl-smoke.log" ] &&
+  say "nccl-smoke: $(grep -E '^(NCCL |nccl smoke|Cannot|error)' "$LOGS/nccl-smoke.log" | tr '\n' ';')"
 [ -f "$LOGS/bench-step.log" ] && say "bench-step: $(grep -E '^(sum of the nn|op by op|graphs \()' "$LOGS/bench-step.log" | tr '\n' ';')"
 [ -f "$LOGS/cifar.log" ] && say "cifar (steady state): $(grep -E '^epoch 2/2' "$LOGS/cifar.log")"
 [ -f "$LOGS/cifar-torch.log" ] && say "cifar-torch: $(tail -1 "$LOGS/cifar-torch.log")"

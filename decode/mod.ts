@@ -1,7 +1,7 @@
 /**
  * pinstream's image decoders: JPEG through libjpeg-turbo (TurboJPEG) and PNG through libspng,
- * both loaded with Deno.dlopen, or PNG in TypeScript where FFI is not allowed or the library
- * is missing. The file type comes from the magic bytes. The loader's image datasets import
+ * both loaded with Deno.dlopen, or in TypeScript (the same pixels, slower) where FFI is not
+ * allowed or a library is missing. The file type comes from the magic bytes. The loader's image datasets import
  * this module only when they decode, in the thread that decodes (a worker), so a DataLoader
  * over other datasets never needs FFI.
  *
@@ -10,6 +10,7 @@
 
 import { applyOrientation, exifOrientation } from "./exif.ts";
 import { sniffImageType } from "./format.ts";
+import { decodeJpegTs, jpegInfo } from "./jpeg.ts";
 import { decodePngTs, pngHeader } from "./png.ts";
 import { resizeBilinear } from "./resize.ts";
 import { Spng, SPNG_LIBRARY } from "./spng.ts";
@@ -20,6 +21,7 @@ export { type Channels, type CropBox, type DecodedImage, ImageDecodeError } from
 export { type ImageType, sniffImageType } from "./format.ts";
 export { applyOrientation, exifOrientation } from "./exif.ts";
 export { resizeBilinear } from "./resize.ts";
+export { type DecodeJpegOptions, decodeJpegTs, type JpegInfo, jpegInfo } from "./jpeg.ts";
 
 /** Pillow's decompression-bomb limit: it refuses images over twice its MAX_IMAGE_PIXELS. */
 export const DEFAULT_MAX_PIXELS = 2 * 89_478_485;
@@ -167,8 +169,8 @@ export class ImageDecoder {
   readonly maxPixels: number;
   /** Whether EXIF orientation is applied. */
   readonly exifOrientation: boolean;
-  /** "turbojpeg", or "unavailable" (JPEG files are then refused with the reason). */
-  readonly jpeg: "turbojpeg" | "unavailable";
+  /** "turbojpeg" or "typescript". */
+  readonly jpeg: "turbojpeg" | "typescript";
   /** "spng" or "typescript". */
   readonly png: "spng" | "typescript";
   /** One line: which decoders run and why. */
@@ -222,10 +224,12 @@ export class ImageDecoder {
         }`,
       );
     }
-    this.jpeg = this.#native.jpeg ? "turbojpeg" : "unavailable";
+    this.jpeg = this.#native.jpeg ? "turbojpeg" : "typescript";
     this.png = this.#native.png ? "spng" : "typescript";
     this.description = `image decoders: JPEG ${
-      this.#native.jpeg ? "libjpeg-turbo (TurboJPEG)" : `unavailable (${this.#native.jpegWhy})`
+      this.#native.jpeg
+        ? "libjpeg-turbo (TurboJPEG)"
+        : `TypeScript fallback (${this.#native.jpegWhy})`
     }; PNG ${this.#native.png ? "libspng" : `TypeScript fallback (${this.#native.pngWhy})`}`;
   }
 
@@ -255,12 +259,9 @@ export class ImageDecoder {
     let img: DecodedImage;
     if (type === "jpeg") {
       const tj = this.#native.jpeg;
-      if (tj === undefined) {
-        throw new ImageDecodeError(
-          `JPEG needs libjpeg-turbo, and it is unavailable: ${this.#native.jpegWhy}`,
-        );
-      }
-      const h = tj.header(bytes);
+      const header = tj?.header(bytes);
+      // Without libjpeg-turbo, the TypeScript decoder's header check: the size before the scans.
+      const h = header ?? jpegInfo(bytes);
       this.#lastJpeg = [h.height, h.width];
       if (h.width * h.height > this.maxPixels) {
         throw new ImageDecodeError(
@@ -271,7 +272,7 @@ export class ImageDecoder {
       }
       let scaled = want
         ? TurboJpeg.scaledSize(h.height, h.width, want[0], want[1])
-        : { height: h.height, width: h.width };
+        : { height: h.height, width: h.width, denom: 1 };
       if (target.crop && want) {
         const swap = orientation >= 5;
         box = target.crop(swap ? h.width : h.height, swap ? h.height : h.width);
@@ -292,7 +293,13 @@ export class ImageDecoder {
       // An image resized afterwards is decoded into a buffer kept between calls: a fresh one
       // each time costs its allocation and zeroing, as much as a tenth of the decode.
       const into = direct ? target.out : want !== undefined ? this.#scratchOf(need) : undefined;
-      img = tj.decode(bytes, this.channels, h, scaled, into);
+      img = tj
+        ? tj.decode(bytes, this.channels, header!, scaled, into)
+        : decodeJpegTs(bytes, this.channels, {
+          out: into,
+          scale: turboJpegScale(h, scaled),
+          maxPixels: this.maxPixels,
+        });
       if (direct) return img;
     } else if (this.#native.png) {
       img = this.#native.png.decode(
@@ -352,6 +359,23 @@ export function encodeJpeg(image: DecodedImage, quality = 90): Uint8Array {
   const n = loadNative();
   if (n.jpeg === undefined) throw new Error(`Cannot encode a JPEG: ${n.jpegWhy}`);
   return n.jpeg.encode(image, quality);
+}
+
+/**
+ * The scale TurboJPEG decodes at for an output size: the largest factor that fits it. For
+ * images a few pixels across that is larger than the size's own denominator (a 2x2 image
+ * asked at 1x1 decodes at 1/2, not 1/8), and the pixels differ.
+ */
+function turboJpegScale(
+  image: { height: number; width: number },
+  size: { height: number; width: number },
+): 1 | 2 | 4 | 8 {
+  for (const d of [1, 2, 4, 8] as const) {
+    if (Math.ceil(image.height / d) <= size.height && Math.ceil(image.width / d) <= size.width) {
+      return d;
+    }
+  }
+  return 8;
 }
 
 /** `out` when a PNG is already of the size asked (decoded straight into it), else undefined. */

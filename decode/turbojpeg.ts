@@ -50,6 +50,7 @@ export const TURBOJPEG_LIBRARY = "libturbojpeg.so.0";
 const TJPF_RGB = 0, TJPF_GRAY = 6, TJPF_RGBA = 7, TJPF_CMYK = 11;
 const TJCS_GRAY = 2, TJCS_CMYK = 3, TJCS_YCCK = 4;
 const TJERR_WARNING = 0;
+const TJFLAG_STOPONWARNING = 8192;
 /** The scales tried, largest reduction first: the IDCT's fast paths (8x8 -> 1x1, 2x2, 4x4). */
 const SCALES = [8, 4, 2, 1];
 
@@ -86,7 +87,15 @@ export class TurboJpeg {
     const s = this.#lib.symbols;
     const p = s.tjGetErrorStr2(this.#handle);
     const message = p === null ? "unknown error" : Deno.UnsafePointerView.getCString(p);
-    return { message, warning: s.tjGetErrorCode(this.#handle) === TJERR_WARNING };
+    const warning = s.tjGetErrorCode(this.#handle) === TJERR_WARNING;
+    // A decompressor that failed inside a header keeps that state (libjpeg-turbo 2.1): the
+    // next file then fails with this file's error. A fresh one decodes it.
+    s.tjDestroy(this.#handle);
+    this.#handle = s.tjInitDecompress();
+    if (this.#handle === null) {
+      throw new Error("Cannot start a TurboJPEG decompressor: tjInitDecompress returned NULL");
+    }
+    return { message, warning };
   }
 
   /** The size and colour space of a JPEG. */
@@ -158,27 +167,32 @@ export class TurboJpeg {
       target = new Uint8Array(n * 4);
       format = TJPF_CMYK;
     } else format = channels === 1 ? TJPF_GRAY : channels === 3 ? TJPF_RGB : TJPF_RGBA;
-    const rc = this.#lib.symbols.tjDecompress2(
-      this.#handle,
-      bytes as Uint8Array<ArrayBuffer>,
-      BigInt(bytes.length),
-      target as Uint8Array<ArrayBuffer>,
-      size.width,
-      0,
-      size.height,
-      format,
-      0,
-    );
-    if (rc !== 0) {
-      const e = this.#error();
+    const run = (flags: number) =>
+      this.#lib.symbols.tjDecompress2(
+        this.#handle,
+        bytes as Uint8Array<ArrayBuffer>,
+        BigInt(bytes.length),
+        target as Uint8Array<ArrayBuffer>,
+        size.width,
+        0,
+        size.height,
+        format,
+        flags,
+      );
+    // Stop at the first warning: TurboJPEG reports any error after a warning as a warning too
+    // (with that error's message), so only the first one says what happened.
+    if (run(TJFLAG_STOPONWARNING) !== 0) {
+      const first = this.#error();
       // libjpeg reports a truncated file as a warning and fills the rest grey: refuse it,
-      // as Pillow does. Other warnings (extraneous bytes before a marker) leave good pixels.
-      if (!e.warning || /premature end|corrupt|bad huffman/i.test(e.message)) {
-        throw new ImageDecodeError(
-          /premature end/i.test(e.message)
-            ? `JPEG data is truncated (${e.message})`
-            : `JPEG data is corrupt (${e.message})`,
-        );
+      // as Pillow does; likewise corrupt data.
+      if (!first.warning || /premature end|corrupt|bad huffman/i.test(first.message)) {
+        throw decodeError(first.message);
+      }
+      // Other warnings (an inconsistent progression, an unknown JFIF version) leave good
+      // pixels: decode through them, refusing anything else that goes wrong.
+      if (run(0) !== 0) {
+        const e = this.#error();
+        if (!e.warning || e.message !== first.message) throw decodeError(e.message);
       }
     }
     if (cmyk) cmykToChannels(target, dst, n, channels);
@@ -252,6 +266,14 @@ export class TurboJpeg {
   [Symbol.dispose](): void {
     this.dispose();
   }
+}
+
+function decodeError(message: string): ImageDecodeError {
+  return new ImageDecodeError(
+    /premature end/i.test(message)
+      ? `JPEG data is truncated (${message})`
+      : `JPEG data is corrupt (${message})`,
+  );
 }
 
 /** Whether a JPEG colour space needs the CMYK conversion. */

@@ -72,12 +72,13 @@ function serve(lib: MpiLibrary, m: Init): void {
       comm,
       lib.c.statusIgnore,
     );
-    const answer = new Int32Array([m.rank, Atomics.load(progress, 0), Atomics.load(progress, 1)]);
+    // [rank, MPI collectives issued, completed, NCCL collectives issued, completed]
+    const answer = new Int32Array([m.rank, ...[0, 1, 2, 3].map((i) => Atomics.load(progress, i))]);
     const request = new Int32Array(4);
     pending.push(answer, request);
     lib.fn.MPI_Isend(
       Deno.UnsafePointer.of(answer),
-      3,
+      5,
       lib.c.int,
       from,
       TAG_REPLY,

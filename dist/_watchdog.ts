@@ -33,7 +33,8 @@ export class Responder {
    * @param lib The MPI library.
    * @param comm The watchdog's communicator.
    * @param rank This rank.
-   * @param progress `[issued, completed]` collectives of this rank, kept current by the group.
+   * @param progress `[issued, completed]` MPI collectives of this rank, then the same of its
+   *   NCCL collectives, kept current by the group.
    */
   constructor(lib: MpiLibrary, comm: Handle, rank: number, progress: Int32Array) {
     this.#worker = new Worker(new URL("./_responder_worker.ts", import.meta.url), {
@@ -71,6 +72,8 @@ export interface Stalled {
   seq: number;
   op: string;
   timeoutMs: number;
+  /** Whose sequence `seq` counts: the group's MPI collectives (default) or its NCCL ones. */
+  engine?: "mpi" | "nccl";
 }
 
 /**
@@ -101,7 +104,8 @@ export function diagnoseTimeout(lib: MpiLibrary, comm: Handle, s: Stalled): stri
   const answers = new Map<number, { issued: number; completed: number }>();
   const flag = new Int32Array(1);
   const status = new Int32Array(8);
-  const reply = new Int32Array(3);
+  const reply = new Int32Array(5);
+  const at = s.engine === "nccl" ? 3 : 1;
   const deadline = Date.now() + ANSWER_MS;
   while (answers.size < s.size - 1 && Date.now() < deadline) {
     f.MPI_Iprobe(lib.c.anySource, TAG_REPLY, comm, flag, status);
@@ -112,14 +116,14 @@ export function diagnoseTimeout(lib: MpiLibrary, comm: Handle, s: Stalled): stri
     const from = status[lib.c.statusSourceIndex];
     f.MPI_Recv(
       Deno.UnsafePointer.of(reply),
-      3,
+      5,
       lib.c.int,
       from,
       TAG_REPLY,
       comm,
       lib.c.statusIgnore,
     );
-    answers.set(reply[0], { issued: reply[1], completed: reply[2] });
+    answers.set(reply[0], { issued: reply[at], completed: reply[at + 1] });
   }
   const notIssued: string[] = [], silent: string[] = [], waiting: number[] = [];
   for (let r = 0; r < s.size; r++) {

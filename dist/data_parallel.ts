@@ -6,7 +6,8 @@
  */
 
 import { refuseUnknownKeys } from "../internal/options.ts";
-import type { Tensor } from "../ffi/tensor.ts";
+import { Tensor } from "../ffi/tensor.ts";
+import { add } from "../ops/combine.ts";
 import { type BackwardOptions, Module } from "../nn/module.ts";
 import type { Parameter } from "../nn/parameter.ts";
 import type { ProcessGroup } from "./process_group.ts";
@@ -28,8 +29,10 @@ interface Slot {
   param: Parameter;
   offset: number;
   numel: number;
-  /** The gradient's memory, typed (f16 or f32), made once the model is on its device. */
-  view: Float32Array | Float16Array;
+  /** The gradient's memory, typed (f16 or f32); null for a CUDA model (reduced in place). */
+  view: Float32Array | Float16Array | null;
+  /** CUDA models under noSync: the sum of the gradients of the backwards so far. */
+  sum: Tensor | null;
   /** The backward during which this gradient was last reported ready. */
   readyAt: number;
   /** Its bucket's index. */
@@ -38,6 +41,7 @@ interface Slot {
 
 interface Bucket {
   index: number;
+  /** The packed gradients (cpu models; CUDA models' gradients are reduced in place). */
   flat: Float32Array;
   slots: Slot[];
   ready: number;
@@ -103,12 +107,17 @@ function checkSameModel(model: Module, group: ProcessGroup): void {
  *
  * - At construction, rank 0's parameters and buffers are broadcast, after checking that
  *   every rank's model has the same parameters and shapes (naming the first difference).
- * - Gradients are packed into fp32 buckets in reverse layer order; each bucket is
- *   all-reduced, asynchronously, as soon as backward wrote its last gradient (the model's
+ * - Gradients are grouped into buckets in reverse layer order; each bucket is all-reduced,
+ *   asynchronously, as soon as backward wrote its last gradient (the model's
  *   {@linkcode Module.registerGradReadyHook}), so the reduction of the last layers overlaps
  *   with the back-propagation through the first. `backward` returns once every bucket was
- *   reduced and its average written back into the gradients (fp16 gradients are averaged in
- *   fp32 and rounded once).
+ *   reduced and its average is in the gradients.
+ * - A cpu model's buckets are packed into fp32 and reduced over MPI (fp16 gradients are
+ *   averaged in fp32 and rounded once). A CUDA model needs a group with the nccl backend:
+ *   each bucket's gradients are averaged in place, in their own dtype, by one NCCL group call
+ *   on the group's communication stream, which waits for an event recorded on the current
+ *   stream after the bucket's last gradient, so the reduction overlaps with the rest of
+ *   backward on the device.
  * - Under mixed precision the {@linkcode GradScaler}'s found-inf decision is the same on
  *   every rank: the averaged gradients are bit-identical across ranks, and an inf or NaN on
  *   any rank propagates into the average, so every rank skips the same steps (PyTorch's DDP
@@ -147,14 +156,17 @@ export class DataParallel extends Module {
   #hook: Disposable;
   #pass = 0;
   #noSync = 0;
+  #onDevice: boolean;
 
   /**
    * Wraps `model` (already on its device) and broadcasts rank 0's weights.
    *
-   * @param model The model, the same on every rank, on a cpu device.
+   * @param model The model, the same on every rank, on a cpu device, or a CUDA device with a
+   *   group of the nccl backend.
    * @param group The ranks.
    * @param options Bucket size, buffer broadcast.
-   * @throws {TypeError} When the model is not on a cpu device, or on an unknown option.
+   * @throws {TypeError} When the model's device does not fit the group's backend, or on an
+   *   unknown option.
    * @throws {RangeError} When the ranks' models differ (naming the first difference) or the
    *   bucket size is not positive.
    */
@@ -169,10 +181,11 @@ export class DataParallel extends Module {
     if (!model.device) {
       throw new TypeError(`Cannot ${action}: the model is not on a device (call to() first)`);
     }
-    if (model.device.kind !== "cpu") {
+    this.#onDevice = model.device.kind !== "cpu";
+    if (this.#onDevice && group.backend !== "nccl") {
       throw new TypeError(
         `Cannot ${action}: the model is on ${model.device}; the mpi backend reduces cpu-device ` +
-          `memory`,
+          `memory: create the group with { backend: "nccl" } for CUDA models`,
       );
     }
     this.module = model;
@@ -198,7 +211,7 @@ export class DataParallel extends Module {
       if (current.length === 0) return;
       const bucket: Bucket = {
         index: this.#buckets.length,
-        flat: new Float32Array(size),
+        flat: new Float32Array(this.#onDevice ? 0 : size),
         slots: current,
         ready: 0,
         packedAt: -1,
@@ -216,7 +229,8 @@ export class DataParallel extends Module {
         param: p,
         offset: size,
         numel: p.numel,
-        view: gradView(p),
+        view: this.#onDevice ? null : gradView(p),
+        sum: null,
         readyAt: -1,
         bucket: this.#buckets.length,
       };
@@ -260,7 +274,9 @@ export class DataParallel extends Module {
     for (const b of this.#buckets) {
       b.work!.waitSync();
       b.work = null;
-      for (const s of b.slots) s.view.set(b.flat.subarray(s.offset, s.offset + s.numel));
+      if (!this.#onDevice) {
+        for (const s of b.slots) s.view!.set(b.flat.subarray(s.offset, s.offset + s.numel));
+      }
       b.ready = 0;
     }
     return dx;
@@ -286,12 +302,16 @@ export class DataParallel extends Module {
   #launch(b: Bucket): void {
     b.packedAt = this.#pass;
     b.ready = 0;
+    if (this.#onDevice) {
+      this.#launchOnDevice(b);
+      return;
+    }
     for (const s of b.slots) {
       if (b.accumulated) {
-        const f = b.flat, v = s.view, o = s.offset;
+        const f = b.flat, v = s.view!, o = s.offset;
         for (let i = 0; i < s.numel; i++) f[o + i] += v[i];
       } else {
-        b.flat.set(s.view, s.offset);
+        b.flat.set(s.view!, s.offset);
       }
     }
     if (this.#noSync > 0) {
@@ -300,6 +320,28 @@ export class DataParallel extends Module {
     }
     b.accumulated = false;
     b.work = this.group.allReduceAsync(b.flat, { op: "avg" });
+  }
+
+  /** #launch for a CUDA model: device-side accumulation, then one NCCL group in place. */
+  #launchOnDevice(b: Bucket): void {
+    const device = this.device!;
+    for (const s of b.slots) {
+      const g = s.param.grad;
+      if (this.#noSync > 0 && !b.accumulated) {
+        s.sum ??= Tensor.empty(device, [...g.shape], g.dtype);
+        s.sum.buffer.copyFrom(g.buffer, { stream: device.currentStream });
+      } else if (this.#noSync > 0) {
+        add(s.sum!, g, s.sum!);
+      } else if (b.accumulated) {
+        add(g, s.sum!, g);
+      }
+    }
+    if (this.#noSync > 0) {
+      b.accumulated = true;
+      return;
+    }
+    b.accumulated = false;
+    b.work = this.group._allReduceTensorsAsync(b.slots.map((s) => s.param.grad), "avg");
   }
 
   /**
@@ -347,5 +389,9 @@ export class DataParallel extends Module {
    */
   override dispose(): void {
     this.#hook[Symbol.dispose]();
+    for (const s of this.#slots.values()) {
+      s.sum?.dispose();
+      s.sum = null;
+    }
   }
 }

@@ -1,3 +1,5 @@
+// Over 800 lines: one class whose every collective exists blocking and asynchronous, each with
+// its documentation and runnable example.
 /**
  * `ProcessGroup`: the processes of a data-parallel job and their collectives (all-reduce,
  * broadcast, all-gather, reduce-scatter, barrier) over MPI, each blocking or asynchronous.
@@ -6,7 +8,6 @@
  */
 
 import { refuseUnknownKeys } from "../internal/options.ts";
-import type { Tensor } from "../ffi/tensor.ts";
 import { addr, resolve } from "./_buffers.ts";
 import { Work } from "./work.ts";
 import { handleValue, mpiErrorString, type MpiLibrary, openMpi, readHandle } from "./_mpi.ts";
@@ -21,7 +22,9 @@ import {
 } from "./_protocol.ts";
 import { type LaunchEnv, launchEnv } from "./launch_env.ts";
 import { diagnoseTimeout, Responder } from "./_watchdog.ts";
-import { openNccl } from "./_nccl.ts";
+import { type NcclLibrary, openNccl } from "./_nccl.ts";
+import { NcclComm } from "./_nccl_comm.ts";
+import { Tensor } from "../ffi/tensor.ts";
 
 /** The memory a collective reads and writes: a typed array (any backing) or a cpu tensor. */
 export type CollectiveBuffer = Float32Array | Float16Array | Int32Array | Tensor;
@@ -35,8 +38,9 @@ export type ReduceOp = "sum" | "avg" | "max" | "min";
 /** Options of {@linkcode ProcessGroup.init}. */
 export interface ProcessGroupOptions {
   /**
-   * The collective engine: "mpi" (the default) for host and cpu-device memory. "nccl", for
-   * CUDA device memory, only finds NCCL so far and says what is missing.
+   * The collective engine: "mpi" (the default) for host and cpu-device memory; "nccl" adds
+   * NCCL for CUDA tensors (host memory still goes over MPI, which also carries NCCL's unique
+   * id). See docs/distributed.md.
    */
   backend?: "mpi" | "nccl";
   /**
@@ -103,7 +107,7 @@ export class ProcessGroup implements Disposable {
   /** The number of processes. */
   readonly size: number;
   /** The collective engine. */
-  readonly backend: "mpi";
+  readonly backend: "mpi" | "nccl";
   /** The MPI library in use ("openmpi" or "mpich"), or null in a group of one. */
   readonly mpi: "openmpi" | "mpich" | null;
   /** The collective timeout. */
@@ -117,17 +121,19 @@ export class ProcessGroup implements Disposable {
   #responder: Responder | null = null;
   #results = new Int32Array(new SharedArrayBuffer(SLOTS * 2 * 4));
   #sigs: Int32Array;
-  /** [issued, completed] collectives, read by the watchdog responder. */
-  #progress = new Int32Array(new SharedArrayBuffer(8));
+  /** [issued, completed] MPI collectives, then NCCL ones, read by the watchdog responder. */
+  #progress = new Int32Array(new SharedArrayBuffer(16));
   #seq = 0;
   #failed: Error | null = null;
   #disposed = false;
   #ownsInit = false;
   #onUnload: (() => void) | null = null;
+  #ncclLib: NcclLibrary | null = null;
+  #nccl: NcclComm | null = null;
 
   private constructor(
     env: LaunchEnv,
-    options: { backend: "mpi"; timeoutMs: number; debug: boolean },
+    options: { backend: "mpi" | "nccl"; timeoutMs: number; debug: boolean },
   ) {
     this.rank = env.rank;
     this.size = env.size;
@@ -234,16 +240,7 @@ export class ProcessGroup implements Disposable {
   static init(options: ProcessGroupOptions = {}): ProcessGroup {
     refuseUnknownKeys(options ?? {}, ["backend", "timeoutMs", "debug", "env"], "create a group");
     const backend = options.backend ?? "mpi";
-    if (backend === "nccl") {
-      const nccl = openNccl();
-      nccl.close();
-      throw new Error(
-        `Cannot create a ProcessGroup with the nccl backend: NCCL ${nccl.version} was found at ` +
-          `${nccl.path}, but pinstream's nccl backend is not implemented yet; use the mpi ` +
-          `backend with cpu-device tensors`,
-      );
-    }
-    if (backend !== "mpi") {
+    if (backend !== "mpi" && backend !== "nccl") {
       throw new TypeError(
         `Cannot create a ProcessGroup: unknown backend ${JSON.stringify(backend)}`,
       );
@@ -254,7 +251,71 @@ export class ProcessGroup implements Disposable {
     }
     const env = options.env ?? ((n: string) => Deno.env.get(n));
     const debug = options.debug ?? env("PINSTREAM_DIST_DEBUG") === "1";
-    return new ProcessGroup(launchEnv(env), { backend, timeoutMs, debug });
+    // The library first: a missing NCCL fails before MPI starts.
+    const lib = backend === "nccl" ? openNccl() : null;
+    try {
+      const group = new ProcessGroup(launchEnv(env), { backend, timeoutMs, debug });
+      group.#ncclLib = lib;
+      return group;
+    } catch (err) {
+      lib?.close();
+      throw err;
+    }
+  }
+
+  /** The NCCL communicator for `t`'s device, made by the first collective on a CUDA tensor. */
+  #device(t: CollectiveBuffer, action: string): NcclComm | null {
+    if (!(t instanceof Tensor) || t.device.kind !== "cuda") return null;
+    this.#usable(action);
+    if (this.#ncclLib === null) {
+      throw new TypeError(
+        `Cannot ${action}: the tensor is on ${t.device}; the mpi backend reduces host memory ` +
+          `and cpu tensors: create the group with { backend: "nccl" } for CUDA tensors`,
+      );
+    }
+    if (this.#nccl !== null) {
+      if (this.#nccl.device !== t.device) {
+        throw new TypeError(
+          `Cannot ${action}: the tensor is on ${t.device}, the group's NCCL communicator on ` +
+            `${this.#nccl.device} (one device a process)`,
+        );
+      }
+      return this.#nccl;
+    }
+    // Rank 0 makes the id; MPI carries it to the others (every rank reaches this point in
+    // the same collective).
+    const id = this.rank === 0 ? NcclComm.uniqueId(this.#ncclLib) : new Uint8Array(128);
+    if (this.size > 1) this.broadcast(new Int32Array(id.buffer), { root: 0 });
+    this.#nccl = new NcclComm(this.#ncclLib, t.device, this.rank, this.size, id, {
+      timeoutMs: this.timeoutMs,
+      progress: this.#progress,
+      // Past the timeout, the MPI watchdog asks the other ranks how far their NCCL got.
+      diagnose: this.#lib === null
+        ? null
+        : (seq, op) =>
+          diagnoseTimeout(this.#lib!, this.#watchComm!, {
+            rank: this.rank,
+            size: this.size,
+            seq,
+            op,
+            timeoutMs: this.timeoutMs,
+            engine: "nccl",
+          }),
+    });
+    return this.#nccl;
+  }
+
+  /**
+   * @internal All-reduces CUDA tensors in place as one NCCL group (DataParallel's buckets).
+   *
+   * @param tensors Tensors on the group's CUDA device.
+   * @param op The reduction.
+   * @returns The collective in flight.
+   */
+  _allReduceTensorsAsync(tensors: readonly Tensor[], op: ReduceOp): Work {
+    const action = "all-reduce";
+    if (tensors.length === 0) return this.barrierAsync();
+    return this.#device(tensors[0], action)!.allReduce(tensors, op, action);
   }
 
   #usable(action: string): void {
@@ -355,6 +416,8 @@ export class ProcessGroup implements Disposable {
     if (!["sum", "avg", "max", "min"].includes(op)) {
       throw new TypeError(`Cannot ${action}: op must be sum, avg, max or min, got ${String(op)}`);
     }
+    const dev = this.#device(buf, action);
+    if (dev) return dev.allReduce([buf as Tensor], op, action);
     const b = resolve(buf, action, "the buffer");
     if (op === "avg" && b.dtype === "i32") {
       throw new TypeError(`Cannot ${action}: avg of i32 would round; reduce with sum instead`);
@@ -440,6 +503,8 @@ export class ProcessGroup implements Disposable {
     if (!Number.isInteger(root) || root < 0 || root >= this.size) {
       throw new RangeError(`Cannot broadcast: root must be a rank below ${this.size}, got ${root}`);
     }
+    const dev = this.#device(buf, action);
+    if (dev) return dev.broadcast(buf as Tensor, root);
     const b = resolve(buf, action, "the buffer");
     return this.#issue(
       {
@@ -498,6 +563,8 @@ export class ProcessGroup implements Disposable {
   #allGather(input: CollectiveBuffer, output: CollectiveBuffer, async: boolean): Work {
     const action = "all-gather";
     this.#usable(action);
+    const dev = this.#device(input, action);
+    if (dev) return dev.allGather(input as Tensor, output as Tensor);
     const i = resolve(input, action, "the input");
     const o = resolve(output, action, "the output");
     if (i.dtype !== o.dtype || o.count !== i.count * this.size) {
@@ -576,6 +643,8 @@ export class ProcessGroup implements Disposable {
     if (!["sum", "avg", "max", "min"].includes(op)) {
       throw new TypeError(`Cannot ${action}: op must be sum, avg, max or min, got ${String(op)}`);
     }
+    const dev = this.#device(input, action);
+    if (dev) return dev.reduceScatter(input as Tensor, output as Tensor, op);
     const i = resolve(input, action, "the input");
     const o = resolve(output, action, "the output");
     if (i.dtype !== o.dtype || i.count !== o.count * this.size) {
@@ -729,6 +798,13 @@ export class ProcessGroup implements Disposable {
   dispose(): void {
     if (this.#disposed) return;
     this.#disposed = true;
+    this.#nccl?.dispose();
+    // MPI's finalize would wait for the ranks that made NCCL fail.
+    this.#failed ??= this.#nccl?.failure ?? null;
+    this.#nccl = null;
+    // The NCCL library stays loaded: an aborted communicator's collectives may still be queued
+    // on a stream, and NCCL's own threads outlive its communicators.
+    this.#ncclLib = null;
     if (this.#worker === null) return;
     if (this.#onUnload) globalThis.removeEventListener("unload", this.#onUnload);
     if (!this.#failed && this.#seq > 0) {

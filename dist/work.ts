@@ -5,7 +5,15 @@
  * @module
  */
 
-import type { CollectiveOp, ProcessGroup } from "./process_group.ts";
+import type { CollectiveOp } from "./process_group.ts";
+
+/** @internal What runs a Work's collective: the group's MPI thread, or an NCCL communicator. */
+export interface WorkOwner {
+  _query(work: Work): boolean;
+  _waitSync(work: Work): number;
+  _wait(work: Work): Promise<number>;
+  _failure(work: Work, status: number): Error;
+}
 
 /**
  * A collective in flight: wait on it with {@linkcode Work.wait} (the event loop keeps
@@ -29,7 +37,7 @@ export class Work {
   readonly seq: number;
   /** The collective's name. */
   readonly op: CollectiveOp;
-  #group: ProcessGroup;
+  #group: WorkOwner;
   #finish: (() => void) | null;
   #done = false;
   #error: Error | null = null;
@@ -38,7 +46,7 @@ export class Work {
 
   /** @internal Made by the group. */
   constructor(
-    group: ProcessGroup,
+    group: WorkOwner,
     seq: number,
     op: CollectiveOp,
     finish: (() => void) | null,

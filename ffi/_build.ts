@@ -67,6 +67,7 @@ export const SOURCES: {
     "emu/include/ps_emu.h",
     "emu/include/cuda_runtime.h",
     "emu/include/cuda_fp16.h",
+    "emu/include/cuda_bf16.h",
     "emu/include/mma.h",
     "emu/include/cuda_pipeline.h",
     "emu/internal.h",

@@ -516,6 +516,33 @@ export class Device extends Resource {
     return { allocations: Number(a[0]), streams: Number(s[0]), events: Number(e[0]) };
   }
 
+  /**
+   * How many memory allocations this device's backend library has made inside its own calls
+   * since it was loaded (a process-wide counter): the scratch a call keeps for the next ones
+   * growing, and CUDA's stream-ordered scratch for a single call. A steady training step adds
+   * none (docs/training_step.md).
+   *
+   * @returns The count so far; subtract two readings for an interval.
+   *
+   * @example
+   * ```ts
+   * import { Conv2d, Device, Tensor } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using dev = Device.open("cpu");
+   * using conv = new Conv2d(3, 8, { padding: 1 }).to(dev);
+   * using x = Tensor.fromHost(dev, new Float16Array(2 * 3 * 8 * 8), [2, 3, 8, 8]);
+   * conv.forward(x); // the first call of a size may grow the scratch the library keeps
+   * const before = dev.scratchAllocations();
+   * conv.forward(x);
+   * assert.strictEqual(dev.scratchAllocations(), before);
+   * ```
+   */
+  scratchAllocations(): number {
+    const out = new BigInt64Array(1);
+    this.check(this.lib.symbols.ps_scratch_allocations(out), "count scratch allocations");
+    return Number(out[0]);
+  }
+
   /** "cuda:0", "cpu:0". */
   override toString(): string {
     return `${this.kind}:${this.index}`;

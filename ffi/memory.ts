@@ -246,11 +246,62 @@ export class DeviceBuffer extends MemoryResource {
   /** The device address of the first byte (null for 0 bytes); for kernels, not for JS. */
   readonly pointer: Deno.PointerValue;
 
-  private constructor(device: Device, bytes: number, pointer: Deno.PointerValue) {
-    super("DeviceBuffer", device);
+  /** A view's memory belongs to the buffer it views, which frees it. */
+  readonly #view: boolean;
+
+  private constructor(
+    device: Device,
+    bytes: number,
+    pointer: Deno.PointerValue,
+    viewOf?: DeviceBuffer,
+  ) {
+    // A view is its buffer's child: disposing the buffer disposes its views.
+    super("DeviceBuffer", viewOf ?? device);
     this.device = device;
     this.bytes = bytes;
     this.pointer = pointer;
+    this.#view = viewOf !== undefined;
+  }
+
+  /**
+   * `bytes` bytes of this buffer from byte `offset`, as a buffer of their own: the same memory,
+   * nothing copied or allocated. Disposing the view frees nothing; disposing this buffer
+   * disposes its views.
+   *
+   * @param offset The first byte.
+   * @param bytes The view's size.
+   * @returns The view.
+   * @throws {Error} When this buffer is disposed.
+   * @throws {RangeError} When the range does not lie inside this buffer.
+   *
+   * @example
+   * ```ts
+   * import { Device, DeviceBuffer } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using dev = Device.open("cpu");
+   * const buf = DeviceBuffer.alloc(dev, 8);
+   * buf.fill(0);
+   * const tail = buf.view(4, 4);
+   * tail.fill(7);
+   * const out = new Uint8Array(8);
+   * buf.copyTo(out);
+   * assert.deepStrictEqual([...out], [0, 0, 0, 0, 7, 7, 7, 7]);
+   * buf.dispose();
+   * assert.ok(tail.disposed);
+   * ```
+   */
+  view(offset: number, bytes: number): DeviceBuffer {
+    const action = "take a view of a DeviceBuffer";
+    this.assertLive(action);
+    checkCount(offset, "offset", action);
+    checkCount(bytes, "bytes", action);
+    if (offset + bytes > this.bytes) {
+      throw new RangeError(
+        `Cannot ${action}: ${bytes} bytes at offset ${offset} overrun ${this.bytes} bytes`,
+      );
+    }
+    const pointer = bytes === 0 ? null : offsetPointer(this.pointer, offset);
+    return new DeviceBuffer(this.device, bytes, pointer, this);
   }
 
   /**
@@ -410,9 +461,9 @@ export class DeviceBuffer extends MemoryResource {
     );
   }
 
-  /** Frees the device memory. */
+  /** Frees the device memory (a view's belongs to its buffer). */
   protected release(): void {
-    if (this.pointer === null) return;
+    if (this.pointer === null || this.#view) return;
     noteDeviceMemory(String(this.device), -this.bytes);
     this.device.check(this.device.lib.symbols.ps_device_free(this.pointer), "free device memory");
   }

@@ -15,7 +15,7 @@
  */
 
 /** The ABI version this table matches (`PS_ABI_VERSION` in kernels/pinstream.h). */
-export const ABI_VERSION = 8;
+export const ABI_VERSION = 9;
 
 /** One C parameter: its name in kernels/pinstream.h and its FFI type. */
 export type Param = readonly [name: string, type: Deno.NativeType];
@@ -41,6 +41,7 @@ export const signatures = {
     params: [["allocations", "buffer"], ["streams", "buffer"], ["events", "buffer"]],
     result: "i32",
   },
+  ps_scratch_allocations: { params: [["out", "buffer"]], result: "i32" },
 
   // ---- devices
   ps_device_count: { params: [["out", "buffer"]], result: "i32" },
@@ -532,6 +533,7 @@ export const signatures = {
       ["grad_dtype", "i32"],
       ["momentum_buf", "pointer"],
       ["param_half", "pointer"],
+      ["half_dtype", "i32"],
       ["count", "i64"],
       ["lr", "f32"],
       ["momentum", "f32"],

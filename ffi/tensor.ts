@@ -12,14 +12,19 @@ import type { Device } from "./device.ts";
 import { DeviceBuffer, isPinnedMemory } from "./memory.ts";
 import type { Stream } from "./stream.ts";
 
-/** Element types: uint8 images, int32 labels, fp16 activations, fp32 master weights. */
-export type DType = "u8" | "i32" | "f16" | "f32";
+/**
+ * Element types: uint8 images, int32 labels, fp16 or bf16 activations, fp32 master weights.
+ * JavaScript has no bfloat16 array: a "bf16" tensor reads back ({@linkcode Tensor.toHost}) as
+ * a Float32Array, widened exactly, and is made on the device (ops `cast`, `zeros`, ...).
+ */
+export type DType = "u8" | "i32" | "f16" | "bf16" | "f32";
 
 /** Bytes per element of each dtype. */
 export const DTYPE_BYTES: Readonly<Record<DType, number>> = Object.freeze({
   u8: 1,
   i32: 4,
   f16: 2,
+  bf16: 2,
   f32: 4,
 });
 
@@ -28,6 +33,7 @@ export type HostArray<D extends DType = DType> = {
   u8: Uint8Array;
   i32: Int32Array;
   f16: Float16Array;
+  bf16: Float32Array;
   f32: Float32Array;
 }[D];
 
@@ -113,7 +119,7 @@ export class Tensor implements Disposable {
    *
    * @param device The device.
    * @param shape Dimensions, each a non-negative integer (`[]` is a scalar).
-   * @param dtype "u8", "i32", "f16" or "f32".
+   * @param dtype "u8", "i32", "f16", "bf16" or "f32".
    * @returns The tensor.
    * @throws {TypeError} When `dtype` is unknown or `shape` is not an array of numbers.
    * @throws {RangeError} When a dimension is negative or fractional.
@@ -132,7 +138,7 @@ export class Tensor implements Disposable {
     const action = "create a tensor";
     if (!(dtype in DTYPE_BYTES)) {
       throw new TypeError(
-        `Cannot ${action}: dtype must be u8, i32, f16 or f32, got ${describe(dtype)}`,
+        `Cannot ${action}: dtype must be u8, i32, f16, bf16 or f32, got ${describe(dtype)}`,
       );
     }
     const s = checkShape(shape, action);
@@ -181,6 +187,52 @@ export class Tensor implements Disposable {
     return t;
   }
 
+  /**
+   * Elements `start` to `start + length` of dimension 0, as a tensor over the same memory
+   * (PyTorch's `narrow` along the outermost dimension, where a slice stays contiguous). Writes
+   * through either are seen by the other. Disposing the result frees nothing; disposing this
+   * tensor disposes it.
+   *
+   * @param dim 0 (other dimensions would not be contiguous).
+   * @param start The first index along dimension 0.
+   * @param length How many.
+   * @returns The view, shaped `[length, ...shape.slice(1)]`.
+   * @throws {RangeError} When `dim` is not 0, the tensor is a scalar or the range does not fit.
+   * @throws {Error} When the tensor is disposed.
+   * @example
+   * ```ts
+   * import { Device, Tensor } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   * using dev = Device.open("cpu");
+   * using t = Tensor.fromHost(dev, new Int32Array([1, 2, 3, 4, 5, 6]), [3, 2]);
+   * const mid = t.narrow(0, 1, 1);
+   * assert.deepStrictEqual(mid.shape, [1, 2]);
+   * assert.deepStrictEqual([...await mid.toHost()], [3, 4]);
+   * ```
+   */
+  narrow(dim: number, start: number, length: number): Tensor {
+    const action = "narrow a tensor";
+    if (dim !== 0) {
+      throw new RangeError(`Cannot ${action}: only dimension 0 stays contiguous, got ${dim}`);
+    }
+    if (this.shape.length === 0) throw new RangeError(`Cannot ${action}: it is a scalar`);
+    checkCount(start, "start", action);
+    checkCount(length, "length", action);
+    if (start + length > this.shape[0]) {
+      throw new RangeError(
+        `Cannot ${action}: [${start}, ${start + length}) is outside dimension 0 of [${this.shape}]`,
+      );
+    }
+    const row = this.shape.slice(1).reduce((a, b) => a * b, 1), size = DTYPE_BYTES[this.dtype];
+    const buffer = this.buffer.view(start * row * size, length * row * size);
+    return new Tensor(
+      buffer,
+      Object.freeze([length, ...this.shape.slice(1)]),
+      length * row,
+      this.dtype,
+    );
+  }
+
   /** The device address of the first element, for kernels. @throws {Error} When disposed. */
   get pointer(): Deno.PointerValue {
     return this.buffer.pointerAt(0, "use a tensor");
@@ -196,7 +248,8 @@ export class Tensor implements Disposable {
    * blocking the event loop while waiting.
    *
    * @param options `stream`: where the tensor's producers ran (default: the default stream).
-   * @returns A Uint8Array, Int32Array, Float16Array or Float32Array by dtype.
+   * @returns A Uint8Array, Int32Array, Float16Array or Float32Array by dtype (bf16: a
+   *   Float32Array of the exact values).
    * @throws {Error} When the tensor is disposed.
    * @throws {PinstreamError} When queued work failed.
    */
@@ -207,6 +260,14 @@ export class Tensor implements Disposable {
     // Wait first (off-thread), so the copy below never blocks the JS thread behind queued
     // work: on CUDA a copy into pageable memory returns only once it is done.
     await stream.synchronize();
+    if (this.dtype === "bf16") {
+      const bits = new Uint16Array(this.numel);
+      this.buffer.copyTo(bits, { stream });
+      await stream.synchronize();
+      const wide = new Uint32Array(this.numel);
+      for (let i = 0; i < bits.length; i++) wide[i] = bits[i] << 16;
+      return new Float32Array(wide.buffer);
+    }
     const out = new ARRAYS[this.dtype](this.numel);
     this.buffer.copyTo(out, { stream });
     await stream.synchronize();

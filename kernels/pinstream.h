@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct layout; ffi/ refuses a mismatch. */
-#define PS_ABI_VERSION 8
+#define PS_ABI_VERSION 9
 
 /* ---- status codes ------------------------------------------------------------------- */
 #define PS_OK 0
@@ -65,6 +65,13 @@ PS_API const char *ps_last_error(void);
 /* Number of live allocations made through this library (host pinned, host registered,
  * device) and of live streams and events: the leak tests read it. */
 PS_API int ps_live_objects(int64_t *allocations, int64_t *streams, int64_t *events);
+
+/* Number of memory allocations the backend made inside its calls since the library was loaded:
+ * the scratch a call keeps for the next ones growing (CUDA: once per stream and larger size;
+ * CPU: once per calling thread and larger size) and stream-ordered scratch for one call. A
+ * steady training step adds none; the op-budget tests read it. The CPU thread pool's
+ * per-worker caches are not counted (which worker runs which part varies from call to call). */
+PS_API int ps_scratch_allocations(int64_t *out);
 
 /* ---- devices ------------------------------------------------------------------------- */
 
@@ -212,32 +219,35 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
 #define PS_IMAGE_MAX_CHANNELS 16
 
 /* int32 words of one sample's ps_image_augment record (the loader's `augment` field). */
-#define PS_IMAGE_PARAMS 9
-/* The grey that contrast blends toward, in byte units (the middle of [0, 255]). */
-#define PS_IMAGE_CONTRAST_CENTER 127.5f
+#define PS_IMAGE_PARAMS 11
 
 /* One fused pass over a batch of uint8 images, queued on `stream`: per-sample crop from the
  * image zero-padded by `pad` on every side, optional horizontal and vertical flips (after the
- * crop, as torchvision's RandomCrop then RandomHorizontalFlip / RandomVerticalFlip), brightness
- * then contrast (ColorJitter's blends, in a fixed order), per-channel normalize, cutout (a
- * square of zeros in the normalized output, as Cutout / RandomErasing after Normalize), cast;
- * NCHW out.
+ * crop, as torchvision's RandomCrop then RandomHorizontalFlip / RandomVerticalFlip),
+ * ColorJitter's four steps in a fixed order (contrast, brightness, saturation, hue: one of the
+ * orders torchvision's ColorJitter draws per call), per-channel normalize, cutout (a square of
+ * zeros in the normalized output, as Cutout / RandomErasing after Normalize), cast; NCHW out.
  *
  *   out[i][ch][y][x] = 0 (+0.0) when (y, x) is inside sample i's cutout square, else
- *                      cast(fp32(fp32(t * scale[ch]) + bias[ch]))
- *   t = clamp(fp32(fp32(u * ct) + cs)),  cs = fp32(fp32(1 - ct) * PS_IMAGE_CONTRAST_CENTER)
- *   u = clamp(fp32(float(v) * br)),      clamp(a) = a < 0 ? 0 : a > 255 ? 255 : a
+ *                      cast(fp32(fp32(t[ch] * scale[ch]) + bias[ch]))
+ *   t = mix(u) for 3-channel images (saturation, hue: ps_image_mix in kernels/rules.h), else u
+ *   u[ch] = clamp(fp32(a * br)),           a = clamp(fp32(fp32(v * ct) + cs))
+ *   cs = fp32(fp32(1 - ct) * m),           clamp(x) = x < 0 ? 0 : x > 255 ? 255 : x
+ *   m  = the sample's mean grey over its h x w crop window (after crop and flips, before any
+ *        colour step), exact integer sums rounded once (ps_image_grey_mean): for c == 3 the
+ *        mean of (2989 R + 5870 G + 1140 B) / 10000 (torchvision's rgb_to_grayscale weights),
+ *        otherwise the mean of every byte of the window
  *   v = pixel (ch, ys + dy - pad, xs + dx - pad) of image j, 0 outside the image,
  *   j = indices != NULL ? indices[i] : i,
  *   xs = flip ? w - 1 - x : x,  ys = vflip ? h - 1 - y : y
  *
  * Every operation is one fp32 rounding (never a fused multiply-add; rules.h writes them once)
  * and the cast to fp16 rounds to nearest even, so both backends give the same bits for the
- * same inputs. With br = ct = 1 the colour steps are exact identities (u = t = v), so they are
- * skipped. The caller computes scale = 1 / (255 * std), bias = -mean / std in fp32. Contrast
- * blends toward a fixed grey rather than torchvision's per-image mean grey (as DALI's
- * brightness_contrast does): a per-image mean needs a reduction over the whole transformed
- * image before its first output element, which a single pass cannot have.
+ * same inputs. With ct = br = sat = 1 and hue = 0 the colour steps are exact identities
+ * (t = v), so they are skipped; so is each step whose factor is the identity. The caller
+ * computes scale = 1 / (255 * std), bias = -mean / std in fp32. Contrast comes first so that
+ * its mean is a sum of the source bytes, exact in integers: on CUDA a pre-pass per batch (one
+ * block per sample with ct != 1) reduces each window into a mean, before the pixel pass.
  *
  * src:    device, uint8 images, contiguous; `layout` PS_IMAGE_NHWC or PS_IMAGE_NCHW. Without
  *         indices, the batch's n images (rows is ignored).
@@ -259,7 +269,10 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
  *                           cut_size - 1 below it, likewise columns, clipped to the image; a
  *                           value <= 0: no cutout
  *           [7] br, [8] ct  brightness and contrast factors, the bits of fp32 values (1.0f,
- *                           0x3f800000, leaves the image as it is).
+ *                           0x3f800000, leaves the image as it is)
+ *           [9] sat         saturation factor, fp32 bits (1.0f: off; 3-channel images only)
+ *           [10] hue        hue shift in turns, fp32 bits, torchvision's hue_factor in
+ *                           [-0.5, 0.5] (0.0f, 0x00000000: off; 3-channel images only).
  * scale, bias: HOST, c floats each (copied into the launch; c <= PS_IMAGE_MAX_CHANNELS).
  * out:    device, n x c x h x w, fp16 (out_dtype PS_IMAGE_F16) or fp32 (PS_IMAGE_F32).
  * flags:  0 or PS_IMAGE_SERIAL (other bits are refused).
@@ -344,15 +357,23 @@ PS_API int ps_image_geometry(const void *src, int64_t src_stride, int32_t n, int
 /* PS-SECTION nn: declarations added by the training work go here. */
 /*
  * Layout NCHW; fp32 accumulation everywhere; fp32 parameters where named "f32". Every pointer
- * is a device pointer. `*_dtype` arguments take PS_NN_F32 / PS_NN_F16; `dtype` is the one
- * element type of a kernel's activations, their gradients and (for matmul and the
- * convolutions) the weights it reads: fp16 for mixed-precision training, fp32 for the fp32
- * path. "act" below means elements of that dtype. "Overwrites" is the default; `accumulate` != 0 adds to the output.
+ * is a device pointer. `*_dtype` arguments take PS_NN_F32 / PS_NN_F16 / PS_NN_BF16; `dtype` is
+ * the one element type of a kernel's activations, their gradients and (for matmul and the
+ * convolutions) the weights it reads: fp16 or bf16 for mixed-precision training, fp32 for the
+ * fp32 path. "act" below means elements of that dtype. Wherever fp16 is named below, bf16
+ * works the same way ("half" means either). Every conversion from fp32 to fp16 or bf16
+ * rounds to nearest even (bf16: rules.h ps_bf16_from_f32, which both backends call), so an
+ * element-wise result has the same bits on both backends; sums (GEMM, convolutions, norms)
+ * accumulate in fp32 in each backend's own order. "Overwrites" is the default; `accumulate` != 0 adds to the output.
  * Shapes are int64 element counts; convolution output size is
  * OH = (H + 2*pad - kh) / stride + 1 (floor), likewise OW.
  */
 #define PS_NN_F32 0
 #define PS_NN_F16 1
+/* bfloat16: the top 16 bits of an fp32 (8 exponent bits, 7 fraction bits), fp32's range with
+ * 8 significant bits; NaN becomes the quiet NaN 0x7fc0 with its sign. Code 3: 2 is
+ * PS_FILL_I32. */
+#define PS_NN_BF16 3
 
 /* c[m,n] (+)= op(a) @ op(b). a: [m,k] row-major ([k,m] when trans_a), b: [k,n] ([n,k] when
  * trans_b), both act; c: [m,n] row-major, c_dtype. */
@@ -456,8 +477,9 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
                                int32_t dtype, float *loss_sum, int32_t *correct, int64_t n,
                                int64_t k, float scale, const float *device_scale, void *stream);
 
-/* dst = (dst_dtype) src, count elements; f16 <-> f32 (and same-type copies, with memmove's
- * semantics: src and dst may overlap). */
+/* dst = (dst_dtype) src, count elements; between any two of f32, f16 and bf16 (through
+ * fp32, rounded once), and same-type copies with memmove's semantics: src and dst may
+ * overlap. */
 PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype,
                       int64_t count, void *stream);
 
@@ -481,10 +503,11 @@ PS_API int ps_nn_binary(const void *a, const void *b, void *y, int32_t dtype, in
 #define PS_FILL_ARANGE 1   /* a + i * b (in double, then rounded) */
 #define PS_FILL_UNIFORM 2  /* a + (b - a) * u, u uniform in [0, 1) on a 2^-24 grid */
 #define PS_FILL_NORMAL 3   /* a + b * z, z standard normal (Box-Muller) */
-/* The dtype of an int32 fill (next to PS_NN_F32 and PS_NN_F16). */
+/* The dtype of an int32 fill (next to PS_NN_F32, PS_NN_F16 and PS_NN_BF16). */
 #define PS_FILL_I32 2
 
-/* Writes count elements of dtype (PS_NN_F32, PS_NN_F16 or PS_FILL_I32) computed on the device:
+/* Writes count elements of dtype (PS_NN_F32, PS_NN_F16, PS_NN_BF16 or PS_FILL_I32) computed on
+ * the device:
  * element i is a function of (mode, a, b, seed, offset + i) only, the same bits on every
  * backend, so a tensor is created where it lives, with nothing built on the host. Random modes
  * draw from a counter-based generator (seed, offset + i): filling [0, n) at offset k equals
@@ -507,17 +530,19 @@ PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count,
  *   g = grad * (1 / *scale if scale else 1) + weight_decay * param
  *   buf = (momentum_buf not yet used ? g : momentum * buf + (1 - dampening) * g)
  *   g = nesterov ? g + momentum * buf : buf            (when momentum != 0)
- *   param -= lr * g; param_half = (fp16) param        (param_half may be NULL)
+ *   param -= lr * g; param_half = (half_dtype) param  (param_half may be NULL)
  * Does nothing when found_inf != NULL and *found_inf != 0. "Not yet used" means
  * steps_done != NULL and *steps_done == 0 (PyTorch clones g into a fresh buffer); with
  * steps_done == NULL the buffer is taken as used (zero-initialized buffers give the same
  * result whenever dampening == 0). grad is grad_dtype; param, momentum_buf f32
- * (momentum_buf may be NULL when momentum == 0). */
+ * (momentum_buf may be NULL when momentum == 0); param_half is half_dtype (PS_NN_F16 or
+ * PS_NN_BF16; ignored when param_half is NULL). */
 PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype,
-                          float *momentum_buf, void *param_half, int64_t count, float lr,
-                          float momentum, float dampening, float weight_decay,
-                          int32_t nesterov, const float *scale, const int32_t *found_inf,
-                          const int32_t *steps_done, const float *hyper, void *stream);
+                          float *momentum_buf, void *param_half, int32_t half_dtype,
+                          int64_t count, float lr, float momentum, float dampening,
+                          float weight_decay, int32_t nesterov, const float *scale,
+                          const int32_t *found_inf, const int32_t *steps_done,
+                          const float *hyper, void *stream);
 /* *steps_done += 1 unless found_inf != NULL and *found_inf != 0 (after all sgd steps). */
 PS_API int ps_nn_step_count(int32_t *steps_done, const int32_t *found_inf, void *stream);
 
@@ -535,8 +560,9 @@ PS_API int ps_nn_scaler_update(float *scale, int32_t *growth_tracker, const int3
  * and kept: the pointers do not change between steps). The CUDA backend cannot read it on the
  * host, so it trusts it; the CPU backend checks every entry. max_count (>= every entry's count)
  * only sizes the launch. A parameter entry has PS_MT_SGD_FIELDS fields: param (f32), grad
- * (grad_dtype), momentum_buf (f32 or 0), param_half (fp16 or 0), count, grad_dtype. */
-#define PS_MT_SGD_FIELDS 6
+ * (grad_dtype), momentum_buf (f32 or 0), param_half (half_dtype or 0), count, grad_dtype,
+ * half_dtype (PS_NN_F16 or PS_NN_BF16). */
+#define PS_MT_SGD_FIELDS 7
 /* ps_nn_unscale_check over the grads of every entry, into one found_inf. */
 PS_API int ps_nn_multi_unscale_check(const int64_t *list, int32_t n, int64_t max_count,
                                      const float *scale, float inv_scale, int32_t in_place,

@@ -31,8 +31,17 @@
 /* ---- argument checks: 0 or the PS_ERR_* that the call returns ---------------------------- */
 
 PS_CHECK int ps_check_dtype(const char *fn, const char *what, int32_t dtype) {
-  if (dtype != PS_NN_F32 && dtype != PS_NN_F16) {
-    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad %s %d (PS_NN_F32 or PS_NN_F16)", fn, what,
+  if (dtype != PS_NN_F32 && dtype != PS_NN_F16 && dtype != PS_NN_BF16) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad %s %d (PS_NN_F32, PS_NN_F16 or PS_NN_BF16)", fn,
+                 what, (int)dtype);
+  }
+  return PS_OK;
+}
+
+/* A half-precision dtype: the element type of an optimizer's compute copy. */
+PS_CHECK int ps_check_half_dtype(const char *fn, const char *what, int32_t dtype) {
+  if (dtype != PS_NN_F16 && dtype != PS_NN_BF16) {
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: bad %s %d (PS_NN_F16 or PS_NN_BF16)", fn, what,
                  (int)dtype);
   }
   return PS_OK;
@@ -277,6 +286,54 @@ PS_RULE uint32_t ps_relu_grad_f32(uint32_t y, uint32_t dy) {
 /* An fp16 value that is inf or NaN (exponent bits all ones). */
 PS_RULE int ps_f16_nonfinite(uint16_t x) { return (x & 0x7c00u) == 0x7c00u; }
 
+/* ---- bf16 (PS_NN_BF16) ------------------------------------------------------------------ */
+
+/* The bits of an fp32 and back: a bf16 is the top half of them. */
+PS_RULE uint32_t ps_f32_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t x;
+  memcpy(&x, &f, sizeof x);
+  return x;
+#endif
+}
+PS_RULE float ps_bits_f32(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(x);
+#else
+  float f;
+  memcpy(&f, &x, sizeof f);
+  return f;
+#endif
+}
+
+/* fp32 -> bf16, rounded to nearest even: the low 16 bits decide, ties keep an even result.
+ * Subnormals round like any other value (no flush to zero); a value that rounds past the
+ * largest finite bf16 becomes inf; NaN becomes the quiet NaN 0x7fc0 with the input's sign.
+ * Both backends convert through this rule (never __float2bfloat16_rn or a CPU instruction,
+ * whose NaN and subnormal handling differ between generations), so the bits agree. */
+PS_RULE uint16_t ps_bf16_from_f32(float f) {
+  const uint32_t x = ps_f32_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(((x >> 16) & 0x8000u) | 0x7fc0u);
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+/* bf16 -> fp32, exact. */
+PS_RULE float ps_bf16_to_f32(uint16_t h) { return ps_bits_f32((uint32_t)h << 16); }
+
+/* ReLU and its gradient on bf16 bits: ps_relu_f32's decisions on the top half of an fp32
+ * (bf16 -0, negatives, -inf become +0; NaN payloads pass). */
+PS_RULE uint16_t ps_relu_bf16(uint16_t x) {
+  return ((x & 0x8000u) && (x & 0x7fffu) <= 0x7f80u) ? (uint16_t)0 : x;
+}
+PS_RULE uint16_t ps_relu_grad_bf16(uint16_t y, uint16_t dy) {
+  return (!(y & 0x8000u) && y != 0 && y <= 0x7f80u) ? dy : (uint16_t)0;
+}
+
+/* A bf16 value that is inf or NaN. */
+PS_RULE int ps_bf16_nonfinite(uint16_t x) { return (x & 0x7f80u) == 0x7f80u; }
+
 /* Max pooling without padding: output extent along an axis of `extent` pixels. */
 PS_RULE int64_t ps_pool_out(int64_t extent, int32_t kernel, int32_t stride) {
   return (extent - kernel) / stride + 1;
@@ -460,9 +517,10 @@ PS_CHECK int ps_check_gather(const char *fn, int64_t rows, int64_t row_bytes, in
 
 PS_CHECK int ps_check_fill(const char *fn, int32_t dtype, int64_t count, int32_t mode) {
   TRY(ps_check_count(fn, count));
-  if (dtype != PS_NN_F32 && dtype != PS_NN_F16 && dtype != PS_FILL_I32)
-    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: dtype %d is not PS_NN_F32, PS_NN_F16 or PS_FILL_I32",
-                 fn, (int)dtype);
+  if (dtype != PS_NN_F32 && dtype != PS_NN_F16 && dtype != PS_NN_BF16 && dtype != PS_FILL_I32)
+    PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT,
+                 "%s: dtype %d is not PS_NN_F32, PS_NN_F16, PS_NN_BF16 or PS_FILL_I32", fn,
+                 (int)dtype);
   if (mode < PS_FILL_CONSTANT || mode > PS_FILL_NORMAL)
     PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "%s: mode %d is not a PS_FILL_* mode", fn, (int)mode);
   if (dtype == PS_FILL_I32 && (mode == PS_FILL_UNIFORM || mode == PS_FILL_NORMAL))
@@ -520,7 +578,7 @@ PS_RULE PS_NO_CONTRACT float ps_fill_cos2pi(float x) {
   return -c;
 }
 
-/* Element i of a fill, as float (f16 rounds it once more, to nearest even). */
+/* Element i of a fill, as float (f16 and bf16 round it once more, to nearest even). */
 PS_RULE PS_NO_CONTRACT float ps_fill_value(int32_t mode, double a, double b, uint64_t seed,
                                            uint64_t i) {
   if (mode == PS_FILL_CONSTANT) return (float)a;
@@ -734,8 +792,12 @@ typedef struct ps_image_sample {
   int32_t oy, ox;                         /* crop offsets in the source (ps_image_offset) */
   int32_t flip, vflip;                    /* 0 or 1 */
   int32_t cut_y0, cut_y1, cut_x0, cut_x1; /* cutout rows [y0, y1), columns [x0, x1); or empty */
-  int32_t color;    /* brightness or contrast is not 1: the colour steps run */
-  float br, ct, cs; /* brightness, contrast and its shift (ps_image_contrast_shift) */
+  int32_t color; /* a colour factor is not the identity: the colour steps run */
+  int32_t mix;   /* saturation or hue is not the identity (they act on 3-channel images only) */
+  float ct, cs;  /* contrast and its shift (ps_image_contrast_shift, once the mean is known) */
+  float br;      /* brightness */
+  float sat, ks; /* saturation and 1 - saturation */
+  float hue6;    /* the hue shift in sextants (6 * the record's hue, in turns) */
 } ps_image_sample;
 
 /* The cutout's extent along an axis of `extent` pixels: [*lo, *hi), empty (0, 0) when
@@ -755,17 +817,46 @@ PS_RULE void ps_image_cutout_span(int32_t frac, int32_t size, int32_t extent, in
   *hi = (int32_t)(b > extent ? extent : b);
 }
 
-/* Contrast's per-sample constant: fp32(fp32(1 - ct) * PS_IMAGE_CONTRAST_CENTER), so that the
- * blend ct * u + (1 - ct) * centre is one multiply and one add per element (0 when ct = 1). */
-PS_RULE PS_NO_CONTRACT float ps_image_contrast_shift(float ct) {
+/* The contrast's grey weights, torchvision's rgb_to_grayscale (0.2989, 0.587, 0.114), as
+ * integers over PS_IMAGE_GREY_DIV for the exact per-image sum and as fp32 for a pixel's grey. */
+#define PS_IMAGE_GREY_R 2989
+#define PS_IMAGE_GREY_G 5870
+#define PS_IMAGE_GREY_B 1140
+#define PS_IMAGE_GREY_DIV 10000
+
+/* The rows or columns [*lo, *hi) of the source that an h- or w-long crop window at offset `o`
+ * (ps_image_offset, |o| <= extent) covers; empty when the window lies outside. */
+PS_RULE void ps_image_window(int32_t o, int32_t extent, int32_t *lo, int32_t *hi) {
+  *lo = o < 0 ? 0 : o;
+  *hi = o < 0 ? extent + o : extent;
+  if (*hi < *lo) *hi = *lo;
+}
+
+/* A 3-channel pixel's weighted grey sum for the per-image mean, exact in integers. */
+PS_RULE uint32_t ps_image_grey_weighted(uint32_t r, uint32_t g, uint32_t b) {
+  return PS_IMAGE_GREY_R * r + PS_IMAGE_GREY_G * g + PS_IMAGE_GREY_B * b;
+}
+
+/* The contrast's mean grey of one sample from the exact integer `sum` over its h x w crop
+ * window (pixels outside the image count as 0): with c == 3 the sum of ps_image_grey_weighted
+ * over the window, otherwise the sum of every byte of every channel. One double division of
+ * exact integers (both below 2^53), then one rounding to fp32: the same bits everywhere. */
+PS_RULE float ps_image_grey_mean(uint64_t sum, int32_t c, int32_t h, int32_t w) {
+  const double den = (double)h * (double)w * (c == 3 ? (double)PS_IMAGE_GREY_DIV : (double)c);
+  return (float)((double)sum / den);
+}
+
+/* Contrast's per-sample constant: fp32(fp32(1 - ct) * mean), so that the blend
+ * ct * v + (1 - ct) * mean is one multiply and one add per element (0 when ct = 1). */
+PS_RULE PS_NO_CONTRACT float ps_image_contrast_shift(float ct, float mean) {
   const float keep = PS_FSUB(1.0f, ct);
-  return PS_FMUL(keep, PS_IMAGE_CONTRAST_CENTER);
+  return PS_FMUL(keep, mean);
 }
 
 /* One sample's PS_IMAGE_PARAMS record (pinstream.h) as named words: a kernel reads it into
  * registers field by field, never into an indexed array. */
 typedef struct ps_image_record {
-  int32_t dy, dx, flip, vflip, cut_fy, cut_fx, cut_size, br_bits, ct_bits;
+  int32_t dy, dx, flip, vflip, cut_fy, cut_fx, cut_size, br_bits, ct_bits, sat_bits, hue_bits;
 } ps_image_record;
 
 /* The record of a batch without records: centred window (dy = dx = pad), nothing else. */
@@ -773,32 +864,40 @@ PS_RULE ps_image_record ps_image_record_plain(int32_t pad) {
   ps_image_record r;
   r.dy = r.dx = pad;
   r.flip = r.vflip = r.cut_fy = r.cut_fx = r.cut_size = 0;
-  r.br_bits = r.ct_bits = 0x3f800000; /* 1.0f */
+  r.br_bits = r.ct_bits = r.sat_bits = 0x3f800000; /* 1.0f */
+  r.hue_bits = 0;                                  /* 0.0f */
   return r;
 }
 
-/* Decodes record `r` of a batch with padding `pad` and images of h x w. */
-PS_RULE void ps_image_record_decode(ps_image_record r, int32_t pad, int32_t h, int32_t w,
-                                    ps_image_sample *s) {
+/* Decodes record `r` of a batch of c-channel h x w images with padding `pad`. The contrast's
+ * shift needs the sample's mean grey: cs is 0 here, and a kernel sets it
+ * (ps_image_contrast_shift) when ct != 1. */
+PS_RULE PS_NO_CONTRACT void ps_image_record_decode(ps_image_record r, int32_t pad, int32_t c,
+                                                   int32_t h, int32_t w, ps_image_sample *s) {
   s->flip = r.flip != 0;
   s->vflip = r.vflip != 0;
   ps_image_cutout_span(r.cut_fy, r.cut_size, h, &s->cut_y0, &s->cut_y1);
   ps_image_cutout_span(r.cut_fx, r.cut_size, w, &s->cut_x0, &s->cut_x1);
   s->br = ps_f32_from_bits(r.br_bits);
   s->ct = ps_f32_from_bits(r.ct_bits);
+  s->sat = ps_f32_from_bits(r.sat_bits);
+  s->ks = PS_FSUB(1.0f, s->sat);
+  s->hue6 = PS_FMUL(ps_f32_from_bits(r.hue_bits), 6.0f);
+  s->cs = 0.0f;
   /* dy - pad can overflow int32: ps_image_offset computes it in 64 bits and clamps. */
   s->oy = ps_image_offset(r.dy, pad, h);
   s->ox = ps_image_offset(r.dx, pad, w);
-  /* Factors of exactly 1 make both colour steps identities (ps_image_color), so skipping
-   * them changes no bit; a NaN factor is not 1 and runs them. */
-  s->color = !(s->br == 1.0f && s->ct == 1.0f);
-  s->cs = ps_image_contrast_shift(s->ct);
+  /* Factors of exactly 1 (and a hue shift of 0) are identities (ps_image_color,
+   * ps_image_mix), so skipping them changes no bit; a NaN factor is not 1 and runs them.
+   * Saturation and hue need three channels, as torchvision's (a grey image is left as is). */
+  s->mix = c == 3 && !(s->sat == 1.0f && s->hue6 == 0.0f);
+  s->color = !(s->br == 1.0f && s->ct == 1.0f) || s->mix;
 }
 
 /* Decodes sample `rec` (PS_IMAGE_PARAMS words, or NULL: centred window, nothing else) of a
- * batch with padding `pad` and images of h x w. */
-PS_RULE void ps_image_sample_decode(const int32_t *rec, int32_t pad, int32_t h, int32_t w,
-                                    ps_image_sample *s) {
+ * batch of c-channel h x w images with padding `pad`. */
+PS_RULE void ps_image_sample_decode(const int32_t *rec, int32_t pad, int32_t c, int32_t h,
+                                    int32_t w, ps_image_sample *s) {
   ps_image_record r = ps_image_record_plain(pad);
   if (rec != 0) {
     r.dy = rec[0];
@@ -810,19 +909,93 @@ PS_RULE void ps_image_sample_decode(const int32_t *rec, int32_t pad, int32_t h, 
     r.cut_size = rec[6];
     r.br_bits = rec[7];
     r.ct_bits = rec[8];
+    r.sat_bits = rec[9];
+    r.hue_bits = rec[10];
   }
-  ps_image_record_decode(r, pad, h, w, s);
+  ps_image_record_decode(r, pad, c, h, w, s);
 }
 
 /* ps_image_augment's clamp of a colour step to the byte range; NaN passes through. */
 PS_RULE float ps_image_clamp255(float a) { return a < 0.0f ? 0.0f : a > 255.0f ? 255.0f : a; }
 
-/* Brightness then contrast on one byte, each an fp32 multiply (and add) then a clamp:
- * u = clamp(byte * br), t = clamp(u * ct + cs). With br = ct = 1 (cs = 0): t = byte exactly. */
-PS_RULE PS_NO_CONTRACT float ps_image_color(uint32_t byte, float br, float ct, float cs) {
-  const float u = ps_image_clamp255(PS_FMUL((float)byte, br));
-  const float blended = PS_FMUL(u, ct);
-  return ps_image_clamp255(PS_FADD(blended, cs));
+/* Contrast then brightness on one byte, each an fp32 multiply (and add) then a clamp:
+ * a = clamp(byte * ct + cs), t = clamp(a * br). With ct = br = 1 (cs = 0): t = byte exactly. */
+PS_RULE PS_NO_CONTRACT float ps_image_color(uint32_t byte, float ct, float cs, float br) {
+  const float blended = PS_FMUL((float)byte, ct);
+  const float a = ps_image_clamp255(PS_FADD(blended, cs));
+  return ps_image_clamp255(PS_FMUL(a, br));
+}
+
+/* A pixel's grey for saturation, torchvision's rgb_to_grayscale weights in fp32:
+ * ((0.2989 r + 0.587 g) + 0.114 b), each product and sum rounded. */
+PS_RULE PS_NO_CONTRACT float ps_image_grey(float r, float g, float b) {
+  const float gr = PS_FMUL(0.2989f, r), gg = PS_FMUL(0.587f, g), gb = PS_FMUL(0.114f, b);
+  return PS_FADD(PS_FADD(gr, gg), gb);
+}
+
+/* Saturation then hue on one pixel (r, g, b: colour steps done, in [0, 255]), in place.
+ * Saturation (sat != 1): x = clamp(sat * x + (1 - sat) * grey), grey from ps_image_grey.
+ * Hue (hue6 != 0), in HSV with the hue in sextants [0, 6): mx, mn the largest and smallest
+ * channel, cr = mx - mn (a grey pixel, cr = 0, has no hue and is left as it is); the hue
+ * (g - b) / cr, 2 + (b - r) / cr or 4 + (r - g) / cr as r, g or b is the largest (in that
+ * order of ties), plus hue6, wrapped once into [0, 6); sextant i (the first of 1, 2, 3, 4, 5
+ * the hue is below, else 5), f = hue - i, q = mx - cr f, t = mn + cr f, and the pixel is
+ * (mx, t, mn), (q, mx, mn), (mn, mx, t), (mn, q, mx), (t, mn, mx) or (mx, mn, q), each clamped
+ * to [0, 255]. Value and saturation are kept, as torchvision's adjust_hue keeps them. */
+PS_RULE PS_NO_CONTRACT void ps_image_mix(const ps_image_sample *s, float *r, float *g, float *b) {
+  float x = *r, y = *g, z = *b;
+  if (s->sat != 1.0f) {
+    const float grey = PS_FMUL(ps_image_grey(x, y, z), s->ks);
+    x = ps_image_clamp255(PS_FADD(PS_FMUL(x, s->sat), grey));
+    y = ps_image_clamp255(PS_FADD(PS_FMUL(y, s->sat), grey));
+    z = ps_image_clamp255(PS_FADD(PS_FMUL(z, s->sat), grey));
+  }
+  if (s->hue6 != 0.0f) {
+    /* Comparisons rather than fmaxf: the same pick for NaN and signed zeros everywhere. */
+    float mx = x, mn = x;
+    if (y > mx) mx = y;
+    if (z > mx) mx = z;
+    if (y < mn) mn = y;
+    if (z < mn) mn = z;
+    const float cr = PS_FSUB(mx, mn);
+    if (cr > 0.0f) {
+      float hh;
+      if (mx == x) {
+        hh = PS_FDIV(PS_FSUB(y, z), cr);
+      } else if (mx == y) {
+        hh = PS_FADD(2.0f, PS_FDIV(PS_FSUB(z, x), cr));
+      } else {
+        hh = PS_FADD(4.0f, PS_FDIV(PS_FSUB(x, y), cr));
+      }
+      hh = PS_FADD(hh, s->hue6);
+      if (hh < 0.0f) hh = PS_FADD(hh, 6.0f);
+      if (hh >= 6.0f) hh = PS_FSUB(hh, 6.0f);
+      const float i = hh < 1.0f   ? 0.0f
+                      : hh < 2.0f ? 1.0f
+                      : hh < 3.0f ? 2.0f
+                      : hh < 4.0f ? 3.0f
+                      : hh < 5.0f ? 4.0f
+                                  : 5.0f;
+      const float d = PS_FMUL(cr, PS_FSUB(hh, i));
+      const float q = ps_image_clamp255(PS_FSUB(mx, d)), t = ps_image_clamp255(PS_FADD(mn, d));
+      if (i == 0.0f) {
+        x = mx, y = t, z = mn;
+      } else if (i == 1.0f) {
+        x = q, y = mx, z = mn;
+      } else if (i == 2.0f) {
+        x = mn, y = mx, z = t;
+      } else if (i == 3.0f) {
+        x = mn, y = q, z = mx;
+      } else if (i == 4.0f) {
+        x = t, y = mn, z = mx;
+      } else {
+        x = mx, y = mn, z = q;
+      }
+    }
+  }
+  *r = x;
+  *g = y;
+  *b = z;
 }
 
 /* Is output pixel (y, x) inside the sample's cutout square (written as +0.0)? */

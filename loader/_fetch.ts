@@ -26,6 +26,14 @@ export interface FetchDeadline {
   check(): void;
 }
 
+/**
+ * The synchronous dataset call running on this thread: set before a get(), a collate or a
+ * gather, cleared when it returns or throws. An event handler finds it set only when V8
+ * ended the call from outside (which runs no catch or finally), as it does to a worker at its
+ * heap limit; a worker's ping handler reports that.
+ */
+export const syncCall = { active: false, seq: -1, index: -1, call: "" };
+
 /** A sample's get() threw or rejected: its dataset index and the value thrown, as thrown. */
 export class SampleFailure {
   readonly index: number;
@@ -73,11 +81,16 @@ export async function fetchSamples(
   for (let k = 0; k < indices.length; k++) {
     const index = indices[k];
     let s: unknown;
+    syncCall.active = true;
+    syncCall.index = index;
+    syncCall.call = "get";
     try {
       s = dataset.get(index, sampleContext(at.seed, at.epoch, at.position + k, at.workerId));
     } catch (e) {
+      syncCall.active = false;
       throw new SampleFailure(index, e);
     }
+    syncCall.active = false;
     if (s instanceof Promise) {
       const settled = s.catch((e) => {
         throw new SampleFailure(index, e);

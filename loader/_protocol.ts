@@ -152,11 +152,22 @@ export interface CollateTask {
   pos: number;
 }
 
-export type ToWorker = InitMessage | CollateTask;
+/**
+ * A liveness probe: a worker whose event loop is free answers "pong" at once (see the probe in
+ * _transport_workers.ts).
+ */
+export interface Ping {
+  t: "ping";
+}
+
+export type ToWorker = InitMessage | CollateTask | Ping;
 
 export type FromWorker =
   | { t: "hello" }
   | { t: "ready" }
+  | { t: "pong" }
+  /** The worker's synchronous `call` (get(index), when index >= 0) of batch seq was ended. */
+  | { t: "killed"; seq: number; index: number; call: string }
   | { t: "b"; seq: number; value: unknown; busy: number }
   | {
     t: "e";

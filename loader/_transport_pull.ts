@@ -16,6 +16,7 @@ import {
   C_STOP,
   controlLayout,
   initControl,
+  W_GATHER,
   W_STOPPED,
   W_WAIT_SLOT,
   W_WAIT_TASK,
@@ -30,7 +31,12 @@ import {
   type Transport,
   type TransportHost,
 } from "./_transport.ts";
-import { type BatchMessage, type WorkerHandle, WorkerPool } from "./_transport_workers.ts";
+import {
+  type BatchMessage,
+  describeBatch,
+  type WorkerHandle,
+  WorkerPool,
+} from "./_transport_workers.ts";
 
 /** Workers pull tasks and free slots from a shared control block and gather into the ring. */
 export class PullTransport implements Transport {
@@ -65,6 +71,22 @@ export class PullTransport implements Transport {
       },
       (w, msg) => this.#onBatch(w, msg),
       (e) => host.fail(e),
+      {
+        busy: (w) =>
+          !this.#stopped &&
+          Atomics.load(this.control, this.#layout.worker + 2 * w.id) === W_GATHER,
+        describe: (seq) => {
+          const p = this.#pending.get(seq);
+          return p ? describeBatch(p.batch, p.plan.epoch, p.plan.batches[p.batch]) : `task ${seq}`;
+        },
+        // The control block does not say which task a worker took: name those in flight.
+        holding: () =>
+          `one of the batches in flight (${
+            [...this.#pending.values()].slice(0, 4).map((p) =>
+              describeBatch(p.batch, p.plan.epoch, p.plan.batches[p.batch])
+            ).join("; ")
+          })`,
+      },
     );
   }
 

@@ -9,7 +9,12 @@ import {
   type Transport,
   type TransportHost,
 } from "./_transport.ts";
-import { type BatchMessage, type WorkerHandle, WorkerPool } from "./_transport_workers.ts";
+import {
+  type BatchMessage,
+  describeBatch,
+  type WorkerHandle,
+  WorkerPool,
+} from "./_transport_workers.ts";
 
 /** Sends each batch's indices to a worker, which sends the batch back. */
 export class PushTransport implements Transport {
@@ -25,6 +30,22 @@ export class PushTransport implements Transport {
       {},
       (w, msg) => this.#onBatch(w, msg),
       (e) => host.fail(e),
+      {
+        busy: (w) => w.outstanding > 0,
+        describe: (seq) => {
+          const p = this.#pending.get(seq);
+          return p ? describeBatch(p.batch, p.plan.epoch, p.plan.batches[p.batch]) : `task ${seq}`;
+        },
+        holding: (w) => {
+          // A worker loads its batches in order: the oldest is the one it is on.
+          for (const p of this.#pending.values()) {
+            if (p.worker === w.id) {
+              return describeBatch(p.batch, p.plan.epoch, p.plan.batches[p.batch]);
+            }
+          }
+          return "no batch";
+        },
+      },
     );
   }
 

@@ -1,11 +1,24 @@
 // The workers of both worker transports: starting them, holding messages until each listens,
-// and turning a crash, an unexpected exit, an out-of-memory stop or a failed start into the
-// loader's failure. Batch results ("b", "e") go to the transport that owns the pool.
+// and turning a crash, an unexpected exit, an out-of-memory stop (reported by the worker's
+// heap guard, or found by the liveness probe) or a failed start into the loader's failure.
+// Batch results ("b", "e") go to the transport that owns the pool.
 
 import { Worker as NodeWorker } from "node:worker_threads";
 import type { FromWorker, InitMessage, ToWorker } from "./_protocol.ts";
 import { hash4, seedWords, STREAM_WORKER } from "../internal/random.ts";
 import { type EngineConfig, WorkerError } from "./_transport.ts";
+
+// The liveness probe. When V8 stops a worker at its heap limit inside a task, Deno 2.9
+// reports nothing (no 'error', no 'exit'): it ends the running call and the worker's event
+// loop goes on, its task lost. So a worker that holds work and has sent nothing for PROBE_MS
+// gets a ping; its answer says whether a synchronous dataset call is still marked as
+// running, which an event handler can only see when that call was ended from outside
+// (syncCall in _fetch.ts). A worker still inside the call answers when it returns.
+// Depending on where V8 ended the call, the worker may answer nothing ever again: one that
+// leaves a ping unanswered for SILENT_MS and used no CPU time meanwhile is taken for stopped
+// too (a get() blocked that long in one synchronous call, using no CPU, would be as well).
+const PROBE_MS = 500;
+const SILENT_MS = 5000;
 
 let liveWorkers = 0;
 /** Workers started by any DataLoader and not yet terminated. */
@@ -25,6 +38,40 @@ export interface WorkerHandle {
    * module has been fetched.
    */
   backlog: { m: ToWorker; transfer?: Transferable[] }[] | undefined;
+  /** performance.now() of its last message. */
+  lastHeard: number;
+  /** performance.now() when the unanswered ping went out (-1: none). */
+  pingedAt: number;
+  /** Its CPU time (user + system, microseconds) when the ping went out, once read. */
+  cpuAtPing: number;
+  /** Its CPU time at the last probe (-1: not read yet). */
+  cpuNow: number;
+}
+
+/** What the liveness probe needs of a transport. */
+export interface InFlight {
+  /** Whether `w` holds work (a batch sent and not back, a task taken). */
+  busy(w: WorkerHandle): boolean;
+  /** "batch B of epoch E (samples ...)" for a batch in flight. */
+  describe(seq: number): string;
+  /** What `w` is loading, described as by `describe`. */
+  holding(w: WorkerHandle): string;
+}
+
+interface CpuUsage {
+  user: number;
+  system: number;
+}
+
+/** "batch B of epoch E (samples i, j, ...)", at most 16 indices. */
+export function describeBatch(
+  batch: number,
+  epoch: number,
+  indices: ArrayLike<number>,
+): string {
+  const shown = Array.from(indices).slice(0, 16).join(", ");
+  const more = indices.length > 16 ? `, ... ${indices.length - 16} more` : "";
+  return `batch ${batch} of epoch ${epoch} (samples ${shown}${more})`;
 }
 
 /** A batch's result from a worker: its value ("b") or its error ("e"). */
@@ -39,6 +86,8 @@ export class WorkerPool {
   #cfg: EngineConfig;
   #fail: (error: Error) => void;
   #onBatch: (w: WorkerHandle, msg: BatchMessage) => void;
+  #inFlight: InFlight;
+  #probe: ReturnType<typeof setInterval>;
   #stopped = false;
 
   constructor(
@@ -46,11 +95,64 @@ export class WorkerPool {
     init: TransportInit,
     onBatch: (w: WorkerHandle, msg: BatchMessage) => void,
     fail: (error: Error) => void,
+    inFlight: InFlight,
   ) {
     this.#cfg = cfg;
     this.#onBatch = onBatch;
     this.#fail = fail;
+    this.#inFlight = inFlight;
     for (let id = 0; id < cfg.numWorkers; id++) this.#start(id, init);
+    this.#probe = setInterval(() => this.#ping(), PROBE_MS);
+    // The probe alone never keeps the process alive.
+    Deno.unrefTimer(this.#probe);
+  }
+
+  /** The liveness probe's tick: a ping to each worker that holds work and went quiet. */
+  #ping(): void {
+    const now = performance.now();
+    for (const w of this.workers) {
+      // A worker still starting holds its messages in the backlog.
+      if (!w.alive || w.backlog || now - w.lastHeard < PROBE_MS) continue;
+      if (!this.#inFlight.busy(w)) continue;
+      this.#readCpu(w);
+      if (w.pingedAt < 0) {
+        w.pingedAt = now;
+        w.cpuAtPing = w.cpuNow;
+        this.send(w, { t: "ping" });
+      } else if (
+        now - w.pingedAt >= SILENT_MS && w.cpuAtPing >= 0 && w.cpuNow === w.cpuAtPing
+      ) {
+        return this.#fail(this.#silentError(w, now - w.pingedAt));
+      }
+    }
+  }
+
+  /** Reads the worker's CPU time into cpuNow (it arrives after this tick). */
+  #readCpu(w: WorkerHandle): void {
+    const worker = w.worker as unknown as {
+      cpuUsage?: () => CpuUsage | Promise<CpuUsage>;
+    };
+    if (typeof worker.cpuUsage !== "function") return;
+    try {
+      Promise.resolve(worker.cpuUsage()).then((u) => {
+        w.cpuNow = u.user + u.system;
+        if (w.cpuAtPing < 0 && w.pingedAt >= 0) w.cpuAtPing = w.cpuNow;
+      }, () => {});
+    } catch {
+      // No CPU figure: without it a silent worker is never taken for stopped.
+    }
+  }
+
+  #silentError(w: WorkerHandle, ms: number): Error {
+    const mb = this.#cfg.resourceLimits.maxOldGenerationSizeMb;
+    const what = this.#inFlight.holding(w);
+    return new Error(
+      `Cannot load batches: DataLoader worker ${w.id} stopped while loading ${what}: for ` +
+        `${(ms / 1000).toFixed(1)} s it used no CPU time and answered nothing, as when V8 ` +
+        `ends it at its heap limit (${mb} MB, workerResourceLimits.maxOldGenerationSizeMb); ` +
+        "the worker was stopped, the process goes on. Raise the limit, or find what one " +
+        "sample allocates without bound",
+    );
   }
 
   #start(id: number, transportInit: TransportInit): void {
@@ -70,7 +172,17 @@ export class WorkerPool {
       ? new NodeWorker(url, options)
       : new NodeWorker(`import(${JSON.stringify(url.href)});`, { ...options, eval: true });
     liveWorkers++;
-    const handle: WorkerHandle = { id, worker, outstanding: 0, alive: true, backlog: [] };
+    const handle: WorkerHandle = {
+      id,
+      worker,
+      outstanding: 0,
+      alive: true,
+      backlog: [],
+      lastHeard: performance.now(),
+      pingedAt: -1,
+      cpuAtPing: -1,
+      cpuNow: -1,
+    };
     this.workers.push(handle);
     worker.on("message", (m: FromWorker) => this.#onMessage(handle, m));
     worker.on("error", (e: Error & { code?: string }) => {
@@ -143,6 +255,8 @@ export class WorkerPool {
 
   #onMessage(w: WorkerHandle, msg: FromWorker): void {
     if (this.#stopped) return;
+    w.lastHeard = performance.now();
+    w.pingedAt = -1;
     switch (msg.t) {
       case "hello": {
         const backlog = w.backlog ?? [];
@@ -162,6 +276,21 @@ export class WorkerPool {
       }
       case "ready":
         return;
+      case "pong":
+        return;
+      case "killed": {
+        const mb = this.#cfg.resourceLimits.maxOldGenerationSizeMb;
+        const call = msg.index >= 0 ? `get(${msg.index})` : msg.call;
+        return this.#fail(
+          new Error(
+            `Cannot load batches: DataLoader worker ${w.id} stopped while loading ` +
+              `${this.#inFlight.describe(msg.seq)}: V8 ended its ${call} at the worker's heap ` +
+              `limit (${mb} MB, workerResourceLimits.maxOldGenerationSizeMb); the worker was ` +
+              "stopped, the process goes on. Raise the limit, or find what that call " +
+              "allocates without bound",
+          ),
+        );
+      }
       case "oom":
         return this.#fail(
           this.#oomError(w.id, `: ${msg.usedMb} MB of its heap in use`),
@@ -190,6 +319,7 @@ export class WorkerPool {
   /** Terminates every worker, even one inside a JavaScript loop. Idempotent. */
   stop(): void {
     this.#stopped = true;
+    clearInterval(this.#probe);
     for (const w of this.workers) {
       if (!w.alive) continue;
       w.alive = false;

@@ -8,7 +8,7 @@
 import v8 from "node:v8";
 import { parentPort } from "node:worker_threads";
 import { Gatherer, SampleError } from "./_gather.ts";
-import { fetchSamples, SampleFailure } from "./_fetch.ts";
+import { fetchSamples, SampleFailure, syncCall } from "./_fetch.ts";
 import { defaultCollate } from "./collate.ts";
 import type { Dataset } from "./dataset.ts";
 import {
@@ -183,9 +183,14 @@ function serve(ctl: Int32Array, slots: number, tasks: number, batch: number): vo
         continue;
       }
       const t0 = performance.now();
+      syncCall.seq = seq;
+      syncCall.index = -1;
+      syncCall.call = "gather";
+      syncCall.active = true;
       try {
         gatherer!.gather(slot, n, epoch, pos);
       } catch (err) {
+        syncCall.active = false;
         post({
           t: "e",
           seq,
@@ -198,6 +203,7 @@ function serve(ctl: Int32Array, slots: number, tasks: number, batch: number): vo
         slot = -1;
         continue;
       }
+      syncCall.active = false;
       ctl[L.busy + slot] = Math.round((performance.now() - t0) * 1000);
       Atomics.store(ctl, L.ready + slot, seq + 1);
       slot = -1;
@@ -213,21 +219,27 @@ async function runCollate(task: CollateTask): Promise<void> {
   const t0 = performance.now();
   try {
     const at = { seed: init.seed, epoch: task.epoch, position: task.pos, workerId: init.id };
+    syncCall.seq = task.seq;
     const samples = await fetchSamples(dataset!, task.idx, at);
     if (init.collate === "none") {
       post({ t: "b", seq: task.seq, value: samples, busy: performance.now() - t0 });
       if (heapExhausted()) stopped = true;
       return;
     }
+    syncCall.index = -1;
+    syncCall.call = "collate";
+    syncCall.active = true;
     // Without batching a collate gets the sample itself, as PyTorch's with batch_size=None.
     const value = init.unbatched
       ? (collate as (s: unknown) => unknown)(samples[0])
       : collate!(samples);
+    syncCall.active = false;
     const transfer: Transferable[] = [];
     if (init.collate === "default") transferables(value, transfer);
     post({ t: "b", seq: task.seq, value, busy: performance.now() - t0 }, transfer);
     if (heapExhausted()) stopped = true;
   } catch (e) {
+    syncCall.active = false;
     // A collate that throws is tied to no sample (index -1).
     const failure = e instanceof SampleFailure ? e : new SampleFailure(-1, e);
     post({ t: "e", seq: task.seq, index: failure.index, ...errorFields(failure.thrown) });
@@ -260,8 +272,18 @@ port.on("message", (msg: ToWorker) => {
     );
     return;
   }
+  if (msg.t === "ping") {
+    // Inside a synchronous call this handler cannot run, unless V8 ended that call at the heap
+    // limit (see syncCall): report it, and take no more tasks.
+    if (!syncCall.active) return post({ t: "pong" });
+    stopped = true;
+    return post({ t: "killed", seq: syncCall.seq, index: syncCall.index, call: syncCall.call });
+  }
   queue.push(msg);
-  pump();
+  // Dataset code runs in a promise job, never inside the message dispatch: when V8 ends a
+  // call at the heap limit inside the dispatch, the worker stops receiving messages for
+  // good, where inside a promise job only that call ends and the ping can report it.
+  queueMicrotask(pump);
 });
 
 // Listening now: the loader holds every message until it hears this (see

@@ -31,18 +31,25 @@ function checkPositiveInt(what: string, v: number): void {
   }
 }
 
+const PRECISION_OF: Readonly<Record<string, string>> = { f16: "fp16", bf16: "bf16", f32: "fp32" };
+
 /**
  * Refuses an input whose dtype is not the one `weight` is read in: the model's precision
- * (fp16 reads f16 activations, fp32 f32 ones).
+ * (fp16 reads f16 activations, bf16 bf16 ones, fp32 f32 ones).
  */
 function checkInputDtype(x: Tensor, weight: Parameter, layer: string): void {
   const want = weight.value.dtype;
   if (x.dtype === want) return;
-  const precision = want === "f16" ? "fp16" : "fp32";
+  const precision = PRECISION_OF[want];
+  // bf16 batches are cast on the device from an f32 DevicePrefetcher (the fit loop does so).
+  const source = want === "bf16"
+    ? `ops.cast of f32 batches into a bf16 tensor`
+    : `a DevicePrefetcher with dtype "${want}"`;
+  const other = PRECISION_OF[x.dtype] ?? (precision === "fp32" ? "fp16" : "fp32");
   throw new TypeError(
     `Cannot run ${layer}: the input is ${x.dtype} but the layer computes in ${precision}; ` +
-      `give it ${want} inputs (a DevicePrefetcher with dtype "${want}"), or move the model ` +
-      `with to(device, { precision: "${precision === "fp16" ? "fp32" : "fp16"}" })`,
+      `give it ${want} inputs (${source}), or move the model ` +
+      `with to(device, { precision: "${other}" })`,
   );
 }
 

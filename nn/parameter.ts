@@ -13,20 +13,26 @@ import { refuseUnknownKeys } from "../internal/options.ts";
 import * as ops from "../ops/mod.ts";
 /**
  * A model's precision, chosen by {@linkcode Module.to}: `"fp16"` computes in fp16 with fp32
- * accumulation and fp32 master weights (mixed precision), `"fp32"` computes in fp32.
+ * accumulation and fp32 master weights (mixed precision, with loss scaling), `"bf16"` the same
+ * in bfloat16 (fp32's range: no loss scaling needed), `"fp32"` computes in fp32.
  */
-export type Precision = "fp16" | "fp32";
+export type Precision = "fp16" | "bf16" | "fp32";
 
 /** The precisions {@linkcode Module.to} accepts. */
-const PRECISIONS: readonly Precision[] = ["fp16", "fp32"];
+const PRECISIONS: readonly Precision[] = ["fp16", "bf16", "fp32"];
+
+/** The half-precision dtype a precision computes in, or "f32" for "fp32". */
+export function computeDtypeOf(precision: Precision): "f16" | "bf16" | "f32" {
+  return precision === "fp16" ? "f16" : precision === "bf16" ? "bf16" : "f32";
+}
 
 /** Options of {@linkcode Parameter}. */
 export interface ParameterOptions {
   /**
-   * The dtype the forward reads under mixed precision: "f16" keeps an fp16 copy of the fp32
-   * master weight (the default), "f32" makes the forward read the master weight itself
-   * (biases and batch-norm affine parameters, which the kernels take in fp32). With
-   * precision "fp32" every parameter is read as f32.
+   * The dtype the forward reads under mixed precision: "f16" keeps a half-precision copy of
+   * the fp32 master weight (the default; bf16 under precision "bf16"), "f32" makes the forward
+   * read the master weight itself (biases and batch-norm affine parameters, which the kernels
+   * take in fp32). With precision "fp32" every parameter is read as f32.
    */
   computeDtype?: "f16" | "f32";
   /** The gradient's dtype under mixed precision (default: the compute dtype); f32 with "fp32". */
@@ -38,7 +44,7 @@ export function checkPrecision(p: unknown, action: string): Precision {
   if (p === undefined) return "fp16";
   if (!PRECISIONS.includes(p as Precision)) {
     throw new TypeError(
-      `Cannot ${action}: precision must be "fp16" or "fp32", got ${JSON.stringify(p)}`,
+      `Cannot ${action}: precision must be "fp16", "bf16" or "fp32", got ${JSON.stringify(p)}`,
     );
   }
   return p as Precision;
@@ -93,13 +99,17 @@ export class Parameter implements Disposable {
   }
 
   /** The dtype the forward reads (f32 for every parameter of an "fp32" model). */
-  get computeDtype(): "f16" | "f32" {
-    return this.#precision === "fp32" ? "f32" : this.#mixed.compute;
+  get computeDtype(): "f16" | "bf16" | "f32" {
+    return this.#precision === "fp32" || this.#mixed.compute === "f32"
+      ? "f32"
+      : computeDtypeOf(this.#precision);
   }
 
   /** The gradient's dtype (f32 for every parameter of an "fp32" model). */
-  get gradDtype(): "f16" | "f32" {
-    return this.#precision === "fp32" ? "f32" : this.#mixed.grad;
+  get gradDtype(): "f16" | "bf16" | "f32" {
+    return this.#precision === "fp32" || this.#mixed.grad === "f32"
+      ? "f32"
+      : computeDtypeOf(this.#precision);
   }
 
   /** Number of elements. */
@@ -126,7 +136,7 @@ export class Parameter implements Disposable {
     return this.#half ?? this.#master ?? this.#need("value");
   }
 
-  /** The fp16 compute copy, or null when the forward reads the master weight. */
+  /** The half-precision compute copy (f16 or bf16), or null when the forward reads the master weight. */
   get half(): Tensor | null {
     return this.#half;
   }
@@ -140,8 +150,9 @@ export class Parameter implements Disposable {
    * Uploads the parameter to `device` (a no-op when already there with the same precision).
    *
    * @param device The device.
-   * @param precision "fp16" (default: the compute and gradient dtypes given at construction)
-   *   or "fp32" (the forward reads the master weight, the gradient is f32, no fp16 copy).
+   * @param precision "fp16" (default: the compute and gradient dtypes given at construction),
+   *   "bf16" (the same in bf16) or "fp32" (the forward reads the master weight, the gradient is
+   *   f32, no half copy).
    * @returns This parameter.
    * @throws {TypeError} When the parameter already lives on another device, or on this one
    *   with the other precision's dtypes.
@@ -175,8 +186,8 @@ export class Parameter implements Disposable {
     this.#precision = precision;
     const host = this.#host!;
     this.#master = Tensor.fromHost(device, host, this.shape);
-    if (this.computeDtype === "f16") {
-      this.#half = Tensor.empty(device, this.shape, "f16");
+    if (this.computeDtype !== "f32") {
+      this.#half = Tensor.empty(device, this.shape, this.computeDtype);
       ops.cast(this.#master, this.#half);
     }
     this.#grad = Tensor.empty(device, this.shape, this.gradDtype);

@@ -14,17 +14,21 @@ import {
   type OpOptions,
 } from "./backend.ts";
 
-/** The kernels' dtype codes (PS_NN_F32, PS_NN_F16 in kernels/pinstream.h). */
+/** The kernels' dtype codes (PS_NN_F32, PS_NN_F16, PS_NN_BF16 in kernels/pinstream.h). */
 export const F32 = 0;
 /** PS_NN_F16. */
 export const F16 = 1;
+/** PS_NN_BF16. */
+export const BF16 = 3;
 
 export function code(t: Tensor): number {
-  return t.dtype === "f16" ? F16 : F32;
+  return t.dtype === "f16" ? F16 : t.dtype === "bf16" ? BF16 : F32;
 }
 
-/** The dtypes an op's activations take: f16 (mixed precision) or f32 (the fp32 path). */
-export const ACT: readonly DType[] = ["f16", "f32"];
+/** The dtypes an op's activations take: f16 or bf16 (mixed precision) or f32 (the fp32 path). */
+export const ACT: readonly DType[] = ["f16", "bf16", "f32"];
+/** The half-precision dtypes (a mixed-precision model's compute copies). */
+export const HALF: readonly DType[] = ["f16", "bf16"];
 
 /**
  * Checks an op's activation tensors (with the weights of matmul and the convolutions): the
@@ -54,7 +58,7 @@ export function sameDtype(
   if ((t as Tensor).dtype !== ref.dtype) {
     throw new TypeError(
       `Cannot ${action}: ${name} is ${(t as Tensor).dtype} but ${refName} is ${ref.dtype} ` +
-        `(the op computes in one dtype: give every activation and weight f16, or every one f32)`,
+        `(the op computes in one dtype: give every activation and weight f16, bf16 or f32)`,
     );
   }
 }

@@ -22,6 +22,7 @@
 import type { Tensor } from "../ffi/tensor.ts";
 import type { OpOptions } from "./backend.ts";
 import {
+  ACT,
   activations,
   code,
   int,
@@ -250,7 +251,7 @@ export function conv2dBackwardWeight(
   const action = "run conv2dBackwardWeight";
   const x = options?.x;
   const dt = activations(action, [x, "x"], [dy, "dy"]);
-  tensor(dw, "dw", ["f16", "f32"], action);
+  tensor(dw, "dw", ACT, action);
   const g = convGeometry(x, dw, dy, options, action, ["x", "dy", "dw"]);
   using launched = launch(action, options, x, dy, dw);
   const { device, stream } = launched;

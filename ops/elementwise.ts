@@ -18,7 +18,7 @@
 
 import type { Tensor } from "../ffi/tensor.ts";
 import type { OpOptions } from "./backend.ts";
-import { activations, code, launch, queue, sameNumel, scalar, tensor } from "./_launch.ts";
+import { ACT, activations, code, launch, queue, sameNumel, scalar, tensor } from "./_launch.ts";
 
 /** The forward's output and options of {@linkcode reluBackward}. */
 export interface ReluBackwardOptions extends OpOptions {
@@ -116,8 +116,8 @@ export function reluBackward(dy: Tensor, dx: Tensor, options: ReluBackwardOption
  */
 export function cast(src: Tensor, dst: Tensor, options: OpOptions = {}): void {
   const action = "run cast";
-  tensor(src, "src", ["f16", "f32"], action);
-  tensor(dst, "dst", ["f16", "f32"], action);
+  tensor(src, "src", ACT, action);
+  tensor(dst, "dst", ACT, action);
   sameNumel(src, dst, "src and dst", action);
   using launched = launch(action, options, src, dst);
   const { device, stream } = launched;

@@ -16,8 +16,8 @@ import { queue, streamOn } from "./_launch.ts";
 
 /** Options of {@linkcode zeros}, {@linkcode ones} and {@linkcode full}. */
 export interface TensorFillOptions {
-  /** "f32" (default), "f16" or "i32". */
-  dtype?: "f32" | "f16" | "i32";
+  /** "f32" (default), "f16", "bf16" or "i32". */
+  dtype?: "f32" | "f16" | "bf16" | "i32";
   /** The stream to fill on (default: the device's default stream). */
   stream?: Stream;
 }
@@ -38,8 +38,8 @@ export interface RandOptions {
   low?: number;
   /** Upper bound, exclusive (default 1). */
   high?: number;
-  /** "f32" (default) or "f16". */
-  dtype?: "f32" | "f16";
+  /** "f32" (default), "f16" or "bf16". */
+  dtype?: "f32" | "f16" | "bf16";
   /** The stream to fill on (default: the device's default stream). */
   stream?: Stream;
 }
@@ -52,8 +52,8 @@ export interface RandnOptions {
   mean?: number;
   /** Standard deviation (default 1). */
   std?: number;
-  /** "f32" (default) or "f16". */
-  dtype?: "f32" | "f16";
+  /** "f32" (default), "f16" or "bf16". */
+  dtype?: "f32" | "f16" | "bf16";
   /** The stream to fill on (default: the device's default stream). */
   stream?: Stream;
 }
@@ -66,7 +66,7 @@ function describe(value: unknown): string {
   return `${typeof value} ${String(value)}`;
 }
 
-const FILL_DTYPES = { f32: 0, f16: 1, i32: 2 } as const;
+const FILL_DTYPES = { f32: 0, f16: 1, i32: 2, bf16: 3 } as const;
 
 function seedOf(seed: unknown, action: string): bigint {
   if (typeof seed === "bigint" && seed >= 0n && seed < 1n << 64n) return seed;
@@ -92,9 +92,9 @@ function fill(
   const code = FILL_DTYPES[dtype as keyof typeof FILL_DTYPES];
   if (code === undefined || (mode >= 2 && dtype === "i32")) {
     throw new TypeError(
-      `Cannot ${action}: dtype must be ${mode >= 2 ? "f32 or f16" : "f32, f16 or i32"}, got ${
-        describe(dtype)
-      }`,
+      `Cannot ${action}: dtype must be ${
+        mode >= 2 ? "f32, f16 or bf16" : "f32, f16, bf16 or i32"
+      }, got ${describe(dtype)}`,
     );
   }
   const stream = streamOn(options, device, action);
@@ -123,7 +123,7 @@ function fill(
  *
  * @param device The device.
  * @param shape Dimensions.
- * @param options `dtype` ("f32" default, "f16" or "i32"), `stream`.
+ * @param options `dtype` ("f32" default, "f16", "bf16" or "i32"), `stream`.
  * @returns The tensor.
  *
  * @example
@@ -149,7 +149,7 @@ export function zeros(
  *
  * @param device The device.
  * @param shape Dimensions.
- * @param options `dtype` ("f32" default, "f16" or "i32"), `stream`.
+ * @param options `dtype` ("f32" default, "f16", "bf16" or "i32"), `stream`.
  * @returns The tensor.
  *
  * @example
@@ -177,7 +177,7 @@ export function ones(
  * @param device The device.
  * @param shape Dimensions.
  * @param value The value.
- * @param options `dtype` ("f32" default, "f16" or "i32"), `stream`.
+ * @param options `dtype` ("f32" default, "f16", "bf16" or "i32"), `stream`.
  * @returns The tensor.
  * @throws {TypeError} On a non-number value, an unknown option or dtype.
  *
@@ -245,7 +245,7 @@ export function fillInPlace(t: Tensor, value: number, options: FillInPlaceOption
   }
   const code = FILL_DTYPES[t.dtype as keyof typeof FILL_DTYPES];
   if (code === undefined) {
-    throw new TypeError(`Cannot ${action}: t must be f32, f16 or i32, got ${t.dtype}`);
+    throw new TypeError(`Cannot ${action}: t must be f32, f16, bf16 or i32, got ${t.dtype}`);
   }
   if (typeof value !== "number") {
     throw new TypeError(`Cannot ${action}: value must be a number, got ${describe(value)}`);
@@ -284,7 +284,7 @@ export function fillInPlace(t: Tensor, value: number, options: FillInPlaceOption
  *
  * @param device The device.
  * @param end The end (exclusive), or with `start` in options.
- * @param options `start` (0), `step` (1, non-zero), `dtype` ("f32" default, "f16" or "i32"),
+ * @param options `start` (0), `step` (1, non-zero), `dtype` ("f32" default, "f16", "bf16" or "i32"),
  * `stream`.
  * @returns A 1-D tensor of `ceil((end - start) / step)` elements (0 when negative).
  * @throws {RangeError} When `step` is 0 or a bound is not finite.
@@ -323,7 +323,7 @@ export function arange(device: Device, end: number, options: ArangeOptions = {})
  * @param device The device.
  * @param shape Dimensions.
  * @param options `seed` (required: reproducible by construction), `low` (0), `high` (1),
- * `dtype` ("f32" default or "f16"), `stream`.
+ * `dtype` ("f32" default, "f16" or "bf16"), `stream`.
  * @returns The tensor.
  *
  * @example

@@ -15,7 +15,7 @@
 
 import type { Tensor } from "../ffi/tensor.ts";
 import type { OpOptions } from "./backend.ts";
-import { activations, code, launch, queue, rank, shape, tensor } from "./_launch.ts";
+import { ACT, activations, code, launch, queue, rank, shape, tensor } from "./_launch.ts";
 
 /** Output and options of {@linkcode matmul}. */
 export interface MatmulOptions extends OpOptions {
@@ -56,7 +56,7 @@ export function matmul(a: Tensor, b: Tensor, options: MatmulOptions): void {
   const action = "run matmul";
   const out = options?.out;
   const dt = activations(action, [a, "a"], [b, "b"]);
-  tensor(out, "out", ["f16", "f32"], action);
+  tensor(out, "out", ACT, action);
   rank(a, "a", [2], action);
   rank(b, "b", [2], action);
   const [m, k] = options.transA ? [a.shape[1], a.shape[0]] : [a.shape[0], a.shape[1]];

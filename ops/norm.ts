@@ -20,7 +20,7 @@
 
 import type { Tensor } from "../ffi/tensor.ts";
 import type { OpOptions } from "./backend.ts";
-import { activations, code, launch, num, queue, shape, tail, tensor } from "./_launch.ts";
+import { ACT, activations, code, launch, num, queue, shape, tail, tensor } from "./_launch.ts";
 
 /**
  * Tensors and options of {@linkcode batchNormForwardTrain}. The per-channel tensors are
@@ -421,7 +421,7 @@ export function batchNormBackward(dy: Tensor, dx: Tensor, options: BatchNormBack
 export function biasAdd(y: Tensor, bias: Tensor, options: OpOptions = {}): void {
   const action = "run biasAdd";
   const dt = activations(action, [y, "y"]);
-  tensor(bias, "bias", ["f16", "f32"], action);
+  tensor(bias, "bias", ACT, action);
   const { n, c, hw } = channels(y, "y", action);
   shape(bias, "bias", [c], action);
   using launched = launch(action, options, y, bias);
@@ -458,7 +458,7 @@ export function biasAdd(y: Tensor, bias: Tensor, options: OpOptions = {}): void 
 export function biasGrad(dy: Tensor, dbias: Tensor, options: BiasGradOptions = {}): void {
   const action = "run biasGrad";
   const dt = activations(action, [dy, "dy"]);
-  tensor(dbias, "dbias", ["f16", "f32"], action);
+  tensor(dbias, "dbias", ACT, action);
   const { n, c, hw } = channels(dy, "dy", action);
   shape(dbias, "dbias", [c], action);
   using launched = launch(action, options, dy, dbias);

@@ -27,7 +27,19 @@
 
 import type { Tensor } from "../ffi/tensor.ts";
 import type { OpOptions } from "./backend.ts";
-import { code, int, launch, launchOn, num, queue, sameNumel, scalar, tensor } from "./_launch.ts";
+import {
+  ACT,
+  code,
+  HALF,
+  int,
+  launch,
+  launchOn,
+  num,
+  queue,
+  sameNumel,
+  scalar,
+  tensor,
+} from "./_launch.ts";
 import type { TensorList } from "./tensor_list.ts";
 
 /** Options of {@linkcode unscaleAndCheck}. */
@@ -114,7 +126,7 @@ export function unscaleAndCheck(
   options: UnscaleOptions = {},
 ): void {
   const action = "run unscaleAndCheck";
-  tensor(grad, "grad", ["f16", "f32"], action);
+  tensor(grad, "grad", ACT, action);
   tensor(foundInf, "foundInf", ["i32"], action);
   scalar(foundInf, "foundInf", action);
   const scale = options.scale ?? null;
@@ -169,14 +181,14 @@ export function sgdStep(param: Tensor, grad: Tensor, options: SgdStepOptions): v
   const momentumBuf = options?.momentumBuf ?? null;
   const paramHalf = options?.paramHalf ?? null;
   tensor(param, "param", ["f32"], action);
-  tensor(grad, "grad", ["f16", "f32"], action);
+  tensor(grad, "grad", ACT, action);
   sameNumel(param, grad, "param and grad", action);
   if (momentumBuf !== null) {
     tensor(momentumBuf, "momentumBuf", ["f32"], action);
     sameNumel(param, momentumBuf, "param and momentumBuf", action);
   }
   if (paramHalf !== null) {
-    tensor(paramHalf, "paramHalf", ["f16"], action);
+    tensor(paramHalf, "paramHalf", HALF, action);
     sameNumel(param, paramHalf, "param and paramHalf", action);
   }
   const lr = num(options?.lr, "lr", action);
@@ -235,6 +247,7 @@ export function sgdStep(param: Tensor, grad: Tensor, options: SgdStepOptions): v
     grad_dtype: code(grad),
     momentum_buf: momentumBuf,
     param_half: paramHalf,
+    half_dtype: paramHalf === null ? 0 : code(paramHalf),
     count: param.numel,
     lr,
     momentum,

@@ -17,11 +17,11 @@ import { Tensor } from "../ffi/tensor.ts";
 export interface SgdEntry {
   /** f32 master weights. */
   param: Tensor;
-  /** f16 or f32 gradient, as many elements. */
+  /** f16, bf16 or f32 gradient, as many elements. */
   grad: Tensor;
   /** f32 momentum buffer, as many elements (null: none). */
   momentumBuf: Tensor | null;
-  /** f16 copy written after the update (null: none). */
+  /** f16 or bf16 copy written after the update (null: none). */
   paramHalf: Tensor | null;
 }
 
@@ -42,8 +42,9 @@ export interface CopyEntry {
 /** The kinds of lists: kernels/pinstream.h PS_MT_SGD_FIELDS and PS_MT_COPY_FIELDS. */
 export type TensorListKind = "sgd" | "copy";
 
-const FIELDS: Record<TensorListKind, number> = { sgd: 6, copy: 3 };
-const DTYPE_CODE = { f32: 0n, f16: 1n } as const;
+const FIELDS: Record<TensorListKind, number> = { sgd: 7, copy: 3 };
+/** PS_NN_F32, PS_NN_F16 and PS_NN_BF16. */
+const DTYPE_CODE = { f32: 0n, f16: 1n, bf16: 3n } as const;
 
 function address(t: Tensor, offset = 0, bytesPer = 4): bigint {
   return BigInt(Deno.UnsafePointer.value(t.pointer)) + BigInt(offset * bytesPer);
@@ -140,17 +141,17 @@ export class TensorList implements Disposable {
     let max = 0;
     entries.forEach((e, i) => {
       this.#tensor(e.param, `entry ${i} param`, ["f32"], action);
-      this.#tensor(e.grad, `entry ${i} grad`, ["f16", "f32"], action);
+      this.#tensor(e.grad, `entry ${i} grad`, ["f16", "bf16", "f32"], action);
       const n = e.param.numel;
       for (
-        const [t, name, dt] of [[e.grad, "grad", ""], [e.momentumBuf, "momentumBuf", "f32"], [
+        const [t, name, dts] of [[e.grad, "grad", []], [e.momentumBuf, "momentumBuf", ["f32"]], [
           e.paramHalf,
           "paramHalf",
-          "f16",
+          ["f16", "bf16"],
         ]] as const
       ) {
         if (!t) continue;
-        if (dt) this.#tensor(t, `entry ${i} ${name}`, [dt], action);
+        if (dts.length > 0) this.#tensor(t, `entry ${i} ${name}`, dts, action);
         if (t.numel !== n) {
           throw new RangeError(
             `Cannot ${action}: entry ${i} ${name} has ${t.numel} elements, param ${n}`,
@@ -163,7 +164,8 @@ export class TensorList implements Disposable {
       rows[o + 2] = e.momentumBuf ? address(e.momentumBuf) : 0n;
       rows[o + 3] = e.paramHalf ? address(e.paramHalf) : 0n;
       rows[o + 4] = BigInt(n);
-      rows[o + 5] = DTYPE_CODE[e.grad.dtype as "f16" | "f32"];
+      rows[o + 5] = DTYPE_CODE[e.grad.dtype as "f16" | "bf16" | "f32"];
+      rows[o + 6] = e.paramHalf ? DTYPE_CODE[e.paramHalf.dtype as "f16" | "bf16"] : 0n;
       max = Math.max(max, n);
     });
     return this.#set(rows, entries.length, max);

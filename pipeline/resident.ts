@@ -94,8 +94,10 @@ export interface DeviceLoaderOptions {
 }
 
 const LABEL_BYTES: Record<string, number> = { u8: 1, u16: 2, i32: 4 };
-/** About how many samples' augment records go up at once (whole batches of them). */
+/** About how many samples one launch makes, records drawn and uploaded at once (whole batches). */
 const CHUNK_SAMPLES = 2048;
+/** At most this many bytes of output images per chunk (large images: fewer batches a chunk). */
+const CHUNK_BYTES = 64 << 20;
 /** Bytes of one sample's augment record. */
 const RECORD_BYTES = 4 * AUGMENT_RECORD_LENGTH;
 
@@ -274,12 +276,19 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
   readonly #stream: Stream | undefined;
   readonly #batchSize: number;
   readonly #batchCap: number;
-  /** Batches whose augment records go up at once (a chunk). */
+  /** Batches made by one launch, their records drawn and uploaded at once (a chunk). */
   readonly #perChunk: number;
   #buffers:
-    | { idx: DeviceBuffer; params: DeviceBuffer; staged: Int32Array }
+    | {
+      idx: DeviceBuffer;
+      params: DeviceBuffer;
+      staged: Int32Array;
+      images: Tensor;
+      labels: Tensor;
+    }
     | undefined;
-  #views = new Map<number, { images: Tensor; labels: Tensor }>();
+  /** Views of the chunk's images and labels, by "first sample:samples". */
+  #views = new Map<string, { images: Tensor; labels: Tensor }>();
   #disposed = false;
 
   /**
@@ -345,8 +354,16 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     // Buffers hold what a batch can hold, not what batchSize asks: no batch has more samples
     // than the set (batchSize 1e8 on 10 samples allocated gigabytes).
     this.#batchCap = this.#order.maxBatchSize();
-    // The records are uploaded a chunk of whole batches at a time.
-    this.#perChunk = Math.max(1, Math.floor(CHUNK_SAMPLES / this.#batchCap));
+    // A chunk of whole batches is made at a time, within both caps.
+    const sampleBytes = dataset.channels * dataset.height * dataset.width *
+      (this.dtype === "f16" ? 2 : 4);
+    this.#perChunk = Math.max(
+      1,
+      Math.min(
+        Math.floor(CHUNK_SAMPLES / this.#batchCap),
+        Math.floor(CHUNK_BYTES / Math.max(1, this.#batchCap * sampleBytes)),
+      ),
+    );
   }
 
   /** Batches per epoch. */
@@ -369,7 +386,8 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
   }
 
   /**
-   * Runs one epoch: gathers, augments and normalizes each batch on the device.
+   * Runs one epoch: gathers, augments and normalizes each batch on the device, a chunk of
+   * batches per launch.
    *
    * @returns The epoch's batches.
    * @throws {Error} When the loader is disposed.
@@ -380,101 +398,90 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     const bufs = this.#buffersFor();
     const stream = this.#stream;
     const order = this.#order, b = this.#batchSize;
-    // The whole order goes up at once; the records a chunk at a time, the next chunk's drawn a
-    // batch's worth per batch, so no batch waits for a chunk's worth of draws.
+    // The whole order goes up at once; then per chunk of whole batches, its records drawn in
+    // one call and uploaded in one copy, and one launch that makes all its batches.
     const epoch = order.nextEpoch();
     const indices = order.indices(epoch), n = indices.length;
     if (n > 0) bufs.idx.copyFrom(indices, { stream });
     const spec = order.augment;
-    const chunk = this.#batchCap * this.#perChunk, staged = bufs.staged;
-    /** Draws the records of positions [from, to) into the staging array (chunk-relative). */
-    const draw = (from: number, to: number) =>
-      order.records(epoch, from, to - from, staged, AUGMENT_RECORD_LENGTH * (from % chunk));
+    const chunk = this.#batchCap * this.#perChunk;
     const batches = this.length;
-    let drawn = 0; // positions whose records are staged or uploaded
     for (let k = 0; k < batches; k++) {
       // An epoch left open when the loader was disposed ends here, before it touches the
       // freed buffers or allocates anything.
       if (this.#disposed) throw new Error("Cannot iterate a DeviceLoader: it is disposed");
-      const at = k * b, size = Math.min(b, n - at);
-      if (spec !== undefined && at % chunk === 0) {
-        // A new chunk: finish its draws (all of them for an epoch's first) and upload them.
-        // The copy is ordered after the kernels still reading the last chunk's, and it stages
-        // the pageable staging array at the call, so the next chunk's draws may overwrite it.
-        const end = Math.min(at + chunk, n);
-        draw(drawn, end);
-        drawn = end;
-        bufs.params.copyFrom(
-          new Uint8Array(staged.buffer, 0, (end - at) * RECORD_BYTES),
-          { stream },
-        );
-      }
+      const at = k * b, size = Math.min(b, n - at), first = at % chunk;
       using _ = range("resident.batch", { stream: stream ?? dev.defaultStream });
-      const { images, labels } = this.#viewsFor(size);
-      dev.makeCurrent();
-      const paramsOffset = (at % chunk) * RECORD_BYTES;
-      // The images and their labels gathered in the kernel's own pass (no gathered copy in
-      // between): one launch per batch.
-      imageAugment(src.images, images, {
-        layout: ds.layout,
-        affine: this.#affine,
-        padding: spec?.padding ?? 0,
-        params: spec !== undefined ? bufs.params : null,
-        paramsOffset: spec !== undefined ? paramsOffset : undefined,
-        indices: bufs.idx,
-        indicesOffset: at * 4,
-        rows: ds.length,
-        labels: src.labels,
-        labelBytes: src.labelBytes,
-        labelsOut: labels,
-        stream,
-      });
-      // A batch's worth of the next chunk's draws.
-      if (spec !== undefined && drawn < n) {
-        // (A chunk's batches draw exactly the next chunk: it is whole when it starts.)
-        const end = Math.min(drawn + b, n);
-        draw(drawn, end);
-        drawn = end;
+      if (first === 0) {
+        const count = Math.min(chunk, n - at);
+        if (spec !== undefined) {
+          // The copy stages the pageable array at the call and is ordered after the launch
+          // that read the last chunk's records, so the array and the buffer are free again.
+          order.records(epoch, at, count, bufs.staged, 0);
+          bufs.params.copyFrom(
+            new Uint8Array(bufs.staged.buffer, 0, count * RECORD_BYTES),
+            { stream },
+          );
+        }
+        const out = this.#viewsFor(0, count);
+        dev.makeCurrent();
+        // The images and their labels gathered in the kernel's own pass (no gathered copy in
+        // between), for every batch of the chunk.
+        imageAugment(src.images, out.images, {
+          layout: ds.layout,
+          affine: this.#affine,
+          padding: spec?.padding ?? 0,
+          params: spec !== undefined ? bufs.params : null,
+          paramsOffset: spec !== undefined ? 0 : undefined,
+          indices: bufs.idx,
+          indicesOffset: at * 4,
+          rows: ds.length,
+          labels: src.labels,
+          labelBytes: src.labelBytes,
+          labelsOut: out.labels,
+          stream,
+        });
       }
+      const { images, labels } = this.#viewsFor(first, size);
       yield { images, labels, size, index: k, epoch };
     }
   }
 
   #buffersFor() {
     if (this.#buffers === undefined) {
-      const dev = this.dataset.device, b = this.#batchCap, chunk = b * this.#perChunk;
-      const made: DeviceBuffer[] = [];
+      const ds = this.dataset, dev = ds.device, chunk = this.#batchCap * this.#perChunk;
+      const made: (DeviceBuffer | Tensor)[] = [];
       try {
-        // The epoch's order, a chunk's records.
-        for (const bytes of [this.dataset.length * 4, chunk * RECORD_BYTES]) {
+        // The epoch's order, a chunk's records, images and labels.
+        for (const bytes of [ds.length * 4, chunk * RECORD_BYTES]) {
           made.push(DeviceBuffer.alloc(dev, bytes));
         }
+        made.push(Tensor.empty(dev, [chunk, ds.channels, ds.height, ds.width], this.dtype));
+        made.push(Tensor.empty(dev, [chunk], "i32"));
       } catch (err) {
         for (const m of made) m.dispose();
         throw err;
       }
-      const [idx, params] = made;
+      const [idx, params, images, labels] = made;
       this.#buffers = {
-        idx,
-        params,
+        idx: idx as DeviceBuffer,
+        params: params as DeviceBuffer,
         staged: new Int32Array(chunk * AUGMENT_RECORD_LENGTH),
+        images: images as Tensor,
+        labels: labels as Tensor,
       };
     }
     return this.#buffers;
   }
 
-  #viewsFor(n: number): { images: Tensor; labels: Tensor } {
-    let v = this.#views.get(n);
+  /** The chunk's samples [first, first + n) as an image and a label tensor (kept). */
+  #viewsFor(first: number, n: number): { images: Tensor; labels: Tensor } {
+    const key = `${first}:${n}`;
+    let v = this.#views.get(key);
     if (v === undefined) {
-      const ds = this.dataset;
-      const images = Tensor.empty(ds.device, [n, ds.channels, ds.height, ds.width], this.dtype);
-      try {
-        v = { images, labels: Tensor.empty(ds.device, [n], "i32") };
-      } catch (err) {
-        images.dispose();
-        throw err;
-      }
-      this.#views.set(n, v);
+      const bufs = this.#buffersFor();
+      v = { images: bufs.images.narrow(0, first, n), labels: bufs.labels.narrow(0, first, n) };
+      this.#views.set(key, v);
     }
     return v;
   }
@@ -484,13 +491,11 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
     if (this.#disposed) return;
     this.#disposed = true;
     await this.dataset.device.synchronize();
-    for (const v of this.#views.values()) {
-      v.images.dispose();
-      v.labels.dispose();
-    }
+    // The views go with the chunk tensors they view.
     this.#views.clear();
     if (this.#buffers) {
-      for (const b of [this.#buffers.idx, this.#buffers.params]) b.dispose();
+      const { idx, params, images, labels } = this.#buffers;
+      for (const b of [idx, params, images, labels]) b.dispose();
     }
     this.#buffers = undefined;
   }

@@ -5,27 +5,32 @@
  *     --fault die       the last rank exits with status 7 before its third collective
  *     --fault mismatch  the last rank broadcasts where the others all-reduce (debug mode)
  *     --fault none      idles in barriers until killed, printing `ready <pid>` once
+ *     --device cuda     the all-reduces on a CUDA tensor, over the nccl backend
  *
  * @module
  */
 
 import { parseArgs } from "node:util";
-import { ProcessGroup } from "../mod.ts";
+import { Device, ProcessGroup, Tensor } from "../mod.ts";
 
 const { values } = parseArgs({
   args: Deno.args,
   options: {
     fault: { type: "string", default: "none" },
     timeout: { type: "string", default: "3000" },
+    device: { type: "string", default: "cpu" },
   },
 });
 const fault = values.fault;
 using group = ProcessGroup.init({
   timeoutMs: Number(values.timeout),
   debug: fault === "mismatch",
+  backend: values.device === "cuda" ? "nccl" : "mpi",
 });
 const faulty = group.rank === group.size - 1;
-const x = new Float32Array(10).fill(1);
+using device = values.device === "cuda" ? Device.open("cuda") : null;
+const ones = new Float32Array(10).fill(1);
+const x = device ? Tensor.fromHost(device, ones, [10]) : ones;
 
 if (fault === "none") {
   console.log(`ready ${Deno.pid}`);

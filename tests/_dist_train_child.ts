@@ -5,7 +5,8 @@
  * `<out>.<rank>.json` with the loss scale after each step.
  *
  *     deno run -A tests/_dist_train_child.ts --model mlp --precision fp32 --steps 10 \
- *       --batch 32 --out /tmp/w [--accumulate 2] [--nan-index 700 --nan-step 3] [--sync-bn]
+ *       --batch 32 --out /tmp/w [--accumulate 2] [--nan-index 700 --nan-step 3] [--sync-bn] \
+ *       [--device cuda]
  *
  * Non-zero ranks build their model from another seed: the broadcast must make them equal.
  *
@@ -47,6 +48,8 @@ const { values } = parseArgs({
     "nan-step": { type: "string", default: "-1" },
     "sync-bn": { type: "boolean", default: false },
     "bucket-mb": { type: "string", default: "0.001" },
+    // cuda: the model on the CUDA device, its gradients reduced by the nccl backend.
+    device: { type: "string", default: "cpu" },
     // The last rank builds a wider hidden layer: DataParallel must refuse the models.
     differ: { type: "boolean", default: false },
   },
@@ -56,8 +59,12 @@ const steps = Number(values.steps), batch = Number(values.batch);
 const accumulate = Number(values.accumulate);
 const nanIndex = Number(values["nan-index"]), nanStep = Number(values["nan-step"]);
 
-using group = ProcessGroup.init({ timeoutMs: 120_000 });
-using device = Device.open("cpu");
+const kind = values.device as "cpu" | "cuda";
+using group = ProcessGroup.init({
+  timeoutMs: 120_000,
+  backend: kind === "cuda" ? "nccl" : "mpi",
+});
+using device = Device.open(kind);
 const { rank, size } = group;
 if (batch % size !== 0) throw new RangeError(`batch ${batch} is not divisible by ${size} ranks`);
 const local = batch / size;

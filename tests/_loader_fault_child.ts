@@ -10,7 +10,11 @@ const loader = new DataLoader(ds, {
   batchSize: 4,
   numWorkers: 2,
   timeout: fault === "spin" ? 0.5 : 0,
-  workerResourceLimits: fault === "oom" ? { maxOldGenerationSizeMb: 256 } : undefined,
+  workerResourceLimits: fault === "oom"
+    ? { maxOldGenerationSizeMb: 256 }
+    : fault === "heapLimit"
+    ? { maxOldGenerationSizeMb: 64 }
+    : undefined,
 });
 try {
   for await (const _ of loader) { /* drain */ }

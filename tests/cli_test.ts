@@ -189,7 +189,7 @@ Deno.test("a fresh cache runs an example without fetching anything (no npm packa
   }
 });
 
-Deno.test("the examples' --precision picks the loss scaling default and --no-fp16 says where it went", () => {
+Deno.test("the examples' --precision picks the loss scaling default (bf16 refuses it) and --no-fp16 says where it went", () => {
   const parse = (argv: string[]) => parseTrainArgs(argv, "fashion", {});
   assert.deepStrictEqual(
     [parse([]).precision, parse([]).lossScaling],
@@ -199,7 +199,15 @@ Deno.test("the examples' --precision picks the loss scaling default and --no-fp1
   assert.deepStrictEqual([fp32.precision, fp32.lossScaling], ["fp32", false]);
   assert.strictEqual(parse(["--precision", "fp32", "--loss-scaling"]).lossScaling, true);
   assert.strictEqual(parse(["--no-loss-scaling"]).lossScaling, false);
-  assert.throws(() => parse(["--precision", "bf16"]), /--precision.*fp16, fp32/);
+  const bf16 = parse(["--precision", "bf16"]);
+  assert.deepStrictEqual([bf16.precision, bf16.lossScaling], ["bf16", false]);
+  assert.throws(
+    () => parse(["--precision", "bf16", "--loss-scaling"]),
+    (e: Error) =>
+      e instanceof UsageError && /--loss-scaling does not go with --precision bf16/.test(e.message),
+  );
+  assert.strictEqual(parse(["--precision", "bf16", "--no-loss-scaling"]).lossScaling, false);
+  assert.throws(() => parse(["--precision", "fp8"]), /--precision.*fp16, bf16, fp32/);
   assert.throws(
     () => parse(["--no-fp16"]),
     (e: Error) =>
@@ -212,20 +220,18 @@ Deno.test("the examples' --precision picks the loss scaling default and --no-fp1
 Deno.test("the examples' augmentation flags change the example's default, --no-augment drops it", () => {
   const cifar = (argv: string[]) =>
     parseTrainArgs(argv, "cifar.ts", { augment: { padding: 4, flip: true } }).augment;
-  const off = { vflip: false, cutout: 0, brightness: 0, contrast: 0 };
+  const off = { vflip: false, cutout: 0, brightness: 0, contrast: 0, saturation: 0, hue: 0 };
   assert.deepStrictEqual(cifar([]), { padding: 4, flip: true, ...off });
   assert.strictEqual(cifar(["--no-augment"]), null);
   assert.deepStrictEqual(
     cifar(["--cutout", "8", "--brightness=0.2", "--contrast", "0.3", "--vflip"]),
-    {
-      padding: 4,
-      flip: true,
-      vflip: true,
-      cutout: 8,
-      brightness: 0.2,
-      contrast: 0.3,
-    },
+    { padding: 4, flip: true, ...off, vflip: true, cutout: 8, brightness: 0.2, contrast: 0.3 },
   );
+  assert.deepStrictEqual(
+    cifar(["--saturation", "0.4", "--hue=0.1"]),
+    { padding: 4, flip: true, ...off, saturation: 0.4, hue: 0.1 },
+  );
+  assert.throws(() => cifar(["--hue", "0.6"]), /hue/);
   // Every augmentation turned off one by one is no augmentation.
   assert.strictEqual(cifar(["--crop-padding", "0", "--no-flip"]), null);
   // An example without a default augmentation: nothing unless asked.

@@ -776,6 +776,31 @@ testEachBackend("tensor constructors validate shape and dtype", (dev) => {
   );
 });
 
+testEachBackend("narrow views the same memory along dimension 0 and frees nothing", async (dev) => {
+  using t = Tensor.fromHost(dev, Int32Array.from({ length: 12 }, (_, i) => i), [4, 3]);
+  const live = dev.liveObjects().allocations, bytes = dev.memoryAllocated();
+  const mid = t.narrow(0, 1, 2);
+  assert.deepStrictEqual([mid.shape, mid.numel, mid.byteLength], [[2, 3], 6, 24]);
+  assert.deepStrictEqual([dev.liveObjects().allocations, dev.memoryAllocated()], [live, bytes]);
+  mid.buffer.copyFrom(new Int32Array([-1, -2, -3]), { dstOffset: 12 });
+  assert.deepStrictEqual([...await mid.toHost()], [3, 4, 5, -1, -2, -3]);
+  assert.deepStrictEqual([...await t.toHost()].slice(6, 9), [-1, -2, -3], "written through");
+  assert.deepStrictEqual(t.narrow(0, 4, 0).shape, [0, 3]);
+  mid.dispose();
+  assert.strictEqual(dev.liveObjects().allocations, live, "disposing a view frees nothing");
+  assert.deepStrictEqual([...await t.toHost()].slice(0, 3), [0, 1, 2]);
+  assert.throws(() => t.narrow(1, 0, 1), /only dimension 0/);
+  assert.throws(() => t.narrow(0, 3, 2), /\[3, 5\) is outside dimension 0 of \[4,3\]/);
+  assert.throws(() => t.narrow(0, -1, 1), RangeError);
+  assert.throws(() => t.buffer.view(40, 16), /16 bytes at offset 40 overrun 48 bytes/);
+  using s = Tensor.empty(dev, [], "f32");
+  assert.throws(() => s.narrow(0, 0, 1), /scalar/);
+  const last = t.narrow(0, 3, 1);
+  t.dispose();
+  assert.ok(last.disposed, "disposing the tensor disposes its views");
+  assert.throws(() => last.pointer, /disposed/);
+});
+
 // ---- leaks ----------------------------------------------------------------------------------
 
 testEachBackend("thousands of alloc/free and create/dispose cycles leak nothing", async (dev) => {

@@ -6,6 +6,7 @@
 
 import assert from "node:assert";
 import { MPIS, runRanks } from "./_dist.ts";
+import { emulatedNccl } from "./_nccl_stand_in.ts";
 
 const CHILD = "_dist_fault_child.ts";
 /** The watchdog's timeout in the child is 3 s, its ranks answer within 3 s more. */
@@ -49,6 +50,39 @@ for (const mpi of ["openmpi", "mpich"] as const) {
     },
   });
 }
+
+const NCCL = emulatedNccl();
+
+Deno.test({
+  name: "nccl backend: a rank that hangs makes the others abort NCCL, naming it [cuda]",
+  ignore: MPIS.length === 0 || NCCL === undefined,
+  async fn() {
+    const r = await runRanks(MPIS[0], 3, [CHILD, "--fault", "hang", "--device", "cuda"], {
+      limitMs: BOUND_MS,
+      env: { PINSTREAM_NCCL_LIB: NCCL! },
+    });
+    assert.notStrictEqual(r.code, 0);
+    assert.ok(r.ms < BOUND_MS, `took ${r.ms} ms`);
+    assert.match(
+      r.stderr,
+      /Cannot finish allReduce #2 on rank [01]: no progress within 3000 ms: rank 2 never issued it \(its last was #1\).*; the NCCL communicator was aborted/,
+    );
+  },
+});
+
+Deno.test({
+  name: "nccl backend: a rank that dies ends the job within the bound [cuda]",
+  ignore: MPIS.length === 0 || NCCL === undefined,
+  async fn() {
+    const r = await runRanks(MPIS[0], 3, [CHILD, "--fault", "die", "--device", "cuda"], {
+      limitMs: BOUND_MS,
+      env: { PINSTREAM_NCCL_LIB: NCCL! },
+    });
+    assert.notStrictEqual(r.code, 0);
+    assert.ok(r.ms < BOUND_MS, `took ${r.ms} ms`);
+    assert.match(r.stderr, /pinstream: rank 2 of 3 exits \(status 7\)/);
+  },
+});
 
 function alive(pid: number): boolean {
   return new Deno.Command("ps", { args: ["-p", String(pid)], stdout: "null" }).outputSync()

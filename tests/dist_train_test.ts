@@ -5,11 +5,19 @@
  * Tolerances, |multi - single| <= atol + rtol * |single| on every weight and buffer: fp32
  * atol 1e-5, rtol 1e-4 (the ranks sum the batch's gradient in another order: rounding
  * only); fp16 atol 1e-3, rtol 1e-2 (each rank rounds its own, smaller batch's fp16
- * gradients). Ranks must agree with each other exactly.
+ * gradients). Ranks must agree with each other exactly. The same holds for CUDA models on the
+ * nccl backend ([cuda] cases: the CUDA emulator and its NCCL stand-in).
  */
 
 import assert from "node:assert";
 import { assertAllOk, MPIS, runRanks } from "./_dist.ts";
+import { emulatedNccl } from "./_nccl_stand_in.ts";
+
+const NCCL = emulatedNccl();
+/** The stand-in NCCL for runs of the cuda model. */
+function envOf(args: string[]): Record<string, string> {
+  return args.includes("cuda") ? { PINSTREAM_NCCL_LIB: NCCL! } : {};
+}
 
 const CHILD = new URL("_dist_train_child.ts", import.meta.url).pathname;
 const TOL = { fp32: { atol: 1e-5, rtol: 1e-4 }, fp16: { atol: 1e-3, rtol: 1e-2 } };
@@ -26,7 +34,7 @@ async function single(args: string[]): Promise<Result> {
   const out = `${dir}/single${runs++}`;
   const r = await new Deno.Command(Deno.execPath(), {
     args: ["run", "-A", CHILD, ...args, "--out", out],
-    env: { NO_COLOR: "1" },
+    env: { NO_COLOR: "1", ...envOf(args) },
     stderr: "piped",
     stdout: "piped",
   }).output();
@@ -36,7 +44,7 @@ async function single(args: string[]): Promise<Result> {
 
 async function multi(mpi: "openmpi" | "mpich", n: number, args: string[]): Promise<Result[]> {
   const out = `${dir}/multi${runs++}`;
-  const r = await runRanks(mpi, n, [CHILD, ...args, "--out", out]);
+  const r = await runRanks(mpi, n, [CHILD, ...args, "--out", out], { env: envOf(args) });
   assertAllOk(r, n);
   return Array.from({ length: n }, (_, k) => JSON.parse(Deno.readTextFileSync(`${out}.${k}.json`)));
 }
@@ -89,6 +97,56 @@ for (const mpi of ["openmpi", "mpich"] as const) {
 }
 
 const MPI = MPIS[0];
+
+for (
+  const [mpi, n, precision] of [
+    ["openmpi", 2, "fp32"],
+    ["openmpi", 4, "fp32"],
+    ["openmpi", 4, "fp16"],
+    ["mpich", 2, "fp16"],
+    ["mpich", 4, "fp32"],
+  ] as const
+) {
+  Deno.test({
+    name: `DataParallel of a CUDA model on ${n} ranks (nccl backend) trains as 1 rank on the ` +
+      `whole batch (${mpi}, ${precision}) [cuda]`,
+    ignore: !MPIS.includes(mpi) || NCCL === undefined,
+    async fn() {
+      const args = [
+        "--model",
+        "cnn",
+        "--precision",
+        precision,
+        "--steps",
+        "12",
+        "--device",
+        "cuda",
+      ];
+      const results = await multi(mpi, n, args);
+      assertRanksEqual(results, `${n} ranks`);
+      assertClose(results[0], await reference(args), TOL[precision], `${n} ranks`);
+    },
+  });
+}
+
+Deno.test({
+  name: "DataParallel of a CUDA model: noSync accumulation and a NaN skip on the nccl backend " +
+    "[cuda]",
+  ignore: MPI === undefined || NCCL === undefined,
+  async fn() {
+    const accumulate = ["--model", "mlp", "--steps", "4", "--accumulate", "3", "--device", "cuda"];
+    const results = await multi(MPI!, 2, accumulate);
+    assertRanksEqual(results, "noSync");
+    assertClose(results[0], await reference(accumulate), TOL.fp32, "noSync");
+    const nan = ["--model", "cnn", "--precision", "fp16", "--steps", "6", "--nan-step", "2"];
+    const args = [...nan, "--nan-index", "1500", "--device", "cuda"];
+    const want = await reference(args);
+    assert.strictEqual(want.scales[2], want.scales[1] / 2, "the reference skipped no step");
+    const skipped = await multi(MPI!, 2, args);
+    assertRanksEqual(skipped, "NaN step");
+    assertClose(skipped[0], want, TOL.fp16, "NaN at 1500");
+  },
+});
 
 Deno.test({
   name:

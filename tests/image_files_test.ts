@@ -351,49 +351,71 @@ Deno.test({
 
 Deno.test({
   name:
-    "without FFI permission the workers decode PNG in TypeScript, say so, and refuse JPEG naming the package",
+    "without FFI permission the workers decode PNG and JPEG in TypeScript, say so, and give libjpeg-turbo's pixels",
   ignore: noFixtures,
   fn: async () => {
     const src = await dirP!;
-    const root = await badFolder(src, {});
+    const root = await badFolder(src, {
+      "b/1.jpg": Deno.readFileSync(join(src, "progressive.jpg")),
+      "b/2.jpg": Deno.readFileSync(join(src, "rgb_500x375_s2_q90.jpg")),
+      "b/3.jpg": Deno.readFileSync(join(src, "cmyk.jpg")),
+    });
     try {
+      // The native decoders' pixels (DCT scaling and the resize), before a file is spoilt.
+      const ds = new ImageFolder(root, { size: [24, 20], decoder: "native", verbose: false });
+      const want: number[] = [];
+      for await (const b of new DataLoader(ds, { batchSize: 2 })) {
+        const ring = b as { fields?: Record<string, Uint8Array>; size?: number };
+        const image = (ring.fields ?? b as unknown as Record<string, Uint8Array>).image;
+        want.push(...image.subarray(0, (ring.size ?? 2) * 24 * 20 * 3));
+      }
+      const folder = new URL("../loader/datasets/image_folder.ts", import.meta.url).href;
+      const loader = new URL("../loader/data_loader.ts", import.meta.url).href;
       const code = `
-        import { ImageFolder } from ${
-        JSON.stringify(new URL("../loader/datasets/image_folder.ts", import.meta.url).href)
-      };
-        import { DataLoader } from ${
-        JSON.stringify(new URL("../loader/data_loader.ts", import.meta.url).href)
-      };
-        const png = new ImageFolder(${
-        JSON.stringify(root)
-      }, { extensions: [".png"], size: [8, 8] });
-        let n = 0;
-        for await (const b of new DataLoader(png, { batchSize: 2, numWorkers: 2 })) n += b.size;
-        console.log("samples", n);
-        const all = new ImageFolder(${JSON.stringify(root)}, { verbose: false });
+        import { ImageFolder } from ${JSON.stringify(folder)};
+        import { DataLoader } from ${JSON.stringify(loader)};
+        const ds = new ImageFolder(${JSON.stringify(root)}, { size: [24, 20] });
+        const images = [];
+        for await (const b of new DataLoader(ds, { batchSize: 2, numWorkers: 2 })) {
+          images.push(...(b.fields?.image ?? b.image).subarray(0, b.size * 24 * 20 * 3));
+        }
+        console.log(JSON.stringify(images));
+        const bad = new ImageFolder(${JSON.stringify(root)}, { verbose: false });
+        await Deno.writeFile(bad.path(1), new Uint8Array([0xff, 0xd8, 0xff, 0xc9, 0, 11]));
         try {
-          for await (const _ of new DataLoader(all, { batchSize: 3, numWorkers: 1 })) {}
-        } catch (e) { console.log(e.message); }
+          for await (const _ of new DataLoader(bad, { batchSize: 3, numWorkers: 1 })) {}
+        } catch (e) { console.error(e.message); }
       `;
       const file = join(root, "main.ts");
       await Deno.writeTextFile(file, code);
       // No --allow-ffi: the workers get the same permissions.
       const r = await new Deno.Command(Deno.execPath(), {
-        args: ["run", "--no-check", "--no-config", "--allow-read", "--allow-env", file],
+        args: [
+          "run",
+          "--no-check",
+          "--no-config",
+          "--allow-read",
+          "--allow-write",
+          "--allow-env",
+          file,
+        ],
       }).output();
       const out = new TextDecoder().decode(r.stdout), err = new TextDecoder().decode(r.stderr);
       assert.ok(r.success, err);
-      assert.match(out, /samples 2/);
       // One line, from worker 0 only.
       const lines = err.split("\n").filter((l) => l.includes("image decoders:"));
       assert.strictEqual(lines.length, 1, err);
       assert.match(
         lines[0],
-        /PNG TypeScript fallback \(no FFI permission \(--allow-ffi\) to load libspng\.so\.0\)/,
+        /JPEG TypeScript fallback \(no FFI permission \(--allow-ffi\) to load libturbojpeg\.so\.0\); PNG TypeScript fallback \(no FFI permission \(--allow-ffi\) to load libspng\.so\.0\)/,
       );
+      const got = Uint8Array.from(JSON.parse(out.trim().split("\n")[0]));
+      assert.strictEqual(got.length, 6 * 24 * 20 * 3);
+      assert.deepStrictEqual(got, Uint8Array.from(want));
+      // A file only libjpeg-turbo decodes fails its batch naming the file and what to install.
       assert.match(
-        out,
-        /Cannot load sample 1 \(.*a\/1\.jpg\): JPEG needs libjpeg-turbo, and it is unavailable: no FFI permission/,
+        err,
+        /Cannot load sample 1 \(.*a\/1\.jpg\): arithmetic-coded JPEG \(SOF9\) is not decoded by the TypeScript fallback \(libjpeg-turbo decodes it: apt-get install libturbojpeg0, and --allow-ffi\)/,
       );
     } finally {
       await Deno.remove(root, { recursive: true });

@@ -1,7 +1,8 @@
 // The image kernels (ps_image_augment, ps_image_labels_i32) through ops/image.ts, on every
 // backend present: the output equals the independent TypeScript reference (tests/_image_reference.ts) bit for bit, for
 // random images, random crop/flip parameters (in range and out of range), vertical flips,
-// cutout squares and brightness/contrast factors (alone, together and wild), both layouts,
+// cutout squares, brightness/contrast and saturation/hue factors (alone, together and wild),
+// both layouts,
 // both output types and odd shapes. The CPU backend always runs; CUDA runs when a device is
 // present and is reported as ignored otherwise. What the typed wrapper refuses before any launch
 // (bad shapes, flags, rows, a buffer too short) is given to the native backend's entry point
@@ -33,7 +34,7 @@ interface Case {
   gather?: boolean;
 }
 
-type Extra = "vflip" | "cutout" | "color";
+type Extra = "vflip" | "cutout" | "color" | "mix";
 
 const INT32_MIN = -(2 ** 31), INT32_MAX = 2 ** 31 - 1;
 
@@ -67,6 +68,8 @@ function anyInt32(r: () => number): number {
 
 /** Colour factors: ordinary ones, the ends of torchvision's ranges, and out-of-range ones. */
 const WILD_FACTORS = [0, 1, 2, 1e-30, 0.999999, 1.0000001, 37.5, 1e30, -0.5, -0];
+/** Hue shifts: torchvision's range, its ends, and far outside it. */
+const WILD_HUES = [0, -0, 0.5, -0.5, 1e-30, -1e-7, 0.25, 3, -7.25, 1e30, -Infinity, NaN];
 
 /**
  * Fills the words of one augmentation in the record at `at`: in range (what the loader draws)
@@ -87,10 +90,13 @@ function extraWords(
     p[at + 4] = wild ? anyInt32(r) : Math.floor(r() * 65536);
     p[at + 5] = wild ? anyInt32(r) : Math.floor(r() * 65536);
     p[at + 6] = wild ? anyInt32(r) : Math.floor(r() * (Math.max(h, w) + 2));
-  } else {
+  } else if (extra === "color") {
     for (const k of [7, 8]) {
       p[at + k] = f32Bits(wild ? WILD_FACTORS[Math.floor(r() * WILD_FACTORS.length)] : r() * 2);
     }
+  } else {
+    p[at + 9] = f32Bits(wild ? WILD_FACTORS[Math.floor(r() * WILD_FACTORS.length)] : r() * 2);
+    p[at + 10] = f32Bits(wild ? WILD_HUES[Math.floor(r() * WILD_HUES.length)] : r() - 0.5);
   }
 }
 
@@ -164,7 +170,7 @@ async function runCase(dev: Device, k: Case, seed: number): Promise<void> {
     const wild = k.params !== "random";
     for (let i = 0; i < n; i++) {
       const at = RECORD * i;
-      params[at + 7] = params[at + 8] = ONE_BITS;
+      params[at + 7] = params[at + 8] = params[at + 9] = ONE_BITS;
       if (k.params === "extreme") {
         params[at] = ys[Math.floor(r() * ys.length)];
         params[at + 1] = xs[Math.floor(r() * xs.length)];
@@ -214,7 +220,7 @@ async function runCase(dev: Device, k: Case, seed: number): Promise<void> {
 
 /** A CIFAR image's geometry, with the usual crop padding. */
 const CIFAR = { c: 3, h: 32, w: 32, pad: 4 } as const;
-const ALL_EXTRAS: readonly Extra[] = ["vflip", "cutout", "color"];
+const ALL_EXTRAS: readonly Extra[] = ["vflip", "cutout", "color", "mix"];
 
 const CASES: Case[] = [
   { n: 7, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f16", params: "random" },
@@ -248,7 +254,7 @@ const CASES: Case[] = [
   { n: 24, c: 3, h: 9, w: 40, pad: INT32_MAX - 5, layout: "nchw", dtype: "f32", params: "extreme" },
   { n: 3, c: 3, h: 5, w: 6, pad: INT32_MAX, layout: "nhwc", dtype: "f16", params: "none" },
   // Each new augmentation alone, then all of them, in range and wild.
-  ...(["vflip", "cutout", "color"] as const).flatMap((e): Case[] => [
+  ...(["vflip", "cutout", "color", "mix"] as const).flatMap((e): Case[] => [
     {
       n: 7,
       c: 3,
@@ -272,8 +278,9 @@ const CASES: Case[] = [
       extra: [e],
     },
     { n: 9, c: 2, h: 5, w: 3, pad: 6, layout: "nchw", dtype: "f16", params: "wild", extra: [e] },
+    { n: 12, c: 3, h: 5, w: 7, pad: 6, layout: "nhwc", dtype: "f16", params: "wild", extra: [e] },
   ]),
-  ...([["vflip", "cutout", "color"]] as const).flatMap((e): Case[] => [
+  ...([["vflip", "cutout", "color", "mix"]] as const).flatMap((e): Case[] => [
     { n: 8, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f16", params: "random", extra: e },
     { n: 8, c: 3, h: 32, w: 32, pad: 4, layout: "nchw", dtype: "f32", params: "random", extra: e },
     { n: 6, c: 1, h: 28, w: 28, pad: 2, layout: "nhwc", dtype: "f16", params: "random", extra: e },

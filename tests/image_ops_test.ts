@@ -109,7 +109,7 @@ Deno.test("[cpu] image wrappers name the argument at fault", () => {
   using small = DeviceBuffer.alloc(dev, 8);
   assert.throws(() => imageAugment(src, out, { layout: "nhwc", affine, params: small }), {
     name: "RangeError",
-    message: /params must hold 36 bytes/,
+    message: /params must hold 44 bytes/,
   });
   using i32 = Tensor.empty(dev, [1, 3, 2, 2], "i32");
   assert.throws(() => imageAugment(src, i32, { layout: "nhwc", affine }), {
@@ -178,7 +178,7 @@ Deno.test("[cpu] imageLabelsI32 widens uint16 labels and gatherRows refuses an i
 function fullRecords(n: number, pad: number, r: () => number): Int32Array {
   const p = new Int32Array(RECORD * n);
   for (let i = 0; i < n; i++) {
-    const on = (k: number) => (i >> k) & 1; // every combination of the four among 16 samples
+    const on = (k: number) => (i >> k) & 1; // every combination of the six among 64 samples
     p.set([
       Math.floor(r() * (2 * pad + 1)),
       Math.floor(r() * (2 * pad + 1)),
@@ -189,16 +189,18 @@ function fullRecords(n: number, pad: number, r: () => number): Int32Array {
       on(1) ? 1 + Math.floor(r() * 6) : 0,
       on(2) ? f32Bits(0.5 + r()) : ONE_BITS,
       on(3) ? f32Bits(r() * 2) : ONE_BITS,
+      on(4) ? f32Bits(r() * 2) : ONE_BITS,
+      on(5) ? f32Bits(r() - 0.5) : 0,
     ], RECORD * i);
   }
   return p;
 }
 
 testEachBackend(
-  "imageAugment and augmentHost give the reference's bits with vflip, cutout, brightness and contrast",
+  "imageAugment and augmentHost give the reference's bits with vflip, cutout and ColorJitter",
   async (dev) => {
     const r = rng(31);
-    const n = 16, pad = 3, mean = [0.49, 0.48, 0.45], std = [0.25, 0.24, 0.26];
+    const n = 64, pad = 3, mean = [0.49, 0.48, 0.45], std = [0.25, 0.24, 0.26];
     const affine = normalizeAffine(mean, std);
     for (const [c, h, w] of [[3, 32, 32], [3, 7, 11]]) {
       const bytes = Uint8Array.from({ length: n * c * h * w }, () => (r() * 256) | 0);

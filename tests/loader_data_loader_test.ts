@@ -181,7 +181,16 @@ Deno.test("DataLoader batches are identical for numWorkers 0, 1, 2 and 4 (zero-c
         assert.ok(aug[k] >= 0 && aug[k] <= 8 && aug[k + 1] >= 0 && aug[k + 1] <= 8);
         assert.ok(aug[k + 2] === 0 || aug[k + 2] === 1);
         // The augmentations not asked for are off: no vflip, no cutout, factors 1.0.
-        assert.deepStrictEqual(aug.slice(k + 3, k + R), [0, 0, 0, 0, 0x3f800000, 0x3f800000]);
+        assert.deepStrictEqual(aug.slice(k + 3, k + R), [
+          0,
+          0,
+          0,
+          0,
+          0x3f800000,
+          0x3f800000,
+          0x3f800000,
+          0,
+        ]);
       }
       assert.ok(new Set(aug.filter((_, k) => k % R === 0)).size > 5, "crop offsets vary");
     } else assert.deepStrictEqual(epochs, reference, `numWorkers ${numWorkers}`);
@@ -218,9 +227,18 @@ const fromBits = (b: number) => new Float32Array(new Int32Array([b]).buffer)[0];
  */
 function documentedRecord(
   draws: number[],
-  o: { padding: number; flip: boolean; vflip: boolean; cutout: number; b: number; c: number },
+  o: {
+    padding: number;
+    flip: boolean;
+    vflip: boolean;
+    cutout: number;
+    b: number;
+    c: number;
+    s: number;
+    h: number;
+  },
 ): number[] {
-  const [u, v, cut, ub, uc] = draws;
+  const [u, v, cut, ub, uc, us, uh] = draws;
   const span = 2 * o.padding + 1;
   const factor = (j: number, d: number) =>
     j === 0 ? 1 : Math.fround(Math.max(0, 1 - j) + (1 + j - Math.max(0, 1 - j)) * (d / 2 ** 32));
@@ -235,18 +253,21 @@ function documentedRecord(
     o.cutout,
     bits(factor(o.b, ub)),
     bits(factor(o.c, uc)),
+    bits(factor(o.s, us)),
+    o.h === 0 ? 0 : bits(Math.fround(-o.h + 2 * o.h * (uh / 2 ** 32))),
   ];
 }
 
 Deno.test("DataLoader augment parameters match the sample's stream in get(i, ctx)", async () => {
   // Words 0-2 come from the first draw of the per-sample stream, split as augmentFromDraw
-  // says (the same bits as when the record was three words); the others from draws 1-4.
+  // says (the same bits as when the record was three words); the others from draws 1-6.
   const ds = imageDataset(20);
   for (
     const o of [
-      { padding: 2, flip: true, vflip: false, cutout: 0, b: 0, c: 0 },
-      { padding: 2, flip: true, vflip: true, cutout: 5, b: 0.4, c: 1.5 },
-      { padding: 0, flip: false, vflip: true, cutout: 0, b: 0, c: 0.2 },
+      { padding: 2, flip: true, vflip: false, cutout: 0, b: 0, c: 0, s: 0, h: 0 },
+      { padding: 2, flip: true, vflip: true, cutout: 5, b: 0.4, c: 1.5, s: 0.3, h: 0.5 },
+      { padding: 0, flip: false, vflip: true, cutout: 0, b: 0, c: 0.2, s: 2, h: 0 },
+      { padding: 0, flip: false, vflip: false, cutout: 0, b: 0, c: 0, s: 0, h: 0.05 },
     ]
   ) {
     const augment = {
@@ -256,6 +277,8 @@ Deno.test("DataLoader augment parameters match the sample's stream in get(i, ctx
       cutout: o.cutout,
       brightness: o.b,
       contrast: o.c,
+      saturation: o.s,
+      hue: o.h,
     };
     await using zc = new DataLoader<RingBatch>(ds, {
       batchSize: 6,
@@ -267,7 +290,7 @@ Deno.test("DataLoader augment parameters match the sample's stream in get(i, ctx
     const drawing: Dataset = {
       length: 20,
       get: (_i, ctx) => {
-        const draws = [0, 1, 2, 3, 4].map(() => ctx!.u32());
+        const draws = [0, 1, 2, 3, 4, 5, 6].map(() => ctx!.u32());
         const record = documentedRecord(draws, o);
         assert.deepStrictEqual(record.slice(0, 3), augmentFromDraw(draws[0], o.padding, o.flip));
         return new Int32Array(record);
@@ -297,6 +320,8 @@ Deno.test("DataLoader draws every augmentation independently of numWorkers 0, 2 
     cutout: 4,
     brightness: 0.4,
     contrast: 0.6,
+    saturation: 0.5,
+    hue: 0.2,
   };
   const R = AUGMENT_RECORD_LENGTH;
   let reference: number[][] | undefined;
@@ -324,10 +349,13 @@ Deno.test("DataLoader draws every augmentation independently of numWorkers 0, 2 
           const br = fromBits(aug[k + 7]), ct = fromBits(aug[k + 8]);
           assert.ok(br >= 0.6 && br <= 1.4, `brightness ${br}`);
           assert.ok(ct >= 0.4 && ct <= 1.6, `contrast ${ct}`);
+          const sat = fromBits(aug[k + 9]), hue = fromBits(aug[k + 10]);
+          assert.ok(sat >= 0.5 && sat <= 1.5, `saturation ${sat}`);
+          assert.ok(hue >= -0.2 && hue <= 0.2, `hue ${hue}`);
         }
         const words = (w: number) => new Set(aug.filter((_, k) => k % R === w)).size;
         assert.strictEqual(words(3), 2, "vertical flips vary");
-        for (const w of [4, 5, 7, 8]) assert.ok(words(w) > 40, `word ${w} varies`);
+        for (const w of [4, 5, 7, 8, 9, 10]) assert.ok(words(w) > 40, `word ${w} varies`);
       }
       assert.notDeepStrictEqual(got[0], got[1], "each epoch draws anew");
     } else assert.deepStrictEqual(got, reference, `numWorkers ${numWorkers}`);
@@ -732,8 +760,28 @@ Deno.test("DataLoader rejects invalid options, naming the option", () => {
     ],
     [
       ds,
+      { augment: { saturation: -0.1 } },
+      /augment\.saturation option should be a finite number >= 0.*got -0\.1/,
+    ],
+    [
+      ds,
+      { augment: { hue: 0.6 } },
+      /augment\.hue option should be a number in \[0, 0\.5\].*got 0\.6/,
+    ],
+    [
+      ds,
+      { augment: { hue: NaN } },
+      /augment\.hue option should be a number in \[0, 0\.5\].*got NaN/,
+    ],
+    [
+      ds,
+      { augment: { saturaton: 0.2 } as unknown as { cutout: number } },
+      /unknown option "saturaton" \(did you mean "saturation"\?\)/,
+    ],
+    [
+      ds,
       { augment: { cutuot: 4 } as unknown as { cutout: number } },
-      /Cannot create DataLoader with augment: unknown option "cutuot" \(did you mean "cutout"\?\); options are padding, flip, vflip, cutout, brightness, contrast/,
+      /Cannot create DataLoader with augment: unknown option "cutuot" \(did you mean "cutout"\?\); options are padding, flip, vflip, cutout, brightness, contrast, saturation, hue/,
     ],
     [generic, { augment: { padding: 4 } }, /augment option needs the zero-copy path/],
     [generic, { zeroCopy: true }, /zeroCopy option needs a dataset with sharedFields/],

@@ -261,6 +261,64 @@ Deno.test("a worker that runs out of heap fails the loader, not the process", as
   assert.strictEqual(code, 0, out);
 });
 
+Deno.test("a worker that V8 stops at its heap limit inside one get(), with no timeout, fails the loader and the process can end", async () => {
+  const { code, out } = await runChild("heapLimit");
+  assert.match(out, /error: Cannot load batches: DataLoader worker \d stopped/);
+  assert.match(out, /heap limit/);
+  assert.match(out, /disposed, live workers 0/);
+  assert.strictEqual(code, 0, out);
+});
+
+/** `p`'s outcome (its value or its error), or "still waiting" after `ms`. */
+async function within<T>(p: Promise<T>, ms: number): Promise<T | Error | "still waiting"> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<"still waiting">((resolve) => {
+    timer = setTimeout(() => resolve("still waiting"), ms);
+  });
+  try {
+    return await Promise.race([p.catch((e: Error) => e), late]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+// Batch 1 is worker 1's first task (it starts as the worker's set-up ends); with
+// prefetchFactor 1, batch 3 reaches worker 1 while it waits idle for a message.
+const heapCases = [
+  { at: 6, prefetchFactor: 2, batch: 1, persistentWorkers: false },
+  { at: 6, prefetchFactor: 2, batch: 1, persistentWorkers: true },
+  { at: 14, prefetchFactor: 1, batch: 3, persistentWorkers: true },
+];
+for (const { at, prefetchFactor, batch, persistentWorkers } of heapCases) {
+  Deno.test(`a worker stopped at its heap limit inside a get() is an error naming it, its samples and the limit; the next epoch runs on new workers (batch ${batch}, persistentWorkers ${persistentWorkers})`, async () => {
+    await using loader = new DataLoader<{ x: Float32Array }>(faulty("heapLimit", at, 16), {
+      batchSize: 4,
+      numWorkers: 2,
+      prefetchFactor,
+      persistentWorkers,
+      workerResourceLimits: { maxOldGenerationSizeMb: 64 },
+    });
+    const err = await within(drain(loader), 30_000);
+    assert.ok(err instanceof Error, `the loader did not fail: ${String(err)}`);
+    const samples = [0, 1, 2, 3].map((k) => 4 * batch + k).join(", ");
+    // Either the worker reports the ended call (get(at)), or it stays silent and idle.
+    assert.ok(
+      err.message.startsWith(
+        `Cannot load batches: DataLoader worker 1 stopped while loading batch ${batch} of ` +
+          `epoch 0 (samples ${samples}): `,
+      ),
+      err.message,
+    );
+    assert.match(err.message, new RegExp(`get\\(${at}\\)|used no CPU time and answered nothing`));
+    assert.match(err.message, /heap limit \(64 MB, workerResourceLimits\.maxOldGenerationSizeMb\)/);
+    assert.strictEqual(DataLoader.liveWorkers, 0);
+    // The fault fires in epoch 0 only: epoch 1 loads every batch on workers of its own.
+    const got: number[] = [];
+    for await (const b of loader) got.push(...b.x);
+    assert.deepStrictEqual(got, Array.from({ length: 16 }, (_, i) => i));
+  });
+}
+
 Deno.test("timeout applies with numWorkers 0: a get() promise that never settles fails the batch", async () => {
   await using loader = new DataLoader(faulty("never", 6), { batchSize: 4, timeout: 0.2 });
   let batches = 0;
@@ -299,7 +357,7 @@ Deno.test("DataLoader refuses unknown augment keys, naming the key", () => {
   const ds = new TensorDataset({ x: new Int32Array(8) });
   assert.throws(
     () => new DataLoader(ds, { batchSize: 2, augment: { padding: 1, rotate: 15 } as never }),
-    /Cannot create DataLoader with augment: unknown option "rotate"; options are padding, flip, vflip, cutout, brightness, contrast/,
+    /Cannot create DataLoader with augment: unknown option "rotate"; options are padding, flip, vflip, cutout, brightness, contrast, saturation, hue/,
   );
   assert.throws(
     () => new DataLoader(ds, { batchSize: 2, augment: { paddng: 1 } as never }),

@@ -164,6 +164,7 @@ export type Fault =
   | "never"
   | "slow"
   | "oom"
+  | "heapLimit"
   | "crash";
 
 /** State of a {@linkcode FaultyDataset}. */
@@ -177,7 +178,8 @@ export interface FaultyState {
  * A dataset of `{ x: Float32Array([i]) , r: random draw }` that misbehaves at index `at`:
  * throws (an Error, a string, null), closes its worker, exits, hangs (spinning for 60 s or
  * forever, or a promise that never settles), takes 300 ms, leaks 4 MB per sample from `at` on
- * ("oom"), or crashes the worker with an uncaught error. On the main thread only the throws,
+ * ("oom"), allocates inside its one get() until V8 stops the worker at its heap limit, in epoch
+ * 0 only ("heapLimit"), or crashes the worker with an uncaught error. On the main thread only the throws,
  * "never" and "slow" apply.
  */
 export class FaultyDataset implements Dataset<FaultySample> {
@@ -209,6 +211,13 @@ export class FaultyDataset implements Dataset<FaultySample> {
           break;
         case "never":
           return new Promise<never>(() => {}) as never;
+        case "heapLimit": {
+          if (ctx && ctx.epoch > 0) break;
+          const grown: number[][] = [];
+          // Ends only when V8 stops the worker (the condition keeps lint quiet).
+          while (this.at >= 0) grown.push(new Array(1e5).fill(i + 0.5));
+          break;
+        }
         case "slow": {
           const end = Date.now() + 300;
           while (Date.now() < end) { /* a slow synchronous get() */ }

@@ -106,8 +106,8 @@ testEachBackend("a model refuses inputs of the other precision, saying what to d
 testEachBackend("to() checks the precision and never changes it afterwards", (dev) => {
   using model = smallCnn(2);
   assert.throws(
-    () => model.to(dev, { precision: "bf16" as "fp16" }),
-    /precision must be "fp16" or "fp32", got "bf16"/,
+    () => model.to(dev, { precision: "fp8" as "fp16" }),
+    /precision must be "fp16", "bf16" or "fp32", got "fp8"/,
   );
   assert.throws(
     () => model.to(dev, { precison: "fp32" } as unknown as { precision: "fp32" }),

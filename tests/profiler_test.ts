@@ -14,6 +14,7 @@ import { Trainer } from "../train/trainer.ts";
 import { cifarModel } from "../train/models.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import { Device } from "../ffi/device.ts";
+import * as ops from "../ops/mod.ts";
 import { opCounts, opDelta } from "../internal/op_count.ts";
 
 function busy(ms: number): void {
@@ -245,7 +246,9 @@ Deno.test("a profile shows each batch a worker loaded, on the workers' track", a
  *             the found-inf flag cleared for the next step                     =  1 memset
  *
  * No allocations, frees or synchronizations: the workspaces, the parameter list and
- * the statistics list are made on the first step and kept, and nothing is read back.
+ * the statistics list are made on the first step and kept, and nothing is read back. Nor
+ * does the library allocate inside its calls (Device.scratchAllocations): the split-K
+ * partial sums of the convolutions and the CPU's per-call buffers come from scratch it keeps.
  */
 const CIFAR_STEP_BUDGET = {
   kernels: 15 + 1 + 20 + 5,
@@ -274,16 +277,51 @@ testEachBackend(
       [2, 3, 32, 32],
     );
     using y = Tensor.fromHost(device, new Int32Array([3, 7]), [2]);
-    trainer.trainStep(x, y); // the first step makes the workspaces and uploads the lists
+    {
+      // The first step makes the workspaces and uploads the lists. Profiled like the steps
+      // below: a profiled step runs op by op on the current stream, where the library keeps
+      // its scratch (per stream on CUDA).
+      using _ = new Profiler({ device: false }).start();
+      trainer.trainStep(x, y);
+    }
     for (let step = 0; step < 2; step++) {
+      const scratch = device.scratchAllocations();
       using prof = new Profiler({ device: false }).start();
       trainer.trainStep(x, y);
       prof.stop();
       assert.deepStrictEqual(prof.opCounts(), CIFAR_STEP_BUDGET, `step ${step + 2}`);
+      assert.strictEqual(device.scratchAllocations() - scratch, 0, `step ${step + 2}: scratch`);
       const row = prof.stats().find((r) => r.name === "train.step")!;
       assert.deepStrictEqual(row.ops, CIFAR_STEP_BUDGET, "the train.step range counts the same");
       assert.match(prof.table(), /^name +calls +total ms +mean ms +share +device ms +ops +syncs$/m);
     }
+    await device.synchronize();
+  },
+);
+
+testEachBackend(
+  "the scratch a convolution's weight gradient needs is allocated once per larger size",
+  async (device) => {
+    // A fresh stream (CUDA keeps scratch per stream) and a size above any other test's (the
+    // CPU keeps it per calling thread): the first call grows the kept scratch, for the split-K
+    // partial sums on CUDA and the per-chunk partials on the CPU; the repeat and a smaller
+    // batch do not.
+    using stream = new Stream(device);
+    const run = (n: number) => {
+      using x = ops.randn(device, [n, 64, 6, 6], { seed: n, stream });
+      using dy = ops.randn(device, [n, 256, 6, 6], { seed: n + 1, stream });
+      using dw = Tensor.empty(device, [256, 64, 3, 3], "f32");
+      ops.conv2dBackwardWeight(dy, dw, { x, padding: 1, stream });
+    };
+    const at = () => device.scratchAllocations();
+    let before = at();
+    run(8);
+    assert.ok(at() > before, "the first call of a new size grows the scratch");
+    before = at();
+    run(8);
+    run(4);
+    assert.strictEqual(at(), before, "the same or a smaller size reuses it");
+    await stream.synchronize();
     await device.synchronize();
   },
 );

@@ -12,6 +12,7 @@ import { DeviceDataset } from "../pipeline/resident.ts";
 import { Device } from "../ffi/device.ts";
 import { DeviceBuffer } from "../ffi/memory.ts";
 import { testEachBackend } from "./_backends.ts";
+import { opCounts, opDelta } from "../internal/op_count.ts";
 
 function data(n: number, shape: number[], labelBytes: 1 | 4): TensorDataset {
   const per = shape.reduce((a, b) => a * b, 1);
@@ -182,6 +183,33 @@ testEachBackend(
         assert.strictEqual(k, fast.length);
         fast.setEpoch(epoch + 1);
         loader.setEpoch(epoch + 1);
+      }
+    }
+  },
+);
+
+testEachBackend(
+  "a resident loader makes a chunk of batches with one launch, its records drawn and uploaded once",
+  async (dev) => {
+    // 4,000 samples in batches of 300: chunks of 6 batches (1,800 samples), 1,800 + 1,800 +
+    // 400, so 3 launches and 3 record uploads after the order's one upload; no allocation
+    // once the first epoch made the buffers, and no wait.
+    const ds = data(4000, [1, 4, 4], 1);
+    using resident = new DeviceDataset(dev, ds);
+    for (const augment of [{ padding: 1, flip: true }, undefined]) {
+      await using fast = resident.loader({ batchSize: 300, shuffle: true, seed: 5, augment });
+      for (let epoch = 0; epoch < 2; epoch++) {
+        const before = opCounts();
+        let batches = 0;
+        for await (const x of fast) batches += x.size > 0 ? 1 : 0;
+        const d = opDelta(opCounts(), before);
+        assert.strictEqual(batches, 14);
+        assert.deepStrictEqual(
+          [d.kernels, d.copies, d.memsets, d.syncs],
+          [3, augment ? 4 : 1, 0, 0],
+          `epoch ${epoch}, augment ${augment !== undefined}`,
+        );
+        if (epoch > 0) assert.strictEqual(d.allocations, 0);
       }
     }
   },

@@ -176,7 +176,7 @@ testEachBackend("fills refuse what they cannot do, naming it", (dev) => {
   assert.throws(() => rand(dev, [2], { seed: -1 }), /seed must be/);
   assert.throws(
     () => rand(dev, [2], { seed: 1, dtype: "i32" as never }),
-    /dtype must be f32 or f16, got "i32"/,
+    /dtype must be f32, f16 or bf16, got "i32"/,
   );
   assert.throws(() => rand(dev, [2], { seed: 1, low: 2, high: 1 }), /low <= high/);
   assert.throws(() => randn(dev, [2], { seed: 1, std: -1 }), /std finite and >= 0/);
@@ -185,7 +185,7 @@ testEachBackend("fills refuse what they cannot do, naming it", (dev) => {
   assert.throws(() => full(dev, [2], "1" as never), /value must be a number, got "1"/);
   assert.throws(
     () => zeros(dev, [2], { dtype: "u8" as never }),
-    /dtype must be f32, f16 or i32, got "u8"/,
+    /dtype must be f32, f16, bf16 or i32, got "u8"/,
   );
   assert.throws(() => zeros(dev, [2], { dtyp: "f16" } as never), /dtyp.*dtype/s);
   const raw = dev.lib.symbols;
@@ -236,7 +236,7 @@ testEachBackend(
     fillInPlace(i, 9, { start: 2 }); // an empty range writes nothing
     assert.deepStrictEqual([...await i.toHost()], [-3, -3]);
     using b = Tensor.empty(dev, [2], "u8");
-    assert.throws(() => fillInPlace(b, 1), /t must be f32, f16 or i32, got u8/);
+    assert.throws(() => fillInPlace(b, 1), /t must be f32, f16, bf16 or i32, got u8/);
     assert.throws(() => fillInPlace(f, 1, { start: 4, count: 2 }), /\[4, 6\) are not inside \[5\]/);
     assert.throws(() => fillInPlace(f, 1, { start: -1 }), /start must be an integer >= 0/);
     assert.throws(() => fillInPlace(f, 1, { cout: 1 } as never), /unknown option "cout"/);

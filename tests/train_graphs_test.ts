@@ -70,7 +70,7 @@ Deno.test("the CPU backend refuses recording: the trainer says so once and train
 });
 
 Deno.test({
-  name: "[cuda] without a stream-ordered allocator recording is refused and steps run directly",
+  name: "[cuda] without a stream-ordered allocator the step records too (it allocates nothing)",
   ignore: !cudaIsEmulated(),
   async fn() {
     const out = await runWithoutMemoryPools(

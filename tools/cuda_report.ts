@@ -86,6 +86,7 @@ export const HOT_KERNELS: readonly HotKernel[] = [
   { prefix: "multi_unscale_check", family: "loss scaler, all gradients in one launch" },
   { prefix: "multi_copy_if", family: "skipped-step rollback, one launch" },
   { prefix: "augment_kernel", family: "augment kernel, several pixels per thread" },
+  { prefix: "grey_mean_kernel", family: "augment kernel's contrast pre-pass, per-image mean" },
   { prefix: "geometry_kernel", family: "crop, resize and rotation, one pixel per thread" },
 ];
 

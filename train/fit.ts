@@ -22,6 +22,8 @@ import {
 } from "../loader/mod.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import { DevicePrefetcher } from "../pipeline/prefetcher.ts";
+import { Tensor } from "../ffi/tensor.ts";
+import { cast } from "../ops/mod.ts";
 import {
   GradScaler,
   loadCheckpoint,
@@ -57,9 +59,9 @@ export interface TrainArgs {
   /** Whether a one-cycle schedule may cycle the momentum (false when --momentum was given). */
   cycleMomentum: boolean;
   weightDecay: number;
-  /** The model's precision: "fp16" (mixed precision) or "fp32". */
+  /** The model's precision: "fp16" or "bf16" (mixed precision) or "fp32". */
   precision: Precision;
-  /** Dynamic loss scaling (GradScaler); default on with fp16, off with fp32. */
+  /** Dynamic loss scaling (GradScaler); default on with fp16, off with bf16 and fp32. */
   lossScaling: boolean;
   /** Record the training step as a CUDA graph on CUDA (Trainer's cudaGraphs; default on). */
   cudaGraphs?: boolean;
@@ -162,14 +164,15 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
     "weight-decay": { kind: "number", min: 0, help: "SGD weight decay", default: d.weightDecay },
     precision: {
       kind: "string",
-      choices: ["fp16", "fp32"],
+      choices: ["fp16", "bf16", "fp32"],
       help: "fp16: mixed precision (fp16 activations, fp32 accumulation and master\n" +
-        "weights, dynamic loss scaling); fp32: everything in fp32",
+        "weights, dynamic loss scaling); bf16: the same in bfloat16, without loss\n" +
+        "scaling; fp32: everything in fp32",
       default: d.precision,
     },
     "loss-scaling": {
       kind: "boolean",
-      help: "dynamic loss scaling (default: on with fp16, off with fp32)",
+      help: "dynamic loss scaling (default: on with fp16, off with fp32; bf16 refuses it)",
     },
     "cuda-graphs": {
       kind: "boolean",
@@ -270,8 +273,23 @@ export function trainSpec(name: string, d: TrainArgs, extra: TrainCliExtra = {})
       kind: "number",
       min: 0,
       metavar: "J",
-      help: "contrast jitter toward mid-grey: factors in\n[max(0, 1 - J), 1 + J]",
+      help: "contrast jitter toward each image's mean grey:\nfactors in [max(0, 1 - J), 1 + J]",
       default: d.augment?.contrast ?? 0,
+    },
+    saturation: {
+      kind: "number",
+      min: 0,
+      metavar: "J",
+      help: "saturation jitter: factors in [max(0, 1 - J), 1 + J]",
+      default: d.augment?.saturation ?? 0,
+    },
+    hue: {
+      kind: "number",
+      min: 0,
+      max: 0.5,
+      metavar: "H",
+      help: "hue jitter: shifts in [-H, H] turns (H <= 0.5)",
+      default: d.augment?.hue ?? 0,
     },
     ...extra.options,
   };
@@ -340,6 +358,12 @@ export function parseTrainArgs(
   }
   const get = <T>(k: string, dflt: T): T => (v[k] as T | undefined) ?? dflt;
   const precision = get("precision", d.precision) as Precision;
+  if (precision === "bf16" && v["loss-scaling"] === true) {
+    throw new UsageError(
+      "option --loss-scaling does not go with --precision bf16: bf16 has fp32's range and " +
+        "trains without loss scaling; see --help",
+    );
+  }
   const own: Record<string, string | number | boolean | undefined> = {};
   for (const k of Object.keys(extra.options ?? {})) own[k] = v[k] as typeof own[string];
   if (v.given.has("prefetch-factor") && get("workers", d.workers) === 0) {
@@ -389,7 +413,16 @@ export function precisionLine(args: TrainArgs): string {
 }
 
 /** The augmentation flags, in the order --help lists them. */
-const AUGMENT_FLAGS = ["crop-padding", "flip", "vflip", "cutout", "brightness", "contrast"];
+const AUGMENT_FLAGS = [
+  "crop-padding",
+  "flip",
+  "vflip",
+  "cutout",
+  "brightness",
+  "contrast",
+  "saturation",
+  "hue",
+];
 
 /**
  * The training augmentation from the parsed flags over the example's default: null for none,
@@ -416,9 +449,11 @@ function augmentArgs(
     cutout: (v.cutout as number | undefined) ?? dflt?.cutout ?? 0,
     brightness: (v.brightness as number | undefined) ?? dflt?.brightness ?? 0,
     contrast: (v.contrast as number | undefined) ?? dflt?.contrast ?? 0,
+    saturation: (v.saturation as number | undefined) ?? dflt?.saturation ?? 0,
+    hue: (v.hue as number | undefined) ?? dflt?.hue ?? 0,
   };
   const on = a.padding > 0 || a.flip || a.vflip || a.cutout > 0 || a.brightness > 0 ||
-    a.contrast > 0;
+    a.contrast > 0 || a.saturation > 0 || a.hue > 0;
   return on ? a : null;
 }
 
@@ -437,6 +472,8 @@ export function augmentNote(a: AugmentOptions | null | undefined): string {
     a.cutout ? `cutout ${a.cutout}` : "",
     a.brightness ? `brightness ${a.brightness}` : "",
     a.contrast ? `contrast ${a.contrast}` : "",
+    a.saturation ? `saturation ${a.saturation}` : "",
+    a.hue ? `hue ${a.hue}` : "",
   ].filter((x) => x !== "");
   return parts.length > 0 ? `augment ${parts.join(" + ")}` : "no augmentation";
 }
@@ -683,7 +720,19 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     std: spec.std,
     layout: spec.layout ?? "nchw",
     persistent: true,
-    dtype: args.precision === "fp32" ? "f32" as const : "f16" as const,
+    // bf16 batches: the prefetcher delivers f32 and one cast on the device rounds them
+    // (asBatch below), as torch.autocast casts its inputs.
+    dtype: args.precision === "fp16" ? "f16" as const : "f32" as const,
+  };
+  let bf16Batch: Tensor | null = null;
+  const asBatch = (images: Tensor): Tensor => {
+    if (args.precision !== "bf16") return images;
+    if (bf16Batch === null || bf16Batch.shape.join() !== images.shape.join()) {
+      bf16Batch?.dispose();
+      bf16Batch = Tensor.empty(device, [...images.shape], "bf16");
+    }
+    cast(images, bf16Batch);
+    return bf16Batch;
   };
   const trainFeed = new DevicePrefetcher(trainLoader, device, {
     ...norm,
@@ -717,7 +766,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   let step = 0;
   /** Runs the test set; the model goes back to training mode at the next trainStep. */
   const evaluate = async (epoch: number): Promise<EvalReport> => {
-    for await (const b of testFeed) trainer.evalStep(b.images, b.labels);
+    for await (const b of testFeed) trainer.evalStep(asBatch(b.images), b.labels);
     const l = await trainer.readEval();
     // Every rank evaluates its shard at the same steps; the figures are over all of them.
     const t = overRanks(l.loss * l.samples, l.accuracy * l.samples, l.samples);
@@ -746,7 +795,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
       let lastEval: EvalReport | undefined;
       const t0 = performance.now();
       for await (const b of trainFeed) {
-        trainer.trainStep(b.images, b.labels);
+        trainer.trainStep(asBatch(b.images), b.labels);
         done++;
         step++;
         if (done % logEvery === 0 && (progress.enabled || tb !== undefined)) {
@@ -859,6 +908,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     await trainFeed[Symbol.asyncDispose]();
     await testFeed[Symbol.asyncDispose]();
     trainer.dispose();
+    (bf16Batch as Tensor | null)?.dispose();
     if (net !== model) net.dispose();
     scaler.dispose();
     optimizer.dispose();

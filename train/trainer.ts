@@ -115,7 +115,8 @@ export class Trainer {
    *
    * @param model The model, on its device.
    * @param options Optimizer, scaler, scheduler.
-   * @throws {TypeError} When the model is not on a device.
+   * @throws {TypeError} When the model is not on a device, or when an enabled GradScaler is
+   *   given for a bf16 model (bf16 needs no loss scaling).
    */
   constructor(model: Module, options: TrainerOptions) {
     refuseUnknownKeys(options ?? {}, [
@@ -131,6 +132,14 @@ export class Trainer {
       throw new TypeError(`Cannot create a Trainer: cudaGraphs must be a boolean, got ${graphs}`);
     }
     if (!model.device) throw new TypeError("Cannot create a Trainer: the model is not on a device");
+    if (model.precision === "bf16" && options.scaler?.enabled) {
+      // As torch.autocast(dtype=torch.bfloat16), which runs without a GradScaler: bf16 has
+      // fp32's exponent range, so small gradients do not flush to zero and need no scaling.
+      throw new TypeError(
+        "Cannot create a Trainer: the model computes in bf16, which has fp32's range and needs " +
+          "no loss scaling; pass no scaler (or a GradScaler with enabled: false)",
+      );
+    }
     this.model = model;
     this.optimizer = options.optimizer;
     this.scaler = options.scaler ?? null;

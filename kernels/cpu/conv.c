@@ -79,7 +79,7 @@ static inline void zero_wrapped(const conv_t *g, const shift_t *t, float *row) {
     }
 }
 
-static void im2col_same(const conv_t *g, const void *x, int f16, int64_t at, float *col) {
+static void im2col_same(const conv_t *g, const void *x, int32_t dt, int64_t at, float *col) {
   int64_t P = g->oh * g->ow, HW = g->h * g->w;
   for (int64_t ky = 0; ky < g->kh; ky++)
     for (int64_t kx = 0; kx < g->kw; kx++) {
@@ -88,7 +88,7 @@ static void im2col_same(const conv_t *g, const void *x, int f16, int64_t at, flo
       for (int64_t c = 0; c < g->c; c++) {
         float *row = col + ((c * g->kh + ky) * g->kw + kx) * P;
         zero_f(row, t.qa);
-        act_load(x, f16, at + c * HW + t.qa + t.off, row + t.qa, t.qb - t.qa);
+        act_load(x, dt, at + c * HW + t.qa + t.off, row + t.qa, t.qb - t.qa);
         zero_f(row + t.qb, P - t.qb);
         zero_wrapped(g, &t, row);
       }
@@ -117,10 +117,10 @@ static void col2im_same(const conv_t *g, float *col, float *img) {
 }
 
 /* col[(c*kh + ky)*kw + kx][oy*ow + ox] = x[c][oy*s + ky - pad][ox*s + kx - pad] (0 outside),
- * for the image at element offset `at` of x (fp16 when f16, else fp32). */
-static void im2col(const conv_t *g, const void *x, int f16, int64_t at, float *col) {
+ * for the image at element offset `at` of x (dtype dt). */
+static void im2col(const conv_t *g, const void *x, int32_t dt, int64_t at, float *col) {
   if (is_same_s1(g)) {
-    im2col_same(g, x, f16, at, col);
+    im2col_same(g, x, dt, at, col);
     return;
   }
   int64_t P = g->oh * g->ow;
@@ -140,9 +140,9 @@ static void im2col(const conv_t *g, const void *x, int f16, int64_t at, float *c
           int64_t src = at + (c * g->h + iy) * g->w + kx - g->pad;
           for (int64_t ox = 0; ox < lo; ox++) d[ox] = 0.0f;
           if (g->s == 1) {
-            act_load(x, f16, src + lo, d + lo, hi - lo);
+            act_load(x, dt, src + lo, d + lo, hi - lo);
           } else {
-            for (int64_t ox = lo; ox < hi; ox++) d[ox] = act_get(x, f16, src + ox * g->s);
+            for (int64_t ox = lo; ox < hi; ox++) d[ox] = act_get(x, dt, src + ox * g->s);
           }
           for (int64_t ox = hi; ox < g->ow; ox++) d[ox] = 0.0f;
         }
@@ -199,17 +199,17 @@ typedef float v16f __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
 #define ld16(p) (*(const v16u *)(p))
 
-/* y[o][p] = sum_k w[o][k] col[k][p] for 4 output channels at a time (w and y fp16 when f16,
- * else fp32; y at element offset yat); row: 4*P floats. */
+/* y[o][p] = sum_k w[o][k] col[k][p] for 4 output channels at a time (w and y dtype dt; y at element
+ * offset yat); row: 4*P floats. */
 static inline __attribute__((always_inline)) void fwd_small_k_body(const float *col, const void *w,
-                                                                   void *y, int f16, int64_t yat,
+                                                                   void *y, int32_t dt, int64_t yat,
                                                                    int64_t K, int64_t co, int64_t P,
                                                                    float *row) {
   for (int64_t o0 = 0; o0 < co; o0 += 4) {
     int64_t no = co - o0 < 4 ? co - o0 : 4;
     float wf[4][PS_SMALL_K] = {{0}};
     for (int64_t o = 0; o < no; o++)
-      for (int64_t k = 0; k < K; k++) wf[o][k] = act_get(w, f16, (o0 + o) * K + k);
+      for (int64_t k = 0; k < K; k++) wf[o][k] = act_get(w, dt, (o0 + o) * K + k);
     int64_t p = 0;
     for (; p + 16 <= P; p += 16) {
       v16f c = ld16(col + p);
@@ -227,25 +227,25 @@ static inline __attribute__((always_inline)) void fwd_small_k_body(const float *
         for (int64_t k = 1; k < K; k++) a += wf[o][k] * col[k * P + p];
         row[o * P + p] = a;
       }
-    act_store(row, y, f16, yat + o0 * P, no * P);
+    act_store(row, y, dt, yat + o0 * P, no * P);
   }
 }
 
-static void fwd_small_k(const float *col, const void *w, void *y, int f16, int64_t yat, int64_t K,
-                        int64_t co, int64_t P, float *row) {
+static void fwd_small_k(const float *col, const void *w, void *y, int32_t dt, int64_t yat,
+                        int64_t K, int64_t co, int64_t P, float *row) {
   if (K == 9)
-    fwd_small_k_body(col, w, y, f16, yat, 9, co, P, row);
+    fwd_small_k_body(col, w, y, dt, yat, 9, co, P, row);
   else
-    fwd_small_k_body(col, w, y, f16, yat, K, co, P, row);
+    fwd_small_k_body(col, w, y, dt, yat, K, co, P, row);
 }
 
 /* acc[k][o] (16 lanes each) += col[k][p] dy[o][p] over p, for the image's dy at element offset
- * `at` (fp16 when f16, else fp32); row: P floats of scratch. */
+ * `at` (dtype dt); row: P floats of scratch. */
 static inline __attribute__((always_inline)) void bwd_weight_small_k_body(
-    const float *col, const void *dy, int f16, int64_t at, v16f *acc, int64_t K, int64_t co,
+    const float *col, const void *dy, int32_t dt, int64_t at, v16f *acc, int64_t K, int64_t co,
     int64_t P, float *row, float *tail) {
   for (int64_t o = 0; o < co; o++) {
-    act_load(dy, f16, at + o * P, row, P);
+    act_load(dy, dt, at + o * P, row, P);
     v16f a[PS_SMALL_K];
     for (int64_t k = 0; k < K; k++) a[k] = acc[k * co + o];
     int64_t p = 0;
@@ -259,21 +259,21 @@ static inline __attribute__((always_inline)) void bwd_weight_small_k_body(
   }
 }
 
-static void bwd_weight_small_k(const float *col, const void *dy, int f16, int64_t at, v16f *acc,
+static void bwd_weight_small_k(const float *col, const void *dy, int32_t dt, int64_t at, v16f *acc,
                                int64_t K, int64_t co, int64_t P, float *row, float *tail) {
   if (K == 9)
-    bwd_weight_small_k_body(col, dy, f16, at, acc, 9, co, P, row, tail);
+    bwd_weight_small_k_body(col, dy, dt, at, acc, 9, co, P, row, tail);
   else
-    bwd_weight_small_k_body(col, dy, f16, at, acc, K, co, P, row, tail);
+    bwd_weight_small_k_body(col, dy, dt, at, acc, K, co, P, row, tail);
 }
 
 /* ps_nn_conv2d_forward: one image per task. */
 typedef struct {
   const conv_t *g;
-  const void *x, *w; /* x [n][c][h][w]; w [co][K] (fp16 when f16, else fp32, as y) */
+  const void *x, *w; /* x [n][c][h][w]; w [co][K] (dtype dt, as y) */
   const float *wt;   /* W^T [K][co] in fp32 */
   void *y;           /* [n][co][P] */
-  int f16;
+  int32_t dt;
   _Atomic int failed;
 } conv_fwd_ctx;
 
@@ -288,33 +288,33 @@ static void conv_fwd_task(void *vctx, int64_t i) {
     atomic_store(&x->failed, 1);
     return;
   }
-  im2col(g, x->x, x->f16, i * g->c * g->h * g->w, col);
+  im2col(g, x->x, x->dt, i * g->c * g->h * g->w, col);
   if (K <= PS_SMALL_K) {
-    fwd_small_k(col, x->w, x->y, x->f16, i * co * P, K, co, P, yt);
+    fwd_small_k(col, x->w, x->y, x->dt, i * co * P, K, co, P, yt);
     return;
   }
   if (K < 64) {
     /* Short K (a first layer): the transposed store would cost more than the GEMM, so
      * compute Y[Co, P] = W . col directly and store it contiguously. */
-    const mat_t A = {.p = x->w, .f16 = x->f16, .rs = K, .cs = 1};
-    const mat_t B = {.p = col, .f16 = 0, .rs = P, .cs = 1};
+    const mat_t A = {.p = x->w, .dt = x->dt, .rs = K, .cs = 1};
+    const mat_t B = {.p = col, .dt = PS_NN_F32, .rs = P, .cs = 1};
     if (ps_gemm(co, P, K, &A, &B, yt, P, 0)) {
       atomic_store(&x->failed, 1);
       return;
     }
-    act_store(yt, x->y, x->f16, i * co * P, co * P);
+    act_store(yt, x->y, x->dt, i * co * P, co * P);
     return;
   }
-  const mat_t A = {.p = col, .f16 = 0, .rs = 1, .cs = P};
-  const mat_t B = {.p = x->wt, .f16 = 0, .rs = co, .cs = 1};
+  const mat_t A = {.p = col, .dt = PS_NN_F32, .rs = 1, .cs = P};
+  const mat_t B = {.p = x->wt, .dt = PS_NN_F32, .rs = co, .cs = 1};
   if (ps_gemm(P, co, K, &A, &B, yt, co, 0)) {
     atomic_store(&x->failed, 1);
     return;
   }
-  if (x->f16)
-    transpose_to_f16(yt, co, P, co, (half *)x->y + i * co * P, P);
+  if (x->dt != PS_NN_F32)
+    transpose_to_half(yt, co, P, co, (uint16_t *)x->y + i * co * P, x->dt, P);
   else
-    transpose_to_f32(yt, 0, co, P, co, (float *)x->y + i * co * P, P);
+    transpose_to_f32(yt, PS_NN_F32, co, P, co, (float *)x->y + i * co * P, P);
 }
 
 PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t dtype, int64_t n,
@@ -322,7 +322,7 @@ PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t d
                                 int32_t kw, int32_t stride, int32_t pad, void *stream) {
   (void)stream;
   CHECK_DTYPE(dtype);
-  const int f16 = dtype == PS_NN_F16;
+  const int32_t dt = dtype;
   const int64_t es = dtsize(dtype);
   conv_t g;
   int st = ps_conv_geometry(&g, __func__, n, c, h, w_, co, kh, kw, stride, pad);
@@ -333,13 +333,12 @@ PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t d
   CHECK_RANGE(w, co * K * es);
   CHECK_RANGE(y, n * co * P * es);
   /* W^T [K][Co] in fp32 once, so the B packing reads contiguous rows. */
-  float *wt = aligned_alloc(64, (((size_t)(K * co) * 4 + 63) & ~(size_t)63));
+  float *wt = ps_call_scratch((size_t)(K * co));
   if (!wt) OOM();
   for (int64_t o = 0; o < co; o++)
-    for (int64_t k = 0; k < K; k++) wt[k * co + o] = act_get(w, f16, o * K + k);
-  conv_fwd_ctx cx = {.g = &g, .x = x, .w = w, .wt = wt, .y = y, .f16 = f16};
+    for (int64_t k = 0; k < K; k++) wt[k * co + o] = act_get(w, dt, o * K + k);
+  conv_fwd_ctx cx = {.g = &g, .x = x, .w = w, .wt = wt, .y = y, .dt = dt};
   ps_pool_for(n, conv_fwd_task, &cx); /* one image per task */
-  free(wt);
   if (atomic_load(&cx.failed)) OOM();
   return PS_OK;
 }
@@ -347,9 +346,9 @@ PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t d
 /* ps_nn_conv2d_backward_data: one image per task. */
 typedef struct {
   const conv_t *g;
-  const void *w, *dy; /* w [co][K]; dy [n][co][P] (fp16 when f16, else fp32, as dx) */
+  const void *w, *dy; /* w [co][K]; dy [n][co][P] (dtype dt, as dx) */
   void *dx;           /* [n][c][h][w] */
-  int f16;
+  int32_t dt;
   _Atomic int failed;
 } conv_bwd_data_ctx;
 
@@ -364,15 +363,15 @@ static void conv_bwd_data_task(void *vctx, int64_t i) {
     return;
   }
   /* dcol[K][P] = W^T . dY: A(kk, o) = w[o*K + kk], B(o, p) = dy[o*P + p]. */
-  const mat_t A = {.p = x->w, .f16 = x->f16, .rs = 1, .cs = K};
-  const mat_t B = {.p = act_at(x->dy, x->f16, i * co * P), .f16 = x->f16, .rs = P, .cs = 1};
+  const mat_t A = {.p = x->w, .dt = x->dt, .rs = 1, .cs = K};
+  const mat_t B = {.p = act_at(x->dy, x->dt, i * co * P), .dt = x->dt, .rs = P, .cs = 1};
   if (ps_gemm(K, P, co, &A, &B, dcol, P, 0)) {
     atomic_store(&x->failed, 1);
     return;
   }
   memset(img, 0, (size_t)(g->c * HW) * sizeof(float));
   col2im(g, dcol, img);
-  act_store(img, x->dx, x->f16, i * g->c * HW, g->c * HW);
+  act_store(img, x->dx, x->dt, i * g->c * HW, g->c * HW);
 }
 
 PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, int32_t dtype,
@@ -390,7 +389,7 @@ PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, i
   CHECK_RANGE(dy, n * co * P * es);
   CHECK_RANGE(w, co * K * es);
   CHECK_RANGE(dx, n * c * HW * es);
-  conv_bwd_data_ctx cx = {.g = &g, .w = w, .dy = dy, .dx = dx, .f16 = dtype == PS_NN_F16};
+  conv_bwd_data_ctx cx = {.g = &g, .w = w, .dy = dy, .dx = dx, .dt = dtype};
   ps_pool_for(n, conv_bwd_data_task, &cx); /* one image per task */
   if (atomic_load(&cx.failed)) OOM();
   return PS_OK;
@@ -399,8 +398,8 @@ PS_API int ps_nn_conv2d_backward_data(const void *dy, const void *w, void *dx, i
 /* ps_nn_conv2d_backward_weight: one fixed chunk of the batch per task. */
 typedef struct {
   const conv_t *g;
-  const void *x, *dy; /* x [n][c][h][w]; dy [n][co][P] (fp16 when f16, else fp32) */
-  int f16;
+  const void *x, *dy; /* x [n][c][h][w]; dy [n][co][P] (dtype dt) */
+  int32_t dt;
   float *part;    /* one [K][co] partial per chunk */
   int64_t chunks; /* images split into this many fixed chunks */
   _Atomic int failed;
@@ -429,8 +428,8 @@ static void conv_bwd_weight_task(void *vctx, int64_t chunk) {
     float *tail = ws + K * co * 16, *row = tail + K * co;
     memset(ws, 0, (size_t)(K * co * 17) * sizeof(float));
     for (int64_t i = i0; i < i1; i++) {
-      im2col(g, x->x, x->f16, i * g->c * HW, col);
-      bwd_weight_small_k(col, x->dy, x->f16, i * co * P, acc, K, co, P, row, tail);
+      im2col(g, x->x, x->dt, i * g->c * HW, col);
+      bwd_weight_small_k(col, x->dy, x->dt, i * co * P, acc, K, co, P, row, tail);
     }
     for (int64_t r = 0; r < K * co; r++) {
       float t = tail[r];
@@ -440,10 +439,10 @@ static void conv_bwd_weight_task(void *vctx, int64_t chunk) {
     return;
   }
   for (int64_t i = i0; i < i1; i++) {
-    im2col(g, x->x, x->f16, i * g->c * HW, col);
+    im2col(g, x->x, x->dt, i * g->c * HW, col);
     /* dW^T[K][Co] (+)= col . dY^T: A(kk, p) = col[kk*P + p], B(p, o) = dy[o*P + p]. */
-    const mat_t A = {.p = col, .f16 = 0, .rs = P, .cs = 1};
-    const mat_t B = {.p = act_at(x->dy, x->f16, i * co * P), .f16 = x->f16, .rs = 1, .cs = P};
+    const mat_t A = {.p = col, .dt = PS_NN_F32, .rs = P, .cs = 1};
+    const mat_t B = {.p = act_at(x->dy, x->dt, i * co * P), .dt = x->dt, .rs = 1, .cs = P};
     if (ps_gemm(K, co, P, &A, &B, mine, co, i > i0)) {
       atomic_store(&x->failed, 1);
       return;
@@ -474,30 +473,19 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, int32_t d
   int64_t chunks = 4 * (int64_t)ps_pool_threads();
   if (chunks > n) chunks = n;
   if (chunks < 1) chunks = 1;
-  float *part = aligned_alloc(64, (((size_t)(chunks * K * co) * 4 + 63) & ~(size_t)63));
+  float *part = ps_call_scratch((size_t)(chunks * K * co));
   if (!part) OOM();
   if (n == 0) memset(part, 0, (size_t)(K * co) * sizeof(float));
-  conv_bwd_weight_ctx cx = {
-      .g = &g, .x = x, .dy = dy, .f16 = dtype == PS_NN_F16, .part = part, .chunks = chunks};
+  conv_bwd_weight_ctx cx = {.g = &g, .x = x, .dy = dy, .dt = dtype, .part = part, .chunks = chunks};
   ps_pool_for(n > 0 ? chunks : 0, conv_bwd_weight_task, &cx);
-  if (atomic_load(&cx.failed)) {
-    free(part);
-    OOM();
-  }
+  if (atomic_load(&cx.failed)) OOM();
   /* dw[o][ci][ky][kx] = sum over chunks of part[chunk][(ci*kh + ky)*kw + kx][o] */
   for (int64_t o = 0; o < co; o++)
     for (int64_t r = 0; r < K; r++) {
       float s = 0.0f;
       for (int64_t t = 0; t < chunks; t++) s += part[t * K * co + r * co + o];
       int64_t di = o * K + r;
-      if (dw_dtype == PS_NN_F32) {
-        float *d = (float *)dw + di;
-        *d = accumulate ? *d + s : s;
-      } else {
-        half *d = (half *)dw + di;
-        *d = f2h(accumulate ? h2f(*d) + s : s);
-      }
+      act_set(dw, dw_dtype, di, accumulate ? act_get(dw, dw_dtype, di) + s : s);
     }
-  free(part);
   return PS_OK;
 }

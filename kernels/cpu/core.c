@@ -21,6 +21,7 @@
 
 #include "../pinstream.h"
 #include "common.h"
+#include "threads.h"
 /* The error-recording module's definitions, ps_last_error, ps_abi_version and ps_backend. */
 #define PS_BACKEND_ID 0
 #define PS_ERRORS_IMPLEMENTATION
@@ -58,6 +59,12 @@ PS_API int ps_live_objects(int64_t *allocations, int64_t *streams, int64_t *even
   if (allocations) *allocations = __atomic_load_n(&live[PS_LIVE_ALLOCATION], __ATOMIC_RELAXED);
   if (streams) *streams = __atomic_load_n(&live[PS_LIVE_STREAM], __ATOMIC_RELAXED);
   if (events) *events = __atomic_load_n(&live[PS_LIVE_EVENT], __ATOMIC_RELAXED);
+  return PS_OK;
+}
+
+PS_API int ps_scratch_allocations(int64_t *out) {
+  PS_REQUIRE(out != NULL);
+  *out = ps_call_scratch_growths();
   return PS_OK;
 }
 

@@ -28,6 +28,10 @@ static void fill_range(void *p, int64_t begin, int64_t end) {
     half *d = (half *)c->dst;
     for (int64_t i = begin; i < end; i++)
       d[i] = f2h(ps_fill_value(c->mode, c->a, c->b, c->seed, c->offset + (uint64_t)i));
+  } else if (c->dtype == PS_NN_BF16) {
+    uint16_t *d = (uint16_t *)c->dst;
+    for (int64_t i = begin; i < end; i++)
+      d[i] = ps_bf16_from_f32(ps_fill_value(c->mode, c->a, c->b, c->seed, c->offset + (uint64_t)i));
   } else {
     float *d = (float *)c->dst;
     for (int64_t i = begin; i < end; i++)
@@ -40,7 +44,7 @@ PS_API int ps_tensor_fill(void *dst, int32_t dtype, int64_t count, int32_t mode,
   (void)stream;
   TRY(ps_check_fill(__func__, dtype, count, mode));
   if (count == 0) return PS_OK;
-  CHECK_RANGE(dst, count * (dtype == PS_NN_F16 ? 2 : 4));
+  CHECK_RANGE(dst, count * (dtype == PS_NN_F16 || dtype == PS_NN_BF16 ? 2 : 4));
   fill_ctx c = {
       .dst = dst, .dtype = dtype, .mode = mode, .a = a, .b = b, .seed = seed, .offset = offset};
   /* The random modes cost ~60 flops an element: worth threads from a few thousand on. */

@@ -48,7 +48,7 @@
 
 static inline float mat_at(const mat_t *m, int64_t i, int64_t j) {
   int64_t o = i * m->rs + j * m->cs;
-  return m->f16 ? h2f(((const half *)m->p)[o]) : ((const float *)m->p)[o];
+  return act_get(m->p, m->dt, o);
 }
 
 /* Packs rows [i0, i0+mc) x cols [k0, k0+kc) of A into MR-tall panels, each k-major
@@ -61,11 +61,10 @@ static void pack_a(float *restrict dst, const mat_t *a, int64_t i0, int64_t mc, 
     if (a->rs == 1) { /* the MR rows of one k are contiguous */
 #if defined(__AVX512F__)
       __mmask16 mk = (__mmask16)((1u << rows) - 1u);
-      if (a->f16) {
-        const half *s = (const half *)a->p + (i0 + ip) + k0 * a->cs;
+      if (a->dt != PS_NN_F32) {
+        const uint16_t *s = (const uint16_t *)a->p + (i0 + ip) + k0 * a->cs;
         for (int64_t k = 0; k < kc; k++, s += a->cs)
-          _mm512_mask_storeu_ps(d + k * MR, 0x3fff,
-                                _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, s)));
+          _mm512_mask_storeu_ps(d + k * MR, 0x3fff, load16(s, a->dt, rows));
       } else {
         const float *s = (const float *)a->p + (i0 + ip) + k0 * a->cs;
         for (int64_t k = 0; k < kc; k++, s += a->cs)
@@ -75,23 +74,24 @@ static void pack_a(float *restrict dst, const mat_t *a, int64_t i0, int64_t mc, 
 #elif defined(PS_GEMM_AVX2)
       /* MR = 6 values per k: a masked (f32) or copied (f16) short load, zero past `rows`. */
       const __m256i mk = mask8(MR);
-      if (a->f16) {
-        const half *s = (const half *)a->p + (i0 + ip) + k0 * a->cs;
+      if (a->dt != PS_NN_F32) {
+        const uint16_t *s = (const uint16_t *)a->p + (i0 + ip) + k0 * a->cs;
         for (int64_t k = 0; k < kc; k++, s += a->cs) {
           __m256 v;
           if (rows == MR) { /* 6 halves: 8 bytes + 4 bytes, no read past them */
             int32_t hi;
             memcpy(&hi, s + 4, 4);
-            v = _mm256_cvtph_ps(_mm_insert_epi32(_mm_loadl_epi64((const __m128i *)s), hi, 2));
+            const __m128i h = _mm_insert_epi32(_mm_loadl_epi64((const __m128i *)s), hi, 2);
+            v = a->dt == PS_NN_F16 ? _mm256_cvtph_ps(h) : b2f8(h);
           } else {
-            v = load8(s, 1, rows);
+            v = load8(s, a->dt, rows);
           }
           _mm256_maskstore_ps(d + k * MR, mk, v);
         }
       } else {
         const float *s = (const float *)a->p + (i0 + ip) + k0 * a->cs;
         for (int64_t k = 0; k < kc; k++, s += a->cs)
-          _mm256_maskstore_ps(d + k * MR, mk, load8(s, 0, rows));
+          _mm256_maskstore_ps(d + k * MR, mk, load8(s, PS_NN_F32, rows));
       }
       continue;
 #endif
@@ -101,9 +101,7 @@ static void pack_a(float *restrict dst, const mat_t *a, int64_t i0, int64_t mc, 
         for (int64_t i = rows; i < MR; i++) d[k * MR + i] = 0.0f;
     if (a->cs == 1) { /* each row is contiguous along k: transpose while packing */
       int64_t off = (i0 + ip) * a->rs + k0;
-      transpose_to_f32(a->f16 ? (const void *)((const half *)a->p + off)
-                              : (const void *)((const float *)a->p + off),
-                       a->f16, a->rs, rows, kc, d, MR);
+      transpose_to_f32(act_at(a->p, a->dt, off), a->dt, a->rs, rows, kc, d, MR);
     } else {
       for (int64_t k = 0; k < kc; k++)
         for (int64_t i = 0; i < rows; i++) d[k * MR + i] = mat_at(a, i0 + ip + i, k0 + k);
@@ -122,11 +120,17 @@ static void pack_b(float *restrict dst, const mat_t *b, int64_t k0, int64_t kc, 
 #if defined(__AVX512F__)
       uint32_t bits = cols >= 32 ? 0xffffffffu : ((1u << cols) - 1u);
       __mmask16 m0 = (__mmask16)(bits & 0xffffu), m1 = (__mmask16)(bits >> 16);
-      if (b->f16) {
+      if (b->dt == PS_NN_F16) {
         const half *s = (const half *)b->p + k0 * b->rs + j0 + jp;
         for (int64_t k = 0; k < kc; k++, s += b->rs) {
           _mm512_store_ps(d + k * NR, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m0, s)));
           _mm512_store_ps(d + k * NR + 16, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m1, s + 16)));
+        }
+      } else if (b->dt == PS_NN_BF16) {
+        const uint16_t *s = (const uint16_t *)b->p + k0 * b->rs + j0 + jp;
+        for (int64_t k = 0; k < kc; k++, s += b->rs) {
+          _mm512_store_ps(d + k * NR, b2f16(_mm256_maskz_loadu_epi16(m0, s)));
+          _mm512_store_ps(d + k * NR + 16, b2f16(_mm256_maskz_loadu_epi16(m1, s + 16)));
         }
       } else {
         const float *s = (const float *)b->p + k0 * b->rs + j0 + jp;
@@ -137,13 +141,12 @@ static void pack_b(float *restrict dst, const mat_t *b, int64_t k0, int64_t kc, 
       }
       continue;
 #elif defined(PS_GEMM_AVX2)
-      const void *s0 = b->f16 ? (const void *)((const half *)b->p + k0 * b->rs + j0 + jp)
-                              : (const void *)((const float *)b->p + k0 * b->rs + j0 + jp);
-      const int64_t step = b->rs * (b->f16 ? 2 : 4);
+      const void *s0 = act_at(b->p, b->dt, k0 * b->rs + j0 + jp);
+      const int64_t es = act_bytes(b->dt), step = b->rs * es;
       for (int64_t k = 0; k < kc; k++) {
         const char *s = (const char *)s0 + k * step;
-        _mm256_store_ps(d + k * NR, load8(s, b->f16, cols));
-        _mm256_store_ps(d + k * NR + 8, load8(s + (b->f16 ? 16 : 32), b->f16, cols - 8));
+        _mm256_store_ps(d + k * NR, load8(s, b->dt, cols));
+        _mm256_store_ps(d + k * NR + 8, load8(s + 8 * es, b->dt, cols - 8));
       }
       continue;
 #else
@@ -159,9 +162,7 @@ static void pack_b(float *restrict dst, const mat_t *b, int64_t k0, int64_t kc, 
         for (int64_t j = cols; j < NR; j++) d[k * NR + j] = 0.0f;
     if (b->rs == 1) { /* each column contiguous along k: transpose while packing */
       int64_t off = (j0 + jp) * b->cs + k0;
-      transpose_to_f32(b->f16 ? (const void *)((const half *)b->p + off)
-                              : (const void *)((const float *)b->p + off),
-                       b->f16, b->cs, cols, kc, d, NR);
+      transpose_to_f32(act_at(b->p, b->dt, off), b->dt, b->cs, cols, kc, d, NR);
     } else {
       for (int64_t k = 0; k < kc; k++)
         for (int64_t j = 0; j < cols; j++) d[k * NR + j] = mat_at(b, k0 + k, j0 + jp + j);
@@ -315,16 +316,27 @@ int ps_gemm(int64_t M, int64_t N, int64_t K, const mat_t *A, const mat_t *B, flo
 typedef struct {
   const mat_t *A, *B;
   float *out;  /* fp32 result [m][n] (the output itself when it is f32) */
-  half *out16; /* the fp16 output, or NULL */
-  float *pre;  /* the shared operand packed over K, or NULL */
+  void *out16; /* the fp16 or bf16 output (out_dt), or NULL */
+  int32_t out_dt;
+  float *pre; /* the shared operand packed over K, or NULL */
   int64_t m, n, k;
   int acc, acc16, split_m;
   int64_t tiles, parts;
   _Atomic int failed;
 } matmul_ctx;
 
-/* d = f2h(s + (acc ? d : 0)) for n elements. */
-static void f2h_acc_row(const float *s, half *d, int64_t n, int acc) {
+/* d = (half) (s + (acc ? d : 0)) for n elements of d, fp16 or bf16 by dt. */
+static void f2h_acc_row(const float *s, void *dv, int32_t dt, int64_t n, int acc) {
+  if (dt == PS_NN_BF16) {
+    uint16_t *d = (uint16_t *)dv;
+    if (!acc) {
+      f2b_row(s, d, n);
+      return;
+    }
+    for (int64_t i = 0; i < n; i++) d[i] = ps_bf16_from_f32(s[i] + ps_bf16_to_f32(d[i]));
+    return;
+  }
+  half *d = (half *)dv;
   if (!acc) {
     f2h_row(s, d, n);
     return;
@@ -369,18 +381,20 @@ static void matmul_task(void *vctx, int64_t p) {
   if (x->split_m) {
     int64_t i0 = t0 * MR, i1 = t1 * MR < x->m ? t1 * MR : x->m;
     mat_t Ap = *x->A;
-    Ap.p = act_at(Ap.p, Ap.f16, i0 * Ap.rs);
+    Ap.p = act_at(Ap.p, Ap.dt, i0 * Ap.rs);
     bad = gemm(i1 - i0, x->n, x->k, &Ap, x->B, x->out + i0 * x->n, x->n, x->acc, NULL, x->pre);
     if (!bad && x->out16)
-      f2h_acc_row(x->out + i0 * x->n, x->out16 + i0 * x->n, (i1 - i0) * x->n, x->acc16);
+      f2h_acc_row(x->out + i0 * x->n, (uint16_t *)x->out16 + i0 * x->n, x->out_dt, (i1 - i0) * x->n,
+                  x->acc16);
   } else {
     int64_t j0 = t0 * NR, j1 = t1 * NR < x->n ? t1 * NR : x->n;
     mat_t Bp = *x->B;
-    Bp.p = act_at(Bp.p, Bp.f16, j0 * Bp.cs);
+    Bp.p = act_at(Bp.p, Bp.dt, j0 * Bp.cs);
     bad = gemm(x->m, j1 - j0, x->k, x->A, &Bp, x->out + j0, x->n, x->acc, x->pre, NULL);
     if (!bad && x->out16)
       for (int64_t i = 0; i < x->m; i++)
-        f2h_acc_row(x->out + i * x->n + j0, x->out16 + i * x->n + j0, j1 - j0, x->acc16);
+        f2h_acc_row(x->out + i * x->n + j0, (uint16_t *)x->out16 + i * x->n + j0, x->out_dt,
+                    j1 - j0, x->acc16);
   }
   if (bad) atomic_store(&x->failed, 1);
 }
@@ -391,10 +405,10 @@ static double tile_waste(int64_t m, int64_t n) {
          ((double)m * (double)n);
 }
 
-/* out[m][n] = (acc ? out : 0) + A . B on the pool; with out16, also out16 = fp16(out (+
- * out16 when acc16)). Returns nonzero when out of memory. */
+/* out[m][n] = (acc ? out : 0) + A . B on the pool; with out16, also out16 = half(out (+
+ * out16 when acc16)), fp16 or bf16 by out_dt. Returns nonzero when out of memory. */
 static int run_matmul(const mat_t *A, const mat_t *B, int64_t m, int64_t n, int64_t k, float *out,
-                      half *out16, int acc, int acc16) {
+                      void *out16, int32_t out_dt, int acc, int acc16) {
   /* Split the longer side, in whole tiles, into about 2 parts per thread. */
   int64_t mt = (m + MR - 1) / MR, ntl = (n + NR - 1) / NR;
   int split_m = mt >= ntl;
@@ -411,6 +425,7 @@ static int run_matmul(const mat_t *A, const mat_t *B, int64_t m, int64_t n, int6
                    .B = B,
                    .out = out,
                    .out16 = out16,
+                   .out_dt = out_dt,
                    .pre = pre,
                    .m = m,
                    .n = n,
@@ -433,30 +448,23 @@ PS_API int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, in
   CHECK_DTYPE(c_dtype);
   TRY(ps_check_matmul(m, n, k));
   if (m == 0 || n == 0) return PS_OK;
-  const int f16 = dtype == PS_NN_F16;
   CHECK_RANGE(a, m * k * dtsize(dtype));
   CHECK_RANGE(b, k * n * dtsize(dtype));
   CHECK_RANGE(c, m * n * dtsize(c_dtype));
-  const mat_t A = {.p = a, .f16 = f16, .rs = trans_a ? 1 : k, .cs = trans_a ? m : 1};
-  const mat_t B = {.p = b, .f16 = f16, .rs = trans_b ? 1 : n, .cs = trans_b ? k : 1};
+  const mat_t A = {.p = a, .dt = dtype, .rs = trans_a ? 1 : k, .cs = trans_a ? m : 1};
+  const mat_t B = {.p = b, .dt = dtype, .rs = trans_b ? 1 : n, .cs = trans_b ? k : 1};
   if (tile_waste(n, m) < 0.8 * tile_waste(m, n)) {
     /* A narrow output (a classifier's 10 columns: 10 of each 32-wide tile used) runs as
      * C^T[n][m] = B^T A^T, where the short side is the MR-tall one, then is transposed back
      * (m x n is small here). */
-    const mat_t At = {.p = b, .f16 = f16, .rs = B.cs, .cs = B.rs};
-    const mat_t Bt = {.p = a, .f16 = f16, .rs = A.cs, .cs = A.rs};
+    const mat_t At = {.p = b, .dt = dtype, .rs = B.cs, .cs = B.rs};
+    const mat_t Bt = {.p = a, .dt = dtype, .rs = A.cs, .cs = A.rs};
     float *t = ps_workspace(WS_MM_OUT, (size_t)(m * n));
-    if (!t || run_matmul(&At, &Bt, n, m, k, t, NULL, 0, 0)) OOM();
+    if (!t || run_matmul(&At, &Bt, n, m, k, t, NULL, PS_NN_F32, 0, 0)) OOM();
     for (int64_t i = 0; i < m; i++)
       for (int64_t j = 0; j < n; j++) {
         float v = t[j * m + i];
-        if (c_dtype == PS_NN_F32) {
-          float *d = (float *)c + i * n + j;
-          *d = accumulate ? *d + v : v;
-        } else {
-          half *d = (half *)c + i * n + j;
-          *d = f2h(accumulate ? v + h2f(*d) : v);
-        }
+        act_set(c, c_dtype, i * n + j, accumulate ? act_get(c, c_dtype, i * n + j) + v : v);
       }
     return PS_OK;
   }
@@ -464,7 +472,7 @@ PS_API int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, in
    * thread's workspace: the tasks only write their own parts of it). */
   float *out = c_dtype == PS_NN_F32 ? (float *)c : ps_workspace(WS_MM_OUT, (size_t)(m * n));
   if (!out) OOM();
-  if (run_matmul(&A, &B, m, n, k, out, c_dtype == PS_NN_F32 ? NULL : (half *)c,
+  if (run_matmul(&A, &B, m, n, k, out, c_dtype == PS_NN_F32 ? NULL : c, c_dtype,
                  accumulate && c_dtype == PS_NN_F32, accumulate && c_dtype != PS_NN_F32))
     OOM();
   return PS_OK;

@@ -21,10 +21,11 @@
 #define NR 32
 #endif
 
-/* A strided view of fp16 or fp32 memory: element (i, j) at p[i*rs + j*cs]. */
+/* A strided view of memory of dtype dt (PS_NN_F32, PS_NN_F16 or PS_NN_BF16): element (i, j)
+ * at p[i*rs + j*cs]. */
 typedef struct {
   const void *p;
-  int f16;
+  int32_t dt;
   int64_t rs, cs;
 } mat_t;
 

@@ -28,6 +28,6 @@
 #define OOM() PS_FAIL(PS_ERR_OUT_OF_MEMORY, "%s: no memory for a workspace", __func__)
 
 /* Bytes per element of a PS_NN_* dtype. */
-static inline int64_t dtsize(int32_t dt) { return dt == PS_NN_F16 ? 2 : 4; }
+static inline int64_t dtsize(int32_t dt) { return dt == PS_NN_F16 || dt == PS_NN_BF16 ? 2 : 4; }
 
 #endif /* PINSTREAM_CPU_NN_H */

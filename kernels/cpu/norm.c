@@ -51,43 +51,49 @@ static float chunk_sqdev(const float *v, int64_t n, float mean) {
 }
 
 /* ReLU in place on m stored activations at element offset `at`, on their bits (rules.h). */
-static void relu_stored(void *y, int f16, int64_t at, int64_t m) {
-  if (f16) {
+static void relu_stored(void *y, int32_t dt, int64_t at, int64_t m) {
+  if (dt == PS_NN_F16) {
     uint16_t *q = (uint16_t *)y + at;
     for (int64_t j = 0; j < m; j++) q[j] = ps_relu_f16(q[j]);
+  } else if (dt == PS_NN_BF16) {
+    uint16_t *q = (uint16_t *)y + at;
+    for (int64_t j = 0; j < m; j++) q[j] = ps_relu_bf16(q[j]);
   } else {
     uint32_t *q = (uint32_t *)y + at;
     for (int64_t j = 0; j < m; j++) q[j] = ps_relu_f32(q[j]);
   }
 }
 
-/* y = x * a + b (then ReLU when relu) over the plane of hw values at element offset `at` (fp16
- * when f16, else fp32). The ReLU acts on the stored value, as a separate ReLU would. */
-static void plane_affine(const void *x, void *y, int f16, int64_t at, int64_t hw, float a, float b,
-                         int relu) {
+/* y = x * a + b (then ReLU when relu) over the plane of hw values at element offset `at`
+ * (dtype dt). The ReLU acts on the stored value, as a separate ReLU would. */
+static void plane_affine(const void *x, void *y, int32_t dt, int64_t at, int64_t hw, float a,
+                         float b, int relu) {
   float buf[BN_CHUNK];
   for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
     int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
-    act_load(x, f16, at + j0, buf, m);
+    act_load(x, dt, at + j0, buf, m);
     for (int64_t j = 0; j < m; j++) buf[j] = buf[j] * a + b;
-    act_store(buf, y, f16, at + j0, m);
-    if (relu) relu_stored(y, f16, at + j0, m);
+    act_store(buf, y, dt, at + j0, m);
+    if (relu) relu_stored(y, dt, at + j0, m);
   }
 }
 
 /* dy as fp32, masked by the forward's output y > 0 first when relu (ps_relu_grad on the bits,
  * as ps_nn_relu_backward would have written it). */
-static void load_dy(const void *dy, const void *y, int f16, int relu, int64_t at, float *d,
+static void load_dy(const void *dy, const void *y, int32_t dt, int relu, int64_t at, float *d,
                     int64_t m) {
   if (!relu) {
-    act_load(dy, f16, at, d, m);
+    act_load(dy, dt, at, d, m);
     return;
   }
-  if (f16) {
+  if (dt == PS_NN_F16) {
     uint16_t g[BN_CHUNK];
     const uint16_t *a = (const uint16_t *)dy + at, *o = (const uint16_t *)y + at;
     for (int64_t j = 0; j < m; j++) g[j] = ps_relu_grad_f16(o[j], a[j]);
     h2f_row((const half *)g, d, m);
+  } else if (dt == PS_NN_BF16) {
+    const uint16_t *a = (const uint16_t *)dy + at, *o = (const uint16_t *)y + at;
+    for (int64_t j = 0; j < m; j++) d[j] = ps_bf16_to_f32(ps_relu_grad_bf16(o[j], a[j]));
   } else {
     const uint32_t *a = (const uint32_t *)dy + at, *o = (const uint32_t *)y + at;
     for (int64_t j = 0; j < m; j++) {
@@ -100,8 +106,9 @@ static void load_dy(const void *dy, const void *y, int f16, int relu, int64_t at
 /* ps_nn_batchnorm_act_forward_train over channels [c0, c1). */
 typedef struct {
   const void *x;
-  void *y; /* x and y fp16 when f16, else fp32 */
-  int f16, relu;
+  void *y; /* x and y fp16 when dt, else fp32 */
+  int32_t dt;
+  int relu;
   const float *gamma, *beta;
   float *save_mean, *save_invstd, *run_mean, *run_var; /* run_* may be NULL */
   float *run_backup;                                   /* may be NULL */
@@ -113,7 +120,7 @@ static void bn_train_range(void *vctx, int64_t c0, int64_t c1) {
   const bn_train_ctx *k = vctx;
   const void *xh = k->x;
   void *yh = k->y;
-  const int f16 = k->f16;
+  const int32_t dt = k->dt;
   const float *gamma = k->gamma, *beta = k->beta;
   float *save_mean = k->save_mean, *save_invstd = k->save_invstd;
   float *run_mean = k->run_mean, *run_var = k->run_var, momentum = k->momentum, eps = k->eps;
@@ -133,7 +140,7 @@ static void bn_train_range(void *vctx, int64_t c0, int64_t c1) {
         const int64_t p = (i * c + ch) * hw;
         for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
           int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
-          act_load(xh, f16, p + j0, buf, m);
+          act_load(xh, dt, p + j0, buf, m);
           s += chunk_sum(buf, m);
         }
       }
@@ -144,7 +151,7 @@ static void bn_train_range(void *vctx, int64_t c0, int64_t c1) {
         const int64_t p = (i * c + ch) * hw;
         for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
           int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
-          act_load(xh, f16, p + j0, buf, m);
+          act_load(xh, dt, p + j0, buf, m);
           ss += chunk_sqdev(buf, m, mb);
         }
       }
@@ -161,7 +168,7 @@ static void bn_train_range(void *vctx, int64_t c0, int64_t c1) {
     if (run_var) run_var[ch] = ps_bn_running(run_var[ch], ps_bn_unbiased(m2, cnt), momentum);
     float a, b;
     ps_bn_affine(gamma[ch], beta[ch], mean, invstd, &a, &b);
-    for (int64_t i = 0; i < n; i++) plane_affine(xh, yh, f16, (i * c + ch) * hw, hw, a, b, k->relu);
+    for (int64_t i = 0; i < n; i++) plane_affine(xh, yh, dt, (i * c + ch) * hw, hw, a, b, k->relu);
   }
 }
 
@@ -195,7 +202,7 @@ PS_API int ps_nn_batchnorm_act_forward_train(const void *x, const float *gamma, 
   if (work) CHECK_RANGE(work, ps_bn_work_floats(n, c, hw) * 4);
   bn_train_ctx k = {.x = x,
                     .y = y,
-                    .f16 = dtype == PS_NN_F16,
+                    .dt = dtype,
                     .relu = act == PS_BN_RELU,
                     .gamma = gamma,
                     .beta = beta,
@@ -228,8 +235,8 @@ PS_API int ps_nn_batchnorm_forward_train(const void *x, const float *gamma, cons
 /* ps_nn_batchnorm_forward_eval over channels [c0, c1). */
 typedef struct {
   const void *x;
-  void *y; /* x and y fp16 when f16, else fp32 */
-  int f16;
+  void *y; /* x and y fp16 when dt, else fp32 */
+  int32_t dt;
   const float *gamma, *beta, *run_mean, *run_var;
   int64_t n, c, hw;
   float eps;
@@ -245,7 +252,7 @@ static void bn_eval_range(void *vctx, int64_t c0, int64_t c1) {
   for (int64_t ch = c0; ch < c1; ch++) {
     float a, b;
     ps_bn_eval_affine(gamma[ch], beta[ch], run_mean[ch], run_var[ch], eps, &a, &b);
-    for (int64_t i = 0; i < n; i++) plane_affine(x, y, k->f16, (i * c + ch) * hw, hw, a, b, 0);
+    for (int64_t i = 0; i < n; i++) plane_affine(x, y, k->dt, (i * c + ch) * hw, hw, a, b, 0);
   }
 }
 
@@ -265,7 +272,7 @@ PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const
   CHECK_RANGE(run_var, c * 4);
   bn_eval_ctx k = {.x = x,
                    .y = y,
-                   .f16 = dtype == PS_NN_F16,
+                   .dt = dtype,
                    .gamma = gamma,
                    .beta = beta,
                    .run_mean = run_mean,
@@ -281,8 +288,9 @@ PS_API int ps_nn_batchnorm_forward_eval(const void *x, const float *gamma, const
 /* ps_nn_batchnorm_act_backward over channels [c0, c1). */
 typedef struct {
   const void *x, *dy, *y;
-  void *dx; /* x, dy, y and dx fp16 when f16, else fp32 */
-  int f16, relu;
+  void *dx; /* x, dy, y and dx fp16 when dt, else fp32 */
+  int32_t dt;
+  int relu;
   const float *gamma, *save_mean, *save_invstd;
   float *dgamma, *dbeta;
   int64_t n, c, hw;
@@ -292,7 +300,8 @@ static void bn_bwd_range(void *vctx, int64_t c0, int64_t c1) {
   const bn_bwd_ctx *k = vctx;
   const void *x = k->x, *dy = k->dy, *y = k->y;
   void *dx = k->dx;
-  const int f16 = k->f16, relu = k->relu;
+  const int32_t dt = k->dt;
+  const int relu = k->relu;
   const float *gamma = k->gamma, *save_mean = k->save_mean, *save_invstd = k->save_invstd;
   float *dgamma = k->dgamma, *dbeta = k->dbeta;
   int64_t n = k->n, c = k->c, hw = k->hw, cnt = n * hw;
@@ -308,8 +317,8 @@ static void bn_bwd_range(void *vctx, int64_t c0, int64_t c1) {
         const int64_t p = (i * c + ch) * hw;
         for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
           int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
-          load_dy(dy, y, f16, relu, p + j0, gb, m);
-          act_load(x, f16, p + j0, xb, m);
+          load_dy(dy, y, dt, relu, p + j0, gb, m);
+          act_load(x, dt, p + j0, xb, m);
           float a0[BN_LANES] = {0}, a1[BN_LANES] = {0};
           int64_t j = 0;
           for (; j + BN_LANES <= m; j += BN_LANES)
@@ -336,10 +345,10 @@ static void bn_bwd_range(void *vctx, int64_t c0, int64_t c1) {
       const int64_t p = (i * c + ch) * hw;
       for (int64_t j0 = 0; j0 < hw; j0 += BN_CHUNK) {
         int64_t m = hw - j0 < BN_CHUNK ? hw - j0 : BN_CHUNK;
-        load_dy(dy, y, f16, relu, p + j0, gb, m);
-        act_load(x, f16, p + j0, xb, m);
+        load_dy(dy, y, dt, relu, p + j0, gb, m);
+        act_load(x, dt, p + j0, xb, m);
         for (int64_t j = 0; j < m; j++) gb[j] = ps_bn_grad(gb[j], xb[j], mean, is, a, mdy, mdyx);
-        act_store(gb, dx, f16, p + j0, m);
+        act_store(gb, dx, dt, p + j0, m);
       }
     }
   }
@@ -369,7 +378,7 @@ PS_API int ps_nn_batchnorm_act_backward(const void *dy, const void *x, const voi
                   .dy = dy,
                   .y = y,
                   .dx = dx,
-                  .f16 = dtype == PS_NN_F16,
+                  .dt = dtype,
                   .relu = act == PS_BN_RELU,
                   .gamma = gamma,
                   .save_mean = save_mean,
@@ -396,8 +405,8 @@ PS_API int ps_nn_batchnorm_backward(const void *dy, const void *x, const float *
 
 /* ps_nn_bias_add over rows [r0, r1) of [n*c][hw]. */
 typedef struct {
-  void *y; /* fp16 when f16, else fp32 */
-  int f16;
+  void *y; /* dtype dt */
+  int32_t dt;
   const void *bias;
   int32_t bias_dtype;
   int64_t c, hw;
@@ -407,23 +416,41 @@ typedef struct {
  * in the fp16 path before its cast). */
 static void bias_add_range_f32(const bias_add_ctx *k, int64_t r0, int64_t r1) {
   float *y = k->y;
-  const int bf16 = k->bias_dtype == PS_NN_F16;
+  const int32_t bdt = k->bias_dtype;
   int64_t c = k->c, hw = k->hw;
   for (int64_t r = r0; r < r1; r++) {
     if (hw == 1) {
       float *q = y + r * c;
-      for (int64_t ch = 0; ch < c; ch++) q[ch] += act_get(k->bias, bf16, ch);
+      for (int64_t ch = 0; ch < c; ch++) q[ch] += act_get(k->bias, bdt, ch);
     } else {
-      float *q = y + r * hw, b = act_get(k->bias, bf16, r % c);
+      float *q = y + r * hw, b = act_get(k->bias, bdt, r % c);
       for (int64_t j = 0; j < hw; j++) q[j] += b;
     }
   }
 }
 
+/* bias_add_range for bf16 y: through fp32 chunks, each element y + b rounded once. */
+static void bias_add_range_bf16(const bias_add_ctx *k, int64_t r0, int64_t r1) {
+  float buf[256];
+  const int64_t c = k->c, hw = k->hw, len = hw == 1 ? c : hw;
+  for (int64_t r = r0; r < r1; r++)
+    for (int64_t j0 = 0; j0 < len; j0 += 256) {
+      const int64_t m = len - j0 < 256 ? len - j0 : 256, at = r * len + j0;
+      act_load(k->y, PS_NN_BF16, at, buf, m);
+      for (int64_t j = 0; j < m; j++)
+        buf[j] += act_get(k->bias, k->bias_dtype, hw == 1 ? j0 + j : r % c);
+      act_store(buf, k->y, PS_NN_BF16, at, m);
+    }
+}
+
 static void bias_add_range(void *vctx, int64_t r0, int64_t r1) {
   const bias_add_ctx *k = vctx;
-  if (!k->f16) {
+  if (k->dt == PS_NN_F32) {
     bias_add_range_f32(k, r0, r1);
+    return;
+  }
+  if (k->dt == PS_NN_BF16) {
+    bias_add_range_bf16(k, r0, r1);
     return;
   }
   half *y = k->y;
@@ -435,16 +462,12 @@ static void bias_add_range(void *vctx, int64_t r0, int64_t r1) {
     if (!bf) { /* no scratch: the same sums, one channel at a time */
       for (int64_t r = r0; r < r1; r++)
         for (int64_t ch = 0; ch < c; ch++) {
-          float b =
-              bias_dtype == PS_NN_F16 ? h2f(((const half *)bias)[ch]) : ((const float *)bias)[ch];
+          float b = act_get(bias, bias_dtype, ch);
           y[r * c + ch] = f2h(h2f(y[r * c + ch]) + b);
         }
       return;
     }
-    if (bias_dtype == PS_NN_F16)
-      h2f_row((const half *)bias, bf, c);
-    else
-      memcpy(bf, bias, (size_t)c * sizeof(float));
+    act_load(bias, bias_dtype, 0, bf, c);
     for (int64_t r = r0; r < r1; r++) {
       half *q = y + r * c;
       int64_t j = 0;
@@ -468,7 +491,7 @@ static void bias_add_range(void *vctx, int64_t r0, int64_t r1) {
   for (int64_t r = r0; r < r1; r++) {
     int64_t ch = r % c;
     half *q = y + r * hw;
-    float b = bias_dtype == PS_NN_F16 ? h2f(((const half *)bias)[ch]) : ((const float *)bias)[ch];
+    float b = act_get(bias, bias_dtype, ch);
     int64_t j = 0;
 #if defined(__AVX512F__)
     __m512 vb = _mm512_set1_ps(b);
@@ -498,16 +521,15 @@ PS_API int ps_nn_bias_add(void *y, int32_t dtype, const void *bias, int32_t bias
   CHECK_RANGE(bias, c * dtsize(bias_dtype));
   /* hw == 1 (a Linear's [N,F]) splits by samples, the channel maps by (sample, channel). */
   int64_t rows = hw == 1 ? n : n * c;
-  bias_add_ctx k = {
-      .y = y, .f16 = dtype == PS_NN_F16, .bias = bias, .bias_dtype = bias_dtype, .c = c, .hw = hw};
+  bias_add_ctx k = {.y = y, .dt = dtype, .bias = bias, .bias_dtype = bias_dtype, .c = c, .hw = hw};
   ps_pool_range(rows, hw == 1 ? 8 : 64, n * c * hw, bias_add_range, &k);
   return PS_OK;
 }
 
 /* ps_nn_bias_grad's per-channel sums over channels [c0, c1). */
 typedef struct {
-  const void *dy; /* fp16 when f16, else fp32 */
-  int f16;
+  const void *dy; /* dtype dt */
+  int32_t dt;
   float *sum;
   int64_t n, c, hw;
 } bias_grad_ctx;
@@ -520,8 +542,8 @@ static void bias_grad_range(void *vctx, int64_t c0, int64_t c1) {
     float s = 0.0f;
     for (int64_t i = 0; i < n; i++) {
       int64_t at = (i * c + ch) * hw;
-      s +=
-          k->f16 ? sum_row((const half *)k->dy + at, hw) : chunk_sum((const float *)k->dy + at, hw);
+      s += k->dt != PS_NN_F32 ? sum_row(act_at(k->dy, k->dt, at), k->dt, hw)
+                              : chunk_sum((const float *)k->dy + at, hw);
     }
     sum[ch] = s;
   }
@@ -533,33 +555,28 @@ PS_API int ps_nn_bias_grad(const void *dy, int32_t dtype, void *dbias, int32_t d
   CHECK_DTYPE(dtype);
   CHECK_DTYPE(dbias_dtype);
   TRY(ps_check_per_channel(__func__, n, c, hw, 0));
-  const int f16 = dtype == PS_NN_F16;
+  const int32_t dt = dtype;
   CHECK_RANGE(dy, n * c * hw * dtsize(dtype));
   CHECK_RANGE(dbias, c * dtsize(dbias_dtype));
-  float *sum = calloc((size_t)c, sizeof(float));
+  float *sum = ps_call_scratch((size_t)c);
   if (!sum) OOM();
+  memset(sum, 0, (size_t)c * sizeof(float));
   float *row = hw == 1 ? ps_workspace(WS_OUT, (size_t)c) : NULL;
   if (hw == 1 && row) { /* [N,F]: convert a row with the vector helper, then add it */
     for (int64_t i = 0; i < n; i++) {
-      act_load(dy, f16, i * c, row, c);
+      act_load(dy, dt, i * c, row, c);
       for (int64_t ch = 0; ch < c; ch++) sum[ch] += row[ch];
     }
   } else if (hw == 1) {
     for (int64_t i = 0; i < n; i++)
-      for (int64_t ch = 0; ch < c; ch++) sum[ch] += act_get(dy, f16, i * c + ch);
+      for (int64_t ch = 0; ch < c; ch++) sum[ch] += act_get(dy, dt, i * c + ch);
   } else {
-    bias_grad_ctx k = {.dy = dy, .f16 = f16, .sum = sum, .n = n, .c = c, .hw = hw};
+    bias_grad_ctx k = {.dy = dy, .dt = dt, .sum = sum, .n = n, .c = c, .hw = hw};
     ps_pool_range(c, 1, n * c * hw, bias_grad_range, &k);
   }
   for (int64_t ch = 0; ch < c; ch++) {
-    if (dbias_dtype == PS_NN_F32) {
-      float *d = (float *)dbias + ch;
-      *d = accumulate ? *d + sum[ch] : sum[ch];
-    } else {
-      half *d = (half *)dbias + ch;
-      *d = f2h(accumulate ? h2f(*d) + sum[ch] : sum[ch]);
-    }
+    act_set(dbias, dbias_dtype, ch,
+            accumulate ? act_get(dbias, dbias_dtype, ch) + sum[ch] : sum[ch]);
   }
-  free(sum);
   return PS_OK;
 }

@@ -103,8 +103,8 @@ static void maxpool_2x2_plane_avx2(const half *xp, half *yp, int32_t *ip, int64_
 /* ps_nn_maxpool2d_forward over planes [p0, p1). */
 typedef struct {
   const void *x;
-  void *y; /* x and y fp16 when f16, else fp32 */
-  int f16;
+  void *y; /* x and y dtype dt */
+  int32_t dt;
   int32_t *idx; /* may be NULL */
   int64_t h, w, oh, ow;
   int32_t kernel, stride;
@@ -114,7 +114,9 @@ static void maxpool_fwd_range(void *vctx, int64_t p0, int64_t p1) {
   const maxpool_fwd_ctx *c = vctx;
   int64_t h = c->h, w_ = c->w, oh = c->oh, ow = c->ow;
   int32_t kernel = c->kernel, stride = c->stride;
-  const int f16 = c->f16;
+  const int32_t dt = c->dt;
+  const int f16 = dt == PS_NN_F16;
+  (void)f16;
   for (int64_t pl = p0; pl < p1; pl++) {
     const int64_t xp = pl * h * w_, yp = pl * oh * ow;
     int32_t *ip = c->idx ? c->idx + pl * oh * ow : NULL;
@@ -132,14 +134,14 @@ static void maxpool_fwd_range(void *vctx, int64_t p0, int64_t p1) {
     for (int64_t oy = 0; oy < oh; oy++)
       for (int64_t ox = 0; ox < ow; ox++) {
         int64_t y0 = oy * stride, x0 = ox * stride, best = y0 * w_ + x0;
-        float m = act_get(c->x, f16, xp + best);
+        float m = act_get(c->x, dt, xp + best);
         for (int64_t ky = 0; ky < kernel; ky++)
           for (int64_t kx = 0; kx < kernel; kx++) {
             int64_t at = (y0 + ky) * w_ + x0 + kx;
-            float v = act_get(c->x, f16, xp + at);
+            float v = act_get(c->x, dt, xp + at);
             if (ps_pool_takes(v, m)) m = v, best = at;
           }
-        act_set(c->y, f16, yp + oy * ow + ox, m);
+        act_set(c->y, dt, yp + oy * ow + ox, m);
         if (ip) ip[oy * ow + ox] = (int32_t)best;
       }
   }
@@ -199,8 +201,8 @@ static int maxpool_bwd_2x2_plane(const half *dyp, const int32_t *ip, half *dxp, 
 typedef struct {
   const void *dy;
   const int32_t *idx;
-  void *dx; /* dy and dx fp16 when f16, else fp32 */
-  int f16;
+  void *dx; /* dy and dx dtype dt */
+  int32_t dt;
   int64_t hw, ohw;
   int64_t w, oh, ow; /* w == 2*ow and hw == 2*oh*w: the 2x2 stride-2 fast path may apply */
   int halves;
@@ -210,7 +212,9 @@ typedef struct {
 static void maxpool_bwd_range(void *vctx, int64_t p0, int64_t p1) {
   maxpool_bwd_ctx *c = vctx;
   int64_t hw = c->hw, ohw = c->ohw;
-  const int f16 = c->f16;
+  const int32_t dt = c->dt;
+  const int f16 = dt == PS_NN_F16;
+  (void)f16;
   for (int64_t pl = p0; pl < p1; pl++) {
     const int64_t dxp = pl * hw, dyp = pl * ohw;
     const int32_t *ip = c->idx + pl * ohw;
@@ -220,14 +224,14 @@ static void maxpool_bwd_range(void *vctx, int64_t p0, int64_t p1) {
                               c->ow))
       continue;
 #endif
-    memset((char *)c->dx + dxp * (f16 ? 2 : 4), 0, (size_t)hw * (f16 ? 2 : 4));
+    memset((char *)c->dx + dxp * act_bytes(dt), 0, (size_t)(hw * act_bytes(dt)));
     for (int64_t i = 0; i < ohw; i++) {
       int32_t at = ip[i];
       if (at < 0 || at >= hw) {
         atomic_store(&c->bad, 1);
         break;
       }
-      act_set(c->dx, f16, dxp + at, act_get(c->dx, f16, dxp + at) + act_get(c->dy, f16, dyp + i));
+      act_set(c->dx, dt, dxp + at, act_get(c->dx, dt, dxp + at) + act_get(c->dy, dt, dyp + i));
     }
   }
 }
@@ -246,7 +250,7 @@ PS_API int ps_nn_maxpool2d_forward(const void *x, void *y, int32_t dtype, int32_
   if (indices) CHECK_RANGE(indices, planes * oh * ow * 4);
   maxpool_fwd_ctx pc = {.x = x,
                         .y = y,
-                        .f16 = dtype == PS_NN_F16,
+                        .dt = dtype,
                         .idx = indices,
                         .h = h,
                         .w = w_,
@@ -272,7 +276,7 @@ PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void
   maxpool_bwd_ctx pc = {.dy = dy,
                         .idx = indices,
                         .dx = dx,
-                        .f16 = dtype == PS_NN_F16,
+                        .dt = dtype,
                         .hw = hw,
                         .ohw = ohw,
                         .w = w_,
@@ -286,19 +290,25 @@ PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void
 }
 /* ---- relu ----------------------------------------------------------------------------- */
 
-/* ps_nn_relu_forward over elements [i, end), on the fp16 or fp32 bits. */
+/* ps_nn_relu_forward over elements [i, end), on the fp32, fp16 or bf16 bits. */
 typedef struct {
   const void *x;
   void *y;
-  int f16;
+  int32_t dt;
 } relu_fwd_ctx;
 
 static void relu_fwd_range(void *vctx, int64_t i, int64_t end) {
   const relu_fwd_ctx *k = vctx;
-  if (!k->f16) {
+  if (k->dt == PS_NN_F32) {
     const uint32_t *s = k->x;
     uint32_t *d = k->y;
     for (; i < end; i++) d[i] = ps_relu_f32(s[i]);
+    return;
+  }
+  if (k->dt == PS_NN_BF16) {
+    const uint16_t *s = k->x;
+    uint16_t *d = k->y;
+    for (; i < end; i++) d[i] = ps_relu_bf16(s[i]);
     return;
   }
   const uint16_t *s = k->x;
@@ -328,24 +338,30 @@ PS_API int ps_nn_relu_forward(const void *x, void *y, int32_t dtype, int64_t cou
   CHECK_RANGE(y, count * dtsize(dtype));
   /* On the bits: max(x, 0) keeps NaN like torch.relu does not guarantee either way; a
    * negative-sign test maps -0 and negatives to +0 and leaves NaN payloads alone. */
-  relu_fwd_ctx k = {.x = x, .y = y, .f16 = dtype == PS_NN_F16};
+  relu_fwd_ctx k = {.x = x, .y = y, .dt = dtype};
   ps_pool_range(count, 16384, count, relu_fwd_range, &k);
   return PS_OK;
 }
 
-/* ps_nn_relu_backward over elements [i, end), on the fp16 or fp32 bits. */
+/* ps_nn_relu_backward over elements [i, end), on the fp32, fp16 or bf16 bits. */
 typedef struct {
   const void *dy, *y;
   void *dx;
-  int f16;
+  int32_t dt;
 } relu_bwd_ctx;
 
 static void relu_bwd_range(void *vctx, int64_t i, int64_t end) {
   const relu_bwd_ctx *k = vctx;
-  if (!k->f16) {
+  if (k->dt == PS_NN_F32) {
     const uint32_t *g = k->dy, *o = k->y;
     uint32_t *d = k->dx;
     for (; i < end; i++) d[i] = ps_relu_grad_f32(o[i], g[i]);
+    return;
+  }
+  if (k->dt == PS_NN_BF16) {
+    const uint16_t *g = k->dy, *o = k->y;
+    uint16_t *d = k->dx;
+    for (; i < end; i++) d[i] = ps_relu_grad_bf16(o[i], g[i]);
     return;
   }
   const uint16_t *g = k->dy, *o = k->y;
@@ -374,7 +390,7 @@ PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int32_t 
   CHECK_RANGE(y, count * dtsize(dtype));
   CHECK_RANGE(dx, count * dtsize(dtype));
   /* dx = y > 0 ? dy : 0; y is relu's output, so y > 0 <=> positive sign and nonzero. */
-  relu_bwd_ctx k = {.dy = dy, .y = y, .dx = dx, .f16 = dtype == PS_NN_F16};
+  relu_bwd_ctx k = {.dy = dy, .y = y, .dx = dx, .dt = dtype};
   ps_pool_range(count, 16384, count, relu_bwd_range, &k);
   return PS_OK;
 }
@@ -388,7 +404,6 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
   CHECK_DTYPE(dtype);
   TRY(ps_check_cross_entropy(n, k));
   if (n == 0) return PS_OK;
-  const int f16 = dtype == PS_NN_F16;
   CHECK_RANGE(logits, n * k * dtsize(dtype));
   CHECK_RANGE(labels, n * 4);
   if (dlogits) CHECK_RANGE(dlogits, n * k * dtsize(dtype));
@@ -402,13 +417,13 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
               (long long)i, (long long)k);
   double loss = 0.0;
   int64_t hits = 0;
-  float *row = malloc((size_t)k * sizeof(float));
+  float *row = ps_call_scratch((size_t)k);
   if (!row) OOM();
   float g = ps_ce_grad_scale(scale, device_scale, n);
   for (int64_t i = 0; i < n; i++) {
     int64_t arg = -1;
     float m = 0.0f;
-    act_load(logits, f16, i * k, row, k);
+    act_load(logits, dtype, i * k, row, k);
     for (int64_t j = 0; j < k; j++) {
       if (ps_argmax_takes(row[j], j, m, arg)) m = row[j], arg = j;
     }
@@ -421,11 +436,10 @@ PS_API int ps_nn_cross_entropy(const void *logits, const int32_t *labels, void *
       float inv = 1.0f / s;
       for (int64_t j = 0; j < k; j++) {
         float p = expf(row[j] - m) * inv;
-        act_set(dlogits, f16, i * k + j, g * (p - (j == labels[i] ? 1.0f : 0.0f)));
+        act_set(dlogits, dtype, i * k + j, g * (p - (j == labels[i] ? 1.0f : 0.0f)));
       }
     }
   }
-  free(row);
   if (loss_sum) *loss_sum += (float)loss;
   if (correct) *correct += (int32_t)hits;
   return PS_OK;
@@ -442,12 +456,20 @@ PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst
   if (count == 0) return PS_OK;
   CHECK_RANGE(src, count * dtsize(src_dtype));
   CHECK_RANGE(dst, count * dtsize(dst_dtype));
-  if (src_dtype == dst_dtype)
+  if (src_dtype == dst_dtype) {
     memmove(dst, src, (size_t)(count * dtsize(src_dtype)));
-  else if (src_dtype == PS_NN_F16)
-    h2f_row((const half *)src, (float *)dst, count);
-  else
-    f2h_row((const float *)src, (half *)dst, count);
+  } else if (src_dtype == PS_NN_F32) {
+    act_store((const float *)src, dst, dst_dtype, 0, count);
+  } else if (dst_dtype == PS_NN_F32) {
+    act_load(src, src_dtype, 0, (float *)dst, count);
+  } else { /* fp16 <-> bf16 through fp32, a chunk at a time */
+    float buf[1024];
+    for (int64_t i = 0; i < count; i += 1024) {
+      const int64_t m = count - i < 1024 ? count - i : 1024;
+      act_load(src, src_dtype, i, buf, m);
+      act_store(buf, dst, dst_dtype, i, m);
+    }
+  }
   return PS_OK;
 }
 
@@ -468,6 +490,11 @@ PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count, co
     for (int64_t i = 0; i < count; i++) bad |= ps_f16_nonfinite(g[i]);
     if (in_place)
       for (int64_t i = 0; i < count; i++) ((half *)grad)[i] = f2h(h2f(((half *)grad)[i]) * inv);
+  } else if (grad_dtype == PS_NN_BF16) {
+    uint16_t *g = (uint16_t *)grad;
+    for (int64_t i = 0; i < count; i++) bad |= ps_bf16_nonfinite(g[i]);
+    if (in_place)
+      for (int64_t i = 0; i < count; i++) g[i] = ps_bf16_from_f32(ps_bf16_to_f32(g[i]) * inv);
   } else {
     float *g = (float *)grad;
     for (int64_t i = 0; i < count; i++) {
@@ -483,8 +510,8 @@ PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count, co
 typedef struct {
   float *param, *momentum_buf; /* momentum_buf is NULL when momentum == 0 */
   const void *grad;
-  half *param_half; /* may be NULL */
-  int32_t grad_dtype;
+  void *param_half; /* half_dtype; may be NULL */
+  int32_t grad_dtype, half_dtype;
   int nesterov, fresh; /* fresh: the step that creates the momentum buffer */
   float inv, lr, momentum, dampening, weight_decay;
 } sgd_ctx;
@@ -495,26 +522,27 @@ static void sgd_range(void *vctx, int64_t i0, int64_t i1) {
   int32_t grad_dtype = k->grad_dtype;
   int nesterov = k->nesterov, fresh = k->fresh;
   float *param = k->param, *momentum_buf = k->momentum_buf;
-  half *param_half = k->param_half;
+  void *param_half = k->param_half;
+  const int32_t half_dtype = k->half_dtype;
   float inv = k->inv, lr = k->lr, momentum = k->momentum, dampening = k->dampening,
         weight_decay = k->weight_decay;
   for (int64_t i = i0; i < i1; i++) {
-    float g =
-        (grad_dtype == PS_NN_F16 ? h2f(((const half *)grad)[i]) : ((const float *)grad)[i]) * inv;
+    float g = act_get(grad, grad_dtype, i) * inv;
     float p = ps_sgd_element(param[i], g, momentum != 0.0f ? momentum_buf + i : NULL, lr, momentum,
                              dampening, weight_decay, nesterov, fresh);
     param[i] = p;
-    if (param_half) param_half[i] = f2h(p);
+    if (param_half) act_set(param_half, half_dtype, i, p);
   }
 }
 
 PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype, float *momentum_buf,
-                          void *param_half, int64_t count, float lr, float momentum,
-                          float dampening, float weight_decay, int32_t nesterov, const float *scale,
-                          const int32_t *found_inf, const int32_t *steps_done, const float *hyper,
-                          void *stream) {
+                          void *param_half, int32_t half_dtype, int64_t count, float lr,
+                          float momentum, float dampening, float weight_decay, int32_t nesterov,
+                          const float *scale, const int32_t *found_inf, const int32_t *steps_done,
+                          const float *hyper, void *stream) {
   (void)stream;
   CHECK_DTYPE(grad_dtype);
+  if (param_half) TRY(ps_check_half_dtype(__func__, "half_dtype", half_dtype));
   TRY(ps_check_sgd(count, momentum, momentum_buf));
   if (found_inf) CHECK_RANGE(found_inf, 4);
   if (scale) CHECK_RANGE(scale, 4);
@@ -537,6 +565,7 @@ PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype, fl
                .grad = grad,
                .param_half = param_half,
                .grad_dtype = grad_dtype,
+               .half_dtype = half_dtype,
                .nesterov = nesterov != 0,
                .fresh = fresh,
                .inv = inv,
@@ -613,9 +642,9 @@ PS_API int ps_nn_multi_sgd_step(const int64_t *list, int32_t n, int64_t max_coun
   for (int32_t i = 0; i < n; i++) {
     const int64_t *e = list + (int64_t)i * PS_MT_SGD_FIELDS;
     TRY(ps_nn_sgd_step((float *)(uintptr_t)e[0], (const void *)(uintptr_t)e[1], (int32_t)e[5],
-                       (float *)(uintptr_t)e[2], (void *)(uintptr_t)e[3], e[4], lr, momentum,
-                       dampening, weight_decay, nesterov, scale, found_inf, steps_done, hyper,
-                       stream));
+                       (float *)(uintptr_t)e[2], (void *)(uintptr_t)e[3], (int32_t)e[6], e[4], lr,
+                       momentum, dampening, weight_decay, nesterov, scale, found_inf, steps_done,
+                       hyper, stream));
   }
   return PS_OK;
 }
@@ -684,14 +713,15 @@ PS_API int ps_nn_concat(void *part, void *whole, int32_t dtype, int64_t outer, i
 typedef struct {
   const void *a, *b;
   void *y;
-  int f16, mul;
+  int32_t dt;
+  int mul;
 } binary_ctx;
 
 static void binary_range(void *vctx, int64_t i, int64_t end) {
   const binary_ctx *k = vctx;
   for (; i < end; i++) {
-    float u = act_get(k->a, k->f16, i), v = act_get(k->b, k->f16, i);
-    act_set(k->y, k->f16, i, k->mul ? u * v : u + v);
+    float u = act_get(k->a, k->dt, i), v = act_get(k->b, k->dt, i);
+    act_set(k->y, k->dt, i, k->mul ? u * v : u + v);
   }
 }
 
@@ -705,7 +735,7 @@ PS_API int ps_nn_binary(const void *a, const void *b, void *y, int32_t dtype, in
   CHECK_RANGE(a, bytes);
   CHECK_RANGE(b, bytes);
   CHECK_RANGE(y, bytes);
-  binary_ctx k = {.a = a, .b = b, .y = y, .f16 = dtype == PS_NN_F16, .mul = op == PS_BINARY_MUL};
+  binary_ctx k = {.a = a, .b = b, .y = y, .dt = dtype, .mul = op == PS_BINARY_MUL};
   ps_pool_range(count, 16384, count, binary_range, &k);
   return PS_OK;
 }

@@ -245,12 +245,21 @@ void ps_pool_range_adaptive(int64_t total, int64_t grain, ps_range_fn fn, void *
 static __thread float *ws_ptr[WS_COUNT];
 static __thread size_t ws_cap[WS_COUNT];
 
+static _Atomic int64_t call_scratch_growths;
+
 float *ps_workspace(int slot, size_t n) {
   if (n > ws_cap[slot]) {
     free(ws_ptr[slot]);
     size_t bytes = ((n * sizeof(float) + 4095) & ~(size_t)4095) + 256;
     ws_ptr[slot] = aligned_alloc(64, bytes);
     ws_cap[slot] = ws_ptr[slot] ? (bytes - 256) / sizeof(float) : 0;
+    if (slot == WS_CALL) atomic_fetch_add_explicit(&call_scratch_growths, 1, memory_order_relaxed);
   }
   return ws_ptr[slot];
+}
+
+float *ps_call_scratch(size_t n) { return ps_workspace(WS_CALL, n ? n : 1); }
+
+int64_t ps_call_scratch_growths(void) {
+  return atomic_load_explicit(&call_scratch_growths, memory_order_relaxed);
 }

@@ -52,9 +52,16 @@ static inline void ps_pool_range(int64_t total, int64_t grain, int64_t work, ps_
 /* Per-thread workspaces: caches that grow to the largest size seen and are kept for the life
  * of the thread (they are not allocations of pinstream objects, so they are not counted in
  * ps_live_objects). One slot per use, so one task can hold several at once. */
-enum { WS_PACK_A, WS_PACK_B, WS_COL, WS_OUT, WS_IMG, WS_MM_PACK, WS_MM_OUT, WS_COUNT };
+enum { WS_PACK_A, WS_PACK_B, WS_COL, WS_OUT, WS_IMG, WS_MM_PACK, WS_MM_OUT, WS_CALL, WS_COUNT };
 
 /* A 64-byte aligned float buffer of at least n elements for this thread, or NULL. */
 PS_INTERNAL float *ps_workspace(int slot, size_t n);
+
+/* The calling thread's scratch for one call's own use outside pool tasks (WS_CALL): like
+ * ps_workspace, and each growth counts in ps_scratch_allocations. One per call at a time. */
+PS_INTERNAL float *ps_call_scratch(size_t n);
+
+/* Growths of ps_call_scratch so far (ps_scratch_allocations). */
+PS_INTERNAL int64_t ps_call_scratch_growths(void);
 
 #endif /* PINSTREAM_CPU_THREADS_H */

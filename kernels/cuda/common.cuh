@@ -69,6 +69,22 @@ PS_INTERNAL void ps_live_add(ps_live_kind kind, int64_t delta);
 PS_INTERNAL int ps_scratch_alloc(void **out, size_t bytes, cudaStream_t st);
 PS_INTERNAL int ps_scratch_free(void *p, cudaStream_t st);
 
+/* Scratch a call keeps for the next calls on the same stream: one device buffer per (device,
+ * stream), grown to the largest request with cudaMalloc and kept, so a steady training step
+ * allocates nothing. Calls on one stream run in order, so one buffer serves them all. While
+ * `st` is capturing a graph, a request the buffer cannot hold takes stream-ordered scratch
+ * (ps_scratch_alloc: the graph owns it); a buffer a capture used is never freed before its
+ * stream, so a recorded graph keeps valid memory. ps_stream_scratch_release gives back what
+ * was not the stream's. A graph recorded on a stream is replayed on that stream. */
+struct ps_stream_scratch {
+  void *p;
+  bool owned; /* ps_scratch_alloc'd for this call: release frees it */
+};
+PS_INTERNAL int ps_stream_scratch_get(ps_stream_scratch *out, size_t bytes, cudaStream_t st);
+PS_INTERNAL int ps_stream_scratch_release(ps_stream_scratch *s, cudaStream_t st);
+/* Frees the buffers of a stream that was just destroyed (cudaFree waits for its work). */
+PS_INTERNAL int ps_stream_scratch_drop(cudaStream_t st);
+
 /* A device-to-device copy queued on `st` with memmove's semantics: cudaMemcpyAsync leaves
  * overlapping ranges undefined, so an overlapping copy goes through scratch memory. dst ==
  * src (or 0 bytes) is a no-op. */

@@ -124,7 +124,7 @@ PS_API int ps_nn_conv2d_backward_weight(const void *x, const void *dy, int32_t d
   if (n > 0) NULL_CHECK(x, dy);
   TRY(check_sizes(__func__, g));
   const int64_t K = c * kh * kw, P = g.oh * g.ow, cols = n * P;
-  StoreMat ep{.c = dw, .n = K, .f16 = dw_dtype == PS_NN_F16, .acc = accumulate != 0};
+  StoreMat ep{.c = dw, .n = K, .dt = dw_dtype, .acc = accumulate != 0};
   int r = PS_OK;
   WITH_ACT(dtype, {
     DyRows<T> A{

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <vector>
 
 #include "../pinstream.h"
 #include "common.cuh"
@@ -224,8 +225,107 @@ int pool_supported(bool *out) {
 
 }  // namespace
 
+namespace {
+
+/* Allocations made inside calls (ps_scratch_allocations). */
+std::atomic<int64_t> scratch_allocations{0};
+
+/* The kept scratch of one (device, stream). `captured`: a graph recorded `cur`'s address, so
+ * growing keeps it in `retired` until the stream goes. */
+struct stream_arena {
+  int dev;
+  cudaStream_t st;
+  void *cur;
+  size_t cap;
+  bool captured;
+  std::vector<void *> retired;
+};
+std::mutex arenas_mu;
+std::vector<stream_arena> arenas;
+
+}  // namespace
+
+int ps_stream_scratch_get(ps_stream_scratch *out, size_t bytes, cudaStream_t st) {
+  out->p = nullptr;
+  out->owned = false;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(st, &cs));
+  const bool capturing = cs != cudaStreamCaptureStatusNone;
+  std::lock_guard<std::mutex> lock(arenas_mu);
+  stream_arena *a = nullptr;
+  for (auto &e : arenas)
+    if (e.dev == dev && e.st == st) a = &e;
+  if (a == nullptr) {
+    arenas.push_back(stream_arena{dev, st, nullptr, 0, false, {}});
+    a = &arenas.back();
+  }
+  if (bytes <= a->cap) {
+    a->captured = a->captured || capturing;
+    out->p = a->cur;
+    return PS_OK;
+  }
+  if (capturing) { /* cudaMalloc would end the capture: the graph allocates its own */
+    TRY(ps_scratch_alloc(&out->p, bytes, st));
+    out->owned = true;
+    return PS_OK;
+  }
+  /* Whole 1 MiB steps, so shapes that differ a little share a buffer. */
+  const size_t cap = (bytes + ((size_t)1 << 20) - 1) & ~(((size_t)1 << 20) - 1);
+  void *p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, cap));
+  scratch_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (a->cur != nullptr) {
+    if (a->captured) {
+      a->retired.push_back(a->cur);
+    } else {
+      cudaError_t e = cudaFree(a->cur); /* waits for the work that used it */
+      if (e != cudaSuccess) {
+        (void)cudaFree(p);
+        return ps_record_cuda_error(e, "cudaFree(a->cur)", __FILE__, __LINE__);
+      }
+    }
+  }
+  a->cur = p;
+  a->cap = cap;
+  a->captured = false;
+  out->p = p;
+  return PS_OK;
+}
+
+int ps_stream_scratch_release(ps_stream_scratch *s, cudaStream_t st) {
+  if (!s->owned) return PS_OK;
+  s->owned = false;
+  return ps_scratch_free(s->p, st);
+}
+
+int ps_stream_scratch_drop(cudaStream_t st) {
+  std::vector<void *> bufs;
+  {
+    std::lock_guard<std::mutex> lock(arenas_mu);
+    for (size_t i = 0; i < arenas.size();) {
+      if (arenas[i].st == st) {
+        if (arenas[i].cur) bufs.push_back(arenas[i].cur);
+        bufs.insert(bufs.end(), arenas[i].retired.begin(), arenas[i].retired.end());
+        arenas.erase(arenas.begin() + (std::ptrdiff_t)i);
+      } else {
+        i++;
+      }
+    }
+  }
+  int r = PS_OK;
+  for (void *p : bufs) {
+    cudaError_t e = cudaFree(p);
+    if (e != cudaSuccess && r == PS_OK)
+      r = ps_record_cuda_error(e, "cudaFree(p)", __FILE__, __LINE__);
+  }
+  return r;
+}
+
 int ps_scratch_alloc(void **out, size_t bytes, cudaStream_t st) {
   *out = nullptr;
+  scratch_allocations.fetch_add(1, std::memory_order_relaxed);
   bool pools = false;
   TRY(pool_supported(&pools));
   if (pools) {
@@ -282,6 +382,12 @@ PS_API int ps_live_objects(int64_t *allocations, int64_t *streams, int64_t *even
   if (allocations) *allocations = live[PS_LIVE_ALLOCATION].load(std::memory_order_relaxed);
   if (streams) *streams = live[PS_LIVE_STREAM].load(std::memory_order_relaxed);
   if (events) *events = live[PS_LIVE_EVENT].load(std::memory_order_relaxed);
+  return PS_OK;
+}
+
+PS_API int ps_scratch_allocations(int64_t *out) {
+  PS_REQUIRE(out != nullptr);
+  *out = scratch_allocations.load(std::memory_order_relaxed);
   return PS_OK;
 }
 
@@ -436,7 +542,7 @@ PS_API int ps_stream_destroy(void *stream) {
   PS_REQUIRE(stream != nullptr);
   CUDA_CHECK(cudaStreamDestroy((cudaStream_t)stream));
   ps_live_add(PS_LIVE_STREAM, -1);
-  return PS_OK;
+  return ps_stream_scratch_drop((cudaStream_t)stream);
 }
 
 static int stream_synchronize(int32_t device, void *stream) {

@@ -23,6 +23,8 @@ __global__ void fill_kernel(void *dst, int32_t dtype, int64_t count, int32_t mod
       const float v = ps_fill_value(mode, a, b, seed, k);
       if (dtype == PS_NN_F16) {
         ((__half *)dst)[i] = __float2half_rn(v);
+      } else if (dtype == PS_NN_BF16) {
+        ((uint16_t *)dst)[i] = ps_bf16_from_f32(v);
       } else {
         ((float *)dst)[i] = v;
       }

@@ -24,7 +24,7 @@ PS_API int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, in
   NULL_CHECK(c);
   if (k > 0) NULL_CHECK(a, b);
   cudaStream_t st = (cudaStream_t)stream;
-  StoreMat ep{.c = c, .n = n, .f16 = c_dtype == PS_NN_F16, .acc = accumulate != 0};
+  StoreMat ep{.c = c, .n = n, .dt = c_dtype, .acc = accumulate != 0};
   int r = PS_OK;
   WITH_ACT(dtype, {
     Strided<T> A{.p = (const T *)a,

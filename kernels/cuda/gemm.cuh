@@ -2,8 +2,10 @@
  * gemm.cuh — the CUDA backend's one GEMM (included by gemm.cu and conv.cu), C[M, N] = A[M, K] .
  * B[K, N] with fp32 accumulation, in two element types:
  *
- *   fp16 operands: WMMA 16x16x16 tensor-core fragments, four warps in a 2x2 grid over the block
- *     tile, three shared-memory stages;
+ *   fp16 operands, and bf16 on sm_80 and newer: WMMA 16x16x16 tensor-core fragments, four warps
+ *     in a 2x2 grid over the block tile, three shared-memory stages;
+ *   bf16 operands on sm_75 (whose tensor cores have no bf16): the fp32 path's CUDA-core loop
+ *     on the bf16 stages, converting each element exactly to fp32;
  *   fp32 operands (the fp32 path): the same block tile on the CUDA cores, each of the 128
  *     threads accumulating a (BM/8)x4 register tile (no TF32: fp32 means fp32, as PyTorch's
  *     default for matmul), two stages.
@@ -39,6 +41,7 @@
 #ifndef PINSTREAM_CUDA_GEMM_CUH
 #define PINSTREAM_CUDA_GEMM_CUH
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_pipeline.h>
 #include <limits.h>
@@ -207,20 +210,15 @@ struct DyGather {
 
 /* ---- epilogues ------------------------------------------------------------------------- */
 
-struct StoreMat { /* c[i*n + j] (+)= v, fp32 or fp16 */
+struct StoreMat { /* c[i*n + j] (+)= v, fp32, fp16 or bf16 (dt) */
   void *c;
   int64_t n;
-  int f16, acc;
+  int32_t dt;
+  int acc;
   __device__ int64_t col(int j) const { return j; }
   __device__ void store(int64_t j, int i, float v) const {
     int64_t at = i * n + j;
-    if (f16) {
-      __half *p = (__half *)c + at;
-      *p = __float2half_rn(acc ? __half2float(*p) + v : v);
-    } else {
-      float *p = (float *)c + at;
-      *p = acc ? *p + v : v;
-    }
+    act_set(c, dt, at, acc ? act_get(c, dt, at) + v : v);
   }
 };
 
@@ -282,11 +280,22 @@ __device__ inline void copy16(void *dst, const void *src, bool ok) {
 #endif
 }
 
+/* Whether this compilation has bf16 tensor cores (wmma's bf16 fragments need sm_80; the host
+ * pass and the emulator see them too). */
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define PS_BF16_MMA 1
+#else
+#define PS_BF16_MMA 0
+#endif
+
 template <class T>
 struct Shape {
-  static constexpr bool kHalf = std::is_same<T, __half>::value;
-  static constexpr int STAGES = kHalf ? 3 : 2;
-  static constexpr int PAD = kHalf ? 8 : 4;  /* keeps rows 16-byte multiples, wmma-legal */
+  static constexpr bool k16 = sizeof(T) == 2; /* fp16 or bf16 elements */
+  /* tensor cores: fp16 always, bf16 where the GPU has them */
+  static constexpr bool kHalf =
+      std::is_same<T, __half>::value || (std::is_same<T, __nv_bfloat16>::value && PS_BF16_MMA);
+  static constexpr int STAGES = k16 ? 3 : 2;
+  static constexpr int PAD = k16 ? 8 : 4;    /* keeps rows 16-byte multiples, wmma-legal */
   static constexpr int VEC = 16 / sizeof(T); /* elements per 16-byte copy */
 };
 
@@ -428,8 +437,8 @@ __global__ void __launch_bounds__(THREADS)
     if constexpr (S::kHalf) {
       PS_UNROLL
       for (int kk = 0; kk < BK; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[FM];
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb2[2];
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa[FM];
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb2[2];
         for (int i = 0; i < FM; i++)
           wmma::load_matrix_sync(fa[i], sa + (wm + i * 16) * LDA + kk, LDA);
         for (int j = 0; j < 2; j++)
@@ -530,10 +539,11 @@ int gemm(int64_t M, int64_t N, int64_t K, int splits, LA la, LB lb, EP ep, cudaS
     return small ? gemm_launch<T, 32>((int)M, (int)N, (int)K, 1, kchunk, la, lb, out, st)
                  : gemm_launch<T, 64>((int)M, (int)N, (int)K, 1, kchunk, la, lb, out, st);
   }
-  /* The partial sums live for this call only: ps_scratch_alloc takes them from the device's
-   * default memory pool in stream order, or from cudaMalloc on a device without pools. */
-  float *part = nullptr;
-  TRY(ps_scratch_alloc((void **)&part, (size_t)splits * (size_t)(M * N) * sizeof(float), st));
+  /* The partial sums go to the stream's kept scratch: it is read back by reduce_splits before
+   * the next call on the stream can use it again. */
+  ps_stream_scratch scratch;
+  TRY(ps_stream_scratch_get(&scratch, (size_t)splits * (size_t)(M * N) * sizeof(float), st));
+  float *part = (float *)scratch.p;
   out.part = part;
   int r = small ? gemm_launch<T, 32>((int)M, (int)N, (int)K, splits, kchunk, la, lb, out, st)
                 : gemm_launch<T, 64>((int)M, (int)N, (int)K, splits, kchunk, la, lb, out, st);
@@ -544,7 +554,7 @@ int gemm(int64_t M, int64_t N, int64_t K, int splits, LA la, LB lb, EP ep, cudaS
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) r = ps_record_cuda_error(e, "reduce_splits<<<>>>", __FILE__, __LINE__);
   }
-  const int fr = ps_scratch_free(part, st);
+  const int fr = ps_stream_scratch_release(&scratch, st);
   return r != PS_OK ? r : fr;
 }
 

@@ -93,33 +93,112 @@ __device__ __forceinline__ void store8(float *o, int32_t left, float r0, float r
 
 /* One sample's view of the launch: what every output pixel of the sample needs. */
 struct Plane {
-  const uint8_t *img; /* channel `ch` of the source image: pixel (y, x) at img[(y*w + x)*step] */
-  int32_t step, h, w;
+  const uint8_t *img;  /* channel `ch` of the source image: pixel (y, x) at img[(y*w + x)*step] */
+  const uint8_t *base; /* channel 0 of the source image; channel k at base + k * cstep */
+  int32_t step, cstep, h, w, ch;
   float scale, bias;
 };
+
+/* Channel p.ch of output pixel (y, x) of a sample whose colour steps mix its three channels
+ * (saturation, hue): the pixel's three bytes through the colour steps and ps_image_mix. The
+ * other two channels are computed and dropped: the block's threads for those channels
+ * compute them again, reading the same bytes from the cache, not from memory. */
+__device__ __forceinline__ float mixed(const Plane &p, const ps_image_sample &sm, int32_t sy,
+                                       int32_t sx) {
+  uint32_t v0 = 0, v1 = 0, v2 = 0;
+  if (sy >= 0 && sy < p.h && sx >= 0 && sx < p.w) {
+    const uint8_t *q = p.base + (sy * p.w + sx) * p.step;
+    v0 = __ldg(q);
+    v1 = __ldg(q + p.cstep);
+    v2 = __ldg(q + 2 * p.cstep);
+  }
+  float r = ps_image_color(v0, sm.ct, sm.cs, sm.br), g = ps_image_color(v1, sm.ct, sm.cs, sm.br),
+        b = ps_image_color(v2, sm.ct, sm.cs, sm.br);
+  ps_image_mix(&sm, &r, &g, &b);
+  return ps_image_normalize(p.ch == 0 ? r : p.ch == 1 ? g : b, p.scale, p.bias);
+}
 
 /* Output pixel (y, x) of the sample, then (y, x) moves one pixel along the row-major plane. */
 __device__ __forceinline__ float pixel(const Plane &p, const ps_image_sample &sm, int32_t &y,
                                        int32_t &x) {
   const int32_t sy = (sm.vflip ? p.h - 1 - y : y) + sm.oy;
   const int32_t sx = (sm.flip ? p.w - 1 - x : x) + sm.ox;
-  uint32_t v = 0;
-  if (sy >= 0 && sy < p.h && sx >= 0 && sx < p.w) v = __ldg(p.img + (sy * p.w + sx) * p.step);
   /* The branches are uniform per sample (the whole block takes the same one) except the
    * cutout's, which splits a row at most twice. */
   float r;
   if (ps_image_cut(&sm, y, x)) {
     r = 0.0f;
-  } else if (sm.color) {
-    r = ps_image_normalize(ps_image_color(v, sm.br, sm.ct, sm.cs), p.scale, p.bias);
+  } else if (sm.mix) {
+    r = mixed(p, sm, sy, sx);
   } else {
-    r = ps_image_value(v, p.scale, p.bias);
+    uint32_t v = 0;
+    if (sy >= 0 && sy < p.h && sx >= 0 && sx < p.w) v = __ldg(p.img + (sy * p.w + sx) * p.step);
+    r = sm.color ? ps_image_normalize(ps_image_color(v, sm.ct, sm.cs, sm.br), p.scale, p.bias)
+                 : ps_image_value(v, p.scale, p.bias);
   }
   if (++x == p.w) {
     x = 0;
     y++;
   }
   return r;
+}
+
+/* Threads of a grey_mean_kernel block. */
+constexpr int kMeanThreads = 256;
+
+/* The contrast's pre-pass: means[s] = the mean grey of sample s's crop window
+ * (ps_image_grey_mean), for each sample whose contrast factor is not 1 (the others are left as
+ * they were, and never read). One block per sample, a warp per source row, lanes along it;
+ * the sums are integers, so the result does not depend on the order the threads add in. */
+template <int Layout>
+__global__ void __launch_bounds__(kMeanThreads)
+    grey_mean_kernel(const uint8_t *__restrict__ src, const int32_t *__restrict__ indices,
+                     int64_t rows, const int32_t *__restrict__ params, int32_t n, int32_t c,
+                     int32_t h, int32_t w, int32_t pad, float *__restrict__ means) {
+  PS_SHARED(unsigned long long, part, [kMeanThreads / 32]);
+  const int32_t plane = h * w;
+  const int32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int32_t cstep = Layout == PS_IMAGE_NCHW ? plane : 1;
+  const int32_t pstep = Layout == PS_IMAGE_NCHW ? 1 : c;
+  for (uint32_t s = blockIdx.x; s < (uint32_t)n; s += gridDim.x) {
+    /* Both skips depend on s alone: the whole block takes them, and no thread waits at a
+     * barrier another skipped. */
+    const int32_t *q = params + (int64_t)PS_IMAGE_PARAMS * s;
+    if (ps_f32_from_bits(__ldg(q + 8)) == 1.0f) continue;
+    int64_t j = s;
+    if (indices != nullptr) {
+      j = __ldg(indices + s);
+      if (j < 0 || j >= rows) continue;
+    }
+    int32_t y0, y1, x0, x1;
+    ps_image_window(ps_image_offset(__ldg(q + 0), pad, h), h, &y0, &y1);
+    ps_image_window(ps_image_offset(__ldg(q + 1), pad, w), w, &x0, &x1);
+    const uint8_t *img = src + j * (int64_t)(c * plane);
+    unsigned long long sum = 0;
+    for (int32_t y = y0 + warp; y < y1; y += kMeanThreads / 32) {
+      const uint8_t *row = img + y * w * pstep;
+      if (c == 3) {
+        for (int32_t x = x0 + lane; x < x1; x += 32) {
+          const uint8_t *px = row + x * pstep;
+          sum += ps_image_grey_weighted(__ldg(px), __ldg(px + cstep), __ldg(px + 2 * cstep));
+        }
+      } else {
+        for (int32_t ch = 0; ch < c; ch++) {
+          for (int32_t x = x0 + lane; x < x1; x += 32) sum += __ldg(row + ch * cstep + x * pstep);
+        }
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) part[warp] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned long long total = 0;
+      for (int k = 0; k < kMeanThreads / 32; k++) total += part[k];
+      means[s] = ps_image_grey_mean(total, c, h, w);
+    }
+    /* part is written again for the block's next sample. */
+    __syncthreads();
+  }
 }
 
 /* blockIdx.y walks the samples and blockIdx.x/threadIdx.x the groups of kPix consecutive
@@ -131,8 +210,8 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
                                int64_t rows, const int32_t *__restrict__ params,
                                const __grid_constant__ Affine aff, Out *__restrict__ out, int32_t n,
                                int32_t c, int32_t h, int32_t w, int32_t pad,
-                               const void *__restrict__ labels, int32_t label_bytes,
-                               int32_t *__restrict__ labels_out) {
+                               const float *__restrict__ means, const void *__restrict__ labels,
+                               int32_t label_bytes, int32_t *__restrict__ labels_out) {
   /* plane <= 2^24 and c <= 16 (ps_check_image_augment): an image's c * plane bytes and the
    * group indices below (grid.x <= 1024 blocks of 256 past the last group) fit int32. */
   const int32_t plane = h * w;
@@ -151,9 +230,13 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
       rec.cut_size = __ldg(q + 6);
       rec.br_bits = __ldg(q + 7);
       rec.ct_bits = __ldg(q + 8);
+      rec.sat_bits = __ldg(q + 9);
+      rec.hue_bits = __ldg(q + 10);
     }
     ps_image_sample sm;
-    ps_image_record_decode(rec, pad, h, w, &sm);
+    ps_image_record_decode(rec, pad, c, h, w, &sm);
+    /* The pre-pass wrote the mean of every sample with ct != 1 (never without params). */
+    if (sm.ct != 1.0f) sm.cs = ps_image_contrast_shift(sm.ct, __ldg(means + s));
     /* A gathered sample whose index is outside the set is skipped (ps_gather_rows' rule):
      * the same value for the whole block, so no thread waits at a barrier it skips. */
     int64_t j = s;
@@ -168,7 +251,9 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
     const uint8_t *img = src + j * (int64_t)(c * plane);
     Out *os = out + (int64_t)s * (c * plane);
     Plane p;
+    p.base = img;
     p.step = Layout == PS_IMAGE_NCHW ? 1 : c;
+    p.cstep = Layout == PS_IMAGE_NCHW ? plane : 1;
     p.h = h;
     p.w = w;
     for (int32_t g = blockIdx.x * blockDim.x + threadIdx.x; g < total;
@@ -176,6 +261,7 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
       const int32_t ch = g / groups;
       const int32_t i = (g - ch * groups) * kPix;
       p.img = Layout == PS_IMAGE_NCHW ? img + ch * plane : img + ch;
+      p.ch = ch;
       p.scale = aff.scale[ch];
       p.bias = aff.bias[ch];
       int32_t y = i / w, x = i - y * w;
@@ -208,8 +294,8 @@ int grid_for(int64_t total, int block) {
 template <typename Out, int Layout>
 void launch_layout(const uint8_t *src, const int32_t *indices, int64_t rows, const int32_t *params,
                    const Affine &aff, Out *out, int32_t n, int32_t c, int32_t h, int32_t w,
-                   int32_t pad, const void *labels, int32_t label_bytes, int32_t *labels_out,
-                   cudaStream_t st) {
+                   int32_t pad, const float *means, const void *labels, int32_t label_bytes,
+                   int32_t *labels_out, cudaStream_t st) {
   /* A sample's groups, in blocks of at most 256 threads: a small image (CIFAR: 3 x 128
    * groups) fills whole warps without idle halves of a block. */
   const int64_t groups = c * (((int64_t)h * w + kPix - 1) / kPix);
@@ -222,24 +308,38 @@ void launch_layout(const uint8_t *src, const int32_t *indices, int64_t rows, con
   const bool wide = ((int64_t)h * w) % kPix == 0 && ((uintptr_t)out & 15) == 0;
   if (wide) {
     PS_LAUNCH((augment_kernel<Out, Layout, true>), grid, block, 0, st, src, indices, rows, params,
-              aff, out, n, c, h, w, pad, labels, label_bytes, labels_out);
+              aff, out, n, c, h, w, pad, means, labels, label_bytes, labels_out);
   } else {
     PS_LAUNCH((augment_kernel<Out, Layout, false>), grid, block, 0, st, src, indices, rows, params,
-              aff, out, n, c, h, w, pad, labels, label_bytes, labels_out);
+              aff, out, n, c, h, w, pad, means, labels, label_bytes, labels_out);
   }
 }
 
 template <typename Out>
 void launch_augment(const uint8_t *src, const int32_t *indices, int64_t rows, int32_t layout,
                     const int32_t *params, const Affine &aff, Out *out, int32_t n, int32_t c,
-                    int32_t h, int32_t w, int32_t pad, const void *labels, int32_t label_bytes,
-                    int32_t *labels_out, cudaStream_t st) {
+                    int32_t h, int32_t w, int32_t pad, const float *means, const void *labels,
+                    int32_t label_bytes, int32_t *labels_out, cudaStream_t st) {
   if (layout == PS_IMAGE_NCHW) {
-    launch_layout<Out, PS_IMAGE_NCHW>(src, indices, rows, params, aff, out, n, c, h, w, pad, labels,
-                                      label_bytes, labels_out, st);
+    launch_layout<Out, PS_IMAGE_NCHW>(src, indices, rows, params, aff, out, n, c, h, w, pad, means,
+                                      labels, label_bytes, labels_out, st);
   } else {
-    launch_layout<Out, PS_IMAGE_NHWC>(src, indices, rows, params, aff, out, n, c, h, w, pad, labels,
-                                      label_bytes, labels_out, st);
+    launch_layout<Out, PS_IMAGE_NHWC>(src, indices, rows, params, aff, out, n, c, h, w, pad, means,
+                                      labels, label_bytes, labels_out, st);
+  }
+}
+
+/* Queues the contrast's pre-pass (grey_mean_kernel) of a batch with records into `means`. */
+void launch_means(const uint8_t *src, const int32_t *indices, int64_t rows, int32_t layout,
+                  const int32_t *params, int32_t n, int32_t c, int32_t h, int32_t w, int32_t pad,
+                  float *means, cudaStream_t st) {
+  const unsigned grid = (unsigned)(n < 65535 ? n : 65535);
+  if (layout == PS_IMAGE_NCHW) {
+    PS_LAUNCH(grey_mean_kernel<PS_IMAGE_NCHW>, grid, kMeanThreads, 0, st, src, indices, rows,
+              params, n, c, h, w, pad, means);
+  } else {
+    PS_LAUNCH(grey_mean_kernel<PS_IMAGE_NHWC>, grid, kMeanThreads, 0, st, src, indices, rows,
+              params, n, c, h, w, pad, means);
   }
 }
 
@@ -256,15 +356,31 @@ int augment(const void *src, const int32_t *indices, int64_t rows, int32_t layou
   cudaStream_t st = (cudaStream_t)stream;
   const uint8_t *s8 = (const uint8_t *)src;
   const int32_t *prm = (const int32_t *)params;
-  if (out_dtype == PS_IMAGE_F16) {
-    launch_augment(s8, indices, rows, layout, prm, aff, (__half *)out, n, c, h, w, pad, labels,
-                   label_bytes, labels_out, st);
-  } else {
-    launch_augment(s8, indices, rows, layout, prm, aff, (float *)out, n, c, h, w, pad, labels,
-                   label_bytes, labels_out, st);
+  /* The samples' mean greys (only with records: without, no sample has contrast) live for
+   * this call only, in stream order like the split-K partial sums of the GEMM. */
+  float *means = nullptr;
+  if (prm != nullptr) {
+    TRY(ps_scratch_alloc((void **)&means, (size_t)n * sizeof(float), st));
+    launch_means(s8, indices, rows, layout, prm, n, c, h, w, pad, means, st);
   }
-  CUDA_CHECK(cudaGetLastError());
-  return PS_OK;
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess) {
+    if (out_dtype == PS_IMAGE_F16) {
+      launch_augment(s8, indices, rows, layout, prm, aff, (__half *)out, n, c, h, w, pad, means,
+                     labels, label_bytes, labels_out, st);
+    } else {
+      launch_augment(s8, indices, rows, layout, prm, aff, (float *)out, n, c, h, w, pad, means,
+                     labels, label_bytes, labels_out, st);
+    }
+    e = cudaGetLastError();
+  }
+  int r = e == cudaSuccess ? PS_OK
+                           : ps_record_cuda_error(e, "augment_kernel<<<>>>", __FILE__, __LINE__);
+  if (means != nullptr) {
+    const int fr = ps_scratch_free(means, st);
+    if (r == PS_OK) r = fr;
+  }
+  return r;
 }
 
 }  // namespace

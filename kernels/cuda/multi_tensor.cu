@@ -13,6 +13,7 @@
 
 #include "../pinstream.h"
 #include "common.cuh"
+#include "nn.cuh"
 
 namespace {
 
@@ -29,20 +30,11 @@ __global__ void multi_unscale_check(const int64_t *list, const float *scale, flo
   const int64_t *e = list + (int64_t)blockIdx.y * PS_MT_SGD_FIELDS;
   void *grad = (void *)(uintptr_t)e[1];
   const int64_t n = e[4];
-  const int f16 = e[5] == PS_NN_F16;
+  const int32_t dt = (int32_t)e[5];
   const float inv = scale ? 1.0f / *scale : inv_value;
   bool bad = false;
-  for (int64_t i = blockIdx.x * (int64_t)MT + threadIdx.x; i < n; i += (int64_t)gridDim.x * MT) {
-    if (f16) {
-      __half *p = (__half *)grad + i;
-      bad |= ps_f16_nonfinite(__half_as_ushort(*p)) != 0;
-      if (in_place) *p = __float2half_rn(__half2float(*p) * inv);
-    } else {
-      float *p = (float *)grad + i;
-      bad |= !isfinite(*p);
-      if (in_place) *p *= inv;
-    }
-  }
+  for (int64_t i = blockIdx.x * (int64_t)MT + threadIdx.x; i < n; i += (int64_t)gridDim.x * MT)
+    bad |= unscale_element(grad, dt, i, in_place, inv);
   if (bad) *found_inf = 1; /* every writer writes 1: a benign race */
 }
 
@@ -54,9 +46,9 @@ __global__ void multi_sgd(const int64_t *list, float lr, float momentum, float d
   float *param = (float *)(uintptr_t)e[0];
   const void *grad = (const void *)(uintptr_t)e[1];
   float *buf = (float *)(uintptr_t)e[2];
-  __half *half_out = (__half *)(uintptr_t)e[3];
+  void *half_out = (void *)(uintptr_t)e[3];
   const int64_t n = e[4];
-  const int f16 = e[5] == PS_NN_F16;
+  const int32_t dt = (int32_t)e[5], half_dt = (int32_t)e[6];
   const float inv = scale ? 1.0f / *scale : 1.0f;
   const bool fresh = steps_done && *steps_done == 0;
   if (hyper) {
@@ -64,11 +56,11 @@ __global__ void multi_sgd(const int64_t *list, float lr, float momentum, float d
     momentum = buf ? hyper[1] : 0.0f;
   }
   for (int64_t i = blockIdx.x * (int64_t)MT + threadIdx.x; i < n; i += (int64_t)gridDim.x * MT) {
-    float g = (f16 ? __half2float(((const __half *)grad)[i]) : ((const float *)grad)[i]) * inv;
+    float g = act_get(grad, dt, i) * inv;
     float p = ps_sgd_element(param[i], g, momentum != 0.0f ? buf + i : nullptr, lr, momentum,
                              dampening, wd, nesterov, fresh);
     param[i] = p;
-    if (half_out) half_out[i] = __float2half_rn(p);
+    if (half_out) act_set(half_out, half_dt, i, p);
   }
 }
 

@@ -91,30 +91,23 @@ __global__ void bn_eval(const T *x, const float *gamma, const float *beta, const
 /* ---- bias ------------------------------------------------------------------------------------ */
 
 template <class T>
-__global__ void bias_add(T *y, const void *bias, int f16, int64_t total, int64_t c, int64_t hw) {
+__global__ void bias_add(T *y, const void *bias, int32_t bias_dt, int64_t total, int64_t c,
+                         int64_t hw) {
   for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total;
        t += (int64_t)gridDim.x * blockDim.x) {
     int64_t ch = (t / hw) % c;
-    float b = f16 ? __half2float(((const __half *)bias)[ch]) : ((const float *)bias)[ch];
+    float b = act_get(bias, bias_dt, ch);
     y[t] = from_f32<T>(to_f32(y[t]) + b);
   }
 }
 
 template <class T>
-__global__ void bias_grad(const T *dy, void *dbias, int f16, int64_t n, int64_t c, int64_t hw,
-                          int acc) {
+__global__ void bias_grad(const T *dy, void *dbias, int32_t dbias_dt, int64_t n, int64_t c,
+                          int64_t hw, int acc) {
   PS_SHARED(float, sh, [32][1]);
   int64_t ch = blockIdx.x;
   float s = channel_sum(dy, ch, c, hw, n * hw, sh);
-  if (threadIdx.x == 0) {
-    if (f16) {
-      __half *p = (__half *)dbias + ch;
-      *p = __float2half_rn(acc ? __half2float(*p) + s : s);
-    } else {
-      float *p = (float *)dbias + ch;
-      *p = acc ? *p + s : s;
-    }
-  }
+  if (threadIdx.x == 0) act_set(dbias, dbias_dt, ch, acc ? act_get(dbias, dbias_dt, ch) + s : s);
 }
 
 /* ---- batch normalization in training: two phases over a fixed partition ---------------- */
@@ -126,6 +119,10 @@ __device__ inline __half bn_out(float v, __half, int relu) {
   __half h = __float2half_rn(v);
   return relu ? __ushort_as_half(ps_relu_f16(__half_as_ushort(h))) : h;
 }
+__device__ inline __nv_bfloat16 bn_out(float v, __nv_bfloat16, int relu) {
+  const uint16_t h = ps_bf16_from_f32(v);
+  return __ushort_as_bfloat16(relu ? ps_relu_bf16(h) : h);
+}
 __device__ inline float bn_out(float v, float, int relu) {
   return relu ? __uint_as_float(ps_relu_f32(__float_as_uint(v))) : v;
 }
@@ -135,6 +132,10 @@ __device__ inline float bn_dy(__half dy, __half y, int relu) {
   return relu ? __half2float(
                     __ushort_as_half(ps_relu_grad_f16(__half_as_ushort(y), __half_as_ushort(dy))))
               : __half2float(dy);
+}
+__device__ inline float bn_dy(__nv_bfloat16 dy, __nv_bfloat16 y, int relu) {
+  const uint16_t d = __bfloat16_as_ushort(dy);
+  return ps_bf16_to_f32(relu ? ps_relu_grad_bf16(__bfloat16_as_ushort(y), d) : d);
 }
 __device__ inline float bn_dy(float dy, float y, int relu) {
   return relu ? __uint_as_float(ps_relu_grad_f32(__float_as_uint(y), __float_as_uint(dy))) : dy;
@@ -326,7 +327,7 @@ __global__ void bn_grad_apply(const T *dy, const T *x, const T *y, const float *
 
 /* Whether every plane of these tensors starts on a 16-byte boundary. */
 inline bool bn_vectors(int64_t hw, int32_t dtype, std::initializer_list<const void *> ptrs) {
-  const int64_t v = dtype == PS_NN_F16 ? 8 : 4;
+  const int64_t v = dtype == PS_NN_F32 ? 4 : 8;
   if (hw % v != 0) return false;
   for (const void *p : ptrs)
     if (p && ((uintptr_t)p & 15u) != 0) return false;
@@ -334,27 +335,36 @@ inline bool bn_vectors(int64_t hw, int32_t dtype, std::initializer_list<const vo
 }
 
 /* Runs the statements with T the activation type and V the vector width. */
-#define BN_DISPATCH(dtype, vec, ...) \
-  do {                               \
-    if ((dtype) == PS_NN_F16) {      \
-      using T = __half;              \
-      if (vec) {                     \
-        constexpr int V = 8;         \
-        __VA_ARGS__;                 \
-      } else {                       \
-        constexpr int V = 1;         \
-        __VA_ARGS__;                 \
-      }                              \
-    } else {                         \
-      using T = float;               \
-      if (vec) {                     \
-        constexpr int V = 4;         \
-        __VA_ARGS__;                 \
-      } else {                       \
-        constexpr int V = 1;         \
-        __VA_ARGS__;                 \
-      }                              \
-    }                                \
+#define BN_DISPATCH(dtype, vec, ...)    \
+  do {                                  \
+    if ((dtype) == PS_NN_F16) {         \
+      using T = __half;                 \
+      if (vec) {                        \
+        constexpr int V = 8;            \
+        __VA_ARGS__;                    \
+      } else {                          \
+        constexpr int V = 1;            \
+        __VA_ARGS__;                    \
+      }                                 \
+    } else if ((dtype) == PS_NN_BF16) { \
+      using T = __nv_bfloat16;          \
+      if (vec) {                        \
+        constexpr int V = 8;            \
+        __VA_ARGS__;                    \
+      } else {                          \
+        constexpr int V = 1;            \
+        __VA_ARGS__;                    \
+      }                                 \
+    } else {                            \
+      using T = float;                  \
+      if (vec) {                        \
+        constexpr int V = 4;            \
+        __VA_ARGS__;                    \
+      } else {                          \
+        constexpr int V = 1;            \
+        __VA_ARGS__;                    \
+      }                                 \
+    }                                   \
   } while (0)
 
 /* The kernels' 32-bit index arithmetic: a channel's n * hw values fit an int32. */
@@ -495,7 +505,7 @@ PS_API int ps_nn_bias_add(void *y, int32_t dtype, const void *bias, int32_t bias
   if (n == 0) return PS_OK;
   NULL_CHECK(y, bias);
   WITH_ACT(dtype, PS_LAUNCH(bias_add<T>, blocks_for(n * c * hw, EW), EW, 0, (cudaStream_t)stream,
-                            (T *)y, bias, bias_dtype == PS_NN_F16, n * c * hw, c, hw));
+                            (T *)y, bias, bias_dtype, n * c * hw, c, hw));
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -508,7 +518,7 @@ PS_API int ps_nn_bias_grad(const void *dy, int32_t dtype, void *dbias, int32_t d
   NULL_CHECK(dbias);
   if (n > 0) NULL_CHECK(dy);
   WITH_ACT(dtype, PS_LAUNCH(bias_grad<T>, (unsigned)c, EW, 0, (cudaStream_t)stream, (const T *)dy,
-                            dbias, dbias_dtype == PS_NN_F16, n, c, hw, accumulate != 0));
+                            dbias, dbias_dtype, n, c, hw, accumulate != 0));
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }

@@ -46,46 +46,45 @@ __global__ void maxpool_bwd(const T *dy, const int32_t *idx, T *dx, int64_t plan
        t += (int64_t)gridDim.x * blockDim.x) {
     int32_t at = idx[t];
     if (at < 0 || at >= hw) continue; /* cannot fail here without a host round trip */
-    atomicAdd(dx + (t / ohw) * hw + at, dy[t]);
+    atomic_add_act(dx + (t / ohw) * hw + at, dy[t]);
   }
 }
 
 /* ---- relu, cast ------------------------------------------------------------------------------ */
 
-/* ReLU on the bits of fp16 (uint16_t) or fp32 (uint32_t) elements: the rules.h decisions. */
-__device__ inline uint16_t relu_bits(uint16_t x) { return ps_relu_f16(x); }
-__device__ inline uint32_t relu_bits(uint32_t x) { return ps_relu_f32(x); }
-__device__ inline uint16_t relu_grad_bits(uint16_t y, uint16_t dy) {
-  return ps_relu_grad_f16(y, dy);
+/* ReLU on the bits of fp16 or bf16 (uint16_t, bf != 0: bf16) or fp32 (uint32_t) elements: the
+ * rules.h decisions. */
+__device__ inline uint16_t relu_bits(uint16_t x, int bf) {
+  return bf ? ps_relu_bf16(x) : ps_relu_f16(x);
 }
-__device__ inline uint32_t relu_grad_bits(uint32_t y, uint32_t dy) {
+__device__ inline uint32_t relu_bits(uint32_t x, int) { return ps_relu_f32(x); }
+__device__ inline uint16_t relu_grad_bits(uint16_t y, uint16_t dy, int bf) {
+  return bf ? ps_relu_grad_bf16(y, dy) : ps_relu_grad_f16(y, dy);
+}
+__device__ inline uint32_t relu_grad_bits(uint32_t y, uint32_t dy, int) {
   return ps_relu_grad_f32(y, dy);
 }
 
 template <class U>
-__global__ void relu_fwd(const U *x, U *y, int64_t n) {
+__global__ void relu_fwd(const U *x, U *y, int64_t n, int bf) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    y[i] = relu_bits(x[i]);
+    y[i] = relu_bits(x[i], bf);
   }
 }
 
 template <class U>
-__global__ void relu_bwd(const U *dy, const U *y, U *dx, int64_t n) {
+__global__ void relu_bwd(const U *dy, const U *y, U *dx, int64_t n, int bf) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    dx[i] = relu_grad_bits(y[i], dy[i]);
+    dx[i] = relu_grad_bits(y[i], dy[i], bf);
   }
 }
 
-__global__ void cast_kernel(const void *src, int sf16, void *dst, int df16, int64_t n) {
+__global__ void cast_kernel(const void *src, int32_t sdt, void *dst, int32_t ddt, int64_t n) {
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    float v = sf16 ? __half2float(((const __half *)src)[i]) : ((const float *)src)[i];
-    if (df16)
-      ((__half *)dst)[i] = __float2half_rn(v);
-    else
-      ((float *)dst)[i] = v;
+    act_set(dst, ddt, i, act_get(src, sdt, i));
   }
 }
 
@@ -140,28 +139,20 @@ __global__ void cross_entropy(const T *logits, const int32_t *labels, T *dlogits
 
 /* ---- loss scaling, SGD ----------------------------------------------------------------------- */
 
-__global__ void unscale_check(void *grad, int f16, int64_t n, const float *scale, float inv_value,
-                              int in_place, int32_t *found_inf) {
+__global__ void unscale_check(void *grad, int32_t dt, int64_t n, const float *scale,
+                              float inv_value, int in_place, int32_t *found_inf) {
   float inv = scale ? 1.0f / *scale : inv_value;
   bool bad = false;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    if (f16) {
-      __half *p = (__half *)grad + i;
-      bad |= ps_f16_nonfinite(__half_as_ushort(*p)) != 0;
-      if (in_place) *p = __float2half_rn(__half2float(*p) * inv);
-    } else {
-      float *p = (float *)grad + i;
-      bad |= !isfinite(*p);
-      if (in_place) *p *= inv;
-    }
+    bad |= unscale_element(grad, dt, i, in_place, inv);
   }
   if (bad) *found_inf = 1; /* every writer writes 1: a benign race */
 }
 
-__global__ void sgd_kernel(float *param, const void *grad, int f16, float *buf, __half *half_out,
-                           int64_t n, float lr, float momentum, float dampening, float wd,
-                           int nesterov, const float *scale, const int32_t *found_inf,
+__global__ void sgd_kernel(float *param, const void *grad, int32_t dt, float *buf, void *half_out,
+                           int32_t half_dt, int64_t n, float lr, float momentum, float dampening,
+                           float wd, int nesterov, const float *scale, const int32_t *found_inf,
                            const int32_t *steps_done, const float *hyper) {
   if (found_inf && *found_inf) return;
   float inv = scale ? 1.0f / *scale : 1.0f;
@@ -172,11 +163,11 @@ __global__ void sgd_kernel(float *param, const void *grad, int f16, float *buf, 
   }
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
        i += (int64_t)gridDim.x * blockDim.x) {
-    float g = (f16 ? __half2float(((const __half *)grad)[i]) : ((const float *)grad)[i]) * inv;
+    float g = act_get(grad, dt, i) * inv;
     float p = ps_sgd_element(param[i], g, momentum != 0.0f ? buf + i : nullptr, lr, momentum,
                              dampening, wd, nesterov, fresh);
     param[i] = p;
-    if (half_out) half_out[i] = __float2half_rn(p);
+    if (half_out) act_set(half_out, half_dt, i, p);
   }
 }
 
@@ -218,7 +209,7 @@ PS_API int ps_nn_maxpool2d_backward(const void *dy, const int32_t *indices, void
   if (planes == 0) return PS_OK;
   NULL_CHECK(dy, indices, dx);
   cudaStream_t st = (cudaStream_t)stream;
-  CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)(planes * h * w_) * (dtype == PS_NN_F16 ? 2 : 4), st));
+  CUDA_CHECK(cudaMemsetAsync(dx, 0, (size_t)(planes * h * w_ * act_bytes(dtype)), st));
   WITH_ACT(dtype, PS_LAUNCH(maxpool_bwd<T>, blocks_for(planes * oh * ow, EW), EW, 0, st,
                             (const T *)dy, indices, (T *)dx, planes, h * w_, oh * ow));
   CUDA_CHECK(cudaGetLastError());
@@ -230,12 +221,12 @@ PS_API int ps_nn_relu_forward(const void *x, void *y, int32_t dtype, int64_t cou
   TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
   NULL_CHECK(x, y);
-  if (dtype == PS_NN_F16)
+  if (dtype != PS_NN_F32)
     PS_LAUNCH(relu_fwd<uint16_t>, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
-              (const uint16_t *)x, (uint16_t *)y, count);
+              (const uint16_t *)x, (uint16_t *)y, count, dtype == PS_NN_BF16);
   else
     PS_LAUNCH(relu_fwd<uint32_t>, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
-              (const uint32_t *)x, (uint32_t *)y, count);
+              (const uint32_t *)x, (uint32_t *)y, count, 0);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -246,12 +237,13 @@ PS_API int ps_nn_relu_backward(const void *dy, const void *y, void *dx, int32_t 
   TRY(ps_check_count(__func__, count));
   if (count == 0) return PS_OK;
   NULL_CHECK(dy, y, dx);
-  if (dtype == PS_NN_F16)
+  if (dtype != PS_NN_F32)
     PS_LAUNCH(relu_bwd<uint16_t>, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
-              (const uint16_t *)dy, (const uint16_t *)y, (uint16_t *)dx, count);
+              (const uint16_t *)dy, (const uint16_t *)y, (uint16_t *)dx, count,
+              dtype == PS_NN_BF16);
   else
     PS_LAUNCH(relu_bwd<uint32_t>, blocks_for(count, EW), EW, 0, (cudaStream_t)stream,
-              (const uint32_t *)dy, (const uint32_t *)y, (uint32_t *)dx, count);
+              (const uint32_t *)dy, (const uint32_t *)y, (uint32_t *)dx, count, 0);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -281,10 +273,9 @@ PS_API int ps_nn_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst
   cudaStream_t st = (cudaStream_t)stream;
   if (src_dtype == dst_dtype) {
     /* memmove, as on the cpu backend: src and dst may overlap. */
-    return ps_copy_d2d(dst, src, (size_t)count * (src_dtype == PS_NN_F16 ? 2 : 4), st);
+    return ps_copy_d2d(dst, src, (size_t)(count * act_bytes(src_dtype)), st);
   }
-  PS_LAUNCH(cast_kernel, blocks_for(count, EW), EW, 0, st, src, src_dtype == PS_NN_F16, dst,
-            dst_dtype == PS_NN_F16, count);
+  PS_LAUNCH(cast_kernel, blocks_for(count, EW), EW, 0, st, src, src_dtype, dst, dst_dtype, count);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -297,24 +288,25 @@ PS_API int ps_nn_unscale_check(void *grad, int32_t grad_dtype, int64_t count, co
   NULL_CHECK(found_inf);
   if (count == 0) return PS_OK;
   NULL_CHECK(grad);
-  PS_LAUNCH(unscale_check, blocks_for(count, EW), EW, 0, (cudaStream_t)stream, grad,
-            grad_dtype == PS_NN_F16, count, scale, inv_scale, in_place, found_inf);
+  PS_LAUNCH(unscale_check, blocks_for(count, EW), EW, 0, (cudaStream_t)stream, grad, grad_dtype,
+            count, scale, inv_scale, in_place, found_inf);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
 
 PS_API int ps_nn_sgd_step(float *param, const void *grad, int32_t grad_dtype, float *momentum_buf,
-                          void *param_half, int64_t count, float lr, float momentum,
-                          float dampening, float weight_decay, int32_t nesterov, const float *scale,
-                          const int32_t *found_inf, const int32_t *steps_done, const float *hyper,
-                          void *stream) {
+                          void *param_half, int32_t half_dtype, int64_t count, float lr,
+                          float momentum, float dampening, float weight_decay, int32_t nesterov,
+                          const float *scale, const int32_t *found_inf, const int32_t *steps_done,
+                          const float *hyper, void *stream) {
   CHECK_DTYPE(grad_dtype);
+  if (param_half) TRY(ps_check_half_dtype(__func__, "half_dtype", half_dtype));
   TRY(ps_check_sgd(count, momentum, momentum_buf));
   if (count == 0) return PS_OK;
   NULL_CHECK(param, grad);
-  PS_LAUNCH(sgd_kernel, blocks_for(count, EW), EW, 0, (cudaStream_t)stream, param, grad,
-            grad_dtype == PS_NN_F16, momentum_buf, (__half *)param_half, count, lr, momentum,
-            dampening, weight_decay, nesterov, scale, found_inf, steps_done, hyper);
+  PS_LAUNCH(sgd_kernel, blocks_for(count, EW), EW, 0, (cudaStream_t)stream, param, grad, grad_dtype,
+            momentum_buf, param_half, half_dtype, count, lr, momentum, dampening, weight_decay,
+            nesterov, scale, found_inf, steps_done, hyper);
   CUDA_CHECK(cudaGetLastError());
   return PS_OK;
 }
@@ -411,7 +403,7 @@ PS_API int ps_nn_concat(void *part, void *whole, int32_t dtype, int64_t outer, i
   NULL_CHECK(part, whole);
   cudaStream_t st = (cudaStream_t)stream;
   const int s = split != 0;
-  if (dtype == PS_NN_F16)
+  if (dtype != PS_NN_F32)
     PS_LAUNCH(concat_kernel<uint16_t>, blocks_for(outer * part_len, EW), EW, 0, st,
               (uint16_t *)part, (uint16_t *)whole, outer, part_len, whole_len, offset, s);
   else

@@ -1292,6 +1292,26 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   return enqueue_locked("cudaStreamWaitEvent", s, nullptr, nullptr, event->last);
 }
 
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *data) {
+  PS_EMU_STICKY();
+  if (fn == nullptr) return fail(cudaErrorInvalidValue);
+  return enqueue("cudaLaunchHostFunc", stream, [fn, data] { fn(data); });
+}
+
+/* The two calls the emulator's NCCL stand-in (nccl_stand_in.c, a library of its own) finds
+ * with dlsym in the loaded emulator: a collective runs as a host function at its position in
+ * the stream, on emulated device memory only. C names and default visibility, unlike the rest. */
+extern "C" __attribute__((visibility("default"))) int ps_emu_launch_host_func(void *stream,
+                                                                             void (*fn)(void *),
+                                                                             void *data) {
+  return (int)cudaLaunchHostFunc((cudaStream_t)stream, fn, data);
+}
+
+extern "C" __attribute__((visibility("default"))) int ps_emu_device_accessible(const void *p,
+                                                                              size_t bytes) {
+  return ps_emu::device_accessible(p, bytes) ? 1 : 0;
+}
+
 /* ---- events -------------------------------------------------------------------------------------------- */
 
 cudaError_t cudaEventCreate(cudaEvent_t *event) {

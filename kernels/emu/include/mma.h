@@ -1,6 +1,6 @@
 /*
- * mma.h — the emulator's nvcuda::wmma for fp16 operands (m16n16k16, m32n8k16, m8n32k16)
- * with fp32 or fp16 accumulators.
+ * mma.h — the emulator's nvcuda::wmma for fp16 and bf16 operands (m16n16k16, m32n8k16,
+ * m8n32k16) with fp32 or fp16 accumulators (bf16 operands: fp32, as on sm_80).
  *
  * Every *_sync function is a warp collective: all 32 lanes must call it with the same
  * pointer, ldm and layout. A fragment holds rows * cols / 32 elements per lane, and which
@@ -8,13 +8,14 @@
  * mapping is unspecified in CUDA, and code that assumes one is wrong on some GPU).
  *
  * mma_sync: each element of D is C plus the dot product of a row of A and a column of B,
- * the fp16 products summed exactly (in double) and the total rounded once to the accumulator
+ * the fp16 or bf16 products summed exactly (in double) and the total rounded once to the accumulator
  * type. Tensor cores round differently (their fp32 accumulation truncates), so results
  * agree with a GPU to a few fp32 ulps, not bit for bit.
  */
 #ifndef PS_EMU_MMA_H
 #define PS_EMU_MMA_H
 
+#include "cuda_bf16.h"
 #include "cuda_fp16.h"
 #include "cuda_runtime.h"
 
@@ -177,16 +178,20 @@ void store_matrix_sync(T *p, const fragment<accumulator, M, N, K, T> &c, unsigne
       line);
 }
 
-template <int M, int N, int K, class TD, class LA, class LB, class TC>
+template <int M, int N, int K, class TD, class TAB, class LA, class LB, class TC>
 void mma_sync(fragment<accumulator, M, N, K, TD> &d,
-              const fragment<matrix_a, M, N, K, __half, LA> &a,
-              const fragment<matrix_b, M, N, K, __half, LB> &b,
+              const fragment<matrix_a, M, N, K, TAB, LA> &a,
+              const fragment<matrix_b, M, N, K, TAB, LB> &b,
               const fragment<accumulator, M, N, K, TC> &c, bool satf = false,
               const char *file = __builtin_FILE(), int line = __builtin_LINE()) {
+  static_assert(std::is_same_v<TAB, __half> || std::is_same_v<TAB, __nv_bfloat16>,
+                "the emulator's mma_sync takes fp16 or bf16 operands");
+  static_assert(!std::is_same_v<TAB, __nv_bfloat16> || std::is_same_v<TD, float>,
+                "bf16 operands accumulate in fp32");
   (void)satf;
   using FD = fragment<accumulator, M, N, K, TD>;
-  using FA = fragment<matrix_a, M, N, K, __half, LA>;
-  using FB = fragment<matrix_b, M, N, K, __half, LB>;
+  using FA = fragment<matrix_a, M, N, K, TAB, LA>;
+  using FB = fragment<matrix_b, M, N, K, TAB, LB>;
   using FC = fragment<accumulator, M, N, K, TC>;
   ::ps_emu::LaneIn in{};
   in.a = &a;
