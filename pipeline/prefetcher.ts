@@ -822,6 +822,12 @@ function geometry(
   }
   const augmentField = has("augment") ? ring.field("augment") : undefined;
   const transform = spec && has("geometry") ? { field: ring.field("geometry"), spec } : undefined;
+  if (transform && imageName !== "image") {
+    throw new RangeError(
+      `Cannot ${action}: imageField "${imageName}" with the loader's geometry, whose records ` +
+        `are of the field "image"`,
+    );
+  }
   if (transform) {
     if (c > 4) {
       throw new RangeError(

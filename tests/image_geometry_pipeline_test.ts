@@ -168,6 +168,12 @@ testEachBackend(
           assert.deepStrictEqual([got[2 * k], got[2 * k + 1]], want, ds.path(b.indices[k]));
         }
       }
+      // A sample twice in one batch gets its size twice.
+      await using twice = new DataLoader(ds, { batchSize: 3, sampler: [4, 4, 0] });
+      for await (const raw of twice) {
+        const got = (raw as RingBatch).fields.imageSize as Int32Array;
+        assert.deepStrictEqual([got[0], got[1]], [got[2], got[3]]);
+      }
       await checkModes(
         ds,
         {

@@ -299,8 +299,11 @@ export class ImageFiles implements Dataset<ImageSample> {
   #decoder: ImageDecoder | undefined;
   /** decode/'s resize, loaded with the decoders. */
   #resize: typeof import("../../decode/mod.ts").resizeBilinear | undefined;
-  /** maxSize: the sizes of images decoded into the ring whose size field is still to fill. */
-  readonly #sizes = new Map<number, [number, number]>();
+  /**
+   * maxSize: the height and width of images decoded into the ring whose size field is still to
+   * fill, and how many occurrences in the batch still need it.
+   */
+  readonly #sizes = new Map<number, [number, number, number]>();
   #warned = new Set<number>();
 
   /** Views a state (use {@linkcode ImageFileList} or `ImageFolder` to make one). */
@@ -462,7 +465,8 @@ export class ImageFiles implements Dataset<ImageSample> {
       if (hw === undefined) {
         throw new Error(`Cannot fill the size of sample ${record}: not decoded`);
       }
-      this.#sizes.delete(record);
+      // A sample may occur more than once in a batch: each occurrence decoded it once.
+      if (--hw[2] === 0) this.#sizes.delete(record);
       const v = new DataView(out.buffer, out.byteOffset, 8);
       v.setInt32(0, hw[0], true);
       v.setInt32(4, hw[1], true);
@@ -470,7 +474,10 @@ export class ImageFiles implements Dataset<ImageSample> {
     }
     const max = this.#state.options.maxSize;
     const r = this.#load(record, max === undefined ? out : undefined, context, max && out);
-    if (max !== undefined && r !== SKIP_SAMPLE) this.#sizes.set(record, [r.height, r.width]);
+    if (max !== undefined && r !== SKIP_SAMPLE) {
+      const seen = this.#sizes.get(record);
+      this.#sizes.set(record, [r.height, r.width, (seen?.[2] ?? 0) + 1]);
+    }
   }
 
   /** Loads this thread's decoders before the first fillRecord. */
