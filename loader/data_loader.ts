@@ -36,7 +36,7 @@ import {
 import type { ModuleRef } from "./_protocol.ts";
 import { type Staging, staging } from "./_staging.ts";
 import type { Collated, CollateFn } from "./collate.ts";
-import type { Dataset, SampleOf, SharedFieldsOf } from "./dataset.ts";
+import type { Dataset, SampleOf, SharedFieldsOf, WorkerSpec } from "./dataset.ts";
 import { type DataLoaderOptions, resolveOptions } from "./options.ts";
 import type { EpochOrder } from "./order.ts";
 import { RingBatch, type StagingRing } from "./ring.ts";
@@ -239,6 +239,7 @@ export class DataLoaderImpl<B = unknown> implements AsyncIterable<B>, AsyncDispo
   readonly #collateMode: EngineConfig["collateMode"];
   readonly #workerInit: ModuleRef | undefined;
   readonly #geometry: GeometrySpec | undefined;
+  readonly #workerSpec: WorkerSpec | undefined;
   #pinned: Disposable | undefined;
   #engine: Engine | undefined;
   #active: EpochIterator<B> | undefined;
@@ -279,6 +280,7 @@ export class DataLoaderImpl<B = unknown> implements AsyncIterable<B>, AsyncDispo
     this.#collateMode = o.collateMode;
     this.#workerInit = o.workerInit;
     this.#geometry = o.geometry;
+    this.#workerSpec = o.workerSpec;
     const cores = Math.max(1, navigator.hardwareConcurrency || 1);
     const counts = new WorkerCounts(o.numWorkers, o.prefetchFactor, cores, o.persistentWorkers);
     this.#counts = counts;
@@ -367,6 +369,8 @@ export class DataLoaderImpl<B = unknown> implements AsyncIterable<B>, AsyncDispo
    *   cutout: 0,
    *   brightness: 0,
    *   contrast: 0,
+   *   saturation: 0,
+   *   hue: 0,
    * });
    * assert.ok(Object.isFrozen(loader.augment));
    * ```
@@ -536,7 +540,7 @@ export class DataLoaderImpl<B = unknown> implements AsyncIterable<B>, AsyncDispo
       unbatched: this.batchSize === null && this.sampler !== undefined,
       workerSpec: this.zeroCopy && !this.#staging?.gather.filled?.length
         ? undefined
-        : this.dataset.workerSpec?.(),
+        : this.#workerSpec,
       workerInit: this.#workerInit,
       resourceLimits: this.#resourceLimits,
       onWait: (s, d) => this.#active?.onWait(s, d),

@@ -11,7 +11,7 @@ import { optionError, refuseUnknownKeys } from "../internal/options.ts";
 import type { WorkerResourceLimits } from "./_transport.ts";
 import type { ModuleRef } from "./_protocol.ts";
 import type { CollateFn } from "./collate.ts";
-import type { Dataset } from "./dataset.ts";
+import type { Dataset, WorkerSpec } from "./dataset.ts";
 import { EpochOrder, type EpochOrderOptions } from "./order.ts";
 import type { StagingRing } from "./ring.ts";
 import { type GeometryOptions, type GeometrySpec, resolveGeometry } from "../augment/geometry.ts";
@@ -123,6 +123,11 @@ export interface ResolvedOptions {
   workerInit: ModuleRef | undefined;
   /** The geometric transforms drawn per sample, or undefined. */
   geometry: GeometrySpec | undefined;
+  /**
+   * The dataset's workerSpec(), asked once here (where workers rebuild the dataset) and sent
+   * to every worker the loader starts.
+   */
+  workerSpec: WorkerSpec | undefined;
 }
 
 // Every key of DataLoaderOptions, checked by the compiler against the interface.
@@ -244,10 +249,11 @@ export function resolveOptions(dataset: Dataset, options: DataLoaderOptions): Re
       "type",
     );
   }
+  let workerSpec: WorkerSpec | undefined;
   if (rebuilt && numWorkers !== 0) {
     // Workers receive the spec by postMessage: a value it cannot clone would throw there, in
     // an event handler, where nothing can catch it.
-    const spec = dataset.workerSpec!();
+    const spec = workerSpec = dataset.workerSpec!();
     const bad = uncloneable(spec, "workerSpec()");
     if (bad !== undefined) {
       fail(
@@ -289,6 +295,7 @@ export function resolveOptions(dataset: Dataset, options: DataLoaderOptions): Re
       : "default",
     workerInit: o.workerInit,
     geometry,
+    workerSpec,
   };
 }
 

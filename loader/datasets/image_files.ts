@@ -49,7 +49,7 @@ export interface ImageFilesOptions {
    * device. Excludes `size` and `randomResizedCrop`.
    */
   maxSize?: readonly [number, number];
-  /** "auto" (default): libjpeg-turbo and libspng where they load, else the fallbacks. */
+  /** "auto" (default): libjpeg-turbo and libspng where they load, else the TypeScript decoders. */
   decoder?: "auto" | "native" | "typescript";
   /** Refuse larger images (default: Pillow's decompression-bomb limit, 178,956,970 pixels). */
   maxPixels?: number;
