@@ -89,8 +89,12 @@ export class Gatherer {
 
   #workerId: number;
 
-  constructor(spec: GatherSpec, filler?: Filler, workerId = -1) {
+  /** The step between a batch's samples' draw positions (EpochOrder.drawStride). */
+  #stride: number;
+
+  constructor(spec: GatherSpec, filler?: Filler, workerId = -1, stride = 1) {
     this.#spec = spec;
+    this.#stride = stride;
     this.#filler = filler;
     this.#workerId = workerId;
     if ((spec.filled?.length ?? 0) > 0 && typeof filler?.fillRecord !== "function") {
@@ -112,7 +116,10 @@ export class Gatherer {
     }));
   }
 
-  /** Fills `count` records of `slot` from the indices already written in its indices field. */
+  /**
+   * Fills `count` records of `slot` from the indices already written in its indices field;
+   * `position` is the first sample's draw position.
+   */
   gather(slot: number, count: number, epoch: number, position: number): void {
     const spec = this.#spec;
     const base = slot * spec.slotBytes;
@@ -159,7 +166,12 @@ export class Gatherer {
       for (let k = 0; k < count; k++) {
         const i = ring32[idxBase + k];
         // The sample's own stream, as get() has it on the generic path.
-        const context = sampleContext(spec.seed, epoch, position + k, this.#workerId);
+        const context = sampleContext(
+          spec.seed,
+          epoch,
+          position + k * this.#stride,
+          this.#workerId,
+        );
         try {
           this.#filler!.fillRecord!(
             i,
@@ -174,7 +186,8 @@ export class Gatherer {
     }
     if (spec.augmentOffset >= 0) {
       const a32 = (base + spec.augmentOffset) >>> 2;
-      writeAugmentRecords(ring32, a32, sampleKey(spec.seed, epoch), position, count, spec.augment);
+      const key = sampleKey(spec.seed, epoch);
+      writeAugmentRecords(ring32, a32, key, position, count, spec.augment, this.#stride);
     }
     if ((spec.geometryOffset ?? -1) >= 0) {
       const g32 = (base + spec.geometryOffset!) >>> 2, key = sampleKey(spec.seed, epoch);

@@ -6,7 +6,11 @@
  *
  *     deno run -A tests/_dist_train_child.ts --model mlp --precision fp32 --steps 10 \
  *       --batch 32 --out /tmp/w [--accumulate 2] [--nan-index 700 --nan-step 3] [--sync-bn] \
- *       [--device cuda]
+ *       [--device cuda] [--augment]
+ *
+ * With --augment, the batches come from a DeviceLoader over a seeded uint8 image set, sharded
+ * over the ranks with crop, flip and cutout drawn per sample: the ranks' batches together
+ * must be the one process's batch, augmentation included (augment/record.ts).
  *
  * Non-zero ranks build their model from another seed: the broadcast must make them equal.
  *
@@ -20,6 +24,7 @@ import {
   CrossEntropyLoss,
   DataParallel,
   Device,
+  DeviceDataset,
   Flatten,
   GradScaler,
   Linear,
@@ -31,6 +36,7 @@ import {
   SGD,
   SyncBatchNorm,
   Tensor,
+  TensorDataset,
   Trainer,
   Xoshiro128,
 } from "../mod.ts";
@@ -53,6 +59,7 @@ const { values } = parseArgs({
     device: { type: "string", default: "cpu" },
     // The last rank builds a wider hidden layer: DataParallel must refuse the models.
     differ: { type: "boolean", default: false },
+    augment: { type: "boolean", default: false },
   },
 });
 const precision = values.precision as "fp16" | "bf16" | "fp32";
@@ -130,9 +137,48 @@ function globalBatch(step: number, micro: number): { x: Float32Array; y: Int32Ar
   return { x, y };
 }
 
+/**
+ * --augment: a DeviceLoader over 4 global batches of seeded 8x8 images (the label's quadrant
+ * brighter), this rank's share of each shuffled epoch, every sample cropped, flipped and cut
+ * out from its own draws; epochs one after another until `steps`.
+ */
+async function* augmentedBatches(): AsyncGenerator<{ images: Tensor; labels: Tensor }> {
+  const n = 4 * batch;
+  const g = new Xoshiro128(77);
+  const labels = new Int32Array(new SharedArrayBuffer(n * 4)).map((_, i) => (i * 7) % 4);
+  const images = new Uint8Array(new SharedArrayBuffer(n * 64));
+  for (let i = 0; i < images.length; i++) {
+    const q = Math.floor((i % 64) / 16) === labels[Math.floor(i / 64)] ? 96 : 0;
+    images[i] = Math.min(255, q + Math.floor(g.random() * 160));
+  }
+  using resident = new DeviceDataset(
+    device,
+    new TensorDataset({ image: { data: images, shape: [1, 8, 8] }, label: labels }),
+  );
+  await using loader = resident.loader({
+    batchSize: local,
+    shuffle: true,
+    seed: 5,
+    augment: { padding: 2, flip: true, cutout: 3 },
+    mean: [0.4],
+    std: [0.25],
+    dtype: precision === "fp16" ? "f16" : "f32",
+    worldSize: size,
+    rank,
+  });
+  for (;;) for await (const b of loader) yield b;
+}
+const augmented = values.augment ? augmentedBatches() : null;
+
 /** The loss scale after each step: it halves exactly on the steps the scaler skips. */
 const scales: number[] = [];
 for (let step = 0; step < steps; step++) {
+  if (augmented !== null) {
+    const b = (await augmented.next()).value!;
+    trainer.trainStep(b.images, b.labels);
+    if (scaler) scales.push(await scaler.getScale());
+    continue;
+  }
   for (let micro = 0; micro < accumulate; micro++) {
     const { x, y } = globalBatch(step, micro);
     const xs = Arr.from(x.subarray(rank * local * 64, (rank + 1) * local * 64));
@@ -159,5 +205,6 @@ for (let step = 0; step < steps; step++) {
 const weights: Record<string, number[]> = {};
 for (const [name, p] of model.namedParameters()) weights[name] = [...await p.read()];
 for (const [name, b] of model.namedBuffers()) weights[name] = [...await b.read()];
+await augmented?.return(undefined);
 await Deno.writeTextFile(`${values.out}.${rank}.json`, JSON.stringify({ weights, scales }));
 console.log(`ok ${rank}`);

@@ -103,6 +103,21 @@ for (const mpi of ["openmpi", "mpich"] as const) {
 
 const MPI = MPIS[0];
 
+for (const [n, precision] of [[2, "fp32"], [4, "fp32"], [2, "fp16"]] as const) {
+  Deno.test({
+    name: `DataParallel on ${n} ranks over sharded DeviceLoaders with augmentation trains as 1 ` +
+      `rank on the whole batch (${precision})`,
+    ignore: MPI === undefined,
+    async fn() {
+      // 12 steps: 3 epochs of 4 batches, each reshuffled and redrawn.
+      const args = ["--model", "cnn", "--precision", precision, "--steps", "12", "--augment"];
+      const results = await multi(MPI!, n, args);
+      assertRanksEqual(results, `${n} ranks`);
+      assertClose(results[0], await reference(args), TOL[precision], `${n} ranks`);
+    },
+  });
+}
+
 for (
   const [mpi, n, precision] of [
     ["openmpi", 2, "fp32"],
