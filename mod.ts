@@ -181,7 +181,7 @@ export {
   type WorkerSpec,
 } from "./loader/mod.ts";
 
-// decode: image decoders (libjpeg-turbo and libspng through FFI, loaded on first use)
+// decode: image decoders (libjpeg-turbo and libspng through FFI, loaded on first use, or TypeScript)
 export {
   type Channels,
   type CropBox,

@@ -7,16 +7,18 @@
  *   ranks, one compute thread per rank on both sides (PINSTREAM_NUM_THREADS=1,
  *   torch.set_num_threads(1), OPENBLAS_NUM_THREADS=1); scaling efficiency = 1-rank step time
  *   / 2-rank step time (the per-rank batch is fixed, so 100% is a perfect 2x throughput).
- * - All-reduce bandwidth of 1-64 MiB of f32 on 2 ranks: pinstream's blocking allReduce and
- *   the C program's MPI_Allreduce, the same MPI library (Open MPI), best of several calls.
- * - Overlap on 2 ranks, CNN: forward+backward alone, the gradients' all-reduce alone, and
- *   DataParallel's forward+backward with the all-reduce; hidden = (alone + alone - both) /
- *   the smaller alone.
+ * - All-reduce bandwidth of 1-64 MiB of f32 on 2 ranks, under each installed MPI (Open MPI,
+ *   MPICH): pinstream's blocking allReduce, its asynchronous form, and the C program's
+ *   MPI_Allreduce with the same library and launcher.
+ * - Overlap on 2 ranks, CNN with 5 buckets: forward+backward alone, the buckets' all-reduce
+ *   alone, and DataParallel's forward+backward with the all-reduce, in turn within one run;
+ *   hidden = (alone + alone - both) / the all-reduce alone.
  *
  *     deno run -A bench/dist.ts [--save] [--steps 60] [--repeat 3]
  *
- * Each measurement is repeated, pinstream and its reference alternating, and the best kept:
- * on a shared machine the others' load only ever slows a run down.
+ * Each measurement is repeated, pinstream and its reference alternating run by run, and the
+ * medians reported (of the calls within a run, then of the runs), with the load average: the
+ * machine is shared, and the ratio of two runs made one after the other is what holds.
  *
  * Writes bench/out/dist.json (bench/results/ with --save). Ranks are started with mpirun by
  * this driver; `--part` runs one rank's part (internal).
@@ -27,6 +29,7 @@
 import { parseArgs } from "node:util";
 import { existsSync } from "node:fs";
 import {
+  availableMpi,
   Conv2d,
   DataParallel,
   Device,
@@ -125,16 +128,21 @@ async function rankPart(part: string): Promise<void> {
     for (const mib of SIZES_MIB) {
       const buf = new Float32Array(mib * 2 ** 20 / 4).fill(1);
       const iters = mib <= 4 ? 20 : mib <= 16 ? 10 : 5;
-      for (let w = 0; w < 2; w++) group.allReduce(buf);
-      const ms: number[] = [];
-      for (let i = 0; i < iters; i++) {
-        group.barrier();
-        const t0 = performance.now();
-        group.allReduce(buf);
-        ms.push(performance.now() - t0);
-      }
-      ms.sort((a, b) => a - b);
-      rows.push({ mib, iters, bestMs: ms[0], medianMs: ms[iters >> 1] });
+      const timed = (call: () => void) => {
+        for (let w = 0; w < 2; w++) call();
+        const ms: number[] = [];
+        for (let i = 0; i < iters; i++) {
+          group.barrier();
+          const t0 = performance.now();
+          call();
+          ms.push(performance.now() - t0);
+        }
+        ms.sort((a, b) => a - b);
+        return { bestMs: ms[0], medianMs: ms[iters >> 1] };
+      };
+      const blocking = timed(() => group.allReduce(buf));
+      const asyncForm = timed(() => group.allReduceAsync(buf).waitSync());
+      rows.push({ mib, iters, ...blocking, asyncMedianMs: asyncForm.medianMs });
     }
     report(rows);
     return;
@@ -158,27 +166,47 @@ async function rankPart(part: string): Promise<void> {
     report({ model: values.model, ranks: group.size, msPerStep: ms });
     return;
   }
-  // overlap: the same forward+backward without, with, and only the communication.
+  // overlap: forward+backward alone, the buckets' all-reduce alone, and DataParallel's
+  // forward+backward with the all-reduce, in turn round after round (medians of the rounds).
   const dy = Tensor.fromHost(device, new Float32Array(BATCH * 10).fill(1e-3), [BATCH, 10]);
-  const computeMs = time((k) => {
+  const flats = dp.buckets.map((ps) => new Float32Array(ps.reduce((a, p) => a + p.numel, 0)));
+  const rounds = 5, per = Math.max(1, Math.floor(steps / rounds));
+  const block = (fn: (k: number) => void) => {
+    group.barrier();
+    const t0 = performance.now();
+    for (let k = 0; k < per; k++) fn(k);
+    group.barrier();
+    return (performance.now() - t0) / per;
+  };
+  const compute = (k: number) => {
     m.forward(data[k % data.length].x);
     m.backward(dy, { inputGrad: false });
-  });
-  const flats = dp.buckets.map((ps) => new Float32Array(ps.reduce((a, p) => a + p.numel, 0)));
-  const commMs = time(() => {
-    for (const w of flats.map((f) => group.allReduceAsync(f, { op: "avg" }))) w.waitSync();
-  });
-  const bothMs = time((k) => {
+  };
+  const comm = () => {
+    for (const w of flats.map((f) => group.allReduceAsync(f))) w.waitSync();
+  };
+  const both = (k: number) => {
     dp.forward(data[k % data.length].x);
     dp.backward(dy, { inputGrad: false });
-  });
+  };
+  for (let k = 0; k < 3; k++) [compute, comm, both].forEach((f) => f(k));
+  const c: number[] = [], a: number[] = [], b: number[] = [];
+  for (let r = 0; r < rounds; r++) {
+    c.push(block(compute));
+    a.push(block(comm));
+    b.push(block(both));
+  }
+  const med = (xs: number[]) => [...xs].sort((x, y) => x - y)[xs.length >> 1];
+  const computeMs = med(c), commMs = med(a), bothMs = med(b);
   report({
     model: values.model,
     buckets: flats.map((f) => f.length * 4),
     computeMs,
     commMs,
     bothMs,
-    hidden: (computeMs + commMs - bothMs) / Math.min(computeMs, commMs),
+    // The share of the all-reduce that backward hid: 1 when both took as long as compute
+    // alone, 0 when as long as the two one after the other.
+    hidden: (computeMs + commMs - bothMs) / commMs,
   });
 }
 
@@ -225,64 +253,87 @@ async function driver(): Promise<void> {
       ? [Deno.execPath(), "run", "-A", self, ...args]
       : mpirunCommand([self, ...args], { n, mpi: "openmpi" });
 
-  // Raw MPI, built here against Open MPI.
-  const exe = `${here}out/mpi_allreduce`;
+  // Raw MPI, built here against each MPI, and pinstream's all-reduce under the same mpirun,
+  // run after run in turn (raw, pinstream, raw, ...): the ratio compares runs of one moment.
   await Deno.mkdir(`${here}out`, { recursive: true });
-  await run(["mpicc.openmpi", "-O2", "-o", exe, `${here}mpi_allreduce.c`]);
-  const mpirun = mpirunCommand(["x"], { n: 2, mpi: "openmpi" });
-  const rawCmd = [
-    ...mpirun.slice(0, mpirun.indexOf(Deno.execPath())),
-    exe,
-    ...SIZES_MIB.map(String),
-  ];
   const repeat = Number(values.repeat);
-  type Timed = { mib: number; bestMs: number; medianMs: number };
-  /** Per size, the run with the best time of `repeat` runs. */
-  const bestOf = (runs: Timed[][]) =>
-    runs[0].map((_, i) => runs.map((r) => r[i]).reduce((a, b) => (b.bestMs < a.bestMs ? b : a)));
-  const rawRuns: Timed[][] = [], ourRuns: Timed[][] = [];
-  for (let k = 0; k < repeat; k++) {
-    rawRuns.push((await run(rawCmd)).trim().split("\n").map((l) => JSON.parse(l)));
-    ourRuns.push(results(await run(ranks(2, ["--part", "allreduce"])))[0] as Timed[]);
+  type Timed = { mib: number; bestMs: number; medianMs: number; asyncMedianMs?: number };
+  const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
+  const allreduce = [];
+  for (const mpi of availableMpi()) {
+    const exe = `${here}out/mpi_allreduce_${mpi}`;
+    await run([`mpicc.${mpi}`, "-O2", "-o", exe, `${here}mpi_allreduce.c`]);
+    const mpirun = mpirunCommand(["x"], { n: 2, mpi });
+    const rawCmd = [
+      ...mpirun.slice(0, mpirun.indexOf(Deno.execPath())),
+      exe,
+      ...SIZES_MIB.map(String),
+    ];
+    const oursCmd = mpirunCommand([self, "--part", "allreduce"], { n: 2, mpi });
+    const rawRuns: Timed[][] = [], ourRuns: Timed[][] = [];
+    const loads: number[] = [];
+    for (let k = 0; k < repeat; k++) {
+      loads.push(load());
+      rawRuns.push((await run(rawCmd)).trim().split("\n").map((l) => JSON.parse(l)));
+      ourRuns.push(results(await run(oursCmd))[0] as Timed[]);
+    }
+    for (const [i, mib] of SIZES_MIB.entries()) {
+      const raw = rawRuns.map((r) => r[i]), ours = ourRuns.map((r) => r[i]);
+      const rawMs = median(raw.map((r) => r.medianMs));
+      const oursMs = median(ours.map((r) => r.medianMs));
+      const asyncMs = median(ours.map((r) => r.asyncMedianMs!));
+      const gbps = (ms: number) => mib * 2 ** 20 / (ms / 1000) / 1e9;
+      allreduce.push({
+        mpi,
+        mib,
+        rawMedianMs: rawMs,
+        pinstreamMedianMs: oursMs,
+        pinstreamAsyncMedianMs: asyncMs,
+        rawGBps: gbps(rawMs),
+        pinstreamGBps: gbps(oursMs),
+        ratio: rawMs / oursMs,
+        asyncRatio: rawMs / asyncMs,
+        // Pair by pair (run k of each): the spread of the ratio over the runs.
+        pairRatios: raw.map((r, k) => r.medianMs / ours[k].medianMs),
+        rawBestMs: Math.min(...raw.map((r) => r.bestMs)),
+        pinstreamBestMs: Math.min(...ours.map((r) => r.bestMs)),
+        load: median(loads),
+      });
+    }
   }
-  const raw = bestOf(rawRuns), ours = bestOf(ourRuns);
-  const allreduce = raw.map((r, i) => {
-    const p = ours[i];
-    const gbps = (ms: number) => r.mib * 2 ** 20 / (ms / 1000) / 1e9;
-    return {
-      mib: r.mib,
-      rawBestMs: r.bestMs,
-      pinstreamBestMs: p.bestMs,
-      rawGBps: gbps(r.bestMs),
-      pinstreamGBps: gbps(p.bestMs),
-      ratio: r.bestMs / p.bestMs,
-      rawMedianMs: r.medianMs,
-      pinstreamMedianMs: p.medianMs,
-    };
-  });
-  console.table(allreduce);
+  console.table(allreduce.map(({ pairRatios: _, ...r }) => r));
 
   const train: {
     model: string;
     ranks: number;
     pinstreamMs: number;
     torchMs: number;
+    pinstreamRuns: number[];
+    torchRuns: number[];
     load: number;
   }[] = [];
   for (const m of ["mlp", "cnn"]) {
     for (const n of [1, 2]) {
       const l = load();
-      let pinstreamMs = Infinity, torchMs = Infinity;
+      const ours: number[] = [], theirs: number[] = [];
       for (let k = 0; k < repeat; k++) {
         const p = results(
           await run(ranks(n, ["--part", "train", "--model", m, "--steps", steps])),
         )[0] as { msPerStep: number };
-        pinstreamMs = Math.min(pinstreamMs, p.msPerStep);
+        ours.push(p.msPerStep);
         const torchArgs = ["--model", m, "--world", String(n), "--steps", steps];
         const out = await run([PYTHON, `${here}dist_torch.py`, ...torchArgs]);
-        torchMs = Math.min(torchMs, JSON.parse(out.trim().split("\n").pop()!).msPerStep);
+        theirs.push(JSON.parse(out.trim().split("\n").pop()!).msPerStep);
       }
-      train.push({ model: m, ranks: n, pinstreamMs, torchMs, load: l });
+      train.push({
+        model: m,
+        ranks: n,
+        pinstreamMs: median(ours),
+        torchMs: median(theirs),
+        pinstreamRuns: ours,
+        torchRuns: theirs,
+        load: l,
+      });
     }
   }
   const scaling = ["mlp", "cnn"].map((m) => {
@@ -295,15 +346,11 @@ async function driver(): Promise<void> {
       pinstreamVsTorch2Ranks: two.torchMs / two.pinstreamMs,
     };
   });
-  console.table(train);
+  console.table(train.map(({ pinstreamRuns: _, torchRuns: __, ...r }) => r));
   console.table(scaling);
   // Small buckets, so that the CNN's 200 KB of gradients make several and some can overlap.
   const overlapArgs = ["--part", "overlap", "--model", "cnn", "--steps", steps, "--bucket-mb"];
-  let overlap: { bothMs: number } | undefined;
-  for (let k = 0; k < repeat; k++) {
-    const o = results(await run(ranks(2, [...overlapArgs, "0.05"])))[0] as { bothMs: number };
-    if (!overlap || o.bothMs < overlap.bothMs) overlap = o;
-  }
+  const overlap = results(await run(ranks(2, [...overlapArgs, "0.05"])))[0];
   console.log("overlap", overlap);
   const path = await writeResult("dist", {
     benchmark: "dist",
@@ -318,7 +365,10 @@ async function driver(): Promise<void> {
       precision: "fp32 on both sides, SGD momentum 0.9",
       threads: "one compute thread per rank (PINSTREAM_NUM_THREADS=1; torch 1 thread, " +
         "OPENBLAS_NUM_THREADS=1)",
-      mpi: "Open MPI (mpirun.openmpi --oversubscribe), bucketMB 25 (0.05 in the overlap run)",
+      mpi: "Open MPI (mpirun.openmpi --oversubscribe) for the training steps, bucketMB 25 " +
+        "(0.05 in the overlap run); the all-reduce under every installed MPI",
+      statistic: "medians: of the calls within a run, then of the runs (pinstream and its " +
+        "reference alternating run by run)",
       repeat,
       torch: "DistributedDataParallel, Gloo backend, default buckets",
       steps: Number(steps),

@@ -51,6 +51,14 @@ export interface CommJob {
   async: boolean;
 }
 
+/**
+ * Cells of a group's progress array: MPI collectives issued and completed, the same of NCCL
+ * (read by the watchdog's responder), then the MPI collective the main thread runs itself (its
+ * sequence number + 1, 0 for none) and its op's index in {@linkcode OPS} (read by the
+ * communication thread's watchdog).
+ */
+export const ISSUED = 0, COMPLETED = 1, DIRECT_SEQ = 4, DIRECT_OP = 5, PROGRESS_INTS = 6;
+
 /** Result slots in the shared array (each `[done, status]`): more than ever outstanding. */
 export const SLOTS = 4096;
 

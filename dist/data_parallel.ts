@@ -182,6 +182,12 @@ export class DataParallel extends Module {
       throw new TypeError(`Cannot ${action}: the model is not on a device (call to() first)`);
     }
     this.#onDevice = model.device.kind !== "cpu";
+    if (!this.#onDevice && model.precision === "bf16") {
+      throw new TypeError(
+        `Cannot ${action}: a bf16 model on ${model.device}; the mpi backend reduces fp32 and ` +
+          `fp16 gradients (bf16 ones on a CUDA device, with the nccl backend)`,
+      );
+    }
     if (this.#onDevice && group.backend !== "nccl") {
       throw new TypeError(
         `Cannot ${action}: the model is on ${model.device}; the mpi backend reduces cpu-device ` +
@@ -271,11 +277,17 @@ export class DataParallel extends Module {
     // did not reach): packed now, in bucket order, which is the same on every rank.
     for (const b of this.#buckets) if (b.packedAt !== this.#pass) this.#launch(b);
     if (this.#noSync > 0) return dx;
+    const n = this.group.size;
     for (const b of this.#buckets) {
       b.work!.waitSync();
       b.work = null;
       if (!this.#onDevice) {
-        for (const s of b.slots) s.view!.set(b.flat.subarray(s.offset, s.offset + s.numel));
+        // The average is written straight into the gradients: one pass over the sum.
+        const f = b.flat;
+        for (const s of b.slots) {
+          const v = s.view!, o = s.offset, len = s.numel;
+          for (let i = 0; i < len; i++) v[i] = f[o + i] / n;
+        }
       }
       b.ready = 0;
     }
@@ -319,7 +331,7 @@ export class DataParallel extends Module {
       return;
     }
     b.accumulated = false;
-    b.work = this.group.allReduceAsync(b.flat, { op: "avg" });
+    b.work = this.group.allReduceAsync(b.flat, { op: "sum" });
   }
 
   /** #launch for a CUDA model: device-side accumulation, then one NCCL group in place. */

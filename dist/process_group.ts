@@ -14,17 +14,27 @@ import { handleValue, mpiErrorString, type MpiLibrary, openMpi, readHandle } fro
 import type { Handle } from "./_mpi_symbols.ts";
 import {
   type CommJob,
+  COMPLETED,
   describeSignature,
+  DIRECT_OP,
+  DIRECT_SEQ,
+  ISSUED,
   MISMATCH,
+  OPS,
+  PROGRESS_INTS,
   SIG_INTS,
   SLOTS,
   USER_DTYPES,
 } from "./_protocol.ts";
+import { runJob } from "./_run_job.ts";
 import { type LaunchEnv, launchEnv } from "./launch_env.ts";
 import { diagnoseTimeout, Responder } from "./_watchdog.ts";
+import { JobRing } from "./_ring.ts";
 import { type NcclLibrary, openNccl } from "./_nccl.ts";
 import { NcclComm } from "./_nccl_comm.ts";
 import { Tensor } from "../ffi/tensor.ts";
+import type { Device } from "../ffi/device.ts";
+import { rendezvous, stopRendezvous } from "./_rendezvous.ts";
 
 /** The memory a collective reads and writes: a typed array (any backing) or a cpu tensor. */
 export type CollectiveBuffer = Float32Array | Float16Array | Int32Array | Tensor;
@@ -44,8 +54,11 @@ export interface ProcessGroupOptions {
    */
   backend?: "mpi" | "nccl";
   /**
-   * How long a collective may wait for the other ranks before the group gives up, names the
-   * ranks that did not arrive and throws (default 30 minutes, as PyTorch's DDP).
+   * How long a collective may wait for the other ranks before the group gives up and names
+   * the ranks that did not arrive (default 30 minutes, as PyTorch's DDP): a wait on an
+   * asynchronous collective throws; a blocking collective that ran on the calling thread (see
+   * the class documentation) cannot be interrupted inside MPI, so the error is printed and
+   * the process exits with status 1, as NCCL's watchdog ends a job.
    */
   timeoutMs?: number;
   /**
@@ -56,6 +69,13 @@ export interface ProcessGroupOptions {
   debug?: boolean;
   /** The environment to read the launcher's variables from (default `Deno.env.get`). */
   env?: (name: string) => string | undefined;
+  /**
+   * The nccl backend's CUDA device: the communicator is made at once on it (by default, on
+   * the device of the first collective's CUDA tensor). Needed in a torchrun-style launch
+   * (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, no MPI), where NCCL also carries the
+   * collectives on host memory.
+   */
+  device?: Device;
 }
 
 /** Options of the reductions. */
@@ -81,9 +101,11 @@ export const DEFAULT_TIMEOUT_MS = 30 * 60 * 1000;
  * of a group of 1, which needs no MPI.
  *
  * Every collective exists blocking (`allReduce`) and asynchronous (`allReduceAsync`, returning
- * a {@linkcode Work}). All ranks must issue the same collectives in the same order. They run
- * in that order on the group's communication thread, so an asynchronous one overlaps with
- * whatever the main thread does until its `wait`.
+ * a {@linkcode Work}). All ranks must issue the same collectives in the same order. The
+ * asynchronous ones run in that order on the group's communication thread, so they overlap
+ * with whatever the main thread does until its `wait`. A blocking one waits behind those
+ * still in flight; with none in flight the calling thread runs it itself, at the speed of a C
+ * program calling MPI.
  *
  * Half-precision reductions are computed in fp32 (MPI has no half type): the values are
  * widened, reduced and rounded once, which is both more accurate than summing in fp16 and
@@ -118,11 +140,15 @@ export class ProcessGroup implements Disposable {
   #comm: Handle | null = null;
   #watchComm: Handle | null = null;
   #worker: Worker | null = null;
+  #ring = new JobRing();
   #responder: Responder | null = null;
   #results = new Int32Array(new SharedArrayBuffer(SLOTS * 2 * 4));
   #sigs: Int32Array;
-  /** [issued, completed] MPI collectives, then NCCL ones, read by the watchdog responder. */
-  #progress = new Int32Array(new SharedArrayBuffer(16));
+  /**
+   * [issued, completed] MPI collectives, then NCCL ones, read by the watchdog responder; then
+   * the MPI collective this thread runs itself (see _protocol.ts).
+   */
+  #progress = new Int32Array(new SharedArrayBuffer(PROGRESS_INTS * 4));
   #seq = 0;
   #failed: Error | null = null;
   #disposed = false;
@@ -130,6 +156,8 @@ export class ProcessGroup implements Disposable {
   #onUnload: (() => void) | null = null;
   #ncclLib: NcclLibrary | null = null;
   #nccl: NcclComm | null = null;
+  /** A torchrun-style launch's rendezvous address (nccl backend, no MPI). */
+  #master: { addr: string; port: number } | null = null;
 
   private constructor(
     env: LaunchEnv,
@@ -145,11 +173,22 @@ export class ProcessGroup implements Disposable {
       this.mpi = null;
       return;
     }
+    if (env.launcher === "torchrun" && (options.backend === "nccl" || env.size === 1)) {
+      if (env.size > 1 && env.master === null) {
+        throw new Error(
+          `Cannot create a ProcessGroup: RANK/WORLD_SIZE say rank ${env.rank} of ${env.size}, ` +
+            `but MASTER_ADDR and MASTER_PORT, where the ranks meet, are not set`,
+        );
+      }
+      this.mpi = null;
+      this.#master = env.master;
+      return;
+    }
     if (env.launcher === "torchrun") {
       throw new Error(
         `Cannot create a ProcessGroup: RANK/WORLD_SIZE say rank ${env.rank} of ${env.size}, ` +
           `but the mpi backend needs MPI's launcher: start the job with mpirun -n ${env.size} ` +
-          `(or deno task launch)`,
+          `(or deno task launch), or use the nccl backend`,
       );
     }
     const lib = openMpi({ flavor: env.launcher });
@@ -161,8 +200,12 @@ export class ProcessGroup implements Disposable {
       path: lib.path,
       flavor: lib.flavor,
       comm: handleValue(this.#comm!),
+      watchComm: handleValue(this.#watchComm!),
+      rank: this.rank,
       size: this.size,
+      timeoutMs: this.timeoutMs,
       debug: this.debug,
+      ring: this.#ring.memory,
       results: this.#results.buffer,
       sigs: this.#sigs.buffer,
       progress: this.#progress.buffer,
@@ -238,7 +281,11 @@ export class ProcessGroup implements Disposable {
    * ```
    */
   static init(options: ProcessGroupOptions = {}): ProcessGroup {
-    refuseUnknownKeys(options ?? {}, ["backend", "timeoutMs", "debug", "env"], "create a group");
+    refuseUnknownKeys(
+      options ?? {},
+      ["backend", "timeoutMs", "debug", "env", "device"],
+      "create a group",
+    );
     const backend = options.backend ?? "mpi";
     if (backend !== "mpi" && backend !== "nccl") {
       throw new TypeError(
@@ -253,14 +300,35 @@ export class ProcessGroup implements Disposable {
     const debug = options.debug ?? env("PINSTREAM_DIST_DEBUG") === "1";
     // The library first: a missing NCCL fails before MPI starts.
     const lib = backend === "nccl" ? openNccl() : null;
+    const where = launchEnv(env);
+    if (where.launcher === "torchrun" && where.size > 1 && backend === "nccl" && !options.device) {
+      throw new TypeError(
+        `Cannot create a ProcessGroup: a torchrun-style launch of the nccl backend needs ` +
+          `{ device }, the CUDA device of this rank (NCCL carries its host collectives too)`,
+      );
+    }
+    let group: ProcessGroup;
     try {
-      const group = new ProcessGroup(launchEnv(env), { backend, timeoutMs, debug });
-      group.#ncclLib = lib;
-      return group;
+      group = new ProcessGroup(where, { backend, timeoutMs, debug });
     } catch (err) {
       lib?.close();
       throw err;
     }
+    group.#ncclLib = lib;
+    if (options.device) {
+      try {
+        group.#connect(options.device, "create a group");
+      } catch (err) {
+        group.dispose();
+        throw err;
+      }
+    }
+    return group;
+  }
+
+  /** Whether host memory goes over NCCL: a torchrun-style launch of several ranks. */
+  get #staged(): boolean {
+    return this.#master !== null && this.size > 1;
   }
 
   /** The NCCL communicator for `t`'s device, made by the first collective on a CUDA tensor. */
@@ -273,20 +341,29 @@ export class ProcessGroup implements Disposable {
           `and cpu tensors: create the group with { backend: "nccl" } for CUDA tensors`,
       );
     }
+    return this.#connect(t.device, action);
+  }
+
+  /** The NCCL communicator on `device`, made on first use. */
+  #connect(device: Device, action: string): NcclComm {
     if (this.#nccl !== null) {
-      if (this.#nccl.device !== t.device) {
+      if (String(this.#nccl.device) !== String(device)) {
         throw new TypeError(
-          `Cannot ${action}: the tensor is on ${t.device}, the group's NCCL communicator on ` +
+          `Cannot ${action}: the tensor is on ${device}, the group's NCCL communicator on ` +
             `${this.#nccl.device} (one device a process)`,
         );
       }
       return this.#nccl;
     }
-    // Rank 0 makes the id; MPI carries it to the others (every rank reaches this point in
-    // the same collective).
+    if (this.#ncclLib === null) {
+      throw new TypeError(`Cannot ${action}: a device is for the nccl backend`);
+    }
+    // Rank 0 makes the id; MPI, or the TCP rendezvous of a torchrun-style launch, carries it
+    // to the others (every rank reaches this point in the same collective).
     const id = this.rank === 0 ? NcclComm.uniqueId(this.#ncclLib) : new Uint8Array(128);
-    if (this.size > 1) this.broadcast(new Int32Array(id.buffer), { root: 0 });
-    this.#nccl = new NcclComm(this.#ncclLib, t.device, this.rank, this.size, id, {
+    if (this.#staged) rendezvous(this.#master!, this.rank, this.size, id, this.timeoutMs);
+    else if (this.size > 1) this.broadcast(new Int32Array(id.buffer), { root: 0 });
+    this.#nccl = new NcclComm(this.#ncclLib, device, this.rank, this.size, id, {
       timeoutMs: this.timeoutMs,
       progress: this.#progress,
       // Past the timeout, the MPI watchdog asks the other ranks how far their NCCL got.
@@ -338,13 +415,32 @@ export class ProcessGroup implements Disposable {
       work.waitSync();
       return work;
     }
-    // Every collective goes through the communication thread, blocking ones included (the
-    // hop measured 24 us per call either way on 2 ranks): the order on the communicator is
-    // the issue order, and a blocked main thread stays free to run the watchdog.
     const slot = (seq % SLOTS) * 2;
     Atomics.store(this.#results, slot, 0);
-    Atomics.store(this.#progress, 0, seq + 1);
-    this.#worker.postMessage({ ...job, seq });
+    Atomics.store(this.#progress, ISSUED, seq + 1);
+    if (!job.async && Atomics.load(this.#progress, COMPLETED) === seq) {
+      // Nothing in flight: this thread, which would only wait, runs the collective itself,
+      // as fast as a C program calling MPI (a hand-off to the communication thread and
+      // back costs two thread wake-ups, a tenth of a 1 MiB all-reduce). The communication
+      // thread, idle, watches it for the timeout.
+      const p = this.#progress;
+      Atomics.store(p, DIRECT_OP, OPS.indexOf(job.op));
+      Atomics.store(p, DIRECT_SEQ, seq + 1);
+      let status: number;
+      try {
+        status = runJob(this.#lib!, this.#comm!, { ...job, seq }, this.debug ? this.#sigs : null);
+      } catch {
+        status = -3;
+      }
+      Atomics.store(p, DIRECT_SEQ, 0);
+      Atomics.store(p, COMPLETED, seq + 1);
+      Atomics.store(this.#results, slot + 1, status);
+      Atomics.store(this.#results, slot, 1);
+      return work;
+    }
+    // Behind collectives still in flight, or asynchronous: the communication thread runs it
+    // in issue order, and a blocked main thread stays free to run the watchdog.
+    if (!this.#ring.push({ ...job, seq }, this.timeoutMs)) this.#timedOut(work);
     return work;
   }
 
@@ -422,6 +518,7 @@ export class ProcessGroup implements Disposable {
     if (op === "avg" && b.dtype === "i32") {
       throw new TypeError(`Cannot ${action}: avg of i32 would round; reduce with sum instead`);
     }
+    if (this.#staged) return this.#nccl!.host("allReduce", b, null, op, 0);
     const n = this.size;
     // fp16 is reduced as fp32 in a scratch array (see the class documentation).
     const wide = b.dtype === "f16" ? Float32Array.from(b.view as Float16Array) : null;
@@ -460,7 +557,7 @@ export class ProcessGroup implements Disposable {
    *   rank.
    * @param options The reduction: sum (default), avg, max or min.
    * @throws {TypeError} On an unsupported buffer or op (avg of i32).
-   * @throws {Error} When the collective fails or times out.
+   * @throws {Error} When the collective fails or times out (see `timeoutMs`).
    * @example
    * ```ts
    * import { ProcessGroup } from "@pinstream/pinstream";
@@ -506,6 +603,7 @@ export class ProcessGroup implements Disposable {
     const dev = this.#device(buf, action);
     if (dev) return dev.broadcast(buf as Tensor, root);
     const b = resolve(buf, action, "the buffer");
+    if (this.#staged) return this.#nccl!.host("broadcast", b, null, "sum", root);
     return this.#issue(
       {
         op: "broadcast",
@@ -573,6 +671,7 @@ export class ProcessGroup implements Disposable {
           `(the input's length times the group's size), got ${o.count} ${o.dtype}`,
       );
     }
+    if (this.#staged) return this.#nccl!.host("allGather", i, o, "sum", 0);
     const bytes = i.dtype === "f16";
     const outFinish = this.#worker === null ? () => o.view.set(i.view as never) : null;
     return this.#issue(
@@ -656,6 +755,7 @@ export class ProcessGroup implements Disposable {
     if (op === "avg" && i.dtype === "i32") {
       throw new TypeError(`Cannot ${action}: avg of i32 would round; reduce with sum instead`);
     }
+    if (this.#staged) return this.#nccl!.host("reduceScatter", i, o, op, 0);
     const n = this.size;
     const half = i.dtype === "f16";
     const wideIn = half ? Float32Array.from(i.view as Float16Array) : null;
@@ -766,6 +866,7 @@ export class ProcessGroup implements Disposable {
 
   #barrier(async: boolean): Work {
     this.#usable("run a barrier");
+    if (this.#staged) return this.#nccl!.host("barrier", null, null, "sum", 0);
     return this.#issue(
       {
         op: "barrier",
@@ -799,6 +900,7 @@ export class ProcessGroup implements Disposable {
     if (this.#disposed) return;
     this.#disposed = true;
     this.#nccl?.dispose();
+    stopRendezvous();
     // MPI's finalize would wait for the ranks that made NCCL fail.
     this.#failed ??= this.#nccl?.failure ?? null;
     this.#nccl = null;
@@ -812,6 +914,7 @@ export class ProcessGroup implements Disposable {
       Atomics.wait(this.#results, last, 0, this.timeoutMs);
     }
     this.#responder?.stop();
+    this.#ring.stop();
     this.#worker.terminate();
     this.#worker = null;
     if (this.#failed || !this.#lib) return;

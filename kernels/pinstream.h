@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct layout; ffi/ refuses a mismatch. */
-#define PS_ABI_VERSION 9
+#define PS_ABI_VERSION 10
 
 /* ---- status codes ------------------------------------------------------------------- */
 #define PS_OK 0
@@ -380,6 +380,19 @@ PS_API int ps_image_geometry(const void *src, int64_t src_stride, int32_t n, int
 PS_API int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, int32_t c_dtype,
                         int64_t m, int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
                         int32_t accumulate, void *stream);
+
+/* Activations an epilogue applies as it stores (PS_ACT_RELU is ps_nn_relu_forward's rule). */
+#define PS_ACT_NONE 0
+#define PS_ACT_RELU 1
+
+/* c[m,n] = act(op(a) @ op(b) + bias[n]): a Linear layer's forward in one call, with the bits of
+ * ps_nn_matmul (overwriting c), then ps_nn_bias_add over [m, n] (hw = 1), then, for act
+ * PS_ACT_RELU, ps_nn_relu_forward. bias: [n] of bias_dtype. CUDA adds the bias and applies the
+ * activation in the GEMM's epilogue, as it stores c. */
+PS_API int ps_nn_matmul_bias_act(const void *a, const void *b, int32_t dtype, void *c,
+                                 int32_t c_dtype, int64_t m, int64_t n, int64_t k,
+                                 int32_t trans_a, int32_t trans_b, const void *bias,
+                                 int32_t bias_dtype, int32_t act, void *stream);
 
 /* y[n,co,OH,OW] = conv(x[n,c,h,w], w[co,c,kh,kw]) (cross-correlation, zero padding). All act. */
 PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t dtype, int64_t n,

@@ -148,6 +148,26 @@ while (!inFlight.query()) {
 await inFlight.wait();
 expectEqual("all-reduce finished during compute", busy, () => size);
 if (rank === 0) console.error(`async all-reduce done after ${spins} spins of this thread`);
+
+// Blocking collectives issued behind asynchronous ones still in flight wait their turn (the
+// calling thread runs a blocking one itself only when nothing is in flight), and more
+// collectives in flight than the job queue holds make the issuing thread wait for room: every
+// result is its own, in issue order.
+const mixed = Array.from({ length: 600 }, (_, k) => new Int32Array(k % 7 === 0 ? 3000 : 5));
+mixed.forEach((a, k) => a.fill(rank * 3 + k));
+const pending: { k: number; w: { wait(): Promise<void> } }[] = [];
+mixed.forEach((a, k) => {
+  if (k % 50 === 49) group.allReduce(a, { op: "max" });
+  else pending.push({ k, w: group.allReduceAsync(a) });
+});
+for (const { w } of pending) await w.wait();
+mixed.forEach((a, k) =>
+  expectEqual(
+    `mixed allReduce ${k}`,
+    a,
+    () => k % 50 === 49 ? (size - 1) * 3 + k : (3 * size * (size - 1)) / 2 + size * k,
+  )
+);
 group.barrier();
 for (const h of pinned) h.dispose();
 console.log(`ok ${rank} ${checks}`);

@@ -34,6 +34,7 @@ import {
   Trainer,
   Xoshiro128,
 } from "../mod.ts";
+import { cast } from "../ops/elementwise.ts";
 
 const { values } = parseArgs({
   args: Deno.args,
@@ -54,17 +55,17 @@ const { values } = parseArgs({
     differ: { type: "boolean", default: false },
   },
 });
-const precision = values.precision as "fp16" | "fp32";
+const precision = values.precision as "fp16" | "bf16" | "fp32";
 const steps = Number(values.steps), batch = Number(values.batch);
 const accumulate = Number(values.accumulate);
 const nanIndex = Number(values["nan-index"]), nanStep = Number(values["nan-step"]);
 
 const kind = values.device as "cpu" | "cuda";
+using device = Device.open(kind);
 using group = ProcessGroup.init({
   timeoutMs: 120_000,
-  backend: kind === "cuda" ? "nccl" : "mpi",
+  ...(kind === "cuda" ? { backend: "nccl", device } : {}),
 });
-using device = Device.open(kind);
 const { rank, size } = group;
 if (batch % size !== 0) throw new RangeError(`batch ${batch} is not divisible by ${size} ranks`);
 const local = batch / size;
@@ -109,6 +110,15 @@ using trainer = new Trainer(dp, { optimizer: opt, scaler });
 using loss = new CrossEntropyLoss(device);
 
 const Arr = precision === "fp16" ? Float16Array : Float32Array;
+/** The batch on the device in the model's compute dtype (bf16: cast there from fp32). */
+function input(xs: Float32Array | Float16Array): Tensor {
+  const shape = [local, 1, 8, 8];
+  if (precision !== "bf16") return Tensor.fromHost(device, xs, shape);
+  using wide = Tensor.fromHost(device, xs, shape);
+  const t = Tensor.empty(device, shape, "bf16");
+  cast(wide, t);
+  return t;
+}
 /** Global batch `step`, micro-batch `micro`: seeded, the same on every rank. */
 function globalBatch(step: number, micro: number): { x: Float32Array; y: Int32Array } {
   const g = new Xoshiro128(1000 + step * 31 + micro);
@@ -129,7 +139,7 @@ for (let step = 0; step < steps; step++) {
     // The NaN sits at one element of the global batch: on whichever rank holds it.
     const at = nanIndex - rank * local * 64;
     if (step === nanStep && at >= 0 && at < xs.length) xs[at] = NaN;
-    using xt = Tensor.fromHost(device, xs, [local, 1, 8, 8]);
+    using xt = input(xs as Float32Array | Float16Array);
     using yt = Tensor.fromHost(device, y.slice(rank * local, (rank + 1) * local), [local]);
     if (accumulate === 1) {
       trainer.trainStep(xt, yt);

@@ -222,6 +222,34 @@ struct StoreMat { /* c[i*n + j] (+)= v, fp32, fp16 or bf16 (dt) */
   }
 };
 
+/* c[i*n + j] = act(round(v) + bias[j]): StoreMat's value, then ps_nn_bias_add's fp32 add and
+ * rounding, then ps_nn_relu_forward's rule on the bits, so the bits of the three calls. */
+struct StoreMatBiasAct {
+  void *c;
+  const void *bias;
+  int64_t n;
+  int32_t dt, bias_dt;
+  int relu;
+  __device__ int64_t col(int j) const { return j; }
+  __device__ void store(int64_t j, int i, float v) const {
+    const int64_t at = i * n + j;
+    float r = v; /* the product as matmul stores it */
+    if (dt == PS_NN_F16)
+      r = __half2float(__float2half_rn(v));
+    else if (dt == PS_NN_BF16)
+      r = ps_bf16_to_f32(ps_bf16_from_f32(v));
+    act_set(c, dt, at, r + act_get(bias, bias_dt, j));
+    if (!relu) return;
+    if (dt == PS_NN_F32) {
+      uint32_t *p = (uint32_t *)c + at;
+      *p = ps_relu_f32(*p);
+    } else {
+      uint16_t *p = (uint16_t *)c + at;
+      *p = dt == PS_NN_F16 ? ps_relu_f16(*p) : ps_relu_bf16(*p);
+    }
+  }
+};
+
 template <class T>
 struct StoreConvY { /* y[n][o][p] for (o, col = (n, p)) */
   T *y;

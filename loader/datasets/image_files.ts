@@ -41,7 +41,7 @@ export interface ImageFilesOptions {
    * decoded at the smallest DCT scale that keeps the region at least `size`. Replaces `size`.
    */
   randomResizedCrop?: RandomResizedCrop;
-  /** "auto" (default): libjpeg-turbo and libspng where they load, else the fallbacks. */
+  /** "auto" (default): libjpeg-turbo and libspng where they load, else the TypeScript decoders. */
   decoder?: "auto" | "native" | "typescript";
   /** Refuse larger images (default: Pillow's decompression-bomb limit, 178,956,970 pixels). */
   maxPixels?: number;
