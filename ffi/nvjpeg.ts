@@ -7,7 +7,7 @@
  * Where nvJPEG cannot be used (no library, a CPU device, the CUDA emulator without its
  * stand-in), {@linkcode openNvjpeg} answers one line saying why, and decoding stays on the
  * loader's workers. `PINSTREAM_NVJPEG_LIB` names the library to load; by default the CUDA 13 and
- * 12 sonames are tried, then the copies a PyTorch wheel carries under
+ * 12 sonames are tried, then the toolkit's copies (`$CUDA_HOME/lib64`), then those a PyTorch wheel carries under
  * `site-packages/nvidia/<package>/lib`. The CUDA emulator's stand-in
  * (kernels/emu/nvjpeg_stand_in.c) decodes with libjpeg-turbo, the workers' decoder, so on the
  * emulator both paths give the same bytes.
@@ -152,6 +152,19 @@ function wheelLibraries(): string[] {
   return out;
 }
 
+/** The CUDA toolkit's copies, which the loader's path may not include. */
+function toolkitLibraries(): string[] {
+  const q = Deno.permissions.querySync({ name: "env", variable: "CUDA_HOME" });
+  const home = (q.state === "granted" ? Deno.env.get("CUDA_HOME") : undefined) ?? "/usr/local/cuda";
+  return [13, 12].map((v) => `${home}/lib64/libnvjpeg.so.${v}`).filter((p) => {
+    try {
+      return Deno.statSync(p).isFile;
+    } catch {
+      return false;
+    }
+  });
+}
+
 const STAYS = "JPEG decoding stays on the workers";
 
 /**
@@ -177,7 +190,7 @@ export function openNvjpeg(device: Device, options: NvjpegOptions = {}): NvjpegD
   const named = options.library ?? envLibrary();
   const candidates = named !== undefined
     ? [named]
-    : ["libnvjpeg.so.13", "libnvjpeg.so.12", ...wheelLibraries()];
+    : ["libnvjpeg.so.13", "libnvjpeg.so.12", ...toolkitLibraries(), ...wheelLibraries()];
   let lib: Lib | undefined, path = "";
   for (const c of candidates) {
     try {

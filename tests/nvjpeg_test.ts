@@ -217,3 +217,22 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name: "bench/nvjpeg.ts runs its GPU path on the stand-in, its bytes equal TurboJPEG's [cuda]",
+  ignore: ignore || TJ === undefined,
+  async fn() {
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", new URL("../bench/nvjpeg.ts", import.meta.url).pathname],
+      env: {
+        PINSTREAM_CUDA_EMULATOR: "1",
+        PINSTREAM_BENCH_SMOKE: "1",
+        [NVJPEG_LIB_ENV]: LIB!,
+        NO_COLOR: "1",
+      },
+    }).output();
+    const text = new TextDecoder().decode(out.stdout);
+    assert.ok(out.success, text + new TextDecoder().decode(out.stderr));
+    assert.match(text, /bytes differing from libjpeg-turbo in the first batch: 0 of 3072/);
+  },
+});
