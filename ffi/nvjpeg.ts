@@ -218,6 +218,8 @@ export function openNvjpeg(device: Device, options: NvjpegOptions = {}): NvjpegD
   for (let t = 0; t < 3; t++) {
     version.push(lib.symbols.nvjpegGetProperty(t, v) === 0 ? v[0] : 0);
   }
+  // nvJPEG allocates on, and its calls run on, the thread's current device.
+  device.makeCurrent();
   const out = new BigUint64Array(1);
   let backend: "hardware" | "default" = "default";
   if (
@@ -386,6 +388,7 @@ export class NvjpegDecoder implements Disposable {
         );
       }
     }
+    this.device.makeCurrent();
     const n = images.length, shape = [n, height, width, 3];
     const out = options.out ?? Tensor.empty(this.device, shape, "u8");
     if (

@@ -164,6 +164,16 @@ Deno.test({
         }]),
       /^Error: Cannot read junk\.jpg as a JPEG: nvJPEG says NVJPEG_STATUS_BAD_JPEG$/,
     );
+    // Cut inside its tables: the header fails, and the next file still reads.
+    assert.throws(
+      () => d.info({ name: "short.jpg", bytes: good.slice(0, 200) }),
+      /^Error: Cannot read short\.jpg as a JPEG/,
+    );
+    assert.deepStrictEqual(d.info({ name: "good.jpg", bytes: good }), {
+      height: 16,
+      width: 16,
+      components: 3,
+    });
     const cut = good.slice(0, good.length - 40);
     assert.throws(
       () =>

@@ -191,7 +191,7 @@ static int valid_state(state_t *s, handle_t *h) {
 nvjpegStatus_t nvjpegDestroy(handle_t *h) {
   if (!valid_handle(h)) return NVJPEG_STATUS_INVALID_PARAMETER;
   h->magic = 0;
-  tj.destroy(h->tj);
+  if (h->tj) tj.destroy(h->tj);
   pthread_mutex_destroy(&h->mu);
   free(h);
   return NVJPEG_STATUS_SUCCESS;
@@ -226,12 +226,21 @@ static int css_of(int tjsamp) {
   }
 }
 
+// After a file that fails, the next header read on the same decompressor can fail too (seen with
+// a file cut inside its tables): each failure gets a fresh decompressor. Called with h->mu held.
+static void reset_locked(handle_t *h) {
+  if (h->tj) tj.destroy(h->tj);
+  h->tj = tj.init();
+}
+
 // Called with h->mu held.
 static nvjpegStatus_t header_locked(handle_t *h, const unsigned char *data, size_t length, int *w,
                                     int *ht, int *samp) {
   int cs = 0;
   *w = *ht = 0;
+  if (!h->tj) return NVJPEG_STATUS_INTERNAL_ERROR;
   if (tj.header(h->tj, data, (unsigned long)length, w, ht, samp, &cs) != 0 || *w <= 0 || *ht <= 0) {
+    reset_locked(h);
     return NVJPEG_STATUS_BAD_JPEG;
   }
   return NVJPEG_STATUS_SUCCESS;
@@ -323,6 +332,7 @@ static nvjpegStatus_t decode_one(handle_t *h, const unsigned char *data, size_t 
         rc = 0;
     }
   }
+  if (rc != 0) reset_locked(h);
   pthread_mutex_unlock(&h->mu);
   if (rc != 0) {
     free(pixels);
