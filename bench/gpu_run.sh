@@ -104,7 +104,7 @@ step nccl-smoke 40 env ${NCCL_LIB:+PINSTREAM_NCCL_LIB="$NCCL_LIB"} deno run -A b
 
 # ---- the kernel tests on their own first: short, and the ones that matter most here
 step test-kernels 90 deno test -A tests/nn_kernels_test.ts tests/gemm_shapes_test.ts \
-  tests/image_kernel_test.ts tests/device_test.ts
+  tests/image_kernel_test.ts tests/device_test.ts tests/nn_bf16_test.ts
 # ---- the CUDA kernel tests under compute-sanitizer memcheck (out-of-bounds, misaligned
 # accesses, API errors): the kernels were written without a GPU, so this comes early
 SANITIZER=$(command -v compute-sanitizer ||
@@ -123,7 +123,8 @@ fi
 # profiler's events, host ns per enqueue (empty FFI call, FFI + launch, TS wrapper + launch,
 # one graph launch), and ms per step after warm-up with and without CUDA graphs.
 step bench-step 90 deno run -A bench/step.ts --device cuda
-step bench-precision 60 deno run -A bench/precision.ts --device cuda
+# fp16, bf16 (tensor-core bf16 on sm_80+) and fp32 steps of the same models, one table.
+step bench-precision 75 deno run -A bench/precision.ts --device cuda
 step bench-transfer 40 deno run -A bench/transfer.ts --device cuda --max-mib 256
 step bench-kernels 40 deno run -A bench/kernels.ts --device cuda
 

@@ -6,7 +6,9 @@
  *
  * Baseline and extended sequential (8-bit Huffman) and progressive files, restart intervals,
  * any integer sampling factors, greyscale, YCbCr, RGB (Adobe transform 0), CMYK and YCCK.
- * Arithmetic coding, 12-bit samples, lossless and hierarchical files are refused by name.
+ * Arithmetic coding, 12-bit samples, lossless and hierarchical files are refused by name. A
+ * progressive file whose scans leave coefficients unrefined is decoded without libjpeg's block
+ * smoothing (T.81 K.8), so its pixels are close to libjpeg-turbo's but not the same.
  * DCT-domain scaling by 1/2, 1/4 and 1/8 as libjpeg-turbo's.
  *
  * @module

@@ -215,6 +215,11 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
  * of 64 KiB or more is split over the backend's threads, backing off while a helper stalls it.
  * CUDA ignores it. */
 #define PS_IMAGE_SERIAL 1
+/* PS_IMAGE_NO_CONTRAST (a bit of its own: ps_image_geometry's PS_IMAGE_ANTIALIAS is 2): the
+ * records' contrast words are ignored (read as 1.0) on both backends,
+ * for a caller whose records never carry contrast (a loader without the contrast option): CUDA
+ * then skips the per-batch mean pre-pass, its scratch memory and its launch. */
+#define PS_IMAGE_NO_CONTRAST 4
 /* scale/bias are passed by value into the launch: at most this many channels. */
 #define PS_IMAGE_MAX_CHANNELS 16
 
@@ -275,7 +280,7 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
  *                           [-0.5, 0.5] (0.0f, 0x00000000: off; 3-channel images only).
  * scale, bias: HOST, c floats each (copied into the launch; c <= PS_IMAGE_MAX_CHANNELS).
  * out:    device, n x c x h x w, fp16 (out_dtype PS_IMAGE_F16) or fp32 (PS_IMAGE_F32).
- * flags:  0 or PS_IMAGE_SERIAL (other bits are refused).
+ * flags:  PS_IMAGE_SERIAL, PS_IMAGE_NO_CONTRAST, both or 0 (other bits are refused).
  * n == 0 is a no-op. src and out must not overlap. */
 PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t rows, int32_t layout,
                             int32_t n, int32_t c, int32_t h, int32_t w, int32_t pad,

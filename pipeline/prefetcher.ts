@@ -1333,6 +1333,8 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
       padding: this.#p.padding,
       params,
       serial: this.#p._serialKernel(),
+      // Without the loader's contrast option the records carry none: no mean-grey pre-pass.
+      contrast: (this.#p.loader.augment?.contrast ?? 0) > 0,
       stream,
     });
     imageLabelsI32(labelSrc, labels, { labelBytes: LABEL_BYTES[g.labelField.dtype], stream });

@@ -22,8 +22,7 @@ import {
 } from "../loader/mod.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import { DevicePrefetcher } from "../pipeline/prefetcher.ts";
-import { Tensor } from "../ffi/tensor.ts";
-import { cast } from "../ops/mod.ts";
+import { Bf16Batches } from "./_bf16_batches.ts";
 import {
   GradScaler,
   loadCheckpoint,
@@ -721,19 +720,10 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     layout: spec.layout ?? "nchw",
     persistent: true,
     // bf16 batches: the prefetcher delivers f32 and one cast on the device rounds them
-    // (asBatch below), as torch.autocast casts its inputs.
+    // (Bf16Batches), as torch.autocast casts its inputs.
     dtype: args.precision === "fp16" ? "f16" as const : "f32" as const,
   };
-  let bf16Batch: Tensor | null = null;
-  const asBatch = (images: Tensor): Tensor => {
-    if (args.precision !== "bf16") return images;
-    if (bf16Batch === null || bf16Batch.shape.join() !== images.shape.join()) {
-      bf16Batch?.dispose();
-      bf16Batch = Tensor.empty(device, [...images.shape], "bf16");
-    }
-    cast(images, bf16Batch);
-    return bf16Batch;
-  };
+  const bf16 = new Bf16Batches(args.precision === "bf16");
   const trainFeed = new DevicePrefetcher(trainLoader, device, {
     ...norm,
     padding: spec.padding ?? 0,
@@ -766,7 +756,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
   let step = 0;
   /** Runs the test set; the model goes back to training mode at the next trainStep. */
   const evaluate = async (epoch: number): Promise<EvalReport> => {
-    for await (const b of testFeed) trainer.evalStep(asBatch(b.images), b.labels);
+    for await (const b of testFeed) trainer.evalStep(bf16.of(b.images), b.labels);
     const l = await trainer.readEval();
     // Every rank evaluates its shard at the same steps; the figures are over all of them.
     const t = overRanks(l.loss * l.samples, l.accuracy * l.samples, l.samples);
@@ -795,7 +785,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
       let lastEval: EvalReport | undefined;
       const t0 = performance.now();
       for await (const b of trainFeed) {
-        trainer.trainStep(asBatch(b.images), b.labels);
+        trainer.trainStep(bf16.of(b.images), b.labels);
         done++;
         step++;
         if (done % logEvery === 0 && (progress.enabled || tb !== undefined)) {
@@ -908,7 +898,7 @@ export async function runTraining(o: RunOptions): Promise<EpochReport[]> {
     await trainFeed[Symbol.asyncDispose]();
     await testFeed[Symbol.asyncDispose]();
     trainer.dispose();
-    (bf16Batch as Tensor | null)?.dispose();
+    bf16.dispose();
     if (net !== model) net.dispose();
     scaler.dispose();
     optimizer.dispose();

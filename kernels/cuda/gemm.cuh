@@ -1,6 +1,6 @@
 /*
  * gemm.cuh — the CUDA backend's one GEMM (included by gemm.cu and conv.cu), C[M, N] = A[M, K] .
- * B[K, N] with fp32 accumulation, in two element types:
+ * B[K, N] with fp32 accumulation, in three element types:
  *
  *   fp16 operands, and bf16 on sm_80 and newer: WMMA 16x16x16 tensor-core fragments, four warps
  *     in a 2x2 grid over the block tile, three shared-memory stages;
