@@ -42,8 +42,18 @@ import { optionError, refuseUnknownKeys } from "../internal/options.ts";
  */
 export const GEOMETRY_RECORD_LENGTH: number = 8;
 
-/** The first draw of the sample stream the geometric transforms read. */
-export const GEOMETRY_FIRST_DRAW = 32;
+/**
+ * The first draw of the sample stream the geometric transforms read (the augment record's
+ * draws are below it).
+ *
+ * @example
+ * ```ts
+ * import { GEOMETRY_FIRST_DRAW } from "./geometry.ts";
+ * import assert from "node:assert";
+ * assert.strictEqual(GEOMETRY_FIRST_DRAW, 32);
+ * ```
+ */
+export const GEOMETRY_FIRST_DRAW: number = 32;
 
 /** The rotation's fixed point: cosine and sine in units of 2^-30 (`PS_IMAGE_ROTATION_BITS`). */
 const ROTATION_ONE = 2 ** 30;

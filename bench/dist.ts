@@ -9,7 +9,9 @@
  *   / 2-rank step time (the per-rank batch is fixed, so 100% is a perfect 2x throughput).
  * - All-reduce bandwidth of 1-64 MiB of f32 on 2 ranks, under each installed MPI (Open MPI,
  *   MPICH): pinstream's blocking allReduce, its asynchronous form, and the C program's
- *   MPI_Allreduce with the same library and launcher.
+ *   MPI_Allreduce with the same library and launcher; also MPI_Allreduce called through FFI
+ *   in the same processes, call for call in turn with pinstream's (the same moment's
+ *   reference, which holds on a loaded host where two separate runs do not).
  * - Overlap on 2 ranks, CNN with 5 buckets: forward+backward alone, the buckets' all-reduce
  *   alone, and DataParallel's forward+backward with the all-reduce, in turn within one run;
  *   hidden = (alone + alone - both) / the all-reduce alone.
@@ -49,6 +51,7 @@ import {
   Xoshiro128,
 } from "../mod.ts";
 import { FASHION_MNIST_DEBIAN_ROOT } from "../loader/datasets/mnist.ts";
+import { openMpi } from "../dist/_mpi.ts";
 import { commitStamp, machine, writeResult } from "./_results.ts";
 
 const { values } = parseArgs({
@@ -124,25 +127,41 @@ async function rankPart(part: string): Promise<void> {
   using device = Device.open("cpu");
   const report = (r: unknown) => group.rank === 0 && console.log(`RESULT ${JSON.stringify(r)}`);
   if (part === "allreduce") {
+    // MPI_Allreduce called straight through FFI, call for call in turn with pinstream's: the
+    // same moment's reference, which on a loaded host the C program's separate run is not.
+    const lib = openMpi({ flavor: group.mpi });
+    const c = lib.c;
     const rows = [];
     for (const mib of SIZES_MIB) {
       const buf = new Float32Array(mib * 2 ** 20 / 4).fill(1);
+      const p = Deno.UnsafePointer.of(buf);
       const iters = mib <= 4 ? 20 : mib <= 16 ? 10 : 5;
-      const timed = (call: () => void) => {
-        for (let w = 0; w < 2; w++) call();
-        const ms: number[] = [];
-        for (let i = 0; i < iters; i++) {
+      const calls = {
+        direct: () => lib.fn.MPI_Allreduce(c.inPlace, p, buf.length, c.float, c.sum, c.commWorld),
+        blocking: () => group.allReduce(buf),
+        async: () => group.allReduceAsync(buf).waitSync(),
+      };
+      const ms: Record<keyof typeof calls, number[]> = { direct: [], blocking: [], async: [] };
+      for (let i = -2; i < iters; i++) {
+        for (const [name, call] of Object.entries(calls)) {
           group.barrier();
           const t0 = performance.now();
           call();
-          ms.push(performance.now() - t0);
+          if (i >= 0) ms[name as keyof typeof calls].push(performance.now() - t0);
         }
-        ms.sort((a, b) => a - b);
-        return { bestMs: ms[0], medianMs: ms[iters >> 1] };
-      };
-      const blocking = timed(() => group.allReduce(buf));
-      const asyncForm = timed(() => group.allReduceAsync(buf).waitSync());
-      rows.push({ mib, iters, ...blocking, asyncMedianMs: asyncForm.medianMs });
+      }
+      const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
+      rows.push({
+        mib,
+        iters,
+        bestMs: Math.min(...ms.blocking),
+        medianMs: med(ms.blocking),
+        asyncMedianMs: med(ms.async),
+        directMedianMs: med(ms.direct),
+        // Call by call: the direct call's time over pinstream's right after it.
+        pairRatioMedian: med(ms.direct.map((d, i) => d / ms.blocking[i])),
+        asyncPairRatioMedian: med(ms.direct.map((d, i) => d / ms.async[i])),
+      });
     }
     report(rows);
     return;
@@ -257,7 +276,15 @@ async function driver(): Promise<void> {
   // run after run in turn (raw, pinstream, raw, ...): the ratio compares runs of one moment.
   await Deno.mkdir(`${here}out`, { recursive: true });
   const repeat = Number(values.repeat);
-  type Timed = { mib: number; bestMs: number; medianMs: number; asyncMedianMs?: number };
+  type Timed = {
+    mib: number;
+    bestMs: number;
+    medianMs: number;
+    asyncMedianMs?: number;
+    directMedianMs?: number;
+    pairRatioMedian?: number;
+    asyncPairRatioMedian?: number;
+  };
   const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
   const allreduce = [];
   for (const mpi of availableMpi()) {
@@ -295,6 +322,11 @@ async function driver(): Promise<void> {
         asyncRatio: rawMs / asyncMs,
         // Pair by pair (run k of each): the spread of the ratio over the runs.
         pairRatios: raw.map((r, k) => r.medianMs / ours[k].medianMs),
+        // The same moment's reference: MPI_Allreduce through FFI, call for call in turn with
+        // pinstream's in the same processes (median over runs of each run's median ratio).
+        directMedianMs: median(ours.map((r) => r.directMedianMs!)),
+        sameMomentRatio: median(ours.map((r) => r.pairRatioMedian!)),
+        sameMomentAsyncRatio: median(ours.map((r) => r.asyncPairRatioMedian!)),
         rawBestMs: Math.min(...raw.map((r) => r.bestMs)),
         pinstreamBestMs: Math.min(...ours.map((r) => r.bestMs)),
         load: median(loads),

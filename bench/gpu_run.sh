@@ -4,7 +4,7 @@
 # measurements the next decision needs (one CIFAR step's per-op device times, the cost of one
 # enqueue, the step with and without CUDA graphs, a two-epoch CIFAR-shaped run with its
 # steady-state epoch, the PyTorch twins eager
-# and compiled with nvidia-smi dmon beside each, the data-path peers), then the whole test
+# and compiled with nvidia-smi dmon beside each, the data-path peers, nvJPEG), then the whole test
 # suite with what time is left, within 10 minutes (this script keeps to about 9). Run from
 # the project root:
 #
@@ -163,6 +163,10 @@ step bench-pipeline 150 deno run -A bench/pipeline.ts --epochs 3 $TORCH_FLAG
 # every augmentation on against off, pinned against pageable (bench/seed_claims.ts).
 step bench-seed-claims 45 deno run -A bench/seed_claims.ts --device cuda --limit 16384 --epochs 2
 
+# JPEG decoding on the GPU (bench/nvjpeg.ts): nvJPEG (PINSTREAM_NVJPEG_LIB, the toolkit's,
+# or a PyTorch wheel's) against libjpeg-turbo on one host thread; says so where nvJPEG is absent.
+step bench-nvjpeg 30 deno run -A bench/nvjpeg.ts --count 1024 --size 224 --batch 128
+
 # ---- the whole suite (cpu and cuda cases) on the GPU: 3-5 minutes on a 16-core host, so it
 # gets what is left. The emulator passes of `deno task test` are left to CI (the same on
 # every machine); run `deno task test` alone for them.
@@ -191,6 +195,8 @@ for t in sanitize-memcheck sanitize-racecheck; do
 done
 [ -f "$LOGS/nccl-smoke.log" ] &&
   say "nccl-smoke: $(grep -E '^(NCCL |nccl smoke|Cannot|error)' "$LOGS/nccl-smoke.log" | tr '\n' ';')"
+[ -f "$LOGS/bench-nvjpeg.log" ] &&
+  say "bench-nvjpeg: $(grep -E '^(JPEG decoding stays|  (nvjpeg|turbojpeg|bytes))' "$LOGS/bench-nvjpeg.log" | tr '\n' ';')"
 [ -f "$LOGS/bench-step.log" ] && say "bench-step: $(grep -E '^(sum of the nn|op by op|graphs \()' "$LOGS/bench-step.log" | tr '\n' ';')"
 [ -f "$LOGS/cifar.log" ] && say "cifar (steady state): $(grep -E '^epoch 2/2' "$LOGS/cifar.log")"
 [ -f "$LOGS/cifar-torch.log" ] && say "cifar-torch: $(tail -1 "$LOGS/cifar-torch.log")"

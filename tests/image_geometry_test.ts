@@ -431,3 +431,88 @@ open(d + "/out.bin", "wb").write(out)
     }
   },
 });
+
+/** A Python with torch and torchvision, or undefined. */
+function pythonWithTorchvision(): string | undefined {
+  for (const py of ["/usr/bin/python3", "python3"]) {
+    try {
+      const r = new Deno.Command(py, {
+        args: ["-c", "import torch, torchvision"],
+        stderr: "null",
+        stdout: "null",
+      }).outputSync();
+      if (r.success) return py;
+    } catch {
+      // Not installed here: try the next.
+    }
+  }
+  return undefined;
+}
+
+const TV = pythonWithTorchvision();
+
+Deno.test({
+  name: `resize is within one level of torchvision's tensor resize, with and without antialias${
+    TV ? "" : " (skipped: no python3 with torchvision)"
+  }`,
+  ignore: TV === undefined,
+  fn: async () => {
+    const dir = await Deno.makeTempDir();
+    try {
+      const script = `
+import json, sys
+import numpy as np, torch
+import torchvision.transforms.functional as F
+torch.set_num_threads(1)
+d = sys.argv[1]
+rs = np.random.RandomState(0)
+meta, src, out = [], bytearray(), bytearray()
+for i in range(30):
+    h, w, oh, ow = (int(v) for v in (rs.randint(1, 90), rs.randint(1, 90), rs.randint(1, 70), rs.randint(1, 70)))
+    y = np.arange(h)[:, None, None]; x = np.arange(w)[None, :, None]
+    a = ((x * 5 + y * 3 + rs.randint(0, 40, (h, w, 3))) & 255).astype(np.uint8)
+    t = torch.from_numpy(a).permute(2, 0, 1).contiguous()
+    for aa in (True, False):
+        out += F.resize(t, [oh, ow], antialias=aa).permute(1, 2, 0).contiguous().numpy().tobytes()
+    meta.append([h, w, oh, ow]); src += a.tobytes()
+json.dump(meta, open(d + "/meta.json", "w"))
+open(d + "/src.bin", "wb").write(src); open(d + "/out.bin", "wb").write(out)
+`;
+      const run = await new Deno.Command(TV!, {
+        args: ["-c", script, dir],
+        env: { OPENBLAS_NUM_THREADS: "1" },
+      }).output();
+      assert.ok(run.success, new TextDecoder().decode(run.stderr));
+      const meta: number[][] = JSON.parse(await Deno.readTextFile(`${dir}/meta.json`));
+      const src = await Deno.readFile(`${dir}/src.bin`), tv = await Deno.readFile(`${dir}/out.bin`);
+      let a = 0, b = 0, off = 0, total = 0;
+      for (const [h, w, oh, ow] of meta) {
+        for (const antialias of [true, false]) {
+          const size = oh * ow * 3;
+          const got = host({
+            n: 1,
+            c: 3,
+            stride: h * w * 3,
+            oh,
+            ow,
+            antialias,
+            fill: 0,
+            src: src.subarray(a, a + h * w * 3),
+            params: new Int32Array([h, w, 0, 0, h, w, ...NONE]),
+          });
+          for (let i = 0; i < size; i++) {
+            const d = Math.abs(got[i] - tv[b + i]);
+            assert.ok(d <= 1, `${h}x${w} -> ${oh}x${ow} antialias ${antialias}: off by ${d}`);
+            if (d > 0) off++;
+          }
+          b += size, total += size;
+        }
+        a += h * w * 3;
+      }
+      // torchvision rounds its float results; Pillow's fixed point rounds a hair differently.
+      assert.ok(off < total * 0.3, `${off} of ${total} bytes differ`);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+});
