@@ -33,6 +33,14 @@ export { activeProfiler, Profiler, range, span } from "./ffi/profiler.ts";
 export type { ChromeTrace, ProfilerOptions, ProfileRow, RangeOptions } from "./ffi/profiler.ts";
 export { gpuLine, GpuSampler, Nvml, openNvml } from "./ffi/nvml.ts";
 export type { GpuSample, GpuSamplerOptions, GpuStat, GpuSummary, NvmlOptions } from "./ffi/nvml.ts";
+export { decodeJpegsOnDevice, NVJPEG_LIB_ENV, NvjpegDecoder, openNvjpeg } from "./ffi/nvjpeg.ts";
+export type { JpegInput, NvjpegDecodeOptions, NvjpegOptions } from "./ffi/nvjpeg.ts";
+export { decodeJpegBatches } from "./pipeline/jpeg_device.ts";
+export type {
+  DecodeJpegBatchesOptions,
+  DeviceJpegBatch,
+  JpegBatch,
+} from "./pipeline/jpeg_device.ts";
 export type { OpCounts, OpKind } from "./internal/op_count.ts";
 export type { Backend, Library, LibraryFailure } from "./ffi/library.ts";
 export { ABI_VERSION, signatures, symbols } from "./ffi/symbols.ts";
@@ -179,7 +187,7 @@ export {
   type WorkerSpec,
 } from "./loader/mod.ts";
 
-// decode: image decoders (libjpeg-turbo and libspng through FFI, loaded on first use)
+// decode: image decoders (libjpeg-turbo and libspng through FFI, loaded on first use, or TypeScript)
 export {
   type Channels,
   type CropBox,

@@ -30,11 +30,25 @@
  * ## The draws
  *
  * The words come from the sample's stream of uint32 draws, a pure function of (seed, epoch,
- * position in the epoch) and the same as `ctx.u32()` in a dataset's `get(index, ctx)`: draw 0
+ * draw position) and the same as `ctx.u32()` in a dataset's `get(index, ctx)` (and
+ * `ctx.position` is that draw position): draw 0
  * gives words 0-2 (see {@linkcode augmentFromDraw}), draw 1 the vertical flip, draw 2 the
  * cutout centre, draws 3 and 4 the brightness and contrast factors, draws 5 and 6 the
  * saturation factor and the hue shift. Each option has its own draw, so turning one on or off
  * leaves the others' values as they were.
+ *
+ * ## The draw position
+ *
+ * A sample's draw position is its place in the epoch's global order: the order of the whole
+ * epoch before any sharding, counting from 0 batch after batch. In one process it is the
+ * sample's position in the loader's epoch. With a `DistributedSampler` of
+ * `worldSize` ranks, the k-th sample of rank r's shard sits at `r + k * worldSize` of the
+ * un-sharded (shuffled, padded) order that every rank computes alike, and that is its draw
+ * position (`EpochOrder.drawPosition`). So two ranks never draw for the same position, and
+ * with the same seed the ranks' batches together hold exactly the samples and records of one
+ * process fed the combined batch (batch b of N ranks of size B is batch b of one process of
+ * size N * B, its positions interleaved by rank). A loader over a DistributedSampler takes
+ * the sampler's seed as its own when none is given, so that the ranks share the key.
  *
  * A new transform adds its words here (and to `PS_IMAGE_PARAMS`), its option to options.ts,
  * its arithmetic to host.ts, kernels/rules.h and the two image kernels.
@@ -104,17 +118,19 @@ export function sampleKey(seed: number, epoch: number): number {
 }
 
 /**
- * Writes the records of `count` samples from epoch position `position` on, one after another
- * from `out[at]`, from the epoch's key `k0` ({@linkcode sampleKey}); draw k of a sample is
- * `CounterRandom`'s output k for its position. The gather's hot loop: no allocation, one hash
+ * Writes the records of `count` samples at draw positions `position`, `position + stride`,
+ * ... (the module documentation's draw positions: `stride` is 1 in one process, the world
+ * size for a rank's shard), one after another from `out[at]`, from the epoch's key `k0`
+ * ({@linkcode sampleKey}); draw k of a sample is `CounterRandom`'s output k for its position. The gather's hot loop: no allocation, one hash
  * per option in use, and no call per sample (one measured 10-45% slower in the order loader).
  *
  * @param out Where the records go.
  * @param at The first word of the first record in `out`.
  * @param k0 The epoch's key.
- * @param position The epoch position of the first sample.
+ * @param position The draw position of the first sample.
  * @param count Samples.
  * @param augment What is drawn.
+ * @param stride The step between the samples' draw positions (default 1).
  *
  * @example The same words as {@linkcode augmentRecord}
  * ```ts
@@ -126,6 +142,10 @@ export function sampleKey(seed: number, epoch: number): number {
  * const out = new Int32Array(3 * AUGMENT_RECORD_LENGTH);
  * writeAugmentRecords(out, 0, sampleKey(7, 2), 10, 3, spec);
  * assert.deepStrictEqual([...out.subarray(11, 22)], [...augmentRecord(7, 2, 11, spec)]);
+ *
+ * // Rank 1 of 4: its samples sit at draw positions 1, 5, 9.
+ * writeAugmentRecords(out, 0, sampleKey(7, 2), 1, 3, spec, 4);
+ * assert.deepStrictEqual([...out.subarray(22, 33)], [...augmentRecord(7, 2, 9, spec)]);
  * ```
  */
 export function writeAugmentRecords(
@@ -135,10 +155,11 @@ export function writeAugmentRecords(
   position: number,
   count: number,
   augment: AugmentSpec,
+  stride = 1,
 ): void {
   const span = 2 * augment.padding + 1;
   for (let k = 0, o = at; k < count; k++, o += AUGMENT_RECORD_LENGTH) {
-    const p = (position + k) >>> 0;
+    const p = (position + k * stride) >>> 0;
     const u = draw(k0, p, 0);
     // Words 0-2 as augmentFromDraw splits draw 0.
     out[o] = Math.floor(((u & 0xffff) / 65536) * span);
@@ -157,14 +178,14 @@ export function writeAugmentRecords(
 }
 
 /**
- * The `augment` record the loader writes for the sample at `position` (0-based, across the
- * epoch's batches) of `epoch`: a pure function of the seed, the epoch, the position and the
+ * The `augment` record the loader writes for the sample at draw `position` (its place in the
+ * epoch's global order, see the module documentation) of `epoch`: a pure function of the seed, the epoch, the position and the
  * options, whatever worker loads the sample and however many there are. See the module
  * documentation for the words.
  *
  * @param seed the loader's seed
  * @param epoch the epoch
- * @param position the sample's position in the epoch's order
+ * @param position the sample's draw position in the epoch
  * @param augment the loader's augment options with defaults filled in (`loader.augment`)
  * @returns the record, {@linkcode AUGMENT_RECORD_LENGTH} int32 words
  * @example The record of the first sample, every augmentation off but the crop

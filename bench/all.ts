@@ -15,6 +15,7 @@ const BENCHES: Record<string, () => Promise<{ main: (args: string[]) => Promise<
   train: () => import("./train.ts"),
   kernels: () => import("./kernels.ts"),
   precision: () => import("./precision.ts"),
+  seed_claims: () => import("./seed_claims.ts"),
 };
 
 const cli = parseCli(Deno.args, {

@@ -4,7 +4,7 @@
 # measurements the next decision needs (one CIFAR step's per-op device times, the cost of one
 # enqueue, the step with and without CUDA graphs, a two-epoch CIFAR-shaped run with its
 # steady-state epoch, the PyTorch twins eager
-# and compiled with nvidia-smi dmon beside each, the data-path peers), then the whole test
+# and compiled with nvidia-smi dmon beside each, the data-path peers, nvJPEG), then the whole test
 # suite with what time is left, within 10 minutes (this script keeps to about 9). Run from
 # the project root:
 #
@@ -104,7 +104,7 @@ step nccl-smoke 40 env ${NCCL_LIB:+PINSTREAM_NCCL_LIB="$NCCL_LIB"} deno run -A b
 
 # ---- the kernel tests on their own first: short, and the ones that matter most here
 step test-kernels 90 deno test -A tests/nn_kernels_test.ts tests/gemm_shapes_test.ts \
-  tests/image_kernel_test.ts tests/device_test.ts
+  tests/image_kernel_test.ts tests/device_test.ts tests/nn_bf16_test.ts
 # ---- the CUDA kernel tests under compute-sanitizer memcheck (out-of-bounds, misaligned
 # accesses, API errors): the kernels were written without a GPU, so this comes early
 SANITIZER=$(command -v compute-sanitizer ||
@@ -123,7 +123,8 @@ fi
 # profiler's events, host ns per enqueue (empty FFI call, FFI + launch, TS wrapper + launch,
 # one graph launch), and ms per step after warm-up with and without CUDA graphs.
 step bench-step 90 deno run -A bench/step.ts --device cuda
-step bench-precision 60 deno run -A bench/precision.ts --device cuda
+# fp16, bf16 (tensor-core bf16 on sm_80+) and fp32 steps of the same models, one table.
+step bench-precision 75 deno run -A bench/precision.ts --device cuda
 step bench-transfer 40 deno run -A bench/transfer.ts --device cuda --max-mib 256
 step bench-kernels 40 deno run -A bench/kernels.ts --device cuda
 
@@ -158,6 +159,13 @@ fi
 # The data path, with PyTorch's GPU peers: resident (eager and compiled) and streamed through
 # a reused pinned ring (bench/pipeline_torch.py).
 step bench-pipeline 150 deno run -A bench/pipeline.ts --epochs 3 $TORCH_FLAG
+# The seeds' claims on the GPU: PyTorch-default input path against pinstream's defaults,
+# every augmentation on against off, pinned against pageable (bench/seed_claims.ts).
+step bench-seed-claims 45 deno run -A bench/seed_claims.ts --device cuda --limit 16384 --epochs 2
+
+# JPEG decoding on the GPU (bench/nvjpeg.ts): nvJPEG (PINSTREAM_NVJPEG_LIB, the toolkit's,
+# or a PyTorch wheel's) against libjpeg-turbo on one host thread; says so where nvJPEG is absent.
+step bench-nvjpeg 30 deno run -A bench/nvjpeg.ts --count 1024 --size 224 --batch 128
 
 # ---- the whole suite (cpu and cuda cases) on the GPU: 3-5 minutes on a 16-core host, so it
 # gets what is left. The emulator passes of `deno task test` are left to CI (the same on
@@ -187,6 +195,8 @@ for t in sanitize-memcheck sanitize-racecheck; do
 done
 [ -f "$LOGS/nccl-smoke.log" ] &&
   say "nccl-smoke: $(grep -E '^(NCCL |nccl smoke|Cannot|error)' "$LOGS/nccl-smoke.log" | tr '\n' ';')"
+[ -f "$LOGS/bench-nvjpeg.log" ] &&
+  say "bench-nvjpeg: $(grep -E '^(JPEG decoding stays|  (nvjpeg|turbojpeg|bytes))' "$LOGS/bench-nvjpeg.log" | tr '\n' ';')"
 [ -f "$LOGS/bench-step.log" ] && say "bench-step: $(grep -E '^(sum of the nn|op by op|graphs \()' "$LOGS/bench-step.log" | tr '\n' ';')"
 [ -f "$LOGS/cifar.log" ] && say "cifar (steady state): $(grep -E '^epoch 2/2' "$LOGS/cifar.log")"
 [ -f "$LOGS/cifar-torch.log" ] && say "cifar-torch: $(tail -1 "$LOGS/cifar-torch.log")"

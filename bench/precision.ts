@@ -1,7 +1,8 @@
 /**
  * Mixed precision against fp32: training-step time and device memory of the same model, from
  * the same initial weights, in `precision: "fp16"` (fp16 activations, fp32 accumulation and
- * master weights, GradScaler) and `precision: "fp32"` (everything fp32, no loss scaling).
+ * master weights, GradScaler), `precision: "bf16"` (the same in bfloat16, no loss scaling) and
+ * `precision: "fp32"` (everything fp32, no loss scaling).
  *
  * Models: the Fashion-MNIST CNN and MLP (examples/fashion_mnist.ts) and the CIFAR-10 network
  * (examples/cifar.ts, with batch norm). Batches are device-resident random tensors (made by
@@ -13,7 +14,7 @@
  * the input batch is not counted).
  *
  * Prints a table and writes bench/out/precision.json (bench/results/ with --save) with the
- * fp32 / fp16 ratios per model. `--device cpu|cuda|auto` (default auto: the GPU when there is
+ * fp32 / fp16 and bf16 / fp16 ratios per model. `--device cpu|cuda|auto` (default auto: the GPU when there is
  * one). The CUDA emulator measures nothing and is refused.
  *
  * @module
@@ -29,7 +30,8 @@ import { parseCli } from "../train/cli.ts";
 
 const CLI = {
   usage: "deno run -A bench/precision.ts [options]",
-  summary: "Training-step time and device memory in fp16 (mixed) against fp32, same model " +
+  summary:
+    "Training-step time and device memory in fp16 and bf16 (mixed) against fp32, same model " +
     "and weights; writes bench/out/precision.json (bench/results/ with --save).",
   options: {
     save: { kind: "boolean", help: "write to bench/results/ (tracked) instead of bench/out/" },
@@ -111,7 +113,7 @@ async function measure(
   const stateBytes = device.memoryAllocated() - base;
   const scaler = new GradScaler(device, { enabled: precision === "fp16" });
   const trainer = new Trainer(model, { optimizer, scaler });
-  const dtype = precision === "fp16" ? "f16" : "f32";
+  const dtype = precision === "fp16" ? "f16" : precision === "bf16" ? "bf16" : "f32";
   const x = randn(device, [batch, ...c.input], { seed: 1, dtype });
   const labels = full(device, [batch], 0, { dtype: "i32" });
   const inputBytes = device.memoryAllocated() - base - stateBytes;
@@ -166,7 +168,10 @@ export async function main(args: string[]): Promise<PrecisionRow[]> {
   assertMeasurable(device);
   const keys: string[] = o.model === "all" ? Object.keys(MODELS) : [o.model!];
   const rows: PrecisionRow[] = [];
-  const ratios: Record<string, { time: number; peakMemory: number; stateMemory: number }> = {};
+  const ratios: Record<
+    string,
+    { time: number; peakMemory: number; stateMemory: number; bf16Time: number; bf16Peak: number }
+  > = {};
   const mb = (b: number) => (b / 2 ** 20).toFixed(1).padStart(8);
   console.log(
     `${"model".padEnd(30)} ${"ms/step".padStart(9)} ${"samples/s".padStart(10)} ` +
@@ -176,7 +181,7 @@ export async function main(args: string[]): Promise<PrecisionRow[]> {
   );
   for (const key of keys) {
     const pair: PrecisionRow[] = [];
-    for (const precision of ["fp16", "fp32"] as const) {
+    for (const precision of ["fp16", "bf16", "fp32"] as const) {
       const row = await measure(
         device,
         key,
@@ -194,16 +199,20 @@ export async function main(args: string[]): Promise<PrecisionRow[]> {
           `${mb(row.stateBytes)} ${mb(row.peakBytes)}  load ${row.load.toFixed(2)}`,
       );
     }
-    const [h, f] = pair;
+    const [h, b, f] = pair;
     ratios[key] = {
       time: f.msPerStep / h.msPerStep,
       peakMemory: f.peakBytes / h.peakBytes,
       stateMemory: f.stateBytes / h.stateBytes,
+      bf16Time: b.msPerStep / h.msPerStep,
+      bf16Peak: b.peakBytes / h.peakBytes,
     };
     console.log(
       `  fp32 / fp16: time ${ratios[key].time.toFixed(2)}x, peak memory ${
         ratios[key].peakMemory.toFixed(2)
-      }x, state ${ratios[key].stateMemory.toFixed(2)}x`,
+      }x, state ${ratios[key].stateMemory.toFixed(2)}x; bf16 / fp16: time ${
+        ratios[key].bf16Time.toFixed(2)
+      }x, peak memory ${ratios[key].bf16Peak.toFixed(2)}x`,
     );
   }
   await writeResult("precision", {

@@ -1,6 +1,7 @@
 """PyTorch twin of examples/cifar.ts's network, for step-time comparisons on the same machine.
 
-Same layers (three conv3x3-BN-ReLU stages with max pooling, bias-free convs, linear 2048->10),
+Same layers (three conv3x3-BN-ReLU stages with max pooling, bias-free convs, linear 2048->10,
+logits x 0.125),
 batch size, SGD (momentum 0.9, weight decay 5e-4) and mixed precision (autocast fp16 +
 GradScaler on CUDA; float32 on the CPU), on generated CIFAR-shaped batches already on the
 device, so only the training step is timed. Prints one JSON line with the mean step time.
@@ -32,12 +33,23 @@ def block(cin, cout):
     return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
 
 
+class Scale(nn.Module):
+    """pinstream's Scale: a fixed factor on the logits."""
+
+    def __init__(self, factor):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x):
+        return x * self.factor
+
+
 def cifar_model():
     return nn.Sequential(
         *block(3, 32), *block(32, 32), nn.MaxPool2d(2),
         *block(32, 64), *block(64, 64), nn.MaxPool2d(2),
         *block(64, 128), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(128 * 4 * 4, 10),
+        nn.Flatten(), nn.Linear(128 * 4 * 4, 10), Scale(0.125),
     )
 
 

@@ -92,6 +92,12 @@ function idct8(
   }
   // Rows: transform, drop the 2 bits and the 3 of the 8-point scaling, re-centre and clamp.
   for (let y = 0; y < 64; y += 8, at += stride) {
+    if ((ws[y + 1] | ws[y + 2] | ws[y + 3] | ws[y + 4] | ws[y + 5] | ws[y + 6] | ws[y + 7]) === 0) {
+      // The full transform of a row with only its first term gives this value 8 times.
+      const v = CL((ws[y] + 16) >> 5);
+      for (let k = 0; k < 8; k++) out[at + k] = v;
+      continue;
+    }
     let z2 = ws[y + 2], z3 = ws[y + 6];
     let z1 = (z2 + z3) * 4433;
     let t2 = z1 - z3 * 15137, t3 = z1 + z2 * 6270;
@@ -246,10 +252,25 @@ export function toChannels(
     const [a, b, c] = planes;
     const clamped = new Uint8ClampedArray(dst.buffer, dst.byteOffset, n * channels);
     const ycc = space === "ycbcr";
+    const A = a.data, B = b.data, C = c.data;
+    if (ycc && channels !== 1) {
+      // The common case on its own: no per-pixel branches.
+      for (let y = 0; y < H; y++) {
+        const sa = y * a.stride, sb = y * b.stride, sc = y * c.stride;
+        for (let x = 0, o = y * W * channels; x < W; x++, o += channels) {
+          const Y = A[sa + x], cb = B[sb + x], cr = C[sc + x];
+          clamped[o] = Y + CR_R[cr];
+          clamped[o + 1] = Y + ((CB_G[cb] + CR_G[cr]) >> 16);
+          clamped[o + 2] = Y + CB_B[cb];
+          if (channels === 4) clamped[o + 3] = 255;
+        }
+      }
+      return;
+    }
     for (let y = 0; y < H; y++) {
       const sa = y * a.stride, sb = y * b.stride, sc = y * c.stride;
       for (let x = 0, o = y * W * channels; x < W; x++, o += channels) {
-        let r = a.data[sa + x], g = b.data[sb + x], bl = c.data[sc + x];
+        let r = A[sa + x], g = B[sb + x], bl = C[sc + x];
         if (ycc) {
           const Y = r, cb = g, cr = bl;
           r = Y + CR_R[cr];

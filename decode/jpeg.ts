@@ -6,7 +6,9 @@
  *
  * Baseline and extended sequential (8-bit Huffman) and progressive files, restart intervals,
  * any integer sampling factors, greyscale, YCbCr, RGB (Adobe transform 0), CMYK and YCCK.
- * Arithmetic coding, 12-bit samples, lossless and hierarchical files are refused by name.
+ * Arithmetic coding, 12-bit samples, lossless and hierarchical files are refused by name. A
+ * progressive file whose scans leave coefficients unrefined is decoded without libjpeg's block
+ * smoothing (T.81 K.8), so its pixels are close to libjpeg-turbo's but not the same.
  * DCT-domain scaling by 1/2, 1/4 and 1/8 as libjpeg-turbo's.
  *
  * @module
@@ -240,7 +242,7 @@ class Parser {
     return this.frame ? corrupt(what) : new ImageDecodeError(`JPEG header is corrupt (${what})`);
   }
 
-  /** The next marker's code, skipping fill bytes and stray data as libjpeg does. */
+  /** The next marker's code: fill bytes (0xFF) skipped, bytes that belong to nothing refused. */
   marker(): number {
     const b = this.b;
     // Bytes before a marker that belong to nothing (libjpeg warns of them, and the TurboJPEG
@@ -713,7 +715,7 @@ export interface DecodeJpegOptions {
  * const dqt = [0xff, 0xdb, 0, 67, 0, ...new Array(64).fill(1)];
  * const sof = [0xff, 0xc0, 0, 11, 8, 0, 8, 0, 8, 1, 1, 0x11, 0];
  * // DC table: one code "0" for size 0; AC table: one code "0" for end-of-block.
- * const dht = [0xff, 0xc4, 0, 40, 0x00, 1, ...new Array(15).fill(0), 0,
+ * const dht = [0xff, 0xc4, 0, 38, 0x00, 1, ...new Array(15).fill(0), 0,
  *   0x10, 1, ...new Array(15).fill(0), 0];
  * const sos = [0xff, 0xda, 0, 8, 1, 1, 0x00, 0, 63, 0];
  * const jpeg = new Uint8Array([0xff, 0xd8, ...dqt, ...sof, ...dht, ...sos, 0x3f, 0xff, 0xd9]);

@@ -14,7 +14,7 @@ import { decodeJpegTs, jpegInfo } from "./jpeg.ts";
 import { decodePngTs, pngHeader } from "./png.ts";
 import { resizeBilinear } from "./resize.ts";
 import { Spng, SPNG_LIBRARY } from "./spng.ts";
-import { TurboJpeg, TURBOJPEG_LIBRARY } from "./turbojpeg.ts";
+import { type JpegHeader, TurboJpeg, TURBOJPEG_LIBRARY } from "./turbojpeg.ts";
 import { type Channels, type CropBox, type DecodedImage, ImageDecodeError } from "./types.ts";
 
 export { type Channels, type CropBox, type DecodedImage, ImageDecodeError } from "./types.ts";
@@ -176,6 +176,7 @@ export class ImageDecoder {
   /** One line: which decoders run and why. */
   readonly description: string;
   #native: Native;
+  #backend: DecoderBackend;
   /** Stored (not upright) height and width of the JPEG being decoded. */
   #lastJpeg: [number, number] = [0, 0];
   #scratch = new Uint8Array(0);
@@ -207,6 +208,7 @@ export class ImageDecoder {
     }
     this.exifOrientation = options.exifOrientation ?? true;
     const backend = options.backend ?? "auto";
+    this.#backend = backend;
     if (!["auto", "native", "typescript"].includes(backend)) {
       throw new RangeError(
         `Cannot create an image decoder: backend should be "auto", "native" or "typescript", got ${
@@ -258,8 +260,16 @@ export class ImageDecoder {
     const want = size && orientation >= 5 ? [size[1], size[0]] as const : size;
     let img: DecodedImage;
     if (type === "jpeg") {
-      const tj = this.#native.jpeg;
-      const header = tj?.header(bytes);
+      let tj = this.#native.jpeg;
+      let header: JpegHeader | undefined;
+      try {
+        header = tj?.header(bytes);
+      } catch (e) {
+        // TurboJPEG 2.1 decodes only the samplings it has a name for (4:4:4, 4:2:2, 4:2:0,
+        // 4:4:0, 4:1:1, grey); the TypeScript decoder decodes the rest as djpeg does.
+        if (this.#backend !== "auto" || !/determine subsampling type/.test(String(e))) throw e;
+        tj = undefined;
+      }
       // Without libjpeg-turbo, the TypeScript decoder's header check: the size before the scans.
       const h = header ?? jpegInfo(bytes);
       this.#lastJpeg = [h.height, h.width];

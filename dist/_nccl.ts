@@ -52,7 +52,7 @@ const symbols = {
 export type NcclSymbols = Deno.DynamicLibrary<typeof symbols>["symbols"];
 
 /** `ncclDataType_t` of the dtypes the nccl backend moves. */
-export const NCCL_DTYPES = { i32: 2, f16: 6, f32: 7 } as const;
+export const NCCL_DTYPES = { i32: 2, f16: 6, f32: 7, bf16: 9 } as const;
 
 /** `ncclRedOp_t`. */
 export const NCCL_OPS = { sum: 0, prod: 1, max: 2, min: 3, avg: 4 } as const;

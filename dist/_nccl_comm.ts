@@ -15,6 +15,7 @@ import { PinstreamError } from "../internal/errors.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import type { CollectiveOp, ReduceOp } from "./process_group.ts";
 import { Work, type WorkOwner } from "./work.ts";
+import type { Resolved } from "./_buffers.ts";
 import {
   NCCL_DTYPES,
   NCCL_OPS,
@@ -140,14 +141,16 @@ export class NcclComm implements WorkOwner, Disposable {
   }
 
   #tensor(t: unknown, action: string, name: string): Tensor {
-    if (!(t instanceof Tensor) || t.device !== this.device) {
+    if (!(t instanceof Tensor) || String(t.device) !== String(this.device)) {
       throw new TypeError(
         `Cannot ${action}: ${name} must be a tensor on ${this.device}, the device of the ` +
           `group's NCCL communicator`,
       );
     }
     if (!(t.dtype in NCCL_DTYPES)) {
-      throw new TypeError(`Cannot ${action}: ${name} has dtype ${t.dtype}; f32, f16 or i32`);
+      throw new TypeError(
+        `Cannot ${action}: ${name} has dtype ${t.dtype}; f32, f16, bf16 or i32`,
+      );
     }
     return t;
   }
@@ -160,6 +163,7 @@ export class NcclComm implements WorkOwner, Disposable {
     op: CollectiveOp,
     calls: (comm: Deno.PointerValue, stream: Deno.PointerValue) => number[],
     keep: unknown,
+    finish: (() => void) | null = null,
   ): Work {
     const current = this.device.currentStream;
     this.device.makeCurrent();
@@ -197,7 +201,7 @@ export class NcclComm implements WorkOwner, Disposable {
     const seq = this.#seq++;
     Atomics.store(this.#watch.progress, 2, seq + 1);
     this.#pending.set(seq, { done, deadline: Date.now() + this.#timeoutMs, keep });
-    return new Work(this, seq, op, null, keep);
+    return new Work(this, seq, op, finish, keep);
   }
 
   #describe(rc: number): string {
@@ -215,7 +219,12 @@ export class NcclComm implements WorkOwner, Disposable {
     return [NCCL_DTYPES[t.dtype as keyof typeof NCCL_DTYPES], NCCL_OPS[op]];
   }
 
-  allReduce(tensors: readonly Tensor[], op: ReduceOp, action: string): Work {
+  allReduce(
+    tensors: readonly Tensor[],
+    op: ReduceOp,
+    action: string,
+    finish: (() => void) | null = null,
+  ): Work {
     this.#usable(action);
     const codes = tensors.map((t) =>
       this.#reduction(this.#tensor(t, action, "the buffer"), op, action)
@@ -236,21 +245,27 @@ export class NcclComm implements WorkOwner, Disposable {
           )
         ),
       tensors,
+      finish,
     );
   }
 
-  broadcast(t: Tensor, root: number): Work {
+  broadcast(t: Tensor, root: number, finish: (() => void) | null = null): Work {
     const action = "broadcast";
     this.#usable(action);
     this.#tensor(t, action, "the buffer");
     const dtype = NCCL_DTYPES[t.dtype as keyof typeof NCCL_DTYPES];
     const f = this.#lib.fn;
-    return this.#run("broadcast", (comm, stream) => [
-      f.ncclBroadcast(t.pointer, t.pointer, BigInt(t.numel), dtype, root, comm, stream),
-    ], t);
+    return this.#run(
+      "broadcast",
+      (comm, stream) => [
+        f.ncclBroadcast(t.pointer, t.pointer, BigInt(t.numel), dtype, root, comm, stream),
+      ],
+      t,
+      finish,
+    );
   }
 
-  allGather(input: Tensor, output: Tensor): Work {
+  allGather(input: Tensor, output: Tensor, finish: (() => void) | null = null): Work {
     const action = "all-gather";
     this.#usable(action);
     this.#tensor(input, action, "the input");
@@ -263,12 +278,22 @@ export class NcclComm implements WorkOwner, Disposable {
     }
     const dtype = NCCL_DTYPES[input.dtype as keyof typeof NCCL_DTYPES];
     const f = this.#lib.fn;
-    return this.#run("allGather", (comm, stream) => [
-      f.ncclAllGather(input.pointer, output.pointer, BigInt(input.numel), dtype, comm, stream),
-    ], [input, output]);
+    return this.#run(
+      "allGather",
+      (comm, stream) => [
+        f.ncclAllGather(input.pointer, output.pointer, BigInt(input.numel), dtype, comm, stream),
+      ],
+      [input, output],
+      finish,
+    );
   }
 
-  reduceScatter(input: Tensor, output: Tensor, op: ReduceOp): Work {
+  reduceScatter(
+    input: Tensor,
+    output: Tensor,
+    op: ReduceOp,
+    finish: (() => void) | null = null,
+  ): Work {
     const action = "reduce-scatter";
     this.#usable(action);
     this.#tensor(input, action, "the input");
@@ -282,17 +307,75 @@ export class NcclComm implements WorkOwner, Disposable {
     }
     const [dtype, redop] = this.#reduction(input, op, action);
     const f = this.#lib.fn;
-    return this.#run("reduceScatter", (comm, stream) => [
-      f.ncclReduceScatter(
-        input.pointer,
-        output.pointer,
-        BigInt(output.numel),
-        dtype,
-        redop,
-        comm,
-        stream,
-      ),
-    ], [input, output]);
+    return this.#run(
+      "reduceScatter",
+      (comm, stream) => [
+        f.ncclReduceScatter(
+          input.pointer,
+          output.pointer,
+          BigInt(output.numel),
+          dtype,
+          redop,
+          comm,
+          stream,
+        ),
+      ],
+      [input, output],
+      finish,
+    );
+  }
+
+  /**
+   * A collective on host memory in a group without MPI (a torchrun-style launch): the buffers
+   * are copied to the device, reduced there by NCCL, and the result copied back when a wait
+   * returns.
+   *
+   * @param op The collective.
+   * @param input The input (in place for allReduce and broadcast).
+   * @param output The output of allGather and reduceScatter.
+   * @param redop The reduction.
+   * @param root The root of a broadcast.
+   * @returns The collective in flight.
+   */
+  host(
+    op: CollectiveOp,
+    input: Resolved | null,
+    output: Resolved | null,
+    redop: ReduceOp,
+    root: number,
+  ): Work {
+    const action = `run ${op} on host memory`;
+    // A barrier, or an empty buffer, is an all-reduce of one integer.
+    if (input === null || input.count === 0 || (output !== null && output.count === 0)) {
+      input = { ptr: 0n, count: 1, dtype: "i32", view: new Int32Array(1) };
+      output = null;
+      op = op === "barrier" ? "barrier" : "allReduce";
+    }
+    const up = (r: Resolved) => Tensor.fromHost(this.device, r.view as Float32Array, [r.count]);
+    const tin = up(input);
+    const tout = output ? Tensor.empty(this.device, [output.count], output.dtype) : null;
+    const dst = output ?? input;
+    const finish = () => {
+      (tout ?? tin).buffer.copyTo(dst.view);
+      // A pinned destination is written asynchronously: wait for the copy's event.
+      using done = new Event(this.device);
+      done.record();
+      for (let ms = 0.05; !done.query(); ms = Math.min(ms * 2, 2)) {
+        Atomics.wait(sleepCell, 0, 0, ms);
+      }
+      tin.dispose();
+      tout?.dispose();
+    };
+    switch (op) {
+      case "broadcast":
+        return this.broadcast(tin, root, finish);
+      case "allGather":
+        return this.allGather(tin, tout!, finish);
+      case "reduceScatter":
+        return this.reduceScatter(tin, tout!, redop, finish);
+      default:
+        return this.allReduce([tin], op === "barrier" ? "sum" : redop, action, finish);
+    }
   }
 
   // ---- waiting (Work's owner)
@@ -301,15 +384,18 @@ export class NcclComm implements WorkOwner, Disposable {
   #poll(work: Work): number | null {
     const p = this.#pending.get(work.seq);
     if (!p) return 0;
-    if (p.done.query()) {
+    const done = p.done.query();
+    // Read after the query: a collective that failed also completes on its stream (a kernel
+    // that gave up, a host function that returned), and its error was set before that.
+    const err = new Int32Array(1);
+    if (this.#comm !== null) this.#lib.fn.ncclCommGetAsyncError(this.#comm, err);
+    if (err[0] !== 0) return err[0];
+    if (done) {
       // The host saw it done, so whatever it queues next, on any stream, reads the result.
       this.#pending.delete(work.seq);
       p.done.dispose();
       return 0;
     }
-    const err = new Int32Array(1);
-    if (this.#comm !== null) this.#lib.fn.ncclCommGetAsyncError(this.#comm, err);
-    if (err[0] !== 0) return err[0];
     return Date.now() > p.deadline ? TIMED_OUT : null;
   }
 

@@ -182,6 +182,12 @@ export class DataParallel extends Module {
       throw new TypeError(`Cannot ${action}: the model is not on a device (call to() first)`);
     }
     this.#onDevice = model.device.kind !== "cpu";
+    if (!this.#onDevice && model.precision === "bf16") {
+      throw new TypeError(
+        `Cannot ${action}: a bf16 model on ${model.device}; the mpi backend reduces fp32 and ` +
+          `fp16 gradients (bf16 ones on a CUDA device, with the nccl backend)`,
+      );
+    }
     if (this.#onDevice && group.backend !== "nccl") {
       throw new TypeError(
         `Cannot ${action}: the model is on ${model.device}; the mpi backend reduces cpu-device ` +

@@ -33,6 +33,8 @@ import { JobRing } from "./_ring.ts";
 import { type NcclLibrary, openNccl } from "./_nccl.ts";
 import { NcclComm } from "./_nccl_comm.ts";
 import { Tensor } from "../ffi/tensor.ts";
+import type { Device } from "../ffi/device.ts";
+import { rendezvous, stopRendezvous } from "./_rendezvous.ts";
 
 /** The memory a collective reads and writes: a typed array (any backing) or a cpu tensor. */
 export type CollectiveBuffer = Float32Array | Float16Array | Int32Array | Tensor;
@@ -67,6 +69,13 @@ export interface ProcessGroupOptions {
   debug?: boolean;
   /** The environment to read the launcher's variables from (default `Deno.env.get`). */
   env?: (name: string) => string | undefined;
+  /**
+   * The nccl backend's CUDA device: the communicator is made at once on it (by default, on
+   * the device of the first collective's CUDA tensor). Needed in a torchrun-style launch
+   * (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`, no MPI), where NCCL also carries the
+   * collectives on host memory.
+   */
+  device?: Device;
 }
 
 /** Options of the reductions. */
@@ -147,6 +156,8 @@ export class ProcessGroup implements Disposable {
   #onUnload: (() => void) | null = null;
   #ncclLib: NcclLibrary | null = null;
   #nccl: NcclComm | null = null;
+  /** A torchrun-style launch's rendezvous address (nccl backend, no MPI). */
+  #master: { addr: string; port: number } | null = null;
 
   private constructor(
     env: LaunchEnv,
@@ -162,11 +173,22 @@ export class ProcessGroup implements Disposable {
       this.mpi = null;
       return;
     }
+    if (env.launcher === "torchrun" && (options.backend === "nccl" || env.size === 1)) {
+      if (env.size > 1 && env.master === null) {
+        throw new Error(
+          `Cannot create a ProcessGroup: RANK/WORLD_SIZE say rank ${env.rank} of ${env.size}, ` +
+            `but MASTER_ADDR and MASTER_PORT, where the ranks meet, are not set`,
+        );
+      }
+      this.mpi = null;
+      this.#master = env.master;
+      return;
+    }
     if (env.launcher === "torchrun") {
       throw new Error(
         `Cannot create a ProcessGroup: RANK/WORLD_SIZE say rank ${env.rank} of ${env.size}, ` +
           `but the mpi backend needs MPI's launcher: start the job with mpirun -n ${env.size} ` +
-          `(or deno task launch)`,
+          `(or deno task launch), or use the nccl backend`,
       );
     }
     const lib = openMpi({ flavor: env.launcher });
@@ -259,7 +281,11 @@ export class ProcessGroup implements Disposable {
    * ```
    */
   static init(options: ProcessGroupOptions = {}): ProcessGroup {
-    refuseUnknownKeys(options ?? {}, ["backend", "timeoutMs", "debug", "env"], "create a group");
+    refuseUnknownKeys(
+      options ?? {},
+      ["backend", "timeoutMs", "debug", "env", "device"],
+      "create a group",
+    );
     const backend = options.backend ?? "mpi";
     if (backend !== "mpi" && backend !== "nccl") {
       throw new TypeError(
@@ -274,14 +300,35 @@ export class ProcessGroup implements Disposable {
     const debug = options.debug ?? env("PINSTREAM_DIST_DEBUG") === "1";
     // The library first: a missing NCCL fails before MPI starts.
     const lib = backend === "nccl" ? openNccl() : null;
+    const where = launchEnv(env);
+    if (where.launcher === "torchrun" && where.size > 1 && backend === "nccl" && !options.device) {
+      throw new TypeError(
+        `Cannot create a ProcessGroup: a torchrun-style launch of the nccl backend needs ` +
+          `{ device }, the CUDA device of this rank (NCCL carries its host collectives too)`,
+      );
+    }
+    let group: ProcessGroup;
     try {
-      const group = new ProcessGroup(launchEnv(env), { backend, timeoutMs, debug });
-      group.#ncclLib = lib;
-      return group;
+      group = new ProcessGroup(where, { backend, timeoutMs, debug });
     } catch (err) {
       lib?.close();
       throw err;
     }
+    group.#ncclLib = lib;
+    if (options.device) {
+      try {
+        group.#connect(options.device, "create a group");
+      } catch (err) {
+        group.dispose();
+        throw err;
+      }
+    }
+    return group;
+  }
+
+  /** Whether host memory goes over NCCL: a torchrun-style launch of several ranks. */
+  get #staged(): boolean {
+    return this.#master !== null && this.size > 1;
   }
 
   /** The NCCL communicator for `t`'s device, made by the first collective on a CUDA tensor. */
@@ -294,20 +341,29 @@ export class ProcessGroup implements Disposable {
           `and cpu tensors: create the group with { backend: "nccl" } for CUDA tensors`,
       );
     }
+    return this.#connect(t.device, action);
+  }
+
+  /** The NCCL communicator on `device`, made on first use. */
+  #connect(device: Device, action: string): NcclComm {
     if (this.#nccl !== null) {
-      if (this.#nccl.device !== t.device) {
+      if (String(this.#nccl.device) !== String(device)) {
         throw new TypeError(
-          `Cannot ${action}: the tensor is on ${t.device}, the group's NCCL communicator on ` +
+          `Cannot ${action}: the tensor is on ${device}, the group's NCCL communicator on ` +
             `${this.#nccl.device} (one device a process)`,
         );
       }
       return this.#nccl;
     }
-    // Rank 0 makes the id; MPI carries it to the others (every rank reaches this point in
-    // the same collective).
+    if (this.#ncclLib === null) {
+      throw new TypeError(`Cannot ${action}: a device is for the nccl backend`);
+    }
+    // Rank 0 makes the id; MPI, or the TCP rendezvous of a torchrun-style launch, carries it
+    // to the others (every rank reaches this point in the same collective).
     const id = this.rank === 0 ? NcclComm.uniqueId(this.#ncclLib) : new Uint8Array(128);
-    if (this.size > 1) this.broadcast(new Int32Array(id.buffer), { root: 0 });
-    this.#nccl = new NcclComm(this.#ncclLib, t.device, this.rank, this.size, id, {
+    if (this.#staged) rendezvous(this.#master!, this.rank, this.size, id, this.timeoutMs);
+    else if (this.size > 1) this.broadcast(new Int32Array(id.buffer), { root: 0 });
+    this.#nccl = new NcclComm(this.#ncclLib, device, this.rank, this.size, id, {
       timeoutMs: this.timeoutMs,
       progress: this.#progress,
       // Past the timeout, the MPI watchdog asks the other ranks how far their NCCL got.
@@ -462,6 +518,7 @@ export class ProcessGroup implements Disposable {
     if (op === "avg" && b.dtype === "i32") {
       throw new TypeError(`Cannot ${action}: avg of i32 would round; reduce with sum instead`);
     }
+    if (this.#staged) return this.#nccl!.host("allReduce", b, null, op, 0);
     const n = this.size;
     // fp16 is reduced as fp32 in a scratch array (see the class documentation).
     const wide = b.dtype === "f16" ? Float32Array.from(b.view as Float16Array) : null;
@@ -546,6 +603,7 @@ export class ProcessGroup implements Disposable {
     const dev = this.#device(buf, action);
     if (dev) return dev.broadcast(buf as Tensor, root);
     const b = resolve(buf, action, "the buffer");
+    if (this.#staged) return this.#nccl!.host("broadcast", b, null, "sum", root);
     return this.#issue(
       {
         op: "broadcast",
@@ -613,6 +671,7 @@ export class ProcessGroup implements Disposable {
           `(the input's length times the group's size), got ${o.count} ${o.dtype}`,
       );
     }
+    if (this.#staged) return this.#nccl!.host("allGather", i, o, "sum", 0);
     const bytes = i.dtype === "f16";
     const outFinish = this.#worker === null ? () => o.view.set(i.view as never) : null;
     return this.#issue(
@@ -696,6 +755,7 @@ export class ProcessGroup implements Disposable {
     if (op === "avg" && i.dtype === "i32") {
       throw new TypeError(`Cannot ${action}: avg of i32 would round; reduce with sum instead`);
     }
+    if (this.#staged) return this.#nccl!.host("reduceScatter", i, o, op, 0);
     const n = this.size;
     const half = i.dtype === "f16";
     const wideIn = half ? Float32Array.from(i.view as Float16Array) : null;
@@ -806,6 +866,7 @@ export class ProcessGroup implements Disposable {
 
   #barrier(async: boolean): Work {
     this.#usable("run a barrier");
+    if (this.#staged) return this.#nccl!.host("barrier", null, null, "sum", 0);
     return this.#issue(
       {
         op: "barrier",
@@ -839,6 +900,7 @@ export class ProcessGroup implements Disposable {
     if (this.#disposed) return;
     this.#disposed = true;
     this.#nccl?.dispose();
+    stopRendezvous();
     // MPI's finalize would wait for the ranks that made NCCL fail.
     this.#failed ??= this.#nccl?.failure ?? null;
     this.#nccl = null;

@@ -11,6 +11,13 @@ import type { BackwardOptions } from "../nn/module.ts";
 import type { ProcessGroup } from "./process_group.ts";
 
 function view(t: Tensor): Float32Array | Float16Array {
+  if (t.dtype === "bf16") {
+    // JavaScript has no bfloat16 array to compute the host reference in.
+    throw new TypeError(
+      "Cannot run SyncBatchNorm: it computes on the host in fp16 or fp32, not bf16; " +
+        'move the model with to(device, { precision: "fp16" }) or "fp32"',
+    );
+  }
   const bytes = t.numel * (t.dtype === "f16" ? 2 : 4);
   const ab = Deno.UnsafePointerView.getArrayBuffer(t.pointer!, bytes);
   return t.dtype === "f16" ? new Float16Array(ab) : new Float32Array(ab);

@@ -1,13 +1,14 @@
 /**
  * Trains a small convolutional network on CIFAR-10 with pinstream: DataLoader workers, fp16
  * compute with fp32 master weights and dynamic loss scaling, random crop + flip on the device
- * (more with --cutout, --vflip, --brightness, --contrast; none with --no-augment).
+ * (more with --cutout, --vflip, --brightness, --contrast, --saturation, --hue; none with
+ * --no-augment).
  *
  * ```sh
  * deno task cifar                                   # download CIFAR-10 (or use --data DIR)
  * deno run -A examples/cifar.ts --data ~/cifar-10-batches-bin --epochs 10 --device cuda
  * deno run -A examples/cifar.ts --synthetic          # the generated stand-in, on purpose
- * deno run -A examples/cifar.ts --cutout 12 --brightness 0.2 --contrast 0.2
+ * deno run -A examples/cifar.ts --cutout 12 --brightness 0.2 --contrast 0.2 --hue 0.05
  * deno run -A examples/cifar.ts --no-augment        # no crop, flip or anything else
  * ```
  *
@@ -24,7 +25,7 @@ import type { AugmentOptions } from "../augment/options.ts";
 import type { Dataset } from "../loader/mod.ts";
 import { CIFAR10, CIFAR10_URL } from "../loader/datasets/cifar10.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
-import { CIFAR_MEAN, CIFAR_STD, cifarModel } from "../train/models.ts";
+import { CIFAR_LOGIT_SCALE, CIFAR_MEAN, CIFAR_STD, cifarModel } from "../train/models.ts";
 import {
   type EpochReport,
   firstSamples,
@@ -181,6 +182,8 @@ export interface TrainCifarOptions {
    * (default false; the command line sets it).
    */
   checkpointByDefault?: boolean;
+  /** The factor on the model's logits (default {@linkcode CIFAR_LOGIT_SCALE}; 1: none). */
+  logitScale?: number;
 }
 
 /**
@@ -234,7 +237,7 @@ export async function trainCifar(
   return await trainImages(args, {
     train,
     test,
-    model: () => cifarModel(args.seed),
+    model: () => cifarModel(args.seed, { logitScale: options.logitScale }),
     mean: CIFAR_MEAN,
     std: CIFAR_STD,
     augment,
@@ -269,6 +272,13 @@ if (import.meta.main) {
           "(default ~/.cache/pinstream/checkpoints/cifar-cifar10.safetensors,\n" +
           "or cifar-shapes.safetensors on the generated set)",
         options: {
+          "logit-scale": {
+            kind: "number",
+            min: 0,
+            exclusiveMin: true,
+            help: "factor on the classifier's logits; 1: none (see docs/recipe.md)",
+            default: CIFAR_LOGIT_SCALE,
+          },
           synthetic: {
             kind: "boolean",
             help: `train on the generated shapes set (NOT CIFAR-10) without looking for\n` +
@@ -281,6 +291,7 @@ if (import.meta.main) {
     );
     await trainCifar(args, {
       synthetic: args.extra?.synthetic === true,
+      logitScale: args.extra?.["logit-scale"] as number,
       checkpointByDefault: true,
     });
   });

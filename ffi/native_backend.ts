@@ -21,6 +21,7 @@ import { Tensor } from "./tensor.ts";
 /** The kernel entry points and the ABI function behind each. */
 export const KERNELS = {
   matmul: "ps_nn_matmul",
+  matmulBiasAct: "ps_nn_matmul_bias_act",
   conv2dForward: "ps_nn_conv2d_forward",
   conv2dBackwardData: "ps_nn_conv2d_backward_data",
   conv2dBackwardWeight: "ps_nn_conv2d_backward_weight",

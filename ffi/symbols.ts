@@ -15,7 +15,7 @@
  */
 
 /** The ABI version this table matches (`PS_ABI_VERSION` in kernels/pinstream.h). */
-export const ABI_VERSION = 9;
+export const ABI_VERSION = 10;
 
 /** One C parameter: its name in kernels/pinstream.h and its FFI type. */
 export type Param = readonly [name: string, type: Deno.NativeType];
@@ -223,6 +223,25 @@ export const signatures = {
       ["trans_a", "i32"],
       ["trans_b", "i32"],
       ["accumulate", "i32"],
+      ["stream", "pointer"],
+    ],
+    result: "i32",
+  },
+  ps_nn_matmul_bias_act: {
+    params: [
+      ["a", "pointer"],
+      ["b", "pointer"],
+      ["dtype", "i32"],
+      ["c", "pointer"],
+      ["c_dtype", "i32"],
+      ["m", "i64"],
+      ["n", "i64"],
+      ["k", "i64"],
+      ["trans_a", "i32"],
+      ["trans_b", "i32"],
+      ["bias", "pointer"],
+      ["bias_dtype", "i32"],
+      ["act", "i32"],
       ["stream", "pointer"],
     ],
     result: "i32",

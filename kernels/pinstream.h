@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 /* Bumped on any change of a signature or a struct layout; ffi/ refuses a mismatch. */
-#define PS_ABI_VERSION 9
+#define PS_ABI_VERSION 10
 
 /* ---- status codes ------------------------------------------------------------------- */
 #define PS_OK 0
@@ -215,6 +215,11 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
  * of 64 KiB or more is split over the backend's threads, backing off while a helper stalls it.
  * CUDA ignores it. */
 #define PS_IMAGE_SERIAL 1
+/* PS_IMAGE_NO_CONTRAST (a bit of its own: ps_image_geometry's PS_IMAGE_ANTIALIAS is 2): the
+ * records' contrast words are ignored (read as 1.0) on both backends,
+ * for a caller whose records never carry contrast (a loader without the contrast option): CUDA
+ * then skips the per-batch mean pre-pass, its scratch memory and its launch. */
+#define PS_IMAGE_NO_CONTRAST 4
 /* scale/bias are passed by value into the launch: at most this many channels. */
 #define PS_IMAGE_MAX_CHANNELS 16
 
@@ -275,7 +280,7 @@ PS_API int ps_bench_memcpy_loop(int32_t device, void *dst, const void *src, uint
  *                           [-0.5, 0.5] (0.0f, 0x00000000: off; 3-channel images only).
  * scale, bias: HOST, c floats each (copied into the launch; c <= PS_IMAGE_MAX_CHANNELS).
  * out:    device, n x c x h x w, fp16 (out_dtype PS_IMAGE_F16) or fp32 (PS_IMAGE_F32).
- * flags:  0 or PS_IMAGE_SERIAL (other bits are refused).
+ * flags:  PS_IMAGE_SERIAL, PS_IMAGE_NO_CONTRAST, both or 0 (other bits are refused).
  * n == 0 is a no-op. src and out must not overlap. */
 PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t rows, int32_t layout,
                             int32_t n, int32_t c, int32_t h, int32_t w, int32_t pad,
@@ -380,6 +385,19 @@ PS_API int ps_image_geometry(const void *src, int64_t src_stride, int32_t n, int
 PS_API int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, int32_t c_dtype,
                         int64_t m, int64_t n, int64_t k, int32_t trans_a, int32_t trans_b,
                         int32_t accumulate, void *stream);
+
+/* Activations an epilogue applies as it stores (PS_ACT_RELU is ps_nn_relu_forward's rule). */
+#define PS_ACT_NONE 0
+#define PS_ACT_RELU 1
+
+/* c[m,n] = act(op(a) @ op(b) + bias[n]): a Linear layer's forward in one call, with the bits of
+ * ps_nn_matmul (overwriting c), then ps_nn_bias_add over [m, n] (hw = 1), then, for act
+ * PS_ACT_RELU, ps_nn_relu_forward. bias: [n] of bias_dtype. CUDA adds the bias and applies the
+ * activation in the GEMM's epilogue, as it stores c. */
+PS_API int ps_nn_matmul_bias_act(const void *a, const void *b, int32_t dtype, void *c,
+                                 int32_t c_dtype, int64_t m, int64_t n, int64_t k,
+                                 int32_t trans_a, int32_t trans_b, const void *bias,
+                                 int32_t bias_dtype, int32_t act, void *stream);
 
 /* y[n,co,OH,OW] = conv(x[n,c,h,w], w[co,c,kh,kw]) (cross-correlation, zero padding). All act. */
 PS_API int ps_nn_conv2d_forward(const void *x, const void *w, void *y, int32_t dtype, int64_t n,

@@ -54,7 +54,7 @@ PS_CHECK int ps_check_count(const char *fn, int64_t count) {
 
 PS_CHECK int ps_check_image_augment(int32_t layout, int32_t n, int32_t c, int32_t h, int32_t w,
                                     int32_t pad, int32_t out_dtype, int32_t flags) {
-  if ((flags & ~PS_IMAGE_SERIAL) != 0) {
+  if ((flags & ~(PS_IMAGE_SERIAL | PS_IMAGE_NO_CONTRAST)) != 0) {
     PS_RULE_FAIL(PS_ERR_INVALID_ARGUMENT, "ps_image_augment: unknown flags 0x%x", (unsigned)flags);
   }
   if (n < 0 || c <= 0 || c > PS_IMAGE_MAX_CHANNELS || h <= 0 || w <= 0 || pad < 0) {
@@ -895,9 +895,10 @@ PS_RULE PS_NO_CONTRACT void ps_image_record_decode(ps_image_record r, int32_t pa
 }
 
 /* Decodes sample `rec` (PS_IMAGE_PARAMS words, or NULL: centred window, nothing else) of a
- * batch of c-channel h x w images with padding `pad`. */
+ * batch of c-channel h x w images with padding `pad`; its contrast word is read as 1.0 unless
+ * `contrast` (PS_IMAGE_NO_CONTRAST). */
 PS_RULE void ps_image_sample_decode(const int32_t *rec, int32_t pad, int32_t c, int32_t h,
-                                    int32_t w, ps_image_sample *s) {
+                                    int32_t w, int32_t contrast, ps_image_sample *s) {
   ps_image_record r = ps_image_record_plain(pad);
   if (rec != 0) {
     r.dy = rec[0];
@@ -908,7 +909,7 @@ PS_RULE void ps_image_sample_decode(const int32_t *rec, int32_t pad, int32_t c, 
     r.cut_fx = rec[5];
     r.cut_size = rec[6];
     r.br_bits = rec[7];
-    r.ct_bits = rec[8];
+    if (contrast) r.ct_bits = rec[8];
     r.sat_bits = rec[9];
     r.hue_bits = rec[10];
   }

@@ -156,10 +156,12 @@ export class Engine {
         }
       }
     }
+    // Each batch's first draw position: the key of its samples' streams (augment/record.ts).
+    const order = this.#cfg.order;
     const positions = new Array<number>(batches.length);
     let pos = 0;
     for (let b = 0; b < batches.length; b++) {
-      positions[b] = pos;
+      positions[b] = order.drawPosition(pos);
       pos += batches[b].length;
     }
     const plan: EpochPlan = {

@@ -6,12 +6,14 @@
 import { CounterRandom, STREAM_SAMPLE } from "../internal/random.ts";
 import { type Dataset, type SampleContext, SKIP_SAMPLE } from "./dataset.ts";
 
-/** Where a batch's samples are loaded: the loader's seed, the epoch, the first position. */
+/** Where a batch's samples are loaded: the loader's seed, the epoch, the draw positions. */
 export interface FetchAt {
   seed: number;
   epoch: number;
-  /** Position of the batch's first sample in the epoch's order. */
+  /** Draw position of the batch's first sample (EpochOrder.drawPosition). */
   position: number;
+  /** Step between the batch's samples' draw positions (EpochOrder.drawStride). */
+  stride: number;
   /** Worker id, or -1 on the main thread. */
   workerId: number;
 }
@@ -45,8 +47,9 @@ export class SampleFailure {
 }
 
 /**
- * The sample at `position` of `epoch`: its random stream is a pure function of (seed, epoch,
- * position), so it does not depend on which worker loads it.
+ * The sample at draw `position` of `epoch`: its random stream is a pure function of (seed,
+ * epoch, position), so it does not depend on which worker, or which rank, loads it; its
+ * `u32()` draws are the ones its augment record takes (augment/record.ts).
  */
 export function sampleContext(
   seed: number,
@@ -85,7 +88,10 @@ export async function fetchSamples(
     syncCall.index = index;
     syncCall.call = "get";
     try {
-      s = dataset.get(index, sampleContext(at.seed, at.epoch, at.position + k, at.workerId));
+      s = dataset.get(
+        index,
+        sampleContext(at.seed, at.epoch, at.position + k * at.stride, at.workerId),
+      );
     } catch (e) {
       syncCall.active = false;
       throw new SampleFailure(index, e);

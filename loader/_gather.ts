@@ -5,6 +5,11 @@
 
 import type { AugmentSpec } from "../augment/options.ts";
 import { sampleKey, writeAugmentRecords } from "../augment/record.ts";
+import {
+  GEOMETRY_RECORD_LENGTH,
+  type GeometrySpec,
+  writeGeometryRecord,
+} from "../augment/geometry.ts";
 import { type WasmGather, wasmGather } from "./_wasm_gather.ts";
 import { sampleContext } from "./_fetch.ts";
 import type { SampleContext } from "./dataset.ts";
@@ -28,6 +33,14 @@ export interface GatherSpec {
   augmentOffset: number;
   /** What the loader draws (unused when augmentOffset is -1). */
   augment: AugmentSpec;
+  /** -1 when the loader draws no geometry records. */
+  geometryOffset?: number;
+  /** The geometric transforms (with geometryOffset >= 0). */
+  geometry?: GeometrySpec;
+  /** The int32 [h, w] of each image in the slot, or -1: every image is fixedSize. */
+  sizeOffset?: number;
+  /** The images' size when they all have one. */
+  fixedSize?: [number, number];
   length: number;
   seed: number;
   /** Fields the dataset writes into the slot itself (Dataset.fillRecord), by field position. */
@@ -76,8 +89,12 @@ export class Gatherer {
 
   #workerId: number;
 
-  constructor(spec: GatherSpec, filler?: Filler, workerId = -1) {
+  /** The step between a batch's samples' draw positions (EpochOrder.drawStride). */
+  #stride: number;
+
+  constructor(spec: GatherSpec, filler?: Filler, workerId = -1, stride = 1) {
     this.#spec = spec;
+    this.#stride = stride;
     this.#filler = filler;
     this.#workerId = workerId;
     if ((spec.filled?.length ?? 0) > 0 && typeof filler?.fillRecord !== "function") {
@@ -99,7 +116,10 @@ export class Gatherer {
     }));
   }
 
-  /** Fills `count` records of `slot` from the indices already written in its indices field. */
+  /**
+   * Fills `count` records of `slot` from the indices already written in its indices field;
+   * `position` is the first sample's draw position.
+   */
   gather(slot: number, count: number, epoch: number, position: number): void {
     const spec = this.#spec;
     const base = slot * spec.slotBytes;
@@ -146,7 +166,12 @@ export class Gatherer {
       for (let k = 0; k < count; k++) {
         const i = ring32[idxBase + k];
         // The sample's own stream, as get() has it on the generic path.
-        const context = sampleContext(spec.seed, epoch, position + k, this.#workerId);
+        const context = sampleContext(
+          spec.seed,
+          epoch,
+          position + k * this.#stride,
+          this.#workerId,
+        );
         try {
           this.#filler!.fillRecord!(
             i,
@@ -161,7 +186,30 @@ export class Gatherer {
     }
     if (spec.augmentOffset >= 0) {
       const a32 = (base + spec.augmentOffset) >>> 2;
-      writeAugmentRecords(ring32, a32, sampleKey(spec.seed, epoch), position, count, spec.augment);
+      const key = sampleKey(spec.seed, epoch);
+      writeAugmentRecords(ring32, a32, key, position, count, spec.augment, this.#stride);
+    }
+    if ((spec.geometryOffset ?? -1) >= 0) {
+      const g32 = (base + spec.geometryOffset!) >>> 2, key = sampleKey(spec.seed, epoch);
+      const s32 = spec.sizeOffset! >= 0 ? (base + spec.sizeOffset!) >>> 2 : -1;
+      for (let k = 0; k < count; k++) {
+        const h = s32 >= 0 ? ring32[s32 + 2 * k] : spec.fixedSize![0];
+        const w = s32 >= 0 ? ring32[s32 + 2 * k + 1] : spec.fixedSize![1];
+        try {
+          writeGeometryRecord(
+            ring32,
+            g32 + k * GEOMETRY_RECORD_LENGTH,
+            spec.geometry!,
+            h,
+            w,
+            key,
+            position + k * this.#stride,
+          );
+        } catch (e) {
+          const i = ring32[idxBase + k];
+          throw new SampleError(i, `Cannot load sample ${i}: ${(e as Error).message}`, e);
+        }
+      }
     }
   }
 }

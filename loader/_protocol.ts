@@ -126,6 +126,8 @@ export interface InitMessage {
   id: number;
   numWorkers: number;
   seed: number;
+  /** The step between a batch's samples' draw positions (EpochOrder.drawStride). */
+  drawStride: number;
   workerSeed: number;
   gather?: GatherSpec;
   /** Control block of the zero-copy path: slots, task entries, entry batch size. */

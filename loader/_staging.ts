@@ -3,6 +3,7 @@
 
 import { AUGMENT_OFF } from "../augment/options.ts";
 import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
+import { GEOMETRY_RECORD_LENGTH, type GeometrySpec } from "../augment/geometry.ts";
 import type { GatherSpec } from "./_gather.ts";
 import { memoryOf } from "./_wasm_gather.ts";
 import { type Dataset, type FilledField, recordBytes, type SharedField } from "./dataset.ts";
@@ -29,6 +30,7 @@ export interface Staging {
  * @param workers The most workers the loader may run.
  * @param prefetch The most batches in flight per worker (0 without workers).
  * @param heldBatches Slots for batches the consumer holds.
+ * @param geometry The geometric transforms drawn per sample, if any.
  * @returns The ring and what the engine and the gather need of it.
  * @throws {TypeError} / {RangeError} For fields or records the ring cannot hold, or a ring
  * too large to allocate (naming what to lower).
@@ -39,6 +41,7 @@ export function staging(
   workers: number,
   prefetch: number,
   heldBatches: number,
+  geometry?: GeometrySpec,
 ): Staging {
   const fields = dataset.sharedFields!();
   const { recordMap, recordCount } = checkRecords(dataset);
@@ -51,7 +54,11 @@ export function staging(
     ...(order.augment
       ? [{ name: "augment", dtype: "i32" as const, shape: [AUGMENT_RECORD_LENGTH] }]
       : []),
+    ...(geometry
+      ? [{ name: "geometry", dtype: "i32" as const, shape: [GEOMETRY_RECORD_LENGTH] }]
+      : []),
   ];
+  const sizes = geometry ? geometrySizes([...fields, ...filled]) : undefined;
   // A batch never holds more indices than an epoch has: batchSize 1e6 on 10 samples needs
   // slots of 10 records, not of a million (a sampler that yields more than its length is
   // refused when the epoch is planned).
@@ -89,6 +96,10 @@ export function staging(
     indicesOffset: ring.field("indices").byteOffset,
     augmentOffset: order.augment ? ring.field("augment").byteOffset : -1,
     augment: { ...(order.augment ?? AUGMENT_OFF) },
+    geometryOffset: geometry ? ring.field("geometry").byteOffset : -1,
+    geometry,
+    sizeOffset: sizes?.field ? ring.field(sizes.field).byteOffset : -1,
+    fixedSize: sizes?.fixed,
     length: recordCount,
     seed: order.seed,
     filled: filled.map((f) => {
@@ -106,6 +117,39 @@ export function staging(
   };
 }
 
+/** Ring field names a dataset may not use. */
+const RESERVED = ["indices", "augment", "geometry"];
+
+/**
+ * Where the geometry records' image sizes come from: the dataset's int32 [2] `imageSize`
+ * field (variable-size images), else the fixed [H, W(, C)] shape of its u8 `image` field.
+ */
+function geometrySizes(
+  fields: readonly { name: string; dtype: string; shape: readonly number[] }[],
+): { field?: string; fixed?: [number, number] } {
+  const image = fields.find((f) => f.name === "image");
+  if (
+    image === undefined || image.dtype !== "u8" || image.shape.length < 2 ||
+    image.shape.length > 3 || (image.shape[2] ?? 1) > 4
+  ) {
+    throw new RangeError(
+      'Cannot create DataLoader: geometry needs the dataset\'s images in a u8 field "image" ' +
+        `of [height, width, channels] (1 to 4 channels), got ${
+          image ? `${image.dtype} [${image.shape}]` : "no such field"
+        }`,
+    );
+  }
+  const size = fields.find((f) => f.name === "imageSize");
+  if (size === undefined) return { fixed: [image.shape[0], image.shape[1]] };
+  if (size.dtype !== "i32" || size.shape.length !== 1 || size.shape[0] !== 2) {
+    throw new RangeError(
+      'Cannot create DataLoader: the dataset\'s field "imageSize" should be i32 [2] ' +
+        `(each image's height and width), got ${size.dtype} [${size.shape}]`,
+    );
+  }
+  return { field: "imageSize" };
+}
+
 /** The fields the dataset fills itself (`filledFields()`), refusing reserved or repeated names. */
 function checkFilled(dataset: Dataset, fields: readonly SharedField[]): readonly FilledField[] {
   const filled = dataset.filledFields?.() ?? [];
@@ -116,7 +160,7 @@ function checkFilled(dataset: Dataset, fields: readonly SharedField[]): readonly
   }
   const names = new Set(fields.map((f) => f.name));
   for (const f of filled) {
-    if (f.name === "indices" || f.name === "augment") {
+    if (RESERVED.includes(f.name)) {
       throw new RangeError(
         `Cannot create DataLoader: dataset field name "${f.name}" is reserved for the ring`,
       );
@@ -156,7 +200,7 @@ function checkRecords(
 
 /** Refuses a shared field the ring cannot gather from. */
 function checkField(f: SharedField, recordCount: number, mapped: boolean): void {
-  if (f.name === "indices" || f.name === "augment") {
+  if (RESERVED.includes(f.name)) {
     throw new RangeError(
       `Cannot create DataLoader: dataset field name "${f.name}" is reserved for the ring`,
     );

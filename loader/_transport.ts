@@ -14,6 +14,7 @@ import type { StagingRing } from "./ring.ts";
 export interface EpochPlan {
   epoch: number;
   batches: Int32Array[];
+  /** Each batch's first draw position (EpochOrder.drawPosition); drawStride apart after. */
   positions: number[];
   startSeq: number;
   dispatched: number;

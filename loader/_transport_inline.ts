@@ -25,7 +25,9 @@ export class InlineLoader {
 
   constructor(cfg: EngineConfig) {
     this.#cfg = cfg;
-    if (cfg.gather) this.#gatherer = new Gatherer(cfg.gather, cfg.dataset);
+    if (cfg.gather) {
+      this.#gatherer = new Gatherer(cfg.gather, cfg.dataset, -1, cfg.order.drawStride);
+    }
   }
 
   /** Whether the dataset's fillRecord is ready (prepareFill awaited once). */
@@ -110,7 +112,13 @@ export class InlineLoader {
         wait: <T>(p: Promise<T>) => this.#withDeadline(p, t0, b, plan),
         check: () => this.#checkDeadline(t0, b, plan),
       };
-      const at = { seed: cfg.seed, epoch: plan.epoch, position: pos, workerId: -1 };
+      const at = {
+        seed: cfg.seed,
+        epoch: plan.epoch,
+        position: pos,
+        stride: cfg.order.drawStride,
+        workerId: -1,
+      };
       let samples: unknown[];
       try {
         samples = await fetchSamples(cfg.dataset, indices, at, deadline);

@@ -217,6 +217,7 @@ export class WorkerPool {
       id,
       numWorkers: cfg.numWorkers,
       seed: cfg.seed,
+      drawStride: cfg.order.drawStride,
       // PyTorch draws a new base seed for each iterator: workers started for one epoch get
       // seeds of their own, persistent workers keep theirs (their generators go on).
       workerSeed: hash4(

@@ -20,6 +20,7 @@
 
 import { range } from "../internal/trace.ts";
 import type { AugmentSpec } from "../augment/options.ts";
+import type { GeometrySpec } from "../augment/geometry.ts";
 import { WorkerCounts } from "./_autotune.ts";
 import { noteBatchSamples } from "./_batch_samples.ts";
 import {
@@ -35,7 +36,7 @@ import {
 import type { ModuleRef } from "./_protocol.ts";
 import { type Staging, staging } from "./_staging.ts";
 import type { Collated, CollateFn } from "./collate.ts";
-import type { Dataset, SampleOf, SharedFieldsOf } from "./dataset.ts";
+import type { Dataset, SampleOf, SharedFieldsOf, WorkerSpec } from "./dataset.ts";
 import { type DataLoaderOptions, resolveOptions } from "./options.ts";
 import type { EpochOrder } from "./order.ts";
 import { RingBatch, type StagingRing } from "./ring.ts";
@@ -237,6 +238,8 @@ export class DataLoaderImpl<B = unknown> implements AsyncIterable<B>, AsyncDispo
   readonly #collateFn: CollateFn<unknown, unknown> | undefined;
   readonly #collateMode: EngineConfig["collateMode"];
   readonly #workerInit: ModuleRef | undefined;
+  readonly #geometry: GeometrySpec | undefined;
+  readonly #workerSpec: WorkerSpec | undefined;
   #pinned: Disposable | undefined;
   #engine: Engine | undefined;
   #active: EpochIterator<B> | undefined;
@@ -276,13 +279,15 @@ export class DataLoaderImpl<B = unknown> implements AsyncIterable<B>, AsyncDispo
     this.#collateFn = o.collate;
     this.#collateMode = o.collateMode;
     this.#workerInit = o.workerInit;
+    this.#geometry = o.geometry;
+    this.#workerSpec = o.workerSpec;
     const cores = Math.max(1, navigator.hardwareConcurrency || 1);
     const counts = new WorkerCounts(o.numWorkers, o.prefetchFactor, cores, o.persistentWorkers);
     this.#counts = counts;
     if (o.zeroCopy) {
       // Sized for the most workers and prefetch "auto" may choose.
       const { maxWorkers: w, maxPrefetch: p } = counts;
-      this.#staging = staging(dataset, o.order, w, w === 0 ? 0 : p, o.heldBatches);
+      this.#staging = staging(dataset, o.order, w, w === 0 ? 0 : p, o.heldBatches, o.geometry);
       if (typeof o.pinMemory === "function") {
         const d = o.pinMemory(this.#staging.ring);
         if (d && typeof d[Symbol.dispose] === "function") this.#pinned = d;
@@ -364,12 +369,44 @@ export class DataLoaderImpl<B = unknown> implements AsyncIterable<B>, AsyncDispo
    *   cutout: 0,
    *   brightness: 0,
    *   contrast: 0,
+   *   saturation: 0,
+   *   hue: 0,
    * });
    * assert.ok(Object.isFrozen(loader.augment));
    * ```
    */
   get augment(): AugmentSpec | undefined {
     return this.order.augment;
+  }
+
+  /**
+   * The geometric transforms this loader draws (zero-copy path), checked and frozen;
+   * undefined when it draws none. Each batch's `geometry` field holds one record per sample
+   * ({@linkcode writeGeometryRecord}); `toDevice` applies them before the augment kernel.
+   *
+   * @example RandomResizedCrop to 4x4 of 8x8 images
+   * ```ts
+   * import { DataLoader, TensorDataset } from "@pinstream/pinstream";
+   * import assert from "node:assert";
+   *
+   * const ds = new TensorDataset({
+   *   image: { data: new Uint8Array(4 * 8 * 8 * 3), shape: [8, 8, 3] },
+   *   label: { data: new Uint8Array(4), shape: [] },
+   * });
+   * await using loader = new DataLoader(ds, {
+   *   batchSize: 2,
+   *   geometry: { size: 4, crop: "random-resized-crop" },
+   * });
+   * assert.strictEqual(loader.geometry?.crop, "random-resized-crop");
+   * for await (const batch of loader) {
+   *   const r = batch.geometry!; // [h, w, top, left, cropH, cropW, cos, sin] per sample
+   *   assert.deepStrictEqual([r[0], r[1]], [8, 8]);
+   *   break;
+   * }
+   * ```
+   */
+  get geometry(): GeometrySpec | undefined {
+    return this.#geometry;
   }
 
   /** The epoch the next iteration will load (0-based). */
@@ -503,7 +540,7 @@ export class DataLoaderImpl<B = unknown> implements AsyncIterable<B>, AsyncDispo
       unbatched: this.batchSize === null && this.sampler !== undefined,
       workerSpec: this.zeroCopy && !this.#staging?.gather.filled?.length
         ? undefined
-        : this.dataset.workerSpec?.(),
+        : this.#workerSpec,
       workerInit: this.#workerInit,
       resourceLimits: this.#resourceLimits,
       onWait: (s, d) => this.#active?.onWait(s, d),

@@ -176,13 +176,17 @@ export const SKIP_SAMPLE: unique symbol = Symbol.for("pinstream.skipSample") as 
 export interface SampleContext {
   /** The epoch being loaded. */
   readonly epoch: number;
-  /** The sample's position in the epoch's order (0-based, across batches). */
+  /**
+   * The sample's draw position: its place in the epoch's order (0-based, across batches) or,
+   * over a DistributedSampler, in the un-sharded order (`rank + k * worldSize` for the
+   * rank's k-th sample), so no two ranks see the same one (augment/record.ts).
+   */
   readonly position: number;
   /** Worker id in [0, numWorkers), or -1 on the main thread. */
   readonly workerId: number;
   /**
    * A double in [0, 1) from the sample's own stream, a pure function of (seed, epoch,
-   * position): the same whatever worker loads the sample.
+   * position): the same whatever worker, or rank, loads the sample.
    */
   random(): number;
   /** An integer in [0, n) from the same stream. */

@@ -11,9 +11,10 @@ import { optionError, refuseUnknownKeys } from "../internal/options.ts";
 import type { WorkerResourceLimits } from "./_transport.ts";
 import type { ModuleRef } from "./_protocol.ts";
 import type { CollateFn } from "./collate.ts";
-import type { Dataset } from "./dataset.ts";
+import type { Dataset, WorkerSpec } from "./dataset.ts";
 import { EpochOrder, type EpochOrderOptions } from "./order.ts";
 import type { StagingRing } from "./ring.ts";
+import { type GeometryOptions, type GeometrySpec, resolveGeometry } from "../augment/geometry.ts";
 
 /**
  * Options of {@linkcode DataLoader}; PyTorch's names in TypeScript casing, plus a few. The
@@ -77,6 +78,15 @@ export interface DataLoaderOptions<B = unknown, T = unknown> extends EpochOrderO
   /** Ring slots beyond the in-flight ones for batches the consumer holds (default 2). */
   heldBatches?: number;
   /**
+   * Geometric transforms drawn per sample (zero-copy path): Resize, CenterCrop,
+   * RandomResizedCrop, RandomRotation to a fixed size ({@linkcode GeometryOptions}). Each
+   * batch gets a `geometry` field of one record per sample ({@linkcode writeGeometryRecord})
+   * for the image in the dataset's u8 `image` field ([H, W, C]), at the size in its `imageSize`
+   * field (int32 [2]) when the dataset has one (variable-size images, e.g. `ImageFolder` with
+   * `maxSize`); `toDevice` applies them on the device before the augment kernel.
+   */
+  geometry?: GeometryOptions;
+  /**
    * V8 heap limits of each worker, as node:worker_threads' `resourceLimits`. A worker that
    * exceeds `maxOldGenerationSizeMb` is stopped and the loader fails with an out-of-memory
    * error; the process goes on. Default: the main thread's own heap limit (`--v8-flags=
@@ -111,6 +121,13 @@ export interface ResolvedOptions {
    */
   collateMode: "default" | "none" | "main" | ModuleRef;
   workerInit: ModuleRef | undefined;
+  /** The geometric transforms drawn per sample, or undefined. */
+  geometry: GeometrySpec | undefined;
+  /**
+   * The dataset's workerSpec(), asked once here (where workers rebuild the dataset) and sent
+   * to every worker the loader starts.
+   */
+  workerSpec: WorkerSpec | undefined;
 }
 
 // Every key of DataLoaderOptions, checked by the compiler against the interface.
@@ -136,6 +153,7 @@ const OPTION_NAMES = Object.keys(
     autoRelease: true,
     heldBatches: true,
     workerResourceLimits: true,
+    geometry: true,
   } satisfies Record<keyof DataLoaderOptions, true>,
 );
 const LIMIT_KEYS = ["maxOldGenerationSizeMb", "maxYoungGenerationSizeMb", "stackSizeMb"];
@@ -201,6 +219,14 @@ export function resolveOptions(dataset: Dataset, options: DataLoaderOptions): Re
       "type",
     );
   }
+  if (o.geometry !== undefined && !zeroCopy) {
+    fail(
+      "geometry",
+      "needs the zero-copy path (a dataset with sharedFields(), no collate, batches)",
+      "type",
+    );
+  }
+  const geometry = o.geometry === undefined ? undefined : resolveGeometry(o.geometry, ACTION);
   if (o.workerInit !== undefined && !isModuleRef(o.workerInit)) {
     fail(
       "workerInit",
@@ -223,10 +249,11 @@ export function resolveOptions(dataset: Dataset, options: DataLoaderOptions): Re
       "type",
     );
   }
+  let workerSpec: WorkerSpec | undefined;
   if (rebuilt && numWorkers !== 0) {
     // Workers receive the spec by postMessage: a value it cannot clone would throw there, in
     // an event handler, where nothing can catch it.
-    const spec = dataset.workerSpec!();
+    const spec = workerSpec = dataset.workerSpec!();
     const bad = uncloneable(spec, "workerSpec()");
     if (bad !== undefined) {
       fail(
@@ -267,6 +294,8 @@ export function resolveOptions(dataset: Dataset, options: DataLoaderOptions): Re
       ? "none"
       : "default",
     workerInit: o.workerInit,
+    geometry,
+    workerSpec,
   };
 }
 

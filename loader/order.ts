@@ -41,7 +41,10 @@ export interface EpochOrderOptions {
     | (Iterable<Iterable<number>> & { readonly length: number });
   /** Drop the last incomplete batch (default false). */
   dropLast?: boolean;
-  /** Seed of every random draw (shuffle, per-sample streams). Default: random. */
+  /**
+   * Seed of every random draw (shuffle, per-sample streams). Default: a
+   * {@linkcode DistributedSampler}'s seed when the order draws from one, else random.
+   */
   seed?: number;
   /** Draw per-sample crop offsets, flips, cutout and colour factors into augment records. */
   augment?: AugmentOptions;
@@ -54,9 +57,12 @@ export interface EpochOrderOptions {
  * sampler is (every built-in one is); two orders with the same options agree.
  *
  * A sample's position is its place in the epoch (batch after batch, counting from 0), and its
- * augment record is drawn from (seed, epoch, position). Ranks that share a
- * {@linkcode DistributedSampler} (whose own seed makes their shards disjoint) and want
- * independent augmentation give their orders different seeds.
+ * augment record is drawn from (seed, epoch, draw position) (augment/record.ts). The draw
+ * position is the position itself, except over a {@linkcode DistributedSampler}: there it is
+ * the sample's place in the un-sharded order every rank computes alike,
+ * `rank + position * worldSize` ({@linkcode EpochOrder.drawPosition}). Ranks with the same
+ * seed (the sampler's seed when none is given) then never share draws, and together they
+ * draw exactly what one process fed the combined batch draws.
  *
  * @example The same seed and epoch, the same batches and records
  * ```ts
@@ -82,6 +88,28 @@ export interface EpochOrderOptions {
  * assert.strictEqual(order.nextEpoch(), 3);
  * assert.strictEqual(order.epoch, 4);
  * ```
+ *
+ * @example Two ranks draw what one process draws for the combined batch
+ * ```ts
+ * import { DistributedSampler, EpochOrder } from "@pinstream/pinstream";
+ * import assert from "node:assert";
+ *
+ * const augment = { padding: 2, flip: true };
+ * const one = new EpochOrder(8, { batchSize: 4, shuffle: true, seed: 5, augment });
+ * const rank = (r: number) =>
+ *   new EpochOrder(8, {
+ *     batchSize: 2,
+ *     sampler: new DistributedSampler(8, { worldSize: 2, rank: r, seed: 5 }),
+ *     augment,
+ *   });
+ * const r1 = rank(1);
+ * assert.deepStrictEqual([r1.seed, r1.drawPosition(0), r1.drawPosition(1)], [5, 1, 3]);
+ * // Batch 0 of rank 1 holds positions 1 and 3 of the one process's batch 0.
+ * assert.deepStrictEqual([...r1.batches(0)[0]], [one.batches(0)[0][1], one.batches(0)[0][3]]);
+ * assert.deepStrictEqual(r1.records(0, 0, 2), new Int32Array([
+ *   ...one.records(0, 1, 1), ...one.records(0, 3, 1),
+ * ]));
+ * ```
  */
 export class EpochOrder {
   /** Samples per batch, or null without batching (or with a batchSampler). */
@@ -104,6 +132,16 @@ export class EpochOrder {
    * ahead (false for a plain iterable sampler or batch sampler, which may be consumed).
    */
   readonly pure: boolean;
+  /**
+   * The draw position of position 0 (the rank over a {@linkcode DistributedSampler}, else 0);
+   * see {@linkcode EpochOrder.drawPosition}.
+   */
+  readonly drawOffset: number;
+  /**
+   * The step between consecutive positions' draw positions (the world size over a
+   * {@linkcode DistributedSampler}, else 1).
+   */
+  readonly drawStride: number;
   #epoch = 0;
 
   /**
@@ -125,7 +163,13 @@ export class EpochOrder {
         optionError(action, "seed", `should be an integer in [0, 2^53), got ${String(o.seed)}`);
       }
     }
-    this.seed = o.seed ?? randomSeed();
+    // The sampler a batchSampler draws from, as nextEpoch looks for it.
+    const given = o.sampler ?? (o.batchSampler as { sampler?: unknown } | undefined)?.sampler;
+    const shard = given instanceof DistributedSampler ? given : undefined;
+    // Every rank must draw from the same key: the sampler's seed is the one they share.
+    this.seed = o.seed ?? shard?.seed ?? randomSeed();
+    this.drawOffset = shard?.rank ?? 0;
+    this.drawStride = shard?.worldSize ?? 1;
     // The same checks, in the same order, as torch.utils.data.DataLoader.
     const batchSize = o.batchSize === undefined ? 1 : o.batchSize;
     if (batchSize !== null && (!Number.isInteger(batchSize) || batchSize < 1)) {
@@ -249,8 +293,20 @@ export class EpochOrder {
   }
 
   /**
+   * The draw position of a position: where the sample sits in the epoch's global order, the
+   * key of its augment record and of `ctx.u32()` in `get(index, ctx)` (augment/record.ts).
+   *
+   * @param position A position of this order's epoch.
+   * @returns `drawOffset + position * drawStride`.
+   */
+  drawPosition(position: number): number {
+    return this.drawOffset + position * this.drawStride;
+  }
+
+  /**
    * The augment records of `count` positions of an epoch from `from` on, written one after
-   * another from `out[at]` (the identity record, every option off, without `augment`).
+   * another from `out[at]` (the identity record, every option off, without `augment`); each
+   * drawn at its {@linkcode EpochOrder.drawPosition}.
    *
    * @param epoch The epoch.
    * @param from The first position.
@@ -273,7 +329,15 @@ export class EpochOrder {
       );
     }
     const key = sampleKey(this.seed, epoch);
-    writeAugmentRecords(out, at, key, from, count, this.augment ?? AUGMENT_OFF);
+    writeAugmentRecords(
+      out,
+      at,
+      key,
+      this.drawPosition(from),
+      count,
+      this.augment ?? AUGMENT_OFF,
+      this.drawStride,
+    );
     return out;
   }
 

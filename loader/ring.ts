@@ -260,6 +260,11 @@ export class RingBatch<F extends Record<string, TypedArray> = Record<string, Typ
    * the module documentation) when the loader has `augment`, else undefined.
    */
   readonly augment: Int32Array | undefined;
+  /**
+   * The per-sample geometry records (8 int32 words each, see
+   * augment/geometry.ts) when the loader has `geometry`, else undefined.
+   */
+  readonly geometry: Int32Array | undefined;
   #release: ((batch: RingBatch) => void) | undefined;
 
   /** @internal Built by the loader. */
@@ -278,18 +283,20 @@ export class RingBatch<F extends Record<string, TypedArray> = Record<string, Typ
     this.index = index;
     this.size = size;
     const fields: Record<string, TypedArray> = {};
-    let augment: Int32Array | undefined;
+    let augment: Int32Array | undefined, geometry: Int32Array | undefined;
     let indices: Int32Array | undefined;
     for (const f of ring.fields) {
       const v = ring.view(slot, f.name, size);
       if (f.name === "indices") indices = v as Int32Array;
       else if (f.name === "augment") augment = v as Int32Array;
+      else if (f.name === "geometry") geometry = v as Int32Array;
       else fields[f.name] = v;
     }
     // The loader builds the ring from the dataset's shared fields, which is what F describes.
     this.fields = fields as F;
     this.indices = indices!;
     this.augment = augment;
+    this.geometry = geometry;
     this.#release = release;
   }
 

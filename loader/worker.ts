@@ -107,7 +107,7 @@ async function setup(msg: InitMessage): Promise<void> {
   if (msg.gather) {
     // After the worker info is set: the dataset may ask which worker it is in.
     if (msg.gather.filled?.length) await dataset?.prepareFill?.();
-    gatherer = new Gatherer(msg.gather, dataset, msg.id);
+    gatherer = new Gatherer(msg.gather, dataset, msg.id, msg.drawStride);
   }
 }
 
@@ -218,7 +218,13 @@ function serve(ctl: Int32Array, slots: number, tasks: number, batch: number): vo
 async function runCollate(task: CollateTask): Promise<void> {
   const t0 = performance.now();
   try {
-    const at = { seed: init.seed, epoch: task.epoch, position: task.pos, workerId: init.id };
+    const at = {
+      seed: init.seed,
+      epoch: task.epoch,
+      position: task.pos,
+      stride: init.drawStride,
+      workerId: init.id,
+    };
     syncCall.seq = task.seq;
     const samples = await fetchSamples(dataset!, task.idx, at);
     if (init.collate === "none") {

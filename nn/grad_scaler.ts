@@ -64,6 +64,10 @@ export interface GradScalerState {
  * {@linkcode GradScaler.step} checks the gradients and runs the optimizer (skipped on the device
  * on inf/NaN), and {@linkcode GradScaler.update} adjusts the scale.
  *
+ * For fp16 models. A bf16 model (precision "bf16") needs none, as
+ * `torch.autocast(dtype=torch.bfloat16)` runs without one: bf16 has fp32's exponent range, and
+ * a Trainer refuses an enabled scaler for such a model.
+ *
  * @example A step with an inf gradient is skipped and halves the scale
  * ```ts
  * import { Device } from "@pinstream/pinstream";

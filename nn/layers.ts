@@ -138,8 +138,8 @@ export class Linear extends Module {
     checkInputDtype(x, this.weight, `Linear(${this.inFeatures}, ${this.outFeatures})`);
     const n = x.shape[0];
     const y = this.workspace("y", [n, this.outFeatures], x.dtype);
-    ops.matmul(x, this.weight.value, { out: y, transB: true });
-    if (this.bias) ops.biasAdd(y, this.bias.value);
+    // The bias is added as the product is stored: one call, the bits of matmul + biasAdd.
+    ops.matmul(x, this.weight.value, { out: y, transB: true, bias: this.bias?.value });
     this.#x = this.training ? x : null;
     return y;
   }

@@ -11,6 +11,7 @@ export * from "./init.ts";
 export * from "./module.ts";
 export { BufferTensor, Parameter, type ParameterOptions, type Precision } from "./parameter.ts";
 export * from "./layers.ts";
+export * from "./scale.ts";
 export * from "./loss.ts";
 export * from "./optim.ts";
 export * from "./grad_scaler.ts";

@@ -70,6 +70,13 @@ export interface ImageAugmentOptions extends ImageOpOptions {
    */
   serial?: boolean;
   /**
+   * Whether the records' contrast words count (default true). False, for records that never
+   * carry contrast (a loader without the `contrast` option), reads them as 1.0 and spares
+   * CUDA the per-batch pre-pass that finds each image's mean grey (a launch and scratch
+   * memory); the output is then the same as with true.
+   */
+  contrast?: boolean;
+  /**
    * The batch's labels in the same launch (default null): one label of `labelBytes` per image
    * of `src` (per `rows` image with `indices`), sample i's written to `labelsOut[i]` as int32,
    * which replaces a {@linkcode gatherRows} and an {@linkcode imageLabelsI32} per batch.
@@ -93,7 +100,7 @@ export interface ImageLabelsOptions extends ImageOpOptions {
 
 // The C ABI's codes (kernels/pinstream.h).
 const LAYOUT: Readonly<Record<ImageLayout, number>> = { nhwc: 0, nchw: 1 };
-const IMAGE_F16 = 0, IMAGE_F32 = 1, IMAGE_SERIAL = 1, IMAGE_ANTIALIAS = 2;
+const IMAGE_F16 = 0, IMAGE_F32 = 1, IMAGE_SERIAL = 1, IMAGE_ANTIALIAS = 2, IMAGE_NO_CONTRAST = 4;
 
 function isTensor(t: unknown): t is Tensor {
   return typeof t === "object" && t !== null && "dtype" in t && "shape" in t && "device" in t;
@@ -101,15 +108,17 @@ function isTensor(t: unknown): t is Tensor {
 
 /**
  * One fused pass over a batch of uint8 images on the device: per-sample crop from the image
- * zero-padded by `padding`, optional horizontal and vertical flips, brightness and contrast,
- * per-channel normalize, cutout, cast to the output's dtype; NCHW out, the same bits as
+ * zero-padded by `padding`, optional horizontal and vertical flips, ColorJitter's contrast
+ * (toward each image's mean grey), brightness, saturation and hue, per-channel normalize,
+ * cutout, cast to the output's dtype; NCHW out, the same bits as
  * {@linkcode augmentHost} on either backend.
  *
  * @param src n uint8 images of `out`'s size, contiguous, in `options.layout` order (with
  *   `options.indices`: the `rows` images the batch is gathered from).
  * @param out f16 or f32 [n, c, h, w], written; its shape gives the batch's geometry.
  * @param options layout, affine (c entries), padding (0), params (n records or null),
- *   indices (n int32 or null) and rows, srcOffset, paramsOffset, indicesOffset, serial, stream;
+ *   indices (n int32 or null) and rows, srcOffset, paramsOffset, indicesOffset, serial,
+ *   contrast, stream;
  *   labels, labelBytes, labelsOffset and labelsOut to write the batch's labels in the same pass.
  * @throws {TypeError} On a wrong dtype, layout or memory kind, or memory of another device.
  * @throws {RangeError} On a wrong shape, padding, channel count or a buffer too small.
@@ -266,7 +275,8 @@ export function imageAugment(src: RawMemory, out: Tensor, options: ImageAugmentO
     bias: affine.bias,
     out,
     out_dtype: out.dtype === "f16" ? IMAGE_F16 : IMAGE_F32,
-    flags: options.serial ? IMAGE_SERIAL : 0,
+    flags: (options.serial ? IMAGE_SERIAL : 0) |
+      (options.contrast === false ? IMAGE_NO_CONTRAST : 0),
   };
   const what = `${action} [${out.shape}] ${layout}`;
   if (labelsOut === null) queue(device, "imageAugment", { ...args, stream }, what);

@@ -115,7 +115,9 @@ interface InFlight {
  * Accepted batches: a {@linkcode RingBatch} (the zero-copy path: one tensor per dataset field,
  * `[size, ...field shape]`), or any value built of plain objects and arrays whose leaves are
  * `Uint8Array`, `Int32Array`, `Float16Array` or `Float32Array` (the generic path with
- * `collate`). A collated array is flat, so its tensor gets the shape `[n]` (one element per
+ * `collate`). A `Float64Array`, what the default collate makes of numbers, arrives as f32: each
+ * value rounded to the nearest float32 (`Math.fround`; past float32's range, ±Infinity), as
+ * PyTorch code calls `.float()` on a collated float64 tensor. A collated array is flat, so its tensor gets the shape `[n]` (one element per
  * sample) or `[n, length / n]`, `n` being the batch's sample count; a collate that returns
  * `{ data, shape }` in place of an array sets the tensor's shape itself. Other leaves (numbers,
  * strings, booleans, null) pass through. Other typed arrays are refused, naming their path:
@@ -370,6 +372,8 @@ function batchLeaves(batch: unknown, n: number | undefined): Leaf[] {
   const out: Leaf[] = [];
   const ancestors = new Set<object>();
   const add = (path: string, v: ArrayBufferView, shape: number[] | undefined) => {
+    // The default collate makes numbers a Float64Array; the device has no f64.
+    if (v instanceof Float64Array) v = new Float32Array(v);
     const dtype = deviceDtype(v);
     if (dtype === undefined) refuse(path, `a ${v.constructor.name}`);
     const length = (v as Uint8Array).length;

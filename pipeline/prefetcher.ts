@@ -5,7 +5,8 @@
  *
  * Host batches to device batches: the loader's staging ring pinned in place, one
  * host-to-device copy per batch on a dedicated copy stream, an event handing each batch to
- * the compute stream (which waits on the device; the host does not), the fused
+ * the compute stream (which waits on the device; the host does not), the geometry kernel
+ * (with the loader's `geometry`) and the fused
  * crop/flip/colour/normalize/cutout/cast kernel on the compute stream, and a ring of device slots so that
  * `depth` batches are in flight while the consumer works on one.
  *
@@ -40,8 +41,10 @@ import type { DataLoader } from "../loader/data_loader.ts";
 import { RingBatch, type RingField, type StagingRing } from "../loader/ring.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
 import { range } from "../internal/trace.ts";
-import { imageAugment, imageLabelsI32 } from "../ops/image.ts";
+import { imageAugment, imageGeometry, imageLabelsI32 } from "../ops/image.ts";
 import { augmentHost } from "../augment/host.ts";
+import type { GeometrySpec } from "../augment/geometry.ts";
+import { geometryHost } from "../augment/geometry_host.ts";
 import { BatchPrefetcher, type BatchPrefetcherOptions } from "./batch_prefetcher.ts";
 import {
   type ImageDtype,
@@ -83,7 +86,11 @@ export interface ToDeviceOptions {
   imageField?: string;
   /** Ring field holding the labels (u8, u16 or i32; default "label"). */
   labelField?: string;
-  /** Memory order of an image record (default "nchw": CIFAR's [3, 32, 32]). */
+  /**
+   * Memory order of an image record (default "nchw": CIFAR's [3, 32, 32]; "nhwc", the only
+   * one accepted, when the loader has `geometry`: its records are cropped, resized and rotated
+   * by `imageGeometry` into `[height, width, channels]` images first).
+   */
   layout?: ImageLayout;
   /** The compute stream the batches are handed to (default: the device's default stream). */
   stream?: Stream;
@@ -163,12 +170,18 @@ export interface PipelineStats {
 }
 
 interface Geometry {
+  /** The channels, height and width of the images the augment kernel reads and writes. */
   c: number;
   h: number;
   w: number;
   imageField: RingField;
   labelField: RingField;
   augmentField: RingField | undefined;
+  /**
+   * The loader's geometry records and transforms: the images of `imageField` (each up to its
+   * slot's size, its size in its record) are cropped, resized and rotated to h x w first.
+   */
+  transform: { field: RingField; spec: GeometrySpec } | undefined;
   /** Bytes of a slot that device mode copies: up to the end of the last needed field. */
   copyBytes: number;
 }
@@ -189,8 +202,17 @@ interface Slot {
   freeRecorded: boolean;
   /** Whether `copyDone` of the previous fill was accounted (stats, staging reuse). */
   copyAccounted: boolean;
+  /** With the loader's geometry: the transformed uint8 images, [n, h, w, c]. */
+  pixels: Tensor | undefined;
   /** Tensors for short batches (the last of an epoch), keyed by size. */
-  partial: Map<number, { images: Tensor; labels: Tensor }>;
+  partial: Map<number, Views>;
+}
+
+/** A slot's tensors for a batch of one size. */
+interface Views {
+  images: Tensor;
+  labels: Tensor;
+  pixels: Tensor | undefined;
 }
 
 interface InFlight {
@@ -346,7 +368,17 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
     this.dtype = oneOf(options.dtype ?? "f16", ["f16", "f32"], "dtype");
     this.pin = oneOf(options.pin ?? "register", ["register", "alloc", "none"], "pin");
     this.copy = oneOf(options.copy ?? "auto", ["auto", "always"], "copy");
-    this.#layout = oneOf(options.layout ?? "nchw", ["nchw", "nhwc"], "layout");
+    this.#layout = oneOf(
+      options.layout ?? (loader.geometry ? "nhwc" : "nchw"),
+      ["nchw", "nhwc"],
+      "layout",
+    );
+    if (loader.geometry && this.#layout !== "nhwc") {
+      throw new TypeError(
+        `Cannot ${action}: layout "nchw" with the loader's geometry option; its images are ` +
+          `[height, width, channels] (leave layout out, or pass "nhwc")`,
+      );
+    }
     this.#imageField = fieldName(options.imageField ?? "image", "imageField");
     this.#labelField = fieldName(options.labelField ?? "label", "labelField");
     this.padding = cropPadding(options.padding, loader.augment);
@@ -363,7 +395,13 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
     }
     this.#persistent = options.persistent ?? false;
     // Validate the ring now, so a wrong field name fails at construction.
-    const g = geometry(loader.ring, this.#imageField, this.#labelField, this.#layout);
+    const g = geometry(
+      loader.ring,
+      this.#imageField,
+      this.#labelField,
+      this.#layout,
+      loader.geometry,
+    );
     // One value per channel, checked here: the kernel reads `c` constants from the arrays
     // (past the end of shorter ones) and the host path would make NaN of the missing ones.
     this.#affine = normalizeAffine(
@@ -459,7 +497,13 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
 
   #resources(): Resources {
     this.#res ??= new Resources(this, {
-      geometry: geometry(this.loader.ring!, this.#imageField, this.#labelField, this.#layout),
+      geometry: geometry(
+        this.loader.ring!,
+        this.#imageField,
+        this.#labelField,
+        this.#layout,
+        this.loader.geometry,
+      ),
       layout: this.#layout,
       userStream: this.#userStream,
     });
@@ -753,6 +797,7 @@ function geometry(
   imageName: string,
   labelName: string,
   layout: ImageLayout,
+  spec: GeometrySpec | undefined,
 ): Geometry {
   const action = "create a DevicePrefetcher";
   const has = (n: string) => ring.fields.some((f) => f.name === n);
@@ -768,7 +813,7 @@ function geometry(
       `Cannot ${action}: field "${imageName}" is ${imageField.dtype}, need u8 images`,
     );
   }
-  const { c, h, w } = imageShape(imageField.sampleShape, layout, `${action}: field "${imageName}"`);
+  let { c, h, w } = imageShape(imageField.sampleShape, layout, `${action}: field "${imageName}"`);
   if (LABEL_BYTES[labelField.dtype] === undefined || labelField.sampleShape.length !== 0) {
     throw new RangeError(
       `Cannot ${action}: field "${labelName}" is ${labelField.dtype} [${labelField.sampleShape}], ` +
@@ -776,9 +821,29 @@ function geometry(
     );
   }
   const augmentField = has("augment") ? ring.field("augment") : undefined;
-  const used = [imageField, labelField, ...(augmentField ? [augmentField] : [])];
+  const transform = spec && has("geometry") ? { field: ring.field("geometry"), spec } : undefined;
+  if (transform && imageName !== "image") {
+    throw new RangeError(
+      `Cannot ${action}: imageField "${imageName}" with the loader's geometry, whose records ` +
+        `are of the field "image"`,
+    );
+  }
+  if (transform) {
+    if (c > 4) {
+      throw new RangeError(
+        `Cannot ${action}: field "${imageName}" has ${c} channels; the geometry kernel takes 1 to 4`,
+      );
+    }
+    h = spec!.height, w = spec!.width;
+  }
+  const used = [
+    imageField,
+    labelField,
+    ...(augmentField ? [augmentField] : []),
+    ...(transform ? [transform.field] : []),
+  ];
   const copyBytes = Math.max(...used.map((f) => f.byteOffset + f.byteLength));
-  return { c, h, w, imageField, labelField, augmentField, copyBytes };
+  return { c, h, w, imageField, labelField, augmentField, transform, copyBytes };
 }
 
 /**
@@ -900,6 +965,10 @@ class Resources {
       for (let i = 0; i <= owner.depth; i++) {
         const images = keep(Tensor.empty(device, [n, c, h, w], owner.dtype));
         const labels = keep(Tensor.empty(device, [n], "i32"));
+        // The transformed bytes the augment kernel reads (device modes).
+        const pixels = this.g.transform && this.staging !== "host"
+          ? keep(Tensor.empty(device, [n, h, w, c], "u8"))
+          : undefined;
         let raw: DeviceBuffer | undefined, staging: HostBuffer | undefined;
         if (this.traits.kernelAtDelivery) raw = keep(DeviceBuffer.alloc(device, this.g.copyBytes));
         if (this.staging === "pinned-copy") {
@@ -919,6 +988,7 @@ class Resources {
           free: keep(new Event(device)),
           freeRecorded: false,
           copyAccounted: true,
+          pixels,
           partial: new Map(),
         });
       }
@@ -948,8 +1018,11 @@ class Resources {
       for (const p of s.partial.values()) {
         dispose(p.images);
         dispose(p.labels);
+        dispose(p.pixels);
       }
-      for (const r of [s.images, s.labels, s.raw, s.staging, s.copyStart, s.copyDone, s.free]) {
+      for (
+        const r of [s.images, s.labels, s.pixels, s.raw, s.staging, s.copyStart, s.copyDone, s.free]
+      ) {
         dispose(r);
       }
     }
@@ -1148,14 +1221,13 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
   #readInPlace(slot: Slot, hb: RingBatch): void {
     const res = this.#r, g = res.g;
     const at = (f: RingField) => res.pinned!.pointerAt(hb.byteOffset + f.byteOffset, "read");
-    const { images, labels } = this.#views(slot, hb.size);
+    const views = this.#views(slot, hb.size);
     this.#launch(
       at(g.imageField),
       g.augmentField ? at(g.augmentField) : null,
       at(g.labelField),
-      hb.size,
-      images,
-      labels,
+      g.transform ? at(g.transform.field) : null,
+      views,
     );
     hb.release();
   }
@@ -1192,7 +1264,21 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     const out = p.dtype === "f16"
       ? new Float16Array(st.arrayBuffer, st.u8.byteOffset, count)
       : new Float32Array(st.arrayBuffer, st.u8.byteOffset, count);
-    augmentHost(hb.fields[g.imageField.name] as Uint8Array, hb.augment ?? null, out, {
+    let bytes = hb.fields[g.imageField.name] as Uint8Array;
+    if (g.transform) {
+      const transformed = new Uint8Array(n * g.h * g.w * g.c);
+      geometryHost(bytes, hb.geometry!, transformed, {
+        n,
+        channels: g.c,
+        srcStride: g.imageField.sampleBytes,
+        height: g.h,
+        width: g.w,
+        antialias: g.transform.spec.antialias,
+        fill: g.transform.spec.fill,
+      });
+      bytes = transformed;
+    }
+    augmentHost(bytes, hb.augment ?? null, out, {
       n,
       channels: g.c,
       height: g.h,
@@ -1247,8 +1333,12 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
   /** Bytes of a slot a batch of `n` needs on the device. */
   #copyExtent(n: number): number {
     const g = this.#r.g;
-    const ends = [g.imageField, g.labelField, ...(g.augmentField ? [g.augmentField] : [])]
-      .map((f) => f.byteOffset + n * f.sampleBytes);
+    const ends = [
+      g.imageField,
+      g.labelField,
+      ...(g.augmentField ? [g.augmentField] : []),
+      ...(g.transform ? [g.transform.field] : []),
+    ].map((f) => f.byteOffset + n * f.sampleBytes);
     return Math.max(...ends);
   }
 
@@ -1272,18 +1362,28 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
   }
 
   /** The tensors of a slot for a batch of `n`. */
-  #views(slot: Slot, n: number): { images: Tensor; labels: Tensor } {
-    if (n === this.#r.batchSize) return { images: slot.images, labels: slot.labels };
+  #views(slot: Slot, n: number): Views {
+    if (n === this.#r.batchSize) {
+      return { images: slot.images, labels: slot.labels, pixels: slot.pixels };
+    }
     let v = slot.partial.get(n);
     if (v === undefined) {
-      const { c, h, w } = this.#r.g;
-      // Tensors own exactly their bytes (no views), so a short batch gets its own pair,
+      const { c, h, w } = this.#r.g, device = this.#p.device;
+      // Tensors own exactly their bytes (no views), so a short batch gets its own tensors,
       // allocated once per slot and size (one size per epoch in practice).
-      const images = Tensor.empty(this.#p.device, [n, c, h, w], this.#p.dtype);
+      const made: Tensor[] = [];
       try {
-        v = { images, labels: Tensor.empty(this.#p.device, [n], "i32") };
+        const make = (shape: number[], dtype: "f16" | "f32" | "i32" | "u8") => {
+          made.push(Tensor.empty(device, shape, dtype));
+          return made[made.length - 1];
+        };
+        v = {
+          images: make([n, c, h, w], this.#p.dtype),
+          labels: make([n], "i32"),
+          pixels: slot.pixels ? make([n, h, w, c], "u8") : undefined,
+        };
       } catch (err) {
-        images.dispose();
+        for (const t of made) t.dispose();
         throw err;
       }
       slot.partial.set(n, v);
@@ -1295,7 +1395,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
   #deliver(b: InFlight): DeviceBatch {
     const res = this.#r, g = res.g, slot = b.slot;
     if (res.traits.copies) res.compute.waitEvent(slot.copyDone);
-    const { images, labels } = this.#views(slot, b.size);
+    const views = this.#views(slot, b.size), { images, labels } = views;
     if (res.traits.kernelAtDelivery) {
       const raw = slot.raw!;
       const at = (f: RingField) => raw.pointerAt(f.byteOffset, "augment a batch");
@@ -1303,9 +1403,8 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
         at(g.imageField),
         g.augmentField ? at(g.augmentField) : null,
         at(g.labelField),
-        b.size,
-        images,
-        labels,
+        g.transform ? at(g.transform.field) : null,
+        views,
       );
     }
     this.#current = b;
@@ -1314,18 +1413,32 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     return { images, labels, size: b.size, index: b.index, epoch: b.epoch };
   }
 
-  /** Queues the fused kernel and the label widening on the compute stream. */
+  /**
+   * Queues the geometry kernel (with the loader's geometry), the fused kernel and the label
+   * widening on the compute stream. The wrappers read the batch size (and c, h, w) from the
+   * views, [n, c, h, w] and [n].
+   */
   #launch(
     src: Deno.PointerValue,
     params: Deno.PointerValue,
     labelSrc: Deno.PointerValue,
-    // The batch size: the wrappers read it (and c, h, w) from the views, [n, c, h, w] and [n].
-    _n: number,
-    images: Tensor,
-    labels: Tensor,
+    geoParams: Deno.PointerValue,
+    { images, labels, pixels }: Views,
   ): void {
     const res = this.#r, g = res.g, stream = res.compute;
     using _ = range("pipeline.augment", { stream });
+    if (g.transform) {
+      const spec = g.transform.spec;
+      imageGeometry(src, pixels!, {
+        params: geoParams,
+        srcStride: g.imageField.sampleBytes,
+        antialias: spec.antialias,
+        fill: spec.fill,
+        serial: this.#p._serialKernel(),
+        stream,
+      });
+      src = pixels!.buffer.pointerAt(0, "augment a batch");
+    }
     // Bare pointers: the ring's fields were laid out and checked when it was built.
     imageAugment(src, images, {
       layout: res.layout,
@@ -1333,6 +1446,8 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
       padding: this.#p.padding,
       params,
       serial: this.#p._serialKernel(),
+      // Without the loader's contrast option the records carry none: no mean-grey pre-pass.
+      contrast: (this.#p.loader.augment?.contrast ?? 0) > 0,
       stream,
     });
     imageLabelsI32(labelSrc, labels, { labelBytes: LABEL_BYTES[g.labelField.dtype], stream });

@@ -433,6 +433,8 @@ export class DeviceLoader implements AsyncIterable<DeviceBatch>, AsyncDisposable
           padding: spec?.padding ?? 0,
           params: spec !== undefined ? bufs.params : null,
           paramsOffset: spec !== undefined ? 0 : undefined,
+          // Without the contrast option the records carry none: no mean-grey pre-pass.
+          contrast: (spec?.contrast ?? 0) > 0,
           indices: bufs.idx,
           indicesOffset: at * 4,
           rows: ds.length,

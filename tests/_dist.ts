@@ -61,6 +61,66 @@ export async function runRanks(
   };
 }
 
+/** A TCP port free on the loopback now. */
+export function freePort(): number {
+  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = (l.addr as Deno.NetAddr).port;
+  l.close();
+  return port;
+}
+
+/**
+ * Runs `script` as `n` ranks of a torchrun-style launch (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`,
+ * `MASTER_PORT` on the loopback; no MPI), waiting at most `limitMs`, and joins their output.
+ *
+ * @param n Ranks.
+ * @param script The child script (relative to tests/) and its arguments.
+ * @param options Extra environment, time limit, ranks not to start.
+ * @returns The first non-zero exit code (or 0) and every rank's output.
+ */
+export async function runTorchrunStyle(
+  n: number,
+  script: string[],
+  options: { env?: Record<string, string>; limitMs?: number; skip?: number[] } = {},
+): Promise<RanksResult> {
+  const path = new URL(script[0], import.meta.url).pathname;
+  const port = String(freePort());
+  const t0 = performance.now();
+  const ranks = [...Array(n).keys()].filter((r) => !options.skip?.includes(r));
+  const children = ranks.map((r) =>
+    new Deno.Command(Deno.execPath(), {
+      args: ["run", "-A", path, ...script.slice(1)],
+      env: {
+        NO_COLOR: "1",
+        RANK: String(r),
+        LOCAL_RANK: String(r),
+        WORLD_SIZE: String(n),
+        MASTER_ADDR: "127.0.0.1",
+        MASTER_PORT: port,
+        ...options.env,
+      },
+      stdout: "piped",
+      stderr: "piped",
+    }).spawn()
+  );
+  const timer = setTimeout(() => {
+    for (const c of children) {
+      try {
+        c.kill("SIGKILL");
+      } catch { /* already gone */ }
+    }
+  }, options.limitMs ?? 120_000);
+  const outs = await Promise.all(children.map((c) => c.output()));
+  clearTimeout(timer);
+  const dec = new TextDecoder();
+  return {
+    code: outs.find((o) => o.code !== 0)?.code ?? 0,
+    stdout: outs.map((o) => dec.decode(o.stdout)).join(""),
+    stderr: outs.map((o) => dec.decode(o.stderr)).join(""),
+    ms: performance.now() - t0,
+  };
+}
+
 /**
  * Throws unless every rank printed `ok <rank>` and the run exited 0.
  *

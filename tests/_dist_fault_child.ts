@@ -22,13 +22,13 @@ const { values } = parseArgs({
   },
 });
 const fault = values.fault;
+using device = values.device === "cuda" ? Device.open("cuda") : null;
 using group = ProcessGroup.init({
   timeoutMs: Number(values.timeout),
   debug: fault === "mismatch",
-  backend: values.device === "cuda" ? "nccl" : "mpi",
+  ...(device ? { backend: "nccl", device } : {}),
 });
 const faulty = group.rank === group.size - 1;
-using device = values.device === "cuda" ? Device.open("cuda") : null;
 const ones = new Float32Array(10).fill(1);
 const x = device ? Tensor.fromHost(device, ones, [10]) : ones;
 

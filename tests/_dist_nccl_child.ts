@@ -3,19 +3,23 @@
  * stand-in): every collective of the nccl backend on CUDA tensors, in each dtype and
  * reduction, blocking and asynchronous, one NCCL group of several all-reduces, and the
  * ordering with the current stream (a kernel writes the input and another reads the result,
- * with no host wait between them), compared with a reference on every element. Prints
+ * with no host wait between them), and collectives on host memory (over MPI under mpirun, over
+ * NCCL in a torchrun-style launch), compared with a reference on every element. Prints
  * `ok <rank> <checks>` and exits 0, or throws naming the first wrong element.
  *
  * @module
  */
 
 import { add, Device, ProcessGroup, Stream, Tensor } from "../mod.ts";
+import { cast } from "../ops/elementwise.ts";
 
-type DT = "f32" | "f16" | "i32";
+type DT = "f32" | "f16" | "bf16" | "i32";
 type Arr = Float32Array | Float16Array | Int32Array;
 
-using group = ProcessGroup.init({ backend: "nccl", timeoutMs: 120_000 });
 using device = Device.open("cuda");
+// The device at init: a torchrun-style launch (no MPI) needs it; under mpirun it makes the
+// communicator at once instead of at the first collective on a CUDA tensor.
+using group = ProcessGroup.init({ backend: "nccl", timeoutMs: 120_000, device });
 const { rank, size } = group;
 let checks = 0;
 
@@ -34,7 +38,15 @@ function reduce(op: "sum" | "avg" | "max" | "min", i: number): number {
   return op === "avg" ? Math.fround(acc / size) : acc;
 }
 
+/** fp32 to bf16, to nearest even (values here are finite). */
+function bf16round(v: number): number {
+  const u = new Uint32Array(new Float32Array([v]).buffer);
+  u[0] = ((u[0] + 0x7fff + ((u[0] >>> 16) & 1)) >>> 0) & 0xffff0000;
+  return new Float32Array(u.buffer)[0];
+}
+
 function round(dt: DT, v: number): number {
+  if (dt === "bf16") return bf16round(Math.fround(v));
   return dt === "f16" ? Math.f16round(Math.fround(v)) : dt === "f32" ? Math.fround(v) : v;
 }
 
@@ -49,7 +61,12 @@ function host(dt: DT, n: number, f: (i: number) => number): Arr {
 }
 
 function tensor(dt: DT, n: number, f: (i: number) => number): Tensor {
-  return Tensor.fromHost(device, host(dt, n, f) as Float32Array, [n]);
+  if (dt !== "bf16") return Tensor.fromHost(device, host(dt, n, f) as Float32Array, [n]);
+  // No bf16 array on the host: made on the device from fp32 (the values are exact in bf16).
+  using wide = Tensor.fromHost(device, host("f32", n, f) as Float32Array, [n]);
+  const t = Tensor.empty(device, [n], "bf16");
+  cast(wide, t);
+  return t;
 }
 
 async function expectEqual(what: string, t: Tensor, want: (i: number) => number) {
@@ -63,13 +80,22 @@ async function expectEqual(what: string, t: Tensor, want: (i: number) => number)
   checks++;
 }
 
+function expectHost(what: string, got: Arr, want: (i: number) => number) {
+  for (let i = 0; i < got.length; i++) {
+    if (!Object.is(got[i], want(i))) {
+      throw new Error(`${what}: element ${i} is ${got[i]}, expected ${want(i)} (rank ${rank})`);
+    }
+  }
+  checks++;
+}
+
 async function run(asyncForm: boolean, w: { waitSync(): void; wait(): Promise<void> }) {
   if (asyncForm) await w.wait();
   else w.waitSync();
 }
 
 // 300_000 fp32 elements pass through the stand-in's 1 MiB staging slots in several chunks.
-for (const dt of ["f32", "f16", "i32"] as const) {
+for (const dt of ["f32", "f16", "bf16", "i32"] as const) {
   for (const n of dt === "f32" ? [1, 1000, 300_000 + 3 * size] : [1, 1000]) {
     for (const asyncForm of [false, true]) {
       const tag = `${dt} n=${n} ${asyncForm ? "async" : "blocking"}`;
@@ -141,6 +167,27 @@ for (const dt of ["f32", "f16", "i32"] as const) {
     );
   }
 }
+
+// Host memory: over MPI under mpirun, staged through the device and NCCL without MPI.
+for (const dt of ["f32", "f16", "i32"] as const) {
+  const n = 1000;
+  for (const op of ["sum", "max"] as const) {
+    const x = host(dt, n, (i) => value(rank, i));
+    await group.allReduceAsync(x, { op }).wait();
+    expectHost(`host allReduce ${op} ${dt}`, x, (i) => reduce(op, i));
+  }
+  const b = host(dt, n, (i) => value(rank, i));
+  group.broadcast(b, { root: size - 1 });
+  expectHost(`host broadcast ${dt}`, b, (i) => value(size - 1, i));
+  const out = host(dt, n * size, () => 0);
+  group.allGather(host(dt, n, (i) => value(rank, i)), out);
+  expectHost(`host allGather ${dt}`, out, (i) => value(Math.floor(i / n), i % n));
+  const block = host(dt, n, () => 0);
+  group.reduceScatter(host(dt, n * size, (i) => value(rank, i)), block);
+  expectHost(`host reduceScatter ${dt}`, block, (i) => reduce("sum", rank * n + i));
+}
+const empty = new Float32Array(0);
+group.allReduce(empty);
 
 group.barrier();
 console.log(`ok ${rank} ${checks}`);

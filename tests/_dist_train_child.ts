@@ -6,7 +6,11 @@
  *
  *     deno run -A tests/_dist_train_child.ts --model mlp --precision fp32 --steps 10 \
  *       --batch 32 --out /tmp/w [--accumulate 2] [--nan-index 700 --nan-step 3] [--sync-bn] \
- *       [--device cuda]
+ *       [--device cuda] [--augment]
+ *
+ * With --augment, the batches come from a DeviceLoader over a seeded uint8 image set, sharded
+ * over the ranks with crop, flip and cutout drawn per sample: the ranks' batches together
+ * must be the one process's batch, augmentation included (augment/record.ts).
  *
  * Non-zero ranks build their model from another seed: the broadcast must make them equal.
  *
@@ -20,6 +24,7 @@ import {
   CrossEntropyLoss,
   DataParallel,
   Device,
+  DeviceDataset,
   Flatten,
   GradScaler,
   Linear,
@@ -31,9 +36,11 @@ import {
   SGD,
   SyncBatchNorm,
   Tensor,
+  TensorDataset,
   Trainer,
   Xoshiro128,
 } from "../mod.ts";
+import { cast } from "../ops/elementwise.ts";
 
 const { values } = parseArgs({
   args: Deno.args,
@@ -52,19 +59,20 @@ const { values } = parseArgs({
     device: { type: "string", default: "cpu" },
     // The last rank builds a wider hidden layer: DataParallel must refuse the models.
     differ: { type: "boolean", default: false },
+    augment: { type: "boolean", default: false },
   },
 });
-const precision = values.precision as "fp16" | "fp32";
+const precision = values.precision as "fp16" | "bf16" | "fp32";
 const steps = Number(values.steps), batch = Number(values.batch);
 const accumulate = Number(values.accumulate);
 const nanIndex = Number(values["nan-index"]), nanStep = Number(values["nan-step"]);
 
 const kind = values.device as "cpu" | "cuda";
+using device = Device.open(kind);
 using group = ProcessGroup.init({
   timeoutMs: 120_000,
-  backend: kind === "cuda" ? "nccl" : "mpi",
+  ...(kind === "cuda" ? { backend: "nccl", device } : {}),
 });
-using device = Device.open(kind);
 const { rank, size } = group;
 if (batch % size !== 0) throw new RangeError(`batch ${batch} is not divisible by ${size} ranks`);
 const local = batch / size;
@@ -109,6 +117,15 @@ using trainer = new Trainer(dp, { optimizer: opt, scaler });
 using loss = new CrossEntropyLoss(device);
 
 const Arr = precision === "fp16" ? Float16Array : Float32Array;
+/** The batch on the device in the model's compute dtype (bf16: cast there from fp32). */
+function input(xs: Float32Array | Float16Array): Tensor {
+  const shape = [local, 1, 8, 8];
+  if (precision !== "bf16") return Tensor.fromHost(device, xs, shape);
+  using wide = Tensor.fromHost(device, xs, shape);
+  const t = Tensor.empty(device, shape, "bf16");
+  cast(wide, t);
+  return t;
+}
 /** Global batch `step`, micro-batch `micro`: seeded, the same on every rank. */
 function globalBatch(step: number, micro: number): { x: Float32Array; y: Int32Array } {
   const g = new Xoshiro128(1000 + step * 31 + micro);
@@ -120,16 +137,55 @@ function globalBatch(step: number, micro: number): { x: Float32Array; y: Int32Ar
   return { x, y };
 }
 
+/**
+ * --augment: a DeviceLoader over 4 global batches of seeded 8x8 images (the label's quadrant
+ * brighter), this rank's share of each shuffled epoch, every sample cropped, flipped and cut
+ * out from its own draws; epochs one after another until `steps`.
+ */
+async function* augmentedBatches(): AsyncGenerator<{ images: Tensor; labels: Tensor }> {
+  const n = 4 * batch;
+  const g = new Xoshiro128(77);
+  const labels = new Int32Array(new SharedArrayBuffer(n * 4)).map((_, i) => (i * 7) % 4);
+  const images = new Uint8Array(new SharedArrayBuffer(n * 64));
+  for (let i = 0; i < images.length; i++) {
+    const q = Math.floor((i % 64) / 16) === labels[Math.floor(i / 64)] ? 96 : 0;
+    images[i] = Math.min(255, q + Math.floor(g.random() * 160));
+  }
+  using resident = new DeviceDataset(
+    device,
+    new TensorDataset({ image: { data: images, shape: [1, 8, 8] }, label: labels }),
+  );
+  await using loader = resident.loader({
+    batchSize: local,
+    shuffle: true,
+    seed: 5,
+    augment: { padding: 2, flip: true, cutout: 3 },
+    mean: [0.4],
+    std: [0.25],
+    dtype: precision === "fp16" ? "f16" : "f32",
+    worldSize: size,
+    rank,
+  });
+  for (;;) for await (const b of loader) yield b;
+}
+const augmented = values.augment ? augmentedBatches() : null;
+
 /** The loss scale after each step: it halves exactly on the steps the scaler skips. */
 const scales: number[] = [];
 for (let step = 0; step < steps; step++) {
+  if (augmented !== null) {
+    const b = (await augmented.next()).value!;
+    trainer.trainStep(b.images, b.labels);
+    if (scaler) scales.push(await scaler.getScale());
+    continue;
+  }
   for (let micro = 0; micro < accumulate; micro++) {
     const { x, y } = globalBatch(step, micro);
     const xs = Arr.from(x.subarray(rank * local * 64, (rank + 1) * local * 64));
     // The NaN sits at one element of the global batch: on whichever rank holds it.
     const at = nanIndex - rank * local * 64;
     if (step === nanStep && at >= 0 && at < xs.length) xs[at] = NaN;
-    using xt = Tensor.fromHost(device, xs, [local, 1, 8, 8]);
+    using xt = input(xs as Float32Array | Float16Array);
     using yt = Tensor.fromHost(device, y.slice(rank * local, (rank + 1) * local), [local]);
     if (accumulate === 1) {
       trainer.trainStep(xt, yt);
@@ -149,5 +205,6 @@ for (let step = 0; step < steps; step++) {
 const weights: Record<string, number[]> = {};
 for (const [name, p] of model.namedParameters()) weights[name] = [...await p.read()];
 for (const [name, b] of model.namedBuffers()) weights[name] = [...await b.read()];
+await augmented?.return(undefined);
 await Deno.writeTextFile(`${values.out}.${rank}.json`, JSON.stringify({ weights, scales }));
 console.log(`ok ${rank}`);

@@ -203,13 +203,50 @@ testEachBackend(
   },
 );
 
+testEachBackend(
+  "numbers the default collate made a Float64Array arrive as f32, each rounded to the nearest float32",
+  async (device) => {
+    const weight = (i: number) => i / 3 + 1e-9;
+    const dataset = {
+      length: 5,
+      get: (i: number) => ({
+        x: new Float32Array([i, i + 0.5]),
+        weight: weight(i),
+        // Past float32's range: rounds to Infinity, as Math.fround does.
+        big: i === 3 ? -1e300 : i * 1e30,
+      }),
+    };
+    await leaksAfter(device, async () => {
+      await using loader = new DataLoader(dataset, { batchSize: 2 });
+      await using feed = toDevice(loader, device);
+      const weights: number[] = [], bigs: number[] = [];
+      for await (const b of feed) {
+        const batch = b as unknown as Record<string, Tensor>;
+        assert.strictEqual(batch.weight.dtype, "f32");
+        assert.deepStrictEqual(batch.weight.shape, [batch.x.shape[0]]);
+        weights.push(...await batch.weight.toHost() as Float32Array);
+        bigs.push(...await batch.big.toHost() as Float32Array);
+      }
+      const want = [0, 1, 2, 3, 4];
+      assert.deepStrictEqual(weights, want.map((i) => Math.fround(weight(i))));
+      assert.deepStrictEqual(bigs, [
+        0,
+        Math.fround(1e30),
+        Math.fround(2e30),
+        -Infinity,
+        Math.fround(4e30),
+      ]);
+    });
+  },
+);
+
 testEachBackend("a leaf without a device dtype is refused, naming its path", async (device) => {
   const cases: [unknown, RegExp][] = [
     [
       { inputs: { ids: new BigInt64Array(4) } },
       /Cannot move batch\.inputs\.ids to the device: a BigInt64Array has no device dtype/,
     ],
-    [{ y: [new Float32Array(2), new Float64Array(2)] }, /batch\.y\[1\].*a Float64Array/],
+    [{ y: [new Float32Array(2), new Uint16Array(2)] }, /batch\.y\[1\].*a Uint16Array/],
     [{ raw: new ArrayBuffer(8) }, /batch\.raw.*an untyped ArrayBuffer/],
     [{ x: new Float32Array(3) }, /batch\.x.*3 elements are not a multiple of the batch's 2/],
     [{ x: { data: new Uint8Array(6), shape: [2, 4] } }, /batch\.x.*shape \[2, 4\] does not hold/],

@@ -70,6 +70,22 @@ const CASES: [string, string[], RegExp][] = [
     ],
     /CIFAR-10 net, fp32/,
   ],
+  [
+    "seed_claims",
+    [
+      "bench/seed_claims.ts",
+      "--device",
+      "cuda",
+      "--synthetic",
+      "--limit",
+      "8",
+      "--batch-size",
+      "8",
+      "--epochs",
+      "1",
+    ],
+    /PyTorch defaults \/ pinstream defaults, time[\s\S]*augmentation on \/ off[\s\S]*pageable \/ pinned/,
+  ],
 ];
 
 for (const [name, args, expect] of CASES) {

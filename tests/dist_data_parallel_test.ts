@@ -65,3 +65,13 @@ Deno.test("DataParallel refuses a model that is not on a device, and a bad bucke
     /unknown option "bucketMb" \(did you mean "bucketMB"\?\)/,
   );
 });
+
+Deno.test("DataParallel refuses a bf16 model on the mpi backend, naming the nccl backend", () => {
+  using device = Device.open("cpu");
+  using group = ProcessGroup.init({ env: () => undefined });
+  using model = new Linear(2, 2).to(device, { precision: "bf16" });
+  assert.throws(
+    () => new DataParallel(model, group),
+    /a bf16 model on cpu.*the mpi backend reduces fp32 and fp16 gradients.*nccl backend/,
+  );
+});

@@ -5,7 +5,7 @@
  */
 
 import assert from "node:assert";
-import { MPIS, runRanks } from "./_dist.ts";
+import { MPIS, runRanks, runTorchrunStyle } from "./_dist.ts";
 import { emulatedNccl } from "./_nccl_stand_in.ts";
 
 const CHILD = "_dist_fault_child.ts";
@@ -81,6 +81,42 @@ Deno.test({
     assert.notStrictEqual(r.code, 0);
     assert.ok(r.ms < BOUND_MS, `took ${r.ms} ms`);
     assert.match(r.stderr, /pinstream: rank 2 of 3 exits \(status 7\)/);
+  },
+});
+
+Deno.test({
+  name: "nccl backend without MPI: a rank that dies makes the others fail naming it [cuda]",
+  ignore: NCCL === undefined,
+  async fn() {
+    // No launcher stops the others: NCCL's asynchronous error (the stand-in sees the process
+    // gone) ends their wait.
+    const r = await runTorchrunStyle(3, [CHILD, "--fault", "die", "--device", "cuda"], {
+      limitMs: BOUND_MS,
+      env: { PINSTREAM_NCCL_LIB: NCCL! },
+    });
+    assert.notStrictEqual(r.code, 0);
+    assert.ok(r.ms < BOUND_MS, `took ${r.ms} ms`);
+    assert.match(
+      r.stderr,
+      /Cannot finish allReduce #2 on rank [01]: NCCL: remote process exited or there was a network error \(rank 2 \(pid \d+\) exited\); the NCCL communicator was aborted/,
+    );
+  },
+});
+
+Deno.test({
+  name: "nccl backend without MPI: a rank that hangs makes the others abort NCCL [cuda]",
+  ignore: NCCL === undefined,
+  async fn() {
+    const r = await runTorchrunStyle(3, [CHILD, "--fault", "hang", "--device", "cuda"], {
+      limitMs: 20_000,
+      env: { PINSTREAM_NCCL_LIB: NCCL! },
+    });
+    // The hung rank never exits by itself (no launcher): the limit kills it.
+    assert.notStrictEqual(r.code, 0);
+    assert.match(
+      r.stderr,
+      /Cannot finish allReduce #2 on rank [01]: no progress within 3000 ms \(a rank died, hangs or skipped it\); the NCCL communicator was aborted/,
+    );
   },
 });
 

@@ -1,6 +1,6 @@
 import assert from "node:assert";
 import { Device, ProcessGroup, Tensor } from "../mod.ts";
-import { assertAllOk, MPIS, runRanks } from "./_dist.ts";
+import { assertAllOk, freePort, MPIS, runRanks, runTorchrunStyle } from "./_dist.ts";
 import { CUDA } from "./_backends.ts";
 import { emulatedNccl } from "./_nccl_stand_in.ts";
 
@@ -22,6 +22,64 @@ for (const mpi of ["openmpi", "mpich"] as const) {
     });
   }
 }
+
+for (const n of [2, 4]) {
+  Deno.test({
+    name: `nccl backend without MPI: a torchrun-style launch of ${n} ranks, the id over TCP, ` +
+      `host memory over NCCL [cuda]`,
+    ignore: LIB === undefined,
+    async fn() {
+      const r = await runTorchrunStyle(n, ["_dist_nccl_child.ts"], {
+        env: { PINSTREAM_NCCL_LIB: LIB! },
+        limitMs: 600_000,
+      });
+      assertAllOk(r, n);
+    },
+  });
+}
+
+Deno.test({
+  name: "nccl backend without MPI: a rank that cannot reach rank 0 names the address [cuda]",
+  ignore: LIB === undefined,
+  fn() {
+    const saved = Deno.env.get("PINSTREAM_NCCL_LIB");
+    Deno.env.set("PINSTREAM_NCCL_LIB", LIB!);
+    try {
+      using device = Device.open("cuda");
+      const port = String(freePort());
+      const vars: Record<string, string> = {
+        RANK: "1",
+        WORLD_SIZE: "2",
+        MASTER_ADDR: "127.0.0.1",
+        MASTER_PORT: port,
+      };
+      const env = (k: string) => vars[k];
+      assert.throws(
+        () => ProcessGroup.init({ backend: "nccl", env, device, timeoutMs: 500 }),
+        new RegExp(
+          `^Error: Cannot join the nccl group through 127.0.0.1:${port} \\(MASTER_ADDR, ` +
+            `MASTER_PORT\\) as rank 1 of 2: rank 0 did not answer within 500 ms`,
+        ),
+      );
+      assert.throws(
+        () => ProcessGroup.init({ backend: "nccl", env }),
+        /a torchrun-style launch of the nccl backend needs \{ device \}/,
+      );
+      assert.throws(
+        () =>
+          ProcessGroup.init({
+            backend: "nccl",
+            env: (k) => ({ ...vars, MASTER_PORT: undefined })[k],
+            device,
+          }),
+        /MASTER_ADDR and MASTER_PORT, where the ranks meet, are not set/,
+      );
+    } finally {
+      if (saved === undefined) Deno.env.delete("PINSTREAM_NCCL_LIB");
+      else Deno.env.set("PINSTREAM_NCCL_LIB", saved);
+    }
+  },
+});
 
 Deno.test({
   name: "nccl backend: one rank without a launcher, and its refusals [cuda]",

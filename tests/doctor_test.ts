@@ -114,3 +114,23 @@ Deno.test("diagnose feeds an fp32 model f32 batches without being told", async (
   const runs = [r.synthetic, ...r.sweep, r.depth1, r.pageable, r.resident!];
   runs.forEach((run, i) => assert.ok(run.stepsPerSecond > 0, `run ${i}`));
 });
+
+Deno.test("diagnose feeds a bf16 model f32 batches cast to bf16, without a loss scaler", async () => {
+  using device = Device.open("cpu");
+  using model = new Sequential([new Flatten(), new Linear(192, 10)]).to(device, {
+    precision: "bf16",
+  });
+  const r = await diagnose({
+    device,
+    model,
+    dataset: tiny(64),
+    batchSize: 32,
+    steps: 2,
+    workers: [0],
+    repeat: 1,
+    prefetcher: { mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25] },
+  });
+  // Every run trained: an f16 or f32 batch given to the bf16 Linear would have been refused.
+  const runs = [r.synthetic, ...r.sweep, r.depth1, r.pageable, r.resident!];
+  runs.forEach((run, i) => assert.ok(run.stepsPerSecond > 0, `run ${i}`));
+});

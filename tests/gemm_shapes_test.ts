@@ -9,6 +9,7 @@
  * (tests/_backends.ts); the emulator runs the [cuda] cases in every thread order.
  */
 
+import assert from "node:assert";
 import { type Device, Tensor } from "../mod.ts";
 import * as ops from "../ops/mod.ts";
 import { testEachBackend } from "./_backends.ts";
@@ -141,3 +142,64 @@ testEachBackend("conv2d at the GEMM's tile edges, with and without split-K", asy
     for (const [g, why] of CONV) await checkConv(dev, g, why, dtype, r);
   }
 });
+
+/** A random tensor of `dtype` (bf16 through the device's cast from f32). */
+function make(
+  dev: Device,
+  r: () => number,
+  shape: number[],
+  dtype: Dtype | "bf16",
+): Tensor {
+  const n = shape.reduce((a, b) => a * b, 1);
+  if (dtype !== "bf16") return Tensor.fromHost(dev, rand(r, n, dtype), shape);
+  using src = Tensor.fromHost(dev, randF(r, n), shape);
+  const t = Tensor.empty(dev, shape, "bf16");
+  ops.cast(src, t);
+  return t;
+}
+
+testEachBackend(
+  "matmul with a bias and ReLU is one call with the bits of matmul, biasAdd and reluForward",
+  async (dev: Device) => {
+    const r = gen("gemm-bias-act");
+    // [m, n, k]: a Linear's forward with split-K (CIFAR's classifier at batch 128), without,
+    // a 32-row tile, one column; outputs straddling zero so ReLU has work.
+    const shapes: [number, number, number][] = [[128, 10, 2048], [70, 45, 40], [20, 96, 300], [
+      5,
+      1,
+      33,
+    ]];
+    for (const [m, n, k] of shapes) {
+      for (const dtype of ["f16", "f32", "bf16"] as const) {
+        for (const biasDtype of ["f32", dtype === "f32" ? "f16" : dtype] as const) {
+          for (const relu of [false, true]) {
+            using a = make(dev, r, [m, k], dtype);
+            using w = make(dev, r, [n, k], dtype);
+            using bias = make(dev, r, [n], biasDtype);
+            using want = Tensor.empty(dev, [m, n], dtype);
+            using got = Tensor.empty(dev, [m, n], dtype);
+            got.buffer.fill(0xff); // overwritten, not added to
+            ops.matmul(a, w, { out: want, transB: true });
+            ops.biasAdd(want, bias);
+            if (relu) ops.reluForward(want, want);
+            ops.matmul(a, w, { out: got, transB: true, bias, relu });
+            const what = `${m}x${n}x${k} ${dtype} bias ${biasDtype} relu ${relu}`;
+            const [g, e] = [await host(got), await host(want)];
+            assert.deepStrictEqual(g, e, what);
+            if (relu && m * n >= 100 && dtype !== "bf16") {
+              assert.ok(e.includes(0) && e.some((v) => v > 0), what);
+            }
+          }
+        }
+      }
+    }
+    using a = Tensor.empty(dev, [2, 3], "f32");
+    using b = Tensor.empty(dev, [3, 4], "f32");
+    using c = Tensor.empty(dev, [2, 4], "f32");
+    using bias = Tensor.empty(dev, [3], "f32");
+    assert.throws(() => ops.matmul(a, b, { out: c, bias }), /bias has shape \[3\]|bias.*\[4\]/);
+    using bias4 = Tensor.empty(dev, [4], "f32");
+    assert.throws(() => ops.matmul(a, b, { out: c, bias: bias4, accumulate: true }), /accumulate/);
+    assert.throws(() => ops.matmul(a, b, { out: c, relu: true }), /relu needs a bias/);
+  },
+);

@@ -277,6 +277,12 @@ Deno.test("geometry records: seeded, inside the image, and each transform on its
   const out = new Int32Array(2 * R);
   writeGeometryRecords(out, 0, resolveGeometry({ size: 4 }, "t"), [5, 6, 7, 8], k0, 0, 2);
   assert.deepStrictEqual([...out], [5, 6, 0, 0, 5, 6, ...NONE, 7, 8, 0, 0, 7, 8, ...NONE]);
+  // A rank's shard (stride = world size): its samples draw at positions 1 and 4 of the epoch.
+  writeGeometryRecords(out, 0, rrc, [97, 131], k0, 1, 2, 3);
+  writeGeometryRecord(a, 0, rrc, 97, 131, k0, 4);
+  assert.deepStrictEqual([...out.subarray(R, 2 * R)], [...a.subarray(0, R)]);
+  writeGeometryRecord(a, 0, rrc, 97, 131, k0, 1);
+  assert.deepStrictEqual([...out.subarray(0, R)], [...a.subarray(0, R)]);
 });
 
 Deno.test("geometry options: defaults, and every bad value named", () => {
@@ -420,6 +426,91 @@ open(d + "/out.bin", "wb").write(out)
       // coordinates, 16-bit weights) truncates a hair differently now and then.
       assert.ok(maxOff <= 1, `rotation off by up to ${maxOff} (${off} of ${rotated} bytes)`);
       assert.ok(off <= rotated * 0.01, `${off} of ${rotated} rotated bytes differ from Pillow's`);
+    } finally {
+      await Deno.remove(dir, { recursive: true });
+    }
+  },
+});
+
+/** A Python with torch and torchvision, or undefined. */
+function pythonWithTorchvision(): string | undefined {
+  for (const py of ["/usr/bin/python3", "python3"]) {
+    try {
+      const r = new Deno.Command(py, {
+        args: ["-c", "import torch, torchvision"],
+        stderr: "null",
+        stdout: "null",
+      }).outputSync();
+      if (r.success) return py;
+    } catch {
+      // Not installed here: try the next.
+    }
+  }
+  return undefined;
+}
+
+const TV = pythonWithTorchvision();
+
+Deno.test({
+  name: `resize is within one level of torchvision's tensor resize, with and without antialias${
+    TV ? "" : " (skipped: no python3 with torchvision)"
+  }`,
+  ignore: TV === undefined,
+  fn: async () => {
+    const dir = await Deno.makeTempDir();
+    try {
+      const script = `
+import json, sys
+import numpy as np, torch
+import torchvision.transforms.functional as F
+torch.set_num_threads(1)
+d = sys.argv[1]
+rs = np.random.RandomState(0)
+meta, src, out = [], bytearray(), bytearray()
+for i in range(30):
+    h, w, oh, ow = (int(v) for v in (rs.randint(1, 90), rs.randint(1, 90), rs.randint(1, 70), rs.randint(1, 70)))
+    y = np.arange(h)[:, None, None]; x = np.arange(w)[None, :, None]
+    a = ((x * 5 + y * 3 + rs.randint(0, 40, (h, w, 3))) & 255).astype(np.uint8)
+    t = torch.from_numpy(a).permute(2, 0, 1).contiguous()
+    for aa in (True, False):
+        out += F.resize(t, [oh, ow], antialias=aa).permute(1, 2, 0).contiguous().numpy().tobytes()
+    meta.append([h, w, oh, ow]); src += a.tobytes()
+json.dump(meta, open(d + "/meta.json", "w"))
+open(d + "/src.bin", "wb").write(src); open(d + "/out.bin", "wb").write(out)
+`;
+      const run = await new Deno.Command(TV!, {
+        args: ["-c", script, dir],
+        env: { OPENBLAS_NUM_THREADS: "1" },
+      }).output();
+      assert.ok(run.success, new TextDecoder().decode(run.stderr));
+      const meta: number[][] = JSON.parse(await Deno.readTextFile(`${dir}/meta.json`));
+      const src = await Deno.readFile(`${dir}/src.bin`), tv = await Deno.readFile(`${dir}/out.bin`);
+      let a = 0, b = 0, off = 0, total = 0;
+      for (const [h, w, oh, ow] of meta) {
+        for (const antialias of [true, false]) {
+          const size = oh * ow * 3;
+          const got = host({
+            n: 1,
+            c: 3,
+            stride: h * w * 3,
+            oh,
+            ow,
+            antialias,
+            fill: 0,
+            src: src.subarray(a, a + h * w * 3),
+            params: new Int32Array([h, w, 0, 0, h, w, ...NONE]),
+          });
+          for (let i = 0; i < size; i++) {
+            const d = Math.abs(got[i] - tv[b + i]);
+            assert.ok(d <= 1, `${h}x${w} -> ${oh}x${ow} antialias ${antialias}: off by ${d}`);
+            if (d > 0) off++;
+          }
+          b += size, total += size;
+        }
+        a += h * w * 3;
+      }
+      // torchvision rounds its float results; Pillow's fixed point rounds a hair differently.
+      assert.ok(off < total * 0.3, `${off} of ${total} bytes differ`);
     } finally {
       await Deno.remove(dir, { recursive: true });
     }

@@ -361,6 +361,43 @@ for (const { kind: backend, ignore } of BACKENDS) {
   });
 
   Deno.test({
+    name: `[${backend}] imageAugment with contrast: false reads every contrast word as 1.0`,
+    ignore,
+    async fn() {
+      using dev = Device.open(backend);
+      const r = rng(404);
+      const n = 6, c = 3, h = 9, w = 10, pad = 2;
+      const src = Uint8Array.from({ length: n * c * h * w }, () => (r() * 256) | 0);
+      const params = new Int32Array(RECORD * n);
+      for (let i = 0; i < n; i++) {
+        params.set([r() * 5 | 0, r() * 5 | 0, i & 1, 0, 0, 0, 0], RECORD * i);
+        params[RECORD * i + 7] = f32Bits(i % 3 === 0 ? 1 : 0.5 + r());
+        params[RECORD * i + 8] = f32Bits(i % 2 === 0 ? 0.25 : 1.75);
+        params[RECORD * i + 9] = f32Bits(i % 3 === 1 ? 1 : 2 * r());
+        params[RECORD * i + 10] = f32Bits(i % 3 === 2 ? 0 : r() - 0.5);
+      }
+      const noContrast = params.slice();
+      for (let i = 0; i < n; i++) noContrast[RECORD * i + 8] = ONE_BITS;
+      const mean = [0.4, 0.5, 0.6], std = [0.2, 0.3, 0.25];
+      const affine = normalizeAffine(mean, std);
+      using dSrc = upload(dev, src);
+      using dParams = upload(dev, params);
+      for (const layout of ["nchw", "nhwc"] as const) {
+        const ref = (p: Int32Array) =>
+          referenceAugment({ src, params: p, n, c, h, w, pad, layout, mean, std, dtype: "f32" });
+        using out = Tensor.empty(dev, [n, c, h, w], "f32");
+        const opts = { layout, affine, padding: pad, params: dParams };
+        imageAugment(dSrc, out, { ...opts, contrast: false });
+        assert.deepStrictEqual(bitDiff(await out.toHost(), ref(noContrast)), [], layout);
+        imageAugment(dSrc, out, opts);
+        const withContrast = await out.toHost();
+        assert.deepStrictEqual(bitDiff(withContrast, ref(params)), [], layout);
+        assert.notDeepStrictEqual(bitDiff(withContrast, ref(noContrast)), [], layout);
+      }
+    },
+  });
+
+  Deno.test({
     name: `[${backend}] imageAugment is exact on every byte value at extreme scales`,
     ignore,
     async fn() {
@@ -418,7 +455,7 @@ for (const { kind: backend, ignore } of BACKENDS) {
         refused(() => native.imageAugment(args, "augment"), /./, `${[layout, n, c, h, w]}`);
       }
       // Flags other than PS_IMAGE_SERIAL are refused.
-      for (const flags of [2, -1, 0x100]) {
+      for (const flags of [2, 8, -1, 0x100]) {
         const args = augmentArgs(at(src), at(out), { flags });
         refused(() => native.imageAugment(args, "augment"), /unknown flags/, `flags ${flags}`);
       }

@@ -42,7 +42,7 @@ interface Batch {
 
 /**
  * Random pixels and crop/flip parameters, windows reaching up to 2 pixels past the padding;
- * every other sample also has a vertical flip bit, a cutout square and colour factors.
+ * every other sample also has a vertical flip bit, a cutout square and all four colour factors.
  */
 function batch(s: Shape, seed: number): Batch {
   const r = rng(seed);
@@ -54,14 +54,17 @@ function batch(s: Shape, seed: number): Batch {
     params[at] = Math.floor(r() * (2 * s.pad + 5)) - 2;
     params[at + 1] = Math.floor(r() * (2 * s.pad + 5)) - 2;
     params[at + 2] = r() < 0.5 ? 1 : 0;
-    params[at + 7] = params[at + 8] = ONE_BITS;
-    if (i % 2 === 1) {
+    params[at + 7] = params[at + 8] = params[at + 9] = ONE_BITS;
+    // A batch of one (the big plane) gets them too: its contrast's mean spans many rows.
+    if (i % 2 === 1 || s.n === 1) {
       params[at + 3] = r() < 0.5 ? 1 : 0;
       params[at + 4] = Math.floor(r() * 65536);
       params[at + 5] = Math.floor(r() * 65536);
       params[at + 6] = Math.floor(r() * Math.max(s.h, s.w));
       params[at + 7] = f32Bits(r() * 2);
       params[at + 8] = f32Bits(r() * 2);
+      params[at + 9] = f32Bits(r() * 2);
+      params[at + 10] = f32Bits(r() - 0.5);
     }
   }
   const mean = Array.from({ length: s.c }, () => r());

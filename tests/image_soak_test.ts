@@ -1,7 +1,8 @@
 // Soak of the zero-copy decode path: workers decoding image files straight into ring slots,
 // looped over many loader configurations (worker counts, prefetch depths, batch sizes,
-// persistent workers or not, epochs left early), every sample checked against the image the
-// decoder gives on the main thread for its index. `deno task test` runs a short version;
+// persistent workers or not, epochs left early, libjpeg-turbo or the TypeScript decoder in the
+// workers), every sample checked against the image libjpeg-turbo gives on the main thread for
+// its index. `deno task test` runs a short version;
 // `deno test -A tests/image_soak_test.ts -- --rounds=20` runs more.
 
 import assert from "node:assert";
@@ -56,6 +57,8 @@ Deno.test({
       }
       const size: [number, number] = [16, 24];
       const ds = new ImageFolder(root, { size, verbose: false });
+      // The TypeScript JPEG decoder in the workers gives the same bytes.
+      const viaTs = new ImageFolder(root, { size, verbose: false, decoder: "typescript" });
       const want = Array.from(
         { length: ds.length },
         (_, i) => digest(native!.decode(Deno.readFileSync(ds.path(i)), { size }).data),
@@ -71,8 +74,9 @@ Deno.test({
           shuffle: true,
           seed: round,
         };
+        const decoder = round % 2 ? "typescript" : "auto";
         await using loader = new DataLoader<RingBatch<{ image: Uint8Array; label: Int32Array }>>(
-          ds,
+          decoder === "typescript" ? viaTs : ds,
           config,
         );
         for (let epoch = 0; epoch < 3; epoch++) {
@@ -83,7 +87,11 @@ Deno.test({
             for (let k = 0; k < batch.size; k++) {
               const i = batch.indices[k];
               const image = batch.fields.image.subarray(k * per, (k + 1) * per);
-              assert.strictEqual(digest(image), want[i], `${JSON.stringify(config)} sample ${i}`);
+              assert.strictEqual(
+                digest(image),
+                want[i],
+                `${JSON.stringify(config)} ${decoder} sample ${i}`,
+              );
               assert.strictEqual(batch.fields.label[k], ds.labels[i]);
             }
             seen += batch.size;

@@ -25,3 +25,26 @@ for (
     assert.match(text, new RegExp(`${path}.*${what}.*structured-cloned`), text);
   });
 }
+
+Deno.test("DataLoader asks the dataset for its workerSpec() once, for every epoch's workers", async () => {
+  const { DataLoader } = await import("../loader/data_loader.ts");
+  const { FaultyDataset } = await import("./loader_fixtures.ts");
+  let calls = 0;
+  class Counted extends FaultyDataset {
+    override workerSpec() {
+      calls++;
+      return super.workerSpec();
+    }
+  }
+  await using loader = new DataLoader(new Counted({ length: 8, fault: "none", at: -1 }), {
+    batchSize: 4,
+    numWorkers: 1,
+  });
+  // Workers that are not persistent start again each epoch, with the same spec.
+  for (let epoch = 0; epoch < 2; epoch++) {
+    let n = 0;
+    for await (const _ of loader) n++;
+    assert.strictEqual(n, 2);
+  }
+  assert.strictEqual(calls, 1);
+});

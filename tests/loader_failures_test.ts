@@ -2,7 +2,7 @@ import assert from "node:assert";
 import { DataLoader, WorkerError } from "../loader/data_loader.ts";
 import { TensorDataset } from "../loader/datasets/tensor.ts";
 import type { RingBatch } from "../loader/ring.ts";
-import { type Fault, FaultyDataset } from "./loader_fixtures.ts";
+import { type Fault, FaultyDataset, HeapFillDataset } from "./loader_fixtures.ts";
 
 function faulty(fault: Fault, at: number, length = 40): FaultyDataset {
   return new FaultyDataset({ length, fault, at });
@@ -318,6 +318,31 @@ for (const { at, prefetchFactor, batch, persistentWorkers } of heapCases) {
     assert.deepStrictEqual(got, Array.from({ length: 16 }, (_, i) => i));
   });
 }
+
+Deno.test("a zero-copy worker stopped at its heap limit inside a fill fails the loader naming its batch; the next epoch runs on new workers", async () => {
+  await using loader = new DataLoader(new HeapFillDataset({ length: 16, at: 6 }), {
+    batchSize: 4,
+    numWorkers: 2,
+    persistentWorkers: true,
+    workerResourceLimits: { maxOldGenerationSizeMb: 64 },
+  });
+  const err = await within(drain(loader), 30_000);
+  assert.ok(err instanceof Error, `the loader did not fail: ${String(err)}`);
+  assert.match(
+    err.message,
+    /^Cannot load batches: DataLoader worker \d stopped while loading (batch 1 of epoch 0 \(samples 4, 5, 6, 7\): V8 ended its gather|one of the batches in flight \(.*batch 1 of epoch 0 .*\): for [\d.]+ s it used no CPU time)/,
+  );
+  assert.match(err.message, /heap limit \(64 MB, workerResourceLimits\.maxOldGenerationSizeMb\)/);
+  assert.strictEqual(DataLoader.liveWorkers, 0);
+  const labels: number[] = [], xs: number[] = [];
+  for await (const b of loader) {
+    labels.push(...(b.fields.label as Int32Array));
+    xs.push(...(b.fields.x as Float32Array));
+  }
+  const all = Array.from({ length: 16 }, (_, i) => i);
+  assert.deepStrictEqual(labels, all);
+  assert.deepStrictEqual(xs, all);
+});
 
 Deno.test("timeout applies with numWorkers 0: a get() promise that never settles fails the batch", async () => {
   await using loader = new DataLoader(faulty("never", 6), { batchSize: 4, timeout: 0.2 });

@@ -8,7 +8,14 @@
 
 import { join } from "node:path";
 import { CIFAR10_RECORD_BYTES, CIFAR10_RECORDS_PER_FILE } from "../loader/datasets/cifar10.ts";
-import type { Dataset, SampleContext, WorkerSpec } from "../loader/dataset.ts";
+import type {
+  Dataset,
+  FilledField,
+  SampleContext,
+  SharedField,
+  WorkerSpec,
+} from "../loader/dataset.ts";
+import { TensorDataset } from "../loader/datasets/tensor.ts";
 import { getWorkerInfo } from "../loader/worker_info.ts";
 
 /** Fills bytes with a deterministic pseudo-random stream (xorshift32, fast). */
@@ -270,4 +277,52 @@ export function sumCollate(samples: { x: Float32Array }[]): number {
 /** A collate (module function, runs in workers) returning the samples as they are. */
 export function identity<T>(samples: T[]): T[] {
   return samples;
+}
+
+/** State of a {@linkcode HeapFillDataset}. */
+export interface HeapFillState {
+  length: number;
+  at: number;
+}
+
+/**
+ * A zero-copy dataset (a shared `label` field, sample i has label i) with a field it fills
+ * itself, `x` (f32, the record's index), whose fill of record `at` allocates until V8 stops the
+ * worker, in epoch 0 only: a gather that runs out of heap.
+ */
+export class HeapFillDataset {
+  readonly length: number;
+  readonly at: number;
+  #labels: TensorDataset;
+  constructor(state: HeapFillState) {
+    this.length = state.length;
+    this.at = state.at;
+    this.#labels = new TensorDataset({
+      label: Int32Array.from({ length: state.length }, (_, i) => i),
+    });
+  }
+  static fromState(state: HeapFillState): HeapFillDataset {
+    return new HeapFillDataset(state);
+  }
+  get(i: number): { label: number; x: Float32Array } {
+    return { label: i, x: new Float32Array([i]) };
+  }
+  sharedFields(): readonly SharedField[] {
+    return this.#labels.sharedFields();
+  }
+  filledFields(): readonly FilledField[] {
+    return [{ name: "x", dtype: "f32", shape: [1] }];
+  }
+  fillRecord(record: number, _field: number, out: Uint8Array, ctx: SampleContext): void {
+    if (record === this.at && ctx.epoch === 0) {
+      const grown: number[][] = [];
+      // Ends only when V8 stops the worker (the condition keeps lint quiet).
+      while (this.at >= 0) grown.push(new Array(1e5).fill(record + 0.5));
+    }
+    new DataView(out.buffer, out.byteOffset, 4).setFloat32(0, record, true);
+  }
+  workerSpec(): WorkerSpec {
+    const state: HeapFillState = { length: this.length, at: this.at };
+    return { module: import.meta.url, export: "HeapFillDataset.fromState", state };
+  }
 }

@@ -11,7 +11,7 @@
  */
 
 import assert from "node:assert";
-import { Device, Tensor } from "../mod.ts";
+import { Device, ProcessGroup, SyncBatchNorm, Tensor } from "../mod.ts";
 import * as ops from "../ops/mod.ts";
 import { add } from "../ops/combine.ts";
 import { arange, full, rand, randn } from "../ops/fill.ts";
@@ -550,4 +550,12 @@ Deno.test({
     assertClose([b.loss], [a.loss], 1e-3, 1e-3, "loss");
     a.params.forEach((p, i) => assertClose([...b.params[i]], p, 2e-3, 2e-3, `parameter ${i}`));
   },
+});
+
+Deno.test("SyncBatchNorm refuses bf16 activations, naming the precisions it takes", () => {
+  using device = Device.open("cpu");
+  using group = ProcessGroup.init();
+  using bn = new SyncBatchNorm(1, group).to(device, { precision: "bf16" });
+  using x = full(device, [2, 1, 1, 1], 1, { dtype: "bf16" });
+  assert.throws(() => bn.forward(x), /SyncBatchNorm: it computes on the host in fp16 or fp32/);
 });

@@ -90,6 +90,55 @@ testEachBackend(
   },
 );
 
+/** Steps of SGD on bf16-precision parameters (no scaler: bf16 needs none), their bytes. */
+async function trainBf16(
+  device: Device,
+  gradDtype: "f16" | "f32",
+  hyper: { momentum: number; weightDecay: number; nesterov: boolean; dampening: number },
+  foreach: boolean,
+): Promise<Uint8Array[]> {
+  const rng = new Xoshiro128(7);
+  const params = SHAPES.map((s) => {
+    const n = s.reduce((a, b) => a * b, 1);
+    const init = Float32Array.from({ length: n }, () => rng.random() - 0.5);
+    // gradDtype "f16" is the half type: bf16 under precision "bf16"
+    return new Parameter(init, s, { gradDtype }).to(device, "bf16");
+  });
+  using opt = new SGD(params, { lr: 0.05, ...hyper, foreach });
+  const grng = new Xoshiro128(11);
+  for (let step = 0; step < 4; step++) {
+    params.forEach((p) => {
+      const g = Float32Array.from({ length: p.numel }, () => grng.random() - 0.5);
+      const top = new Uint16Array(g.buffer).filter((_, i) => i % 2 === 1); // truncated to bf16
+      p.grad.buffer.copyFrom(p.grad.dtype === "bf16" ? top : g);
+    });
+    opt.step();
+  }
+  const out: Uint8Array[] = [];
+  for (const p of params) {
+    assert.strictEqual(p.half!.dtype, "bf16");
+    assert.strictEqual(p.grad.dtype, gradDtype === "f16" ? "bf16" : "f32");
+    out.push(await bytes(p.master), await bytes(p.half!));
+  }
+  params.forEach((p) => p.dispose());
+  return out;
+}
+
+testEachBackend(
+  "SGD foreach on bf16 parameters gives the per-parameter path's bits",
+  async (device) => {
+    for (const gradDtype of ["f16", "f32"] as const) {
+      for (const hyper of VARIANTS) {
+        const what = `bf16, ${gradDtype === "f16" ? "bf16" : "f32"} grads ${JSON.stringify(hyper)}`;
+        const one = await trainBf16(device, gradDtype, hyper, false);
+        const multi = await trainBf16(device, gradDtype, hyper, true);
+        assert.strictEqual(multi.length, one.length, what);
+        one.forEach((b, i) => assert.deepStrictEqual(multi[i], b, `${what}: output ${i}`));
+      }
+    }
+  },
+);
+
 testEachBackend("multi-tensor kernels refuse lists of the wrong kind or device", (device) => {
   using p = Tensor.fromHost(device, new Float32Array([1, 2]));
   using g16 = Tensor.fromHost(device, new Float16Array([1, 2, 3]));

@@ -73,6 +73,7 @@ export interface HotKernel {
  */
 export const HOT_KERNELS: readonly HotKernel[] = [
   { prefix: "gemm_kernel<__half,", family: "GEMM main loop, fp16 tensor cores" },
+  { prefix: "gemm_kernel<__nv_bfloat16,", family: "GEMM main loop, bf16 tensor cores" },
   { prefix: "gemm_kernel<float,", family: "GEMM main loop, fp32" },
   { prefix: "reduce_splits<", family: "GEMM split-K reduction" },
   { prefix: "bn_stats<", family: "batch norm, forward statistics" },

@@ -47,6 +47,7 @@ import { refuseUnknownKeys } from "../internal/options.ts";
 import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
 import type { Dataset } from "../loader/dataset.ts";
 import { toDevice, type ToDeviceOptions } from "../pipeline/prefetcher.ts";
+import { Bf16Batches } from "./_bf16_batches.ts";
 import type { Module } from "../nn/module.ts";
 import { SGD } from "../nn/optim.ts";
 import { GradScaler } from "../nn/grad_scaler.ts";
@@ -205,7 +206,8 @@ export async function diagnose(options: DoctorOptions): Promise<DoctorReport> {
   }
   // Batches in the model's precision unless the caller says otherwise; loss scaling as the
   // examples do it (fp16 only).
-  const dtype = model.precision === "fp32" ? "f32" : "f16";
+  // (bf16: f32 batches, cast on the device per step, as the fit loop does.)
+  const dtype = model.precision === "fp16" ? "f16" : "f32";
   options = { ...options, prefetcher: { dtype, ...options.prefetcher } };
   const opt = new SGD(model.parameters(), { lr: options.lr ?? 0 });
   const scaler = new GradScaler(device, { enabled: model.precision === "fp16" });
@@ -306,10 +308,12 @@ async function syntheticRun(
     Int32Array.from({ length: batchSize }, (_, i) => i % 10),
     [batchSize],
   );
-  for (let i = 0; i < WARMUP; i++) trainer.trainStep(x, y);
+  using bf16 = new Bf16Batches(trainer.model.precision === "bf16");
+  const input = bf16.of(x);
+  for (let i = 0; i < WARMUP; i++) trainer.trainStep(input, y);
   await options.device.synchronize();
   const t0 = performance.now();
-  for (let i = 0; i < steps; i++) trainer.trainStep(x, y);
+  for (let i = 0; i < steps; i++) trainer.trainStep(input, y);
   await options.device.synchronize();
   const s = (performance.now() - t0) / 1000;
   return { stepsPerSecond: steps / s, samplesPerSecond: steps * batchSize / s };
@@ -365,6 +369,7 @@ async function timedSteps(
 ): Promise<{ ms: number; waitMs: number }> {
   let done = 0, t0 = 0, wait0 = 0;
   const need = WARMUP + steps;
+  using bf16 = new Bf16Batches(trainer.model.precision === "bf16");
   while (done < need) {
     for await (const b of source) {
       if (done === WARMUP) {
@@ -372,7 +377,7 @@ async function timedSteps(
         t0 = performance.now();
         wait0 = waited();
       }
-      trainer.trainStep(b.images, b.labels);
+      trainer.trainStep(bf16.of(b.images), b.labels);
       if (++done >= need) break;
     }
   }

@@ -3,7 +3,8 @@
  * the device): the {@linkcode Trainer} step, the throughput doctor ({@linkcode diagnose}), the
  * metrics log ({@linkcode MetricsLog}); and, private to the examples and benchmarks, the fit
  * loop of train/fit.ts (progress, summary, checkpoint and resume, loss curves drawn lazily by
- * train/_chart.ts), its command line (train/cli.ts) and the reference models (train/models.ts).
+ * train/_chart.ts), its command line (train/args.ts over train/cli.ts) and the reference models
+ * (train/models.ts).
  *
  * Scale-out goes beside this floor, in dist/: a process group that plugs into the gradient
  * hook between backward and the optimizer step (see {@linkcode Trainer}), the place where

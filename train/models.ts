@@ -13,9 +13,20 @@ import {
   MaxPool2d,
   type Module,
   ReLU,
+  Scale,
   Sequential,
   Xoshiro128,
 } from "../nn/mod.ts";
+import { refuseUnknownKeys } from "../internal/options.ts";
+
+/** The factor on {@linkcode cifarModel}'s logits (as in fast CIFAR-10 recipes). */
+export const CIFAR_LOGIT_SCALE = 0.125;
+
+/** Options of {@linkcode cifarModel}. */
+export interface CifarModelOptions {
+  /** The factor on the logits (default {@linkcode CIFAR_LOGIT_SCALE}; 1: no Scale layer). */
+  logitScale?: number;
+}
 
 /** CIFAR-10's per-channel mean (of x / 255 over the training set). */
 export const CIFAR_MEAN = [0.4914, 0.4822, 0.4465];
@@ -23,9 +34,14 @@ export const CIFAR_MEAN = [0.4914, 0.4822, 0.4465];
 export const CIFAR_STD = [0.2470, 0.2435, 0.2616];
 /**
  * The CIFAR-10 network of `deno task cifar` and the benchmarks: three conv-BN-ReLU stages with max pooling, then a linear
- * classifier (160,234 parameters).
+ * classifier (160,234 parameters) whose logits are scaled by {@linkcode CIFAR_LOGIT_SCALE}
+ * (see {@linkcode Scale} and docs/recipe.md: without it, peak learning rates of 0.02 and more
+ * blow the loss up in the first epoch of short schedules).
  *
  * @param seed Seed of the initial weights.
+ * @param options `logitScale`: the factor on the logits (default
+ *   {@linkcode CIFAR_LOGIT_SCALE}; 1 leaves the classifier's output as it is, with no Scale
+ *   layer).
  * @returns The model (on the host; call `to(device)`).
  * @example
  * ```ts
@@ -35,7 +51,9 @@ export const CIFAR_STD = [0.2470, 0.2435, 0.2616];
  * assert.strictEqual(n, 160_234);
  * ```
  */
-export function cifarModel(seed = 0): Module {
+export function cifarModel(seed = 0, options: CifarModelOptions = {}): Module {
+  refuseUnknownKeys(options ?? {}, ["logitScale"], "create cifarModel");
+  const logitScale = options.logitScale ?? CIFAR_LOGIT_SCALE;
   const rng = new Xoshiro128(seed);
   const block = (cin: number, cout: number): Module[] => [
     new Conv2d(cin, cout, { kernelSize: 3, padding: 1, bias: false, rng }),
@@ -53,6 +71,7 @@ export function cifarModel(seed = 0): Module {
     new MaxPool2d(2),
     new Flatten(),
     new Linear(128 * 4 * 4, 10, { rng }),
+    ...(logitScale === 1 ? [] : [new Scale(logitScale)]),
   ]);
 }
 

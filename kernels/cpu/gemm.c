@@ -477,3 +477,24 @@ PS_API int ps_nn_matmul(const void *a, const void *b, int32_t dtype, void *c, in
     OOM();
   return PS_OK;
 }
+
+/* The product, the bias and the activation in one call: the CPU has no launch to save, so this
+ * runs the three kernels' code one after the other, which gives their bits by construction. */
+PS_API int ps_nn_matmul_bias_act(const void *a, const void *b, int32_t dtype, void *c,
+                                 int32_t c_dtype, int64_t m, int64_t n, int64_t k, int32_t trans_a,
+                                 int32_t trans_b, const void *bias, int32_t bias_dtype, int32_t act,
+                                 void *stream) {
+  CHECK_DTYPE(dtype);
+  CHECK_DTYPE(c_dtype);
+  CHECK_DTYPE(bias_dtype);
+  if (act != PS_ACT_NONE && act != PS_ACT_RELU)
+    PS_FAIL(PS_ERR_INVALID_ARGUMENT,
+            "ps_nn_matmul_bias_act: act %d is not PS_ACT_NONE or PS_ACT_RELU", (int)act);
+  TRY(ps_check_matmul(m, n, k));
+  if (m == 0 || n == 0) return PS_OK;
+  CHECK_RANGE(bias, n * dtsize(bias_dtype));
+  TRY(ps_nn_matmul(a, b, dtype, c, c_dtype, m, n, k, trans_a, trans_b, 0, stream));
+  TRY(ps_nn_bias_add(c, c_dtype, bias, bias_dtype, m, n, 1, stream));
+  if (act == PS_ACT_RELU) TRY(ps_nn_relu_forward(c, c, c_dtype, m * n, stream));
+  return PS_OK;
+}

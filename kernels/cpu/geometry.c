@@ -77,6 +77,19 @@ static int resize_sample(const uint8_t *img, int32_t row_bytes, int32_t c, const
       for (int32_t x = 0; x < ow; x++) {
         const int32_t *w = tx.w + (int64_t)x * tx.width, n = tx.n[x];
         const uint8_t *p = row + (int64_t)tx.lo[x] * c;
+        if (c == 3) {
+          /* RGB, the common case: the three sums side by side. */
+          int32_t r = PS_GEO_HALF, g = PS_GEO_HALF, b = PS_GEO_HALF;
+          for (int32_t i = 0; i < n; i++, p += 3) {
+            r += (int32_t)p[0] * w[i];
+            g += (int32_t)p[1] * w[i];
+            b += (int32_t)p[2] * w[i];
+          }
+          o[x * 3] = (uint8_t)ps_geo_byte(r);
+          o[x * 3 + 1] = (uint8_t)ps_geo_byte(g);
+          o[x * 3 + 2] = (uint8_t)ps_geo_byte(b);
+          continue;
+        }
         for (int32_t ch = 0; ch < c; ch++) {
           int32_t acc = PS_GEO_HALF;
           for (int32_t i = 0; i < n; i++) acc += (int32_t)p[i * c + ch] * w[i];

@@ -472,6 +472,7 @@ typedef struct {
   const int32_t *params;  /* PS_IMAGE_PARAMS per sample, or NULL: centre crop, nothing else */
   void *out;
   int32_t layout, c, h, w, pad, out_dtype;
+  int32_t contrast; /* the records' contrast words count (no PS_IMAGE_NO_CONTRAST) */
   float scale[PS_IMAGE_MAX_CHANNELS], bias[PS_IMAGE_MAX_CHANNELS];
   _Atomic int failed; /* no memory for the gathered plane */
 } augment_ctx;
@@ -512,7 +513,8 @@ static void augment_range(void *vctx, int64_t i0, int64_t i1) {
 #endif
   for (int64_t i = i0; i < i1; i++) {
     ps_image_sample sm;
-    ps_image_sample_decode(prm != NULL ? prm + PS_IMAGE_PARAMS * i : NULL, pad, c, h, w, &sm);
+    ps_image_sample_decode(prm != NULL ? prm + PS_IMAGE_PARAMS * i : NULL, pad, c, h, w,
+                           k->contrast, &sm);
     const int32_t *idx = k->indices;
     const uint8_t *img = k->src + (idx != NULL ? (int64_t)idx[i] : i) * img_bytes;
     /* Gathered images are scattered over a set bigger than the caches, and the hardware
@@ -616,7 +618,8 @@ PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t row
                    .h = h,
                    .w = w,
                    .pad = pad,
-                   .out_dtype = out_dtype};
+                   .out_dtype = out_dtype,
+                   .contrast = !(flags & PS_IMAGE_NO_CONTRAST)};
   memcpy(k.scale, scale, sizeof(float) * (size_t)c);
   memcpy(k.bias, bias, sizeof(float) * (size_t)c);
   /* Split over the pool when a batch has at least 64 KiB of pixels (a CIFAR batch of 128:

@@ -1,6 +1,6 @@
 /*
  * gemm.cuh — the CUDA backend's one GEMM (included by gemm.cu and conv.cu), C[M, N] = A[M, K] .
- * B[K, N] with fp32 accumulation, in two element types:
+ * B[K, N] with fp32 accumulation, in three element types:
  *
  *   fp16 operands, and bf16 on sm_80 and newer: WMMA 16x16x16 tensor-core fragments, four warps
  *     in a 2x2 grid over the block tile, three shared-memory stages;
@@ -219,6 +219,34 @@ struct StoreMat { /* c[i*n + j] (+)= v, fp32, fp16 or bf16 (dt) */
   __device__ void store(int64_t j, int i, float v) const {
     int64_t at = i * n + j;
     act_set(c, dt, at, acc ? act_get(c, dt, at) + v : v);
+  }
+};
+
+/* c[i*n + j] = act(round(v) + bias[j]): StoreMat's value, then ps_nn_bias_add's fp32 add and
+ * rounding, then ps_nn_relu_forward's rule on the bits, so the bits of the three calls. */
+struct StoreMatBiasAct {
+  void *c;
+  const void *bias;
+  int64_t n;
+  int32_t dt, bias_dt;
+  int relu;
+  __device__ int64_t col(int j) const { return j; }
+  __device__ void store(int64_t j, int i, float v) const {
+    const int64_t at = i * n + j;
+    float r = v; /* the product as matmul stores it */
+    if (dt == PS_NN_F16)
+      r = __half2float(__float2half_rn(v));
+    else if (dt == PS_NN_BF16)
+      r = ps_bf16_to_f32(ps_bf16_from_f32(v));
+    act_set(c, dt, at, r + act_get(bias, bias_dt, j));
+    if (!relu) return;
+    if (dt == PS_NN_F32) {
+      uint32_t *p = (uint32_t *)c + at;
+      *p = ps_relu_f32(*p);
+    } else {
+      uint16_t *p = (uint16_t *)c + at;
+      *p = dt == PS_NN_F16 ? ps_relu_f16(*p) : ps_relu_bf16(*p);
+    }
   }
 };
 

@@ -229,7 +229,8 @@ __global__ void augment_kernel(const uint8_t *__restrict__ src, const int32_t *_
       rec.cut_fx = __ldg(q + 5);
       rec.cut_size = __ldg(q + 6);
       rec.br_bits = __ldg(q + 7);
-      rec.ct_bits = __ldg(q + 8);
+      /* Without the pre-pass's means (PS_IMAGE_NO_CONTRAST) the contrast word is read as 1. */
+      if (means != nullptr) rec.ct_bits = __ldg(q + 8);
       rec.sat_bits = __ldg(q + 9);
       rec.hue_bits = __ldg(q + 10);
     }
@@ -345,7 +346,7 @@ void launch_means(const uint8_t *src, const int32_t *indices, int64_t rows, int3
 
 int augment(const void *src, const int32_t *indices, int64_t rows, int32_t layout, int32_t n,
             int32_t c, int32_t h, int32_t w, int32_t pad, const void *params, const float *scale,
-            const float *bias, void *out, int32_t out_dtype, const void *labels,
+            const float *bias, void *out, int32_t out_dtype, int32_t flags, const void *labels,
             int32_t label_bytes, int32_t *labels_out, void *stream) {
   TRY(ps_check_image_buffers(src, indices, rows, out, scale, bias));
   Affine aff;
@@ -356,10 +357,11 @@ int augment(const void *src, const int32_t *indices, int64_t rows, int32_t layou
   cudaStream_t st = (cudaStream_t)stream;
   const uint8_t *s8 = (const uint8_t *)src;
   const int32_t *prm = (const int32_t *)params;
-  /* The samples' mean greys (only with records: without, no sample has contrast) live for
-   * this call only, in stream order like the split-K partial sums of the GEMM. */
+  /* The samples' mean greys (only with records whose contrast counts: without, no sample has
+   * contrast) live for this call only, in stream order like the split-K partial sums of the
+   * GEMM. */
   float *means = nullptr;
-  if (prm != nullptr) {
+  if (prm != nullptr && !(flags & PS_IMAGE_NO_CONTRAST)) {
     TRY(ps_scratch_alloc((void **)&means, (size_t)n * sizeof(float), st));
     launch_means(s8, indices, rows, layout, prm, n, c, h, w, pad, means, st);
   }
@@ -394,7 +396,7 @@ PS_API int ps_image_augment(const void *src, const int32_t *indices, int64_t row
   TRY(ps_check_image_augment(layout, n, c, h, w, pad, out_dtype, flags));
   if (n == 0) return PS_OK;
   return augment(src, indices, rows, layout, n, c, h, w, pad, params, scale, bias, out, out_dtype,
-                 nullptr, 4, nullptr, stream);
+                 flags, nullptr, 4, nullptr, stream);
 }
 
 PS_API int ps_image_augment_labeled(const void *src, const int32_t *indices, int64_t rows,
@@ -407,7 +409,7 @@ PS_API int ps_image_augment_labeled(const void *src, const int32_t *indices, int
   if (n == 0) return PS_OK;
   TRY(ps_check_augment_labels(labels, label_bytes, labels_out));
   return augment(src, indices, rows, layout, n, c, h, w, pad, params, scale, bias, out, out_dtype,
-                 labels, label_bytes, labels_out, stream);
+                 flags, labels, label_bytes, labels_out, stream);
 }
 
 PS_API int ps_image_labels_i32(const void *src, int32_t src_bytes, int32_t n, void *out,

@@ -41,7 +41,15 @@ export interface ImageFilesOptions {
    * decoded at the smallest DCT scale that keeps the region at least `size`. Replaces `size`.
    */
   randomResizedCrop?: RandomResizedCrop;
-  /** "auto" (default): libjpeg-turbo and libspng where they load, else the fallbacks. */
+  /**
+   * Variable-size images on the zero-copy path: each image is decoded at its own size into a
+   * ring slot of `[height, width]` (shrunk, keeping its aspect ratio, when larger), and its
+   * size goes into the int32 [2] field `imageSize` beside it, so a DataLoader's `geometry`
+   * (RandomResizedCrop, Resize, CenterCrop, RandomRotation) crops and resizes it on the
+   * device. Excludes `size` and `randomResizedCrop`.
+   */
+  maxSize?: readonly [number, number];
+  /** "auto" (default): libjpeg-turbo and libspng where they load, else the TypeScript decoders. */
   decoder?: "auto" | "native" | "typescript";
   /** Refuse larger images (default: Pillow's decompression-bomb limit, 178,956,970 pixels). */
   maxPixels?: number;
@@ -128,6 +136,7 @@ export const IMAGE_FILES_KEYS = [
   "channels",
   "size",
   "randomResizedCrop",
+  "maxSize",
   "decoder",
   "maxPixels",
   "exifOrientation",
@@ -208,6 +217,23 @@ function checkOptions(o: ImageFilesOptions, what: string): void {
       }`,
     );
   }
+  if (
+    o.maxSize !== undefined &&
+    !(Array.isArray(o.maxSize) && o.maxSize.length === 2 &&
+      o.maxSize.every((s) => Number.isInteger(s) && s > 0))
+  ) {
+    throw new RangeError(
+      `Cannot ${action}: maxSize should be [height, width] of positive integers, got ${
+        JSON.stringify(o.maxSize)
+      }`,
+    );
+  }
+  if (o.maxSize !== undefined && (o.size !== undefined || o.randomResizedCrop !== undefined)) {
+    throw new TypeError(
+      `Cannot ${action}: maxSize (variable-size images) excludes size and randomResizedCrop ` +
+        "(crop and resize on the device with the DataLoader's geometry option instead)",
+    );
+  }
   if (o.onError !== undefined && o.onError !== "raise" && o.onError !== "skip") {
     throw new RangeError(
       `Cannot ${action}: onError should be "raise" or "skip", got ${JSON.stringify(o.onError)}`,
@@ -258,13 +284,26 @@ export class ImageFiles implements Dataset<ImageSample> {
    * zero-copy path, where the workers decode each image straight into the ring slot.
    */
   readonly sharedFields?: () => readonly [SharedField<"label", "i32">];
-  /** With `sharedFields`: the decoded image, `[height, width, channels]` bytes (HWC). */
-  readonly filledFields?: () => readonly [FilledField<"image", "u8">];
+  /**
+   * With `sharedFields`: the decoded image, `[height, width, channels]` bytes (HWC); with
+   * `maxSize`, also each image's int32 `[height, width]` (its pixels packed at the start of
+   * its slot).
+   */
+  readonly filledFields?: () =>
+    | readonly [FilledField<"image", "u8">]
+    | readonly [FilledField<"image", "u8">, FilledField<"imageSize", "i32">];
   readonly #state: ImageFilesState;
   readonly #pathBytes: Uint8Array;
   readonly #ends: Float64Array;
   readonly #skipped: Int32Array;
   #decoder: ImageDecoder | undefined;
+  /** decode/'s resize, loaded with the decoders. */
+  #resize: typeof import("../../decode/mod.ts").resizeBilinear | undefined;
+  /**
+   * maxSize: the height and width of images decoded into the ring whose size field is still to
+   * fill, and how many occurrences in the batch still need it.
+   */
+  readonly #sizes = new Map<number, [number, number, number]>();
   #warned = new Set<number>();
 
   /** Views a state (use {@linkcode ImageFileList} or `ImageFolder` to make one). */
@@ -277,12 +316,18 @@ export class ImageFiles implements Dataset<ImageSample> {
     this.#pathBytes = new Uint8Array(state.paths.bytes);
     this.#ends = new Float64Array(state.paths.ends, 0, state.length);
     this.#skipped = new Int32Array(state.skipped);
-    const size = state.options.size;
+    const size = state.options.size, max = state.options.maxSize;
     // A skipped file would leave a hole in a fixed-size batch: skipping takes the generic path.
-    if (size !== undefined && state.options.onError !== "skip") {
-      const shape = [size[0], size[1], state.options.channels ?? 3];
+    if ((size !== undefined || max !== undefined) && state.options.onError !== "skip") {
+      const slot = size ?? max!;
+      const shape = [slot[0], slot[1], state.options.channels ?? 3];
       this.sharedFields = () => [{ name: "label", dtype: "i32", shape: [], buffer: state.labels }];
-      this.filledFields = () => [{ name: "image", dtype: "u8", shape }];
+      this.filledFields = max === undefined
+        ? () => [{ name: "image", dtype: "u8", shape }]
+        : () => [
+          { name: "image", dtype: "u8", shape },
+          { name: "imageSize", dtype: "i32", shape: [2] },
+        ];
     }
   }
 
@@ -363,7 +408,8 @@ export class ImageFiles implements Dataset<ImageSample> {
   /** Loads the decoders of this thread (once), printing which run when verbose. */
   async decoder(): Promise<ImageDecoder> {
     if (this.#decoder) return this.#decoder;
-    const { ImageDecoder } = await import("../../decode/mod.ts");
+    const { ImageDecoder, resizeBilinear } = await import("../../decode/mod.ts");
+    this.#resize = resizeBilinear;
     const o = this.#state.options;
     this.#decoder = new ImageDecoder({
       channels: o.channels,
@@ -407,12 +453,31 @@ export class ImageFiles implements Dataset<ImageSample> {
    * @param out `size[0] * size[1] * channels` bytes
    * @throws {Error} naming the sample, the file and the reason
    */
-  fillRecord(record: number, _field: number, out: Uint8Array, context?: SampleContext): void {
+  fillRecord(record: number, field: number, out: Uint8Array, context?: SampleContext): void {
     this.#check(record);
     if (this.#decoder === undefined) {
       throw new Error("Cannot decode into the ring: prepareFill() was not awaited first");
     }
-    this.#load(record, out, context);
+    if (field === 1) {
+      // The size of the image field 0 decoded for this record (the gather fills field 0 of
+      // the batch first).
+      const hw = this.#sizes.get(record);
+      if (hw === undefined) {
+        throw new Error(`Cannot fill the size of sample ${record}: not decoded`);
+      }
+      // A sample may occur more than once in a batch: each occurrence decoded it once.
+      if (--hw[2] === 0) this.#sizes.delete(record);
+      const v = new DataView(out.buffer, out.byteOffset, 8);
+      v.setInt32(0, hw[0], true);
+      v.setInt32(4, hw[1], true);
+      return;
+    }
+    const max = this.#state.options.maxSize;
+    const r = this.#load(record, max === undefined ? out : undefined, context, max && out);
+    if (max !== undefined && r !== SKIP_SAMPLE) {
+      const seen = this.#sizes.get(record);
+      this.#sizes.set(record, [r.height, r.width, (seen?.[2] ?? 0) + 1]);
+    }
   }
 
   /** Loads this thread's decoders before the first fillRecord. */
@@ -424,6 +489,7 @@ export class ImageFiles implements Dataset<ImageSample> {
     index: number,
     out?: Uint8Array,
     context?: SampleContext,
+    slot?: Uint8Array,
   ): ImageSample | typeof SKIP_SAMPLE {
     const path = this.path(index);
     let img: DecodedImage;
@@ -438,9 +504,10 @@ export class ImageFiles implements Dataset<ImageSample> {
       const random = context ? () => context.random() : Math.random;
       img = this.#decoder!.decode(bytes, {
         size: this.#state.options.size,
-        out,
+        out: out ?? slot,
         crop: c && ((h, w) => randomResizedCropBox(h, w, c.scale, c.ratio, random)),
       });
+      if (slot !== undefined) img = this.#intoSlot(img, slot);
     } catch (e) {
       const reason = (e as Error).message;
       if (this.#state.options.onError === "skip") {
@@ -454,6 +521,25 @@ export class ImageFiles implements Dataset<ImageSample> {
       throw new Error(`Cannot load sample ${index} (${path}): ${reason}`, { cause: e });
     }
     return { image: img.data, label: this.labels[index], height: img.height, width: img.width };
+  }
+
+  /**
+   * maxSize: a decoded image packed at the start of its slot, shrunk (bilinear, antialiased,
+   * keeping the aspect ratio) when it exceeds maxSize.
+   */
+  #intoSlot(img: DecodedImage, slot: Uint8Array): DecodedImage {
+    const [mh, mw] = this.#state.options.maxSize!;
+    const inSlot = img.data.buffer === slot.buffer && img.data.byteOffset === slot.byteOffset;
+    if (img.height <= mh && img.width <= mw) {
+      if (!inSlot) slot.set(img.data.subarray(0, img.height * img.width * img.channels));
+      return { ...img, data: slot.subarray(0, img.height * img.width * img.channels) };
+    }
+    const f = Math.min(mh / img.height, mw / img.width);
+    const h = Math.max(1, Math.min(mh, Math.round(img.height * f)));
+    const w = Math.max(1, Math.min(mw, Math.round(img.width * f)));
+    // Decoded into the slot (an upright image of fewer bytes): resize from a copy.
+    const src = inSlot ? { ...img, data: img.data.slice() } : img;
+    return this.#resize!(src, h, w, true, slot);
   }
 
   /** The state workers rebuild this dataset from. */
