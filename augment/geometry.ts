@@ -354,8 +354,9 @@ function randomResizedBox(
 }
 
 /**
- * Writes the geometry records of `count` samples from epoch position `position` on, one
- * after another from `out[at]`, for images of the sizes `sizes` gives (`[h0, w0, h1, w1, ...]`,
+ * Writes the geometry records of `count` samples at draw positions `position`,
+ * `position + stride`, ... (augment/record.ts: `stride` is 1 in one process, the world size for
+ * a rank's shard), one after another from `out[at]`, for images of the sizes `sizes` gives (`[h0, w0, h1, w1, ...]`,
  * or one `[h, w]` for all).
  *
  * @param out Where the records go.
@@ -363,8 +364,9 @@ function randomResizedBox(
  * @param spec From {@linkcode resolveGeometry}.
  * @param sizes Each sample's image height and width, or one pair for every sample.
  * @param k0 The epoch's key ({@linkcode sampleKey}).
- * @param position The epoch position of the first sample.
+ * @param position The draw position of the first sample.
  * @param count Samples.
+ * @param stride The step between the samples' draw positions (default 1).
  * @example Records of two 32x32 images resized to 16x16
  * ```ts
  * import { GEOMETRY_RECORD_LENGTH, resolveGeometry, writeGeometryRecords } from "@pinstream/pinstream";
@@ -383,6 +385,7 @@ export function writeGeometryRecords(
   k0: number,
   position: number,
   count: number,
+  stride = 1,
 ): void {
   const each = sizes.length === 2 ? 0 : 2;
   if (each === 2 && sizes.length < 2 * count) {
@@ -398,7 +401,7 @@ export function writeGeometryRecords(
       sizes[each * k],
       sizes[each * k + 1],
       k0,
-      position + k,
+      position + k * stride,
     );
   }
 }

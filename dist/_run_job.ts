@@ -35,16 +35,16 @@ function checkSignature(lib: MpiLibrary, comm: Handle, sigs: Int32Array, job: Co
 const cell = new Int32Array(new SharedArrayBuffer(4));
 
 /**
- * Waits for a started nonblocking barrier: `MPI_Test` in a loop for 0.2 ms, then with sleeps
- * doubling from 20 us to 1 ms in between. MPI's blocking calls spin until done, which on a
- * host with fewer free cores than busy threads takes the CPU from the ranks still computing,
- * the very ranks the waiting one waits for: measured on 2 oversubscribed ranks under load, a
- * 0.8 MB all-reduce after 2 ms of compute took 64-72 ms at the median blocking, 26 ms with
- * this back-off.
+ * Waits for a started nonblocking collective: `MPI_Test` in a loop for about as long as the
+ * transfer should take at 4 GB/s (at least 0.2 ms), then with sleeps doubling from 20 us to
+ * 1 ms in between. MPI's blocking calls spin until done, which on a host with fewer free cores
+ * than busy threads takes the CPU from the ranks still computing, the very ranks the waiting
+ * one waits for: measured on 2 oversubscribed ranks under load, a 0.8 MB all-reduce after
+ * 2 ms of compute took 64-72 ms at the median blocking, 26 ms with this back-off.
  */
-function finish(lib: MpiLibrary, request: BigUint64Array): number {
+function finish(lib: MpiLibrary, request: BigUint64Array, bytes: number): number {
   const flag = new Int32Array(1);
-  const spinMs = 0.2;
+  const spinMs = Math.max(0.2, bytes / 4e6);
   const t0 = performance.now();
   let sleep = 0.02;
   for (;;) {
@@ -58,12 +58,9 @@ function finish(lib: MpiLibrary, request: BigUint64Array): number {
 }
 
 /**
- * Runs `job` (after the debug signature check when `sigs` is given) as MPI's blocking call. An
- * async one first meets the other ranks in a nonblocking barrier waited for by `finish`, which
- * leaves the CPU to the main thread's compute while the others are still computing, and then
- * runs the blocking call, which with every rank present finishes at full speed. Open MPI's
- * nonblocking all-reduce itself (libnbc) is not used: it took twice the blocking call's time at
- * 1 MiB and five times at 4 MiB on 2 ranks.
+ * Runs `job` (after the debug signature check when `sigs` is given): a blocking form as MPI's
+ * blocking call, at full speed while the main thread waits; an async one as a nonblocking
+ * collective waited for by `finish`, which leaves the CPU to the main thread's compute.
  *
  * @param lib The MPI library.
  * @param comm The group's communicator.
@@ -82,27 +79,43 @@ export function runJob(
     if (rc !== 0) return rc;
   }
   const f = lib.fn, c = lib.c;
-  if (job.async) {
-    const req = new BigUint64Array(1);
-    const rc = f.MPI_Ibarrier(comm, req);
-    if (rc !== 0) return rc;
-    const done = finish(lib, req);
-    if (done !== 0 || job.op === "barrier") return done;
-  }
   const type = job.dtype === "f32" ? c.float : job.dtype === "i32" ? c.int : c.byte;
   const op = job.redop === "max" ? c.max : job.redop === "min" ? c.min : c.sum;
   const send = job.inPlace ? c.inPlace : ptr(job.send);
   const recv = ptr(job.recv);
+  if (!job.async) {
+    switch (job.op) {
+      case "allReduce":
+        return f.MPI_Allreduce(send, recv, job.count, type, op, comm);
+      case "broadcast":
+        return f.MPI_Bcast(recv, job.count, type, job.root, comm);
+      case "allGather":
+        return f.MPI_Allgather(send, job.count, type, recv, job.count, type, comm);
+      case "reduceScatter":
+        return f.MPI_Reduce_scatter_block(send, recv, job.count, type, op, comm);
+      case "barrier":
+        return f.MPI_Barrier(comm);
+    }
+  }
+  const req = new BigUint64Array(1);
+  let rc: number;
   switch (job.op) {
     case "allReduce":
-      return f.MPI_Allreduce(send, recv, job.count, type, op, comm);
+      rc = f.MPI_Iallreduce(send, recv, job.count, type, op, comm, req);
+      break;
     case "broadcast":
-      return f.MPI_Bcast(recv, job.count, type, job.root, comm);
+      rc = f.MPI_Ibcast(recv, job.count, type, job.root, comm, req);
+      break;
     case "allGather":
-      return f.MPI_Allgather(send, job.count, type, recv, job.count, type, comm);
+      rc = f.MPI_Iallgather(send, job.count, type, recv, job.count, type, comm, req);
+      break;
     case "reduceScatter":
-      return f.MPI_Reduce_scatter_block(send, recv, job.count, type, op, comm);
+      rc = f.MPI_Ireduce_scatter_block(send, recv, job.count, type, op, comm, req);
+      break;
     case "barrier":
-      return f.MPI_Barrier(comm);
+      rc = f.MPI_Ibarrier(comm, req);
+      break;
   }
+  if (rc !== 0) return rc;
+  return finish(lib, req, job.count * (job.dtype === "byte" ? 1 : 4));
 }

@@ -203,7 +203,7 @@ export class Gatherer {
             h,
             w,
             key,
-            position + k,
+            position + k * this.#stride,
           );
         } catch (e) {
           const i = ring32[idxBase + k];

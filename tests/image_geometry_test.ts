@@ -277,6 +277,12 @@ Deno.test("geometry records: seeded, inside the image, and each transform on its
   const out = new Int32Array(2 * R);
   writeGeometryRecords(out, 0, resolveGeometry({ size: 4 }, "t"), [5, 6, 7, 8], k0, 0, 2);
   assert.deepStrictEqual([...out], [5, 6, 0, 0, 5, 6, ...NONE, 7, 8, 0, 0, 7, 8, ...NONE]);
+  // A rank's shard (stride = world size): its samples draw at positions 1 and 4 of the epoch.
+  writeGeometryRecords(out, 0, rrc, [97, 131], k0, 1, 2, 3);
+  writeGeometryRecord(a, 0, rrc, 97, 131, k0, 4);
+  assert.deepStrictEqual([...out.subarray(R, 2 * R)], [...a.subarray(0, R)]);
+  writeGeometryRecord(a, 0, rrc, 97, 131, k0, 1);
+  assert.deepStrictEqual([...out.subarray(0, R)], [...a.subarray(0, R)]);
 });
 
 Deno.test("geometry options: defaults, and every bad value named", () => {

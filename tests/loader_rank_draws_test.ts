@@ -5,6 +5,7 @@
 // same position.
 
 import assert from "node:assert";
+import type { GeometryOptions } from "../augment/geometry.ts";
 import { augmentFromDraw } from "../augment/record.ts";
 import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
 import { DataLoader } from "../loader/data_loader.ts";
@@ -118,6 +119,42 @@ for (const numWorkers of [0, 2]) {
     }
   });
 }
+
+Deno.test("2 and 4 shards' geometry records are one process's combined batches", async () => {
+  const n = 24, h = 9, w = 11;
+  const ds = new TensorDataset({
+    image: { data: new Uint8Array(new SharedArrayBuffer(n * h * w * 3)), shape: [h, w, 3] },
+    label: new Int32Array(new SharedArrayBuffer(n * 4)).map((_, i) => i),
+  });
+  const geometry: GeometryOptions = { size: [6, 6], crop: "random-resized-crop", rotation: 20 };
+  const epochOf = async (loader: DataLoader<RingBatch>) => {
+    const out: number[][][] = [];
+    for await (const b of loader) {
+      const recs = rows(b.geometry!, b.geometry!.length / b.indices.length);
+      out.push([...b.indices].map((i, k) => [i, ...recs[k]]));
+    }
+    return out;
+  };
+  for (const world of [2, 4]) {
+    await using one = new DataLoader<RingBatch>(ds, {
+      batchSize: world * B,
+      shuffle: true,
+      seed: SEED,
+      geometry,
+    });
+    const want = await epochOf(one);
+    const got: number[][][][] = [];
+    for (let rank = 0; rank < world; rank++) {
+      await using shard = new DataLoader<RingBatch>(ds, {
+        batchSize: B,
+        sampler: new DistributedSampler(n, { worldSize: world, rank, seed: SEED }),
+        geometry,
+      });
+      got.push(await epochOf(shard));
+    }
+    assert.deepStrictEqual(interleave(got), want, `${world} shards`);
+  }
+});
 
 /** A dataset whose samples are what get() saw: its index, its context's position and draws. */
 class DrawDataset implements Dataset<number[]> {

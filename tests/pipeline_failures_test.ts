@@ -120,6 +120,8 @@ Deno.test("[cpu] DataLoader exposes its augment configuration, frozen", async ()
     cutout: 0,
     brightness: 0,
     contrast: 0,
+    saturation: 0,
+    hue: 0,
   });
   assert.ok(Object.isFrozen(withAugment.augment));
   assert.throws(() => {
