@@ -191,8 +191,49 @@ export interface SampleContext {
   random(): number;
   /** An integer in [0, n) from the same stream. */
   int(n: number): number;
-  /** A uint32 from the same stream (the first one feeds the loader's augment parameters). */
+  /**
+   * A uint32 from the same stream. Its first {@linkcode LOADER_DRAWS} draws are the ones the
+   * loader's own records take (augment/record.ts: the augment record from draw 0, the geometry
+   * record from draw 32): a dataset that draws its own randomness while the loader also augments
+   * should start after them ({@linkcode afterLoaderDraws}), or its values follow the loader's.
+   */
   u32(): number;
+}
+
+/**
+ * Draws of a sample's stream that the loader's records may take: 0 ..
+ * `LOADER_DRAWS - 1`. A dataset's own randomness that must not follow them starts here.
+ */
+export const LOADER_DRAWS = 128;
+
+/**
+ * A `random()` over the sample's stream after the draws the loader's records take, so a
+ * dataset's own random choices (ImageFolder's `randomResizedCrop` in the workers) are
+ * independent of the loader's augment and geometry parameters for the same sample.
+ *
+ * @param context The sample's context.
+ * @returns Doubles in [0, 1) from draw {@linkcode LOADER_DRAWS} on.
+ * @example
+ * ```ts
+ * import { afterLoaderDraws, LOADER_DRAWS, type SampleContext } from "./dataset.ts";
+ * import assert from "node:assert";
+ * let skipped = 0;
+ * const ctx = { u32: () => skipped++, random: () => 0.5 } as unknown as SampleContext;
+ * const random = afterLoaderDraws(ctx);
+ * assert.strictEqual(random(), 0.5);
+ * assert.strictEqual(random(), 0.5);
+ * assert.strictEqual(skipped, LOADER_DRAWS);
+ * ```
+ */
+export function afterLoaderDraws(context: SampleContext): () => number {
+  let skipped = false;
+  return () => {
+    if (!skipped) {
+      for (let i = 0; i < LOADER_DRAWS; i++) context.u32();
+      skipped = true;
+    }
+    return context.random();
+  };
 }
 
 /**

@@ -4,11 +4,17 @@ import { DataLoader } from "../loader/data_loader.ts";
 import { DistributedSampler } from "../loader/sampler.ts";
 import { Subset } from "../loader/datasets/subset.ts";
 import { defaultCollate } from "../loader/collate.ts";
-import { ImageFileList, type ImageSample } from "../loader/datasets/image_files.ts";
+import {
+  ImageFileList,
+  type ImageSample,
+  randomResizedCropBox,
+} from "../loader/datasets/image_files.ts";
 import { ImageFolder } from "../loader/datasets/image_folder.ts";
 import { ImageDecoder } from "../decode/mod.ts";
 import { fixtures } from "./_image_fixtures.ts";
-import type { SharedFieldsOf } from "../loader/dataset.ts";
+import { afterLoaderDraws, LOADER_DRAWS, type SharedFieldsOf } from "../loader/dataset.ts";
+import { sampleContext } from "../loader/_fetch.ts";
+import { GEOMETRY_FIRST_DRAW } from "../augment/geometry.ts";
 
 // The ring batch of an image dataset types its decoded images too.
 const typed: SharedFieldsOf<ImageFolder> extends { image: Uint8Array; label: Int32Array } ? true
@@ -465,6 +471,37 @@ Deno.test({
         () => new ImageFolder(root, { randomResizedCrop: { size: 8, scale: [0, 1] } }),
         /randomResizedCrop\.scale should be \[lo, hi\] with 0 < lo <= hi <= 1/,
       );
+    } finally {
+      await Deno.remove(root, { recursive: true });
+    }
+  },
+});
+
+Deno.test({
+  name: "randomResizedCrop in the workers draws after the loader's records, not with them",
+  ignore,
+  fn: async () => {
+    // The augment record takes draws 0-6 (offsets and flip from draw 0), the geometry record
+    // 32 on (one angle, then 4 per crop attempt, 10 attempts): all below LOADER_DRAWS.
+    assert.ok(GEOMETRY_FIRST_DRAW + 1 + 4 * 10 <= LOADER_DRAWS);
+    const root = await makeFolder(await dirP!);
+    try {
+      const rrc = { size: 16, scale: [0.1, 0.5] as [number, number] };
+      const ds = new ImageFolder(root, { randomResizedCrop: rrc, verbose: false });
+      const bytes = Deno.readFileSync(ds.path(0));
+      for (let position = 0; position < 6; position++) {
+        const ctx = () => sampleContext(9, 2, position, -1);
+        const got = ((await ds.get(0, ctx())) as ImageSample).image;
+        const box = (from: () => number) => (h: number, w: number) =>
+          randomResizedCropBox(h, w, rrc.scale, [3 / 4, 4 / 3], from);
+        const decoder = new ImageDecoder();
+        const want = decoder.decode(bytes, { size: [16, 16], crop: box(afterLoaderDraws(ctx())) });
+        assert.strictEqual(digest(got), digest(want.data), `position ${position}`);
+        // The region drawn from the stream's start (the augment record's draws) differs.
+        const c0 = ctx();
+        const early = decoder.decode(bytes, { size: [16, 16], crop: box(() => c0.random()) });
+        assert.notStrictEqual(digest(early.data), digest(got), `position ${position}`);
+      }
     } finally {
       await Deno.remove(root, { recursive: true });
     }

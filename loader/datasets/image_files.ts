@@ -11,6 +11,7 @@
 
 import { refuseUnknownKeys } from "../../internal/options.ts";
 import {
+  afterLoaderDraws,
   type Dataset,
   type FilledField,
   type SampleContext,
@@ -501,7 +502,8 @@ export class ImageFiles implements Dataset<ImageSample> {
         throw new Error(`the file cannot be read (${(e as Error).message})`, { cause: e });
       }
       const c = this.#state.options.crop;
-      const random = context ? () => context.random() : Math.random;
+      // After the loader's own draws: the crop must not follow the sample's flip or offsets.
+      const random = context ? afterLoaderDraws(context) : Math.random;
       img = this.#decoder!.decode(bytes, {
         size: this.#state.options.size,
         out: out ?? slot,
