@@ -66,6 +66,17 @@ export async function statusLines(): Promise<string[]> {
   const kernels = await result("kernels");
   const best = kernels.rows.filter((r) => typeof r.gflops === "number")
     .sort((a, b) => (b.gflops as number) - (a.gflops as number))[0];
+  const dist = await result("dist");
+  const ar = (dist.allreduce as { mpi: string; mib: number; sameMomentRatio: number }[])
+    .filter((r) => r.mpi === "openmpi");
+  const load = (dist.loadAverage as { before: number[] }).before[0];
+  const steps = dist.train as {
+    model: string;
+    ranks: number;
+    pinstreamMs: number;
+    torchMs: number;
+  }[];
+  const two = (m: string) => steps.find((r) => r.model === m && r.ranks === 2)!;
   const transfer = await result("transfer");
   const h2d = Math.max(...transfer.rows.map((r) => (r.h2d as { pinned: number }).pinned));
   return [
@@ -93,6 +104,12 @@ export async function statusLines(): Promise<string[]> {
     `- **Kernels** (${source("kernels.json", kernels)}): best ${best.name} at ` +
     `${Math.round(best.gflops as number)} GFLOP/s; **copies** ` +
     `(${source("transfer.json", transfer)}): up to ${h2d.toFixed(1)} GB/s host to device, pinned.`,
+    `- **Data-parallel, 2 ranks** (${source("dist.json", dist)}): the all-reduce at ` +
+    `${ar.map((r) => percent(r.sameMomentRatio)).join(", ")} of the speed of MPI_Allreduce ` +
+    `called in turn in the same processes, at ${ar.map((r) => r.mib).join(", ")} MiB (Open ` +
+    `MPI, medians, load ${load.toFixed(0)}); a step of the MLP in ` +
+    `${times(two("mlp").pinstreamMs / two("mlp").torchMs)} and of the CNN in ` +
+    `${times(two("cnn").pinstreamMs / two("cnn").torchMs)} PyTorch DDP's time (Gloo).`,
   ];
 }
 
