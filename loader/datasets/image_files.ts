@@ -50,6 +50,15 @@ export interface ImageFilesOptions {
    * device. Excludes `size` and `randomResizedCrop`.
    */
   maxSize?: readonly [number, number];
+  /**
+   * Where JPEGs are decoded: "workers" (default) or "device": with `maxSize`, the workers only
+   * read each JPEG's bytes (and its header's size) into the image slot, with the length in the
+   * int32 field `jpegLength`, and `toDevice` decodes them with nvJPEG on the GPU before the
+   * loader's `geometry` and `augment`. Where nvJPEG cannot run, `toDevice` says why in one line
+   * and the workers decode as with "workers". JPEG files only, RGB (`channels` 3), onError
+   * "raise".
+   */
+  decodeOn?: "workers" | "device";
   /** "auto" (default): libjpeg-turbo and libspng where they load, else the TypeScript decoders. */
   decoder?: "auto" | "native" | "typescript";
   /** Refuse larger images (default: Pillow's decompression-bomb limit, 178,956,970 pixels). */
@@ -138,6 +147,7 @@ export const IMAGE_FILES_KEYS = [
   "size",
   "randomResizedCrop",
   "maxSize",
+  "decodeOn",
   "decoder",
   "maxPixels",
   "exifOrientation",
@@ -200,6 +210,8 @@ export interface ImageFilesState {
   };
   /** [skipped count], shared by every thread. */
   skipped: SharedArrayBuffer;
+  /** [1 while the workers hand JPEG bytes to a device decoder], with decodeOn "device". */
+  deviceBytes: SharedArrayBuffer;
 }
 
 function checkOptions(o: ImageFilesOptions, what: string): void {
@@ -234,6 +246,23 @@ function checkOptions(o: ImageFilesOptions, what: string): void {
       `Cannot ${action}: maxSize (variable-size images) excludes size and randomResizedCrop ` +
         "(crop and resize on the device with the DataLoader's geometry option instead)",
     );
+  }
+  if (o.decodeOn !== undefined && o.decodeOn !== "workers" && o.decodeOn !== "device") {
+    throw new RangeError(
+      `Cannot ${action}: decodeOn should be "workers" or "device", got ${
+        JSON.stringify(o.decodeOn)
+      }`,
+    );
+  }
+  if (o.decodeOn === "device") {
+    const why = o.maxSize === undefined
+      ? "maxSize (the largest image a slot holds; crop and resize with the DataLoader's geometry)"
+      : (o.channels ?? 3) !== 3
+      ? `channels 3 (nvJPEG decodes to RGB), got ${o.channels}`
+      : o.onError === "skip"
+      ? 'onError "raise" (a skipped file would leave a hole in the batch)'
+      : undefined;
+    if (why !== undefined) throw new TypeError(`Cannot ${action}: decodeOn "device" needs ${why}`);
   }
   if (o.onError !== undefined && o.onError !== "raise" && o.onError !== "skip") {
     throw new RangeError(
@@ -292,19 +321,27 @@ export class ImageFiles implements Dataset<ImageSample> {
    */
   readonly filledFields?: () =>
     | readonly [FilledField<"image", "u8">]
-    | readonly [FilledField<"image", "u8">, FilledField<"imageSize", "i32">];
+    | readonly [FilledField<"image", "u8">, FilledField<"imageSize", "i32">]
+    | readonly [
+      FilledField<"image", "u8">,
+      FilledField<"imageSize", "i32">,
+      FilledField<"jpegLength", "i32">,
+    ];
   readonly #state: ImageFilesState;
   readonly #pathBytes: Uint8Array;
   readonly #ends: Float64Array;
   readonly #skipped: Int32Array;
+  readonly #deviceBytes: Int32Array;
   #decoder: ImageDecoder | undefined;
   /** decode/'s resize, loaded with the decoders. */
   #resize: typeof import("../../decode/mod.ts").resizeBilinear | undefined;
+  /** decode/, loaded with the decoders (its header readers serve decodeOn "device"). */
+  #decodeModule: typeof import("../../decode/mod.ts") | undefined;
   /**
    * maxSize: the height and width of images decoded into the ring whose size field is still to
    * fill, and how many occurrences in the batch still need it.
    */
-  readonly #sizes = new Map<number, [number, number, number]>();
+  readonly #sizes = new Map<number, [number, number, number, number]>();
   #warned = new Set<number>();
 
   /** Views a state (use {@linkcode ImageFileList} or `ImageFolder` to make one). */
@@ -317,6 +354,7 @@ export class ImageFiles implements Dataset<ImageSample> {
     this.#pathBytes = new Uint8Array(state.paths.bytes);
     this.#ends = new Float64Array(state.paths.ends, 0, state.length);
     this.#skipped = new Int32Array(state.skipped);
+    this.#deviceBytes = new Int32Array(state.deviceBytes);
     const size = state.options.size, max = state.options.maxSize;
     // A skipped file would leave a hole in a fixed-size batch: skipping takes the generic path.
     if ((size !== undefined || max !== undefined) && state.options.onError !== "skip") {
@@ -325,6 +363,12 @@ export class ImageFiles implements Dataset<ImageSample> {
       this.sharedFields = () => [{ name: "label", dtype: "i32", shape: [], buffer: state.labels }];
       this.filledFields = max === undefined
         ? () => [{ name: "image", dtype: "u8", shape }]
+        : state.options.decodeOn === "device"
+        ? () => [
+          { name: "image", dtype: "u8", shape },
+          { name: "imageSize", dtype: "i32", shape: [2] },
+          { name: "jpegLength", dtype: "i32", shape: [] },
+        ]
         : () => [
           { name: "image", dtype: "u8", shape },
           { name: "imageSize", dtype: "i32", shape: [2] },
@@ -377,6 +421,7 @@ export class ImageFiles implements Dataset<ImageSample> {
       classes,
       options: { ...rest, verbose: verbose ?? true, crop },
       skipped: new SharedArrayBuffer(4),
+      deviceBytes: new SharedArrayBuffer(4),
     };
   }
 
@@ -391,6 +436,27 @@ export class ImageFiles implements Dataset<ImageSample> {
   /** Images skipped so far with `onError: "skip"`, counted by every worker. */
   get skipped(): number {
     return Atomics.load(this.#skipped, 0);
+  }
+
+  /** Where JPEGs are decoded, as asked ("device" may still fall back to the workers). */
+  get decodeOn(): "workers" | "device" {
+    return this.#state.options.decodeOn ?? "workers";
+  }
+
+  /**
+   * With decodeOn "device": whether the workers hand each JPEG's bytes on (true; `toDevice`
+   * sets this when nvJPEG runs) or decode it themselves (false, the default). Change it only
+   * between epochs.
+   */
+  get deviceBytes(): boolean {
+    return Atomics.load(this.#deviceBytes, 0) === 1;
+  }
+
+  set deviceBytes(on: boolean) {
+    if (on && this.decodeOn !== "device") {
+      throw new Error('Cannot hand JPEG bytes to the device: the dataset has no decodeOn "device"');
+    }
+    Atomics.store(this.#deviceBytes, 0, on ? 1 : 0);
   }
 
   /** The fixed decode size, if any. */
@@ -409,7 +475,9 @@ export class ImageFiles implements Dataset<ImageSample> {
   /** Loads the decoders of this thread (once), printing which run when verbose. */
   async decoder(): Promise<ImageDecoder> {
     if (this.#decoder) return this.#decoder;
-    const { ImageDecoder, resizeBilinear } = await import("../../decode/mod.ts");
+    const decode = await import("../../decode/mod.ts");
+    const { ImageDecoder, resizeBilinear } = decode;
+    this.#decodeModule = decode;
     this.#resize = resizeBilinear;
     const o = this.#state.options;
     this.#decoder = new ImageDecoder({
@@ -459,25 +527,103 @@ export class ImageFiles implements Dataset<ImageSample> {
     if (this.#decoder === undefined) {
       throw new Error("Cannot decode into the ring: prepareFill() was not awaited first");
     }
-    if (field === 1) {
-      // The size of the image field 0 decoded for this record (the gather fills field 0 of
-      // the batch first).
+    if (field >= 1) {
+      // The size (and byte count) of the image field 0 filled for this record (the gather
+      // fills field 0 of the batch first).
       const hw = this.#sizes.get(record);
       if (hw === undefined) {
         throw new Error(`Cannot fill the size of sample ${record}: not decoded`);
       }
+      const last = this.#state.options.decodeOn === "device" ? 2 : 1;
       // A sample may occur more than once in a batch: each occurrence decoded it once.
-      if (--hw[2] === 0) this.#sizes.delete(record);
-      const v = new DataView(out.buffer, out.byteOffset, 8);
-      v.setInt32(0, hw[0], true);
-      v.setInt32(4, hw[1], true);
+      if (field === last && --hw[2] === 0) this.#sizes.delete(record);
+      const v = new DataView(out.buffer, out.byteOffset, 4 * (3 - field));
+      if (field === 2) v.setInt32(0, hw[3], true);
+      else {
+        v.setInt32(0, hw[0], true);
+        v.setInt32(4, hw[1], true);
+      }
       return;
     }
     const max = this.#state.options.maxSize;
+    if (Atomics.load(this.#deviceBytes, 0) === 1) {
+      const [h, w, length] = this.#readJpeg(record, out);
+      const seen = this.#sizes.get(record);
+      this.#sizes.set(record, [h, w, (seen?.[2] ?? 0) + 1, length]);
+      return;
+    }
     const r = this.#load(record, max === undefined ? out : undefined, context, max && out);
     if (max !== undefined && r !== SKIP_SAMPLE) {
       const seen = this.#sizes.get(record);
-      this.#sizes.set(record, [r.height, r.width, (seen?.[2] ?? 0) + 1]);
+      this.#sizes.set(record, [r.height, r.width, (seen?.[2] ?? 0) + 1, 0]);
+    }
+  }
+
+  /**
+   * decodeOn "device": the file's bytes into the image slot, its size from its header.
+   *
+   * @returns height, width and byte length
+   */
+  #readJpeg(index: number, slot: Uint8Array): [number, number, number] {
+    const path = this.path(index);
+    const o = this.#state.options;
+    try {
+      let bytes: Uint8Array;
+      try {
+        bytes = Deno.readFileSync(path);
+      } catch (e) {
+        throw new Error(`the file cannot be read (${(e as Error).message})`, { cause: e });
+      }
+      if (bytes.length === 0) throw new Error("the file is empty");
+      const type = this.#decodeModule!.sniffImageType(bytes);
+      if (type !== "jpeg") {
+        throw new Error(
+          `decodeOn "device" decodes JPEG files only, this is ${
+            type ? `a ${type.toUpperCase()}` : "no JPEG"
+          } ` +
+            '(decode such files on the workers: decodeOn "workers")',
+        );
+      }
+      const info = this.#decodeModule!.jpegInfo(bytes);
+      const [mh, mw] = o.maxSize!;
+      if (info.height * info.width > (o.maxPixels ?? this.#decodeModule!.DEFAULT_MAX_PIXELS)) {
+        throw new Error(
+          `${info.width}x${info.height} is more than maxPixels (${
+            o.maxPixels ?? this.#decodeModule!.DEFAULT_MAX_PIXELS
+          } pixels)`,
+        );
+      }
+      if (info.height > mh || info.width > mw) {
+        throw new Error(
+          `it is ${info.width}x${info.height}, larger than maxSize [${mh}, ${mw}] (height, width); ` +
+            "decoding on the device does not shrink images: raise maxSize",
+        );
+      }
+      if (info.colorspace === "cmyk" || info.colorspace === "ycck") {
+        throw new Error(
+          `it is a ${info.colorspace.toUpperCase()} JPEG, decoded on the workers only`,
+        );
+      }
+      const orientation = o.exifOrientation === false
+        ? 1
+        : this.#decodeModule!.exifOrientation(bytes);
+      if (orientation !== 1) {
+        throw new Error(
+          `it has EXIF orientation ${orientation}, which decoding on the device does not apply ` +
+            "(pass exifOrientation: false to ignore it)",
+        );
+      }
+      if (bytes.length > slot.length) {
+        throw new Error(
+          `its ${bytes.length} bytes do not fit the slot of ${slot.length} (maxSize's pixels)`,
+        );
+      }
+      slot.set(bytes);
+      return [info.height, info.width, bytes.length];
+    } catch (e) {
+      throw new Error(`Cannot load sample ${index} (${path}): ${(e as Error).message}`, {
+        cause: e,
+      });
     }
   }
 

@@ -1,0 +1,185 @@
+// ImageFolder's decodeOn "device" end to end: on the CUDA emulator with the nvJPEG stand-in (which
+// decodes with libjpeg-turbo, the workers' decoder), toDevice's batches equal the workers' path's
+// bit for bit for a folder of JPEGs of different sizes, with the loader's geometry and augment;
+// a corrupt file and a PNG are named; leaving early frees every device byte; without nvJPEG one
+// line says why and the workers decode (on the CPU backend too).
+
+import assert from "node:assert";
+import { Device } from "../ffi/device.ts";
+import { NVJPEG_LIB_ENV } from "../ffi/nvjpeg.ts";
+import { DataLoader, type DataLoaderOptions } from "../loader/data_loader.ts";
+import { ImageFolder } from "../loader/datasets/image_folder.ts";
+import { ImageFileList, type ImageFilesOptions } from "../loader/datasets/image_files.ts";
+import { toDevice } from "../pipeline/prefetcher.ts";
+import { encodeJpeg } from "../decode/mod.ts";
+import { cudaIsEmulated } from "./_backends.ts";
+import { nvjpegStandIn } from "./_nvjpeg_stand_in.ts";
+
+const LIB = cudaIsEmulated() ? nvjpegStandIn() : undefined;
+
+const SIZES: [number, number][] = [[40, 48], [24, 36], [40, 40], [17, 29], [33, 21], [40, 31], [
+  26,
+  40,
+]];
+
+/** A folder of two classes of RGB JPEGs of SIZES (patterned, so decoding details matter). */
+async function folder(): Promise<string> {
+  const root = await Deno.makeTempDir({ prefix: "pinstream-jpeg-loader-" });
+  for (const [k, [h, w]] of SIZES.entries()) {
+    const dir = `${root}/class${k % 2}`;
+    await Deno.mkdir(dir, { recursive: true });
+    const data = new Uint8Array(h * w * 3).map((_, i) =>
+      ((i % (w * 3)) * 5 + Math.floor(i / (w * 3)) * 7 + ((i >> 4) & 1) * 90 + k * 31) & 255
+    );
+    await Deno.writeFile(`${dir}/${k}.jpg`, encodeJpeg({ data, height: h, width: w, channels: 3 }));
+  }
+  return root;
+}
+
+const LOADER: DataLoaderOptions = {
+  batchSize: 3,
+  shuffle: true,
+  seed: 7,
+  autoRelease: false,
+  geometry: { size: 20, crop: "random-resized-crop", rotation: 10 },
+  augment: { flip: true, brightness: 0.2, contrast: 0.2 },
+};
+
+/** Every batch of one epoch, on the host. */
+async function epoch(
+  root: string,
+  device: Device,
+  ds: ImageFilesOptions,
+  loaderOptions: DataLoaderOptions = LOADER,
+): Promise<{ images: number[][]; labels: number[][]; deviceBytes: boolean }> {
+  const dataset = new ImageFolder(root, { maxSize: [40, 48], verbose: false, ...ds });
+  await using loader = new DataLoader(dataset, loaderOptions);
+  await using batches = toDevice(loader, device, {
+    mean: [0.5, 0.4, 0.3],
+    std: [0.2, 0.25, 0.3],
+    dtype: "f32",
+  });
+  const images: number[][] = [], labels: number[][] = [];
+  let deviceBytes = false;
+  for await (const b of batches) {
+    deviceBytes ||= dataset.deviceBytes;
+    images.push([...await b.images.toHost() as Float32Array]);
+    labels.push([...await b.labels.toHost() as Int32Array]);
+  }
+  return { images, labels, deviceBytes };
+}
+
+/** Runs `fn` with console.error's lines collected. */
+async function lines<T>(fn: () => Promise<T>): Promise<[T, string[]]> {
+  const seen: string[] = [], original = console.error;
+  console.error = (...args: unknown[]) => seen.push(args.join(" "));
+  try {
+    return [await fn(), seen];
+  } finally {
+    console.error = original;
+  }
+}
+
+Deno.test({
+  name: 'ImageFolder decodeOn "device": batches equal the workers\' path bit for bit [cuda]',
+  ignore: LIB === undefined,
+  async fn() {
+    const root = await folder();
+    const env = Deno.env.get(NVJPEG_LIB_ENV);
+    Deno.env.set(NVJPEG_LIB_ENV, LIB!);
+    try {
+      using device = Device.open("cuda");
+      for (const numWorkers of [0, 1]) {
+        const options = { ...LOADER, numWorkers };
+        const want = await epoch(root, device, {}, options);
+        const [got, said] = await lines(() => epoch(root, device, { decodeOn: "device" }, options));
+        assert.deepStrictEqual(said, []);
+        assert.ok(got.deviceBytes, "the workers handed the bytes on");
+        assert.strictEqual(got.images.length, 3); // 7 files: 3 + 3 + 1
+        assert.deepStrictEqual(got.labels, want.labels);
+        assert.deepStrictEqual(got.images, want.images);
+      }
+    } finally {
+      if (env === undefined) Deno.env.delete(NVJPEG_LIB_ENV);
+      else Deno.env.set(NVJPEG_LIB_ENV, env);
+      await Deno.remove(root, { recursive: true });
+    }
+  },
+});
+
+Deno.test({
+  name: 'ImageFolder decodeOn "device": bad files are named; leaving early frees it all [cuda]',
+  ignore: LIB === undefined,
+  async fn() {
+    const root = await folder();
+    const env = Deno.env.get(NVJPEG_LIB_ENV);
+    Deno.env.set(NVJPEG_LIB_ENV, LIB!);
+    try {
+      using device = Device.open("cuda");
+      const before = device.memoryAllocated();
+      {
+        const dataset = new ImageFolder(root, { maxSize: [40, 48], decodeOn: "device" });
+        await using loader = new DataLoader(dataset, { ...LOADER, shuffle: false });
+        await using batches = toDevice(loader, device, { dtype: "f32" });
+        let seen = 0;
+        for await (const _ of batches) if (++seen === 1) break;
+        assert.strictEqual(seen, 1);
+        assert.strictEqual(device.memoryAllocated(), before);
+      }
+      // The header intact, the data cut short: nvJPEG (the stand-in) refuses it on the device.
+      const cut = `${root}/class0/0.jpg`, bytes = await Deno.readFile(cut);
+      await Deno.writeFile(cut, bytes.slice(0, Math.floor(bytes.length * 0.6)));
+      await assert.rejects(
+        () => epoch(root, device, { decodeOn: "device" }, { ...LOADER, shuffle: false }),
+        /Cannot decode sample 0 \(.*class0\/0\.jpg\) on the device/,
+      );
+      assert.strictEqual(device.memoryAllocated(), before);
+      // A PNG is refused by the worker that reads it, naming it.
+      await Deno.writeFile(cut, new Uint8Array([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]));
+      await assert.rejects(
+        () => epoch(root, device, { decodeOn: "device" }, { ...LOADER, shuffle: false }),
+        /Cannot load sample 0 \(.*class0\/0\.jpg\): decodeOn "device" decodes JPEG files only, this is a PNG/,
+      );
+      assert.strictEqual(device.memoryAllocated(), before);
+    } finally {
+      if (env === undefined) Deno.env.delete(NVJPEG_LIB_ENV);
+      else Deno.env.set(NVJPEG_LIB_ENV, env);
+      await Deno.remove(root, { recursive: true });
+    }
+  },
+});
+
+Deno.test('ImageFolder decodeOn "device": without nvJPEG one line, and the workers decode', async () => {
+  const root = await folder();
+  const env = Deno.env.get(NVJPEG_LIB_ENV);
+  Deno.env.set(NVJPEG_LIB_ENV, "/nonexistent/libnvjpeg.so");
+  try {
+    using device = Device.open("cpu");
+    const want = await epoch(root, device, {});
+    const [got, said] = await lines(() => epoch(root, device, { decodeOn: "device" }));
+    assert.strictEqual(said.length, 1);
+    assert.match(said[0], /^pinstream: decodeOn "device": JPEG decoding stays on the workers: /);
+    assert.ok(!got.deviceBytes);
+    assert.deepStrictEqual(got, want);
+  } finally {
+    if (env === undefined) Deno.env.delete(NVJPEG_LIB_ENV);
+    else Deno.env.set(NVJPEG_LIB_ENV, env);
+    await Deno.remove(root, { recursive: true });
+  }
+});
+
+Deno.test('ImageFolder decodeOn "device": options it cannot take are refused', () => {
+  assert.throws(
+    () => new ImageFileList(["a.jpg"], [0], { decodeOn: "device" }),
+    /decodeOn "device" needs maxSize/,
+  );
+  assert.throws(
+    () =>
+      new ImageFileList(["a.jpg"], [0], { decodeOn: "device", maxSize: [8, 8], onError: "skip" }),
+    /decodeOn "device" needs onError "raise"/,
+  );
+  assert.throws(
+    () => new ImageFileList(["a.jpg"], [0], { decodeOn: "gpu" as "device", maxSize: [8, 8] }),
+    /decodeOn should be "workers" or "device"/,
+  );
+});
