@@ -267,6 +267,11 @@ const attached = new WeakMap<StagingRing, DevicePrefetcher>();
  * This is the image path (uint8 images, integer labels); batches of anything else go through
  * {@linkcode BatchPrefetcher}, which {@linkcode toDevice} picks for them.
  *
+ * With an image dataset of `decodeOn: "device"` (and the loader's `geometry`), the workers hand
+ * each JPEG's bytes on and the files are decoded here with nvJPEG, one batch ahead on a stream of
+ * their own, before the same kernels; where nvJPEG cannot run, one line says why and the workers
+ * decode (docs/image_files.md).
+ *
  * The loader should be built with `autoRelease: false` so that a loader slot is only
  * reused after its copy to the device fired; with `autoRelease: true` (the loader's
  * default) the prefetcher waits for each copy before asking for the next batch, which is

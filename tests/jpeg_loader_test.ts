@@ -51,7 +51,7 @@ async function epoch(
   device: Device,
   ds: ImageFilesOptions,
   loaderOptions: DataLoaderOptions = LOADER,
-): Promise<{ images: number[][]; labels: number[][]; deviceBytes: boolean }> {
+): Promise<{ images: number[][]; labels: number[][]; deviceBytes: boolean; samples?: number }> {
   const dataset = new ImageFolder(root, { maxSize: [40, 48], verbose: false, ...ds });
   await using loader = new DataLoader(dataset, loaderOptions);
   await using batches = toDevice(loader, device, {
@@ -66,7 +66,7 @@ async function epoch(
     images.push([...await b.images.toHost() as Float32Array]);
     labels.push([...await b.labels.toHost() as Int32Array]);
   }
-  return { images, labels, deviceBytes };
+  return { images, labels, deviceBytes, samples: batches.stats?.samples };
 }
 
 /** Runs `fn` with console.error's lines collected. */
@@ -98,7 +98,19 @@ Deno.test({
         assert.strictEqual(got.images.length, 3); // 7 files: 3 + 3 + 1
         assert.deepStrictEqual(got.labels, want.labels);
         assert.deepStrictEqual(got.images, want.images);
+        assert.strictEqual(got.samples, 7);
       }
+      // No library: one line naming the reason, and the workers decode.
+      Deno.env.set(NVJPEG_LIB_ENV, "/nonexistent/libnvjpeg.so");
+      const want = await epoch(root, device, {});
+      const [got, said] = await lines(() => epoch(root, device, { decodeOn: "device" }));
+      assert.strictEqual(said.length, 1);
+      assert.match(
+        said[0],
+        /^pinstream: decodeOn "device": JPEG decoding stays on the workers: .*nonexistent/,
+      );
+      assert.ok(!got.deviceBytes);
+      assert.deepStrictEqual(got, want);
     } finally {
       if (env === undefined) Deno.env.delete(NVJPEG_LIB_ENV);
       else Deno.env.set(NVJPEG_LIB_ENV, env);
