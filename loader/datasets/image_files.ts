@@ -21,6 +21,7 @@ import {
 } from "../dataset.ts";
 import { getWorkerInfo } from "../worker_info.ts";
 import type { DecodedImage, ImageDecoder } from "../../decode/mod.ts";
+import { readJpegInto } from "./_jpeg_bytes.ts";
 
 /** What a bad file does: fail the batch naming it ("raise"), or skip it and count it. */
 export type OnError = "raise" | "skip";
@@ -248,11 +249,8 @@ function checkOptions(o: ImageFilesOptions, what: string): void {
     );
   }
   if (o.decodeOn !== undefined && o.decodeOn !== "workers" && o.decodeOn !== "device") {
-    throw new RangeError(
-      `Cannot ${action}: decodeOn should be "workers" or "device", got ${
-        JSON.stringify(o.decodeOn)
-      }`,
-    );
+    const got = JSON.stringify(o.decodeOn);
+    throw new RangeError(`Cannot ${action}: decodeOn should be "workers" or "device", got ${got}`);
   }
   if (o.decodeOn === "device") {
     const why = o.maxSize === undefined
@@ -547,7 +545,12 @@ export class ImageFiles implements Dataset<ImageSample> {
     }
     const max = this.#state.options.maxSize;
     if (Atomics.load(this.#deviceBytes, 0) === 1) {
-      const [h, w, length] = this.#readJpeg(record, out);
+      const o = this.#state.options;
+      const [h, w, length] = readJpegInto(record, this.path(record), out, {
+        maxSize: o.maxSize!,
+        maxPixels: o.maxPixels,
+        exifOrientation: o.exifOrientation,
+      }, this.#decodeModule!);
       const seen = this.#sizes.get(record);
       this.#sizes.set(record, [h, w, (seen?.[2] ?? 0) + 1, length]);
       return;
@@ -556,74 +559,6 @@ export class ImageFiles implements Dataset<ImageSample> {
     if (max !== undefined && r !== SKIP_SAMPLE) {
       const seen = this.#sizes.get(record);
       this.#sizes.set(record, [r.height, r.width, (seen?.[2] ?? 0) + 1, 0]);
-    }
-  }
-
-  /**
-   * decodeOn "device": the file's bytes into the image slot, its size from its header.
-   *
-   * @returns height, width and byte length
-   */
-  #readJpeg(index: number, slot: Uint8Array): [number, number, number] {
-    const path = this.path(index);
-    const o = this.#state.options;
-    try {
-      let bytes: Uint8Array;
-      try {
-        bytes = Deno.readFileSync(path);
-      } catch (e) {
-        throw new Error(`the file cannot be read (${(e as Error).message})`, { cause: e });
-      }
-      if (bytes.length === 0) throw new Error("the file is empty");
-      const type = this.#decodeModule!.sniffImageType(bytes);
-      if (type !== "jpeg") {
-        throw new Error(
-          `decodeOn "device" decodes JPEG files only, this is ${
-            type ? `a ${type.toUpperCase()}` : "no JPEG"
-          } ` +
-            '(decode such files on the workers: decodeOn "workers")',
-        );
-      }
-      const info = this.#decodeModule!.jpegInfo(bytes);
-      const [mh, mw] = o.maxSize!;
-      if (info.height * info.width > (o.maxPixels ?? this.#decodeModule!.DEFAULT_MAX_PIXELS)) {
-        throw new Error(
-          `${info.width}x${info.height} is more than maxPixels (${
-            o.maxPixels ?? this.#decodeModule!.DEFAULT_MAX_PIXELS
-          } pixels)`,
-        );
-      }
-      if (info.height > mh || info.width > mw) {
-        throw new Error(
-          `it is ${info.width}x${info.height}, larger than maxSize [${mh}, ${mw}] (height, width); ` +
-            "decoding on the device does not shrink images: raise maxSize",
-        );
-      }
-      if (info.colorspace === "cmyk" || info.colorspace === "ycck") {
-        throw new Error(
-          `it is a ${info.colorspace.toUpperCase()} JPEG, decoded on the workers only`,
-        );
-      }
-      const orientation = o.exifOrientation === false
-        ? 1
-        : this.#decodeModule!.exifOrientation(bytes);
-      if (orientation !== 1) {
-        throw new Error(
-          `it has EXIF orientation ${orientation}, which decoding on the device does not apply ` +
-            "(pass exifOrientation: false to ignore it)",
-        );
-      }
-      if (bytes.length > slot.length) {
-        throw new Error(
-          `its ${bytes.length} bytes do not fit the slot of ${slot.length} (maxSize's pixels)`,
-        );
-      }
-      slot.set(bytes);
-      return [info.height, info.width, bytes.length];
-    } catch (e) {
-      throw new Error(`Cannot load sample ${index} (${path}): ${(e as Error).message}`, {
-        cause: e,
-      });
     }
   }
 
