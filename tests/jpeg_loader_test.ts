@@ -45,12 +45,13 @@ const LOADER: DataLoaderOptions = {
   augment: { flip: true, brightness: 0.2, contrast: 0.2 },
 };
 
-/** Every batch of one epoch, on the host. */
+/** Every batch of `epochs` epochs, on the host. */
 async function epoch(
   root: string,
   device: Device,
   ds: ImageFilesOptions,
   loaderOptions: DataLoaderOptions = LOADER,
+  epochs = 1,
 ): Promise<{ images: number[][]; labels: number[][]; deviceBytes: boolean; samples?: number }> {
   const dataset = new ImageFolder(root, { maxSize: [40, 48], verbose: false, ...ds });
   await using loader = new DataLoader(dataset, loaderOptions);
@@ -61,10 +62,12 @@ async function epoch(
   });
   const images: number[][] = [], labels: number[][] = [];
   let deviceBytes = false;
-  for await (const b of batches) {
-    deviceBytes ||= dataset.deviceBytes;
-    images.push([...await b.images.toHost() as Float32Array]);
-    labels.push([...await b.labels.toHost() as Int32Array]);
+  for (let e = 0; e < epochs; e++) {
+    for await (const b of batches) {
+      deviceBytes ||= dataset.deviceBytes;
+      images.push([...await b.images.toHost() as Float32Array]);
+      labels.push([...await b.labels.toHost() as Int32Array]);
+    }
   }
   return { images, labels, deviceBytes, samples: batches.stats?.samples };
 }
@@ -91,11 +94,14 @@ Deno.test({
       using device = Device.open("cuda");
       for (const numWorkers of [0, 1]) {
         const options = { ...LOADER, numWorkers };
-        const want = await epoch(root, device, {}, options);
-        const [got, said] = await lines(() => epoch(root, device, { decodeOn: "device" }, options));
+        // Two epochs: the second one's shuffle and records differ, the decoder is reused.
+        const want = await epoch(root, device, {}, options, 2);
+        const [got, said] = await lines(() =>
+          epoch(root, device, { decodeOn: "device" }, options, 2)
+        );
         assert.deepStrictEqual(said, []);
         assert.ok(got.deviceBytes, "the workers handed the bytes on");
-        assert.strictEqual(got.images.length, 3); // 7 files: 3 + 3 + 1
+        assert.strictEqual(got.images.length, 6); // 7 files: 3 + 3 + 1, twice
         assert.deepStrictEqual(got.labels, want.labels);
         assert.deepStrictEqual(got.images, want.images);
         assert.strictEqual(got.samples, 7);
