@@ -48,6 +48,10 @@ interface Extra {
   labels: ArrayBufferView<ArrayBuffer>;
   geometry: Int32Array<ArrayBuffer>;
   augment: Int32Array<ArrayBuffer> | undefined;
+  /** The sample of each file decoded, in order. */
+  where: number[];
+  /** The samples the workers decoded (their `jpegLength` is -1): their pixels. */
+  pixels: { sample: number; bytes: Uint8Array<ArrayBuffer> }[];
 }
 
 const LABEL_BYTES: Record<string, number> = { u8: 1, u16: 2, i32: 4 };
@@ -74,11 +78,19 @@ export async function* decodedBatches(p: DecodeRun): AsyncGenerator<DecodedBatch
       try {
         const n = b.size, bytes = b.fields.image as Uint8Array;
         const lengths = b.fields.jpegLength as Int32Array;
+        const sizes = b.fields.imageSize as Int32Array;
         // Copies: the slot goes back to the loader now; nvJPEG may read the bytes later.
-        const jpegs = Array.from({ length: n }, (_, i) => ({
-          name: nameOf(b.indices[i]),
-          bytes: bytes.slice(i * stride, i * stride + lengths[i]),
-        }));
+        const jpegs = [], where: number[] = [], pixels: Extra["pixels"] = [];
+        for (let i = 0; i < n; i++) {
+          const at = i * stride;
+          if (lengths[i] >= 0) {
+            jpegs.push({ name: nameOf(b.indices[i]), bytes: bytes.slice(at, at + lengths[i]) });
+            where.push(i);
+          } else {
+            const length = sizes[2 * i] * sizes[2 * i + 1] * c;
+            pixels.push({ sample: i, bytes: bytes.slice(at, at + length) });
+          }
+        }
         const labels = b.fields[p.labelField];
         batch = {
           jpegs,
@@ -89,6 +101,8 @@ export async function* decodedBatches(p: DecodeRun): AsyncGenerator<DecodedBatch
             labels: labels.slice() as unknown as ArrayBufferView<ArrayBuffer>,
             geometry: b.geometry!.slice(),
             augment: b.augment?.slice(),
+            where,
+            pixels,
           },
         };
       } finally {
@@ -126,6 +140,7 @@ export async function* decodedBatches(p: DecodeRun): AsyncGenerator<DecodedBatch
     const geoParams = buffer(geometry.sampleBytes * batchSize);
     const augParams = augment ? buffer(augment.sampleBytes * batchSize) : undefined;
     const labelRaw = buffer(label.sampleBytes * batchSize);
+    let mixed: DeviceBuffer | undefined;
     const contrast = (p.loader.augment?.contrast ?? 0) > 0;
     for await (const d of decodeJpegBatches(files(), p.decoder, { stream: consumer, stride })) {
       const e = d.extra!, v = viewsOf(e.n);
@@ -134,7 +149,24 @@ export async function* decodedBatches(p: DecodeRun): AsyncGenerator<DecodedBatch
       geoParams.copyFrom(e.geometry, { stream: consumer });
       if (augParams && e.augment) augParams.copyFrom(e.augment, { stream: consumer });
       labelRaw.copyFrom(e.labels, { stream: consumer });
-      imageGeometry(d.images.buffer, v.pixels, {
+      let src = d.images.buffer;
+      if (e.pixels.length > 0) {
+        // Some samples the workers decoded: the batch is put together in one more buffer.
+        mixed ??= buffer(stride * batchSize);
+        e.where.forEach((i, k) =>
+          mixed!.copyFrom(src, {
+            srcOffset: k * stride,
+            dstOffset: i * stride,
+            bytes: stride,
+            stream: consumer,
+          })
+        );
+        for (const x of e.pixels) {
+          mixed.copyFrom(x.bytes, { dstOffset: x.sample * stride, stream: consumer });
+        }
+        src = mixed;
+      }
+      imageGeometry(src, v.pixels, {
         params: geoParams,
         srcStride: stride,
         antialias: spec.antialias,

@@ -14,7 +14,7 @@
 import type { JpegInput, NvjpegDecoder } from "../ffi/nvjpeg.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
 import { Event, Stream } from "../ffi/stream.ts";
-import type { Tensor } from "../ffi/tensor.ts";
+import { Tensor } from "../ffi/tensor.ts";
 
 /** A batch of JPEG files and whatever goes with them (labels, say). */
 export interface JpegBatch<E = undefined> {
@@ -108,7 +108,7 @@ export async function* decodeJpegBatches<E = undefined>(
         ? [n, stride]
         : first
         ? [n, first.height, first.width, 3]
-        : [];
+        : [0, 0, 0, 3];
       if (slot.images !== undefined && slot.images.shape.join() !== shape.join()) {
         // Another size: the memory may go back to a pool at once, so the consumer's work on
         // it must be done first (the host waits, once per change of size).
@@ -116,7 +116,10 @@ export async function* decodeJpegBatches<E = undefined>(
         slot.images.dispose();
         slot.images = undefined;
       }
-      slot.images = decoder.decode(batch.jpegs, { stream: decodeStream, out: slot.images, stride });
+      // An empty batch (its samples came another way) keeps its place in the order.
+      slot.images = n === 0
+        ? slot.images ?? Tensor.empty(device, shape, "u8")
+        : decoder.decode(batch.jpegs, { stream: decodeStream, out: slot.images, stride });
       slot.decoded.record(decodeStream);
       if (pending !== undefined) yield* handOver(pending);
       pending = { slot, extra: batch.extra };

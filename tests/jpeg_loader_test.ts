@@ -1,7 +1,8 @@
 // ImageFolder's decodeOn "device" end to end: on the CUDA emulator with the nvJPEG stand-in (which
 // decodes with libjpeg-turbo, the workers' decoder), toDevice's batches equal the workers' path's
-// bit for bit for a folder of JPEGs of different sizes, with the loader's geometry and augment;
-// a corrupt file and a PNG are named; leaving early frees every device byte; without nvJPEG one
+// bit for bit for a folder of JPEGs of different sizes, with PNGs and a JPEG over maxSize among
+// them (those the workers decode, a batch of them alone too), with the loader's geometry and
+// augment; a corrupt file is named; leaving early frees every device byte; without nvJPEG one
 // line says why and the workers decode (on the CPU backend too).
 
 import assert from "node:assert";
@@ -12,6 +13,7 @@ import { ImageFolder } from "../loader/datasets/image_folder.ts";
 import { ImageFileList, type ImageFilesOptions } from "../loader/datasets/image_files.ts";
 import { toDevice } from "../pipeline/prefetcher.ts";
 import { encodeJpeg } from "../decode/mod.ts";
+import { deflateSync } from "node:zlib";
 import { cudaIsEmulated } from "./_backends.ts";
 import { nvjpegStandIn } from "./_nvjpeg_stand_in.ts";
 
@@ -22,17 +24,69 @@ const SIZES: [number, number][] = [[40, 48], [24, 36], [40, 40], [17, 29], [33, 
   40,
 ]];
 
-/** A folder of two classes of RGB JPEGs of SIZES (patterned, so decoding details matter). */
+function pattern(h: number, w: number, k: number): Uint8Array {
+  return new Uint8Array(h * w * 3).map((_, i) =>
+    ((i % (w * 3)) * 5 + Math.floor(i / (w * 3)) * 7 + ((i >> 4) & 1) * 90 + k * 31) & 255
+  );
+}
+
+/** An 8-bit RGB PNG. */
+function png(h: number, w: number, data: Uint8Array): Uint8Array {
+  const crcTable = Array.from({ length: 256 }, (_, n) => {
+    let c = n;
+    for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
+    return c >>> 0;
+  });
+  const chunk = (type: string, body: Uint8Array) => {
+    const out = new Uint8Array(12 + body.length), v = new DataView(out.buffer);
+    v.setUint32(0, body.length);
+    out.set([...type].map((ch) => ch.charCodeAt(0)), 4);
+    out.set(body, 8);
+    let crc = 0xffffffff;
+    for (const b of out.subarray(4, 8 + body.length)) crc = crcTable[(crc ^ b) & 255] ^ (crc >>> 8);
+    v.setUint32(8 + body.length, (crc ^ 0xffffffff) >>> 0);
+    return out;
+  };
+  const head = new Uint8Array(13), hv = new DataView(head.buffer);
+  hv.setUint32(0, w);
+  hv.setUint32(4, h);
+  head.set([8, 2, 0, 0, 0], 8);
+  const rows = new Uint8Array(h * (1 + w * 3));
+  for (let y = 0; y < h; y++) {
+    rows.set(data.subarray(y * w * 3, (y + 1) * w * 3), y * (1 + w * 3) + 1);
+  }
+  const parts = [
+    new Uint8Array([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]),
+    chunk("IHDR", head),
+    chunk("IDAT", new Uint8Array(deflateSync(rows))),
+    chunk("IEND", new Uint8Array()),
+  ];
+  const out = new Uint8Array(parts.reduce((s, p) => s + p.length, 0));
+  parts.reduce((at, p) => (out.set(p, at), at + p.length), 0);
+  return out;
+}
+
+/**
+ * A folder of RGB JPEGs of SIZES in two classes (patterned, so decoding details matter), and a
+ * third class the workers decode even with decodeOn "device": two PNGs and a JPEG larger than
+ * maxSize (in file order the last batches of three are [5, a, b] and [c] alone).
+ */
 async function folder(): Promise<string> {
   const root = await Deno.makeTempDir({ prefix: "pinstream-jpeg-loader-" });
   for (const [k, [h, w]] of SIZES.entries()) {
     const dir = `${root}/class${k % 2}`;
     await Deno.mkdir(dir, { recursive: true });
-    const data = new Uint8Array(h * w * 3).map((_, i) =>
-      ((i % (w * 3)) * 5 + Math.floor(i / (w * 3)) * 7 + ((i >> 4) & 1) * 90 + k * 31) & 255
-    );
+    const data = pattern(h, w, k);
     await Deno.writeFile(`${dir}/${k}.jpg`, encodeJpeg({ data, height: h, width: w, channels: 3 }));
   }
+  await Deno.mkdir(`${root}/class2`);
+  await Deno.writeFile(`${root}/class2/a.png`, png(30, 22, pattern(30, 22, 8)));
+  await Deno.writeFile(`${root}/class2/b.png`, png(12, 40, pattern(12, 40, 9)));
+  const big = pattern(56, 50, 10);
+  await Deno.writeFile(
+    `${root}/class2/c.jpg`,
+    encodeJpeg({ data: big, height: 56, width: 50, channels: 3 }),
+  );
   return root;
 }
 
@@ -93,7 +147,7 @@ Deno.test({
     try {
       using device = Device.open("cuda");
       for (const numWorkers of [0, 1]) {
-        const options = { ...LOADER, numWorkers };
+        const options = { ...LOADER, numWorkers, shuffle: numWorkers === 1 };
         // Two epochs: the second one's shuffle and records differ, the decoder is reused.
         const want = await epoch(root, device, {}, options, 2);
         const [got, said] = await lines(() =>
@@ -101,10 +155,10 @@ Deno.test({
         );
         assert.deepStrictEqual(said, []);
         assert.ok(got.deviceBytes, "the workers handed the bytes on");
-        assert.strictEqual(got.images.length, 6); // 7 files: 3 + 3 + 1, twice
+        assert.strictEqual(got.images.length, 8); // 10 files: 3 + 3 + 3 + 1, twice
         assert.deepStrictEqual(got.labels, want.labels);
         assert.deepStrictEqual(got.images, want.images);
-        assert.strictEqual(got.samples, 7);
+        assert.strictEqual(got.samples, 10);
       }
       // No library: one line naming the reason, and the workers decode.
       Deno.env.set(NVJPEG_LIB_ENV, "/nonexistent/libnvjpeg.so");
@@ -152,11 +206,11 @@ Deno.test({
         /Cannot decode sample 0 \(.*class0\/0\.jpg\) on the device/,
       );
       assert.strictEqual(device.memoryAllocated(), before);
-      // A PNG is refused by the worker that reads it, naming it.
+      // A broken PNG goes to the workers' decoder, which names it as on the workers' path.
       await Deno.writeFile(cut, new Uint8Array([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]));
       await assert.rejects(
         () => epoch(root, device, { decodeOn: "device" }, { ...LOADER, shuffle: false }),
-        /Cannot load sample 0 \(.*class0\/0\.jpg\): decodeOn "device" decodes JPEG files only, this is a PNG/,
+        /Cannot load sample 0 \(.*class0\/0\.jpg\): .*PNG/,
       );
       assert.strictEqual(device.memoryAllocated(), before);
     } finally {

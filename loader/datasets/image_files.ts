@@ -52,12 +52,11 @@ export interface ImageFilesOptions {
    */
   maxSize?: readonly [number, number];
   /**
-   * Where JPEGs are decoded: "workers" (default) or "device": with `maxSize`, the workers only
-   * read each JPEG's bytes (and its header's size) into the image slot, with the length in the
-   * int32 field `jpegLength`, and `toDevice` decodes them with nvJPEG on the GPU before the
-   * loader's `geometry` and `augment`. Where nvJPEG cannot run, `toDevice` says why in one line
-   * and the workers decode as with "workers". JPEG files only, RGB (`channels` 3), onError
-   * "raise".
+   * Where JPEGs are decoded: "workers" (default) or "device": with `maxSize`, the workers read
+   * each JPEG's bytes into its slot (the length in the int32 field `jpegLength`; -1 for a file
+   * they decode: a PNG, a CMYK, turned or too large JPEG), and `toDevice` decodes them with
+   * nvJPEG before the loader's `geometry` and `augment`; where it cannot, one line says why and
+   * the workers decode all. Needs `channels` 3 and onError "raise".
    */
   decodeOn?: "workers" | "device";
   /** "auto" (default): libjpeg-turbo and libspng where they load, else the TypeScript decoders. */
@@ -441,11 +440,7 @@ export class ImageFiles implements Dataset<ImageSample> {
     return this.#state.options.decodeOn ?? "workers";
   }
 
-  /**
-   * With decodeOn "device": whether the workers hand each JPEG's bytes on (true; `toDevice`
-   * sets this when nvJPEG runs) or decode it themselves (false, the default). Change it only
-   * between epochs.
-   */
+  /** decodeOn "device": whether the workers hand JPEG bytes on (set by `toDevice`; between epochs). */
   get deviceBytes(): boolean {
     return Atomics.load(this.#deviceBytes, 0) === 1;
   }
@@ -546,19 +541,22 @@ export class ImageFiles implements Dataset<ImageSample> {
     const max = this.#state.options.maxSize;
     if (Atomics.load(this.#deviceBytes, 0) === 1) {
       const o = this.#state.options;
-      const [h, w, length] = readJpegInto(record, this.path(record), out, {
+      const read = readJpegInto(this.path(record), out, {
         maxSize: o.maxSize!,
         maxPixels: o.maxPixels,
         exifOrientation: o.exifOrientation,
       }, this.#decodeModule!);
-      const seen = this.#sizes.get(record);
-      this.#sizes.set(record, [h, w, (seen?.[2] ?? 0) + 1, length]);
-      return;
+      if (read !== undefined) {
+        const seen = this.#sizes.get(record);
+        this.#sizes.set(record, [read[0], read[1], (seen?.[2] ?? 0) + 1, read[2]]);
+        return;
+      }
     }
     const r = this.#load(record, max === undefined ? out : undefined, context, max && out);
     if (max !== undefined && r !== SKIP_SAMPLE) {
       const seen = this.#sizes.get(record);
-      this.#sizes.set(record, [r.height, r.width, (seen?.[2] ?? 0) + 1, 0]);
+      // -1: pixels, decoded here (for decodeOn "device", what the device does not decode).
+      this.#sizes.set(record, [r.height, r.width, (seen?.[2] ?? 0) + 1, -1]);
     }
   }
 
