@@ -1,9 +1,9 @@
 // ImageFolder's decodeOn "device" end to end: on the CUDA emulator with the nvJPEG stand-in (which
 // decodes with libjpeg-turbo, the workers' decoder), toDevice's batches equal the workers' path's
-// bit for bit for a folder of JPEGs of different sizes, with PNGs and a JPEG over maxSize among
-// them (those the workers decode, a batch of them alone too), with the loader's geometry and
-// augment; a corrupt file is named; leaving early frees every device byte; without nvJPEG one
-// line says why and the workers decode (on the CPU backend too).
+// bit for bit for a folder of JPEGs of different sizes (one grey), with PNGs and a JPEG over
+// maxSize among them (those the workers decode, a batch of them alone too), with the loader's
+// geometry and augment; a corrupt file is named; leaving early frees every device byte; without
+// nvJPEG one line says why and the workers decode (on the CPU backend too).
 
 import assert from "node:assert";
 import { Device } from "../ffi/device.ts";
@@ -69,7 +69,8 @@ function png(h: number, w: number, data: Uint8Array): Uint8Array {
 /**
  * A folder of RGB JPEGs of SIZES in two classes (patterned, so decoding details matter), and a
  * third class the workers decode even with decodeOn "device": two PNGs and a JPEG larger than
- * maxSize (in file order the last batches of three are [5, a, b] and [c] alone).
+ * maxSize; with a grey JPEG in class1, the last batch of three in file order is [b, c]: the
+ * workers decode it all.
  */
 async function folder(): Promise<string> {
   const root = await Deno.makeTempDir({ prefix: "pinstream-jpeg-loader-" });
@@ -79,6 +80,12 @@ async function folder(): Promise<string> {
     const data = pattern(h, w, k);
     await Deno.writeFile(`${dir}/${k}.jpg`, encodeJpeg({ data, height: h, width: w, channels: 3 }));
   }
+  // A grey JPEG: nvJPEG and the workers both give RGB.
+  const grey = pattern(23, 27, 11).subarray(0, 23 * 27);
+  await Deno.writeFile(
+    `${root}/class1/7.jpg`,
+    encodeJpeg({ data: grey, height: 23, width: 27, channels: 1 }),
+  );
   await Deno.mkdir(`${root}/class2`);
   await Deno.writeFile(`${root}/class2/a.png`, png(30, 22, pattern(30, 22, 8)));
   await Deno.writeFile(`${root}/class2/b.png`, png(12, 40, pattern(12, 40, 9)));
@@ -155,10 +162,10 @@ Deno.test({
         );
         assert.deepStrictEqual(said, []);
         assert.ok(got.deviceBytes, "the workers handed the bytes on");
-        assert.strictEqual(got.images.length, 8); // 10 files: 3 + 3 + 3 + 1, twice
+        assert.strictEqual(got.images.length, 8); // 11 files: 3 + 3 + 3 + 2, twice
         assert.deepStrictEqual(got.labels, want.labels);
         assert.deepStrictEqual(got.images, want.images);
-        assert.strictEqual(got.samples, 10);
+        assert.strictEqual(got.samples, 11);
       }
       // No library: one line naming the reason, and the workers decode.
       Deno.env.set(NVJPEG_LIB_ENV, "/nonexistent/libnvjpeg.so");
