@@ -273,6 +273,7 @@ export {
   type SafetensorsContents,
   type SafetensorsDtype,
   saveCheckpoint,
+  Scale,
   type ScheduledOptimizer,
   Sequential,
   SGD,

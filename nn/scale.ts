@@ -40,6 +40,8 @@ export class Scale extends Module {
   #factorTensor: Tensor | null = null;
 
   /**
+   * Creates the layer (no parameters).
+   *
    * @param factor A finite number.
    * @throws {TypeError} When the factor is not a finite number.
    */
