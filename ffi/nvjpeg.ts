@@ -115,6 +115,12 @@ export interface NvjpegDecodeOptions {
   stream?: Stream;
   /** Where the pixels go: a u8 `[n, height, width, 3]` tensor of the device (default: a new one). */
   out?: Tensor;
+  /**
+   * Bytes between images: files of different sizes, each decoded at its own size with its rows
+   * packed (`width * 3` bytes a row) at byte `i * stride` of `out`, a u8 `[n, stride]` tensor.
+   * Without it every file must have the first one's size.
+   */
+  stride?: number;
 }
 
 function envLibrary(): string | undefined {
@@ -366,8 +372,12 @@ export class NvjpegDecoder implements Disposable {
    * ```
    */
   decode(images: readonly JpegInput[], options: NvjpegDecodeOptions = {}): Tensor {
-    refuseUnknownKeys(options ?? {}, ["stream", "out"], "decode JPEGs on the device");
+    refuseUnknownKeys(options ?? {}, ["stream", "out", "stride"], "decode JPEGs on the device");
     const action = "decode JPEGs on the device";
+    const stride = options.stride;
+    if (stride !== undefined && !(Number.isInteger(stride) && stride > 0)) {
+      throw new RangeError(`Cannot ${action}: stride must be a positive integer, got ${stride}`);
+    }
     const lib = this.#live(action);
     if (!Array.isArray(images) || images.length === 0) {
       throw new TypeError(`Cannot ${action}: expected a non-empty array of { name, bytes }`);
@@ -375,12 +385,21 @@ export class NvjpegDecoder implements Disposable {
     const stream = options.stream ?? this.device.currentStream;
     assertStream(stream, this.device, action);
     let height = 0, width = 0;
+    const sizes: [number, number][] = [];
     for (const image of images) {
       if (!(image?.bytes instanceof Uint8Array)) {
         throw new TypeError(`Cannot ${action}: ${image?.name ?? "an input"} has no bytes`);
       }
       const s = this.info(image);
-      if (height === 0) [height, width] = [s.height, s.width];
+      sizes.push([s.height, s.width]);
+      if (stride !== undefined) {
+        if (s.height * s.width * 3 > stride) {
+          throw new Error(
+            `Cannot decode ${image.name} on the device: its ${s.width}x${s.height} RGB pixels ` +
+              `need ${s.height * s.width * 3} bytes, more than the stride of ${stride}`,
+          );
+        }
+      } else if (height === 0) [height, width] = [s.height, s.width];
       else if (s.height !== height || s.width !== width) {
         throw new Error(
           `Cannot decode ${image.name} on the device: it is ${s.width}x${s.height}, the batch ` +
@@ -389,7 +408,8 @@ export class NvjpegDecoder implements Disposable {
       }
     }
     this.device.makeCurrent();
-    const n = images.length, shape = [n, height, width, 3];
+    const n = images.length;
+    const shape = stride === undefined ? [n, height, width, 3] : [n, stride];
     const out = options.out ?? Tensor.empty(this.device, shape, "u8");
     if (
       out.device !== this.device || out.dtype !== "u8" ||
@@ -402,12 +422,12 @@ export class NvjpegDecoder implements Disposable {
     }
     try {
       const base = BigInt(Deno.UnsafePointer.value(out.pointer));
-      const frame = BigInt(height * width * 3);
+      const frame = BigInt(stride ?? height * width * 3);
       const dest = new DataView(new ArrayBuffer(IMAGE_BYTES * n));
       const data = new BigUint64Array(n), lengths = new BigUint64Array(n);
       images.forEach((image, i) => {
         dest.setBigUint64(i * IMAGE_BYTES, base + BigInt(i) * frame, true);
-        dest.setBigUint64(i * IMAGE_BYTES + 32, BigInt(width * 3), true);
+        dest.setBigUint64(i * IMAGE_BYTES + 32, BigInt(sizes[i][1] * 3), true);
         data[i] = BigInt(Deno.UnsafePointer.value(Deno.UnsafePointer.of(image.bytes)));
         lengths[i] = BigInt(image.bytes.length);
       });

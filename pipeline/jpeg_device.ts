@@ -14,11 +14,11 @@
 import type { JpegInput, NvjpegDecoder } from "../ffi/nvjpeg.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
 import { Event, Stream } from "../ffi/stream.ts";
-import type { Tensor } from "../ffi/tensor.ts";
+import { Tensor } from "../ffi/tensor.ts";
 
 /** A batch of JPEG files and whatever goes with them (labels, say). */
 export interface JpegBatch<E = undefined> {
-  /** The files, all of one size. */
+  /** The files, all of one size (or of any sizes that fit `stride`, with that option). */
   jpegs: readonly JpegInput[];
   /** Carried to the device batch untouched. */
   extra?: E;
@@ -26,7 +26,10 @@ export interface JpegBatch<E = undefined> {
 
 /** A decoded batch: valid until the next iteration. */
 export interface DeviceJpegBatch<E = undefined> {
-  /** u8 `[n, height, width, 3]`, RGB interleaved, ready for work on the consumer's stream. */
+  /**
+   * u8 `[n, height, width, 3]`, RGB interleaved, ready for work on the consumer's stream; with
+   * `stride`, u8 `[n, stride]`, each image at its own size (rows packed) at byte `i * stride`.
+   */
   images: Tensor;
   /** The batch's `extra`. */
   extra: E | undefined;
@@ -36,6 +39,11 @@ export interface DeviceJpegBatch<E = undefined> {
 export interface DecodeJpegBatchesOptions {
   /** The stream the consumer works on (default: the device's current stream). */
   stream?: Stream;
+  /**
+   * Bytes between images: files of different sizes in one batch, each decoded at its own size
+   * (see `NvjpegDecoder.decode`); the caller knows each file's size from its header.
+   */
+  stride?: number;
 }
 
 interface Slot {
@@ -76,7 +84,8 @@ export async function* decodeJpegBatches<E = undefined>(
   decoder: NvjpegDecoder,
   options: DecodeJpegBatchesOptions = {},
 ): AsyncGenerator<DeviceJpegBatch<E>> {
-  refuseUnknownKeys(options ?? {}, ["stream"], "decode JPEG batches on the device");
+  refuseUnknownKeys(options ?? {}, ["stream", "stride"], "decode JPEG batches on the device");
+  const stride = options.stride;
   const device = decoder.device;
   const consumer = options.stream ?? device.currentStream;
   const decodeStream = new Stream(device);
@@ -94,8 +103,12 @@ export async function* decodeJpegBatches<E = undefined>(
       // The consumer's work on this slot's previous batch comes first.
       if (slot.freeRecorded) decodeStream.waitEvent(slot.free);
       const n = batch.jpegs.length;
-      const first = n > 0 ? decoder.info(batch.jpegs[0]) : undefined;
-      const shape = first ? [n, first.height, first.width, 3] : [];
+      const first = n > 0 && stride === undefined ? decoder.info(batch.jpegs[0]) : undefined;
+      const shape = stride !== undefined
+        ? [n, stride]
+        : first
+        ? [n, first.height, first.width, 3]
+        : [0, 0, 0, 3];
       if (slot.images !== undefined && slot.images.shape.join() !== shape.join()) {
         // Another size: the memory may go back to a pool at once, so the consumer's work on
         // it must be done first (the host waits, once per change of size).
@@ -103,7 +116,10 @@ export async function* decodeJpegBatches<E = undefined>(
         slot.images.dispose();
         slot.images = undefined;
       }
-      slot.images = decoder.decode(batch.jpegs, { stream: decodeStream, out: slot.images });
+      // An empty batch (its samples came another way) keeps its place in the order.
+      slot.images = n === 0
+        ? slot.images ?? Tensor.empty(device, shape, "u8")
+        : decoder.decode(batch.jpegs, { stream: decodeStream, out: slot.images, stride });
       slot.decoded.record(decodeStream);
       if (pending !== undefined) yield* handOver(pending);
       pending = { slot, extra: batch.extra };

@@ -46,6 +46,8 @@ import { augmentHost } from "../augment/host.ts";
 import type { GeometrySpec } from "../augment/geometry.ts";
 import { geometryHost } from "../augment/geometry_host.ts";
 import { BatchPrefetcher, type BatchPrefetcherOptions } from "./batch_prefetcher.ts";
+import { type NvjpegDecoder, openNvjpeg } from "../ffi/nvjpeg.ts";
+import { type DecodedBatch, decodedBatches } from "./_jpeg_loader.ts";
 import {
   type ImageDtype,
   type ImageLayout,
@@ -265,6 +267,11 @@ const attached = new WeakMap<StagingRing, DevicePrefetcher>();
  * This is the image path (uint8 images, integer labels); batches of anything else go through
  * {@linkcode BatchPrefetcher}, which {@linkcode toDevice} picks for them.
  *
+ * With an image dataset of `decodeOn: "device"` (and the loader's `geometry`), the workers hand
+ * each JPEG's bytes on and the files are decoded here with nvJPEG, one batch ahead on a stream of
+ * their own, before the same kernels; where nvJPEG cannot run, one line says why and the workers
+ * decode (docs/image_files.md).
+ *
  * The loader should be built with `autoRelease: false` so that a loader slot is only
  * reused after its copy to the device fired; with `autoRelease: true` (the loader's
  * default) the prefetcher waits for each copy before asking for the next batch, which is
@@ -328,6 +335,9 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
   #res: Resources | undefined;
   #active: EpochRun | undefined;
   #disposed = false;
+  /** decodeOn "device": nvJPEG once opened, or why it cannot run (then the workers decode). */
+  #nvjpeg: NvjpegDecoder | string | undefined;
+  #decoding: AsyncGenerator<DecodedBatch> | undefined;
 
   /**
    * Checks the loader's ring and the options; nothing native is allocated until the first
@@ -434,12 +444,101 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
    */
   [Symbol.asyncIterator](): AsyncIterableIterator<DeviceBatch> {
     if (this.#disposed) throw new Error("Cannot iterate: the DevicePrefetcher is disposed");
-    if (this.#active !== undefined) {
+    if (this.#active !== undefined || this.#decoding !== undefined) {
       throw new Error("Cannot iterate: an epoch of this DevicePrefetcher is still running");
     }
+    const decoder = this.#jpegDecoder();
+    if (decoder !== undefined) return this.#decodeEpoch(decoder);
     const run = new EpochRun(this, this.#resources());
     this.#active = run;
     return run;
+  }
+
+  /**
+   * With a dataset of `decodeOn: "device"`: nvJPEG where it runs (the workers then hand the
+   * files' bytes on), else undefined after one line saying why (the workers decode).
+   */
+  #jpegDecoder(): NvjpegDecoder | undefined {
+    const ds = this.loader.dataset as { decodeOn?: string; deviceBytes?: boolean };
+    if (
+      ds.decodeOn !== "device" || !this.loader.ring?.fields.some((f) => f.name === "jpegLength")
+    ) {
+      return undefined;
+    }
+    if (this.#nvjpeg === undefined) {
+      let why: string | undefined;
+      if (this.loader.geometry === undefined) why = "the DataLoader has no geometry option";
+      else if (this.augmentOn !== "device") why = 'augmentOn "host" is asked for';
+      else if (this.#labelField !== "label" || this.#imageField !== "image") {
+        why = "imageField or labelField is not the dataset's";
+      } else if (this.#persistent) why = "persistent is asked for";
+      const d = why === undefined
+        ? openNvjpeg(this.device)
+        : `JPEG decoding stays on the workers: ${why}`;
+      this.#nvjpeg = d;
+      ds.deviceBytes = typeof d !== "string";
+      if (typeof d === "string") console.error(`pinstream: decodeOn "device": ${d}`);
+    }
+    return typeof this.#nvjpeg === "string" ? undefined : this.#nvjpeg;
+  }
+
+  #decodeEpoch(decoder: NvjpegDecoder): AsyncIterableIterator<DeviceBatch> {
+    const gen = decodedBatches({
+      loader: this.loader,
+      device: this.device,
+      decoder,
+      dtype: this.dtype,
+      padding: this.padding,
+      affine: this.#affine!,
+      stream: this.#userStream,
+      labelField: this.#labelField,
+      serial: () => this._serialKernel(),
+    });
+    this.#decoding = gen;
+    const start = performance.now();
+    let batches = 0, samples = 0, epoch = -1;
+    const end = () => {
+      if (this.#decoding !== gen) return;
+      this.#decoding = undefined;
+      const wallMs = performance.now() - start;
+      this.history.push({
+        epoch,
+        batches,
+        samples,
+        wallMs,
+        waitMs: 0,
+        hostWaitMs: 0,
+        deviceWaitMs: 0,
+        copyMs: 0,
+        copiesTimed: 0,
+        copyBytes: 0,
+        inputBoundFraction: 0,
+        samplesPerSecond: wallMs > 0 ? samples / (wallMs / 1000) : 0,
+      });
+    };
+    const it: AsyncIterableIterator<DeviceBatch> = {
+      next: async () => {
+        try {
+          const r = await gen.next();
+          if (r.done) end();
+          else batches++, samples += r.value.size, epoch = r.value.epoch;
+          return r as IteratorResult<DeviceBatch>;
+        } catch (err) {
+          end();
+          throw err;
+        }
+      },
+      return: async () => {
+        try {
+          await gen.return(undefined);
+        } finally {
+          end();
+        }
+        return { done: true, value: undefined };
+      },
+      [Symbol.asyncIterator]: () => it,
+    };
+    return it;
   }
 
   /**
@@ -452,8 +551,13 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
     this.#disposed = true;
     try {
       await this.#active?.return();
+      await this.#decoding?.return(undefined);
       await this._freeResources();
     } finally {
+      if (typeof this.#nvjpeg === "object") {
+        this.#nvjpeg.dispose();
+        (this.loader.dataset as { deviceBytes?: boolean }).deviceBytes = false;
+      }
       const ring = this.loader.ring!;
       if (attached.get(ring) === this) attached.delete(ring);
     }

@@ -2,7 +2,7 @@
 // workers' TurboJPEG decode when the consumer's copy of it runs late, behind slow work on its
 // stream (without the decode stream's wait for the consumer, the next-but-one batch lands in the
 // slot first and the test fails), across a change of size and a short last batch; leaving early
-// and a bad file free everything.
+// and a bad file free everything; with a stride, files of different sizes share a batch.
 
 import assert from "node:assert";
 import { Device } from "../ffi/device.ts";
@@ -117,5 +117,39 @@ Deno.test({
         TJ!.decode(again[0].jpegs[0].bytes, 3, h, h).data,
       );
     }
+  },
+});
+
+Deno.test({
+  name: "decodeJpegBatches with a stride: files of different sizes in one batch, each exact [cuda]",
+  ignore,
+  async fn() {
+    using device = Device.open("cuda");
+    using decoder = open(device);
+    const shapes: [number, number][] = [[16, 24], [9, 31], [20, 8]];
+    const stride = 20 * 31 * 3;
+    const jpegs = shapes.map(([h, w], j) => ({
+      name: `s${j}.jpg`,
+      bytes: jpegPattern(TJ!, h, w, 3, j),
+    }));
+    let seen = 0;
+    for await (const b of decodeJpegBatches([{ jpegs }], decoder, { stride })) {
+      seen++;
+      assert.deepStrictEqual(b.images.shape, [3, stride]);
+      const got = await b.images.toHost() as Uint8Array;
+      for (const [j, f] of jpegs.entries()) {
+        const h = TJ!.header(f.bytes), want = TJ!.decode(f.bytes, 3, h, h).data;
+        assert.deepStrictEqual(got.subarray(j * stride, j * stride + want.length), want);
+      }
+    }
+    assert.strictEqual(seen, 1);
+    await assert.rejects(
+      async () => {
+        for await (const _ of decodeJpegBatches([{ jpegs }], decoder, { stride: 1000 })) {
+          // consume
+        }
+      },
+      /Cannot decode s0\.jpg on the device: its 24x16 RGB pixels need 1152 bytes, more than the stride of 1000/,
+    );
   },
 });

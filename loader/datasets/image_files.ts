@@ -21,6 +21,7 @@ import {
 } from "../dataset.ts";
 import { getWorkerInfo } from "../worker_info.ts";
 import type { DecodedImage, ImageDecoder } from "../../decode/mod.ts";
+import { readJpegInto } from "./_jpeg_bytes.ts";
 
 /** What a bad file does: fail the batch naming it ("raise"), or skip it and count it. */
 export type OnError = "raise" | "skip";
@@ -50,6 +51,14 @@ export interface ImageFilesOptions {
    * device. Excludes `size` and `randomResizedCrop`.
    */
   maxSize?: readonly [number, number];
+  /**
+   * Where JPEGs are decoded: "workers" (default) or "device": with `maxSize`, the workers read
+   * each JPEG's bytes into its slot (the length in the int32 field `jpegLength`; -1 for a file
+   * they decode: a PNG, a CMYK, turned or too large JPEG), and `toDevice` decodes them with
+   * nvJPEG before the loader's `geometry` and `augment`; where it cannot, one line says why and
+   * the workers decode all. Needs `channels` 3 and onError "raise".
+   */
+  decodeOn?: "workers" | "device";
   /** "auto" (default): libjpeg-turbo and libspng where they load, else the TypeScript decoders. */
   decoder?: "auto" | "native" | "typescript";
   /** Refuse larger images (default: Pillow's decompression-bomb limit, 178,956,970 pixels). */
@@ -138,6 +147,7 @@ export const IMAGE_FILES_KEYS = [
   "size",
   "randomResizedCrop",
   "maxSize",
+  "decodeOn",
   "decoder",
   "maxPixels",
   "exifOrientation",
@@ -200,6 +210,8 @@ export interface ImageFilesState {
   };
   /** [skipped count], shared by every thread. */
   skipped: SharedArrayBuffer;
+  /** [1 while the workers hand JPEG bytes to a device decoder], with decodeOn "device". */
+  deviceBytes: SharedArrayBuffer;
 }
 
 function checkOptions(o: ImageFilesOptions, what: string): void {
@@ -234,6 +246,20 @@ function checkOptions(o: ImageFilesOptions, what: string): void {
       `Cannot ${action}: maxSize (variable-size images) excludes size and randomResizedCrop ` +
         "(crop and resize on the device with the DataLoader's geometry option instead)",
     );
+  }
+  if (o.decodeOn !== undefined && o.decodeOn !== "workers" && o.decodeOn !== "device") {
+    const got = JSON.stringify(o.decodeOn);
+    throw new RangeError(`Cannot ${action}: decodeOn should be "workers" or "device", got ${got}`);
+  }
+  if (o.decodeOn === "device") {
+    const why = o.maxSize === undefined
+      ? "maxSize (the largest image a slot holds; crop and resize with the DataLoader's geometry)"
+      : (o.channels ?? 3) !== 3
+      ? `channels 3 (nvJPEG decodes to RGB), got ${o.channels}`
+      : o.onError === "skip"
+      ? 'onError "raise" (a skipped file would leave a hole in the batch)'
+      : undefined;
+    if (why !== undefined) throw new TypeError(`Cannot ${action}: decodeOn "device" needs ${why}`);
   }
   if (o.onError !== undefined && o.onError !== "raise" && o.onError !== "skip") {
     throw new RangeError(
@@ -292,19 +318,27 @@ export class ImageFiles implements Dataset<ImageSample> {
    */
   readonly filledFields?: () =>
     | readonly [FilledField<"image", "u8">]
-    | readonly [FilledField<"image", "u8">, FilledField<"imageSize", "i32">];
+    | readonly [FilledField<"image", "u8">, FilledField<"imageSize", "i32">]
+    | readonly [
+      FilledField<"image", "u8">,
+      FilledField<"imageSize", "i32">,
+      FilledField<"jpegLength", "i32">,
+    ];
   readonly #state: ImageFilesState;
   readonly #pathBytes: Uint8Array;
   readonly #ends: Float64Array;
   readonly #skipped: Int32Array;
+  readonly #deviceBytes: Int32Array;
   #decoder: ImageDecoder | undefined;
   /** decode/'s resize, loaded with the decoders. */
   #resize: typeof import("../../decode/mod.ts").resizeBilinear | undefined;
+  /** decode/, loaded with the decoders (its header readers serve decodeOn "device"). */
+  #decodeModule: typeof import("../../decode/mod.ts") | undefined;
   /**
    * maxSize: the height and width of images decoded into the ring whose size field is still to
    * fill, and how many occurrences in the batch still need it.
    */
-  readonly #sizes = new Map<number, [number, number, number]>();
+  readonly #sizes = new Map<number, [number, number, number, number]>();
   #warned = new Set<number>();
 
   /** Views a state (use {@linkcode ImageFileList} or `ImageFolder` to make one). */
@@ -317,6 +351,7 @@ export class ImageFiles implements Dataset<ImageSample> {
     this.#pathBytes = new Uint8Array(state.paths.bytes);
     this.#ends = new Float64Array(state.paths.ends, 0, state.length);
     this.#skipped = new Int32Array(state.skipped);
+    this.#deviceBytes = new Int32Array(state.deviceBytes);
     const size = state.options.size, max = state.options.maxSize;
     // A skipped file would leave a hole in a fixed-size batch: skipping takes the generic path.
     if ((size !== undefined || max !== undefined) && state.options.onError !== "skip") {
@@ -325,6 +360,12 @@ export class ImageFiles implements Dataset<ImageSample> {
       this.sharedFields = () => [{ name: "label", dtype: "i32", shape: [], buffer: state.labels }];
       this.filledFields = max === undefined
         ? () => [{ name: "image", dtype: "u8", shape }]
+        : state.options.decodeOn === "device"
+        ? () => [
+          { name: "image", dtype: "u8", shape },
+          { name: "imageSize", dtype: "i32", shape: [2] },
+          { name: "jpegLength", dtype: "i32", shape: [] },
+        ]
         : () => [
           { name: "image", dtype: "u8", shape },
           { name: "imageSize", dtype: "i32", shape: [2] },
@@ -377,6 +418,7 @@ export class ImageFiles implements Dataset<ImageSample> {
       classes,
       options: { ...rest, verbose: verbose ?? true, crop },
       skipped: new SharedArrayBuffer(4),
+      deviceBytes: new SharedArrayBuffer(4),
     };
   }
 
@@ -391,6 +433,23 @@ export class ImageFiles implements Dataset<ImageSample> {
   /** Images skipped so far with `onError: "skip"`, counted by every worker. */
   get skipped(): number {
     return Atomics.load(this.#skipped, 0);
+  }
+
+  /** Where JPEGs are decoded, as asked ("device" may still fall back to the workers). */
+  get decodeOn(): "workers" | "device" {
+    return this.#state.options.decodeOn ?? "workers";
+  }
+
+  /** decodeOn "device": whether the workers hand JPEG bytes on (set by `toDevice`; between epochs). */
+  get deviceBytes(): boolean {
+    return Atomics.load(this.#deviceBytes, 0) === 1;
+  }
+
+  set deviceBytes(on: boolean) {
+    if (on && this.decodeOn !== "device") {
+      throw new Error('Cannot hand JPEG bytes to the device: the dataset has no decodeOn "device"');
+    }
+    Atomics.store(this.#deviceBytes, 0, on ? 1 : 0);
   }
 
   /** The fixed decode size, if any. */
@@ -409,7 +468,9 @@ export class ImageFiles implements Dataset<ImageSample> {
   /** Loads the decoders of this thread (once), printing which run when verbose. */
   async decoder(): Promise<ImageDecoder> {
     if (this.#decoder) return this.#decoder;
-    const { ImageDecoder, resizeBilinear } = await import("../../decode/mod.ts");
+    const decode = await import("../../decode/mod.ts");
+    const { ImageDecoder, resizeBilinear } = decode;
+    this.#decodeModule = decode;
     this.#resize = resizeBilinear;
     const o = this.#state.options;
     this.#decoder = new ImageDecoder({
@@ -459,25 +520,43 @@ export class ImageFiles implements Dataset<ImageSample> {
     if (this.#decoder === undefined) {
       throw new Error("Cannot decode into the ring: prepareFill() was not awaited first");
     }
-    if (field === 1) {
-      // The size of the image field 0 decoded for this record (the gather fills field 0 of
-      // the batch first).
+    if (field >= 1) {
+      // The size (and byte count) of the image field 0 filled for this record (the gather
+      // fills field 0 of the batch first).
       const hw = this.#sizes.get(record);
       if (hw === undefined) {
         throw new Error(`Cannot fill the size of sample ${record}: not decoded`);
       }
+      const last = this.#state.options.decodeOn === "device" ? 2 : 1;
       // A sample may occur more than once in a batch: each occurrence decoded it once.
-      if (--hw[2] === 0) this.#sizes.delete(record);
-      const v = new DataView(out.buffer, out.byteOffset, 8);
-      v.setInt32(0, hw[0], true);
-      v.setInt32(4, hw[1], true);
+      if (field === last && --hw[2] === 0) this.#sizes.delete(record);
+      const v = new DataView(out.buffer, out.byteOffset, 4 * (3 - field));
+      if (field === 2) v.setInt32(0, hw[3], true);
+      else {
+        v.setInt32(0, hw[0], true);
+        v.setInt32(4, hw[1], true);
+      }
       return;
     }
     const max = this.#state.options.maxSize;
+    if (Atomics.load(this.#deviceBytes, 0) === 1) {
+      const o = this.#state.options;
+      const read = readJpegInto(this.path(record), out, {
+        maxSize: o.maxSize!,
+        maxPixels: o.maxPixels,
+        exifOrientation: o.exifOrientation,
+      }, this.#decodeModule!);
+      if (read !== undefined) {
+        const seen = this.#sizes.get(record);
+        this.#sizes.set(record, [read[0], read[1], (seen?.[2] ?? 0) + 1, read[2]]);
+        return;
+      }
+    }
     const r = this.#load(record, max === undefined ? out : undefined, context, max && out);
     if (max !== undefined && r !== SKIP_SAMPLE) {
       const seen = this.#sizes.get(record);
-      this.#sizes.set(record, [r.height, r.width, (seen?.[2] ?? 0) + 1]);
+      // -1: pixels, decoded here (for decodeOn "device", what the device does not decode).
+      this.#sizes.set(record, [r.height, r.width, (seen?.[2] ?? 0) + 1, -1]);
     }
   }
 
