@@ -169,7 +169,6 @@ export class NcclComm implements WorkOwner, Disposable {
     finish: (() => void) | null,
     sig: { dtype: string; count: number; root: number },
   ): Work {
-    if (this.#watch.debug) this.#agree(op, sig.dtype, sig.count, sig.root);
     const current = this.device.currentStream;
     this.device.makeCurrent();
     {
@@ -191,6 +190,8 @@ export class NcclComm implements WorkOwner, Disposable {
       }
       this.stream.waitEvent(ready);
     }
+    // After the graph check: a capture is refused with its own error, not the debug gather's.
+    if (this.#watch.debug) this.#agree(op, sig.dtype, sig.count, sig.root);
     const f = this.#lib.fn;
     let rc = f.ncclGroupStart();
     if (rc === 0) {
