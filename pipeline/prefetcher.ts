@@ -35,7 +35,7 @@
 
 import type { Device } from "../ffi/device.ts";
 import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
-import { Event, Stream } from "../ffi/stream.ts";
+import { Stream } from "../ffi/stream.ts";
 import { Tensor } from "../ffi/tensor.ts";
 import type { DataLoader } from "../loader/data_loader.ts";
 import { RingBatch, type RingField, type StagingRing } from "../loader/ring.ts";
@@ -48,6 +48,7 @@ import { geometryHost } from "../augment/geometry_host.ts";
 import { BatchPrefetcher, type BatchPrefetcherOptions } from "./batch_prefetcher.ts";
 import { type NvjpegDecoder, openNvjpeg } from "../ffi/nvjpeg.ts";
 import { type DecodedBatch, decodedBatches } from "./_jpeg_loader.ts";
+import { type Queued, type RingSlot, SlotEpoch, SlotRing } from "./_slot_ring.ts";
 import {
   type ImageDtype,
   type ImageLayout,
@@ -189,21 +190,13 @@ interface Geometry {
 }
 
 /** A device slot and the events that guard it. */
-interface Slot {
+interface Slot extends RingSlot {
   images: Tensor;
   labels: Tensor;
   /** Device mode: the raw slot bytes; host mode: unused. */
   raw: DeviceBuffer | undefined;
   /** Host mode: floats + int32 labels; "alloc" pinning: a copy of the loader slot. */
   staging: HostBuffer | undefined;
-  copyStart: Event;
-  copyDone: Event;
-  /** Recorded on the compute stream when the slot's contents are no longer needed. */
-  free: Event;
-  /** Whether `free` was recorded since the slot was last filled. */
-  freeRecorded: boolean;
-  /** Whether `copyDone` of the previous fill was accounted (stats, staging reuse). */
-  copyAccounted: boolean;
   /** With the loader's geometry: the transformed uint8 images, [n, h, w, c]. */
   pixels: Tensor | undefined;
   /** Tensors for short batches (the last of an epoch), keyed by size. */
@@ -217,9 +210,7 @@ interface Views {
   pixels: Tensor | undefined;
 }
 
-interface InFlight {
-  slot: Slot;
-  size: number;
+interface InFlight extends Queued<Slot> {
   index: number;
   epoch: number;
   /** The loader slot, held until the copy has fired (device mode with register/none). */
@@ -1019,243 +1010,108 @@ function stagingOf(p: DevicePrefetcher): Staging {
 }
 
 /** The native side of a prefetcher: streams, pinning and the device slots. */
-class Resources {
+class Resources extends SlotRing<Slot> {
   readonly g: Geometry;
   readonly layout: ImageLayout;
   readonly staging: Staging;
   readonly traits: StagingTraits;
-  readonly copyStream: Stream;
-  readonly compute: Stream;
   /** The loader's ring, registered ("in-place" and "registered" staging). */
   readonly pinned: HostBuffer | undefined;
-  readonly slots: Slot[] = [];
   readonly batchSize: number;
   /** Host mode: byte offset of the int32 labels in a staging buffer, after the images. */
   readonly labelsAt: number;
-  #freed = false;
 
   constructor(
     owner: DevicePrefetcher,
     o: { geometry: Geometry; layout: ImageLayout; userStream: Stream | undefined },
   ) {
-    const device = owner.device;
-    this.g = o.geometry;
-    this.layout = o.layout;
-    this.staging = stagingOf(owner);
-    this.traits = STAGING[this.staging];
+    const device = owner.device, g = o.geometry;
+    const staging = stagingOf(owner), traits = STAGING[staging];
     const ring = owner.loader.ring!;
-    this.batchSize = ring.batchSize;
-    const cleanup: Disposable[] = [];
-    try {
-      // Non-blocking: the step's kernels usually run on the default stream, and a blocking
-      // copy stream would serialize with them; the copy is ordered by events instead.
-      this.copyStream = new Stream(device, { nonBlocking: true });
-      cleanup.push(this.copyStream);
-      this.compute = o.userStream ?? device.defaultStream;
-      if (this.staging === "in-place" || this.staging === "registered") {
-        this.pinned = HostBuffer.register(device, ring.buffer);
-        cleanup.push(this.pinned);
-      }
-      const { c, h, w } = this.g;
-      const n = this.batchSize, count = n * c * h * w;
-      const esize = owner.dtype === "f16" ? 2 : 4;
-      // 256-aligned, as an Int32Array view needs (and a DMA engine likes).
-      this.labelsAt = Math.ceil((count * esize) / 256) * 256;
-      const keep = <T extends Disposable>(r: T): T => {
-        cleanup.push(r);
-        return r;
-      };
-      // R = depth + 1 slots: the consumer's, plus `depth` in flight.
-      for (let i = 0; i <= owner.depth; i++) {
-        const images = keep(Tensor.empty(device, [n, c, h, w], owner.dtype));
-        const labels = keep(Tensor.empty(device, [n], "i32"));
-        // The transformed bytes the augment kernel reads (device modes).
-        const pixels = this.g.transform && this.staging !== "host"
-          ? keep(Tensor.empty(device, [n, h, w, c], "u8"))
-          : undefined;
-        let raw: DeviceBuffer | undefined, staging: HostBuffer | undefined;
-        if (this.traits.kernelAtDelivery) raw = keep(DeviceBuffer.alloc(device, this.g.copyBytes));
-        if (this.staging === "pinned-copy") {
-          staging = keep(HostBuffer.alloc(device, this.g.copyBytes));
-        } else if (this.staging === "host") {
-          staging = keep(HostBuffer.alloc(device, this.labelsAt + n * 4));
+    const n = ring.batchSize, { c, h, w } = g, count = n * c * h * w;
+    const esize = owner.dtype === "f16" ? 2 : 4;
+    // 256-aligned, as an Int32Array view needs (and a DMA engine likes).
+    const labelsAt = Math.ceil((count * esize) / 256) * 256;
+    let pinned: HostBuffer | undefined;
+    super(device, owner.depth, o.userStream, {
+      setup: (keep) => {
+        if (staging === "in-place" || staging === "registered") {
+          pinned = keep(HostBuffer.register(device, ring.buffer));
         }
-        this.slots.push({
-          images,
-          labels,
-          raw,
-          staging,
-          copyStart: keep(new Event(device, { timing: true })),
-          // The host waits on copyDone off its thread (loader-slot releases, backpressure):
-          // sleeping there leaves the core to the loader's workers.
-          copyDone: keep(new Event(device, { timing: true, blocking: true })),
-          free: keep(new Event(device)),
-          freeRecorded: false,
-          copyAccounted: true,
-          pixels,
-          partial: new Map(),
-        });
-      }
-    } catch (err) {
-      for (const r of cleanup.reverse()) r[Symbol.dispose]();
-      throw err;
-    }
-  }
-
-  /** Waits for every queued copy and kernel of the pipeline, then frees everything. */
-  async free(): Promise<void> {
-    if (this.#freed) return;
-    this.#freed = true;
-    // Device work may still read the raw buffers, the pinned ring or the staging memory,
-    // and the consumer's last step may still read a slot: let both streams drain first.
-    await this.copyStream.synchronize();
-    await this.compute.synchronize();
-    const errors: unknown[] = [];
-    const dispose = (r: Disposable | undefined) => {
-      try {
-        r?.[Symbol.dispose]();
-      } catch (err) {
-        errors.push(err);
-      }
-    };
-    for (const s of this.slots) {
-      for (const p of s.partial.values()) {
-        dispose(p.images);
-        dispose(p.labels);
-        dispose(p.pixels);
-      }
-      for (
-        const r of [s.images, s.labels, s.pixels, s.raw, s.staging, s.copyStart, s.copyDone, s.free]
-      ) {
-        dispose(r);
-      }
-    }
-    dispose(this.pinned);
-    dispose(this.copyStream);
-    if (errors.length > 0) {
-      throw errors.length === 1
-        ? errors[0]
-        : new AggregateError(errors, "Cannot free the pipeline");
-    }
+      },
+      slot: (keep, events) => ({
+        ...events,
+        images: keep(Tensor.empty(device, [n, c, h, w], owner.dtype)),
+        labels: keep(Tensor.empty(device, [n], "i32")),
+        // The transformed bytes the augment kernel reads (device modes).
+        pixels: g.transform && staging !== "host"
+          ? keep(Tensor.empty(device, [n, h, w, c], "u8"))
+          : undefined,
+        raw: traits.kernelAtDelivery ? keep(DeviceBuffer.alloc(device, g.copyBytes)) : undefined,
+        staging: staging === "pinned-copy"
+          ? keep(HostBuffer.alloc(device, g.copyBytes))
+          : staging === "host"
+          ? keep(HostBuffer.alloc(device, labelsAt + n * 4))
+          : undefined,
+        partial: new Map(),
+      }),
+      release: (s, dispose) => {
+        for (const p of s.partial.values()) {
+          dispose(p.images);
+          dispose(p.labels);
+          dispose(p.pixels);
+        }
+        for (const r of [s.images, s.labels, s.pixels, s.raw, s.staging]) dispose(r);
+      },
+      freeMessage: "Cannot free the pipeline",
+    });
+    this.g = g;
+    this.layout = o.layout;
+    this.staging = staging;
+    this.traits = traits;
+    this.pinned = pinned;
+    this.batchSize = n;
+    this.labelsAt = labelsAt;
   }
 }
 
 /** One epoch: the async iterator handed to `for await`. */
-class EpochRun implements AsyncIterableIterator<DeviceBatch> {
+class EpochRun extends SlotEpoch<Slot, InFlight, DeviceBatch> {
   readonly #p: DevicePrefetcher;
   readonly #r: Resources;
-  readonly #source: AsyncIterator<unknown>;
-  readonly #queue: InFlight[] = [];
-  /** The batch the consumer holds. */
-  #current: InFlight | undefined;
-  #next = 0;
-  #exhausted = false;
-  #finished = false;
-  #epoch = -1;
   /**
    * Releases of loader slots whose copies have not fired yet, oldest first; each removes
    * itself when done.
    */
   readonly #pending: Promise<void>[] = [];
-  // stats
-  #t0 = -1;
-  #batches = 0;
-  #samples = 0;
-  #waitMs = 0;
-  #hostWaitMs = 0;
-  #deviceWaitMs = 0;
-  #copyMs = 0;
-  #copyBytes = 0;
-  #copiesTimed = 0;
-  #failure: unknown;
 
   constructor(p: DevicePrefetcher, r: Resources) {
+    super(r, p.depth, p.loader[Symbol.asyncIterator]());
     this.#p = p;
     this.#r = r;
-    this.#source = p.loader[Symbol.asyncIterator]();
   }
 
-  [Symbol.asyncIterator](): AsyncIterableIterator<DeviceBatch> {
-    return this;
+  protected ended(stats: PipelineStats, early: boolean): Promise<void> {
+    return this.#p._epochEnded(this, stats, early);
   }
 
-  snapshot(): PipelineStats {
-    const wallMs = this.#t0 < 0 ? 0 : performance.now() - this.#t0;
-    return {
-      epoch: this.#epoch,
-      batches: this.#batches,
-      samples: this.#samples,
-      wallMs,
-      waitMs: this.#waitMs,
-      hostWaitMs: this.#hostWaitMs,
-      deviceWaitMs: this.#deviceWaitMs,
-      copyMs: this.#copyMs,
-      copiesTimed: this.#copiesTimed,
-      copyBytes: this.#copyBytes,
-      inputBoundFraction: wallMs > 0 ? Math.min(1, this.#waitMs / wallMs) : 0,
-      samplesPerSecond: wallMs > 0 ? this.#samples / (wallMs / 1000) : 0,
-    };
-  }
-
-  /**
-   * The previous next() call. Each call awaits the loader and the device several times while
-   * it moves batches between the loader, the in-flight queue and the consumer; a call that
-   * started in one of those gaps took batches out of order (even "done" before the last
-   * batch). Calls therefore run one after another, as an async generator's do.
-   */
-  #serial: Promise<unknown> = Promise.resolve();
-
-  next(): Promise<IteratorResult<DeviceBatch>> {
-    const r = this.#serial.then(() => this.#step());
-    this.#serial = r.catch(() => {});
-    return r;
-  }
-
-  async #step(): Promise<IteratorResult<DeviceBatch>> {
-    if (this.#finished) return { done: true, value: undefined };
-    using _ = range("pipeline.next");
-    const t = performance.now();
-    if (this.#t0 < 0) this.#t0 = t;
-    const deviceWait0 = this.#deviceWaitMs;
-    try {
-      // The consumer is done queuing work on the batch it holds: mark the compute stream.
-      const cur = this.#current;
-      if (cur !== undefined) {
-        cur.slot.free.record(this.#r.compute);
-        cur.slot.freeRecorded = true;
-        this.#current = undefined;
+  /** Host slots still held go back once their copies fired. */
+  protected override async releaseQueued(errors: unknown[]): Promise<void> {
+    await Promise.allSettled([...this.#pending]);
+    for (const b of this.queue) {
+      try {
+        if (b.host !== undefined) {
+          await b.slot.copyDone.synchronize();
+          b.host.release();
+        }
+      } catch (err) {
+        errors.push(err);
       }
-      // Keep `depth` batches in flight, plus the one about to be handed out.
-      while (!this.#exhausted && this.#queue.length < this.#p.depth + 1) {
-        if (!(await this.#submit())) break;
-      }
-      const b = this.#queue.shift();
-      if (b === undefined) {
-        await this.#finish(false);
-        return { done: true, value: undefined };
-      }
-      const value = this.#deliver(b);
-      this.#waitMs += performance.now() - t - (this.#deviceWaitMs - deviceWait0);
-      return { done: false, value };
-    } catch (err) {
-      this.#failure ??= err;
-      await this.#finish(true).catch(() => {});
-      throw err;
     }
   }
 
-  async return(): Promise<IteratorResult<DeviceBatch>> {
-    await this.#finish(true);
-    return { done: true, value: undefined };
-  }
-
-  async throw(err?: unknown): Promise<IteratorResult<DeviceBatch>> {
-    await this.#finish(true);
-    throw err;
-  }
-
   /** Pulls one loader batch and queues it for a device slot; false at the epoch's end. */
-  async #submit(): Promise<boolean> {
+  protected async submit(): Promise<boolean> {
     await this.#holdBack();
     const hb = await this.#pull();
     if (hb === undefined) return false;
@@ -1270,7 +1126,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
       slot.copyAccounted = false;
       if (res.traits.holdsLoaderSlot) await this.#releaseAfterCopy(b, hb);
     }
-    this.#queue.push(b);
+    this.queue.push(b);
     return true;
   }
 
@@ -1283,17 +1139,17 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
    */
   async #holdBack(): Promise<void> {
     while (this.#pending.length >= this.#p.loader.maxHeldBatches) {
-      await this.#waitForDevice(this.#pending[0]);
+      await this.waitForDevice(this.#pending[0]);
     }
   }
 
   /** The loader's next batch, or undefined when its epoch ended. */
   async #pull(): Promise<RingBatch | undefined> {
     const th = performance.now();
-    const r = await this.#source.next();
-    this.#hostWaitMs += performance.now() - th;
+    const r = await this.source.next();
+    this.hostWaitMs += performance.now() - th;
     if (r.done) {
-      this.#exhausted = true;
+      this.exhausted = true;
       return undefined;
     }
     const hb = r.value;
@@ -1302,22 +1158,19 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
         "Cannot prefetch: the loader yielded a batch outside its staging ring (generic path)",
       );
     }
-    if (this.#epoch < 0) this.#epoch = hb.epoch;
+    if (this.epoch < 0) this.epoch = hb.epoch;
     return hb;
   }
 
   /** The next device slot in ring order, ordered after every use of its previous batch. */
   async #claimSlot(): Promise<Slot> {
-    const res = this.#r;
-    const slot = res.slots[this.#next];
-    this.#next = (this.#next + 1) % res.slots.length;
+    const slot = this.nextSlot();
     // Host staging is rewritten by the host: its last copy must be done. Device buffers are
     // guarded on the device instead.
-    await this.#accountCopy(slot, res.traits.rewritesHostStaging);
+    await this.accountCopy(slot, this.#r.traits.rewritesHostStaging);
     // The slot's previous batch: the consumer's work (host mode) or the kernel that read the
     // raw bytes (device mode) must be done before the copy overwrites it.
-    if (slot.freeRecorded) res.copyStream.waitEvent(slot.free);
-    slot.freeRecorded = false;
+    this.orderAfterFree(slot);
     return slot;
   }
 
@@ -1355,7 +1208,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
       slot.copyStart.record(copy);
       raw.copyFrom(new Uint8Array(hb.ring.buffer, hb.byteOffset, bytes), { stream: copy, bytes });
     }
-    this.#copyBytes += bytes;
+    this.copyBytes += bytes;
   }
 
   /** Host mode: floats and int32 labels built in pinned staging, then copied as they are. */
@@ -1400,7 +1253,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     slot.copyStart.record(copy);
     images.buffer.copyFrom(st, { stream: copy, bytes: count * esize });
     labels.buffer.copyFrom(st, { stream: copy, srcOffset: res.labelsAt, bytes: n * 4 });
-    this.#copyBytes += count * esize + n * 4;
+    this.copyBytes += count * esize + n * 4;
   }
 
   /**
@@ -1413,7 +1266,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     if (this.#p.loader.autoRelease) {
       // The loader releases this slot when we ask for the next batch: the copy must be
       // done by then. (Build the loader with autoRelease: false to avoid this wait.)
-      await this.#waitForDevice(done.synchronize());
+      await this.waitForDevice(done.synchronize());
     } else if (done.query()) {
       hb.release();
     } else {
@@ -1427,13 +1280,6 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
     }
   }
 
-  /** Awaits `p`, counted as time spent waiting for the device (`deviceWaitMs`). */
-  async #waitForDevice(p: Promise<unknown>): Promise<void> {
-    const td = performance.now();
-    await p;
-    this.#deviceWaitMs += performance.now() - td;
-  }
-
   /** Bytes of a slot a batch of `n` needs on the device. */
   #copyExtent(n: number): number {
     const g = this.#r.g;
@@ -1444,25 +1290,6 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
       ...(g.transform ? [g.transform.field] : []),
     ].map((f) => f.byteOffset + n * f.sampleBytes);
     return Math.max(...ends);
-  }
-
-  /** Reads the copy time of the slot's previous fill (its events have fired by now). */
-  async #accountCopy(slot: Slot, mustWait: boolean): Promise<void> {
-    if (slot.copyAccounted) return;
-    if (!slot.copyDone.query()) {
-      if (!mustWait) {
-        // Only the statistic needs it: never stall the host for it (the device-side
-        // waitEvent already orders the reuse). This copy stays untimed.
-        slot.copyAccounted = true;
-        return;
-      }
-      // Host staging about to be rewritten: the host must wait for the copy, which waits
-      // for the device to finish the step that last used the slot (device-bound time).
-      await this.#waitForDevice(slot.copyDone.synchronize());
-    }
-    this.#copyMs += slot.copyStart.elapsedMs(slot.copyDone);
-    this.#copiesTimed++;
-    slot.copyAccounted = true;
   }
 
   /** The tensors of a slot for a batch of `n`. */
@@ -1496,7 +1323,7 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
   }
 
   /** Hands a batch to the compute stream: wait for its copy there, run the kernel. */
-  #deliver(b: InFlight): DeviceBatch {
+  protected deliver(b: InFlight): DeviceBatch {
     const res = this.#r, g = res.g, slot = b.slot;
     if (res.traits.copies) res.compute.waitEvent(slot.copyDone);
     const views = this.#views(slot, b.size), { images, labels } = views;
@@ -1511,9 +1338,6 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
         views,
       );
     }
-    this.#current = b;
-    this.#batches++;
-    this.#samples += b.size;
     return { images, labels, size: b.size, index: b.index, epoch: b.epoch };
   }
 
@@ -1555,55 +1379,5 @@ class EpochRun implements AsyncIterableIterator<DeviceBatch> {
       stream,
     });
     imageLabelsI32(labelSrc, labels, { labelBytes: LABEL_BYTES[g.labelField.dtype], stream });
-  }
-
-  async #finish(early: boolean): Promise<void> {
-    if (this.#finished) return;
-    this.#finished = true;
-    const errors: unknown[] = [];
-    try {
-      if (early) await this.#source.return?.();
-    } catch (err) {
-      errors.push(err);
-    }
-    // Host slots still held go back once their copies fired.
-    await Promise.allSettled([...this.#pending]);
-    for (const b of this.#queue) {
-      try {
-        if (b.host !== undefined) {
-          await b.slot.copyDone.synchronize();
-          b.host.release();
-        }
-      } catch (err) {
-        errors.push(err);
-      }
-    }
-    this.#queue.length = 0;
-    // The consumer's last batch: later copies into its slot must wait for its work.
-    try {
-      if (this.#current !== undefined) {
-        this.#current.slot.free.record(this.#r.compute);
-        this.#current.slot.freeRecorded = true;
-      }
-    } catch (err) {
-      errors.push(err);
-    }
-    this.#current = undefined;
-    for (const slot of this.#r.slots) {
-      try {
-        await this.#accountCopy(slot, true);
-      } catch (err) {
-        errors.push(err);
-      }
-    }
-    const stats = this.snapshot();
-    try {
-      await this.#p._epochEnded(this, stats, early);
-    } catch (err) {
-      errors.push(err);
-    }
-    if (errors.length > 0 && this.#failure === undefined) {
-      throw errors.length === 1 ? errors[0] : new AggregateError(errors, "Cannot end the epoch");
-    }
   }
 }
