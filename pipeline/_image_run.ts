@@ -285,16 +285,9 @@ export class EpochRun extends SlotEpoch<Slot, InFlight, DeviceBatch> {
 
   /** "in-place" staging: the kernel reads the registered loader slot, free when it returns. */
   #readInPlace(slot: Slot, hb: RingBatch): void {
-    const res = this.#r, g = res.g;
-    const at = (f: RingField) => res.pinned!.pointerAt(hb.byteOffset + f.byteOffset, "read");
+    const res = this.#r;
     const views = this.#views(slot, hb.size);
-    this.#launch(
-      at(g.imageField),
-      g.augmentField ? at(g.augmentField) : null,
-      at(g.labelField),
-      g.transform ? at(g.transform.field) : null,
-      views,
-    );
+    this.#launch((f) => res.pinned!.pointerAt(hb.byteOffset + f.byteOffset, "read"), views);
     hb.release();
   }
 
@@ -433,19 +426,12 @@ export class EpochRun extends SlotEpoch<Slot, InFlight, DeviceBatch> {
 
   /** Hands a batch to the compute stream: wait for its copy there, run the kernel. */
   protected deliver(b: InFlight): DeviceBatch {
-    const res = this.#r, g = res.g, slot = b.slot;
+    const res = this.#r, slot = b.slot;
     if (res.traits.copies) res.compute.waitEvent(slot.copyDone);
     const views = this.#views(slot, b.size), { images, labels } = views;
     if (res.traits.kernelAtDelivery) {
       const raw = slot.raw!;
-      const at = (f: RingField) => raw.pointerAt(f.byteOffset, "augment a batch");
-      this.#launch(
-        at(g.imageField),
-        g.augmentField ? at(g.augmentField) : null,
-        at(g.labelField),
-        g.transform ? at(g.transform.field) : null,
-        views,
-      );
+      this.#launch((f) => raw.pointerAt(f.byteOffset, "augment a batch"), views);
     }
     return { images, labels, size: b.size, index: b.index, epoch: b.epoch };
   }
@@ -453,16 +439,14 @@ export class EpochRun extends SlotEpoch<Slot, InFlight, DeviceBatch> {
   /**
    * Queues the geometry kernel (with the loader's geometry), the fused kernel and the label
    * widening on the compute stream. The wrappers read the batch size (and c, h, w) from the
-   * views, [n, c, h, w] and [n].
+   * views, [n, c, h, w] and [n]; `at` gives where a ring field of the batch is.
    */
-  #launch(
-    src: Deno.PointerValue,
-    params: Deno.PointerValue,
-    labelSrc: Deno.PointerValue,
-    geoParams: Deno.PointerValue,
-    { images, labels, pixels }: Views,
-  ): void {
+  #launch(at: (f: RingField) => Deno.PointerValue, { images, labels, pixels }: Views): void {
     const res = this.#r, g = res.g, stream = res.compute;
+    let src = at(g.imageField);
+    const params = g.augmentField ? at(g.augmentField) : null;
+    const labelSrc = at(g.labelField);
+    const geoParams = g.transform ? at(g.transform.field) : null;
     using _ = range("pipeline.augment", { stream });
     if (g.transform) {
       const spec = g.transform.spec;
