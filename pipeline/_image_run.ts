@@ -195,7 +195,7 @@ export class EpochRun extends SlotEpoch<Slot, InFlight, DeviceBatch> {
   readonly #pending: Promise<void>[] = [];
 
   constructor(p: DevicePrefetcher, r: Resources) {
-    super(r, p.depth, p.loader[Symbol.asyncIterator]());
+    super(r, p.depth, -1, p.loader[Symbol.asyncIterator]());
     this.#p = p;
     this.#r = r;
   }

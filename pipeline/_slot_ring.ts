@@ -160,9 +160,14 @@ export abstract class SlotEpoch<S extends RingSlot, Q extends Queued<S>, V>
   #copiesTimed = 0;
   #failure: unknown;
 
-  constructor(ring: SlotRing<S>, depth: number, source: AsyncIterator<unknown>) {
+  /**
+   * @param epoch The epoch the stats name, or -1 to take it from the first batch. A loader
+   * moves its epoch on when iterated, so read it before making `source`.
+   */
+  constructor(ring: SlotRing<S>, depth: number, epoch: number, source: AsyncIterator<unknown>) {
     this.ring = ring;
     this.#depth = depth;
+    this.epoch = epoch;
     this.source = source;
   }
 

@@ -392,9 +392,8 @@ class EpochRun<B> extends SlotEpoch<Slot, InFlight, OnDevice<B>> {
   readonly #p: BatchPrefetcher<B>;
 
   constructor(p: BatchPrefetcher<B>, r: SlotRing<Slot>) {
-    super(r, p.depth, p.loader[Symbol.asyncIterator]());
+    super(r, p.depth, p.loader.epoch, p.loader[Symbol.asyncIterator]());
     this.#p = p;
-    this.epoch = p.loader.epoch;
   }
 
   protected deliver(b: InFlight): OnDevice<B> {
