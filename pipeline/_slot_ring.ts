@@ -344,3 +344,43 @@ export abstract class SlotEpoch<S extends RingSlot, Q extends Queued<S>, V>
     }
   }
 }
+
+/**
+ * A prefetcher's ring and running epoch across its epochs: the ring is made for the first
+ * epoch, kept for the next one with `persistent`, and freed when an epoch ends early or the
+ * prefetcher is disposed.
+ */
+export class RingLease<
+  R extends { free(): Promise<void> },
+  E extends { snapshot(): PipelineStats },
+> {
+  /** The native side, while it is held. */
+  ring: R | undefined;
+  /** The epoch in progress. */
+  active: E | undefined;
+  readonly #history: PipelineStats[];
+
+  /** @param history The owner's list of finished epochs' stats, appended to here. */
+  constructor(history: PipelineStats[]) {
+    this.#history = history;
+  }
+
+  /** The epoch in progress, else the last finished one (undefined before any). */
+  stats(): PipelineStats | undefined {
+    return this.active?.snapshot() ?? this.#history[this.#history.length - 1];
+  }
+
+  /** Records an epoch's end; frees the ring when `free` (early end, not persistent, disposed). */
+  async ended(run: E, stats: PipelineStats, free: boolean): Promise<void> {
+    if (this.active === run) this.active = undefined;
+    this.#history.push(stats);
+    if (free) await this.free();
+  }
+
+  /** Frees the ring (after the copies in flight); the next epoch makes a new one. */
+  async free(): Promise<void> {
+    const ring = this.ring;
+    this.ring = undefined;
+    await ring?.free();
+  }
+}

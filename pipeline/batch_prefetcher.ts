@@ -29,7 +29,7 @@ import { RingBatch } from "../loader/ring.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
 import { range } from "../internal/trace.ts";
 import type { PipelineStats } from "./prefetcher.ts";
-import { type Queued, type RingSlot, SlotEpoch, SlotRing } from "./_slot_ring.ts";
+import { type Queued, RingLease, type RingSlot, SlotEpoch, SlotRing } from "./_slot_ring.ts";
 
 /** Options of {@linkcode BatchPrefetcher}. */
 export interface BatchPrefetcherOptions {
@@ -162,8 +162,7 @@ export class BatchPrefetcher<B = unknown> implements AsyncIterable<OnDevice<B>>,
   readonly history: PipelineStats[] = [];
   #userStream: Stream | undefined;
   #persistent: boolean;
-  #res: SlotRing<Slot> | undefined;
-  #active: EpochRun<B> | undefined;
+  readonly #lease = new RingLease<SlotRing<Slot>, EpochRun<B>>(this.history);
   #disposed = false;
 
   /**
@@ -207,7 +206,7 @@ export class BatchPrefetcher<B = unknown> implements AsyncIterable<OnDevice<B>>,
 
   /** The epoch in progress, else the last finished one (undefined before any). */
   get stats(): PipelineStats | undefined {
-    return this.#active?.snapshot() ?? this.history[this.history.length - 1];
+    return this.#lease.stats();
   }
 
   /**
@@ -220,12 +219,12 @@ export class BatchPrefetcher<B = unknown> implements AsyncIterable<OnDevice<B>>,
    */
   [Symbol.asyncIterator](): AsyncIterableIterator<OnDevice<B>> {
     if (this.#disposed) throw new Error("Cannot iterate: the BatchPrefetcher is disposed");
-    if (this.#active !== undefined) {
+    if (this.#lease.active !== undefined) {
       throw new Error("Cannot iterate: an epoch of this BatchPrefetcher is still running");
     }
-    this.#res ??= openRing(this.device, this.depth, this.#userStream);
-    const run = new EpochRun<B>(this, this.#res);
-    this.#active = run;
+    this.#lease.ring ??= openRing(this.device, this.depth, this.#userStream);
+    const run = new EpochRun<B>(this, this.#lease.ring);
+    this.#lease.active = run;
     return run;
   }
 
@@ -233,7 +232,7 @@ export class BatchPrefetcher<B = unknown> implements AsyncIterable<OnDevice<B>>,
   async dispose(): Promise<void> {
     if (this.#disposed) return;
     this.#disposed = true;
-    await this.#active?.return();
+    await this.#lease.active?.return();
     await this._freeResources();
   }
 
@@ -249,16 +248,12 @@ export class BatchPrefetcher<B = unknown> implements AsyncIterable<OnDevice<B>>,
 
   /** @internal Called by an epoch when it ends. */
   async _epochEnded(run: EpochRun<B>, stats: PipelineStats, early: boolean): Promise<void> {
-    if (this.#active === run) this.#active = undefined;
-    this.history.push(stats);
-    if (early || !this.#persistent || this.#disposed) await this._freeResources();
+    await this.#lease.ended(run, stats, early || !this.#persistent || this.#disposed);
   }
 
   /** @internal */
   async _freeResources(): Promise<void> {
-    const res = this.#res;
-    this.#res = undefined;
-    await res?.free();
+    await this.#lease.free();
   }
 }
 

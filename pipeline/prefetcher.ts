@@ -42,6 +42,7 @@ import { BatchPrefetcher, type BatchPrefetcherOptions } from "./batch_prefetcher
 import { type NvjpegDecoder, openNvjpeg } from "../ffi/nvjpeg.ts";
 import { type DecodedBatch, decodedBatches } from "./_jpeg_loader.ts";
 import { EpochRun, Resources } from "./_image_run.ts";
+import { RingLease } from "./_slot_ring.ts";
 import { cropPadding, describe, fieldName, geometry, oneOf, perChannel } from "./_image_options.ts";
 import {
   type ImageDtype,
@@ -271,8 +272,7 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
   #affine: NormalizeAffine | undefined;
   #userStream: Stream | undefined;
   #persistent: boolean;
-  #res: Resources | undefined;
-  #active: EpochRun | undefined;
+  readonly #lease = new RingLease<Resources, EpochRun>(this.history);
   #disposed = false;
   /** decodeOn "device": nvJPEG once opened, or why it cannot run (then the workers decode). */
   #nvjpeg: NvjpegDecoder | string | undefined;
@@ -368,7 +368,7 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
 
   /** The epoch in progress, else the last finished one (undefined before any). */
   get stats(): PipelineStats | undefined {
-    return this.#active?.snapshot() ?? this.history[this.history.length - 1];
+    return this.#lease.stats();
   }
 
   /**
@@ -383,13 +383,13 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
    */
   [Symbol.asyncIterator](): AsyncIterableIterator<DeviceBatch> {
     if (this.#disposed) throw new Error("Cannot iterate: the DevicePrefetcher is disposed");
-    if (this.#active !== undefined || this.#decoding !== undefined) {
+    if (this.#lease.active !== undefined || this.#decoding !== undefined) {
       throw new Error("Cannot iterate: an epoch of this DevicePrefetcher is still running");
     }
     const decoder = this.#jpegDecoder();
     if (decoder !== undefined) return this.#decodeEpoch(decoder);
     const run = new EpochRun(this, this.#resources());
-    this.#active = run;
+    this.#lease.active = run;
     return run;
   }
 
@@ -489,7 +489,7 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
     if (this.#disposed) return;
     this.#disposed = true;
     try {
-      await this.#active?.return();
+      await this.#lease.active?.return();
       await this.#decoding?.return(undefined);
       await this._freeResources();
     } finally {
@@ -526,20 +526,16 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
 
   /** @internal Called by an epoch when it ends. */
   async _epochEnded(run: EpochRun, stats: PipelineStats, early: boolean): Promise<void> {
-    if (this.#active === run) this.#active = undefined;
-    this.history.push(stats);
-    if (early || !this.#persistent || this.#disposed) await this._freeResources();
+    await this.#lease.ended(run, stats, early || !this.#persistent || this.#disposed);
   }
 
   /** @internal */
   async _freeResources(): Promise<void> {
-    const res = this.#res;
-    this.#res = undefined;
-    await res?.free();
+    await this.#lease.free();
   }
 
   #resources(): Resources {
-    this.#res ??= new Resources(this, {
+    this.#lease.ring ??= new Resources(this, {
       geometry: geometry(
         this.loader.ring!,
         this.#imageField,
@@ -550,7 +546,7 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
       layout: this.#layout,
       userStream: this.#userStream,
     });
-    return this.#res;
+    return this.#lease.ring;
   }
 }
 
