@@ -6,6 +6,8 @@
  * @module
  */
 
+import { pythonPackageDirs } from "../internal/python_packages.ts";
+
 /** The environment variable that names the NCCL library to open. */
 export const NCCL_LIB_ENV = "PINSTREAM_NCCL_LIB";
 
@@ -71,31 +73,6 @@ export interface NcclLibrary {
   close(): void;
 }
 
-/** Python package directories where a PyTorch wheel may have put `nvidia/nccl/lib`. */
-function wheelDirs(): string[] {
-  const roots = ["/usr/local/lib", "/usr/lib"];
-  const home = Deno.env.get("HOME");
-  if (home) roots.push(`${home}/.local/lib`);
-  const venv = Deno.env.get("VIRTUAL_ENV");
-  if (venv) roots.push(`${venv}/lib`);
-  const out: string[] = [];
-  for (const root of roots) {
-    let entries: Deno.DirEntry[] = [];
-    try {
-      entries = [...Deno.readDirSync(root)];
-    } catch {
-      continue;
-    }
-    for (const e of entries) {
-      if (!/^python3(\.\d+)?$/.test(e.name)) continue;
-      for (const sub of ["site-packages", "dist-packages"]) {
-        out.push(`${root}/${e.name}/${sub}/nvidia/nccl/lib/libnccl.so.2`);
-      }
-    }
-  }
-  return out;
-}
-
 /**
  * Opens NCCL.
  *
@@ -104,7 +81,10 @@ function wheelDirs(): string[] {
  */
 export function openNccl(): NcclLibrary {
   const named = Deno.env.get(NCCL_LIB_ENV);
-  const candidates = named ? [named] : ["libnccl.so.2", ...wheelDirs()];
+  const candidates = named ? [named] : [
+    "libnccl.so.2",
+    ...pythonPackageDirs().map((d) => `${d}/nvidia/nccl/lib/libnccl.so.2`),
+  ];
   const tried: string[] = [];
   for (const path of candidates) {
     let lib: Deno.DynamicLibrary<typeof symbols>;

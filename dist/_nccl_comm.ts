@@ -16,6 +16,7 @@ import { Tensor } from "../ffi/tensor.ts";
 import type { CollectiveOp, ReduceOp } from "./process_group.ts";
 import { Work, type WorkOwner } from "./work.ts";
 import type { Resolved } from "./_buffers.ts";
+import { describeSignature, OPS, SIG_INTS, USER_DTYPES } from "./_protocol.ts";
 import {
   NCCL_DTYPES,
   NCCL_OPS,
@@ -35,6 +36,8 @@ export interface NcclWatch {
   progress: Int32Array;
   /** Words a timeout, naming the ranks that never issued collective `seq` (needs MPI). */
   diagnose: ((seq: number, op: string) => string) | null;
+  /** Debug mode: every collective's signature is compared across ranks before it runs. */
+  debug: boolean;
 }
 
 interface Pending {
@@ -163,7 +166,8 @@ export class NcclComm implements WorkOwner, Disposable {
     op: CollectiveOp,
     calls: (comm: Deno.PointerValue, stream: Deno.PointerValue) => number[],
     keep: unknown,
-    finish: (() => void) | null = null,
+    finish: (() => void) | null,
+    sig: { dtype: string; count: number; root: number },
   ): Work {
     const current = this.device.currentStream;
     this.device.makeCurrent();
@@ -186,6 +190,8 @@ export class NcclComm implements WorkOwner, Disposable {
       }
       this.stream.waitEvent(ready);
     }
+    // After the graph check: a capture is refused with its own error, not the debug gather's.
+    if (this.#watch.debug) this.#agree(op, sig.dtype, sig.count, sig.root);
     const f = this.#lib.fn;
     let rc = f.ncclGroupStart();
     if (rc === 0) {
@@ -202,6 +208,79 @@ export class NcclComm implements WorkOwner, Disposable {
     Atomics.store(this.#watch.progress, 2, seq + 1);
     this.#pending.set(seq, { done, deadline: Date.now() + this.#timeoutMs, keep });
     return new Work(this, seq, op, finish, keep);
+  }
+
+  /**
+   * Debug mode: all-gathers the signature of collective `op` over NCCL itself (so that it works
+   * without MPI as well) and throws, naming every rank's collective, where they differ. A rank
+   * that skipped a collective meets the others in this small gather of the next one, instead
+   * of pairing its data with a different collective of theirs.
+   */
+  #agree(op: CollectiveOp, dtype: string, count: number, root: number): void {
+    const seq = this.#seq;
+    const n = SIG_INTS;
+    const mine = new Int32Array([
+      seq,
+      OPS.indexOf(op),
+      (USER_DTYPES as readonly string[]).indexOf(dtype),
+      count,
+      root,
+    ]);
+    const all = new Int32Array(n * this.size);
+    using tin = Tensor.fromHost(this.device, mine, [n]);
+    using tout = Tensor.empty(this.device, [all.length], "i32");
+    {
+      using ready = new Event(this.device);
+      ready.record(this.device.currentStream);
+      this.stream.waitEvent(ready);
+    }
+    const f = this.#lib.fn;
+    let rc = f.ncclGroupStart();
+    if (rc === 0) {
+      const r = f.ncclAllGather(
+        tin.pointer,
+        tout.pointer,
+        BigInt(n),
+        NCCL_DTYPES.i32,
+        this.#comm,
+        this.stream.handle,
+      );
+      const end = f.ncclGroupEnd();
+      rc = r !== 0 ? r : end;
+    }
+    if (rc !== 0) {
+      throw new Error(
+        `Cannot compare ${op} #${seq} across ranks on rank ${this.rank}: ${this.#describe(rc)}`,
+      );
+    }
+    const work = new Work(this, seq, op, null, null);
+    {
+      const done = new Event(this.device);
+      done.record(this.stream);
+      this.#pending.set(-1, { done, deadline: Date.now() + this.#timeoutMs, keep: null });
+      const status = this._waitSync(new Work(this, -1, op, null, null));
+      if (status !== 0) {
+        this.#pending.get(-1)?.done.dispose();
+        this.#pending.delete(-1);
+        throw this._failure(work, status);
+      }
+    }
+    tout.buffer.copyTo(all, { stream: this.stream });
+    using copied = new Event(this.device);
+    copied.record(this.stream);
+    for (let ms = 0.05; !copied.query(); ms = Math.min(ms * 2, 2)) {
+      Atomics.wait(sleepCell, 0, 0, ms);
+    }
+    if (all.every((v, i) => v === mine[i % n])) return;
+    const lines: string[] = [];
+    for (let r = 0; r < this.size; r++) {
+      lines.push(`rank ${r}: ${describeSignature(all.subarray(r * n, (r + 1) * n))}`);
+    }
+    this.#abort();
+    this.#failed = new Error(
+      `Cannot run ${op} #${seq}: the ranks issued different collectives (${lines.join("; ")})`,
+    );
+    throw this.#failed;
   }
 
   #describe(rc: number): string {
@@ -246,6 +325,7 @@ export class NcclComm implements WorkOwner, Disposable {
         ),
       tensors,
       finish,
+      { dtype: tensors[0].dtype, count: tensors.reduce((a, t) => a + t.numel, 0), root: 0 },
     );
   }
 
@@ -262,6 +342,7 @@ export class NcclComm implements WorkOwner, Disposable {
       ],
       t,
       finish,
+      { dtype: t.dtype, count: t.numel, root },
     );
   }
 
@@ -285,6 +366,7 @@ export class NcclComm implements WorkOwner, Disposable {
       ],
       [input, output],
       finish,
+      { dtype: input.dtype, count: input.numel, root: 0 },
     );
   }
 
@@ -322,6 +404,7 @@ export class NcclComm implements WorkOwner, Disposable {
       ],
       [input, output],
       finish,
+      { dtype: output.dtype, count: output.numel, root: 0 },
     );
   }
 

@@ -88,7 +88,7 @@ export function signatureOf(job: CommJob): number[] {
 const ASYNC = 16;
 
 /** The user-facing dtypes, in the order of their codes in a signature. */
-export const USER_DTYPES = ["f32", "f16", "i32"] as const;
+export const USER_DTYPES = ["f32", "f16", "i32", "bf16"] as const;
 
 /**
  * A signature in words, for the mismatch error.

@@ -17,8 +17,9 @@ import type { Work } from "./work.ts";
 export interface DataParallelOptions {
   /**
    * The size of a gradient bucket in MiB of fp32 (default 25, as DDP): gradients are packed
-   * into buckets in reverse layer order and each bucket is all-reduced as one message. The
-   * first bucket is capped at 1 MiB, as DDP does, so that communication starts early.
+   * into buckets in reverse layer order (then in ready order: see
+   * {@linkcode DataParallel.buckets}) and each bucket is all-reduced as one message. The first
+   * bucket is capped at 1 MiB, as DDP does, so that communication starts early.
    */
   bucketMB?: number;
   /** Broadcast rank 0's buffers (batch-norm running statistics) at the start (default true). */
@@ -107,7 +108,8 @@ function checkSameModel(model: Module, group: ProcessGroup): void {
  *
  * - At construction, rank 0's parameters and buffers are broadcast, after checking that
  *   every rank's model has the same parameters and shapes (naming the first difference).
- * - Gradients are grouped into buckets in reverse layer order; each bucket is all-reduced,
+ * - Gradients are grouped into buckets in reverse layer order, rebuilt once after the first
+ *   backward that reduced in the order they became ready in it; each bucket is all-reduced,
  *   asynchronously, as soon as backward wrote its last gradient (the model's
  *   {@linkcode Module.registerGradReadyHook}), so the reduction of the last layers overlaps
  *   with the back-propagation through the first. `backward` returns once every bucket was
@@ -149,14 +151,25 @@ export class DataParallel extends Module {
   readonly module: Module;
   /** The ranks. */
   readonly group: ProcessGroup;
-  /** The buckets' parameters, by bucket (reverse layer order). */
-  readonly buckets: readonly (readonly Parameter[])[];
+  #bucketParams: readonly (readonly Parameter[])[] = [];
+  /** Parameters in the order their gradients became ready in this backward. */
+  #order: Parameter[] = [];
+  #rebuilt = false;
+  #cap: number;
   #buckets: Bucket[] = [];
   #slots = new Map<Parameter, Slot>();
   #hook: Disposable;
   #pass = 0;
   #noSync = 0;
   #onDevice: boolean;
+
+  /**
+   * The buckets' parameters, by bucket: in reverse parameter order until the first backward
+   * that reduced, then in the order rank 0's gradients became ready in it.
+   */
+  get buckets(): readonly (readonly Parameter[])[] {
+    return this.#bucketParams;
+  }
 
   /**
    * Wraps `model` (already on its device) and broadcasts rank 0's weights.
@@ -210,42 +223,8 @@ export class DataParallel extends Module {
       for (const [, b] of model.namedBuffers()) group.broadcast(b.tensor, { root: 0 });
     }
 
-    const cap = bucketMB * 2 ** 20 / 4;
-    const firstCap = Math.min(cap, 2 ** 20 / 4);
-    let current: Slot[] = [], size = 0;
-    const close = () => {
-      if (current.length === 0) return;
-      const bucket: Bucket = {
-        index: this.#buckets.length,
-        flat: new Float32Array(this.#onDevice ? 0 : size),
-        slots: current,
-        ready: 0,
-        packedAt: -1,
-        accumulated: false,
-        work: null,
-      };
-      this.#buckets.push(bucket);
-      current = [];
-      size = 0;
-    };
-    for (const p of model.parameters().reverse()) {
-      const limit = this.#buckets.length === 0 ? firstCap : cap;
-      if (size > 0 && size + p.numel > limit) close();
-      const slot: Slot = {
-        param: p,
-        offset: size,
-        numel: p.numel,
-        view: this.#onDevice ? null : gradView(p),
-        sum: null,
-        readyAt: -1,
-        bucket: this.#buckets.length,
-      };
-      this.#slots.set(p, slot);
-      current.push(slot);
-      size += p.numel;
-    }
-    close();
-    this.buckets = this.#buckets.map((b) => b.slots.map((s) => s.param));
+    this.#cap = bucketMB * 2 ** 20 / 4;
+    this.#assign(model.parameters().reverse());
     this.#hook = model.registerGradReadyHook((params) => this.#ready(params));
   }
 
@@ -272,6 +251,7 @@ export class DataParallel extends Module {
    */
   backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
     this.#pass++;
+    this.#order = [];
     const dx = this.module.backward(dy, options);
     // Buckets whose gradients no container reported (a lone layer, or parameters a backward
     // did not reach): packed now, in bucket order, which is the same on every rank.
@@ -291,7 +271,75 @@ export class DataParallel extends Module {
       }
       b.ready = 0;
     }
+    if (!this.#rebuilt) this.#rebuild();
     return dx;
+  }
+
+  /** Packs the parameters into buckets in `order`, each of at most the bucket size. */
+  #assign(order: readonly Parameter[]): void {
+    const cap = this.#cap;
+    // A small first bucket, as DDP: its reduction starts early in backward.
+    const firstCap = Math.min(cap, 2 ** 20 / 4);
+    this.#buckets = [];
+    let current: Slot[] = [], size = 0;
+    const close = () => {
+      if (current.length === 0) return;
+      this.#buckets.push({
+        index: this.#buckets.length,
+        flat: new Float32Array(this.#onDevice ? 0 : size),
+        slots: current,
+        ready: 0,
+        packedAt: -1,
+        accumulated: false,
+        work: null,
+      });
+      current = [];
+      size = 0;
+    };
+    for (const p of order) {
+      const limit = this.#buckets.length === 0 ? firstCap : cap;
+      if (size > 0 && size + p.numel > limit) close();
+      let slot = this.#slots.get(p);
+      if (!slot) {
+        slot = {
+          param: p,
+          offset: 0,
+          numel: p.numel,
+          view: this.#onDevice ? null : gradView(p),
+          sum: null,
+          readyAt: -1,
+          bucket: 0,
+        };
+        this.#slots.set(p, slot);
+      }
+      slot.offset = size;
+      slot.bucket = this.#buckets.length;
+      current.push(slot);
+      size += p.numel;
+    }
+    close();
+    this.#bucketParams = this.#buckets.map((b) => b.slots.map((s) => s.param));
+  }
+
+  /**
+   * Rebuilds the buckets in the order the gradients became ready in the backward that just
+   * reduced (DDP's rebuild after its first iteration), once: a model whose layers back-propagate
+   * in another order than their parameters' reverse then fills its buckets one after the other.
+   * Rank 0's order is broadcast so that every rank packs the same buckets.
+   */
+  #rebuild(): void {
+    this.#rebuilt = true;
+    const seen = new Set(this.#order);
+    // Parameters no container reported were packed at the end of backward, in bucket order.
+    for (const b of this.#buckets) {
+      for (const s of b.slots) if (!seen.has(s.param)) this.#order.push(s.param);
+    }
+    const params = this.module.parameters();
+    const index = new Map(params.map((p, i) => [p, i]));
+    const codes = Int32Array.from(this.#order, (p) => index.get(p)!);
+    this.group.broadcast(codes, { root: 0 });
+    this.#order = [];
+    this.#assign(Array.from(codes, (i) => params[i]));
   }
 
   #ready(params: readonly Parameter[]): void {
@@ -299,6 +347,7 @@ export class DataParallel extends Module {
       const s = this.#slots.get(p);
       if (!s || s.readyAt === this.#pass) continue;
       s.readyAt = this.#pass;
+      if (!this.#rebuilt) this.#order.push(p);
       this.#buckets[s.bucket].ready++;
     }
     // In bucket order, as DDP does: a full bucket waits for the ones before it, so every rank

@@ -365,6 +365,7 @@ export class ProcessGroup implements Disposable {
     else if (this.size > 1) this.broadcast(new Int32Array(id.buffer), { root: 0 });
     this.#nccl = new NcclComm(this.#ncclLib, device, this.rank, this.size, id, {
       timeoutMs: this.timeoutMs,
+      debug: this.debug,
       progress: this.#progress,
       // Past the timeout, the MPI watchdog asks the other ranks how far their NCCL got.
       diagnose: this.#lib === null

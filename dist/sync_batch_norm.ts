@@ -5,7 +5,9 @@
  * @module
  */
 
-import type { Tensor } from "../ffi/tensor.ts";
+import { Tensor } from "../ffi/tensor.ts";
+import type { Device } from "../ffi/device.ts";
+import * as ops from "../ops/mod.ts";
 import { BatchNorm2d, type BatchNorm2dOptions } from "../nn/layers.ts";
 import type { BackwardOptions } from "../nn/module.ts";
 import type { ProcessGroup } from "./process_group.ts";
@@ -23,6 +25,13 @@ function view(t: Tensor): Float32Array | Float16Array {
   return t.dtype === "f16" ? new Float16Array(ab) : new Float32Array(ab);
 }
 
+/** An f32 device tensor's values (a pageable copy: waits for the work queued before it). */
+function read(t: Tensor): Float32Array {
+  const a = new Float32Array(t.numel);
+  t.buffer.copyTo(a);
+  return a;
+}
+
 /**
  * Batch norm over the batch of every rank: in training, each rank's per-channel sums are
  * all-reduced, so that every rank normalizes with the mean and variance of the combined
@@ -31,9 +40,13 @@ function view(t: Tensor): Float32Array | Float16Array {
  * {@linkcode BatchNorm2d}; the weight and bias gradients stay per rank, for
  * {@linkcode DataParallel} to average with the others.
  *
- * It computes on the host, in float64 per channel, over cpu-device memory: it is the
- * reference of synchronized statistics, not a fast path (one extra small all-reduce in the
- * forward and one in the backward of each layer).
+ * On the cpu device it computes on the host, in float64 per channel: the reference of
+ * synchronized statistics, not a fast path. On a CUDA device the batch-norm kernels do the
+ * per-element work: the forward's local mean and variance become per-channel sums, which are
+ * all-reduced (on the device over the nccl backend, on the host over mpi) and normalize the
+ * output; the backward's local sums are all-reduced likewise and the kernel's input gradient
+ * corrected by the per-channel difference between the local and the global means. Each costs
+ * one small all-reduce a layer and a wait for it on the host.
  *
  * @example One rank: the statistics are the local ones
  * ```ts
@@ -74,7 +87,7 @@ export class SyncBatchNorm extends BatchNorm2d {
    * Runs the layer, with a ReLU fused in when `relu` (as {@linkcode Sequential} asks for a
    * batch norm a ReLU follows); in training with the combined batch's statistics.
    *
-   * @param x Input [N, C, H, W] in cpu-device memory, f16 or f32.
+   * @param x Input [N, C, H, W] on a cpu or CUDA device, f16 or f32.
    * @param relu Apply ReLU to the output.
    * @returns Output, same shape and dtype.
    */
@@ -86,8 +99,9 @@ export class SyncBatchNorm extends BatchNorm2d {
       this.#x = null;
       return y;
     }
+    if (x.device.kind === "cuda") return this.#forwardDevice(x, y, relu);
     if (x.device.kind !== "cpu") {
-      throw new TypeError(`Cannot run SyncBatchNorm: the input is on ${x.device}; cpu only`);
+      throw new TypeError(`Cannot run SyncBatchNorm: the input is on ${x.device}; cpu or cuda`);
     }
     const [n, c, h, w] = x.shape;
     const hw = h * w;
@@ -143,6 +157,122 @@ export class SyncBatchNorm extends BatchNorm2d {
     return y;
   }
 
+  /** Sums `sums` over the ranks: on the device where the group is nccl, else on the host. */
+  #allReduce(sums: Float32Array, device: Device): void {
+    if (this.group.size === 1) return;
+    if (this.group.backend !== "nccl") {
+      this.group.allReduce(sums, { op: "sum" });
+      return;
+    }
+    using t = Tensor.fromHost(device, sums, [sums.length]);
+    this.group.allReduce(t, { op: "sum" });
+    t.buffer.copyTo(sums);
+  }
+
+  /**
+   * The training forward on a CUDA device: the base class's kernel ran with the local batch
+   * and saved its mean and inverse deviation; they are combined across ranks, written back in
+   * their place (for the backward) and the output normalized again with them.
+   */
+  #forwardDevice(x: Tensor, y: Tensor, relu: boolean): Tensor {
+    const c = this.numFeatures;
+    const [n, , h, w] = x.shape;
+    const local = n * h * w;
+    const meanT = this.workspace("mean", [c], "f32"), invT = this.workspace("invstd", [c], "f32");
+    const lm = read(meanT), li = read(invT);
+    const sums = new Float32Array(2 * c + 1);
+    for (let ch = 0; ch < c; ch++) {
+      sums[ch] = local * lm[ch];
+      // The kernel saved 1 / sqrt(var + eps) of the biased variance.
+      sums[c + ch] = local * (1 / (li[ch] * li[ch]) - this.eps + lm[ch] * lm[ch]);
+    }
+    sums[2 * c] = local;
+    this.#allReduce(sums, x.device);
+    const count = sums[2 * c];
+    const mean = new Float64Array(c), invstd = new Float64Array(c);
+    const gMean = new Float32Array(c), gVar = new Float32Array(c), gInv = new Float32Array(c);
+    const backup = read(this.workspace("runBackup", [2 * c], "f32"));
+    const rm = new Float32Array(c), rv = new Float32Array(c);
+    const m = this.momentum;
+    for (let ch = 0; ch < c; ch++) {
+      const mu = sums[ch] / count;
+      const variance = Math.max(sums[c + ch] / count - mu * mu, 0);
+      mean[ch] = gMean[ch] = mu;
+      gVar[ch] = variance;
+      invstd[ch] = gInv[ch] = 1 / Math.sqrt(variance + this.eps);
+      rm[ch] = (1 - m) * backup[ch] + m * mu;
+      rv[ch] = (1 - m) * backup[c + ch] + m * variance * count / Math.max(count - 1, 1);
+    }
+    this.runningMean.tensor.buffer.copyFrom(rm);
+    this.runningVar.tensor.buffer.copyFrom(rv);
+    meanT.buffer.copyFrom(gMean);
+    invT.buffer.copyFrom(gInv);
+    const varT = this.workspace("syncVar", [c], "f32");
+    varT.buffer.copyFrom(gVar);
+    ops.batchNormForwardEval(x, y, {
+      gamma: this.weight.value,
+      beta: this.bias.value,
+      runMean: meanT,
+      runVar: varT,
+      eps: this.eps,
+    });
+    if (relu) ops.reluForward(y, y);
+    this.#x = x;
+    this.#reluY = relu ? y : null;
+    this.#mean = mean;
+    this.#invstd = invstd;
+    this.#count = count;
+    return y;
+  }
+
+  /**
+   * The backward on a CUDA device: the kernel's input gradient uses this rank's means of dy
+   * and dy * x-hat; it is corrected by `a + b * x` per channel, the difference to the means of
+   * the combined batch.
+   */
+  #backwardDevice(x: Tensor, dy: Tensor, options: BackwardOptions): Tensor | null {
+    const c = this.numFeatures;
+    const [n, , h, w] = x.shape;
+    const local = n * h * w;
+    const dx = this.workspace("dx", [...x.shape], x.dtype);
+    ops.batchNormBackward(dy, dx, {
+      x,
+      gamma: this.weight.value,
+      saveMean: this.workspace("mean", [c], "f32"),
+      saveInvStd: this.workspace("invstd", [c], "f32"),
+      dgamma: this.weight.grad,
+      dbeta: this.bias.grad,
+      relu: this.#reluY !== null,
+      y: this.#reluY,
+      workspace: this.workspace("work", [ops.batchNormWorkspaceSize(x.shape)], "f32"),
+    });
+    const dbeta = read(this.bias.grad), dgamma = read(this.weight.grad);
+    const sums = new Float32Array(2 * c);
+    sums.set(dbeta, 0);
+    sums.set(dgamma, c);
+    this.#allReduce(sums, x.device);
+    const gamma = read(this.weight.value);
+    const a = new Float32Array(c), b = new Float32Array(c);
+    const total = this.#count;
+    for (let ch = 0; ch < c; ch++) {
+      const mu = this.#mean[ch], is = this.#invstd[ch], k = gamma[ch] * is;
+      b[ch] = k * is * (dgamma[ch] / local - sums[c + ch] / total);
+      a[ch] = k * (dbeta[ch] / local - sums[ch] / total) - b[ch] * mu;
+    }
+    const aT = this.workspace("corrBias", [c], "f32"), bT = this.workspace("corrScale", [c], "f32");
+    const zero = this.workspace("corrZero", [c], "f32"),
+      one = this.workspace("corrOne", [c], "f32");
+    aT.buffer.copyFrom(a);
+    bT.buffer.copyFrom(b);
+    zero.buffer.copyFrom(new Float32Array(c));
+    one.buffer.copyFrom(new Float32Array(c).fill(1));
+    const corr = this.workspace("corr", [...x.shape], x.dtype);
+    // With mean 0, variance 1 and eps 0 the eval kernel is the per-channel affine b * x + a.
+    ops.batchNormForwardEval(x, corr, { gamma: bT, beta: aT, runMean: zero, runVar: one, eps: 0 });
+    ops.add(dx, corr, dx);
+    return options.inputGrad === false ? null : dx;
+  }
+
   /**
    * Back-propagates with the combined batch's sums: writes this rank's weight and bias
    * gradients, returns the input gradient.
@@ -154,6 +284,7 @@ export class SyncBatchNorm extends BatchNorm2d {
   override backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
     const x = this.#x;
     if (!x) throw new TypeError("Cannot run SyncBatchNorm.backward: no training forward before it");
+    if (x.device.kind === "cuda") return this.#backwardDevice(x, dy, options);
     const [n, c, h, w] = x.shape;
     const hw = h * w;
     const xs = view(x);

@@ -26,6 +26,7 @@
  */
 
 import { refuseUnknownKeys } from "../internal/options.ts";
+import { nvidiaWheelLibraries } from "../internal/python_packages.ts";
 import type { Device } from "./device.ts";
 import { assertStream, type Stream } from "./stream.ts";
 import { Tensor } from "./tensor.ts";
@@ -128,36 +129,6 @@ function envLibrary(): string | undefined {
   return q.state === "granted" ? Deno.env.get(NVJPEG_LIB_ENV) : undefined;
 }
 
-/** `site-packages/nvidia/<package>/lib/libnvjpeg.so.*` under the usual Python roots. */
-function wheelLibraries(): string[] {
-  const roots = ["/usr/local/lib", "/usr/lib"];
-  const home = Deno.env.get("HOME");
-  if (home) roots.push(`${home}/.local/lib`);
-  const venv = Deno.env.get("VIRTUAL_ENV");
-  if (venv) roots.push(`${venv}/lib`);
-  const out: string[] = [];
-  const list = (dir: string) => {
-    try {
-      return [...Deno.readDirSync(dir)].map((e) => e.name).sort();
-    } catch {
-      return [];
-    }
-  };
-  for (const root of roots) {
-    for (const py of list(root).filter((n) => /^python3(\.\d+)?$/.test(n))) {
-      for (const sub of ["site-packages", "dist-packages"]) {
-        const nvidia = `${root}/${py}/${sub}/nvidia`;
-        for (const pkg of list(nvidia)) {
-          for (const f of list(`${nvidia}/${pkg}/lib`)) {
-            if (/^libnvjpeg\.so\.\d+$/.test(f)) out.push(`${nvidia}/${pkg}/lib/${f}`);
-          }
-        }
-      }
-    }
-  }
-  return out;
-}
-
 /** The CUDA toolkit's copies, which the loader's path may not include. */
 function toolkitLibraries(): string[] {
   const q = Deno.permissions.querySync({ name: "env", variable: "CUDA_HOME" });
@@ -194,9 +165,12 @@ export function openNvjpeg(device: Device, options: NvjpegOptions = {}): NvjpegD
   refuseUnknownKeys(options ?? {}, ["library", "hardware"], "open nvJPEG");
   if (device.kind !== "cuda") return `${STAYS}: nvJPEG needs a CUDA device, not ${device.kind}`;
   const named = options.library ?? envLibrary();
-  const candidates = named !== undefined
-    ? [named]
-    : ["libnvjpeg.so.13", "libnvjpeg.so.12", ...toolkitLibraries(), ...wheelLibraries()];
+  const candidates = named !== undefined ? [named] : [
+    "libnvjpeg.so.13",
+    "libnvjpeg.so.12",
+    ...toolkitLibraries(),
+    ...nvidiaWheelLibraries(/^libnvjpeg\.so\.\d+$/),
+  ];
   let lib: Lib | undefined, path = "";
   for (const c of candidates) {
     try {

@@ -63,6 +63,13 @@ export function sameDtype(
   }
 }
 
+/** "a", "a or b", "a, b or c". */
+function oneOf(names: readonly string[]): string {
+  return names.length < 3
+    ? names.join(" or ")
+    : `${names.slice(0, -1).join(", ")} or ${names[names.length - 1]}`;
+}
+
 export function isTensor(t: unknown): t is Tensor {
   return typeof t === "object" && t !== null && "dtype" in t && "shape" in t && "device" in t;
 }
@@ -76,7 +83,7 @@ export function tensor(
   if (!isTensor(t)) throw new TypeError(`Cannot ${action}: ${name} must be a Tensor, got ${t}`);
   if (!dtypes.includes(t.dtype)) {
     throw new TypeError(
-      `Cannot ${action}: ${name} must be ${dtypes.join(" or ")}, got ${t.dtype}`,
+      `Cannot ${action}: ${name} must be ${oneOf(dtypes)}, got ${t.dtype}`,
     );
   }
   return t;

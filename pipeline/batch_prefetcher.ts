@@ -21,7 +21,7 @@
 
 import type { Device } from "../ffi/device.ts";
 import { HostBuffer } from "../ffi/memory.ts";
-import { Event, Stream } from "../ffi/stream.ts";
+import { Stream } from "../ffi/stream.ts";
 import { type DType, Tensor } from "../ffi/tensor.ts";
 import type { DataLoader } from "../loader/data_loader.ts";
 import { batchSamples } from "../loader/_batch_samples.ts";
@@ -29,6 +29,7 @@ import { RingBatch } from "../loader/ring.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
 import { range } from "../internal/trace.ts";
 import type { PipelineStats } from "./prefetcher.ts";
+import { type Queued, RingLease, type RingSlot, SlotEpoch, SlotRing } from "./_slot_ring.ts";
 
 /** Options of {@linkcode BatchPrefetcher}. */
 export interface BatchPrefetcherOptions {
@@ -86,24 +87,17 @@ interface Leaf {
   at: number;
 }
 
-interface Slot {
+interface Slot extends RingSlot {
   staging: HostBuffer | undefined;
   /** Device tensors by path, dtype and shape; `use` is the fill that last used each. */
   tensors: Map<string, { tensor: Tensor; use: number }>;
   fills: number;
-  copyStart: Event;
-  copyDone: Event;
-  free: Event;
-  freeRecorded: boolean;
-  copyAccounted: boolean;
 }
 
-interface InFlight {
-  slot: Slot;
+interface InFlight extends Queued<Slot> {
   /** The batch's structure, with the arrays to replace. */
   value: unknown;
   tensors: Tensor[];
-  samples: number;
 }
 
 /**
@@ -168,8 +162,7 @@ export class BatchPrefetcher<B = unknown> implements AsyncIterable<OnDevice<B>>,
   readonly history: PipelineStats[] = [];
   #userStream: Stream | undefined;
   #persistent: boolean;
-  #res: Resources | undefined;
-  #active: EpochRun<B> | undefined;
+  readonly #lease = new RingLease<SlotRing<Slot>, EpochRun<B>>(this.history);
   #disposed = false;
 
   /**
@@ -213,7 +206,7 @@ export class BatchPrefetcher<B = unknown> implements AsyncIterable<OnDevice<B>>,
 
   /** The epoch in progress, else the last finished one (undefined before any). */
   get stats(): PipelineStats | undefined {
-    return this.#active?.snapshot() ?? this.history[this.history.length - 1];
+    return this.#lease.stats();
   }
 
   /**
@@ -226,12 +219,12 @@ export class BatchPrefetcher<B = unknown> implements AsyncIterable<OnDevice<B>>,
    */
   [Symbol.asyncIterator](): AsyncIterableIterator<OnDevice<B>> {
     if (this.#disposed) throw new Error("Cannot iterate: the BatchPrefetcher is disposed");
-    if (this.#active !== undefined) {
+    if (this.#lease.active !== undefined) {
       throw new Error("Cannot iterate: an epoch of this BatchPrefetcher is still running");
     }
-    this.#res ??= new Resources(this.device, this.depth, this.#userStream);
-    const run = new EpochRun<B>(this, this.#res);
-    this.#active = run;
+    this.#lease.ring ??= openRing(this.device, this.depth, this.#userStream);
+    const run = new EpochRun<B>(this, this.#lease.ring);
+    this.#lease.active = run;
     return run;
   }
 
@@ -239,7 +232,7 @@ export class BatchPrefetcher<B = unknown> implements AsyncIterable<OnDevice<B>>,
   async dispose(): Promise<void> {
     if (this.#disposed) return;
     this.#disposed = true;
-    await this.#active?.return();
+    await this.#lease.active?.return();
     await this._freeResources();
   }
 
@@ -255,81 +248,26 @@ export class BatchPrefetcher<B = unknown> implements AsyncIterable<OnDevice<B>>,
 
   /** @internal Called by an epoch when it ends. */
   async _epochEnded(run: EpochRun<B>, stats: PipelineStats, early: boolean): Promise<void> {
-    if (this.#active === run) this.#active = undefined;
-    this.history.push(stats);
-    if (early || !this.#persistent || this.#disposed) await this._freeResources();
+    await this.#lease.ended(run, stats, early || !this.#persistent || this.#disposed);
   }
 
   /** @internal */
   async _freeResources(): Promise<void> {
-    const res = this.#res;
-    this.#res = undefined;
-    await res?.free();
+    await this.#lease.free();
   }
 }
 
-/** The native side: streams and slots. */
-class Resources {
-  readonly copyStream: Stream;
-  readonly compute: Stream;
-  readonly slots: Slot[] = [];
-  #freed = false;
-
-  constructor(device: Device, depth: number, userStream: Stream | undefined) {
-    const cleanup: Disposable[] = [];
-    try {
-      // Non-blocking, as on the image path: ordered by events, not by the legacy stream.
-      this.copyStream = new Stream(device, { nonBlocking: true });
-      cleanup.push(this.copyStream);
-      this.compute = userStream ?? device.defaultStream;
-      for (let i = 0; i <= depth; i++) {
-        const copyStart = new Event(device, { timing: true });
-        cleanup.push(copyStart);
-        const copyDone = new Event(device, { timing: true, blocking: true });
-        cleanup.push(copyDone);
-        const free = new Event(device);
-        cleanup.push(free);
-        this.slots.push({
-          staging: undefined,
-          tensors: new Map(),
-          fills: 0,
-          copyStart,
-          copyDone,
-          free,
-          freeRecorded: false,
-          copyAccounted: true,
-        });
-      }
-    } catch (err) {
-      for (const r of cleanup.reverse()) r[Symbol.dispose]();
-      throw err;
-    }
-  }
-
-  async free(): Promise<void> {
-    if (this.#freed) return;
-    this.#freed = true;
-    // Queued copies read the staging buffers, and the consumer's last step may read a slot.
-    await this.copyStream.synchronize();
-    await this.compute.synchronize();
-    const errors: unknown[] = [];
-    const dispose = (r: Disposable | undefined) => {
-      try {
-        r?.[Symbol.dispose]();
-      } catch (err) {
-        errors.push(err);
-      }
-    };
-    for (const s of this.slots) {
+/** The native side: streams and slots, each slot's staging made at its first fill. */
+function openRing(device: Device, depth: number, userStream: Stream | undefined): SlotRing<Slot> {
+  return new SlotRing<Slot>(device, depth, userStream, {
+    slot: (_keep, events) => ({ ...events, staging: undefined, tensors: new Map(), fills: 0 }),
+    release: (s, dispose) => {
       for (const { tensor } of s.tensors.values()) dispose(tensor);
       s.tensors.clear();
-      for (const r of [s.staging, s.copyStart, s.copyDone, s.free]) dispose(r);
-    }
-    dispose(this.copyStream);
-    if (errors.length > 0) {
-      throw errors.length === 1 ? errors[0] : new AggregateError(errors, "Cannot free buffers");
-    }
-  }
+      dispose(s.staging);
+    },
+    freeMessage: "Cannot free buffers",
+  });
 }
 
 const DEVICE_DTYPES: ReadonlyArray<[abstract new (...args: never[]) => unknown, DType]> = [
@@ -445,115 +383,30 @@ function rebuild(batch: unknown, tensors: readonly Tensor[]): unknown {
 }
 
 /** One epoch: the async iterator handed to `for await`. */
-class EpochRun<B> implements AsyncIterableIterator<OnDevice<B>> {
+class EpochRun<B> extends SlotEpoch<Slot, InFlight, OnDevice<B>> {
   readonly #p: BatchPrefetcher<B>;
-  readonly #r: Resources;
-  readonly #source: AsyncIterator<unknown>;
-  readonly #queue: InFlight[] = [];
-  #current: InFlight | undefined;
-  #next = 0;
-  #exhausted = false;
-  #finished = false;
-  #serial: Promise<unknown> = Promise.resolve();
-  #epoch = -1;
-  #t0 = -1;
-  #batches = 0;
-  #samples = 0;
-  #waitMs = 0;
-  #hostWaitMs = 0;
-  #deviceWaitMs = 0;
-  #copyMs = 0;
-  #copyBytes = 0;
-  #copiesTimed = 0;
-  #failure: unknown;
 
-  constructor(p: BatchPrefetcher<B>, r: Resources) {
+  constructor(p: BatchPrefetcher<B>, r: SlotRing<Slot>) {
+    super(r, p.depth, p.loader.epoch, p.loader[Symbol.asyncIterator]());
     this.#p = p;
-    this.#r = r;
-    this.#epoch = p.loader.epoch;
-    this.#source = p.loader[Symbol.asyncIterator]();
   }
 
-  [Symbol.asyncIterator](): AsyncIterableIterator<OnDevice<B>> {
-    return this;
+  protected deliver(b: InFlight): OnDevice<B> {
+    this.ring.compute.waitEvent(b.slot.copyDone);
+    return rebuild(b.value, b.tensors) as OnDevice<B>;
   }
 
-  snapshot(): PipelineStats {
-    const wallMs = this.#t0 < 0 ? 0 : performance.now() - this.#t0;
-    return {
-      epoch: this.#epoch,
-      batches: this.#batches,
-      samples: this.#samples,
-      wallMs,
-      waitMs: this.#waitMs,
-      hostWaitMs: this.#hostWaitMs,
-      deviceWaitMs: this.#deviceWaitMs,
-      copyMs: this.#copyMs,
-      copiesTimed: this.#copiesTimed,
-      copyBytes: this.#copyBytes,
-      inputBoundFraction: wallMs > 0 ? Math.min(1, this.#waitMs / wallMs) : 0,
-      samplesPerSecond: wallMs > 0 ? this.#samples / (wallMs / 1000) : 0,
-    };
-  }
-
-  // Calls run one after another (each awaits the loader and the device several times).
-  next(): Promise<IteratorResult<OnDevice<B>>> {
-    const r = this.#serial.then(() => this.#step());
-    this.#serial = r.catch(() => {});
-    return r;
-  }
-
-  async #step(): Promise<IteratorResult<OnDevice<B>>> {
-    if (this.#finished) return { done: true, value: undefined };
-    using _ = range("pipeline.next");
-    const t = performance.now();
-    if (this.#t0 < 0) this.#t0 = t;
-    const deviceWait0 = this.#deviceWaitMs;
-    try {
-      const cur = this.#current;
-      if (cur !== undefined) {
-        cur.slot.free.record(this.#r.compute);
-        cur.slot.freeRecorded = true;
-        this.#current = undefined;
-      }
-      while (!this.#exhausted && this.#queue.length < this.#p.depth + 1) {
-        if (!(await this.#submit())) break;
-      }
-      const b = this.#queue.shift();
-      if (b === undefined) {
-        await this.#finish(false);
-        return { done: true, value: undefined };
-      }
-      this.#r.compute.waitEvent(b.slot.copyDone);
-      this.#current = b;
-      this.#batches++;
-      this.#samples += b.samples;
-      this.#waitMs += performance.now() - t - (this.#deviceWaitMs - deviceWait0);
-      return { done: false, value: rebuild(b.value, b.tensors) as OnDevice<B> };
-    } catch (err) {
-      this.#failure ??= err;
-      await this.#finish(true).catch(() => {});
-      throw err;
-    }
-  }
-
-  async return(): Promise<IteratorResult<OnDevice<B>>> {
-    await this.#finish(true);
-    return { done: true, value: undefined };
-  }
-
-  async throw(err?: unknown): Promise<IteratorResult<OnDevice<B>>> {
-    await this.#finish(true);
-    throw err;
+  protected ended(stats: PipelineStats, early: boolean): Promise<void> {
+    return this.#p._epochEnded(this, stats, early);
   }
 
   /** Pulls one loader batch and queues its copy into the next slot; false at the end. */
-  async #submit(): Promise<boolean> {
+  protected async submit(): Promise<boolean> {
     const th = performance.now();
-    const r = await this.#source.next();
-    this.#hostWaitMs += performance.now() - th;
+    const r = await this.source.next();
+    this.hostWaitMs += performance.now() - th;
     if (r.done) {
-      this.#exhausted = true;
+      this.exhausted = true;
       return false;
     }
     let value: unknown = r.value, samples: number | undefined, ring: RingBatch | undefined;
@@ -577,7 +430,7 @@ class EpochRun<B> implements AsyncIterableIterator<OnDevice<B>> {
       const leaves = batchLeaves(value, batching ? samples : undefined);
       const slot = await this.#claim(leaves);
       const tensors = this.#fill(slot, leaves);
-      this.#queue.push({ slot, value, tensors, samples: samples ?? 1 });
+      this.queue.push({ slot, value, tensors, size: samples ?? 1 });
       return true;
     } finally {
       // The bytes are staged (or the batch is refused): the ring slot is free.
@@ -590,11 +443,10 @@ class EpochRun<B> implements AsyncIterableIterator<OnDevice<B>> {
    * `leaves`, ordered after every use of its previous batch.
    */
   async #claim(leaves: Leaf[]): Promise<Slot> {
-    const res = this.#r, p = this.#p;
-    const slot = res.slots[this.#next];
-    this.#next = (this.#next + 1) % res.slots.length;
+    const p = this.#p;
+    const slot = this.nextSlot();
     // The host rewrites the staging buffer: its previous copy must be done.
-    await this.#accountCopy(slot);
+    await this.accountCopy(slot, true);
     let bytes = 0;
     for (const leaf of leaves) {
       leaf.at = bytes;
@@ -613,7 +465,7 @@ class EpochRun<B> implements AsyncIterableIterator<OnDevice<B>> {
       // ones); older ones go, after the consumer's work on the slot is done.
       const stale = [...slot.tensors].filter(([, t]) => t.use < fill - 1);
       if (stale.length > 0) {
-        if (slot.freeRecorded) await this.#waitForDevice(slot.free.synchronize());
+        if (slot.freeRecorded) await this.waitForDevice(slot.free.synchronize());
         for (const [k, t] of stale) {
           slot.tensors.delete(k);
           t.tensor.dispose();
@@ -623,14 +475,13 @@ class EpochRun<B> implements AsyncIterableIterator<OnDevice<B>> {
         slot.tensors.set(key(l), { tensor: Tensor.empty(p.device, l.shape, l.dtype), use: fill });
       }
     }
-    if (slot.freeRecorded) res.copyStream.waitEvent(slot.free);
-    slot.freeRecorded = false;
+    this.orderAfterFree(slot);
     return slot;
   }
 
   /** Stages the arrays and queues their copies on the copy stream. */
   #fill(slot: Slot, leaves: Leaf[]): Tensor[] {
-    const copy = this.#r.copyStream, fill = slot.fills, direct = this.#p._direct();
+    const copy = this.ring.copyStream, fill = slot.fills, direct = this.#p._direct();
     const tensors = leaves.map((l) => {
       const t = slot.tensors.get(key(l))!;
       t.use = fill;
@@ -649,62 +500,11 @@ class EpochRun<B> implements AsyncIterableIterator<OnDevice<B>> {
       // Direct (the CPU backend): its streams run synchronously, the array is read now.
       if (direct) tensors[i].buffer.copyFrom(l.bytes, { stream: copy, bytes });
       else tensors[i].buffer.copyFrom(slot.staging!, { stream: copy, srcOffset: l.at, bytes });
-      this.#copyBytes += bytes;
+      this.copyBytes += bytes;
     });
     slot.copyDone.record(copy);
     slot.copyAccounted = false;
     return tensors;
-  }
-
-  async #waitForDevice(p: Promise<unknown>): Promise<void> {
-    const td = performance.now();
-    await p;
-    this.#deviceWaitMs += performance.now() - td;
-  }
-
-  /** Waits for the slot's previous copy and reads its time. */
-  async #accountCopy(slot: Slot): Promise<void> {
-    if (slot.copyAccounted) return;
-    if (!slot.copyDone.query()) await this.#waitForDevice(slot.copyDone.synchronize());
-    this.#copyMs += slot.copyStart.elapsedMs(slot.copyDone);
-    this.#copiesTimed++;
-    slot.copyAccounted = true;
-  }
-
-  async #finish(early: boolean): Promise<void> {
-    if (this.#finished) return;
-    this.#finished = true;
-    const errors: unknown[] = [];
-    try {
-      if (early) await this.#source.return?.();
-    } catch (err) {
-      errors.push(err);
-    }
-    this.#queue.length = 0;
-    try {
-      if (this.#current !== undefined) {
-        this.#current.slot.free.record(this.#r.compute);
-        this.#current.slot.freeRecorded = true;
-      }
-    } catch (err) {
-      errors.push(err);
-    }
-    this.#current = undefined;
-    for (const slot of this.#r.slots) {
-      try {
-        await this.#accountCopy(slot);
-      } catch (err) {
-        errors.push(err);
-      }
-    }
-    try {
-      await this.#p._epochEnded(this, this.snapshot(), early);
-    } catch (err) {
-      errors.push(err);
-    }
-    if (errors.length > 0 && this.#failure === undefined) {
-      throw errors.length === 1 ? errors[0] : new AggregateError(errors, "Cannot end the epoch");
-    }
   }
 }
 

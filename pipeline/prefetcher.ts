@@ -1,8 +1,4 @@
 /**
- * Over 800 lines, more than half of it the documentation of the lifetimes below and of the
- * options, because the DevicePrefetcher and its EpochRun share one slot protocol, and
- * splitting them would make its rules harder to check, not easier.
- *
  * Host batches to device batches: the loader's staging ring pinned in place, one
  * host-to-device copy per batch on a dedicated copy stream, an event handing each batch to
  * the compute stream (which waits on the device; the host does not), the geometry kernel
@@ -30,28 +26,27 @@
  * the slot goes back to the loader when the kernel returns. `copy: "always"` runs the GPU
  * path (copy, events, hand-off) on the CPU backend too; the tests run both.
  *
+ * The epoch itself (staging, copies, the kernels) is in `_image_run.ts`, over the slot ring
+ * both prefetchers share (`_slot_ring.ts`); the option checks are in `_image_options.ts`.
+ *
  * @module
  */
 
 import type { Device } from "../ffi/device.ts";
-import { DeviceBuffer, HostBuffer } from "../ffi/memory.ts";
-import { Event, Stream } from "../ffi/stream.ts";
-import { Tensor } from "../ffi/tensor.ts";
+import { Stream } from "../ffi/stream.ts";
+import type { Tensor } from "../ffi/tensor.ts";
 import type { DataLoader } from "../loader/data_loader.ts";
-import { RingBatch, type RingField, type StagingRing } from "../loader/ring.ts";
+import type { RingBatch, StagingRing } from "../loader/ring.ts";
 import { refuseUnknownKeys } from "../internal/options.ts";
-import { range } from "../internal/trace.ts";
-import { imageAugment, imageGeometry, imageLabelsI32 } from "../ops/image.ts";
-import { augmentHost } from "../augment/host.ts";
-import type { GeometrySpec } from "../augment/geometry.ts";
-import { geometryHost } from "../augment/geometry_host.ts";
 import { BatchPrefetcher, type BatchPrefetcherOptions } from "./batch_prefetcher.ts";
 import { type NvjpegDecoder, openNvjpeg } from "../ffi/nvjpeg.ts";
 import { type DecodedBatch, decodedBatches } from "./_jpeg_loader.ts";
+import { EpochRun, Resources } from "./_image_run.ts";
+import { RingLease } from "./_slot_ring.ts";
+import { cropPadding, describe, fieldName, geometry, oneOf, perChannel } from "./_image_options.ts";
 import {
   type ImageDtype,
   type ImageLayout,
-  imageShape,
   type NormalizeAffine,
   normalizeAffine,
 } from "../augment/image.ts";
@@ -171,61 +166,6 @@ export interface PipelineStats {
   samplesPerSecond: number;
 }
 
-interface Geometry {
-  /** The channels, height and width of the images the augment kernel reads and writes. */
-  c: number;
-  h: number;
-  w: number;
-  imageField: RingField;
-  labelField: RingField;
-  augmentField: RingField | undefined;
-  /**
-   * The loader's geometry records and transforms: the images of `imageField` (each up to its
-   * slot's size, its size in its record) are cropped, resized and rotated to h x w first.
-   */
-  transform: { field: RingField; spec: GeometrySpec } | undefined;
-  /** Bytes of a slot that device mode copies: up to the end of the last needed field. */
-  copyBytes: number;
-}
-
-/** A device slot and the events that guard it. */
-interface Slot {
-  images: Tensor;
-  labels: Tensor;
-  /** Device mode: the raw slot bytes; host mode: unused. */
-  raw: DeviceBuffer | undefined;
-  /** Host mode: floats + int32 labels; "alloc" pinning: a copy of the loader slot. */
-  staging: HostBuffer | undefined;
-  copyStart: Event;
-  copyDone: Event;
-  /** Recorded on the compute stream when the slot's contents are no longer needed. */
-  free: Event;
-  /** Whether `free` was recorded since the slot was last filled. */
-  freeRecorded: boolean;
-  /** Whether `copyDone` of the previous fill was accounted (stats, staging reuse). */
-  copyAccounted: boolean;
-  /** With the loader's geometry: the transformed uint8 images, [n, h, w, c]. */
-  pixels: Tensor | undefined;
-  /** Tensors for short batches (the last of an epoch), keyed by size. */
-  partial: Map<number, Views>;
-}
-
-/** A slot's tensors for a batch of one size. */
-interface Views {
-  images: Tensor;
-  labels: Tensor;
-  pixels: Tensor | undefined;
-}
-
-interface InFlight {
-  slot: Slot;
-  size: number;
-  index: number;
-  epoch: number;
-  /** The loader slot, held until the copy has fired (device mode with register/none). */
-  host: RingBatch | undefined;
-}
-
 const DEFAULT_DEPTH = 2;
 
 // Every key of ToDeviceOptions, checked by the compiler against the interface.
@@ -332,8 +272,7 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
   #affine: NormalizeAffine | undefined;
   #userStream: Stream | undefined;
   #persistent: boolean;
-  #res: Resources | undefined;
-  #active: EpochRun | undefined;
+  readonly #lease = new RingLease<Resources, EpochRun>(this.history);
   #disposed = false;
   /** decodeOn "device": nvJPEG once opened, or why it cannot run (then the workers decode). */
   #nvjpeg: NvjpegDecoder | string | undefined;
@@ -429,7 +368,7 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
 
   /** The epoch in progress, else the last finished one (undefined before any). */
   get stats(): PipelineStats | undefined {
-    return this.#active?.snapshot() ?? this.history[this.history.length - 1];
+    return this.#lease.stats();
   }
 
   /**
@@ -444,13 +383,13 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
    */
   [Symbol.asyncIterator](): AsyncIterableIterator<DeviceBatch> {
     if (this.#disposed) throw new Error("Cannot iterate: the DevicePrefetcher is disposed");
-    if (this.#active !== undefined || this.#decoding !== undefined) {
+    if (this.#lease.active !== undefined || this.#decoding !== undefined) {
       throw new Error("Cannot iterate: an epoch of this DevicePrefetcher is still running");
     }
     const decoder = this.#jpegDecoder();
     if (decoder !== undefined) return this.#decodeEpoch(decoder);
     const run = new EpochRun(this, this.#resources());
-    this.#active = run;
+    this.#lease.active = run;
     return run;
   }
 
@@ -550,7 +489,7 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
     if (this.#disposed) return;
     this.#disposed = true;
     try {
-      await this.#active?.return();
+      await this.#lease.active?.return();
       await this.#decoding?.return(undefined);
       await this._freeResources();
     } finally {
@@ -587,20 +526,16 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
 
   /** @internal Called by an epoch when it ends. */
   async _epochEnded(run: EpochRun, stats: PipelineStats, early: boolean): Promise<void> {
-    if (this.#active === run) this.#active = undefined;
-    this.history.push(stats);
-    if (early || !this.#persistent || this.#disposed) await this._freeResources();
+    await this.#lease.ended(run, stats, early || !this.#persistent || this.#disposed);
   }
 
   /** @internal */
   async _freeResources(): Promise<void> {
-    const res = this.#res;
-    this.#res = undefined;
-    await res?.free();
+    await this.#lease.free();
   }
 
   #resources(): Resources {
-    this.#res ??= new Resources(this, {
+    this.#lease.ring ??= new Resources(this, {
       geometry: geometry(
         this.loader.ring!,
         this.#imageField,
@@ -611,7 +546,7 @@ export class DevicePrefetcher implements AsyncIterable<DeviceBatch>, AsyncDispos
       layout: this.#layout,
       userStream: this.#userStream,
     });
-    return this.#res;
+    return this.#lease.ring;
   }
 }
 
@@ -796,814 +731,4 @@ function isImageRing(ring: StagingRing | undefined, o: ToDeviceOptions): boolean
   const has = (n: string) => ring.fields.some((f) => f.name === n);
   const image = o.imageField ?? "image", label = o.labelField ?? "label";
   return has(image) && has(label) && ring.field(image).dtype === "u8";
-}
-
-/** A value as an error message shows it: strings quoted, so "1" and 1 differ. */
-function describe(v: unknown): string {
-  return typeof v === "string" ? `the string ${JSON.stringify(v)}` : String(v);
-}
-
-function fieldName(v: unknown, name: string): string {
-  if (typeof v !== "string") {
-    throw new TypeError(
-      `Cannot create a DevicePrefetcher: ${name} must be a ring field name, got ${describe(v)}`,
-    );
-  }
-  return v;
-}
-
-/**
- * The crop padding: the loader's, which its offsets were drawn for. An explicit `padding`
- * may only repeat it: any other value would crop with offsets that mean something else
- * (or, without parameters, promise a crop that never happens).
- */
-function cropPadding(
-  requested: unknown,
-  drawn: Readonly<{ padding: number }> | undefined,
-): number {
-  const action = "create a DevicePrefetcher";
-  if (requested === undefined) return drawn?.padding ?? 0;
-  if (typeof requested !== "number" || !Number.isInteger(requested) || requested < 0) {
-    throw new RangeError(
-      `Cannot ${action}: padding must be an integer >= 0, got ${describe(requested)}`,
-    );
-  }
-  if (drawn === undefined && requested !== 0) {
-    throw new RangeError(
-      `Cannot ${action}: padding ${requested} contradicts the loader, which draws no crop ` +
-        `offsets (no augment option), so nothing would be cropped; leave padding out, or ` +
-        `build the loader with augment: { padding: ${requested} }`,
-    );
-  }
-  if (drawn !== undefined && requested !== drawn.padding) {
-    throw new RangeError(
-      `Cannot ${action}: padding ${requested} contradicts the loader's augment.padding ` +
-        `${drawn.padding}, which its crop offsets were drawn for; leave padding out`,
-    );
-  }
-  return requested;
-}
-
-/** `mean` or `std` as one checked number per channel (`fill` for each when undefined). */
-function perChannel(
-  v: ArrayLike<number> | undefined,
-  name: "mean" | "std",
-  channels: number,
-  fill: number,
-): number[] {
-  const action = "create a DevicePrefetcher";
-  if (v === undefined) return new Array(channels).fill(fill);
-  if (v === null || typeof v !== "object" || typeof v.length !== "number") {
-    throw new TypeError(
-      `Cannot ${action}: ${name} must be an array of numbers, one per channel, got ${describe(v)}`,
-    );
-  }
-  if (v.length !== channels) {
-    throw new RangeError(
-      `Cannot ${action}: ${name} has ${v.length} value${v.length === 1 ? "" : "s"}, the images ` +
-        `have ${channels} channel${channels === 1 ? "" : "s"}; give one per channel`,
-    );
-  }
-  const out: number[] = [];
-  for (let c = 0; c < channels; c++) {
-    const x: unknown = v[c];
-    const need = name === "std" ? "a finite number > 0" : "a finite number";
-    if (typeof x !== "number") {
-      throw new TypeError(`Cannot ${action}: ${name}[${c}] is ${describe(x)}, need ${need}`);
-    }
-    // The kernels compute in fp32: the value must survive the rounding (1e-50 becomes 0).
-    const f = Math.fround(x);
-    if (!Number.isFinite(f) || (name === "std" && !(f > 0))) {
-      const rounded = Number.isFinite(x) && f !== x ? ` (${f} in fp32)` : "";
-      throw new RangeError(`Cannot ${action}: ${name}[${c}] is ${x}${rounded}, need ${need}`);
-    }
-    out.push(x);
-  }
-  return out;
-}
-
-function oneOf<T extends string>(value: unknown, allowed: readonly T[], name: string): T {
-  if (typeof value !== "string" || !(allowed as readonly string[]).includes(value)) {
-    throw new RangeError(
-      `Cannot create a DevicePrefetcher: ${name} must be one of ${allowed.join(", ")}, ` +
-        `got ${String(value)}`,
-    );
-  }
-  return value as T;
-}
-
-// Unsigned narrow types widen with zeros on the device; signed ones would differ between
-// the device and host paths, so they are refused.
-const LABEL_BYTES: Record<string, number> = { u8: 1, u16: 2, i32: 4 };
-
-function geometry(
-  ring: StagingRing,
-  imageName: string,
-  labelName: string,
-  layout: ImageLayout,
-  spec: GeometrySpec | undefined,
-): Geometry {
-  const action = "create a DevicePrefetcher";
-  const has = (n: string) => ring.fields.some((f) => f.name === n);
-  if (!has(imageName) || !has(labelName)) {
-    throw new RangeError(
-      `Cannot ${action}: the ring has fields ${ring.fields.map((f) => f.name).join(", ")}; ` +
-        `need "${imageName}" and "${labelName}" (see the imageField/labelField options)`,
-    );
-  }
-  const imageField = ring.field(imageName), labelField = ring.field(labelName);
-  if (imageField.dtype !== "u8") {
-    throw new RangeError(
-      `Cannot ${action}: field "${imageName}" is ${imageField.dtype}, need u8 images`,
-    );
-  }
-  let { c, h, w } = imageShape(imageField.sampleShape, layout, `${action}: field "${imageName}"`);
-  if (LABEL_BYTES[labelField.dtype] === undefined || labelField.sampleShape.length !== 0) {
-    throw new RangeError(
-      `Cannot ${action}: field "${labelName}" is ${labelField.dtype} [${labelField.sampleShape}], ` +
-        `need one integer label (u8, u16 or i32) per sample`,
-    );
-  }
-  const augmentField = has("augment") ? ring.field("augment") : undefined;
-  const transform = spec && has("geometry") ? { field: ring.field("geometry"), spec } : undefined;
-  if (transform && imageName !== "image") {
-    throw new RangeError(
-      `Cannot ${action}: imageField "${imageName}" with the loader's geometry, whose records ` +
-        `are of the field "image"`,
-    );
-  }
-  if (transform) {
-    if (c > 4) {
-      throw new RangeError(
-        `Cannot ${action}: field "${imageName}" has ${c} channels; the geometry kernel takes 1 to 4`,
-      );
-    }
-    h = spec!.height, w = spec!.width;
-  }
-  const used = [
-    imageField,
-    labelField,
-    ...(augmentField ? [augmentField] : []),
-    ...(transform ? [transform.field] : []),
-  ];
-  const copyBytes = Math.max(...used.map((f) => f.byteOffset + f.byteLength));
-  return { c, h, w, imageField, labelField, augmentField, transform, copyBytes };
-}
-
-/**
- * How a loader batch reaches its device slot. Chosen once per prefetcher from its options
- * and backend (see {@linkcode stagingOf}); every step asks {@linkcode STAGING} what it means.
- *
- * - "in-place": device mode on the CPU backend with `copy: "auto"`: the kernel reads the
- *   registered loader slot where it is; nothing is copied.
- * - "registered": device mode, `pin: "register"`: the copy reads the registered loader slot.
- * - "pageable": device mode, `pin: "none"`: the copy reads the loader slot as plain memory.
- * - "pinned-copy": device mode, `pin: "alloc"`: the host copies the slot into pinned staging
- *   (the loader slot is free at once), and the copy reads that.
- * - "host": `augmentOn: "host"`: the host builds floats and int32 labels in pinned staging,
- *   and those are copied.
- */
-type Staging = "in-place" | "registered" | "pageable" | "pinned-copy" | "host";
-
-interface StagingTraits {
-  /** A copy stream copy brings the batch to the device (the compute stream waits for it). */
-  copies: boolean;
-  /** The fused kernel runs on the device at delivery, on the raw slot bytes. */
-  kernelAtDelivery: boolean;
-  /** The copy reads the loader slot itself: the slot is held until the copy fired. */
-  holdsLoaderSlot: boolean;
-  /** The host rewrites pinned staging for each batch: it must wait for the last copy. */
-  rewritesHostStaging: boolean;
-}
-
-const STAGING: Record<Staging, StagingTraits> = {
-  "in-place": {
-    copies: false,
-    kernelAtDelivery: false,
-    holdsLoaderSlot: false,
-    rewritesHostStaging: false,
-  },
-  registered: {
-    copies: true,
-    kernelAtDelivery: true,
-    holdsLoaderSlot: true,
-    rewritesHostStaging: false,
-  },
-  pageable: {
-    copies: true,
-    kernelAtDelivery: true,
-    holdsLoaderSlot: true,
-    rewritesHostStaging: false,
-  },
-  "pinned-copy": {
-    copies: true,
-    kernelAtDelivery: true,
-    holdsLoaderSlot: false,
-    rewritesHostStaging: true,
-  },
-  host: {
-    copies: true,
-    kernelAtDelivery: false,
-    holdsLoaderSlot: false,
-    rewritesHostStaging: true,
-  },
-};
-
-function stagingOf(p: DevicePrefetcher): Staging {
-  if (p.augmentOn === "host") return "host";
-  if (p.pin === "alloc") return "pinned-copy";
-  if (p.pin === "none") return "pageable";
-  // The CPU backend's device memory is host memory and its streams are synchronous: the
-  // kernel can read the pinned loader slot in place, and the slot is free when it returns.
-  return p.device.kind === "cpu" && p.copy === "auto" ? "in-place" : "registered";
-}
-
-/** The native side of a prefetcher: streams, pinning and the device slots. */
-class Resources {
-  readonly g: Geometry;
-  readonly layout: ImageLayout;
-  readonly staging: Staging;
-  readonly traits: StagingTraits;
-  readonly copyStream: Stream;
-  readonly compute: Stream;
-  /** The loader's ring, registered ("in-place" and "registered" staging). */
-  readonly pinned: HostBuffer | undefined;
-  readonly slots: Slot[] = [];
-  readonly batchSize: number;
-  /** Host mode: byte offset of the int32 labels in a staging buffer, after the images. */
-  readonly labelsAt: number;
-  #freed = false;
-
-  constructor(
-    owner: DevicePrefetcher,
-    o: { geometry: Geometry; layout: ImageLayout; userStream: Stream | undefined },
-  ) {
-    const device = owner.device;
-    this.g = o.geometry;
-    this.layout = o.layout;
-    this.staging = stagingOf(owner);
-    this.traits = STAGING[this.staging];
-    const ring = owner.loader.ring!;
-    this.batchSize = ring.batchSize;
-    const cleanup: Disposable[] = [];
-    try {
-      // Non-blocking: the step's kernels usually run on the default stream, and a blocking
-      // copy stream would serialize with them; the copy is ordered by events instead.
-      this.copyStream = new Stream(device, { nonBlocking: true });
-      cleanup.push(this.copyStream);
-      this.compute = o.userStream ?? device.defaultStream;
-      if (this.staging === "in-place" || this.staging === "registered") {
-        this.pinned = HostBuffer.register(device, ring.buffer);
-        cleanup.push(this.pinned);
-      }
-      const { c, h, w } = this.g;
-      const n = this.batchSize, count = n * c * h * w;
-      const esize = owner.dtype === "f16" ? 2 : 4;
-      // 256-aligned, as an Int32Array view needs (and a DMA engine likes).
-      this.labelsAt = Math.ceil((count * esize) / 256) * 256;
-      const keep = <T extends Disposable>(r: T): T => {
-        cleanup.push(r);
-        return r;
-      };
-      // R = depth + 1 slots: the consumer's, plus `depth` in flight.
-      for (let i = 0; i <= owner.depth; i++) {
-        const images = keep(Tensor.empty(device, [n, c, h, w], owner.dtype));
-        const labels = keep(Tensor.empty(device, [n], "i32"));
-        // The transformed bytes the augment kernel reads (device modes).
-        const pixels = this.g.transform && this.staging !== "host"
-          ? keep(Tensor.empty(device, [n, h, w, c], "u8"))
-          : undefined;
-        let raw: DeviceBuffer | undefined, staging: HostBuffer | undefined;
-        if (this.traits.kernelAtDelivery) raw = keep(DeviceBuffer.alloc(device, this.g.copyBytes));
-        if (this.staging === "pinned-copy") {
-          staging = keep(HostBuffer.alloc(device, this.g.copyBytes));
-        } else if (this.staging === "host") {
-          staging = keep(HostBuffer.alloc(device, this.labelsAt + n * 4));
-        }
-        this.slots.push({
-          images,
-          labels,
-          raw,
-          staging,
-          copyStart: keep(new Event(device, { timing: true })),
-          // The host waits on copyDone off its thread (loader-slot releases, backpressure):
-          // sleeping there leaves the core to the loader's workers.
-          copyDone: keep(new Event(device, { timing: true, blocking: true })),
-          free: keep(new Event(device)),
-          freeRecorded: false,
-          copyAccounted: true,
-          pixels,
-          partial: new Map(),
-        });
-      }
-    } catch (err) {
-      for (const r of cleanup.reverse()) r[Symbol.dispose]();
-      throw err;
-    }
-  }
-
-  /** Waits for every queued copy and kernel of the pipeline, then frees everything. */
-  async free(): Promise<void> {
-    if (this.#freed) return;
-    this.#freed = true;
-    // Device work may still read the raw buffers, the pinned ring or the staging memory,
-    // and the consumer's last step may still read a slot: let both streams drain first.
-    await this.copyStream.synchronize();
-    await this.compute.synchronize();
-    const errors: unknown[] = [];
-    const dispose = (r: Disposable | undefined) => {
-      try {
-        r?.[Symbol.dispose]();
-      } catch (err) {
-        errors.push(err);
-      }
-    };
-    for (const s of this.slots) {
-      for (const p of s.partial.values()) {
-        dispose(p.images);
-        dispose(p.labels);
-        dispose(p.pixels);
-      }
-      for (
-        const r of [s.images, s.labels, s.pixels, s.raw, s.staging, s.copyStart, s.copyDone, s.free]
-      ) {
-        dispose(r);
-      }
-    }
-    dispose(this.pinned);
-    dispose(this.copyStream);
-    if (errors.length > 0) {
-      throw errors.length === 1
-        ? errors[0]
-        : new AggregateError(errors, "Cannot free the pipeline");
-    }
-  }
-}
-
-/** One epoch: the async iterator handed to `for await`. */
-class EpochRun implements AsyncIterableIterator<DeviceBatch> {
-  readonly #p: DevicePrefetcher;
-  readonly #r: Resources;
-  readonly #source: AsyncIterator<unknown>;
-  readonly #queue: InFlight[] = [];
-  /** The batch the consumer holds. */
-  #current: InFlight | undefined;
-  #next = 0;
-  #exhausted = false;
-  #finished = false;
-  #epoch = -1;
-  /**
-   * Releases of loader slots whose copies have not fired yet, oldest first; each removes
-   * itself when done.
-   */
-  readonly #pending: Promise<void>[] = [];
-  // stats
-  #t0 = -1;
-  #batches = 0;
-  #samples = 0;
-  #waitMs = 0;
-  #hostWaitMs = 0;
-  #deviceWaitMs = 0;
-  #copyMs = 0;
-  #copyBytes = 0;
-  #copiesTimed = 0;
-  #failure: unknown;
-
-  constructor(p: DevicePrefetcher, r: Resources) {
-    this.#p = p;
-    this.#r = r;
-    this.#source = p.loader[Symbol.asyncIterator]();
-  }
-
-  [Symbol.asyncIterator](): AsyncIterableIterator<DeviceBatch> {
-    return this;
-  }
-
-  snapshot(): PipelineStats {
-    const wallMs = this.#t0 < 0 ? 0 : performance.now() - this.#t0;
-    return {
-      epoch: this.#epoch,
-      batches: this.#batches,
-      samples: this.#samples,
-      wallMs,
-      waitMs: this.#waitMs,
-      hostWaitMs: this.#hostWaitMs,
-      deviceWaitMs: this.#deviceWaitMs,
-      copyMs: this.#copyMs,
-      copiesTimed: this.#copiesTimed,
-      copyBytes: this.#copyBytes,
-      inputBoundFraction: wallMs > 0 ? Math.min(1, this.#waitMs / wallMs) : 0,
-      samplesPerSecond: wallMs > 0 ? this.#samples / (wallMs / 1000) : 0,
-    };
-  }
-
-  /**
-   * The previous next() call. Each call awaits the loader and the device several times while
-   * it moves batches between the loader, the in-flight queue and the consumer; a call that
-   * started in one of those gaps took batches out of order (even "done" before the last
-   * batch). Calls therefore run one after another, as an async generator's do.
-   */
-  #serial: Promise<unknown> = Promise.resolve();
-
-  next(): Promise<IteratorResult<DeviceBatch>> {
-    const r = this.#serial.then(() => this.#step());
-    this.#serial = r.catch(() => {});
-    return r;
-  }
-
-  async #step(): Promise<IteratorResult<DeviceBatch>> {
-    if (this.#finished) return { done: true, value: undefined };
-    using _ = range("pipeline.next");
-    const t = performance.now();
-    if (this.#t0 < 0) this.#t0 = t;
-    const deviceWait0 = this.#deviceWaitMs;
-    try {
-      // The consumer is done queuing work on the batch it holds: mark the compute stream.
-      const cur = this.#current;
-      if (cur !== undefined) {
-        cur.slot.free.record(this.#r.compute);
-        cur.slot.freeRecorded = true;
-        this.#current = undefined;
-      }
-      // Keep `depth` batches in flight, plus the one about to be handed out.
-      while (!this.#exhausted && this.#queue.length < this.#p.depth + 1) {
-        if (!(await this.#submit())) break;
-      }
-      const b = this.#queue.shift();
-      if (b === undefined) {
-        await this.#finish(false);
-        return { done: true, value: undefined };
-      }
-      const value = this.#deliver(b);
-      this.#waitMs += performance.now() - t - (this.#deviceWaitMs - deviceWait0);
-      return { done: false, value };
-    } catch (err) {
-      this.#failure ??= err;
-      await this.#finish(true).catch(() => {});
-      throw err;
-    }
-  }
-
-  async return(): Promise<IteratorResult<DeviceBatch>> {
-    await this.#finish(true);
-    return { done: true, value: undefined };
-  }
-
-  async throw(err?: unknown): Promise<IteratorResult<DeviceBatch>> {
-    await this.#finish(true);
-    throw err;
-  }
-
-  /** Pulls one loader batch and queues it for a device slot; false at the epoch's end. */
-  async #submit(): Promise<boolean> {
-    await this.#holdBack();
-    const hb = await this.#pull();
-    if (hb === undefined) return false;
-    const slot = await this.#claimSlot();
-    const b: InFlight = { slot, size: hb.size, index: hb.index, epoch: hb.epoch, host: undefined };
-    const res = this.#r;
-    if (res.staging === "in-place") this.#readInPlace(slot, hb);
-    else {
-      if (res.staging === "host") this.#copyAugmentedOnHost(slot, hb);
-      else this.#copyRaw(slot, hb);
-      slot.copyDone.record(res.copyStream);
-      slot.copyAccounted = false;
-      if (res.traits.holdsLoaderSlot) await this.#releaseAfterCopy(b, hb);
-    }
-    this.#queue.push(b);
-    return true;
-  }
-
-  /**
-   * Backpressure. Each loader slot kept here waits for its copy, and the copy for the device
-   * to finish the step that last used its device slot. Nothing else stops a host that
-   * queues steps faster than the device runs them, so without this wait it would soon hold
-   * every slot of the loader's ring and starve the loader. Waiting on the oldest copy keeps
-   * the host a bounded number of steps ahead of the device.
-   */
-  async #holdBack(): Promise<void> {
-    while (this.#pending.length >= this.#p.loader.maxHeldBatches) {
-      await this.#waitForDevice(this.#pending[0]);
-    }
-  }
-
-  /** The loader's next batch, or undefined when its epoch ended. */
-  async #pull(): Promise<RingBatch | undefined> {
-    const th = performance.now();
-    const r = await this.#source.next();
-    this.#hostWaitMs += performance.now() - th;
-    if (r.done) {
-      this.#exhausted = true;
-      return undefined;
-    }
-    const hb = r.value;
-    if (!(hb instanceof RingBatch)) {
-      throw new TypeError(
-        "Cannot prefetch: the loader yielded a batch outside its staging ring (generic path)",
-      );
-    }
-    if (this.#epoch < 0) this.#epoch = hb.epoch;
-    return hb;
-  }
-
-  /** The next device slot in ring order, ordered after every use of its previous batch. */
-  async #claimSlot(): Promise<Slot> {
-    const res = this.#r;
-    const slot = res.slots[this.#next];
-    this.#next = (this.#next + 1) % res.slots.length;
-    // Host staging is rewritten by the host: its last copy must be done. Device buffers are
-    // guarded on the device instead.
-    await this.#accountCopy(slot, res.traits.rewritesHostStaging);
-    // The slot's previous batch: the consumer's work (host mode) or the kernel that read the
-    // raw bytes (device mode) must be done before the copy overwrites it.
-    if (slot.freeRecorded) res.copyStream.waitEvent(slot.free);
-    slot.freeRecorded = false;
-    return slot;
-  }
-
-  /** "in-place" staging: the kernel reads the registered loader slot, free when it returns. */
-  #readInPlace(slot: Slot, hb: RingBatch): void {
-    const res = this.#r, g = res.g;
-    const at = (f: RingField) => res.pinned!.pointerAt(hb.byteOffset + f.byteOffset, "read");
-    const views = this.#views(slot, hb.size);
-    this.#launch(
-      at(g.imageField),
-      g.augmentField ? at(g.augmentField) : null,
-      at(g.labelField),
-      g.transform ? at(g.transform.field) : null,
-      views,
-    );
-    hb.release();
-  }
-
-  /** Device mode: queues the copy of the slot's raw bytes (the kernel runs at delivery). */
-  #copyRaw(slot: Slot, hb: RingBatch): void {
-    const res = this.#r, copy = res.copyStream, raw = slot.raw!;
-    using _ = range("pipeline.copy", { stream: copy });
-    const bytes = this.#copyExtent(hb.size);
-    if (res.staging === "pinned-copy") {
-      // One host copy into pinned memory; the loader slot is free after it.
-      const staging = slot.staging!;
-      staging.u8.set(new Uint8Array(hb.ring.buffer, hb.byteOffset, bytes));
-      hb.release();
-      slot.copyStart.record(copy);
-      raw.copyFrom(staging, { stream: copy, bytes });
-    } else if (res.staging === "registered") {
-      slot.copyStart.record(copy);
-      raw.copyFrom(res.pinned!, { stream: copy, srcOffset: hb.byteOffset, bytes });
-    } else {
-      slot.copyStart.record(copy);
-      raw.copyFrom(new Uint8Array(hb.ring.buffer, hb.byteOffset, bytes), { stream: copy, bytes });
-    }
-    this.#copyBytes += bytes;
-  }
-
-  /** Host mode: floats and int32 labels built in pinned staging, then copied as they are. */
-  #copyAugmentedOnHost(slot: Slot, hb: RingBatch): void {
-    const res = this.#r, g = res.g, p = this.#p, n = hb.size;
-    const esize = p.dtype === "f16" ? 2 : 4;
-    const count = n * g.c * g.h * g.w;
-    const st = slot.staging!;
-    using _ = range("pipeline.augmentOnHost");
-    const out = p.dtype === "f16"
-      ? new Float16Array(st.arrayBuffer, st.u8.byteOffset, count)
-      : new Float32Array(st.arrayBuffer, st.u8.byteOffset, count);
-    let bytes = hb.fields[g.imageField.name] as Uint8Array;
-    if (g.transform) {
-      const transformed = new Uint8Array(n * g.h * g.w * g.c);
-      geometryHost(bytes, hb.geometry!, transformed, {
-        n,
-        channels: g.c,
-        srcStride: g.imageField.sampleBytes,
-        height: g.h,
-        width: g.w,
-        antialias: g.transform.spec.antialias,
-        fill: g.transform.spec.fill,
-      });
-      bytes = transformed;
-    }
-    augmentHost(bytes, hb.augment ?? null, out, {
-      n,
-      channels: g.c,
-      height: g.h,
-      width: g.w,
-      layout: res.layout,
-      pad: p.padding,
-      affine: p._affine(),
-    });
-    new Int32Array(st.arrayBuffer, st.u8.byteOffset + res.labelsAt, n)
-      .set(hb.fields[g.labelField.name] as ArrayLike<number>);
-    hb.release();
-    const { images, labels } = this.#views(slot, n);
-    const copy = res.copyStream;
-    using _copy = range("pipeline.copy", { stream: copy });
-    slot.copyStart.record(copy);
-    images.buffer.copyFrom(st, { stream: copy, bytes: count * esize });
-    labels.buffer.copyFrom(st, { stream: copy, srcOffset: res.labelsAt, bytes: n * 4 });
-    this.#copyBytes += count * esize + n * 4;
-  }
-
-  /**
-   * Gives the loader slot a queued copy reads back to the loader once that copy fired: at
-   * once when it has, else when a nonblocking wait says so (in `#pending`, which
-   * {@linkcode EpochRun.#holdBack} bounds).
-   */
-  async #releaseAfterCopy(b: InFlight, hb: RingBatch): Promise<void> {
-    const done = b.slot.copyDone;
-    if (this.#p.loader.autoRelease) {
-      // The loader releases this slot when we ask for the next batch: the copy must be
-      // done by then. (Build the loader with autoRelease: false to avoid this wait.)
-      await this.#waitForDevice(done.synchronize());
-    } else if (done.query()) {
-      hb.release();
-    } else {
-      b.host = hb;
-      const p = done.synchronize().then(() => {
-        hb.release();
-        b.host = undefined;
-      });
-      this.#pending.push(p);
-      p.finally(() => this.#pending.splice(this.#pending.indexOf(p), 1)).catch(() => {});
-    }
-  }
-
-  /** Awaits `p`, counted as time spent waiting for the device (`deviceWaitMs`). */
-  async #waitForDevice(p: Promise<unknown>): Promise<void> {
-    const td = performance.now();
-    await p;
-    this.#deviceWaitMs += performance.now() - td;
-  }
-
-  /** Bytes of a slot a batch of `n` needs on the device. */
-  #copyExtent(n: number): number {
-    const g = this.#r.g;
-    const ends = [
-      g.imageField,
-      g.labelField,
-      ...(g.augmentField ? [g.augmentField] : []),
-      ...(g.transform ? [g.transform.field] : []),
-    ].map((f) => f.byteOffset + n * f.sampleBytes);
-    return Math.max(...ends);
-  }
-
-  /** Reads the copy time of the slot's previous fill (its events have fired by now). */
-  async #accountCopy(slot: Slot, mustWait: boolean): Promise<void> {
-    if (slot.copyAccounted) return;
-    if (!slot.copyDone.query()) {
-      if (!mustWait) {
-        // Only the statistic needs it: never stall the host for it (the device-side
-        // waitEvent already orders the reuse). This copy stays untimed.
-        slot.copyAccounted = true;
-        return;
-      }
-      // Host staging about to be rewritten: the host must wait for the copy, which waits
-      // for the device to finish the step that last used the slot (device-bound time).
-      await this.#waitForDevice(slot.copyDone.synchronize());
-    }
-    this.#copyMs += slot.copyStart.elapsedMs(slot.copyDone);
-    this.#copiesTimed++;
-    slot.copyAccounted = true;
-  }
-
-  /** The tensors of a slot for a batch of `n`. */
-  #views(slot: Slot, n: number): Views {
-    if (n === this.#r.batchSize) {
-      return { images: slot.images, labels: slot.labels, pixels: slot.pixels };
-    }
-    let v = slot.partial.get(n);
-    if (v === undefined) {
-      const { c, h, w } = this.#r.g, device = this.#p.device;
-      // Tensors own exactly their bytes (no views), so a short batch gets its own tensors,
-      // allocated once per slot and size (one size per epoch in practice).
-      const made: Tensor[] = [];
-      try {
-        const make = (shape: number[], dtype: "f16" | "f32" | "i32" | "u8") => {
-          made.push(Tensor.empty(device, shape, dtype));
-          return made[made.length - 1];
-        };
-        v = {
-          images: make([n, c, h, w], this.#p.dtype),
-          labels: make([n], "i32"),
-          pixels: slot.pixels ? make([n, h, w, c], "u8") : undefined,
-        };
-      } catch (err) {
-        for (const t of made) t.dispose();
-        throw err;
-      }
-      slot.partial.set(n, v);
-    }
-    return v;
-  }
-
-  /** Hands a batch to the compute stream: wait for its copy there, run the kernel. */
-  #deliver(b: InFlight): DeviceBatch {
-    const res = this.#r, g = res.g, slot = b.slot;
-    if (res.traits.copies) res.compute.waitEvent(slot.copyDone);
-    const views = this.#views(slot, b.size), { images, labels } = views;
-    if (res.traits.kernelAtDelivery) {
-      const raw = slot.raw!;
-      const at = (f: RingField) => raw.pointerAt(f.byteOffset, "augment a batch");
-      this.#launch(
-        at(g.imageField),
-        g.augmentField ? at(g.augmentField) : null,
-        at(g.labelField),
-        g.transform ? at(g.transform.field) : null,
-        views,
-      );
-    }
-    this.#current = b;
-    this.#batches++;
-    this.#samples += b.size;
-    return { images, labels, size: b.size, index: b.index, epoch: b.epoch };
-  }
-
-  /**
-   * Queues the geometry kernel (with the loader's geometry), the fused kernel and the label
-   * widening on the compute stream. The wrappers read the batch size (and c, h, w) from the
-   * views, [n, c, h, w] and [n].
-   */
-  #launch(
-    src: Deno.PointerValue,
-    params: Deno.PointerValue,
-    labelSrc: Deno.PointerValue,
-    geoParams: Deno.PointerValue,
-    { images, labels, pixels }: Views,
-  ): void {
-    const res = this.#r, g = res.g, stream = res.compute;
-    using _ = range("pipeline.augment", { stream });
-    if (g.transform) {
-      const spec = g.transform.spec;
-      imageGeometry(src, pixels!, {
-        params: geoParams,
-        srcStride: g.imageField.sampleBytes,
-        antialias: spec.antialias,
-        fill: spec.fill,
-        serial: this.#p._serialKernel(),
-        stream,
-      });
-      src = pixels!.buffer.pointerAt(0, "augment a batch");
-    }
-    // Bare pointers: the ring's fields were laid out and checked when it was built.
-    imageAugment(src, images, {
-      layout: res.layout,
-      affine: this.#p._affine(),
-      padding: this.#p.padding,
-      params,
-      serial: this.#p._serialKernel(),
-      // Without the loader's contrast option the records carry none: no mean-grey pre-pass.
-      contrast: (this.#p.loader.augment?.contrast ?? 0) > 0,
-      stream,
-    });
-    imageLabelsI32(labelSrc, labels, { labelBytes: LABEL_BYTES[g.labelField.dtype], stream });
-  }
-
-  async #finish(early: boolean): Promise<void> {
-    if (this.#finished) return;
-    this.#finished = true;
-    const errors: unknown[] = [];
-    try {
-      if (early) await this.#source.return?.();
-    } catch (err) {
-      errors.push(err);
-    }
-    // Host slots still held go back once their copies fired.
-    await Promise.allSettled([...this.#pending]);
-    for (const b of this.#queue) {
-      try {
-        if (b.host !== undefined) {
-          await b.slot.copyDone.synchronize();
-          b.host.release();
-        }
-      } catch (err) {
-        errors.push(err);
-      }
-    }
-    this.#queue.length = 0;
-    // The consumer's last batch: later copies into its slot must wait for its work.
-    try {
-      if (this.#current !== undefined) {
-        this.#current.slot.free.record(this.#r.compute);
-        this.#current.slot.freeRecorded = true;
-      }
-    } catch (err) {
-      errors.push(err);
-    }
-    this.#current = undefined;
-    for (const slot of this.#r.slots) {
-      try {
-        await this.#accountCopy(slot, true);
-      } catch (err) {
-        errors.push(err);
-      }
-    }
-    const stats = this.snapshot();
-    try {
-      await this.#p._epochEnded(this, stats, early);
-    } catch (err) {
-      errors.push(err);
-    }
-    if (errors.length > 0 && this.#failure === undefined) {
-      throw errors.length === 1 ? errors[0] : new AggregateError(errors, "Cannot end the epoch");
-    }
-  }
 }

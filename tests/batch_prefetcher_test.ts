@@ -341,3 +341,20 @@ testEachBackend(
     assert.strictEqual(k, 3);
   },
 );
+
+testEachBackend(
+  "stats and history name each epoch the loader ran, from its first",
+  async (device) => {
+    const dataset = { length: 5, get: (i: number) => ({ x: new Float32Array(4).fill(i) }) };
+    await using loader = new DataLoader(dataset, { batchSize: 2 });
+    loader.setEpoch(3);
+    await using feed = new BatchPrefetcher(loader, device, { copy: "always" });
+    for (let e = 0; e < 2; e++) {
+      for await (const _ of feed) assert.strictEqual(feed.stats?.epoch, 3 + e);
+    }
+    assert.deepStrictEqual(feed.history.map((s) => [s.epoch, s.batches, s.samples]), [
+      [3, 3, 5],
+      [4, 3, 5],
+    ]);
+  },
+);

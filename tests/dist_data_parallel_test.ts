@@ -51,6 +51,60 @@ Deno.test("DataParallel reduces each bucket as soon as backward filled it, last 
   ]);
 });
 
+Deno.test("DataParallel rebuilds its buckets in the ready order after the first backward", async () => {
+  using device = Device.open("cpu");
+  using group = ProcessGroup.init({ env: () => undefined });
+  const build = () => {
+    const rng = new Xoshiro128(5);
+    return new Sequential([
+      new Linear(8, 64, { rng }),
+      new ReLU(),
+      new Linear(64, 64, { rng }),
+      new ReLU(),
+      new Linear(64, 2, { rng }),
+    ]).to(device, { precision: "fp32" });
+  };
+  using model = build();
+  using plain = build();
+  const names = new Map(model.namedParameters().map(([n, p]) => [p, n]));
+  const log: string[] = [];
+  const reduce = group.allReduceAsync.bind(group);
+  group.allReduceAsync = (buf, options) => {
+    log.push(`reduce ${(buf as Float32Array).length}`);
+    return reduce(buf, options);
+  };
+  using dp = new DataParallel(model, group, { bucketMB: 4096 * 4 / 2 ** 20 });
+  const named = () => dp.buckets.map((b) => b.map((p) => names.get(p)!));
+  assert.deepStrictEqual(named(), [
+    ["4.bias", "4.weight", "2.bias"],
+    ["2.weight"],
+    ["0.bias", "0.weight"],
+  ]);
+  const xs = new Float32Array(4 * 8).map((_, i) => Math.sin(i));
+  using x = Tensor.fromHost(device, xs, [4, 8]);
+  using dy = Tensor.fromHost(device, new Float32Array(4 * 2).map((_, i) => i - 3), [4, 2]);
+  dp.forward(x);
+  dp.backward(dy, { inputGrad: false });
+  // A Sequential reports each layer's parameters as [weight, bias], after its backward.
+  assert.deepStrictEqual(named(), [
+    ["4.weight", "4.bias"],
+    ["2.weight"],
+    ["2.bias", "0.weight", "0.bias"],
+  ]);
+  log.length = 0;
+  dp.forward(x);
+  dp.backward(dy, { inputGrad: false });
+  assert.deepStrictEqual(log, ["reduce 130", "reduce 4096", "reduce 640"]);
+  // A group of one averages nothing: every gradient lands where the plain model has it.
+  plain.forward(x);
+  plain.backward(dy, { inputGrad: false });
+  const want = new Map(plain.namedParameters());
+  for (const [n, p] of model.namedParameters()) {
+    const got = await p.grad.toHost(), ref = await want.get(n)!.grad.toHost();
+    assert.deepStrictEqual([...got], [...ref], n);
+  }
+});
+
 Deno.test("DataParallel refuses a model that is not on a device, and a bad bucket size", () => {
   using device = Device.open("cpu");
   using group = ProcessGroup.init({ env: () => undefined });

@@ -70,6 +70,29 @@ Deno.test({
   },
 });
 
+for (const launch of ["mpirun", "torchrun-style"] as const) {
+  Deno.test({
+    name:
+      `nccl backend: debug mode names ranks that issue different collectives (${launch}) [cuda]`,
+    ignore: NCCL === undefined || (launch === "mpirun" && MPIS.length === 0),
+    async fn() {
+      const args = [CHILD, "--fault", "mismatch", "--device", "cuda"];
+      const options = { limitMs: BOUND_MS, env: { PINSTREAM_NCCL_LIB: NCCL! } };
+      const r = launch === "mpirun"
+        ? await runRanks(MPIS[0], 2, args, options)
+        : await runTorchrunStyle(2, args, options);
+      assert.notStrictEqual(r.code, 0);
+      assert.ok(r.ms < BOUND_MS, `took ${r.ms} ms`);
+      // Detected before any data moved, not by the watchdog's timeout.
+      assert.doesNotMatch(r.stderr, /no progress within/);
+      assert.match(
+        r.stderr,
+        /Cannot run allReduce #2: the ranks issued different collectives \(rank 0: allReduce #2 of 10 f32; rank 1: broadcast #2 of 10 f32 from rank 0\)/,
+      );
+    },
+  });
+}
+
 Deno.test({
   name: "nccl backend: a rank that dies ends the job within the bound [cuda]",
   ignore: MPIS.length === 0 || NCCL === undefined,

@@ -199,6 +199,25 @@ Deno.test({
 });
 
 Deno.test({
+  name: "SyncBatchNorm of a CUDA model on 2 ranks over nccl normalizes as 1 rank on the whole " +
+    "batch [cuda]",
+  ignore: MPI === undefined || NCCL === undefined,
+  async fn() {
+    for (const precision of ["fp32", "fp16"] as const) {
+      const args = ["--model", "bn", "--steps", "8", "--precision", precision, "--device", "cuda"];
+      const want = await reference(args);
+      const synced = await multi(MPI!, 2, [...args, "--sync-bn"]);
+      assertRanksEqual(synced, `SyncBatchNorm ${precision}`);
+      assertClose(synced[0], want, TOL[precision], `SyncBatchNorm ${precision}`);
+      if (precision === "fp32") {
+        const local = await multi(MPI!, 2, args);
+        assert.throws(() => assertClose(local[0], want, TOL.fp32, "BatchNorm2d"), /one process/);
+      }
+    }
+  },
+});
+
+Deno.test({
   name: "DataParallel: a NaN on one rank makes every rank skip that step, as one process does",
   ignore: MPI === undefined,
   async fn() {

@@ -253,5 +253,5 @@ testEachBackend("an op refuses to mix f16 and f32 activations, naming both", (de
   using c = Tensor.empty(dev, [2, 2], "f32");
   assert.throws(() => ops.matmul(a, b, { out: c }), /b is f16 but a is f32/);
   using i32 = Tensor.empty(dev, [2, 2], "i32");
-  assert.throws(() => ops.matmul(i32, b, { out: c }), /a must be f16 or f32, got i32/);
+  assert.throws(() => ops.matmul(i32, b, { out: c }), /a must be f16, bf16 or f32, got i32/);
 });

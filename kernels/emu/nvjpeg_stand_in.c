@@ -86,44 +86,9 @@ static int load_turbojpeg(void) {
   return 1;
 }
 
-// ---- the emulator's hooks (as in nccl_stand_in.c)
+// ---- the emulator's hooks
 
-static int (*launch_host_func)(void *stream, void (*fn)(void *), void *data);
-static int (*device_accessible)(const void *p, size_t bytes);
-
-static int collect_name(struct dl_phdr_info *info, size_t size, void *out) {
-  (void)size;
-  char(*names)[PATH_MAX] = out;
-  for (int i = 0; i < 256; i++) {
-    if (names[i][0] == 0) {
-      if (info->dlpi_name && info->dlpi_name[0])
-        snprintf(names[i], PATH_MAX, "%s", info->dlpi_name);
-      return 0;
-    }
-  }
-  return 1;
-}
-
-static int find_emulator(void) {
-  if (launch_host_func) return 1;
-  char(*names)[PATH_MAX] = calloc(256, PATH_MAX);
-  if (!names) return 0;
-  dl_iterate_phdr(collect_name, names);
-  for (int i = 0; i < 256 && names[i][0]; i++) {
-    void *h = dlopen(names[i], RTLD_LAZY | RTLD_NOLOAD);
-    if (!h) continue;
-    void *launch = dlsym(h, "ps_emu_launch_host_func");
-    void *access = dlsym(h, "ps_emu_device_accessible");
-    if (launch && access) {
-      *(void **)&device_accessible = access;
-      *(void **)&launch_host_func = launch;
-      break;
-    }
-    dlclose(h);
-  }
-  free(names);
-  return launch_host_func != NULL;
-}
+#include "stand_in_hooks.h"
 
 // ---- handles and states
 
