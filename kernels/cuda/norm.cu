@@ -334,36 +334,30 @@ inline bool bn_vectors(int64_t hw, int32_t dtype, std::initializer_list<const vo
   return true;
 }
 
-/* Runs the statements with T the activation type and V the vector width. */
+/* Runs the statements with V = `width` (vectorized) or 1, T already defined. */
+#define BN_WIDTH(vec, width, ...) \
+  do {                            \
+    if (vec) {                    \
+      constexpr int V = (width);  \
+      __VA_ARGS__;                \
+    } else {                      \
+      constexpr int V = 1;        \
+      __VA_ARGS__;                \
+    }                             \
+  } while (0)
+
+/* Runs the statements with T the activation type and V the vector width (16 bytes). */
 #define BN_DISPATCH(dtype, vec, ...)    \
   do {                                  \
     if ((dtype) == PS_NN_F16) {         \
       using T = __half;                 \
-      if (vec) {                        \
-        constexpr int V = 8;            \
-        __VA_ARGS__;                    \
-      } else {                          \
-        constexpr int V = 1;            \
-        __VA_ARGS__;                    \
-      }                                 \
+      BN_WIDTH(vec, 8, __VA_ARGS__);    \
     } else if ((dtype) == PS_NN_BF16) { \
       using T = __nv_bfloat16;          \
-      if (vec) {                        \
-        constexpr int V = 8;            \
-        __VA_ARGS__;                    \
-      } else {                          \
-        constexpr int V = 1;            \
-        __VA_ARGS__;                    \
-      }                                 \
+      BN_WIDTH(vec, 8, __VA_ARGS__);    \
     } else {                            \
       using T = float;                  \
-      if (vec) {                        \
-        constexpr int V = 4;            \
-        __VA_ARGS__;                    \
-      } else {                          \
-        constexpr int V = 1;            \
-        __VA_ARGS__;                    \
-      }                                 \
+      BN_WIDTH(vec, 4, __VA_ARGS__);    \
     }                                   \
   } while (0)
 
