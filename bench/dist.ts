@@ -32,25 +32,18 @@ import { parseArgs } from "node:util";
 import { existsSync } from "node:fs";
 import {
   availableMpi,
-  Conv2d,
   DataParallel,
   Device,
   FashionMNIST,
-  Flatten,
   launchEnv,
-  Linear,
-  MaxPool2d,
-  type Module,
   mpirunCommand,
   ProcessGroup,
-  ReLU,
-  Sequential,
   SGD,
   Tensor,
   Trainer,
-  Xoshiro128,
 } from "../mod.ts";
 import { FASHION_MNIST_DEBIAN_ROOT } from "../loader/datasets/mnist.ts";
+import { fashionModel } from "../train/models.ts";
 import { openMpi } from "../dist/_mpi.ts";
 import { commitStamp, machine, writeResult } from "./_results.ts";
 
@@ -79,28 +72,6 @@ const BATCH = 64;
 const PYTHON = existsSync("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
 const SIZES_MIB = [1, 4, 16, 64];
 const ROOT = Deno.env.get("PINSTREAM_FASHION_ROOT") ?? FASHION_MNIST_DEBIAN_ROOT;
-
-function model(name: string): Module {
-  const rng = new Xoshiro128(0);
-  if (name === "mlp") {
-    return new Sequential([
-      new Flatten(),
-      new Linear(784, 256, { rng }),
-      new ReLU(),
-      new Linear(256, 10, { rng }),
-    ]);
-  }
-  return new Sequential([
-    new Conv2d(1, 32, { kernelSize: 3, padding: 1, rng }),
-    new ReLU(),
-    new MaxPool2d(2),
-    new Conv2d(32, 64, { kernelSize: 3, padding: 1, rng }),
-    new ReLU(),
-    new MaxPool2d(2),
-    new Flatten(),
-    new Linear(3136, 10, { rng }),
-  ]);
-}
 
 /** This rank's batches of Fashion-MNIST, normalized f32 on the device. */
 async function batches(device: Device, group: ProcessGroup, count: number) {
@@ -168,7 +139,7 @@ async function rankPart(part: string): Promise<void> {
   }
   const steps = Number(values.steps);
   const data = await batches(device, group, Math.min(steps, 50));
-  const m = model(values.model!).to(device, { precision: "fp32" });
+  const m = fashionModel(values.model!).to(device, { precision: "fp32" });
   const dp = new DataParallel(m, group, { bucketMB: Number(values["bucket-mb"]) });
   const opt = new SGD(dp.parameters(), { lr: 0.01, momentum: 0.9 });
   const time = (fn: (k: number) => void) => {
