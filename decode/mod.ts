@@ -13,6 +13,7 @@ import { sniffImageType } from "./format.ts";
 import { decodeJpegTs, jpegInfo } from "./jpeg.ts";
 import { decodePngTs, pngHeader } from "./png.ts";
 import { resizeBilinear } from "./resize.ts";
+import { wasmInput } from "./_resize_wasm.ts";
 import { Spng, SPNG_LIBRARY } from "./spng.ts";
 import { type JpegHeader, TurboJpeg, TURBOJPEG_LIBRARY } from "./turbojpeg.ts";
 import { type Channels, type CropBox, type DecodedImage, ImageDecodeError } from "./types.ts";
@@ -179,10 +180,13 @@ export class ImageDecoder {
   #backend: DecoderBackend;
   /** Stored (not upright) height and width of the JPEG being decoded. */
   #lastJpeg: [number, number] = [0, 0];
-  #scratch = new Uint8Array(0);
+  #scratch: Uint8Array = new Uint8Array(0);
 
   /** `n` bytes of the scratch buffer (grown as needed). */
   #scratchOf(n: number): Uint8Array {
+    // The resize's own memory where it has one: the resize then reads the pixels in place.
+    const inResize = wasmInput(n);
+    if (inResize !== undefined) return this.#scratch = inResize;
     if (this.#scratch.length < n) this.#scratch = new Uint8Array(n);
     return this.#scratch.subarray(0, n);
   }

@@ -9,18 +9,14 @@
  */
 
 import type { CropBox, DecodedImage } from "./types.ts";
+import { type PassTaps, wasmResize, wasmResizeAvailable } from "./_resize_wasm.ts";
 
 const BITS = 22;
 const ONE = 1 << BITS;
 /** Rounding: half of one in the fixed point. */
 const HALF = ONE >> 1;
 
-interface Taps {
-  start: Int32Array;
-  count: Int32Array;
-  weights: Int32Array;
-  width: number;
-}
+type Taps = PassTaps;
 
 /** Each output position's first input, count and fixed-point weights (Pillow's precompute). */
 function taps(inSize: number, outSize: number, antialias: boolean): Taps {
@@ -59,6 +55,8 @@ function taps(inSize: number, outSize: number, antialias: boolean): Taps {
  * @param antialias widen the filter when shrinking (default true, as Pillow)
  * @param out where the pixels go (`height * width * channels` bytes), e.g. a ring slot
  * @param box the region of `image` to resize (default all of it; the crop costs no copy)
+ * @param engine the loops that resample: WebAssembly SIMD where the engine has it (about 4x
+ *   faster), else JavaScript; both give the same bytes
  * @returns the resized image (the input itself when the size is unchanged and no `out`)
  * @example Halving a 2x2 grey image averages it
  * ```ts
@@ -75,6 +73,7 @@ export function resizeBilinear(
   antialias = true,
   out?: Uint8Array,
   box?: CropBox,
+  engine: "auto" | "javascript" = "auto",
 ): DecodedImage {
   const { data, height: fullH, width: fullW, channels: c } = image;
   const top = box?.top ?? 0, left = box?.left ?? 0;
@@ -92,6 +91,12 @@ export function resizeBilinear(
       const from = ((top + y) * fullW + left) * c;
       dst.set(data.subarray(from, from + row), y * row);
     }
+    return { data: dst, height, width, channels: c };
+  }
+  if (engine === "auto" && wasmResizeAvailable()) {
+    const h = iw !== width ? taps(iw, width, antialias) : undefined;
+    const v = ih !== height ? taps(ih, height, antialias) : undefined;
+    wasmResize(data, fullW, c, top, left, ih, iw, height, width, h, v, dst);
     return { data: dst, height, width, channels: c };
   }
   // Results clamp to 0..255 on store through a clamped view (one branchless store).

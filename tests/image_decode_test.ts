@@ -1,6 +1,7 @@
 import assert from "node:assert";
 import { join } from "node:path";
 import { DEFAULT_MAX_PIXELS, ImageDecoder, resizeBilinear, sniffImageType } from "../decode/mod.ts";
+import { wasmResizeAvailable } from "../decode/_resize_wasm.ts";
 import { TurboJpeg } from "../decode/turbojpeg.ts";
 import { decodePngTs } from "../decode/png.ts";
 import { diff, djpeg, fixtures, have, manifest } from "./_image_fixtures.ts";
@@ -152,11 +153,13 @@ Deno.test({
     // Pillow's resize of the full decode, bit for bit.
     for (const r of JSON.parse(Deno.readTextFileSync(join(dir, "resized.json")))) {
       const full = native!.decode(Deno.readFileSync(join(dir, r.file)));
-      const got = resizeBilinear(full, r.height, r.width);
-      assert.deepStrictEqual(diff(got.data, Deno.readFileSync(join(dir, r.ref))), {
-        count: 0,
-        max: 0,
-      }, r.ref);
+      for (const engine of ["auto", "javascript"] as const) {
+        const got = resizeBilinear(full, r.height, r.width, true, undefined, undefined, engine);
+        assert.deepStrictEqual(diff(got.data, Deno.readFileSync(join(dir, r.ref))), {
+          count: 0,
+          max: 0,
+        }, `${r.ref} (${engine})`);
+      }
     }
   },
 });
@@ -231,5 +234,54 @@ Deno.test({
       () => new ImageDecoder({ maxPixels: 100 }).decode(png),
       /exceeds the limit of 100/,
     );
+  },
+});
+
+Deno.test("the WebAssembly resize gives the JavaScript loops' bytes on every box, size and channel count", () => {
+  assert.ok(wasmResizeAvailable(), "WebAssembly SIMD is missing: the resize runs in JavaScript");
+  let seed = 7;
+  const rand = (n: number) => {
+    seed = (seed * 1103515245 + 12345) % 2147483648;
+    return Math.floor((seed / 2147483648) * n);
+  };
+  for (let t = 0; t < 1500; t++) {
+    const c = ([1, 3, 4] as const)[rand(3)];
+    const h = 1 + rand(90), w = 1 + rand(90);
+    const data = Uint8Array.from({ length: h * w * c }, () => rand(256));
+    const top = rand(h), left = rand(w);
+    const box = rand(3) === 0
+      ? undefined
+      : { top, left, height: 1 + rand(h - top), width: 1 + rand(w - left) };
+    // Shrinking and enlarging, either side kept or changed, with and without antialias.
+    const oh = rand(4) === 0 ? (box?.height ?? h) : 1 + rand(120);
+    const ow = rand(4) === 0 ? (box?.width ?? w) : 1 + rand(120);
+    const antialias = rand(2) === 0;
+    const img = { data, height: h, width: w, channels: c };
+    const js = resizeBilinear(img, oh, ow, antialias, undefined, box, "javascript");
+    // Into an offset view of a larger buffer (a ring slot), whose bytes around it stay.
+    const slot = new Uint8Array(oh * ow * c + 32).fill(0xa5);
+    const wasm = resizeBilinear(img, oh, ow, antialias, slot.subarray(16), box);
+    const what = JSON.stringify({ c, h, w, box, oh, ow, antialias });
+    assert.deepStrictEqual(diff(wasm.data, js.data), { count: 0, max: 0 }, what);
+    assert.ok(slot.subarray(0, 16).every((b) => b === 0xa5), what);
+    assert.ok(slot.subarray(16 + oh * ow * c).every((b) => b === 0xa5), what);
+  }
+});
+
+Deno.test({
+  name: "a crop decoded into the resize's memory equals the same crop of a separate decode",
+  ignore: noFixtures || native === undefined,
+  fn: async () => {
+    const dir = await dirP!;
+    const bytes = Deno.readFileSync(join(dir, "rgb_500x375_s2_q90.jpg"));
+    const full = native!.decode(bytes);
+    // Less than twice the size asked: decoded at full scale (no DCT reduction).
+    const box = { top: 31, left: 77, height: 150, width: 200 };
+    const out = new Uint8Array(96 * 128 * 3);
+    // Decoded into the WebAssembly memory, then resized there, output copied into `out`.
+    const got = native!.decode(bytes, { size: [96, 128], out, crop: () => box });
+    const want = resizeBilinear(full, 96, 128, true, undefined, box, "javascript");
+    assert.strictEqual(got.data.buffer, out.buffer);
+    assert.deepStrictEqual(diff(got.data, want.data), { count: 0, max: 0 });
   },
 });
