@@ -93,9 +93,10 @@ function put(e: Exports, at: number, t: PassTaps): number {
 }
 
 /**
- * Resizes the region (`top`, `left`, `ih` x `iw`) of an HWC image of `fullW` columns and `c`
- * channels to `height` x `width` into `dst`, horizontal pass first (`h` taps, or none when the
- * width is kept), then vertical (`v`, or none when the height is kept).
+ * Resizes the region of `ih` rows from (`top`, `left`) of an HWC image of `fullW` columns and
+ * `c` channels to `height` x `width` into `dst`, horizontal pass first (`h` taps, over the
+ * region's width; none when the width is kept), then vertical (`v`, or none when the height
+ * is kept).
  */
 export function wasmResize(
   data: Uint8Array,
@@ -104,7 +105,6 @@ export function wasmResize(
   top: number,
   left: number,
   ih: number,
-  iw: number,
   height: number,
   width: number,
   h: PassTaps | undefined,

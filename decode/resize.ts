@@ -96,7 +96,7 @@ export function resizeBilinear(
   if (engine === "auto" && wasmResizeAvailable()) {
     const h = iw !== width ? taps(iw, width, antialias) : undefined;
     const v = ih !== height ? taps(ih, height, antialias) : undefined;
-    wasmResize(data, fullW, c, top, left, ih, iw, height, width, h, v, dst);
+    wasmResize(data, fullW, c, top, left, ih, height, width, h, v, dst);
     return { data: dst, height, width, channels: c };
   }
   // Results clamp to 0..255 on store through a clamped view (one branchless store).
