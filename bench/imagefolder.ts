@@ -15,10 +15,11 @@
  *
  * The folder: `--data DIR`, else `--count` generated files (bench/make_imagefolder.py,
  * ImageNet-like sizes around 500x375, JPEG quality 90, or PNG with `--png`) in bench/out/.
- * Writes bench/out/imagefolder.json (bench/results/ with --save).
+ * Writes bench/out/imagefolder.json, or imagefolder_png.json with --png (bench/results/ with
+ * --save).
  *
  *     deno run -A bench/imagefolder.ts [--data DIR] [--count 2000] [--png] [--workers 0,1,2]
- *       [--epochs 1] [--no-torch] [--save]
+ *       [--epochs 1] [--repeat 1] [--no-torch] [--save]
  *
  * @module
  */
@@ -45,6 +46,12 @@ const cli = parseCli(Deno.args, {
     png: { kind: "boolean", help: "generate PNG files instead of JPEG" },
     workers: { kind: "string", help: "worker counts", default: "0,1,2" },
     epochs: { kind: "int", min: 1, help: "measured epochs after a warm-up one", default: 1 },
+    repeat: {
+      kind: "int",
+      min: 1,
+      help: "rounds over the worker counts (each row reports the median round)",
+      default: 1,
+    },
     torch: {
       kind: "boolean",
       help: "run the torchvision rows (--no-torch to skip)",
@@ -59,6 +66,7 @@ const o = cli as unknown as {
   png?: boolean;
   workers: string;
   epochs: number;
+  repeat: number;
   torch: boolean;
   save?: boolean;
 };
@@ -95,6 +103,8 @@ interface Row {
   workers: number;
   samplesPerSecond: number;
   epochs: number[];
+  /** Each round's rate (with --repeat). */
+  rounds?: number[];
 }
 const rows: Row[] = [];
 
@@ -160,16 +170,27 @@ async function torchRow(w: number): Promise<Row> {
 }
 
 // The rows alternate, pinstream then torchvision at each worker count, so that a change in
-// the machine's load between them (other jobs) weighs on both alike.
+// the machine's load between them (other jobs) weighs on both alike; with --repeat, round
+// after round, each row then the median of its rounds (every round's rate kept).
 {
   using device = Device.open("cpu");
-  for (const w of workerCounts) {
-    console.error(`... pinstream, ${w} workers`);
-    rows.push(await pinstreamRow(w, device));
-    if (o.torch) {
-      console.error(`... torchvision, ${w} workers`);
-      rows.push(await torchRow(w));
+  const rounds: Row[][] = [];
+  for (let r = 0; r < o.repeat; r++) {
+    const round: Row[] = [];
+    for (const w of workerCounts) {
+      console.error(`... round ${r + 1}: pinstream, ${w} workers`);
+      round.push(await pinstreamRow(w, device));
+      if (o.torch) {
+        console.error(`... round ${r + 1}: torchvision, ${w} workers`);
+        round.push(await torchRow(w));
+      }
     }
+    rounds.push(round);
+  }
+  for (const [k, first] of rounds[0].entries()) {
+    const rates = rounds.map((round) => round[k].samplesPerSecond);
+    const median = [...rates].sort((a, b) => a - b)[rates.length >> 1];
+    rows.push({ ...first, samplesPerSecond: median, rounds: rates } as Row);
   }
 }
 
@@ -218,13 +239,20 @@ console.log(
     o.png ? "PNG" : "JPEG"
   } files, batch ${BATCH}, RandomResizedCrop(224) + flip + normalize to fp16`,
 );
-console.log("workers  pinstream/s  torchvision/s  ratio");
+console.log(
+  `workers  pinstream/s  torchvision/s  ratio${
+    o.repeat > 1 ? ` (medians of ${o.repeat} rounds; each round's ratio)` : ""
+  }`,
+);
 for (const w of workerCounts) {
-  const p = row("pinstream", w), t = row("torchvision", w);
+  const p = row("pinstream", w)!, t = row("torchvision", w);
+  const each = t && o.repeat > 1
+    ? `  (${p.rounds!.map((x, k) => (x / t.rounds![k]).toFixed(2) + "x").join(", ")})`
+    : "";
   console.log(
-    `${String(w).padStart(7)}  ${p!.samplesPerSecond.toFixed(0).padStart(11)}  ${
+    `${String(w).padStart(7)}  ${p.samplesPerSecond.toFixed(0).padStart(11)}  ${
       t ? t.samplesPerSecond.toFixed(0).padStart(13) : "            -"
-    }  ${t ? (p!.samplesPerSecond / t.samplesPerSecond).toFixed(2) + "x" : "-"}`,
+    }  ${t ? (p.samplesPerSecond / t.samplesPerSecond).toFixed(2) + "x" : "-"}${each}`,
   );
 }
 console.log(
@@ -237,8 +265,9 @@ console.log(
 );
 
 const load = Deno.loadavg();
-await writeResult("imagefolder", {
+await writeResult(o.png ? "imagefolder_png" : "imagefolder", {
   benchmark: "imagefolder",
+  command: `deno run -A bench/imagefolder.ts ${Deno.args.join(" ")}`.trim(),
   date: new Date().toISOString(),
   machine: await machine(),
   commit: await commitStamp(),

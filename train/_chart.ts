@@ -17,6 +17,8 @@
  * - train: seconds per epoch, pinstream against PyTorch;
  * - kernels: GFLOP/s (or ms) per kernel;
  * - precision: step time and peak memory, fp16 against fp32, per model;
+ * - imagefolder: samples/s at each worker count, pinstream against torchvision;
+ * - dist: the data-parallel step, pinstream against PyTorch DDP;
  * - doctor (`deno task doctor`): training samples/s of each run against a device-resident batch.
  *
  * @module
@@ -41,6 +43,8 @@ export interface BenchResult {
   machine?: string | { cpu?: string; cores?: number };
   /** The commit measured. */
   commit?: string;
+  /** The file format measured (imagefolder: "jpeg" or "png"). */
+  format?: string;
   /** The measurements. */
   rows: Record<string, unknown>[];
 }
@@ -214,6 +218,23 @@ function distSpec(r: BenchResult): Spec {
   );
 }
 
+function imagefolderSpec(r: BenchResult): Spec {
+  return barSpec(
+    r,
+    `${
+      String(r.format ?? "image").toUpperCase()
+    } files to fp16 224x224 batches (RandomResizedCrop, flip, normalize): samples/s`,
+    r.rows.map((x) => ({
+      name: `${x.workers} worker${x.workers === 1 ? "" : "s"}, ${
+        x.impl === "torchvision" ? "torchvision + Pillow" : "pinstream"
+      }`,
+      value: x.samplesPerSecond,
+      who: x.impl === "torchvision" ? "PyTorch" : "pinstream",
+    })),
+    "samples/s (higher is better)",
+  );
+}
+
 function kernelsSpec(r: BenchResult): Spec {
   const withFlops = r.rows.filter((x) => typeof x.gflops === "number");
   return barSpec(
@@ -292,6 +313,7 @@ const SPECS: Record<string, (r: BenchResult) => Spec> = {
   train: trainSpec,
   kernels: kernelsSpec,
   dist: distSpec,
+  imagefolder: imagefolderSpec,
 };
 
 /**
