@@ -51,6 +51,8 @@ interface Bucket {
   /** Holds the sum of gradients of backwards run under noSync. */
   accumulated: boolean;
   work: Work | null;
+  /** Packed, its all-reduce left for the blocking call once backward returns. */
+  deferred: boolean;
 }
 
 function gradView(p: Parameter): Float32Array | Float16Array {
@@ -259,8 +261,16 @@ export class DataParallel extends Module {
     if (this.#noSync > 0) return dx;
     const n = this.group.size;
     for (const b of this.#buckets) {
-      b.work!.waitSync();
-      b.work = null;
+      if (b.deferred) {
+        // The last bucket: nothing is left to overlap it with, and the blocking call is MPI's
+        // own (it queues behind the buckets still in flight), where the asynchronous form's
+        // polite wait costs up to a few times the transfer.
+        b.deferred = false;
+        this.group.allReduce(b.flat, { op: "sum" });
+      } else {
+        b.work!.waitSync();
+        b.work = null;
+      }
       if (!this.#onDevice) {
         // The average is written straight into the gradients: one pass over the sum.
         const f = b.flat;
@@ -292,6 +302,7 @@ export class DataParallel extends Module {
         packedAt: -1,
         accumulated: false,
         work: null,
+        deferred: false,
       });
       current = [];
       size = 0;
@@ -380,7 +391,10 @@ export class DataParallel extends Module {
       return;
     }
     b.accumulated = false;
-    b.work = this.group.allReduceAsync(b.flat, { op: "sum" });
+    // Every rank defers the same bucket (the buckets and their order are agreed), so every
+    // rank issues each collective in the same form, as MPI requires.
+    if (b.index === this.#buckets.length - 1) b.deferred = true;
+    else b.work = this.group.allReduceAsync(b.flat, { op: "sum" });
   }
 
   /** #launch for a CUDA model: device-side accumulation, then one NCCL group in place. */

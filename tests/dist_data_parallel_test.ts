@@ -22,10 +22,15 @@ Deno.test("DataParallel reduces each bucket as soon as backward filled it, last 
   });
   const log: string[] = [];
   // Spy on the collectives and on the first layer's backward.
-  const reduce = group.allReduceAsync.bind(group);
+  const reduce = group.allReduceAsync.bind(group), blocking = group.allReduce.bind(group);
   group.allReduceAsync = (buf, options) => {
     log.push(`reduce ${(buf as Float32Array).length}`);
     return reduce(buf, options);
+  };
+  // The last bucket is reduced by the blocking call once backward returns.
+  group.allReduce = (buf, options) => {
+    log.push(`reduce ${(buf as Float32Array).length}, blocking`);
+    return blocking(buf, options);
   };
   const first = layers[0] as Linear, backward = first.backward.bind(first);
   first.backward = (dy, options) => {
@@ -47,7 +52,7 @@ Deno.test("DataParallel reduces each bucket as soon as backward filled it, last 
     "reduce 194",
     "reduce 4096",
     "backward of layer 0",
-    "reduce 576",
+    "reduce 576, blocking",
   ]);
 });
 
@@ -68,10 +73,15 @@ Deno.test("DataParallel rebuilds its buckets in the ready order after the first 
   using plain = build();
   const names = new Map(model.namedParameters().map(([n, p]) => [p, n]));
   const log: string[] = [];
-  const reduce = group.allReduceAsync.bind(group);
+  const reduce = group.allReduceAsync.bind(group), blocking = group.allReduce.bind(group);
   group.allReduceAsync = (buf, options) => {
     log.push(`reduce ${(buf as Float32Array).length}`);
     return reduce(buf, options);
+  };
+  // The last bucket is reduced by the blocking call once backward returns.
+  group.allReduce = (buf, options) => {
+    log.push(`reduce ${(buf as Float32Array).length}, blocking`);
+    return blocking(buf, options);
   };
   using dp = new DataParallel(model, group, { bucketMB: 4096 * 4 / 2 ** 20 });
   const named = () => dp.buckets.map((b) => b.map((p) => names.get(p)!));
@@ -94,7 +104,7 @@ Deno.test("DataParallel rebuilds its buckets in the ready order after the first 
   log.length = 0;
   dp.forward(x);
   dp.backward(dy, { inputGrad: false });
-  assert.deepStrictEqual(log, ["reduce 130", "reduce 4096", "reduce 640"]);
+  assert.deepStrictEqual(log, ["reduce 130", "reduce 4096", "reduce 640, blocking"]);
   // A group of one averages nothing: every gradient lands where the plain model has it.
   plain.forward(x);
   plain.backward(dy, { inputGrad: false });
