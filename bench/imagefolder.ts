@@ -11,7 +11,10 @@
  *   at the same worker counts, each right after pinstream's row of that count;
  * - the decoders alone, one thread, full-size RGB decodes of every file from memory:
  *   pinstream's `ImageDecoder` against libjpeg-turbo's own rate in a small C loop over the same
- *   files (bench/tj_decode.c, built here with cc), in turns, the best of three rounds each.
+ *   files (bench/tj_decode.c, built here with cc) and Pillow's (bench/pillow_decode.py), in
+ *   turns, the best of three rounds each;
+ * - the resize alone: RandomResizedCrop boxes of 200 decoded files to 224x224, decode/resize.ts
+ *   in WebAssembly against its JavaScript loops (the same bytes), in turns, best of three.
  *
  * The folder: `--data DIR`, else `--count` generated files (bench/make_imagefolder.py,
  * ImageNet-like sizes around 500x375, JPEG quality 90, or PNG with `--png`) in bench/out/.
@@ -30,7 +33,8 @@ import { parseCli } from "../train/cli.ts";
 import { Device } from "../ffi/device.ts";
 import { DataLoader } from "../loader/data_loader.ts";
 import { ImageFolder } from "../loader/datasets/image_folder.ts";
-import { ImageDecoder } from "../decode/mod.ts";
+import { ImageDecoder, resizeBilinear } from "../decode/mod.ts";
+import { randomResizedCropBox } from "../loader/datasets/image_files.ts";
 import { toDevice } from "../pipeline/prefetcher.ts";
 
 const HERE = new URL(".", import.meta.url).pathname;
@@ -225,13 +229,55 @@ if (!o.png) {
     return JSON.parse(new TextDecoder().decode(r.stdout)).imagesPerSecond;
   };
 }
-const oursRounds: number[] = [], referenceRounds: number[] = [];
+// Pillow's decode of the same files (what torchvision's loader runs per file), one thread.
+const pillowList = join(HERE, "out", "pillow_decode.list");
+await Deno.mkdir(join(HERE, "out"), { recursive: true });
+await Deno.writeTextFile(pillowList, paths.join("\n") + "\n");
+const pillowOnce = async () => {
+  const r = await new Deno.Command("/usr/bin/python3", {
+    args: [join(HERE, "pillow_decode.py"), pillowList],
+  }).output();
+  if (!r.success) {
+    throw new Error(`pillow_decode.py failed: ${new TextDecoder().decode(r.stderr)}`);
+  }
+  return JSON.parse(new TextDecoder().decode(r.stdout)).imagesPerSecond as number;
+};
+const oursRounds: number[] = [], referenceRounds: number[] = [], pillowRounds: number[] = [];
 for (let k = 0; k < 3; k++) {
   if (referenceOnce) referenceRounds.push(await referenceOnce());
+  if (o.torch) pillowRounds.push(await pillowOnce());
   oursRounds.push(oursOnce());
 }
 const ours = Math.max(...oursRounds);
 const reference = referenceOnce ? Math.max(...referenceRounds) : undefined;
+const pillow = o.torch ? Math.max(...pillowRounds) : undefined;
+
+// The resize alone, one thread: each of the first 200 files decoded once, then a
+// RandomResizedCrop box of it (seeded) resized to 224 x 224 by decode/resize.ts, in
+// WebAssembly and in JavaScript in turns (the same bytes), three rounds, the best of each.
+const resizeInputs = bytes.slice(0, 200).map((b, i) => {
+  const image = decoder.decode(b);
+  let s = i + 1;
+  const random = () => (s = (s * 1103515245 + 12345) % 2147483648) / 2147483648;
+  return {
+    image,
+    box: randomResizedCropBox(image.height, image.width, [0.08, 1], [3 / 4, 4 / 3], random),
+  };
+});
+const resizeOnce = (engine: "auto" | "javascript") => {
+  const out = new Uint8Array(224 * 224 * 3);
+  const t0 = performance.now();
+  for (const { image, box } of resizeInputs) {
+    resizeBilinear(image, 224, 224, true, out, box, engine);
+  }
+  return (performance.now() - t0) * 1000 / resizeInputs.length;
+};
+const wasmRounds: number[] = [], jsRounds: number[] = [];
+for (let k = 0; k < 3; k++) {
+  wasmRounds.push(resizeOnce("auto"));
+  jsRounds.push(resizeOnce("javascript"));
+}
+const resizeUs = { webAssembly: Math.min(...wasmRounds), javaScript: Math.min(...jsRounds) };
 
 const row = (impl: string, w: number) => rows.find((r) => r.impl === impl && r.workers === w);
 console.log(
@@ -261,7 +307,13 @@ console.log(
       ? `, libjpeg-turbo C loop ${reference.toFixed(0)} images/s (${
         (100 * ours / reference).toFixed(0)
       }%)`
-      : ""),
+      : "") +
+    (pillow ? `, Pillow ${pillow.toFixed(0)} images/s` : ""),
+);
+console.log(
+  `resize alone (a RandomResizedCrop box to 224x224), one thread: WebAssembly ${
+    resizeUs.webAssembly.toFixed(0)
+  } us, JavaScript ${resizeUs.javaScript.toFixed(0)} us per image`,
 );
 
 const load = Deno.loadavg();
@@ -284,5 +336,12 @@ await writeResult(o.png ? "imagefolder_png" : "imagefolder", {
     libjpegTurboImagesPerSecond: reference,
     pinstreamRounds: oursRounds,
     libjpegTurboRounds: referenceRounds,
+    pillowImagesPerSecond: pillow,
+    pillowRounds,
+  },
+  resizeAloneMicroseconds: {
+    ...resizeUs,
+    webAssemblyRounds: wasmRounds,
+    javaScriptRounds: jsRounds,
   },
 }, o.save ?? false);

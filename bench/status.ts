@@ -77,6 +77,26 @@ export async function statusLines(): Promise<string[]> {
     torchMs: number;
   }[];
   const two = (m: string) => steps.find((r) => r.model === m && r.ranks === 2)!;
+  const images = await result("imagefolder"), png = await result("imagefolder_png");
+  /** "r0, r1, r2 samples/s at 0, 1, 2 workers, a-b x torchvision's" of an imagefolder result. */
+  const imageRates = (r: Json & { rows: Row[] }) => {
+    const ours = r.rows.filter((x) => x.impl === "pinstream");
+    const ratio = ours.map((x) =>
+      (x.samplesPerSecond as number) /
+      (r.rows.find((t) => t.impl === "torchvision" && t.workers === x.workers)!
+        .samplesPerSecond as number)
+    );
+    return {
+      rates: `${ours.map((x) => Math.round(x.samplesPerSecond as number)).join(", ")} samples/s ` +
+        `at ${ours.map((x) => x.workers).join(", ")} workers`,
+      ratios: `${Math.min(...ratio).toFixed(2)}-${Math.max(...ratio).toFixed(2)}x`,
+    };
+  };
+  const jpeg = imageRates(images), pngRates = imageRates(png);
+  const decodeAlone = images.decodeAlone as {
+    pinstreamImagesPerSecond: number;
+    libjpegTurboImagesPerSecond: number;
+  };
   const transfer = await result("transfer");
   const h2d = Math.max(...transfer.rows.map((r) => (r.h2d as { pinned: number }).pinned));
   return [
@@ -101,6 +121,15 @@ export async function statusLines(): Promise<string[]> {
     `${times(prec.cnn.time)} on the Fashion-MNIST CNN, ${times(prec.cifar.time)} on the CIFAR-10 ` +
     `net, ${times(prec.mlp.time)} on the MLP; peak memory ${times(prec.cnn.peakMemory)}, ` +
     `${times(prec.cifar.peakMemory)} and ${times(prec.mlp.peakMemory)}.`,
+    `- **Image files** (${source("imagefolder.json", images)}): JPEGs to normalized fp16 ` +
+    `224x224 batches (RandomResizedCrop, flip) at ${jpeg.rates}, ${jpeg.ratios} torchvision + ` +
+    `Pillow's rate at the same worker count (medians of ${
+      (images.rows[0].rounds as number[] | undefined)?.length ?? 1
+    } rounds); the JPEG decoder at ` +
+    `${
+      percent(decodeAlone.pinstreamImagesPerSecond / decodeAlone.libjpegTurboImagesPerSecond)
+    } of libjpeg-turbo's own rate; PNGs (${source("imagefolder_png.json", png)}) ` +
+    `${pngRates.ratios}.`,
     `- **Kernels** (${source("kernels.json", kernels)}): best ${best.name} at ` +
     `${Math.round(best.gflops as number)} GFLOP/s; **copies** ` +
     `(${source("transfer.json", transfer)}): up to ${h2d.toFixed(1)} GB/s host to device, pinned.`,
