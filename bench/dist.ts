@@ -6,7 +6,9 @@
  * - Step time of the Fashion-MNIST MLP and CNN at batch 64 per rank, fp32 SGD, on 1 and 2
  *   ranks, one compute thread per rank on both sides (PINSTREAM_NUM_THREADS=1,
  *   torch.set_num_threads(1), OPENBLAS_NUM_THREADS=1); scaling efficiency = 1-rank step time
- *   / 2-rank step time (the per-rank batch is fixed, so 100% is a perfect 2x throughput).
+ *   / 2-rank step time (the per-rank batch is fixed, so 100% is a perfect 2x throughput);
+ *   and the host's ceiling for it: two independent 1-rank pinstream processes run at once
+ *   (no communication), 1-rank step time alone / their step time.
  * - All-reduce bandwidth of 1-64 MiB of f32 on 2 ranks, under each installed MPI (Open MPI,
  *   MPICH): pinstream's blocking allReduce, its asynchronous form, and the C program's
  *   MPI_Allreduce with the same library and launcher; also MPI_Allreduce called through FFI
@@ -339,18 +341,36 @@ async function driver(): Promise<void> {
       });
     }
   }
+  // The host's own ceiling: two independent 1-rank processes at once (no communication), each
+  // step time against one process alone. Two ranks cannot scale better than two processes that
+  // only share the machine.
+  const pair: { model: string; stepsMs: number[] }[] = [];
+  for (const m of ["mlp", "cnn"]) {
+    const stepsMs: number[] = [];
+    for (let k = 0; k < repeat; k++) {
+      const both = await Promise.all(
+        [0, 1].map(() => run(ranks(1, ["--part", "train", "--model", m, "--steps", steps]))),
+      );
+      for (const out of both) stepsMs.push((results(out)[0] as { msPerStep: number }).msPerStep);
+    }
+    pair.push({ model: m, stepsMs });
+  }
   const scaling = ["mlp", "cnn"].map((m) => {
     const one = train.find((r) => r.model === m && r.ranks === 1)!;
     const two = train.find((r) => r.model === m && r.ranks === 2)!;
+    const apart = pair.find((r) => r.model === m)!;
     return {
       model: m,
       pinstreamEfficiency: one.pinstreamMs / two.pinstreamMs,
       torchEfficiency: one.torchMs / two.torchMs,
       pinstreamVsTorch2Ranks: two.torchMs / two.pinstreamMs,
+      // 1-rank step alone / the median step of two independent processes run at once.
+      hostCeiling: one.pinstreamMs / median(apart.stepsMs),
+      independentPairMs: apart.stepsMs,
     };
   });
   console.table(train.map(({ pinstreamRuns: _, torchRuns: __, ...r }) => r));
-  console.table(scaling);
+  console.table(scaling.map(({ independentPairMs: _, ...r }) => r));
   // Small buckets, so that the CNN's 200 KB of gradients make several and some can overlap.
   const overlapArgs = ["--part", "overlap", "--model", "cnn", "--steps", steps, "--bucket-mb"];
   const overlap = results(await run(ranks(2, [...overlapArgs, "0.05"])))[0];
