@@ -1,26 +1,35 @@
-// decode/resize.ts's two passes in WebAssembly SIMD (decode/_resize.wat), about 4x the
-// JavaScript loops' rate, bit-identical to them: the same 22-bit integer arithmetic, and the
-// taps still computed by resize.ts. Used when the engine validates the module (WebAssembly
-// SIMD: V8 since 9.1, so every Deno 2); resize.ts keeps the JavaScript loops otherwise.
+// decode/'s pixel loops in WebAssembly (decode/_simd.wat): resize.ts's two passes in SIMD,
+// about 4x the JavaScript loops' rate and bit-identical to them (the same 22-bit integer
+// arithmetic, the taps still computed by resize.ts), and PNG's scanline filters undone for
+// png_fast.ts. Used when the engine validates the module (WebAssembly SIMD: V8 since 9.1, so
+// every Deno 2); resize.ts keeps the JavaScript loops otherwise, and PNGs go to libspng.
 //
-// The module's memory (one per thread that resizes) holds, in order: the input image (a
-// decoder can decode straight into it: `input`), then each call's taps, the intermediate rows
-// and the output, each followed by 16 bytes of slack the SIMD loops may touch. The output is
-// copied out to the caller's buffer (a ring slot) at the end of the call.
+// The module's memory (one per thread that decodes) holds, in order: the input image (a
+// decoder can decode straight into it: `wasmInput`, `wasmPng`), then each call's taps, the
+// intermediate rows and the output, each followed by 16 bytes of slack the SIMD loops may
+// touch. The output is copied out to the caller's buffer (a ring slot) at the end of the call.
 
 const BYTES = Uint8Array.from(
   atob(
     // BEGIN MODULE
-    "AGFzbQEAAAABGgJgCn9/f39/f39/f38AYAl/f39/f39/f38AAwMCAAEFAwEAAQcNAwFtAgABaAAAAXYAAQqzBALp" +
-      "AQIIfwF7IAkhEQJAA0AgCiACTw0BIAAgCiABbGohEEEAIQsCQANAIAsgBE8NASAGIAtBAnRqKAIAIQ0gECAFIAtB" +
-      "AnRqKAIAIANsaiEOIAcgCyAIbEECdGohD0GAgIAB/REhEkEAIQwCQANAIAwgDU8NASASIA79XAIA/YkB/akBIA8o" +
-      "AgD9Ef21Af2uASESIA4gA2ohDiAPQQRqIQ8gDEEBaiEMDAALCyASQRb9rAEhEiASIBL9hQEhEiASIBL9ZiESIBEg" +
-      "Ev1aAgAAIBEgA2ohESALQQFqIQsMAAsLIApBAWohCgwACwsLxQICCX8IewJAA0AgCSADTw0BIAAgBCAJQQJ0aigC" +
-      "ACABbGohDyAFIAlBAnRqKAIAIQwgBiAJIAdsQQJ0aiEQIAggCSACbGohEUEAIQoCQANAIAogAk8NAUGAgIAB/REh" +
-      "FiAWIRcgFiEYIBYhGSAPIApqIQ0gECEOQQAhCwJAA0AgCyAMTw0BIA4oAgD9ESESIA39AAQAIRMgE/2JASEUIBP9" +
-      "igEhFSAWIBT9qQEgEv21Af2uASEWIBcgFP2qASAS/bUB/a4BIRcgGCAV/akBIBL9tQH9rgEhGCAZIBX9qgEgEv21" +
-      "Af2uASEZIA0gAWohDSAOQQRqIQ4gC0EBaiELDAALCyARIApqIBZBFv2sASAXQRb9rAH9hQEgGEEW/awBIBlBFv2s" +
-      "Af2FAf1m/QsEACAKQRBqIQoMAAsLIAlBAWohCQwACwsL",
+    "AGFzbQEAAAABJANgCn9/f39/f39/f38AYAZ/f39/f38Bf2AJf39/f39/f39/AAMEAwABAgUDAQABBxEEAW0CAAFo" +
+      "AAABdQABAXYAAgqyCAPpAQIIfwF7IAkhEQJAA0AgCiACTw0BIAAgCiABbGohEEEAIQsCQANAIAsgBE8NASAGIAtB" +
+      "AnRqKAIAIQ0gECAFIAtBAnRqKAIAIANsaiEOIAcgCyAIbEECdGohD0GAgIAB/REhEkEAIQwCQANAIAwgDU8NASAS" +
+      "IA79XAIA/YkB/akBIA8oAgD9Ef21Af2uASESIA4gA2ohDiAPQQRqIQ8gDEEBaiEMDAALCyASQRb9rAEhEiASIBL9" +
+      "hQEhEiASIBL9ZiESIBEgEv1aAgAAIBEgA2ohESALQQFqIQsMAAsLIApBAWohCgwACwsL/QMBCn8gAiEJAkADQCAG" +
+      "IANPDQEgAC0AACEHIABBAWohACAHQQRLBEAgBg8LIAdFBEAgASAAIAT8CgAACyAHQQFGBEAgASAAIAX8CgAAIAUh" +
+      "CAJAA0AgCCAETw0BIAEgCGogACAIai0AACABIAhqIAVrLQAAajoAACAIQQFqIQgMAAsLCyAHQQJGBEBBACEIAkAD" +
+      "QCAIIARPDQEgASAIaiAAIAhq/QAEACAJIAhq/QAEAP1u/QsEACAIQRBqIQgMAAsLCyAHQQNGBEBBACEIAkADQCAI" +
+      "IARPDQEgCCAFTwR/IAEgCGogBWstAAAFQQALIQogASAIaiAAIAhqLQAAIAogCSAIai0AAGpBAXZqOgAAIAhBAWoh" +
+      "CAwACwsLIAdBBEYEQEEAIQgCQANAIAggBE8NASAJIAhqLQAAIQsgCCAFTwRAIAEgCGogBWstAAAhCiAJIAhqIAVr" +
+      "LQAAIQwFQQAhCkEAIQwLIAsgDGshDSAKIAxrIQ4gDSAOaiEPIA1BACANayANQQBOGyENIA5BACAOayAOQQBOGyEO" +
+      "IA9BACAPayAPQQBOGyEPIAEgCGogACAIai0AACAKIAsgDCAOIA9NGyANIA5NIA0gD01xG2o6AAAgCEEBaiEIDAAL" +
+      "CwsgASEJIAEgBGohASAAIARqIQAgBkEBaiEGDAALC0F/C8UCAgl/CHsCQANAIAkgA08NASAAIAQgCUECdGooAgAg" +
+      "AWxqIQ8gBSAJQQJ0aigCACEMIAYgCSAHbEECdGohECAIIAkgAmxqIRFBACEKAkADQCAKIAJPDQFBgICAAf0RIRYg" +
+      "FiEXIBYhGCAWIRkgDyAKaiENIBAhDkEAIQsCQANAIAsgDE8NASAOKAIA/REhEiAN/QAEACETIBP9iQEhFCAT/YoB" +
+      "IRUgFiAU/akBIBL9tQH9rgEhFiAXIBT9qgEgEv21Af2uASEXIBggFf2pASAS/bUB/a4BIRggGSAV/aoBIBL9tQH9" +
+      "rgEhGSANIAFqIQ0gDkEEaiEOIAtBAWohCwwACwsgESAKaiAWQRb9rAEgF0EW/awB/YUBIBhBFv2sASAZQRb9rAH9" +
+      "hQH9Zv0LBAAgCkEQaiEKDAALCyAJQQFqIQkMAAsLCw==",
     // END MODULE
   ),
   (c) => c.charCodeAt(0),
@@ -34,6 +43,7 @@ interface Exports {
   m: WebAssembly.Memory;
   h: (...args: number[]) => void;
   v: (...args: number[]) => void;
+  u: (...args: number[]) => number;
 }
 
 let exports: Exports | null | undefined;
@@ -76,6 +86,40 @@ export function wasmInput(n: number): Uint8Array | undefined {
   if (e === null) return undefined;
   reserve(e, align(n));
   return new Uint8Array(e.m.buffer, 0, n);
+}
+
+/** Where a PNG's scanlines are undone: the inflated bytes in, the pixels out. */
+export interface PngScratch {
+  /** Where the inflated scanlines go (filter byte + `rowBytes` bytes each). */
+  inflated: Uint8Array;
+  /**
+   * Undoes the filters into the image buffer at the start of the memory (a decode that is
+   * resized next is read there in place).
+   *
+   * @returns the pixels, or the first row with an unknown filter type
+   */
+  unfilter(): Uint8Array | number;
+}
+
+/**
+ * Memory for a PNG of `rows` scanlines of `rowBytes` bytes (`bpp` bytes a pixel), or undefined
+ * without WebAssembly SIMD. Valid until the next call of this module.
+ */
+export function wasmPng(rows: number, rowBytes: number, bpp: number): PngScratch | undefined {
+  const e = instance();
+  if (e === null) return undefined;
+  const image = rows * rowBytes;
+  const zero = align(image), src = zero + align(rowBytes);
+  const inflatedBytes = rows * (rowBytes + 1);
+  reserve(e, src + align(inflatedBytes));
+  new Uint8Array(e.m.buffer, zero, rowBytes).fill(0);
+  return {
+    inflated: new Uint8Array(e.m.buffer, src, inflatedBytes),
+    unfilter: () => {
+      const bad = e.u(src, 0, zero, rows, rowBytes, bpp);
+      return bad >= 0 ? bad : new Uint8Array(e.m.buffer, 0, image);
+    },
+  };
 }
 
 /** Whether the WebAssembly passes run here. */

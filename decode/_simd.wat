@@ -1,9 +1,13 @@
-;; The two passes of decode/resize.ts's bilinear resize as WebAssembly SIMD, with the same
-;; integer arithmetic: 22-bit fixed-point weights, a sum started at half of one, shifted right
-;; by 22 and clamped to 0..255. decode/_resize_wasm.ts embeds this module assembled
-;; (`deno run -A tools/assemble_wasm.ts` rewrites it from this file) and lays out its memory.
+;; decode/'s pixel loops in WebAssembly (SIMD where it pays), over one memory:
+;; - "h" and "v", the two passes of decode/resize.ts's bilinear resize, with the same integer
+;;   arithmetic: 22-bit fixed-point weights, a sum started at half of one, shifted right by 22
+;;   and clamped to 0..255;
+;; - "u", PNG's scanline filters undone (decode/png_fast.ts), as the PNG specification
+;;   defines them.
+;; decode/_simd.ts embeds this module assembled (`deno run -A tools/assemble_wasm.ts` rewrites
+;; it from this file) and lays out its memory.
 ;;
-;; Both passes read and write past the last byte they own (up to 15 bytes); the caller leaves
+;; The loops read and write past the last byte they own (up to 15 bytes); the caller leaves
 ;; that much slack after every region. A store past a row's end lands on the next row, which
 ;; is written after it.
 (module
@@ -66,6 +70,136 @@
             (br $xloop)))
         (local.set $y (i32.add (local.get $y) (i32.const 1)))
         (br $yloop))))
+
+;; PNG filters undone: `rows` scanlines at src, each a filter byte and rowBytes bytes, into
+  ;; rows of rowBytes bytes at dst; bpp: bytes per pixel (at least 1); zero: rowBytes zero
+  ;; bytes (the row above the first). Returns -1, or the first row whose filter type is not
+  ;; 0-4.
+  (func (export "u")
+    (param $src i32) (param $dst i32) (param $zero i32) (param $rows i32) (param $rowBytes i32)
+    (param $bpp i32) (result i32)
+    (local $y i32) (local $f i32) (local $i i32) (local $prev i32) (local $a i32) (local $b i32)
+    (local $c i32) (local $pa i32) (local $pb i32) (local $pc i32)
+    (local.set $prev (local.get $zero))
+    (block $ydone
+      (loop $yloop
+        (br_if $ydone (i32.ge_u (local.get $y) (local.get $rows)))
+        (local.set $f (i32.load8_u (local.get $src)))
+        (local.set $src (i32.add (local.get $src) (i32.const 1)))
+        (if (i32.gt_u (local.get $f) (i32.const 4)) (then (return (local.get $y))))
+        (if (i32.eqz (local.get $f))
+          (then (memory.copy (local.get $dst) (local.get $src) (local.get $rowBytes))))
+        ;; Sub: the byte a pixel to the left.
+        (if (i32.eq (local.get $f) (i32.const 1))
+          (then
+            (memory.copy (local.get $dst) (local.get $src) (local.get $bpp))
+            (local.set $i (local.get $bpp))
+            (block $done
+              (loop $next
+                (br_if $done (i32.ge_u (local.get $i) (local.get $rowBytes)))
+                (i32.store8
+                  (i32.add (local.get $dst) (local.get $i))
+                  (i32.add
+                    (i32.load8_u (i32.add (local.get $src) (local.get $i)))
+                    (i32.load8_u
+                      (i32.sub (i32.add (local.get $dst) (local.get $i)) (local.get $bpp)))))
+                (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                (br $next)))))
+        ;; Up: the byte above, 16 at a time.
+        (if (i32.eq (local.get $f) (i32.const 2))
+          (then
+            (local.set $i (i32.const 0))
+            (block $done
+              (loop $next
+                (br_if $done (i32.ge_u (local.get $i) (local.get $rowBytes)))
+                (v128.store
+                  (i32.add (local.get $dst) (local.get $i))
+                  (i8x16.add
+                    (v128.load (i32.add (local.get $src) (local.get $i)))
+                    (v128.load (i32.add (local.get $prev) (local.get $i)))))
+                (local.set $i (i32.add (local.get $i) (i32.const 16)))
+                (br $next)))))
+        ;; Average of left and above.
+        (if (i32.eq (local.get $f) (i32.const 3))
+          (then
+            (local.set $i (i32.const 0))
+            (block $done
+              (loop $next
+                (br_if $done (i32.ge_u (local.get $i) (local.get $rowBytes)))
+                (local.set $a
+                  (if (result i32) (i32.ge_u (local.get $i) (local.get $bpp))
+                    (then
+                      (i32.load8_u
+                        (i32.sub (i32.add (local.get $dst) (local.get $i)) (local.get $bpp))))
+                    (else (i32.const 0))))
+                (i32.store8
+                  (i32.add (local.get $dst) (local.get $i))
+                  (i32.add
+                    (i32.load8_u (i32.add (local.get $src) (local.get $i)))
+                    (i32.shr_u
+                      (i32.add
+                        (local.get $a)
+                        (i32.load8_u (i32.add (local.get $prev) (local.get $i))))
+                      (i32.const 1))))
+                (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                (br $next)))))
+        ;; Paeth: left, above or upper left, whichever is nearest a + b - c.
+        (if (i32.eq (local.get $f) (i32.const 4))
+          (then
+            (local.set $i (i32.const 0))
+            (block $done
+              (loop $next
+                (br_if $done (i32.ge_u (local.get $i) (local.get $rowBytes)))
+                (local.set $b (i32.load8_u (i32.add (local.get $prev) (local.get $i))))
+                (if (i32.ge_u (local.get $i) (local.get $bpp))
+                  (then
+                    (local.set $a
+                      (i32.load8_u
+                        (i32.sub (i32.add (local.get $dst) (local.get $i)) (local.get $bpp))))
+                    (local.set $c
+                      (i32.load8_u
+                        (i32.sub (i32.add (local.get $prev) (local.get $i)) (local.get $bpp)))))
+                  (else (local.set $a (i32.const 0)) (local.set $c (i32.const 0))))
+                ;; pa = |b - c|, pb = |a - c|, pc = |a + b - 2c|
+                (local.set $pa (i32.sub (local.get $b) (local.get $c)))
+                (local.set $pb (i32.sub (local.get $a) (local.get $c)))
+                (local.set $pc (i32.add (local.get $pa) (local.get $pb)))
+                (local.set $pa
+                  (select
+                    (local.get $pa)
+                    (i32.sub (i32.const 0) (local.get $pa))
+                    (i32.ge_s (local.get $pa) (i32.const 0))))
+                (local.set $pb
+                  (select
+                    (local.get $pb)
+                    (i32.sub (i32.const 0) (local.get $pb))
+                    (i32.ge_s (local.get $pb) (i32.const 0))))
+                (local.set $pc
+                  (select
+                    (local.get $pc)
+                    (i32.sub (i32.const 0) (local.get $pc))
+                    (i32.ge_s (local.get $pc) (i32.const 0))))
+                (i32.store8
+                  (i32.add (local.get $dst) (local.get $i))
+                  (i32.add
+                    (i32.load8_u (i32.add (local.get $src) (local.get $i)))
+                    (select
+                      (local.get $a)
+                      (select
+                        (local.get $b)
+                        (local.get $c)
+                        (i32.le_u (local.get $pb) (local.get $pc)))
+                      (i32.and
+                        (i32.le_u (local.get $pa) (local.get $pb))
+                        (i32.le_u (local.get $pa) (local.get $pc))))))
+                (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                (br $next)))))
+        (local.set $prev (local.get $dst))
+        (local.set $dst (i32.add (local.get $dst) (local.get $rowBytes)))
+        (local.set $src (i32.add (local.get $src) (local.get $rowBytes)))
+        (local.set $y (i32.add (local.get $y) (i32.const 1)))
+        (br $yloop)))
+    (i32.const -1))
 
   ;; Vertical pass, any channel count: 16 bytes of a row at a time.
   ;; src: the first byte of row 0 of what is resampled (its columns start there); stride:

@@ -13,7 +13,8 @@ import { sniffImageType } from "./format.ts";
 import { decodeJpegTs, jpegInfo } from "./jpeg.ts";
 import { decodePngTs, pngHeader } from "./png.ts";
 import { resizeBilinear } from "./resize.ts";
-import { wasmInput } from "./_resize_wasm.ts";
+import { wasmInput } from "./_simd.ts";
+import { LIBDEFLATE_LIBRARY, PngFast } from "./png_fast.ts";
 import { Spng, SPNG_LIBRARY } from "./spng.ts";
 import { type JpegHeader, TurboJpeg, TURBOJPEG_LIBRARY } from "./turbojpeg.ts";
 import { type Channels, type CropBox, type DecodedImage, ImageDecodeError } from "./types.ts";
@@ -100,8 +101,11 @@ export interface DecodeTarget {
 interface Native {
   jpeg?: TurboJpeg;
   png?: Spng;
+  /** libdeflate with the WebAssembly unfilter, for the common PNGs (before libspng). */
+  pngFast?: PngFast;
   jpegWhy: string;
   pngWhy: string;
+  pngFastWhy: string;
 }
 
 let native: Native | undefined;
@@ -116,7 +120,7 @@ function reasonOf(e: unknown, library: string, pkg: string): string {
 /** Loads the native libraries once per thread. */
 function loadNative(): Native {
   if (native) return native;
-  const n: Native = { jpegWhy: "", pngWhy: "" };
+  const n: Native = { jpegWhy: "", pngWhy: "", pngFastWhy: "" };
   try {
     n.jpeg = new TurboJpeg();
   } catch (e) {
@@ -126,6 +130,13 @@ function loadNative(): Native {
     n.png = new Spng();
   } catch (e) {
     n.pngWhy = reasonOf(e, SPNG_LIBRARY, "libspng0");
+  }
+  if (n.png) {
+    try {
+      n.pngFast = new PngFast();
+    } catch (e) {
+      n.pngFastWhy = reasonOf(e, LIBDEFLATE_LIBRARY, "libdeflate0");
+    }
   }
   native = n;
   return n;
@@ -221,7 +232,11 @@ export class ImageDecoder {
       );
     }
     this.#native = backend === "typescript"
-      ? { jpegWhy: 'backend "typescript" asked', pngWhy: 'backend "typescript" asked' }
+      ? {
+        jpegWhy: 'backend "typescript" asked',
+        pngWhy: 'backend "typescript" asked',
+        pngFastWhy: 'backend "typescript" asked',
+      }
       : loadNative();
     if (backend === "native" && (!this.#native.jpeg || !this.#native.png)) {
       throw new Error(
@@ -236,7 +251,13 @@ export class ImageDecoder {
       this.#native.jpeg
         ? "libjpeg-turbo (TurboJPEG)"
         : `TypeScript fallback (${this.#native.jpegWhy})`
-    }; PNG ${this.#native.png ? "libspng" : `TypeScript fallback (${this.#native.pngWhy})`}`;
+    }; PNG ${
+      this.#native.png
+        ? this.#native.pngFast
+          ? "libdeflate (8-bit grey, RGB, RGBA) and libspng"
+          : `libspng (libdeflate not used: ${this.#native.pngFastWhy})`
+        : `TypeScript fallback (${this.#native.pngWhy})`
+    }`;
   }
 
   /**
@@ -315,17 +336,24 @@ export class ImageDecoder {
           maxPixels: this.maxPixels,
         });
       if (direct) return img;
-    } else if (this.#native.png) {
-      img = this.#native.png.decode(
-        bytes,
-        this.channels,
-        this.maxPixels,
-        size === undefined || orientation !== 1 || target.crop
-          ? undefined
-          : directPng(bytes, size, target.out),
-      );
     } else {
-      img = decodePngTs(bytes, this.channels, this.maxPixels);
+      const fast = this.#native.pngFast?.decode(bytes, this.channels, this.maxPixels);
+      if (fast !== undefined) {
+        // In the WebAssembly memory: read there by the resize, copied out otherwise.
+        img = size === undefined ? { ...fast, data: fast.data.slice() } : fast;
+        if (size !== undefined) this.#scratch = fast.data;
+      } else if (this.#native.png) {
+        img = this.#native.png.decode(
+          bytes,
+          this.channels,
+          this.maxPixels,
+          size === undefined || orientation !== 1 || target.crop
+            ? undefined
+            : directPng(bytes, size, target.out),
+        );
+      } else {
+        img = decodePngTs(bytes, this.channels, this.maxPixels);
+      }
     }
     img = applyOrientation(img, orientation);
     if (size === undefined) return img;

@@ -9,7 +9,7 @@
  */
 
 import type { CropBox, DecodedImage } from "./types.ts";
-import { type PassTaps, wasmResize, wasmResizeAvailable } from "./_resize_wasm.ts";
+import { type PassTaps, wasmResize, wasmResizeAvailable } from "./_simd.ts";
 
 const BITS = 22;
 const ONE = 1 << BITS;

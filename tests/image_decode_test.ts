@@ -1,9 +1,13 @@
 import assert from "node:assert";
 import { join } from "node:path";
 import { DEFAULT_MAX_PIXELS, ImageDecoder, resizeBilinear, sniffImageType } from "../decode/mod.ts";
-import { wasmResizeAvailable } from "../decode/_resize_wasm.ts";
+import { wasmResizeAvailable } from "../decode/_simd.ts";
 import { TurboJpeg } from "../decode/turbojpeg.ts";
 import { decodePngTs } from "../decode/png.ts";
+import { PngFast } from "../decode/png_fast.ts";
+import { Spng } from "../decode/spng.ts";
+import { ImageDecodeError } from "../decode/types.ts";
+import { deflateSync } from "node:zlib";
 import { diff, djpeg, fixtures, have, manifest } from "./_image_fixtures.ts";
 
 const dirP = fixtures();
@@ -283,5 +287,137 @@ Deno.test({
     const want = resizeBilinear(full, 96, 128, true, undefined, box, "javascript");
     assert.strictEqual(got.data.buffer, out.buffer);
     assert.deepStrictEqual(diff(got.data, want.data), { count: 0, max: 0 });
+  },
+});
+
+/** A PNG of `rows` (8-bit samples, `spp` a pixel), each row filtered with its own type. */
+function pngOf(
+  rows: Uint8Array[],
+  width: number,
+  colorType: number,
+  spp: number,
+  filters: number[],
+): Uint8Array {
+  const rowBytes = width * spp;
+  const raw = new Uint8Array(rows.length * (rowBytes + 1));
+  const zero = new Uint8Array(rowBytes);
+  rows.forEach((row, y) => {
+    const prev = y > 0 ? rows[y - 1] : zero, f = filters[y % filters.length];
+    raw[y * (rowBytes + 1)] = f;
+    for (let i = 0; i < rowBytes; i++) {
+      const a = i >= spp ? row[i - spp] : 0, b = prev[i], c = i >= spp ? prev[i - spp] : 0;
+      const p = a + b - c, pa = Math.abs(p - a), pb = Math.abs(p - b), pc = Math.abs(p - c);
+      const pred = [0, a, b, (a + b) >> 1, pa <= pb && pa <= pc ? a : pb <= pc ? b : c][f];
+      raw[y * (rowBytes + 1) + 1 + i] = (row[i] - pred) & 0xff;
+    }
+  });
+  const table = Array.from({ length: 256 }, (_, n) => {
+    let c = n;
+    for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1;
+    return c >>> 0;
+  });
+  const chunk = (type: string, data: Uint8Array) => {
+    const out = new Uint8Array(12 + data.length), v = new DataView(out.buffer);
+    v.setUint32(0, data.length);
+    out.set(new TextEncoder().encode(type), 4);
+    out.set(data, 8);
+    let c = 0xffffffff;
+    for (const x of out.subarray(4, 8 + data.length)) c = table[(c ^ x) & 255] ^ (c >>> 8);
+    v.setUint32(8 + data.length, (c ^ 0xffffffff) >>> 0);
+    return out;
+  };
+  const ihdr = new Uint8Array(13), v = new DataView(ihdr.buffer);
+  v.setUint32(0, width);
+  v.setUint32(4, rows.length);
+  ihdr.set([8, colorType, 0, 0, 0], 8);
+  const z = deflateSync(raw);
+  // The image data split over several IDAT chunks, as encoders write it.
+  const third = Math.ceil(z.length / 3);
+  const parts = [0, 1, 2].map((k) => chunk("IDAT", z.subarray(k * third, (k + 1) * third)));
+  const all = [
+    new Uint8Array([137, 80, 78, 71, 13, 10, 26, 10]),
+    chunk("IHDR", ihdr),
+    ...parts.filter((c) => c.length > 12),
+    chunk("IEND", new Uint8Array(0)),
+  ];
+  const png = new Uint8Array(all.reduce((s, c) => s + c.length, 0));
+  let o = 0;
+  for (const c of all) png.set(c, o), o += c.length;
+  return png;
+}
+
+Deno.test({
+  name:
+    "PNGs through libdeflate give libspng's and the TypeScript decoder's pixels for every filter",
+  ignore: native === undefined || !native.description.includes("libdeflate"),
+  fn: () => {
+    const spng = new Spng();
+    const ts = new ImageDecoder({ backend: "typescript" });
+    let seed = 11;
+    const rand = () => (seed = (seed * 1103515245 + 12345) % 2147483648) >> 16 & 0xff;
+    try {
+      for (const [colorType, spp] of [[0, 1], [2, 3], [6, 4]] as const) {
+        for (const width of [1, 2, 5, 16, 17, 33, 100]) {
+          for (const filters of [[0], [1], [2], [3], [4], [0, 1, 2, 3, 4], [4, 2, 3, 1, 0]]) {
+            const height = 1 + (width % 7);
+            // Smooth rows with noise, so every predictor has something to predict.
+            const rows = Array.from({ length: height }, (_, y) =>
+              Uint8Array.from(
+                { length: width * spp },
+                (_, i) => (y * 13 + i * 7 + (rand() & 15)) & 0xff,
+              ));
+            const png = pngOf(rows, width, colorType, spp, filters);
+            const what = JSON.stringify({ colorType, width, height, filters });
+            const fast = new PngFast().decode(png, spp, Infinity);
+            assert.ok(fast !== undefined, `the fast path refused ${what}`);
+            const want = rows.flatMap((r) => [...r]);
+            assert.deepStrictEqual([...fast.data], want, what);
+            assert.deepStrictEqual([...native!.decode(png).data], [...ts.decode(png).data], what);
+            if (spp !== 1) {
+              assert.deepStrictEqual([...spng.decode(png, spp, Infinity).data], want, what);
+            }
+          }
+        }
+      }
+    } finally {
+      spng.dispose();
+    }
+  },
+});
+
+Deno.test({
+  name: "the libdeflate path leaves what it does not decode, and every damaged file, to libspng",
+  ignore: native === undefined || !native.description.includes("libdeflate"),
+  fn: () => {
+    const rows = Array.from(
+      { length: 4 },
+      (_, y) => Uint8Array.from({ length: 24 }, (_, i) => y * i),
+    );
+    const rgb = pngOf(rows, 8, 2, 3, [0, 1, 2, 4]);
+    const fast = new PngFast();
+    try {
+      assert.ok(fast.decode(rgb, 3, Infinity) !== undefined);
+      // Another channel count than the file's, a size over the limit.
+      assert.strictEqual(fast.decode(rgb, 4, Infinity), undefined);
+      assert.strictEqual(fast.decode(rgb, 3, 31), undefined);
+      // A palette image, 16-bit samples, interlacing: other header fields.
+      for (const [at, value] of [[25, 3], [24, 16], [28, 1]]) {
+        const other = rgb.slice();
+        other[at] = value;
+        assert.strictEqual(fast.decode(other, 3, Infinity), undefined, `byte ${at} = ${value}`);
+      }
+      // A damaged chunk (CRC), a damaged stream, an unknown filter type: libspng's reason.
+      const flipped = rgb.slice();
+      flipped[rgb.length - 20] ^= 0x40;
+      assert.strictEqual(fast.decode(flipped, 3, Infinity), undefined);
+      assert.throws(() => native!.decode(flipped), ImageDecodeError);
+      const badFilter = pngOf(rows, 8, 2, 3, [5]);
+      assert.strictEqual(fast.decode(badFilter, 3, Infinity), undefined);
+      assert.throws(() => native!.decode(badFilter), ImageDecodeError);
+      // Cut before IEND.
+      assert.strictEqual(fast.decode(rgb.subarray(0, rgb.length - 12), 3, Infinity), undefined);
+    } finally {
+      fast.dispose();
+    }
   },
 });

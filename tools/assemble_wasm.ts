@@ -1,6 +1,6 @@
 /**
- * Assembles decode/_resize.wat (WebAssembly text) and writes the module, in base64, into
- * decode/_resize_wasm.ts between its `BEGIN MODULE` and `END MODULE` lines. Run it after
+ * Assembles decode/_simd.wat (WebAssembly text) and writes the module, in base64, into
+ * decode/_simd.ts between its `BEGIN MODULE` and `END MODULE` lines. Run it after
  * editing the .wat file; `--check` only reports whether the embedded module is current.
  *
  *     deno run -A tools/assemble_wasm.ts [--check]
@@ -11,8 +11,8 @@
  */
 
 const ROOT = new URL("../", import.meta.url);
-const WAT = new URL("decode/_resize.wat", ROOT);
-const TS = new URL("decode/_resize_wasm.ts", ROOT);
+const WAT = new URL("decode/_simd.wat", ROOT);
+const TS = new URL("decode/_simd.ts", ROOT);
 
 /** `source` as `deno fmt` writes it (the project's settings), so the check survives a format. */
 async function formatted(source: string): Promise<string> {
@@ -35,7 +35,7 @@ async function formatted(source: string): Promise<string> {
 const WABT = "npm:wabt@1.0.37";
 // deno-lint-ignore no-explicit-any
 const w: any = await (await import(WABT)).default();
-const parsed = w.parseWat("_resize.wat", Deno.readTextFileSync(WAT), { simd: true });
+const parsed = w.parseWat("_simd.wat", Deno.readTextFileSync(WAT), { simd: true });
 parsed.resolveNames();
 parsed.validate();
 const { buffer } = parsed.toBinary({ log: false, write_debug_names: false });
