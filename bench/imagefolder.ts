@@ -34,6 +34,7 @@ import { Device } from "../ffi/device.ts";
 import { DataLoader } from "../loader/data_loader.ts";
 import { ImageFolder } from "../loader/datasets/image_folder.ts";
 import { ImageDecoder, resizeBilinear } from "../decode/mod.ts";
+import { Spng } from "../decode/spng.ts";
 import { randomResizedCropBox } from "../loader/datasets/image_files.ts";
 import { toDevice } from "../pipeline/prefetcher.ts";
 
@@ -211,7 +212,7 @@ const oursOnce = () => {
   for (const b of bytes) decoder.decode(b, { out });
   return bytes.length / ((performance.now() - t0) / 1000);
 };
-let referenceOnce: (() => Promise<number>) | undefined;
+let referenceOnce: () => Promise<number>;
 if (!o.png) {
   const exe = join(HERE, "out", "tj_decode");
   await Deno.mkdir(join(HERE, "out"), { recursive: true });
@@ -227,6 +228,15 @@ if (!o.png) {
     const r = await new Deno.Command(exe, { args: [list] }).output();
     if (!r.success) throw new Error(`tj_decode failed: ${new TextDecoder().decode(r.stderr)}`);
     return JSON.parse(new TextDecoder().decode(r.stdout)).imagesPerSecond;
+  };
+} else {
+  // libspng alone (the decoder of every PNG outside the libdeflate path), for PNGs.
+  const spng = new Spng();
+  referenceOnce = () => {
+    for (const b of bytes.slice(0, 20)) spng.decode(b, 3, Infinity); // warm-up
+    const t0 = performance.now();
+    for (const b of bytes) spng.decode(b, 3, Infinity);
+    return Promise.resolve(bytes.length / ((performance.now() - t0) / 1000));
   };
 }
 // Pillow's decode of the same files (what torchvision's loader runs per file), one thread.
@@ -244,12 +254,12 @@ const pillowOnce = async () => {
 };
 const oursRounds: number[] = [], referenceRounds: number[] = [], pillowRounds: number[] = [];
 for (let k = 0; k < 3; k++) {
-  if (referenceOnce) referenceRounds.push(await referenceOnce());
+  referenceRounds.push(await referenceOnce());
   if (o.torch) pillowRounds.push(await pillowOnce());
   oursRounds.push(oursOnce());
 }
 const ours = Math.max(...oursRounds);
-const reference = referenceOnce ? Math.max(...referenceRounds) : undefined;
+const reference = Math.max(...referenceRounds);
 const pillow = o.torch ? Math.max(...pillowRounds) : undefined;
 
 // The resize alone, one thread: each of the first 200 files decoded once, then a
@@ -304,7 +314,7 @@ for (const w of workerCounts) {
 console.log(
   `decode alone, one thread: pinstream ${ours.toFixed(0)} images/s` +
     (reference
-      ? `, libjpeg-turbo C loop ${reference.toFixed(0)} images/s (${
+      ? `, ${o.png ? "libspng" : "libjpeg-turbo C loop"} ${reference.toFixed(0)} images/s (${
         (100 * ours / reference).toFixed(0)
       }%)`
       : "") +
@@ -333,9 +343,11 @@ await writeResult(o.png ? "imagefolder_png" : "imagefolder", {
   rows,
   decodeAlone: {
     pinstreamImagesPerSecond: ours,
-    libjpegTurboImagesPerSecond: reference,
+    // For PNG files: libspng's rate (called from Deno), not libjpeg-turbo's.
+    libjpegTurboImagesPerSecond: o.png ? undefined : reference,
+    libspngImagesPerSecond: o.png ? reference : undefined,
     pinstreamRounds: oursRounds,
-    libjpegTurboRounds: referenceRounds,
+    [o.png ? "libspngRounds" : "libjpegTurboRounds"]: referenceRounds,
     pillowImagesPerSecond: pillow,
     pillowRounds,
   },
