@@ -11,6 +11,7 @@ import {
   writeGeometryRecord,
 } from "../augment/geometry.ts";
 import { type WasmGather, wasmGather } from "./_wasm_gather.ts";
+import { rememberMemory } from "../internal/wasm_memory.ts";
 import { sampleContext } from "./_fetch.ts";
 import type { SampleContext } from "./dataset.ts";
 
@@ -100,8 +101,11 @@ export class Gatherer {
     if ((spec.filled?.length ?? 0) > 0 && typeof filler?.fillRecord !== "function") {
       throw new TypeError("Cannot gather filled fields: the dataset has no fillRecord()");
     }
-    this.#ringU8 = new Uint8Array(spec.ring);
-    this.#ringI32 = new Int32Array(spec.ring, 0, spec.ring.byteLength >>> 2);
+    // Views on the ring memory's own buffer (in a worker, the posted memory's), remembered, so
+    // that a dataset's WebAssembly loops can write a slot directly (decode/'s resize).
+    const ring = spec.ringMemory ? rememberMemory(spec.ringMemory) : spec.ring;
+    this.#ringU8 = new Uint8Array(ring);
+    this.#ringI32 = new Int32Array(ring, 0, ring.byteLength >>> 2);
     this.#src = spec.sources.map((s) => ({
       s,
       wasm: spec.ringMemory && s.memory && s.recordBytes > 4

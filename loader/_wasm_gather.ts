@@ -41,6 +41,8 @@ const BYTES = Uint8Array.from(
   (c) => c.charCodeAt(0),
 );
 
+import { memoryOfBuffer, rememberMemory } from "../internal/wasm_memory.ts";
+
 let module: WebAssembly.Module | null | undefined;
 
 /** The gather function over (ring memory, source memory), or undefined when unsupported. */
@@ -62,7 +64,6 @@ export function wasmGather(
   return instance.exports.g as WasmGather;
 }
 
-const memories = new WeakMap<SharedArrayBuffer, WebAssembly.Memory>();
 const MAX_PAGES = 65535;
 
 /**
@@ -74,9 +75,7 @@ export function allocShared(bytes: number): SharedArrayBuffer {
   if (pages > MAX_PAGES) return new SharedArrayBuffer(bytes);
   try {
     const memory = new WebAssembly.Memory({ initial: pages, maximum: pages, shared: true });
-    const buffer = memory.buffer as unknown as SharedArrayBuffer;
-    memories.set(buffer, memory);
-    return buffer;
+    return rememberMemory(memory) as SharedArrayBuffer;
   } catch {
     return new SharedArrayBuffer(bytes);
   }
@@ -84,5 +83,5 @@ export function allocShared(bytes: number): SharedArrayBuffer {
 
 /** The WebAssembly.Memory behind a buffer from allocShared, if any. */
 export function memoryOf(buffer: SharedArrayBuffer): WebAssembly.Memory | undefined {
-  return memories.get(buffer);
+  return memoryOfBuffer(buffer);
 }

@@ -1,7 +1,8 @@
 import assert from "node:assert";
 import { join } from "node:path";
 import { DEFAULT_MAX_PIXELS, ImageDecoder, resizeBilinear, sniffImageType } from "../decode/mod.ts";
-import { wasmResizeAvailable } from "../decode/_simd.ts";
+import { wasmOutputCopies, wasmResizeAvailable } from "../decode/_simd.ts";
+import { rememberMemory } from "../internal/wasm_memory.ts";
 import { TurboJpeg } from "../decode/turbojpeg.ts";
 import { decodePngTs } from "../decode/png.ts";
 import { PngFast } from "../decode/png_fast.ts";
@@ -243,6 +244,9 @@ Deno.test({
 
 Deno.test("the WebAssembly resize gives the JavaScript loops' bytes on every box, size and channel count", () => {
   assert.ok(wasmResizeAvailable(), "WebAssembly SIMD is missing: the resize runs in JavaScript");
+  const ring = rememberMemory(
+    new WebAssembly.Memory({ initial: 2, maximum: 2, shared: true }),
+  ) as SharedArrayBuffer;
   let seed = 7;
   const rand = (n: number) => {
     seed = (seed * 1103515245 + 12345) % 2147483648;
@@ -262,13 +266,20 @@ Deno.test("the WebAssembly resize gives the JavaScript loops' bytes on every box
     const antialias = rand(2) === 0;
     const img = { data, height: h, width: w, channels: c };
     const js = resizeBilinear(img, oh, ow, antialias, undefined, box, "javascript");
-    // Into an offset view of a larger buffer (a ring slot), whose bytes around it stay.
-    const slot = new Uint8Array(oh * ow * c + 32).fill(0xa5);
-    const wasm = resizeBilinear(img, oh, ow, antialias, slot.subarray(16), box);
+    // Into an offset view of a larger buffer, and into a ring slot (a remembered shared
+    // memory, written by the last pass itself with no copy): the bytes around it stay.
     const what = JSON.stringify({ c, h, w, box, oh, ow, antialias });
-    assert.deepStrictEqual(diff(wasm.data, js.data), { count: 0, max: 0 }, what);
-    assert.ok(slot.subarray(0, 16).every((b) => b === 0xa5), what);
-    assert.ok(slot.subarray(16 + oh * ow * c).every((b) => b === 0xa5), what);
+    for (const buffer of [new ArrayBuffer(oh * ow * c + 32), ring]) {
+      const slot = new Uint8Array(buffer, 0, oh * ow * c + 32).fill(0xa5);
+      const copies = wasmOutputCopies();
+      const wasm = resizeBilinear(img, oh, ow, antialias, slot.subarray(16), box);
+      // (An unchanged size is a crop, copied by rows: no pass runs.)
+      const resampled = oh !== (box?.height ?? h) || ow !== (box?.width ?? w);
+      assert.strictEqual(wasmOutputCopies() - copies, resampled && buffer !== ring ? 1 : 0, what);
+      assert.deepStrictEqual(diff(wasm.data, js.data), { count: 0, max: 0 }, what);
+      assert.ok(slot.subarray(0, 16).every((b) => b === 0xa5), what);
+      assert.ok(slot.subarray(16 + oh * ow * c).every((b) => b === 0xa5), what);
+    }
   }
 });
 

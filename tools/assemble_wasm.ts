@@ -5,7 +5,8 @@
  *
  *     deno run -A tools/assemble_wasm.ts [--check]
  *
- * Uses npm's wabt (WABT's wat2wasm, built for WebAssembly) with the SIMD feature.
+ * Uses npm's wabt (WABT's wat2wasm, built for WebAssembly) with the SIMD, multi-memory and
+ * threads (shared memory) features.
  *
  * @module
  */
@@ -35,9 +36,10 @@ async function formatted(source: string): Promise<string> {
 const WABT = "npm:wabt@1.0.37";
 // deno-lint-ignore no-explicit-any
 const w: any = await (await import(WABT)).default();
-const parsed = w.parseWat("_simd.wat", Deno.readTextFileSync(WAT), { simd: true });
+const FEATURES = { simd: true, multi_memory: true, threads: true };
+const parsed = w.parseWat("_simd.wat", Deno.readTextFileSync(WAT), FEATURES);
 parsed.resolveNames();
-parsed.validate();
+parsed.validate(FEATURES);
 const { buffer } = parsed.toBinary({ log: false, write_debug_names: false });
 parsed.destroy();
 const b64 = btoa(String.fromCharCode(...buffer));
