@@ -54,6 +54,11 @@ const BYTES = Uint8Array.from(
 /** The slack after every region: the widest access past a region's end. */
 const SLACK = 16;
 const PAGE = 65536;
+/**
+ * The most scratch memory a call may ask for (of wasm32's 4 GiB): larger images take the
+ * JavaScript loops (and libspng), which allocate as they go.
+ */
+export const WASM_SCRATCH_LIMIT = 2 ** 30;
 
 interface Exports {
   h: (...args: number[]) => void;
@@ -124,7 +129,7 @@ function reserve(s: Simd, bytes: number): void {
  */
 export function wasmInput(n: number): Uint8Array | undefined {
   const s = load();
-  if (s === null) return undefined;
+  if (s === null || 2 * n > WASM_SCRATCH_LIMIT) return undefined;
   reserve(s, align(n));
   return new Uint8Array(s.m.buffer, 0, n);
 }
@@ -148,7 +153,7 @@ export interface PngScratch {
  */
 export function wasmPng(rows: number, rowBytes: number, bpp: number): PngScratch | undefined {
   const s = load();
-  if (s === null) return undefined;
+  if (s === null || 3 * rows * (rowBytes + 1) > WASM_SCRATCH_LIMIT) return undefined;
   const image = rows * rowBytes;
   const zero = align(image), src = zero + align(rowBytes);
   const inflatedBytes = rows * (rowBytes + 1);

@@ -9,7 +9,7 @@
  */
 
 import type { CropBox, DecodedImage } from "./types.ts";
-import { type PassTaps, wasmResize, wasmResizeAvailable } from "./_simd.ts";
+import { type PassTaps, WASM_SCRATCH_LIMIT, wasmResize, wasmResizeAvailable } from "./_simd.ts";
 
 const BITS = 22;
 const ONE = 1 << BITS;
@@ -93,7 +93,10 @@ export function resizeBilinear(
     }
     return { data: dst, height, width, channels: c };
   }
-  if (engine === "auto" && wasmResizeAvailable()) {
+  // The scratch the passes need (input rows, intermediate rows, output) within the module's
+  // limit; larger images take the JavaScript loops.
+  const scratch = ih * fullW * c + ih * width * c + size;
+  if (engine === "auto" && scratch <= WASM_SCRATCH_LIMIT && wasmResizeAvailable()) {
     const h = iw !== width ? taps(iw, width, antialias) : undefined;
     const v = ih !== height ? taps(ih, height, antialias) : undefined;
     wasmResize(data, fullW, c, top, left, ih, height, width, h, v, dst);
