@@ -5,47 +5,42 @@
 // every Deno 2); resize.ts keeps the JavaScript loops otherwise, and PNGs go to libspng.
 //
 // The scratch memory (memory 0, one per thread that decodes) holds, in order: the input image
-// (a decoder can decode straight into it: `wasmInput`, `wasmPng`), then each call's taps, the
-// intermediate rows and the output, each followed by 16 bytes of slack the SIMD loops may
-// touch. When the output buffer is a view of a remembered shared memory (the loader's ring,
-// internal/wasm_memory.ts), the last pass writes it there directly, through an instance whose
-// memory 1 is that memory, never past the output's last byte; any other output buffer gets the
-// pixels copied from the scratch memory at the end of the call.
+// (a decoder can decode straight into it: `wasmInput`, `wasmPng`), then each call's taps and
+// intermediate rows, each followed by 16 bytes of slack the SIMD loops may touch. The last pass
+// writes memory 1, never past the output's last byte: when the output buffer is a view of a
+// remembered shared memory (the loader's ring, internal/wasm_memory.ts), that memory, through
+// an instance of its own; else this thread's output memory, from which the pixels are copied
+// at the end of the call.
 
 import { memoryOfBuffer } from "../internal/wasm_memory.ts";
 
 const BYTES = Uint8Array.from(
   atob(
     // BEGIN MODULE
-    "AGFzbQEAAAABMgRgCn9/f39/f39/f38AYAt/f39/f39/f39/fwBgBn9/f39/fwF/YAl/f39/f39/f38AAhICAWUB" +
-      "bQIAAQFlAXICAwGAgAQDBgUAAQIDAAcXBQFoAAACaDEAAQF1AAIBdgADAnYxAAQK0w0F6QECCH8BeyAJIRECQANA" +
-      "IAogAk8NASAAIAogAWxqIRBBACELAkADQCALIARPDQEgBiALQQJ0aigCACENIBAgBSALQQJ0aigCACADbGohDiAH" +
-      "IAsgCGxBAnRqIQ9BgICAAf0RIRJBACEMAkADQCAMIA1PDQEgEiAO/VwCAP2JAf2pASAPKAIA/RH9tQH9rgEhEiAO" +
-      "IANqIQ4gD0EEaiEPIAxBAWohDAwACwsgEkEW/awBIRIgEiAS/YUBIRIgEiAS/WYhEiARIBL9WgIAACARIANqIREg" +
-      "C0EBaiELDAALCyAKQQFqIQoMAAsLC5cCAgl/AXsgCSETIAkgAiAEbCADbGohCwJAA0AgDCACTw0BIAAgDCABbGoh" +
-      "EkEAIQ0CQANAIA0gBE8NASAGIA1BAnRqKAIAIQ8gEiAFIA1BAnRqKAIAIANsaiEQIAcgDSAIbEECdGohEUGAgIAB" +
-      "/REhFEEAIQ4CQANAIA4gD08NASAUIBD9XAIA/YkB/akBIBEoAgD9Ef21Af2uASEUIBAgA2ohECARQQRqIREgDkEB" +
-      "aiEODAALCyAUQRb9rAEhFCAUIBT9hQEhFCAUIBT9ZiEUIBNBBGogC0sEQCAKIBT9WgIAACATIAogA/wKAQAFIBMg" +
-      "FP0bADZCAQALIBMgA2ohEyANQQFqIQ0MAAsLIAxBAWohDAwACwsL/QMBCn8gAiEJAkADQCAGIANPDQEgAC0AACEH" +
-      "IABBAWohACAHQQRLBEAgBg8LIAdFBEAgASAAIAT8CgAACyAHQQFGBEAgASAAIAX8CgAAIAUhCAJAA0AgCCAETw0B" +
-      "IAEgCGogACAIai0AACABIAhqIAVrLQAAajoAACAIQQFqIQgMAAsLCyAHQQJGBEBBACEIAkADQCAIIARPDQEgASAI" +
-      "aiAAIAhq/QAEACAJIAhq/QAEAP1u/QsEACAIQRBqIQgMAAsLCyAHQQNGBEBBACEIAkADQCAIIARPDQEgCCAFTwR/" +
-      "IAEgCGogBWstAAAFQQALIQogASAIaiAAIAhqLQAAIAogCSAIai0AAGpBAXZqOgAAIAhBAWohCAwACwsLIAdBBEYE" +
-      "QEEAIQgCQANAIAggBE8NASAJIAhqLQAAIQsgCCAFTwRAIAEgCGogBWstAAAhCiAJIAhqIAVrLQAAIQwFQQAhCkEA" +
-      "IQwLIAsgDGshDSAKIAxrIQ4gDSAOaiEPIA1BACANayANQQBOGyENIA5BACAOayAOQQBOGyEOIA9BACAPayAPQQBO" +
-      "GyEPIAEgCGogACAIai0AACAKIAsgDCAOIA9NGyANIA5NIA0gD01xG2o6AAAgCEEBaiEIDAALCwsgASEJIAEgBGoh" +
-      "ASAAIARqIQAgBkEBaiEGDAALC0F/C8UCAgl/CHsCQANAIAkgA08NASAAIAQgCUECdGooAgAgAWxqIQ8gBSAJQQJ0" +
-      "aigCACEMIAYgCSAHbEECdGohECAIIAkgAmxqIRFBACEKAkADQCAKIAJPDQFBgICAAf0RIRYgFiEXIBYhGCAWIRkg" +
-      "DyAKaiENIBAhDkEAIQsCQANAIAsgDE8NASAOKAIA/REhEiAN/QAEACETIBP9iQEhFCAT/YoBIRUgFiAU/akBIBL9" +
-      "tQH9rgEhFiAXIBT9qgEgEv21Af2uASEXIBggFf2pASAS/bUB/a4BIRggGSAV/aoBIBL9tQH9rgEhGSANIAFqIQ0g" +
-      "DkEEaiEOIAtBAWohCwwACwsgESAKaiAWQRb9rAEgF0EW/awB/YUBIBhBFv2sASAZQRb9rAH9hQH9Zv0LBAAgCkEQ" +
-      "aiEKDAALCyAJQQFqIQkMAAsLC4YDAgp/CHsgCCADIAJsaiEKAkADQCALIANPDQEgACAEIAtBAnRqKAIAIAFsaiER" +
-      "IAUgC0ECdGooAgAhDiAGIAsgB2xBAnRqIRIgCCALIAJsaiETQQAhDAJAA0AgDCACTw0BQYCAgAH9ESEYIBghGSAY" +
-      "IRogGCEbIBEgDGohDyASIRBBACENAkADQCANIA5PDQEgECgCAP0RIRQgD/0ABAAhFSAV/YkBIRYgFf2KASEXIBgg" +
-      "Fv2pASAU/bUB/a4BIRggGSAW/aoBIBT9tQH9rgEhGSAaIBf9qQEgFP21Af2uASEaIBsgF/2qASAU/bUB/a4BIRsg" +
-      "DyABaiEPIBBBBGohECANQQFqIQ0MAAsLIBhBFv2sASAZQRb9rAH9hQEgGkEW/awBIBtBFv2sAf2FAf1mIRUgEyAM" +
-      "akEQaiAKSwRAIAkgFf0LBAAgEyAMaiAJQRAgAiAMayACIAxrQRBLG/wKAQAFIBMgDGogFf0LRAEACyAMQRBqIQwM" +
-      "AAsLIAtBAWohCwwACwsL",
+    "AGFzbQEAAAABJgNgCn9/f39/f39/f38AYAt/f39/f39/f39/fwBgBn9/f39/fwF/AhICAWUBbQIAAQFlAXICAwGA" +
+      "gAQDBQQAAQIABxUEAWgAAAVoTGFzdAABAXUAAgF2AAMKjAsE6QECCH8BeyAJIRECQANAIAogAk8NASAAIAogAWxq" +
+      "IRBBACELAkADQCALIARPDQEgBiALQQJ0aigCACENIBAgBSALQQJ0aigCACADbGohDiAHIAsgCGxBAnRqIQ9BgICA" +
+      "Af0RIRJBACEMAkADQCAMIA1PDQEgEiAO/VwCAP2JAf2pASAPKAIA/RH9tQH9rgEhEiAOIANqIQ4gD0EEaiEPIAxB" +
+      "AWohDAwACwsgEkEW/awBIRIgEiAS/YUBIRIgEiAS/WYhEiARIBL9WgIAACARIANqIREgC0EBaiELDAALCyAKQQFq" +
+      "IQoMAAsLC5cCAgl/AXsgCSETIAkgAiAEbCADbGohCwJAA0AgDCACTw0BIAAgDCABbGohEkEAIQ0CQANAIA0gBE8N" +
+      "ASAGIA1BAnRqKAIAIQ8gEiAFIA1BAnRqKAIAIANsaiEQIAcgDSAIbEECdGohEUGAgIAB/REhFEEAIQ4CQANAIA4g" +
+      "D08NASAUIBD9XAIA/YkB/akBIBEoAgD9Ef21Af2uASEUIBAgA2ohECARQQRqIREgDkEBaiEODAALCyAUQRb9rAEh" +
+      "FCAUIBT9hQEhFCAUIBT9ZiEUIBNBBGogC0sEQCAKIBT9WgIAACATIAogA/wKAQAFIBMgFP0bADZCAQALIBMgA2oh" +
+      "EyANQQFqIQ0MAAsLIAxBAWohDAwACwsL/QMBCn8gAiEJAkADQCAGIANPDQEgAC0AACEHIABBAWohACAHQQRLBEAg" +
+      "Bg8LIAdFBEAgASAAIAT8CgAACyAHQQFGBEAgASAAIAX8CgAAIAUhCAJAA0AgCCAETw0BIAEgCGogACAIai0AACAB" +
+      "IAhqIAVrLQAAajoAACAIQQFqIQgMAAsLCyAHQQJGBEBBACEIAkADQCAIIARPDQEgASAIaiAAIAhq/QAEACAJIAhq" +
+      "/QAEAP1u/QsEACAIQRBqIQgMAAsLCyAHQQNGBEBBACEIAkADQCAIIARPDQEgCCAFTwR/IAEgCGogBWstAAAFQQAL" +
+      "IQogASAIaiAAIAhqLQAAIAogCSAIai0AAGpBAXZqOgAAIAhBAWohCAwACwsLIAdBBEYEQEEAIQgCQANAIAggBE8N" +
+      "ASAJIAhqLQAAIQsgCCAFTwRAIAEgCGogBWstAAAhCiAJIAhqIAVrLQAAIQwFQQAhCkEAIQwLIAsgDGshDSAKIAxr" +
+      "IQ4gDSAOaiEPIA1BACANayANQQBOGyENIA5BACAOayAOQQBOGyEOIA9BACAPayAPQQBOGyEPIAEgCGogACAIai0A" +
+      "ACAKIAsgDCAOIA9NGyANIA5NIA0gD01xG2o6AAAgCEEBaiEIDAALCwsgASEJIAEgBGohASAAIARqIQAgBkEBaiEG" +
+      "DAALC0F/C4YDAgp/CHsgCCADIAJsaiEKAkADQCALIANPDQEgACAEIAtBAnRqKAIAIAFsaiERIAUgC0ECdGooAgAh" +
+      "DiAGIAsgB2xBAnRqIRIgCCALIAJsaiETQQAhDAJAA0AgDCACTw0BQYCAgAH9ESEYIBghGSAYIRogGCEbIBEgDGoh" +
+      "DyASIRBBACENAkADQCANIA5PDQEgECgCAP0RIRQgD/0ABAAhFSAV/YkBIRYgFf2KASEXIBggFv2pASAU/bUB/a4B" +
+      "IRggGSAW/aoBIBT9tQH9rgEhGSAaIBf9qQEgFP21Af2uASEaIBsgF/2qASAU/bUB/a4BIRsgDyABaiEPIBBBBGoh" +
+      "ECANQQFqIQ0MAAsLIBhBFv2sASAZQRb9rAH9hQEgGkEW/awBIBtBFv2sAf2FAf1mIRUgEyAMakEQaiAKSwRAIAkg" +
+      "Ff0LBAAgEyAMaiAJQRAgAiAMayACIAxrQRBLG/wKAQAFIBMgDGogFf0LRAEACyAMQRBqIQwMAAsLIAtBAWohCwwA" +
+      "CwsL",
     // END MODULE
   ),
   (c) => c.charCodeAt(0),
@@ -62,16 +57,19 @@ export const WASM_SCRATCH_LIMIT = 2 ** 30;
 
 interface Exports {
   h: (...args: number[]) => void;
+  hLast: (...args: number[]) => void;
   v: (...args: number[]) => void;
-  h1: (...args: number[]) => void;
-  v1: (...args: number[]) => void;
   u: (...args: number[]) => number;
 }
 
-/** This thread's module, its scratch memory (0) and its instance without a ring. */
+/**
+ * This thread's module, its scratch memory (memory 0), its output memory and the instance whose
+ * memory 1 that is (outputs that are not a ring slot are written there, then copied out).
+ */
 interface Simd {
   module: WebAssembly.Module;
   m: WebAssembly.Memory;
+  out: WebAssembly.Memory;
   plain: Exports;
   /** An instance per ring memory written directly (memory 1). */
   rings: WeakMap<WebAssembly.Memory, Exports>;
@@ -84,10 +82,14 @@ function load(): Simd | null {
     try {
       const module = new WebAssembly.Module(BYTES);
       const m = new WebAssembly.Memory({ initial: 1 });
-      const page = new WebAssembly.Memory({ initial: 1, maximum: 1, shared: true });
-      const plain = new WebAssembly.Instance(module, { e: { m, r: page } })
+      const out = new WebAssembly.Memory({
+        initial: 1,
+        maximum: WASM_SCRATCH_LIMIT / PAGE,
+        shared: true,
+      });
+      const plain = new WebAssembly.Instance(module, { e: { m, r: out } })
         .exports as unknown as Exports;
-      simd = { module, m, plain, rings: new WeakMap() };
+      simd = { module, m, out, plain, rings: new WeakMap() };
     } catch {
       simd = null; // no WebAssembly SIMD or multi-memory: the JavaScript loops are used
     }
@@ -116,10 +118,10 @@ export interface PassTaps {
 
 const align = (n: number) => (n + SLACK + 15) & ~15;
 
-/** Grows the scratch memory to at least `bytes`; the old views are detached by a growth. */
-function reserve(s: Simd, bytes: number): void {
-  const have = s.m.buffer.byteLength;
-  if (bytes > have) s.m.grow(Math.ceil((bytes - have) / PAGE));
+/** Grows a memory to at least `bytes`; the old views are detached by a growth. */
+function reserve(memory: WebAssembly.Memory, bytes: number): void {
+  const have = memory.buffer.byteLength;
+  if (bytes > have) memory.grow(Math.ceil((bytes - have) / PAGE));
 }
 
 /**
@@ -130,7 +132,7 @@ function reserve(s: Simd, bytes: number): void {
 export function wasmInput(n: number): Uint8Array | undefined {
   const s = load();
   if (s === null || 2 * n > WASM_SCRATCH_LIMIT) return undefined;
-  reserve(s, align(n));
+  reserve(s.m, align(n));
   return new Uint8Array(s.m.buffer, 0, n);
 }
 
@@ -157,7 +159,7 @@ export function wasmPng(rows: number, rowBytes: number, bpp: number): PngScratch
   const image = rows * rowBytes;
   const zero = align(image), src = zero + align(rowBytes);
   const inflatedBytes = rows * (rowBytes + 1);
-  reserve(s, src + align(inflatedBytes));
+  reserve(s.m, src + align(inflatedBytes));
   new Uint8Array(s.m.buffer, zero, rowBytes).fill(0);
   return {
     inflated: new Uint8Array(s.m.buffer, src, inflatedBytes),
@@ -209,45 +211,43 @@ export function wasmResize(
   } else {
     // Not decoded into the module: the region's rows come in (whole rows, one copy).
     const bytes = ih * stride;
-    reserve(s, align(bytes));
+    reserve(s.m, align(bytes));
     new Uint8Array(s.m.buffer, 0, bytes).set(data.subarray(top * stride, top * stride + bytes));
     src = left * c;
     end = bytes;
   }
-  // A ring slot (a remembered shared memory) is written by the last pass itself; anything
-  // else gets the output copied from the scratch memory.
+  // The last pass writes the output's own memory: a ring slot (a remembered shared memory)
+  // directly; anything else through this thread's output memory, copied out after.
   const ring = memoryOfBuffer(dst.buffer);
   const e = ring ? ringInstance(s, ring) : s.plain;
+  const size = height * width * c;
+  const out = ring ? dst.byteOffset : 0;
+  if (!ring) reserve(s.out, size);
   let at = align(end);
   const hAt = at;
   if (h) at += align(4 * h.start.length * (2 + h.width));
   const vAt = at;
   if (v) at += align(4 * v.start.length * (2 + v.width));
-  const midAt = at;
-  if (h && v) at += align(ih * width * c);
   const tmp = at;
   at += align(16);
-  const outAt = at;
-  const size = height * width * c;
-  reserve(s, outAt + align(size));
+  const midAt = at;
+  if (h && v) at += align(ih * width * c);
+  reserve(s.m, at);
   if (h) put(s, hAt, h);
   if (v) put(s, vAt, v);
-  const out = ring ? dst.byteOffset : outAt;
   if (h) {
-    const n = width, into = v ? midAt : out;
-    const args = [src, stride, ih, c, width, hAt, hAt + 4 * n, hAt + 8 * n, h.width, into];
-    if (ring && !v) e.h1(...args, tmp);
-    else e.h(...args);
+    const n = width;
+    const args = [src, stride, ih, c, width, hAt, hAt + 4 * n, hAt + 8 * n, h.width];
+    if (v) e.h(...args, midAt);
+    else e.hLast(...args, out, tmp);
   }
   if (v) {
     const n = height;
     const [from, fromStride] = h ? [midAt, width * c] : [src, stride];
-    const args = [from, fromStride, width * c, height, vAt, vAt + 4 * n, vAt + 8 * n, v.width, out];
-    if (ring) e.v1(...args, tmp);
-    else e.v(...args);
+    e.v(from, fromStride, width * c, height, vAt, vAt + 4 * n, vAt + 8 * n, v.width, out, tmp);
   }
   if (!ring) {
-    dst.set(new Uint8Array(s.m.buffer, outAt, size));
+    dst.set(new Uint8Array(s.out.buffer, 0, size));
     copiesOut++;
   }
 }

@@ -1,19 +1,19 @@
 ;; decode/'s pixel loops in WebAssembly (SIMD where it pays), over one memory:
-;; - "h" and "v", the two passes of decode/resize.ts's bilinear resize, with the same integer
-;;   arithmetic: 22-bit fixed-point weights, a sum started at half of one, shifted right by 22
-;;   and clamped to 0..255;
+;; - "h" (or "hLast") and "v", the two passes of decode/resize.ts's bilinear resize, with the
+;;   same integer arithmetic: 22-bit fixed-point weights, a sum started at half of one, shifted
+;;   right by 22 and clamped to 0..255;
 ;; - "u", PNG's scanline filters undone (decode/png_fast.ts), as the PNG specification
 ;;   defines them.
 ;; decode/_simd.ts embeds this module assembled (`deno run -A tools/assemble_wasm.ts` rewrites
 ;; it from this file) and lays out its memory.
 ;;
-;; The loops read and write past the last byte they own (up to 15 bytes); the caller leaves
-;; that much slack after every region. A store past a row's end lands on the next row, which
-;; is written after it.
+;; The loops read past the last byte they own, and those writing memory 0 write past it (up to
+;; 15 bytes); the caller leaves that much slack after every region of memory 0. A store past a
+;; row's end lands on the next row, which is written after it.
 (module
-  ;; Memory 0: this thread's scratch (inputs, taps, intermediate rows, outputs); memory 1: a
-  ;; shared memory whose slots "h1" and "v1" write their output into (the loader's ring), or a
-  ;; page standing in for one.
+  ;; Memory 0: this thread's scratch (inputs, taps, intermediate rows); memory 1: the shared
+  ;; memory the last pass ("hLast" or "v") writes its output into: the loader's ring, or this
+  ;; thread's output memory, copied out from there.
   (import "e" "m" (memory 1))
   (import "e" "r" (memory 1 65536 shared))
 
@@ -75,15 +75,15 @@
         (local.set $y (i32.add (local.get $y) (i32.const 1)))
         (br $yloop))))
 
-  ;; "h" writing into memory 1 (dst is an address there; tmp, 16 bytes of memory 0), never past
-  ;; the output's last byte.
+  ;; "h" as the last pass: writing into memory 1 (dst is an address there; tmp, 16 bytes of
+  ;; memory 0), never past the output's last byte.
   ;; Horizontal pass, 3 or 4 channels: one pixel in the four lanes of a vector (the fourth
   ;; lane of an RGB pixel is the next pixel's red, carried along and never kept).
   ;; src: the region's first byte; stride: bytes per input row; rows: rows to resample;
   ;; c: channels; outW: pixels out per row; start/count: i32 arrays, each output column's
   ;; first input column (relative to the region) and number of taps; wts: i32 weights, tapW
   ;; per output column; dst: rows of outW * c bytes.
-  (func (export "h1")
+  (func (export "hLast")
     (param $src i32) (param $stride i32) (param $rows i32) (param $c i32) (param $outW i32)
     (param $start i32) (param $count i32) (param $wts i32) (param $tapW i32) (param $dst i32)
     (param $tmp i32)
@@ -276,92 +276,12 @@
         (br $yloop)))
     (i32.const -1))
 
-  ;; Vertical pass, any channel count: 16 bytes of a row at a time.
-  ;; src: the first byte of row 0 of what is resampled (its columns start there); stride:
-  ;; bytes per input row; rowLen: bytes per output row; outH: rows out; start/count/wts/tapW:
-  ;; each output row's first input row, taps and weights; dst: rows of rowLen bytes.
+  ;; Vertical pass, any channel count, always the last pass: 16 bytes of a row at a time.
+  ;; src: the first byte of row 0 of what is resampled in memory 0 (its columns start there);
+  ;; stride: bytes per input row; rowLen: bytes per output row; outH: rows out;
+  ;; start/count/wts/tapW: each output row's first input row, taps and weights; dst: rows of
+  ;; rowLen bytes in memory 1, never written past their last byte; tmp: 16 bytes of memory 0.
   (func (export "v")
-    (param $src i32) (param $stride i32) (param $rowLen i32) (param $outH i32)
-    (param $start i32) (param $count i32) (param $wts i32) (param $tapW i32) (param $dst i32)
-    (local $y i32) (local $x i32) (local $i i32) (local $n i32) (local $p i32) (local $wp i32)
-    (local $base i32) (local $wbase i32) (local $o i32)
-    (local $w v128) (local $v v128) (local $lo v128) (local $hi v128)
-    (local $a0 v128) (local $a1 v128) (local $a2 v128) (local $a3 v128)
-    (block $ydone
-      (loop $yloop
-        (br_if $ydone (i32.ge_u (local.get $y) (local.get $outH)))
-        (local.set $base
-          (i32.add
-            (local.get $src)
-            (i32.mul
-              (i32.load (i32.add (local.get $start) (i32.shl (local.get $y) (i32.const 2))))
-              (local.get $stride))))
-        (local.set $n
-          (i32.load (i32.add (local.get $count) (i32.shl (local.get $y) (i32.const 2)))))
-        (local.set $wbase
-          (i32.add
-            (local.get $wts)
-            (i32.shl (i32.mul (local.get $y) (local.get $tapW)) (i32.const 2))))
-        (local.set $o (i32.add (local.get $dst) (i32.mul (local.get $y) (local.get $rowLen))))
-        (local.set $x (i32.const 0))
-        (block $xdone
-          (loop $xloop
-            (br_if $xdone (i32.ge_u (local.get $x) (local.get $rowLen)))
-            (local.set $a0 (i32x4.splat (i32.const 2097152)))
-            (local.set $a1 (local.get $a0))
-            (local.set $a2 (local.get $a0))
-            (local.set $a3 (local.get $a0))
-            (local.set $p (i32.add (local.get $base) (local.get $x)))
-            (local.set $wp (local.get $wbase))
-            (local.set $i (i32.const 0))
-            (block $idone
-              (loop $iloop
-                (br_if $idone (i32.ge_u (local.get $i) (local.get $n)))
-                (local.set $w (i32x4.splat (i32.load (local.get $wp))))
-                (local.set $v (v128.load (local.get $p)))
-                (local.set $lo (i16x8.extend_low_i8x16_u (local.get $v)))
-                (local.set $hi (i16x8.extend_high_i8x16_u (local.get $v)))
-                (local.set $a0
-                  (i32x4.add
-                    (local.get $a0)
-                    (i32x4.mul (i32x4.extend_low_i16x8_u (local.get $lo)) (local.get $w))))
-                (local.set $a1
-                  (i32x4.add
-                    (local.get $a1)
-                    (i32x4.mul (i32x4.extend_high_i16x8_u (local.get $lo)) (local.get $w))))
-                (local.set $a2
-                  (i32x4.add
-                    (local.get $a2)
-                    (i32x4.mul (i32x4.extend_low_i16x8_u (local.get $hi)) (local.get $w))))
-                (local.set $a3
-                  (i32x4.add
-                    (local.get $a3)
-                    (i32x4.mul (i32x4.extend_high_i16x8_u (local.get $hi)) (local.get $w))))
-                (local.set $p (i32.add (local.get $p) (local.get $stride)))
-                (local.set $wp (i32.add (local.get $wp) (i32.const 4)))
-                (local.set $i (i32.add (local.get $i) (i32.const 1)))
-                (br $iloop)))
-            (v128.store
-              (i32.add (local.get $o) (local.get $x))
-              (i8x16.narrow_i16x8_u
-                (i16x8.narrow_i32x4_s
-                  (i32x4.shr_s (local.get $a0) (i32.const 22))
-                  (i32x4.shr_s (local.get $a1) (i32.const 22)))
-                (i16x8.narrow_i32x4_s
-                  (i32x4.shr_s (local.get $a2) (i32.const 22))
-                  (i32x4.shr_s (local.get $a3) (i32.const 22)))))
-            (local.set $x (i32.add (local.get $x) (i32.const 16)))
-            (br $xloop)))
-        (local.set $y (i32.add (local.get $y) (i32.const 1)))
-        (br $yloop))))
-
-  ;; "v" writing into memory 1 (dst is an address there; tmp, 16 bytes of memory 0), never past
-  ;; the output's last byte.
-;; Vertical pass, any channel count: 16 bytes of a row at a time.
-  ;; src: the first byte of row 0 of what is resampled (its columns start there); stride:
-  ;; bytes per input row; rowLen: bytes per output row; outH: rows out; start/count/wts/tapW:
-  ;; each output row's first input row, taps and weights; dst: rows of rowLen bytes.
-  (func (export "v1")
     (param $src i32) (param $stride i32) (param $rowLen i32) (param $outH i32)
     (param $start i32) (param $count i32) (param $wts i32) (param $tapW i32) (param $dst i32)
     (param $tmp i32)
