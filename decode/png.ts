@@ -36,7 +36,8 @@ export interface PngHeader {
   interlace: number;
 }
 
-const u32 = (b: Uint8Array, at: number) =>
+/** The big-endian u32 at `at`. */
+export const u32 = (b: Uint8Array, at: number): number =>
   ((b[at] << 24) | (b[at + 1] << 16) | (b[at + 2] << 8) | b[at + 3]) >>> 0;
 
 /**

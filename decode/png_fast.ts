@@ -13,7 +13,8 @@
  */
 
 import type { Channels, DecodedImage } from "./types.ts";
-import { wasmPng } from "./_simd.ts";
+import { wasmPng, wasmResizeAvailable } from "./_simd.ts";
+import { pngHeader, u32 } from "./png.ts";
 
 const SYMBOLS = {
   libdeflate_alloc_decompressor: { parameters: [], result: "pointer" },
@@ -28,9 +29,6 @@ const SYMBOLS = {
 /** The library file dlopen looks for (Debian: `apt-get install libdeflate0`). */
 export const LIBDEFLATE_LIBRARY = "libdeflate.so.0";
 
-const u32 = (b: Uint8Array, p: number) =>
-  ((b[p] << 24) | (b[p + 1] << 16) | (b[p + 2] << 8) | b[p + 3]) >>> 0;
-
 /** The channels each fast colour type gives, as asked (grey 0, RGB 2, RGBA 6). */
 const FAST: Record<number, Channels> = { 0: 1, 2: 3, 6: 4 };
 
@@ -39,6 +37,7 @@ export class PngFast {
   #lib: Deno.DynamicLibrary<typeof SYMBOLS>;
   #decompressor: Deno.PointerValue;
   #actual = new BigUint64Array(1);
+  #actualBytes = new Uint8Array(this.#actual.buffer);
 
   /**
    * Loads libdeflate.
@@ -47,7 +46,7 @@ export class PngFast {
    *   WebAssembly SIMD is missing.
    */
   constructor(path = LIBDEFLATE_LIBRARY) {
-    if (wasmPng(1, 1, 1) === undefined) throw new Error("no WebAssembly SIMD");
+    if (!wasmResizeAvailable()) throw new Error("no WebAssembly SIMD");
     this.#lib = Deno.dlopen(path, SYMBOLS);
     this.#decompressor = this.#lib.symbols.libdeflate_alloc_decompressor();
     if (this.#decompressor === null) {
@@ -75,10 +74,15 @@ export class PngFast {
    */
   decode(bytes: Uint8Array, channels: Channels, maxPixels: number): DecodedImage | undefined {
     const b = bytes;
-    if (b.length < 33 || u32(b, 8) !== 13 || u32(b, 12) !== 0x49484452) return undefined;
-    const width = u32(b, 16), height = u32(b, 20);
-    const depth = b[24], ct = b[25], interlace = b[28];
-    if (depth !== 8 || interlace !== 0 || FAST[ct] !== channels) return undefined;
+    if (b.length < 33 || u32(b, 8) !== 13) return undefined;
+    let header;
+    try {
+      header = pngHeader(b);
+    } catch {
+      return undefined; // libspng names what is wrong
+    }
+    const { width, height, bitDepth, colorType, interlace } = header;
+    if (bitDepth !== 8 || interlace !== 0 || FAST[colorType] !== channels) return undefined;
     if (width === 0 || height === 0 || width * height > maxPixels) return undefined;
     // The chunks: every CRC checked, the image data gathered.
     const idat: [number, number][] = [];
@@ -112,7 +116,7 @@ export class PngFast {
       BigInt(stream.length),
       out as Uint8Array<ArrayBuffer>,
       BigInt(out.length),
-      new Uint8Array(this.#actual.buffer),
+      this.#actualBytes,
     );
     if (rc !== 0 || Number(this.#actual[0]) !== out.length) return undefined;
     const data = scratch.unfilter();
