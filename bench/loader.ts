@@ -23,7 +23,8 @@ import { CIFAR10, type CIFAR10State } from "../loader/datasets/cifar10.ts";
 import { augmentFromDraw } from "../augment/record.ts";
 import type { RingBatch } from "../loader/ring.ts";
 import { RandomSampler } from "../loader/sampler.ts";
-import { memoryOf, wasmGather } from "../loader/_wasm_gather.ts";
+import { wasmGather } from "../loader/_wasm_gather.ts";
+import { memoryOfBuffer } from "../internal/wasm_memory.ts";
 import { writeCifar10Files } from "../tests/loader_fixtures.ts";
 import { commitStamp, machine, writeResult } from "./_results.ts";
 import { parseCli } from "../train/cli.ts";
@@ -155,7 +156,7 @@ function gatherBound(ds: CIFAR10, epochs: number): Row[] {
   const dst = new Uint8Array(ringMem.buffer);
   const dstLab = new Int32Array(new SharedArrayBuffer(BATCH * 4));
   const idx = new Int32Array(ringMem.buffer, BATCH * 3072, BATCH);
-  const g = wasmGather(ringMem, memoryOf(ds.images.buffer as SharedArrayBuffer)!)!;
+  const g = wasmGather(ringMem, memoryOfBuffer(ds.images.buffer)!)!;
   const rows: Row[] = [];
   for (const kind of ["set", "wasm"] as const) {
     const rates: number[] = [];

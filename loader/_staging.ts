@@ -5,7 +5,7 @@ import { AUGMENT_OFF } from "../augment/options.ts";
 import { AUGMENT_RECORD_LENGTH } from "../augment/record.ts";
 import { GEOMETRY_RECORD_LENGTH, type GeometrySpec } from "../augment/geometry.ts";
 import type { GatherSpec } from "./_gather.ts";
-import { memoryOf } from "./_wasm_gather.ts";
+import { memoryOfBuffer } from "../internal/wasm_memory.ts";
 import { type Dataset, type FilledField, recordBytes, type SharedField } from "./dataset.ts";
 import type { EpochOrder } from "./order.ts";
 import { StagingRing } from "./ring.ts";
@@ -87,7 +87,7 @@ export function staging(
       const rf = ring.field(f.name);
       return {
         buffer: f.buffer,
-        memory: memoryOf(f.buffer),
+        memory: memoryOfBuffer(f.buffer),
         byteOffset: f.byteOffset ?? 0,
         recordBytes: rf.sampleBytes,
         slotFieldOffset: rf.byteOffset,

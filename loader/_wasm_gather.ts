@@ -41,7 +41,7 @@ const BYTES = Uint8Array.from(
   (c) => c.charCodeAt(0),
 );
 
-import { memoryOfBuffer, rememberMemory } from "../internal/wasm_memory.ts";
+import { rememberMemory } from "../internal/wasm_memory.ts";
 
 let module: WebAssembly.Module | null | undefined;
 
@@ -79,9 +79,4 @@ export function allocShared(bytes: number): SharedArrayBuffer {
   } catch {
     return new SharedArrayBuffer(bytes);
   }
-}
-
-/** The WebAssembly.Memory behind a buffer from allocShared, if any. */
-export function memoryOf(buffer: SharedArrayBuffer): WebAssembly.Memory | undefined {
-  return memoryOfBuffer(buffer);
 }

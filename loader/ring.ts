@@ -36,7 +36,8 @@
  */
 
 import { DTYPES, type FieldDType, recordBytes, type TypedArray } from "./dataset.ts";
-import { allocShared, memoryOf } from "./_wasm_gather.ts";
+import { allocShared } from "./_wasm_gather.ts";
+import { memoryOfBuffer } from "../internal/wasm_memory.ts";
 
 /** One field of a ring slot. */
 export interface RingField {
@@ -163,7 +164,7 @@ export class StagingRing {
     this.batchSize = batchSize;
     this.slotCount = slotCount;
     this.buffer = allocShared(this.slotBytes * slotCount);
-    this.memory = memoryOf(this.buffer);
+    this.memory = memoryOfBuffer(this.buffer);
   }
 
   /**

@@ -12,6 +12,22 @@ import {
   Xoshiro128,
 } from "../mod.ts";
 
+/**
+ * Logs each all-reduce `group` issues, by length: the asynchronous ones, and the blocking one
+ * that reduces the last bucket once backward returns.
+ */
+function spyOnReduces(group: ProcessGroup, log: string[]): void {
+  const reduce = group.allReduceAsync.bind(group), blocking = group.allReduce.bind(group);
+  group.allReduceAsync = (buf, options) => {
+    log.push(`reduce ${(buf as Float32Array).length}`);
+    return reduce(buf, options);
+  };
+  group.allReduce = (buf, options) => {
+    log.push(`reduce ${(buf as Float32Array).length}, blocking`);
+    return blocking(buf, options);
+  };
+}
+
 Deno.test("DataParallel reduces each bucket as soon as backward filled it, last layers first", () => {
   using device = Device.open("cpu");
   using group = ProcessGroup.init({ env: () => undefined });
@@ -22,16 +38,7 @@ Deno.test("DataParallel reduces each bucket as soon as backward filled it, last 
   });
   const log: string[] = [];
   // Spy on the collectives and on the first layer's backward.
-  const reduce = group.allReduceAsync.bind(group), blocking = group.allReduce.bind(group);
-  group.allReduceAsync = (buf, options) => {
-    log.push(`reduce ${(buf as Float32Array).length}`);
-    return reduce(buf, options);
-  };
-  // The last bucket is reduced by the blocking call once backward returns.
-  group.allReduce = (buf, options) => {
-    log.push(`reduce ${(buf as Float32Array).length}, blocking`);
-    return blocking(buf, options);
-  };
+  spyOnReduces(group, log);
   const first = layers[0] as Linear, backward = first.backward.bind(first);
   first.backward = (dy, options) => {
     log.push("backward of layer 0");
@@ -73,16 +80,7 @@ Deno.test("DataParallel rebuilds its buckets in the ready order after the first 
   using plain = build();
   const names = new Map(model.namedParameters().map(([n, p]) => [p, n]));
   const log: string[] = [];
-  const reduce = group.allReduceAsync.bind(group), blocking = group.allReduce.bind(group);
-  group.allReduceAsync = (buf, options) => {
-    log.push(`reduce ${(buf as Float32Array).length}`);
-    return reduce(buf, options);
-  };
-  // The last bucket is reduced by the blocking call once backward returns.
-  group.allReduce = (buf, options) => {
-    log.push(`reduce ${(buf as Float32Array).length}, blocking`);
-    return blocking(buf, options);
-  };
+  spyOnReduces(group, log);
   using dp = new DataParallel(model, group, { bucketMB: 4096 * 4 / 2 ** 20 });
   const named = () => dp.buckets.map((b) => b.map((p) => names.get(p)!));
   assert.deepStrictEqual(named(), [

@@ -1,12 +1,13 @@
 import assert from "node:assert";
-import { allocShared, memoryOf, wasmGather } from "../loader/_wasm_gather.ts";
+import { allocShared, wasmGather } from "../loader/_wasm_gather.ts";
+import { memoryOfBuffer } from "../internal/wasm_memory.ts";
 
 // Without this, a broken module would go unnoticed: the gather falls back to the JavaScript
 // copy and every loader test still passes, only slower.
 Deno.test("the memory.copy gather compiles and copies records by index from memory 1 to memory 0", () => {
   const ring = allocShared(1024);
   const source = allocShared(1024);
-  const ringMemory = memoryOf(ring), sourceMemory = memoryOf(source);
+  const ringMemory = memoryOfBuffer(ring), sourceMemory = memoryOfBuffer(source);
   assert.ok(ringMemory && sourceMemory, "allocShared returns WebAssembly memory");
   const g = wasmGather(ringMemory, sourceMemory);
   assert.ok(g, "the module compiles (multi-memory is supported by this Deno)");
