@@ -64,12 +64,17 @@ function read(t: Tensor): Float32Array {
 export class SyncBatchNorm extends BatchNorm2d {
   /** The ranks whose batches are combined. */
   readonly group: ProcessGroup;
-  #x: Tensor | null = null;
-  /** The output, when a ReLU was fused in (its gradient is masked where it is 0). */
-  #reluY: Tensor | null = null;
-  #mean = new Float64Array(0);
-  #invstd = new Float64Array(0);
-  #count = 0;
+  /**
+   * What the last training forward leaves for backward: its input, its output when a ReLU was
+   * fused in (the gradient is masked where it is 0), the combined batch's statistics and size.
+   */
+  #saved: {
+    x: Tensor;
+    reluY: Tensor | null;
+    mean: Float64Array;
+    invstd: Float64Array;
+    count: number;
+  } | null = null;
 
   /**
    * Creates the layer (as {@linkcode BatchNorm2d}) over the ranks of `group`.
@@ -96,7 +101,7 @@ export class SyncBatchNorm extends BatchNorm2d {
     // and counts the batch; its local statistics are then replaced by the global ones below.
     const y = super.forwardFused(x, this.training ? false : relu);
     if (!this.training) {
-      this.#x = null;
+      this.#saved = null;
       return y;
     }
     if (x.device.kind === "cuda") return this.#forwardDevice(x, y, relu);
@@ -149,11 +154,7 @@ export class SyncBatchNorm extends BatchNorm2d {
         }
       }
     }
-    this.#x = x;
-    this.#reluY = relu ? y : null;
-    this.#mean = mean;
-    this.#invstd = invstd;
-    this.#count = count;
+    this.#saved = { x, reluY: relu ? y : null, mean, invstd, count };
     return y;
   }
 
@@ -217,11 +218,7 @@ export class SyncBatchNorm extends BatchNorm2d {
       eps: this.eps,
     });
     if (relu) ops.reluForward(y, y);
-    this.#x = x;
-    this.#reluY = relu ? y : null;
-    this.#mean = mean;
-    this.#invstd = invstd;
-    this.#count = count;
+    this.#saved = { x, reluY: relu ? y : null, mean, invstd, count };
     return y;
   }
 
@@ -234,18 +231,8 @@ export class SyncBatchNorm extends BatchNorm2d {
     const c = this.numFeatures;
     const [n, , h, w] = x.shape;
     const local = n * h * w;
-    const dx = this.workspace("dx", [...x.shape], x.dtype);
-    ops.batchNormBackward(dy, dx, {
-      x,
-      gamma: this.weight.value,
-      saveMean: this.workspace("mean", [c], "f32"),
-      saveInvStd: this.workspace("invstd", [c], "f32"),
-      dgamma: this.weight.grad,
-      dbeta: this.bias.grad,
-      relu: this.#reluY !== null,
-      y: this.#reluY,
-      workspace: this.workspace("work", [ops.batchNormWorkspaceSize(x.shape)], "f32"),
-    });
+    const { reluY, mean, invstd, count } = this.#saved!;
+    const dx = this.kernelBackward(x, dy, reluY !== null, reluY);
     const dbeta = read(this.bias.grad), dgamma = read(this.weight.grad);
     const sums = new Float32Array(2 * c);
     sums.set(dbeta, 0);
@@ -253,9 +240,9 @@ export class SyncBatchNorm extends BatchNorm2d {
     this.#allReduce(sums, x.device);
     const gamma = read(this.weight.value);
     const a = new Float32Array(c), b = new Float32Array(c);
-    const total = this.#count;
+    const total = count;
     for (let ch = 0; ch < c; ch++) {
-      const mu = this.#mean[ch], is = this.#invstd[ch], k = gamma[ch] * is;
+      const mu = mean[ch], is = invstd[ch], k = gamma[ch] * is;
       b[ch] = k * is * (dgamma[ch] / local - sums[c + ch] / total);
       a[ch] = k * (dbeta[ch] / local - sums[ch] / total) - b[ch] * mu;
     }
@@ -282,23 +269,25 @@ export class SyncBatchNorm extends BatchNorm2d {
    * @returns Input gradient, or null.
    */
   override backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
-    const x = this.#x;
-    if (!x) throw new TypeError("Cannot run SyncBatchNorm.backward: no training forward before it");
+    if (!this.#saved) {
+      throw new TypeError("Cannot run SyncBatchNorm.backward: no training forward before it");
+    }
+    const { x, reluY, mean, invstd, count } = this.#saved;
     if (x.device.kind === "cuda") return this.#backwardDevice(x, dy, options);
     const [n, c, h, w] = x.shape;
     const hw = h * w;
     const xs = view(x);
     let dys = view(dy);
-    if (this.#reluY) {
+    if (reluY) {
       // The fused ReLU's gradient: zero where the output was clamped.
-      const ys = view(this.#reluY), masked = new Float32Array(dys.length);
+      const ys = view(reluY), masked = new Float32Array(dys.length);
       for (let i = 0; i < masked.length; i++) masked[i] = ys[i] > 0 ? dys[i] : 0;
       dys = masked;
     }
     const sums = new Float32Array(2 * c);
     for (let ch = 0; ch < c; ch++) {
       let sdy = 0, sdyx = 0;
-      const mu = this.#mean[ch], is = this.#invstd[ch];
+      const mu = mean[ch], is = invstd[ch];
       for (let b = 0; b < n; b++) {
         const o = (b * c + ch) * hw;
         for (let i = 0; i < hw; i++) {
@@ -317,9 +306,9 @@ export class SyncBatchNorm extends BatchNorm2d {
     this.group.allReduce(sums, { op: "sum" });
     const dx = this.workspace("dx", [...x.shape], x.dtype);
     const dxs = view(dx), gamma = view(this.weight.value);
-    const total = this.#count;
+    const total = count;
     for (let ch = 0; ch < c; ch++) {
-      const mu = this.#mean[ch], is = this.#invstd[ch];
+      const mu = mean[ch], is = invstd[ch];
       const k = gamma[ch] * is, mdy = sums[ch] / total, mdyx = sums[c + ch] / total;
       for (let b = 0; b < n; b++) {
         const o = (b * c + ch) * hw;

@@ -518,6 +518,22 @@ export class BatchNorm2d extends Module {
   backward(dy: Tensor, options: BackwardOptions = {}): Tensor | null {
     const x = this.#x;
     if (!x) throw new TypeError("Cannot run BatchNorm2d.backward: no training forward before it");
+    const dx = this.kernelBackward(x, dy, this.#reluRan, this.#y);
+    return options.inputGrad === false ? null : dx;
+  }
+
+  /**
+   * The batch-norm kernel's backward of the training forward on `x` with this layer's saved
+   * statistics: writes the weight and bias gradients, returns the input gradient (the "dx"
+   * workspace).
+   *
+   * @param x The forward's input.
+   * @param dy The output's gradient.
+   * @param relu Whether a ReLU was fused into the forward.
+   * @param y The forward's output, where the ReLU was fused (its gradient is masked by it).
+   * @returns The input gradient.
+   */
+  protected kernelBackward(x: Tensor, dy: Tensor, relu: boolean, y: Tensor | null): Tensor {
     const c = this.numFeatures;
     const dx = this.workspace("dx", shapeOf(x), x.dtype);
     ops.batchNormBackward(dy, dx, {
@@ -527,11 +543,11 @@ export class BatchNorm2d extends Module {
       saveInvStd: this.workspace("invstd", [c], "f32"),
       dgamma: this.weight.grad,
       dbeta: this.bias.grad,
-      relu: this.#reluRan,
-      y: this.#y,
+      relu,
+      y,
       workspace: this.#work(x),
     });
-    return options.inputGrad === false ? null : dx;
+    return dx;
   }
 }
 
