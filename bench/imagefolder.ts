@@ -212,18 +212,19 @@ const oursOnce = () => {
   for (const b of bytes) decoder.decode(b, { out });
   return bytes.length / ((performance.now() - t0) / 1000);
 };
+// The files, one path a line, for the C loop and Pillow's script.
+await Deno.mkdir(join(HERE, "out"), { recursive: true });
+const list = join(HERE, "out", "decode.list");
+await Deno.writeTextFile(list, paths.join("\n") + "\n");
 let referenceOnce: () => Promise<number>;
 if (!o.png) {
   const exe = join(HERE, "out", "tj_decode");
-  await Deno.mkdir(join(HERE, "out"), { recursive: true });
   const cc = await new Deno.Command("cc", {
     args: ["-O2", "-o", exe, join(HERE, "tj_decode.c"), "-lturbojpeg"],
   }).output();
   if (!cc.success) {
     throw new Error(`Cannot build tj_decode: ${new TextDecoder().decode(cc.stderr)}`);
   }
-  const list = join(HERE, "out", "tj_decode.list");
-  await Deno.writeTextFile(list, paths.join("\n") + "\n");
   referenceOnce = async () => {
     const r = await new Deno.Command(exe, { args: [list] }).output();
     if (!r.success) throw new Error(`tj_decode failed: ${new TextDecoder().decode(r.stderr)}`);
@@ -240,12 +241,9 @@ if (!o.png) {
   };
 }
 // Pillow's decode of the same files (what torchvision's loader runs per file), one thread.
-const pillowList = join(HERE, "out", "pillow_decode.list");
-await Deno.mkdir(join(HERE, "out"), { recursive: true });
-await Deno.writeTextFile(pillowList, paths.join("\n") + "\n");
 const pillowOnce = async () => {
   const r = await new Deno.Command("/usr/bin/python3", {
-    args: [join(HERE, "pillow_decode.py"), pillowList],
+    args: [join(HERE, "pillow_decode.py"), list],
   }).output();
   if (!r.success) {
     throw new Error(`pillow_decode.py failed: ${new TextDecoder().decode(r.stderr)}`);
